@@ -1,0 +1,73 @@
+// Command kvgate is the one binary of the project: a KV-cache-aware router
+// for LLM inference behind Envoy. Each subcommand lives in its own file and
+// hands off to a package at once; main only parses the subcommand name.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// command is one subcommand: its name, a one-line summary, and its entry
+// point, which receives the arguments after the subcommand name.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"up", "start the whole system locally (embedded etcd and NATS, mock workers, routers, gateway)", runUp},
+		{"extproc", "run the global router: the Envoy ext_proc server", runExtproc},
+		{"localrouter", "run one pool's local router (gRPC)", runLocalRouter},
+		{"mocker", "run a simulated inference engine (OpenAI API, KV events)", runMocker},
+		{"relay", "relay a vLLM/SGLang ZMQ KV-event stream to NATS", runRelay},
+		{"replay", "replay a trace against simulated workers and compare policies", runReplay},
+		{"bench", "run the built-in micro-benchmarks and print the figures", runBench},
+	}
+}
+
+// errNotBuilt is returned by subcommands whose package has not landed yet.
+var errNotBuilt = errors.New("this subcommand is not built yet")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "kvgate:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage()
+		return nil
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			if err := c.run(ctx, args[1:]); err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			return nil
+		}
+	}
+	usage()
+	return fmt.Errorf("unknown subcommand %q", args[0])
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: kvgate <subcommand> [flags]\n\nsubcommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(os.Stderr, "  %-12s %s\n", c.name, c.summary)
+	}
+}
