@@ -9,10 +9,13 @@ import (
 )
 
 // Block is one KV block an engine stored: its opaque engine hash and the
-// token ids it holds (exactly one block's worth).
+// token ids it holds (exactly one block's worth). A block may carry its
+// kvgate LocalHash instead of token ids (index dumps do, since the index
+// keeps hashes, not tokens); token ids win when both are present.
 type Block struct {
 	EngineHash uint64   `json:"engine_hash" msgpack:"engine_hash"`
-	TokenIDs   []uint32 `json:"token_ids" msgpack:"token_ids"`
+	TokenIDs   []uint32 `json:"token_ids,omitempty" msgpack:"token_ids,omitempty"`
+	LocalHash  *uint64  `json:"local_hash,omitempty" msgpack:"local_hash,omitempty"`
 }
 
 // Stored reports blocks stored as a chain under the block whose engine hash
@@ -88,8 +91,8 @@ func (e RouterEvent) Validate() error {
 			return fmt.Errorf("%w: stored event %d of worker %q has no blocks", ErrInvalidEvent, e.EventID, e.WorkerID)
 		}
 		for i, b := range e.Event.Stored.Blocks {
-			if len(b.TokenIDs) == 0 {
-				return fmt.Errorf("%w: stored event %d of worker %q: block %d has no token ids", ErrInvalidEvent, e.EventID, e.WorkerID, i)
+			if len(b.TokenIDs) == 0 && b.LocalHash == nil {
+				return fmt.Errorf("%w: stored event %d of worker %q: block %d has neither token ids nor a local hash", ErrInvalidEvent, e.EventID, e.WorkerID, i)
 			}
 		}
 	}

@@ -1,0 +1,345 @@
+package localrouter
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Errors of the lifecycle state.
+var (
+	// ErrDuplicateRequest: Add with a request id that is already active.
+	ErrDuplicateRequest = errors.New("request id is already active")
+	// ErrEmptyRequestID: Add without a request id.
+	ErrEmptyRequestID = errors.New("empty request id")
+)
+
+type activeReq struct {
+	id        string
+	slot      int32
+	seq       []uint64 // sequence hashes of the request's blocks
+	prefill   int      // uncached prompt tokens still to prefill
+	inPrefill bool
+	added     time.Time
+}
+
+type activeWorker struct {
+	key      WorkerKey
+	prefill  int // sum of prefill tokens of requests still in prefill
+	requests int
+	distinct int // distinct active blocks
+}
+
+type blockRef struct {
+	slot int32
+	n    int32
+}
+
+// ActiveSequences tracks, per (worker, dp_rank), the requests in flight: the
+// prefill tokens still pending and the distinct KV blocks active in decode.
+//
+// Concurrency: safe for concurrent use; one mutex guards everything, held
+// for O(request blocks) per call.
+type ActiveSequences struct {
+	mu     sync.Mutex
+	byID   map[string]*activeReq
+	slots  []activeWorker
+	bySlot map[WorkerKey]int32
+	free   []int32
+	// blocks maps a block's sequence hash to the workers it is active on,
+	// with a reference count each. A worker's active blocks are prefix
+	// closed: a request holds every block before its last.
+	blocks map[uint64][]blockRef
+	prefix []int32 // scratch of activePrefix, per slot
+
+	unknownOps atomic.Uint64
+	expired    atomic.Uint64
+}
+
+// NewActiveSequences returns an empty lifecycle state.
+func NewActiveSequences() *ActiveSequences {
+	return &ActiveSequences{
+		byID:   make(map[string]*activeReq),
+		bySlot: make(map[WorkerKey]int32),
+		blocks: make(map[uint64][]blockRef),
+	}
+}
+
+func (a *ActiveSequences) slotFor(key WorkerKey) int32 {
+	if s, ok := a.bySlot[key]; ok {
+		return s
+	}
+	var s int32
+	if n := len(a.free); n > 0 {
+		s = a.free[n-1]
+		a.free = a.free[:n-1]
+	} else {
+		s = int32(len(a.slots))
+		a.slots = append(a.slots, activeWorker{})
+	}
+	a.slots[s] = activeWorker{key: key}
+	a.bySlot[key] = s
+	return s
+}
+
+// Add records request id on worker key: seqHashes are its blocks' sequence
+// hashes, isl its prompt length in tokens, overlapBlocks how many leading
+// blocks were already cached there (blockSize tokens each). The request
+// stays in prefill until MarkPrefillComplete.
+func (a *ActiveSequences) Add(now time.Time, id string, key WorkerKey, seqHashes []uint64, isl, overlapBlocks, blockSize int) error {
+	if id == "" {
+		return ErrEmptyRequestID
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.byID[id]; ok {
+		return fmt.Errorf("%w: %q", ErrDuplicateRequest, id)
+	}
+	slot := a.slotFor(key)
+	prefill := isl - overlapBlocks*blockSize
+	if prefill < 0 {
+		prefill = 0
+	}
+	r := &activeReq{id: id, slot: slot, seq: append([]uint64(nil), seqHashes...), prefill: prefill, inPrefill: true, added: now}
+	a.byID[id] = r
+	w := &a.slots[slot]
+	w.prefill += prefill
+	w.requests++
+	for _, h := range r.seq {
+		refs := a.blocks[h]
+		found := false
+		for i := range refs {
+			if refs[i].slot == slot {
+				refs[i].n++
+				found = true
+				break
+			}
+		}
+		if !found {
+			a.blocks[h] = append(refs, blockRef{slot, 1})
+			w.distinct++
+		}
+	}
+	return nil
+}
+
+// MarkPrefillComplete moves request id from prefill to decode. It reports
+// whether the id was known; an unknown id is a counted no-op.
+func (a *ActiveSequences) MarkPrefillComplete(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.byID[id]
+	if !ok {
+		a.unknownOps.Add(1)
+		return false
+	}
+	if r.inPrefill {
+		r.inPrefill = false
+		a.slots[r.slot].prefill -= r.prefill
+	}
+	return true
+}
+
+// Free forgets request id. It reports whether the id was known; an unknown
+// id is a counted no-op, so Free is idempotent.
+func (a *ActiveSequences) Free(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.byID[id]
+	if !ok {
+		a.unknownOps.Add(1)
+		return false
+	}
+	a.freeLocked(r)
+	return true
+}
+
+func (a *ActiveSequences) freeLocked(r *activeReq) {
+	delete(a.byID, r.id)
+	w := &a.slots[r.slot]
+	if r.inPrefill {
+		w.prefill -= r.prefill
+	}
+	w.requests--
+	for _, h := range r.seq {
+		refs := a.blocks[h]
+		for i := range refs {
+			if refs[i].slot != r.slot {
+				continue
+			}
+			refs[i].n--
+			if refs[i].n == 0 {
+				w.distinct--
+				refs[i] = refs[len(refs)-1]
+				refs = refs[:len(refs)-1]
+			}
+			break
+		}
+		if len(refs) == 0 {
+			delete(a.blocks, h)
+		} else {
+			a.blocks[h] = refs
+		}
+	}
+	if w.requests == 0 {
+		delete(a.bySlot, w.key)
+		a.slots[r.slot] = activeWorker{}
+		a.free = append(a.free, r.slot)
+	}
+}
+
+// RemoveWorker frees every request of the worker (all dp ranks) and returns
+// their ids.
+func (a *ActiveSequences) RemoveWorker(id string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var ids []string
+	for _, r := range a.byID {
+		if a.slots[r.slot].key.ID == id {
+			ids = append(ids, r.id)
+		}
+	}
+	for _, rid := range ids {
+		a.freeLocked(a.byID[rid])
+	}
+	return ids
+}
+
+// Expire frees requests added before now-maxAge (the safety net for lost
+// frees) and returns their ids.
+func (a *ActiveSequences) Expire(now time.Time, maxAge time.Duration) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var ids []string
+	for _, r := range a.byID {
+		if now.Sub(r.added) > maxAge {
+			ids = append(ids, r.id)
+		}
+	}
+	for _, id := range ids {
+		a.freeLocked(a.byID[id])
+	}
+	a.expired.Add(uint64(len(ids)))
+	return ids
+}
+
+// Has reports whether request id is active, and on which worker.
+func (a *ActiveSequences) Has(id string) (WorkerKey, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r, ok := a.byID[id]; ok {
+		return a.slots[r.slot].key, true
+	}
+	return WorkerKey{}, false
+}
+
+// WorkerLoad is one worker's current load.
+type WorkerLoad struct {
+	PrefillTokens  int // prompt tokens still to prefill
+	ActiveBlocks   int // distinct blocks of its active requests
+	ActiveRequests int
+}
+
+// Load returns the current load of key (zero if idle).
+func (a *ActiveSequences) Load(key WorkerKey) WorkerLoad {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s, ok := a.bySlot[key]; ok {
+		w := a.slots[s]
+		return WorkerLoad{w.prefill, w.distinct, w.requests}
+	}
+	return WorkerLoad{}
+}
+
+// Loads calls f with the load of every worker that has active requests.
+func (a *ActiveSequences) Loads(f func(WorkerKey, WorkerLoad)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, w := range a.slots {
+		if w.requests > 0 {
+			f(w.key, WorkerLoad{w.prefill, w.distinct, w.requests})
+		}
+	}
+}
+
+// activePrefix sets a.prefix[slot], for every worker slot, to the number
+// of leading request blocks (given as sequence hashes) already active there.
+// Caller holds a.mu.
+func (a *ActiveSequences) activePrefix(seq []uint64) {
+	if cap(a.prefix) < len(a.slots) {
+		a.prefix = make([]int32, len(a.slots))
+	}
+	a.prefix = a.prefix[:len(a.slots)]
+	clear(a.prefix)
+	if len(seq) == 0 {
+		return
+	}
+	live := 0
+	for _, r := range a.blocks[seq[0]] {
+		a.prefix[r.slot] = 1
+		live++
+	}
+	for i := 1; i < len(seq) && live > 0; i++ {
+		live = 0
+		for _, r := range a.blocks[seq[i]] {
+			if a.prefix[r.slot] == int32(i) {
+				a.prefix[r.slot]++
+				live++
+			}
+		}
+	}
+}
+
+// PotentialLoads appends to dst the potential load of each of workers if
+// the request (sequence hashes seq, isl prompt tokens) were added there,
+// given each worker's cached overlap in blocks.
+func (a *ActiveSequences) PotentialLoads(dst []PotentialLoad, workers []WorkerKey, seq []uint64, isl, blockSize int, overlap func(WorkerKey) int) []PotentialLoad {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.activePrefix(seq)
+	for _, key := range workers {
+		ov := overlap(key)
+		uncached := isl - ov*blockSize
+		if uncached < 0 {
+			uncached = 0
+		}
+		p := PotentialLoad{Worker: key, PotentialPrefillTokens: uncached, PotentialDecodeBlocks: len(seq), OverlapBlocks: ov}
+		if s, ok := a.bySlot[key]; ok {
+			w := &a.slots[s]
+			p.PotentialPrefillTokens += w.prefill
+			p.PotentialDecodeBlocks += w.distinct - int(a.prefix[s])
+			p.ActiveRequests = w.requests
+		}
+		dst = append(dst, p)
+	}
+	return dst
+}
+
+// PotentialLoad is what a worker's load would be with one more request.
+type PotentialLoad struct {
+	Worker WorkerKey
+	// PotentialPrefillTokens: this request's uncached tokens plus the prefill
+	// tokens of the worker's requests still in prefill.
+	PotentialPrefillTokens int
+	// PotentialDecodeBlocks: the worker's distinct active blocks plus this
+	// request's blocks not already active there.
+	PotentialDecodeBlocks int
+	OverlapBlocks         int
+	ActiveRequests        int
+}
+
+// Stats of the lifecycle state.
+type ActiveStats struct {
+	Requests   int
+	UnknownOps uint64 // MarkPrefillComplete / Free of unknown ids
+	Expired    uint64
+}
+
+// Stats returns counters.
+func (a *ActiveSequences) Stats() ActiveStats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return ActiveStats{Requests: len(a.byID), UnknownOps: a.unknownOps.Load(), Expired: a.expired.Load()}
+}

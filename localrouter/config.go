@@ -1,0 +1,138 @@
+package localrouter
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config is a local router's configuration, Dynamo's KvRouterConfig plus the
+// pool's block size. DefaultConfig returns the defaults; Validate checks it.
+type Config struct {
+	// BlockSize is the pool's KV block size in tokens (default 16).
+	BlockSize int
+	// OverlapScoreCredit weighs cached blocks against prefill work (1.0).
+	OverlapScoreCredit float64
+	// PrefillLoadScale weighs prefill work against decode load (1.0).
+	PrefillLoadScale float64
+	// RouterTemperature: 0 picks the cheapest worker; > 0 samples a softmax
+	// over normalised negative costs.
+	RouterTemperature float64
+	// UseKVEvents: true keeps the index from engine KV events; false runs
+	// the approximate index, learning from the router's own decisions.
+	UseKVEvents bool
+	// TrackActiveBlocks: count active decode blocks in the cost (true).
+	TrackActiveBlocks bool
+	// ReplicaSync: share lifecycle events with the pool's other router
+	// replicas (false).
+	ReplicaSync bool
+	// TTL of approximate-mode index entries (120 s).
+	TTL time.Duration
+	// MaxTreeSize bounds approximate-mode index entries (2^20).
+	MaxTreeSize int
+	// MinInitialWorkers: not ready until this many workers joined (0).
+	MinInitialWorkers int
+	// RequestExpiry frees requests still active after this long, in case
+	// their free was lost (300 s).
+	RequestExpiry time.Duration
+}
+
+// DefaultConfig returns Dynamo's defaults.
+func DefaultConfig() Config {
+	return Config{
+		BlockSize:          16,
+		OverlapScoreCredit: 1,
+		PrefillLoadScale:   1,
+		UseKVEvents:        true,
+		TrackActiveBlocks:  true,
+		TTL:                120 * time.Second,
+		MaxTreeSize:        1 << 20,
+		RequestExpiry:      300 * time.Second,
+	}
+}
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("invalid router config")
+
+// Validate reports the first field out of range.
+func (c Config) Validate() error {
+	switch {
+	case c.BlockSize <= 0:
+		return fmt.Errorf("%w: block_size %d must be positive", ErrInvalidConfig, c.BlockSize)
+	case c.OverlapScoreCredit < 0:
+		return fmt.Errorf("%w: overlap_score_credit %g must be ≥ 0", ErrInvalidConfig, c.OverlapScoreCredit)
+	case c.PrefillLoadScale < 0:
+		return fmt.Errorf("%w: prefill_load_scale %g must be ≥ 0", ErrInvalidConfig, c.PrefillLoadScale)
+	case c.RouterTemperature < 0:
+		return fmt.Errorf("%w: router_temperature %g must be ≥ 0", ErrInvalidConfig, c.RouterTemperature)
+	case c.TTL <= 0:
+		return fmt.Errorf("%w: ttl %v must be positive", ErrInvalidConfig, c.TTL)
+	case c.MaxTreeSize <= 0:
+		return fmt.Errorf("%w: max_tree_size %d must be positive", ErrInvalidConfig, c.MaxTreeSize)
+	case c.MinInitialWorkers < 0:
+		return fmt.Errorf("%w: min_initial_workers %d must be ≥ 0", ErrInvalidConfig, c.MinInitialWorkers)
+	case c.RequestExpiry <= 0:
+		return fmt.Errorf("%w: request_expiry %v must be positive", ErrInvalidConfig, c.RequestExpiry)
+	}
+	return nil
+}
+
+// Override changes cost parameters for one request; nil fields keep the
+// router's values.
+type Override struct {
+	OverlapScoreCredit *float64
+	PrefillLoadScale   *float64
+	RouterTemperature  *float64
+}
+
+// costParams are the cost function's parameters for one request.
+type costParams struct {
+	credit, scale, temperature float64
+	trackBlocks                bool
+}
+
+func (c Config) params(o *Override) (costParams, error) {
+	p := costParams{c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature, c.TrackActiveBlocks}
+	if o == nil {
+		return p, nil
+	}
+	if o.OverlapScoreCredit != nil {
+		if *o.OverlapScoreCredit < 0 {
+			return p, fmt.Errorf("%w: override overlap_score_credit %g must be ≥ 0", ErrInvalidConfig, *o.OverlapScoreCredit)
+		}
+		p.credit = *o.OverlapScoreCredit
+	}
+	if o.PrefillLoadScale != nil {
+		if *o.PrefillLoadScale < 0 {
+			return p, fmt.Errorf("%w: override prefill_load_scale %g must be ≥ 0", ErrInvalidConfig, *o.PrefillLoadScale)
+		}
+		p.scale = *o.PrefillLoadScale
+	}
+	if o.RouterTemperature != nil {
+		if *o.RouterTemperature < 0 {
+			return p, fmt.Errorf("%w: override router_temperature %g must be ≥ 0", ErrInvalidConfig, *o.RouterTemperature)
+		}
+		p.temperature = *o.RouterTemperature
+	}
+	return p, nil
+}
+
+// Cost is Dynamo's cost of placing a request on a worker:
+//
+//	prefill_blocks = (active_prefill_tokens + isl) / block_size
+//	cost = prefill_load_scale * max(0, prefill_blocks - overlap_score_credit * overlap)
+//	     + potential_decode_blocks
+//
+// activePrefill excludes this request; decodeBlocks includes it.
+func (p costParams) cost(activePrefill, isl, blockSize, overlap, decodeBlocks int) float64 {
+	prefillBlocks := float64(activePrefill+isl) / float64(blockSize)
+	pf := prefillBlocks - p.credit*float64(overlap)
+	if pf < 0 {
+		pf = 0
+	}
+	c := p.scale * pf
+	if p.trackBlocks {
+		c += float64(decodeBlocks)
+	}
+	return c
+}

@@ -1,0 +1,30 @@
+// Package localrouter is the heart of a pool's local router: the KV index
+// of which worker holds which prompt blocks, the lifecycle state of the
+// requests in flight on each worker, and the cost function that picks a
+// worker for a request (NVIDIA Dynamo's KvRouter, in Go).
+//
+// # Pieces
+//
+//   - Index: a radix tree over local block hashes (kvevents hashing); each
+//     node records which (worker, dp_rank) hold it in a bitset, so a lookup
+//     intersects one machine word per block for pools of up to 64 ranks. It
+//     is fed by engine KV events (Apply), or, in approximate mode, by the
+//     router's own decisions (Record, with a TTL and a size bound).
+//   - ActiveSequences: per (worker, dp_rank), the prefill tokens still
+//     pending and the distinct blocks of active requests, keyed by request
+//     id (Add, MarkPrefillComplete, Free, forced expiry).
+//   - Router: membership, the two above, and BestWorker / PotentialLoads /
+//     Commit / MarkPrefillComplete / Free / DumpEvents.
+//
+// # Concurrency
+//
+// The Index uses a sync.RWMutex: FindMatches readers run in parallel; event
+// writers apply one at a time, each event whole or not at all. The
+// lifecycle state is guarded by its own mutex, held for O(request blocks).
+// The Router reads its membership from an immutable snapshot through an
+// atomic pointer. The Index and ActiveSequences locks are never held
+// together, so there is no lock order to respect.
+//
+// Several Routers in one process are independent: each owns its sweeper
+// goroutine and Close stops only that one.
+package localrouter

@@ -1,0 +1,504 @@
+package localrouter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/kvevents"
+)
+
+// Errors of Router methods. The gRPC service maps them to status codes.
+var (
+	ErrClosed         = errors.New("router is closed")
+	ErrNoWorkers      = errors.New("no workers in the pool")
+	ErrNotReady       = errors.New("router is not ready: fewer workers than min_initial_workers")
+	ErrUnknownWorker  = errors.New("unknown worker")
+	ErrEmptyRequest   = errors.New("request has neither token ids nor block hashes")
+	ErrUnknownRequest = errors.New("unknown request id")
+)
+
+// Options are a Router's dependencies; zero values take defaults.
+type Options struct {
+	// Clock returns the current time (default time.Now).
+	Clock func() time.Time
+	// Rand breaks ties and samples at temperature > 0 (default: a random
+	// source). Tests inject a seeded one.
+	Rand *rand.Rand
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+	// SweepInterval is how often expired requests and approximate entries
+	// are dropped (default 1 s; negative disables the sweeper, e.g. for
+	// simulations that call Sweep themselves).
+	SweepInterval time.Duration
+}
+
+// Router is one pool's KV-aware router: the KV index, the lifecycle state of
+// requests in flight, the pool's membership and the cost function.
+//
+// Concurrency: safe for concurrent use. The per-request path (BestWorker,
+// PotentialLoads) reads the membership snapshot through an atomic pointer,
+// the index under its read lock, and the lifecycle state under its mutex.
+// Lock order: Index.mu and ActiveSequences.mu are never held together.
+type Router struct {
+	cfg     Config
+	index   *Index
+	active  *ActiveSequences
+	members atomic.Pointer[members]
+	memMu   sync.Mutex // serialises membership writers
+
+	clock  func() time.Time
+	randMu sync.Mutex
+	rnd    *rand.Rand
+	log    *slog.Logger
+
+	scratch sync.Pool
+
+	unknownWorkerEvents atomic.Uint64
+	closed              atomic.Bool
+	stop                chan struct{}
+	done                chan struct{}
+}
+
+// members is an immutable membership snapshot.
+type members struct {
+	keys []WorkerKey // sorted
+	dp   map[string]int
+}
+
+func (m *members) has(k WorkerKey) bool {
+	n, ok := m.dp[k.ID]
+	return ok && int(k.DPRank) < n
+}
+
+type scratch struct {
+	local, seq []uint64
+	matches    Matches
+	loads      []PotentialLoad
+	costs      []float64
+}
+
+// New returns a Router. Close it to stop its sweeper; closing one Router
+// never affects another.
+func New(cfg Config, opts Options) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ix, err := NewIndex(cfg.BlockSize, IndexOptions{TTL: cfg.TTL, MaxApproxEntries: cfg.MaxTreeSize})
+	if err != nil {
+		return nil, err
+	}
+	r := &Router{
+		cfg:    cfg,
+		index:  ix,
+		active: NewActiveSequences(),
+		clock:  opts.Clock,
+		rnd:    opts.Rand,
+		log:    opts.Logger,
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	if r.clock == nil {
+		r.clock = time.Now
+	}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.log = r.log.With("component", "localrouter")
+	r.members.Store(&members{dp: map[string]int{}})
+	r.scratch.New = func() any { return &scratch{} }
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = time.Second
+	}
+	if opts.SweepInterval > 0 {
+		go r.sweeper(opts.SweepInterval)
+	} else {
+		close(r.done)
+	}
+	return r, nil
+}
+
+func (r *Router) sweeper(every time.Duration) {
+	defer close(r.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+			r.Sweep()
+		}
+	}
+}
+
+// Sweep frees requests older than the request expiry and drops expired
+// approximate-mode entries. It returns the ids of the freed requests.
+func (r *Router) Sweep() []string {
+	now := r.clock()
+	r.index.Expire(now)
+	ids := r.active.Expire(now, r.cfg.RequestExpiry)
+	if len(ids) > 0 {
+		r.log.Warn("freed requests past their expiry", "count", len(ids), "expiry", r.cfg.RequestExpiry)
+	}
+	return ids
+}
+
+// Close stops the router's sweeper. Later calls fail with ErrClosed.
+func (r *Router) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	close(r.stop)
+	<-r.done
+	return nil
+}
+
+// Config returns the router's configuration.
+func (r *Router) Config() Config { return r.cfg }
+
+// Index returns the router's KV index.
+func (r *Router) Index() *Index { return r.index }
+
+// Active returns the router's lifecycle state.
+func (r *Router) Active() *ActiveSequences { return r.active }
+
+// AddWorker adds (or resizes) worker id with dpSize data-parallel ranks.
+func (r *Router) AddWorker(id string, dpSize int) {
+	if dpSize < 1 {
+		dpSize = 1
+	}
+	r.memMu.Lock()
+	defer r.memMu.Unlock()
+	old := r.members.Load()
+	if old.dp[id] == dpSize {
+		return
+	}
+	r.members.Store(old.with(id, dpSize))
+}
+
+// RemoveWorker removes worker id: its index entries and active requests are
+// dropped. It returns the ids of the requests it freed.
+func (r *Router) RemoveWorker(id string) []string {
+	r.memMu.Lock()
+	old := r.members.Load()
+	if _, ok := old.dp[id]; ok {
+		r.members.Store(old.with(id, 0))
+	}
+	r.memMu.Unlock()
+	r.index.RemoveWorker(id)
+	return r.active.RemoveWorker(id)
+}
+
+func (m *members) with(id string, dpSize int) *members {
+	n := &members{dp: make(map[string]int, len(m.dp)+1)}
+	for k, v := range m.dp {
+		n.dp[k] = v
+	}
+	if dpSize == 0 {
+		delete(n.dp, id)
+	} else {
+		n.dp[id] = dpSize
+	}
+	for k, v := range n.dp {
+		for d := 0; d < v; d++ {
+			n.keys = append(n.keys, WorkerKey{k, uint32(d)})
+		}
+	}
+	sort.Slice(n.keys, func(i, j int) bool {
+		if n.keys[i].ID != n.keys[j].ID {
+			return n.keys[i].ID < n.keys[j].ID
+		}
+		return n.keys[i].DPRank < n.keys[j].DPRank
+	})
+	return n
+}
+
+// Workers returns the current members, one key per dp rank, sorted.
+func (r *Router) Workers() []WorkerKey { return r.members.Load().keys }
+
+// Ready reports whether at least MinInitialWorkers workers joined.
+func (r *Router) Ready() bool { return len(r.members.Load().dp) >= r.cfg.MinInitialWorkers }
+
+// ApplyEvent applies a KV event from a member worker. Events of workers that
+// are not members are refused with ErrUnknownWorker and counted: their
+// blocks are fetched with a dump when the worker joins.
+func (r *Router) ApplyEvent(ev kvevents.RouterEvent) error {
+	if !r.members.Load().has(WorkerKey{ev.WorkerID, ev.DPRank}) {
+		r.unknownWorkerEvents.Add(1)
+		return fmt.Errorf("%w: %s/%d", ErrUnknownWorker, ev.WorkerID, ev.DPRank)
+	}
+	return r.index.Apply(ev)
+}
+
+// UnknownWorkerEvents counts events refused because their worker was not a
+// member.
+func (r *Router) UnknownWorkerEvents() uint64 { return r.unknownWorkerEvents.Load() }
+
+// Request is what the router needs of a request: token ids, or the local
+// block hashes computed for BlockSize (hashes win when both are given).
+type Request struct {
+	Tokens      []uint32
+	LocalHashes []uint64
+	// BlockSize the hashes were computed for; must equal the pool's.
+	BlockSize int
+	// ISL is the prompt length in tokens (default: len(Tokens), or
+	// len(LocalHashes)*BlockSize).
+	ISL      int
+	LoRAName string
+}
+
+// BestWorkerOptions select what BestWorker does besides choosing.
+type BestWorkerOptions struct {
+	// RequestID, when set, records the request on the chosen worker: the
+	// caller must later call MarkPrefillComplete and Free. Empty: a pure
+	// query, nothing changes.
+	RequestID string
+	// UpdateIndexer records the choice in the approximate index.
+	UpdateIndexer bool
+	// Override changes cost parameters for this request.
+	Override *Override
+	// Worker forces the worker (the cost terms are still reported).
+	Worker *WorkerKey
+}
+
+// Selection is BestWorker's answer: the worker and the terms of its cost.
+type Selection struct {
+	Worker        WorkerKey
+	OverlapBlocks int
+	// PrefillTokens: the potential prefill tokens on that worker.
+	PrefillTokens int
+	// DecodeBlocks: the potential decode blocks on that worker.
+	DecodeBlocks int
+	Cost         float64
+	// RequestBlocks is the number of complete blocks of the request.
+	RequestBlocks int
+	// Candidates is how many workers were considered.
+	Candidates int
+}
+
+// prepare computes the request's local and sequence hashes into s.
+func (r *Router) prepare(req *Request, s *scratch) (isl int, err error) {
+	s.local, s.seq = s.local[:0], s.seq[:0]
+	switch {
+	case len(req.LocalHashes) > 0:
+		if req.BlockSize != r.cfg.BlockSize {
+			return 0, fmt.Errorf("%w: hashes computed for block size %d, the pool's block size is %d", ErrBlockSizeMismatch, req.BlockSize, r.cfg.BlockSize)
+		}
+		s.local = append(s.local, req.LocalHashes...)
+		isl = len(req.LocalHashes) * r.cfg.BlockSize
+	case len(req.Tokens) > 0:
+		s.local, err = kvevents.AppendLocalHashes(s.local, req.Tokens, r.cfg.BlockSize, req.LoRAName)
+		if err != nil {
+			return 0, err
+		}
+		isl = len(req.Tokens)
+	default:
+		return 0, ErrEmptyRequest
+	}
+	if req.ISL > 0 {
+		isl = req.ISL
+	}
+	s.seq = kvevents.AppendSequenceHashes(s.seq, s.local)
+	return isl, nil
+}
+
+func (r *Router) check() error {
+	if r.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// BestWorker chooses the worker for req: the lowest cost (temperature 0,
+// ties at random) or a softmax sample (temperature > 0). Without
+// opts.RequestID nothing changes; with it the request is recorded.
+func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOptions) (Selection, error) {
+	if err := r.check(); err != nil {
+		return Selection{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Selection{}, err
+	}
+	p, err := r.cfg.params(opts.Override)
+	if err != nil {
+		return Selection{}, err
+	}
+	mem := r.members.Load()
+	if len(mem.dp) < r.cfg.MinInitialWorkers {
+		return Selection{}, ErrNotReady
+	}
+	workers := mem.keys
+	if opts.Worker != nil {
+		if !mem.has(*opts.Worker) {
+			return Selection{}, fmt.Errorf("%w: %s", ErrUnknownWorker, *opts.Worker)
+		}
+		workers = []WorkerKey{*opts.Worker}
+	}
+	if len(workers) == 0 {
+		return Selection{}, ErrNoWorkers
+	}
+	s := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(s)
+	isl, err := r.prepare(&req, s)
+	if err != nil {
+		return Selection{}, err
+	}
+	r.index.FindMatches(s.local, &s.matches)
+	s.loads = r.active.PotentialLoads(s.loads[:0], workers, s.seq, isl, r.cfg.BlockSize, s.matches.Of)
+	s.costs = s.costs[:0]
+	for _, l := range s.loads {
+		s.costs = append(s.costs, p.cost(activePrefill(l, isl, r.cfg.BlockSize), isl, r.cfg.BlockSize, l.OverlapBlocks, l.PotentialDecodeBlocks))
+	}
+	i := r.pick(s.costs, p.temperature)
+	l := s.loads[i]
+	sel := Selection{
+		Worker: l.Worker, OverlapBlocks: l.OverlapBlocks, PrefillTokens: l.PotentialPrefillTokens,
+		DecodeBlocks: l.PotentialDecodeBlocks, Cost: s.costs[i], RequestBlocks: len(s.local), Candidates: len(workers),
+	}
+	if opts.RequestID != "" {
+		if err := r.active.Add(r.clock(), opts.RequestID, sel.Worker, s.seq, isl, sel.OverlapBlocks, r.cfg.BlockSize); err != nil {
+			return Selection{}, err
+		}
+	}
+	if opts.UpdateIndexer || (opts.RequestID != "" && !r.cfg.UseKVEvents) {
+		r.index.Record(r.clock(), sel.Worker, s.local)
+	}
+	return sel, nil
+}
+
+func activePrefill(l PotentialLoad, isl, blockSize int) int {
+	uncached := isl - l.OverlapBlocks*blockSize
+	if uncached < 0 {
+		uncached = 0
+	}
+	return l.PotentialPrefillTokens - uncached
+}
+
+// pick returns the index of the chosen cost.
+func (r *Router) pick(costs []float64, temperature float64) int {
+	if len(costs) == 1 {
+		return 0
+	}
+	if temperature <= 0 {
+		best, ties := 0, 1
+		for i := 1; i < len(costs); i++ {
+			switch {
+			case costs[i] < costs[best]:
+				best, ties = i, 1
+			case costs[i] == costs[best]:
+				ties++
+				if r.intN(ties) == 0 { // reservoir: uniform among ties
+					best = i
+				}
+			}
+		}
+		return best
+	}
+	lo, hi := costs[0], costs[0]
+	for _, c := range costs {
+		lo, hi = math.Min(lo, c), math.Max(hi, c)
+	}
+	span := hi - lo
+	if span == 0 {
+		return r.intN(len(costs))
+	}
+	var sum float64
+	w := make([]float64, len(costs))
+	for i, c := range costs {
+		w[i] = math.Exp(-((c - lo) / span) / temperature)
+		sum += w[i]
+	}
+	x := r.float64() * sum
+	for i, v := range w {
+		x -= v
+		if x < 0 {
+			return i
+		}
+	}
+	return len(costs) - 1
+}
+
+func (r *Router) intN(n int) int {
+	if r.rnd == nil {
+		return rand.IntN(n)
+	}
+	r.randMu.Lock()
+	defer r.randMu.Unlock()
+	return r.rnd.IntN(n)
+}
+
+func (r *Router) float64() float64 {
+	if r.rnd == nil {
+		return rand.Float64()
+	}
+	r.randMu.Lock()
+	defer r.randMu.Unlock()
+	return r.rnd.Float64()
+}
+
+// PotentialLoads returns, for every member worker, its load if req were
+// placed there.
+func (r *Router) PotentialLoads(ctx context.Context, req Request) ([]PotentialLoad, error) {
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(s)
+	isl, err := r.prepare(&req, s)
+	if err != nil {
+		return nil, err
+	}
+	r.index.FindMatches(s.local, &s.matches)
+	return r.active.PotentialLoads(nil, r.members.Load().keys, s.seq, isl, r.cfg.BlockSize, s.matches.Of), nil
+}
+
+// Commit records request id on a worker the caller chose.
+func (r *Router) Commit(ctx context.Context, id string, worker WorkerKey, req Request) (Selection, error) {
+	if id == "" {
+		return Selection{}, ErrEmptyRequestID
+	}
+	return r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, Worker: &worker})
+}
+
+// MarkPrefillComplete marks request id's prefill done. Idempotent; an
+// unknown id returns ErrUnknownRequest (and changes nothing).
+func (r *Router) MarkPrefillComplete(ctx context.Context, id string) error {
+	if err := r.check(); err != nil {
+		return err
+	}
+	if !r.active.MarkPrefillComplete(id) {
+		return fmt.Errorf("%w: %q", ErrUnknownRequest, id)
+	}
+	return nil
+}
+
+// Free forgets request id. Idempotent; an unknown id returns
+// ErrUnknownRequest (and changes nothing).
+func (r *Router) Free(ctx context.Context, id string) error {
+	if err := r.check(); err != nil {
+		return err
+	}
+	if !r.active.Free(id) {
+		return fmt.Errorf("%w: %q", ErrUnknownRequest, id)
+	}
+	return nil
+}
+
+// DumpEvents returns the index as events (see Index.Dump).
+func (r *Router) DumpEvents(ctx context.Context) ([]kvevents.RouterEvent, error) {
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	return r.index.Dump(), nil
+}
