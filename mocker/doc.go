@@ -1,0 +1,89 @@
+// Package mocker is a simulated vLLM-like inference engine: a paged KV cache
+// with prefix reuse, a continuous-batching scheduler and a GPU timing model,
+// behind vLLM's OpenAI-compatible HTTP API, publishing KV events like a real
+// engine. It stands in for vLLM in demos, end-to-end tests and the trace
+// simulator, so routing quality measured on it means something.
+//
+// # The engine core (no HTTP, no goroutines, no clock)
+//
+// Engine is a discrete-event model. It never reads a clock and never sleeps:
+// the caller owns time and passes it in. The HTTP server drives one Engine
+// with the wall clock; the trace simulator (sim/) drives many with a virtual
+// clock, as fast as the CPU allows.
+//
+//	eng, err := mocker.NewEngine(mocker.Config{BlockSize: 16, NumBlocks: 4096})
+//	err = eng.Submit(now, mocker.Request{ID: "r1", Tokens: prompt, MaxTokens: 64})
+//	res := eng.Step(now)           // starts an iteration if the engine was idle
+//	for !res.Next.IsZero() {       // until idle
+//		res = eng.Step(res.Next)   // a simulator may Submit more in between
+//		feed(res.Events)           // KV events → a router's index
+//		for _, c := range res.Completed { record(c.TTFT()) }
+//	}
+//
+// The protocol:
+//
+//   - Submit(now, req) queues a request that arrives at now. It returns
+//     ErrBadRequest (empty id or prompt, MaxTokens ≤ 0, duplicate id) or
+//     ErrTooLong (prompt + MaxTokens exceeds the whole cache). Submitting
+//     does not start work: call Step(now) after it.
+//   - Step(now) advances the engine to now. Each iteration in flight whose
+//     end is ≤ now is completed (its tokens, completions and KV events are
+//     stamped with its end time), and the next iteration starts at once at
+//     that end time if there is work (continuous batching: iterations run
+//     back to back). An idle engine starts at the arrival time of the first
+//     schedulable request, so calling Step late never shifts virtual time.
+//     StepResult.Next is when to call Step again: the end of the iteration in
+//     flight, or when a decode-role KV transfer completes; zero means idle
+//     until the next Submit. Calling Step earlier than Next is harmless.
+//   - Results: StepResult.Tokens (Index 0 = first token = prefill complete,
+//     what a router's lifecycle tracking calls PREFILL_COMPLETE),
+//     StepResult.Completed (Completion: Arrival, FirstToken, Finished,
+//     TTFT(), PromptTokens, CachedTokens, OutputTokens, Preemptions), and
+//     StepResult.Events.
+//   - KV events: StepResult.Events lists kvevents.Event values (Stored
+//     chains with token ids and a parent hash, Removed) in the order the
+//     cache changed. Engine hashes are kvgate's own chained sequence hashes
+//     (kvevents.SequenceHashes over LocalHashes with the request's LoRA
+//     seed), so a consumer may key on them directly. Applying every event
+//     in order to an empty set yields exactly Engine.CachedBlocks(). To get
+//     RouterEvents, stamp a worker id, dp rank and event id (or hand them to
+//     kvevents.Publisher).
+//   - Abort(id) drops a request (a client went away); its blocks stay
+//     cached. Stats() snapshots the gauges and counters.
+//
+// An Engine is not safe for concurrent use; the HTTP server serialises
+// access with a mutex.
+//
+// # What the model does
+//
+// The cache is vLLM v1's block pool: NumBlocks blocks of BlockSize tokens,
+// refcounted; full blocks are registered under their sequence hash, and a
+// new request reuses the longest registered prefix of its prompt (at least
+// one token is always computed). Freed blocks keep their contents and join
+// the tail of a free queue; allocation takes the head and evicts what it
+// held (a Removed event). Output tokens fill blocks too and are cached.
+//
+// The scheduler is vLLM v1's: each iteration first serves running sequences
+// (one decode token each, or the next chunk of a chunked prefill), then
+// admits waiting ones in arrival order while the token budget
+// (MaxNumBatchedTokens), the sequence limit (MaxNumSeqs) and free blocks
+// allow. When a running sequence needs a block and none is free, the most
+// recently admitted sequence is preempted: its blocks are released and it is
+// recomputed later (recomputation reuses whatever is still cached).
+//
+// An iteration's duration comes from Timing, by default DESIGN.md §7's
+// model: prefill ms = 4.21e-7·t² + 0.01518·t + 16.5 over the t uncached
+// prompt tokens computed, plus decode ms = −25.74p² + 54.01p + 5.74 at KV
+// usage p when any sequence decodes, divided by Config.Speedup.
+//
+// Roles: aggregated; prefill (every request stops after its first token,
+// its KV left cached for a decode worker); decode (a request with
+// RemotePrefill waits ISL × KVBytesPerToken / KVTransferBandwidth for its
+// KV, which then lands in the cache as if computed, and starts decoding).
+//
+// # Text
+//
+// The HTTP layer turns text into tokens with a Tokenizer. The built-in
+// WordTokenizer is deterministic and needs no files; inject a real one
+// (tokenizer/) through ServerConfig.Tokenizer for exact token counts.
+package mocker

@@ -1,0 +1,75 @@
+package mocker
+
+import (
+	"strings"
+	"unicode"
+)
+
+// Tokenizer turns prompt text into token ids. Implementations must be safe
+// for concurrent use and deterministic (equal text, equal ids), or prefix
+// caching means nothing. The tokenizer/ package provides real ones.
+type Tokenizer interface {
+	Encode(text string) ([]uint32, error)
+}
+
+// WordTokenizer is the built-in Tokenizer: one token per word and one per
+// punctuation character, each the FNV-1a hash of its text modulo Vocab
+// (32000 if zero). It is not any model's tokenizer, but it is deterministic
+// and a shared text prefix gives a shared token prefix, which is all the
+// mocker's prefix cache needs.
+type WordTokenizer struct {
+	Vocab uint32
+}
+
+var _ Tokenizer = WordTokenizer{}
+
+// Encode implements Tokenizer.
+func (w WordTokenizer) Encode(text string) ([]uint32, error) {
+	vocab := w.Vocab
+	if vocab == 0 {
+		vocab = 32000
+	}
+	out := make([]uint32, 0, len(text)/4+1)
+	emit := func(s string) {
+		h := uint32(2166136261)
+		for i := 0; i < len(s); i++ {
+			h ^= uint32(s[i])
+			h *= 16777619
+		}
+		out = append(out, h%vocab)
+	}
+	start := -1
+	for i, r := range text {
+		switch {
+		case unicode.IsSpace(r):
+			if start >= 0 {
+				emit(text[start:i])
+				start = -1
+			}
+		case unicode.IsPunct(r) || unicode.IsSymbol(r):
+			if start >= 0 {
+				emit(text[start:i])
+				start = -1
+			}
+			emit(string(r))
+		default:
+			if start < 0 {
+				start = i
+			}
+		}
+	}
+	if start >= 0 {
+		emit(text[start:])
+	}
+	return out, nil
+}
+
+// words is the vocabulary the mocker writes its output with.
+var words = strings.Fields(`the of and to in is that it was for on are as with his they at be
+this from have or by one had not but what all were when we there can an your which their said
+if do will each about how up out them then she many some so these would other into has more her
+two like him see time could no make than first been its who now people my made over did down only
+way find use may water long little very after words called just where most know`)
+
+// wordFor renders a generated token id as text.
+func wordFor(id uint32) string { return words[int(id)%len(words)] }
