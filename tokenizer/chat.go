@@ -1,0 +1,174 @@
+package tokenizer
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nikolalohinski/gonja/v2"
+	"github.com/nikolalohinski/gonja/v2/config"
+	"github.com/nikolalohinski/gonja/v2/exec"
+	"github.com/nikolalohinski/gonja/v2/loaders"
+)
+
+// chatMLTemplate is the chat template of the embedded OpenAI encodings,
+// which ship none: ChatML, as OpenAI's chat models were documented to see
+// a conversation.
+//
+//	<|im_start|>{role}\n{content}<|im_end|>\n ... [<|im_start|>assistant\n]
+//
+// The markers are plain text to cl100k_base and o200k_base (neither has
+// them as special tokens), so they are split like any other text.
+//
+//go:embed templates/chatml.jinja
+var chatMLTemplate string
+
+// chatTemplate renders a Jinja chat template as the engines do
+// (transformers' apply_chat_template: trim_blocks, lstrip_blocks).
+type chatTemplate struct {
+	tmpl *exec.Template
+	vars map[string]any // bos_token, eos_token, ...
+}
+
+func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) {
+	cfg := config.New()
+	cfg.TrimBlocks = true
+	cfg.LeftStripBlocks = true
+	root, err := loaders.NewFileSystemLoader("")
+	if err != nil {
+		return nil, err
+	}
+	loader, err := loaders.NewShiftedLoader("chat_template", bytes.NewReader([]byte(source)), root)
+	if err != nil {
+		return nil, err
+	}
+	env := *gonja.DefaultEnvironment
+	env.Context = gonja.DefaultContext.Inherit().Update(exec.NewContext(map[string]any{
+		"raise_exception": func(msg string) (string, error) { return "", errors.New(msg) },
+		"strftime_now":    func(format string) string { return strftime(time.Now(), format) },
+	}))
+	t, err := exec.NewTemplate("chat_template", cfg, loader, &env)
+	if err != nil {
+		return nil, fmt.Errorf("chat template: %w", err)
+	}
+	return &chatTemplate{tmpl: t, vars: vars}, nil
+}
+
+func (c *chatTemplate) render(messages []Message, addGenerationPrompt bool) (string, error) {
+	msgs := make([]any, len(messages))
+	for i, m := range messages {
+		msgs[i] = map[string]any{"role": m.Role, "content": m.Content}
+	}
+	data := map[string]any{"messages": msgs, "add_generation_prompt": addGenerationPrompt}
+	for k, v := range c.vars {
+		data[k] = v
+	}
+	out, err := c.tmpl.ExecuteToString(exec.NewContext(data))
+	if err != nil {
+		return "", fmt.Errorf("tokenizer: render chat template: %w", err)
+	}
+	return out, nil
+}
+
+// loadChatTemplate reads the chat template of a model folder: a
+// chat_template.jinja file if present, otherwise tokenizer_config.json's
+// chat_template. path may also name either file. It returns nil (and no
+// error) when the model has no template. The special-token variables
+// (bos_token, eos_token, ...) come from tokenizer_config.json.
+func loadChatTemplate(path string) (*chatTemplate, error) {
+	dir, file := path, ""
+	if st, err := os.Stat(path); err == nil && !st.IsDir() {
+		dir, file = filepath.Dir(path), path
+	}
+	vars := map[string]any{}
+	var source string
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	if file != "" && strings.HasSuffix(file, ".json") {
+		cfgPath = file
+	}
+	if data, err := os.ReadFile(cfgPath); err == nil {
+		var cfg map[string]json.RawMessage
+		if err := json.Unmarshal(data, &cfg); err != nil {
+			return nil, fmt.Errorf("tokenizer: %s: %w", cfgPath, err)
+		}
+		for _, k := range []string{"bos_token", "eos_token", "unk_token", "pad_token"} {
+			if s, ok := tokenString(cfg[k]); ok {
+				vars[k] = s
+			}
+		}
+		if raw, ok := cfg["chat_template"]; ok {
+			if err := json.Unmarshal(raw, &source); err != nil {
+				// A list of named templates: take "default".
+				var named []struct{ Name, Template string }
+				if err2 := json.Unmarshal(raw, &named); err2 != nil {
+					return nil, fmt.Errorf("tokenizer: %s: chat_template: %w", cfgPath, err)
+				}
+				for _, n := range named {
+					if n.Name == "default" {
+						source = n.Template
+					}
+				}
+			}
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	jinja := filepath.Join(dir, "chat_template.jinja")
+	if file != "" && !strings.HasSuffix(file, ".json") {
+		jinja = file
+	}
+	if data, err := os.ReadFile(jinja); err == nil {
+		source = string(data)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	if source == "" {
+		return nil, nil
+	}
+	t, err := newChatTemplate(source, vars)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %s: %w", dir, err)
+	}
+	return t, nil
+}
+
+// tokenString reads a special token of tokenizer_config.json: a string or
+// an AddedToken object with "content".
+func tokenString(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var obj struct {
+		Content string `json:"content"`
+	}
+	if json.Unmarshal(raw, &obj) == nil && obj.Content != "" {
+		return obj.Content, true
+	}
+	return "", false
+}
+
+// strftime implements the few directives chat templates use
+// (Llama-3.1's "%d %b %Y").
+func strftime(t time.Time, format string) string {
+	r := strings.NewReplacer("%d", "02", "%b", "Jan", "%B", "January", "%Y", "2006", "%m", "01", "%H", "15", "%M", "04", "%S", "05", "%y", "06", "%%", "%")
+	var b strings.Builder
+	for i := 0; i < len(format); i++ {
+		if format[i] == '%' && i+1 < len(format) {
+			b.WriteString(t.Format(r.Replace(format[i : i+2])))
+			i++
+			continue
+		}
+		b.WriteByte(format[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,299 @@
+package tokenizer
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/dlclark/regexp2"
+)
+
+// The split patterns of GPT-2, cl100k_base / Llama-3 and Qwen2/Qwen3 use
+// look-ahead (`\s+(?!\S)`), which Go's regexp cannot express. They are
+// implemented by hand below, alternative by alternative, with the
+// leftmost-first, greedy-with-backtracking semantics of the Oniguruma and
+// fancy-regex engines that the reference implementations use. Any other
+// pattern falls back to regexp2 (a backtracking engine), which is slower.
+//
+// Character classes follow Unicode as Go's unicode tables define it:
+// \p{L} = unicode.IsLetter, \p{N} = unicode.IsNumber, \s = unicode.IsSpace
+// (the White_Space property, as Oniguruma's \s).
+
+const (
+	// patGPT2 is GPT-2's pattern, also the ByteLevel pre-tokenizer's default.
+	patGPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+	// patCL100K is cl100k_base's pattern, used by Llama-3.
+	patCL100K = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// patQwen2 is the Qwen2 / Qwen3 pattern: cl100k's with single digits.
+	patQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+// splitter cuts text into pieces that BPE encodes independently. split
+// calls emit with consecutive, non-overlapping pieces covering the text.
+type splitter interface {
+	split(text string, emit func(piece string))
+}
+
+// newSplitter returns the hand-written splitter for a known pattern, or a
+// regexp2-backed one.
+func newSplitter(pattern string) (splitter, error) {
+	switch pattern {
+	case patGPT2:
+		return gpt2Splitter{}, nil
+	case patCL100K:
+		return cl100kSplitter{maxDigits: 3}, nil
+	case patQwen2:
+		return cl100kSplitter{maxDigits: 1}, nil
+	}
+	re, err := regexp2.Compile(pattern, regexp2.Unicode)
+	if err != nil {
+		return nil, fmt.Errorf("split pattern %q: %w", pattern, err)
+	}
+	return &regexpSplitter{re: re}, nil
+}
+
+// Character classes, with an ASCII fast path.
+const (
+	clsOther = iota // [^\s\p{L}\p{N}]
+	clsLetter
+	clsNumber
+	clsSpace
+)
+
+var asciiClass = func() (t [utf8.RuneSelf]uint8) {
+	for r := rune(0); r < utf8.RuneSelf; r++ {
+		switch {
+		case unicode.IsLetter(r):
+			t[r] = clsLetter
+		case unicode.IsNumber(r):
+			t[r] = clsNumber
+		case unicode.IsSpace(r):
+			t[r] = clsSpace
+		default:
+			t[r] = clsOther
+		}
+	}
+	return t
+}()
+
+func classOf(r rune) uint8 {
+	if r < utf8.RuneSelf {
+		return asciiClass[r]
+	}
+	switch {
+	case unicode.IsLetter(r):
+		return clsLetter
+	case unicode.IsNumber(r):
+		return clsNumber
+	case unicode.IsSpace(r):
+		return clsSpace
+	}
+	return clsOther
+}
+
+// runeAt decodes the rune at byte offset i; at the end it returns -1.
+func runeAt(s string, i int) (rune, int) {
+	if i >= len(s) {
+		return -1, 0
+	}
+	if c := s[i]; c < utf8.RuneSelf {
+		return rune(c), 1
+	}
+	return utf8.DecodeRuneInString(s[i:])
+}
+
+// runOf returns the end of the run of runes of class cls starting at i.
+func runOf(s string, i int, cls uint8) int {
+	for i < len(s) {
+		r, n := runeAt(s, i)
+		if classOf(r) != cls {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+// contraction returns the length of a contraction ('s 't 're 've 'm 'll 'd)
+// at i, or 0. With fold, letters match case-insensitively, as (?i:...)
+// does (including the long s, U+017F, which folds to s).
+func contraction(s string, i int, fold bool) int {
+	if i >= len(s) || s[i] != '\'' {
+		return 0
+	}
+	lower := func(j int) (byte, int) {
+		r, n := runeAt(s, j)
+		if r < 0 {
+			return 0, 0
+		}
+		if fold {
+			if r == 0x17F {
+				return 's', n
+			}
+			if r >= 'A' && r <= 'Z' {
+				r += 'a' - 'A'
+			}
+		}
+		if r >= utf8.RuneSelf {
+			return 0, 0
+		}
+		return byte(r), n
+	}
+	c1, n1 := lower(i + 1)
+	switch c1 {
+	case 's', 't', 'm', 'd':
+		return 1 + n1
+	case 'r', 'v', 'l':
+		want := byte('e')
+		if c1 == 'l' {
+			want = 'l'
+		}
+		if c2, n2 := lower(i + 1 + n1); c2 == want {
+			return 1 + n1 + n2
+		}
+	}
+	return 0
+}
+
+// spaceRun handles the whitespace alternatives shared by the patterns,
+// `\s+(?!\S)|\s+`, at i where s[i] starts a whitespace run ending at j.
+func spaceRun(s string, i, j int) int {
+	if j >= len(s) {
+		return j
+	}
+	// \s+(?!\S): give back the last whitespace rune so that the next
+	// piece starts with it; \s+ takes a single rune otherwise.
+	_, last := utf8.DecodeLastRuneInString(s[i:j])
+	if j-last > i {
+		return j - last
+	}
+	return j
+}
+
+type gpt2Splitter struct{}
+
+func (gpt2Splitter) split(s string, emit func(string)) {
+	for i := 0; i < len(s); {
+		j := gpt2Next(s, i)
+		emit(s[i:j])
+		i = j
+	}
+}
+
+func gpt2Next(s string, i int) int {
+	if n := contraction(s, i, false); n > 0 {
+		return i + n
+	}
+	r, n := runeAt(s, i)
+	start := i
+	cls := classOf(r)
+	if r == ' ' {
+		// ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`
+		if r2, n2 := runeAt(s, i+n); r2 >= 0 {
+			if c2 := classOf(r2); c2 != clsSpace {
+				return runOf(s, i+n+n2, c2)
+			}
+		}
+	}
+	if cls != clsSpace {
+		return runOf(s, start+n, cls)
+	}
+	return spaceRun(s, i, runOf(s, i, clsSpace))
+}
+
+// cl100kSplitter implements patCL100K (maxDigits 3) and patQwen2 (1).
+type cl100kSplitter struct{ maxDigits int }
+
+func (c cl100kSplitter) split(s string, emit func(string)) {
+	for i := 0; i < len(s); {
+		j := c.next(s, i)
+		emit(s[i:j])
+		i = j
+	}
+}
+
+func (c cl100kSplitter) next(s string, i int) int {
+	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
+	if n := contraction(s, i, true); n > 0 {
+		return i + n
+	}
+	r, n := runeAt(s, i)
+	cls := classOf(r)
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if cls == clsLetter {
+		return runOf(s, i+n, clsLetter)
+	}
+	if cls != clsNumber && r != '\r' && r != '\n' {
+		if r2, n2 := runeAt(s, i+n); r2 >= 0 && classOf(r2) == clsLetter {
+			return runOf(s, i+n+n2, clsLetter)
+		}
+	}
+	// \p{N}{1,maxDigits}
+	if cls == clsNumber {
+		j := i + n
+		for k := 1; k < c.maxDigits; k++ {
+			r2, n2 := runeAt(s, j)
+			if r2 < 0 || classOf(r2) != clsNumber {
+				break
+			}
+			j += n2
+		}
+		return j
+	}
+	// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+	j := -1
+	if cls == clsOther {
+		j = runOf(s, i+n, clsOther)
+	} else if r == ' ' {
+		if r2, n2 := runeAt(s, i+n); r2 >= 0 && classOf(r2) == clsOther {
+			j = runOf(s, i+n+n2, clsOther)
+		}
+	}
+	if j >= 0 {
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
+			j++
+		}
+		return j
+	}
+	// Whitespace from here on.
+	end := runOf(s, i, clsSpace)
+	// \s*[\r\n]+: up to and including the run's last newline.
+	for k := end - 1; k >= i; k-- {
+		if s[k] == '\r' || s[k] == '\n' {
+			return k + 1
+		}
+	}
+	return spaceRun(s, i, end)
+}
+
+// regexpSplitter runs any other pattern with regexp2, keeping the gaps
+// between matches as pieces (the Split pre-tokenizer's Isolated behaviour).
+type regexpSplitter struct{ re *regexp2.Regexp }
+
+func (r *regexpSplitter) split(s string, emit func(string)) {
+	// regexp2 works on runes; map rune offsets back to bytes.
+	runes := []rune(s)
+	offsets := make([]int, len(runes)+1)
+	b := 0
+	for k, rr := range runes {
+		offsets[k] = b
+		b += utf8.RuneLen(rr)
+	}
+	offsets[len(runes)] = b
+	last := 0
+	m, err := r.re.FindRunesMatch(runes)
+	for err == nil && m != nil {
+		start, end := offsets[m.Index], offsets[m.Index+m.Length]
+		if start > last {
+			emit(s[last:start])
+		}
+		if end > start {
+			emit(s[start:end])
+		}
+		last = end
+		m, err = r.re.FindNextMatch(m)
+	}
+	if last < len(s) {
+		emit(s[last:])
+	}
+}

