@@ -283,13 +283,10 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 			c = parent.addChild(h)
 			ix.nodes++
 		}
-		if old, ok := ss.engine[b.EngineHash]; ok {
-			if old == c {
-				parent = c
-				continue
-			}
-			// The engine reused a hash for other content: forget the old.
-			ix.unmap(slot, b.EngineHash, old)
+		old, remap := ss.engine[b.EngineHash]
+		if remap && old == c {
+			parent = c // a duplicate store
+			continue
 		}
 		ss.engine[b.EngineHash] = c
 		if !ix.hold(c, slot) {
@@ -297,6 +294,11 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 				ss.aliases = make(map[*node]int)
 			}
 			ss.aliases[c]++
+		}
+		if remap {
+			// The engine reused a hash for other content: drop the old
+			// mapping. c is held now, so pruning stops at it or below.
+			ix.drop(slot, old)
 		}
 		ix.stored.Add(1)
 		parent = c
@@ -306,8 +308,14 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 
 // unmap removes one engine-hash mapping of slot. Caller holds mu.
 func (ix *Index) unmap(slot int32, eh uint64, n *node) {
+	delete(ix.slots[slot].engine, eh)
+	ix.drop(slot, n)
+}
+
+// drop releases one mapping of slot to n: an alias if there is one, else
+// the node itself. Caller holds mu.
+func (ix *Index) drop(slot int32, n *node) {
 	ss := &ix.slots[slot]
-	delete(ss.engine, eh)
 	if a := ss.aliases[n]; a > 0 {
 		if a == 1 {
 			delete(ss.aliases, n)
