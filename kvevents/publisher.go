@@ -1,0 +1,342 @@
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// PublisherConfig names the worker whose events a Publisher sends.
+type PublisherConfig struct {
+	Pool     string
+	WorkerID string
+	// DPRank is the data-parallel rank of PublishStored, PublishRemoved and
+	// PublishCleared (Publish takes the rank explicitly).
+	DPRank uint32
+	// Logger defaults to slog.Default(); a component attribute is added.
+	Logger *slog.Logger
+	// Registerer receives the publisher's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// Publisher sends one worker's KV events to its pool's NATS subject, the
+// way a custom engine (or the relay, or the mocker) reports its cache. It
+// stamps event ids, monotonic per (worker, dp rank) from 1, keeps the
+// worker's current blocks, and answers dump requests on DumpSubject with a
+// DumpReply so a router that missed events can resynchronise.
+//
+// Safe for concurrent use. Publishing never blocks on the network (nats.go
+// buffers); events are sent in id order.
+type Publisher struct {
+	nc      *nats.Conn
+	cfg     PublisherConfig
+	subject string
+	log     *slog.Logger
+	sub     *nats.Subscription
+	m       publisherMetrics
+
+	mu    sync.Mutex // guards ranks and the order of ids on the wire
+	ranks map[uint32]*rankState
+}
+
+type rankState struct {
+	lastID uint64
+	blocks map[uint64]pubBlock
+}
+
+type pubBlock struct {
+	parent    uint64
+	hasParent bool
+	tokens    []uint32
+	lora      string
+}
+
+type publisherMetrics struct {
+	events    *prometheus.CounterVec
+	errors    prometheus.Counter
+	dumps     prometheus.Counter
+	dumpBytes prometheus.Histogram
+}
+
+// ErrPublisherClosed is returned by a closed Publisher.
+var ErrPublisherClosed = errors.New("kv event publisher closed")
+
+// NewPublisher starts a publisher on nc (which the caller keeps owning and
+// closes after Close) and subscribes to the worker's dump subject.
+func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
+	if cfg.Pool == "" || cfg.WorkerID == "" {
+		return nil, fmt.Errorf("publisher: pool %q and worker id %q must be set", cfg.Pool, cfg.WorkerID)
+	}
+	if err := (WorkerInfo{ID: cfg.WorkerID, Address: "-", DPSize: 1, BlockSize: 1}).Validate(); err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Publisher{
+		nc:      nc,
+		cfg:     cfg,
+		subject: EventsSubject(cfg.Pool),
+		log:     log.With("component", "kvevents-publisher", "pool", cfg.Pool, "worker", cfg.WorkerID),
+		ranks:   make(map[uint32]*rankState),
+		m:       newPublisherMetrics(cfg.Registerer),
+	}
+	sub, err := nc.Subscribe(DumpSubject(cfg.Pool, cfg.WorkerID), p.answerDump)
+	if err != nil {
+		return nil, fmt.Errorf("publisher: subscribe to dump requests: %w", err)
+	}
+	p.sub = sub
+	return p, nil
+}
+
+func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
+	m := publisherMetrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_publisher_events_total",
+			Help: "KV events published, by kind.",
+		}, []string{"kind"}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_publisher_publish_errors_total",
+			Help: "KV events that could not be handed to NATS (their id is spent: routers see a gap and ask for a dump).",
+		}),
+		dumps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_publisher_dump_requests_total",
+			Help: "Dump requests answered.",
+		}),
+		dumpBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvgate_publisher_dump_reply_bytes",
+			Help:    "Size of dump replies.",
+			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.events, m.errors, m.dumps, m.dumpBytes)
+	}
+	return m
+}
+
+// PublishStored reports the complete blocks of tokenIDs (len(engineHashes)
+// × blockSize tokens, block i holding engineHashes[i]) stored as a chain
+// under parentHash (nil: at the root). The publisher keeps the token slices:
+// do not modify them afterwards.
+func (p *Publisher) PublishStored(tokenIDs []uint32, blockSize int, engineHashes []uint64, parentHash *uint64, loraName string) error {
+	if blockSize <= 0 {
+		return fmt.Errorf("%w: got %d", ErrBlockSize, blockSize)
+	}
+	if len(engineHashes) == 0 || len(tokenIDs) != len(engineHashes)*blockSize {
+		return fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrInvalidEvent, len(tokenIDs), len(engineHashes), blockSize)
+	}
+	st := &Stored{ParentHash: parentHash, LoRAName: loraName, Blocks: make([]Block, len(engineHashes))}
+	for i, h := range engineHashes {
+		st.Blocks[i] = Block{EngineHash: h, TokenIDs: tokenIDs[i*blockSize : (i+1)*blockSize : (i+1)*blockSize]}
+	}
+	_, err := p.Publish(p.cfg.DPRank, Event{Stored: st})
+	return err
+}
+
+// PublishRemoved reports blocks evicted, by engine hash.
+func (p *Publisher) PublishRemoved(engineHashes []uint64) error {
+	if len(engineHashes) == 0 {
+		return nil
+	}
+	_, err := p.Publish(p.cfg.DPRank, Event{Removed: &Removed{EngineHashes: engineHashes}})
+	return err
+}
+
+// PublishCleared reports that every block was dropped.
+func (p *Publisher) PublishCleared() error {
+	_, err := p.Publish(p.cfg.DPRank, Event{Cleared: true})
+	return err
+}
+
+// Publish stamps ev with the next id of dpRank, records its effect on the
+// worker's block set and sends it. It returns the event as sent. An event
+// that fails validation is refused without spending an id; a NATS failure
+// spends the id (routers see the gap and ask for a dump) and is returned.
+func (p *Publisher) Publish(dpRank uint32, ev Event) (RouterEvent, error) {
+	re := RouterEvent{WorkerID: p.cfg.WorkerID, DPRank: dpRank, Event: ev}
+	if err := re.Validate(); err != nil {
+		return RouterEvent{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ranks == nil {
+		return RouterEvent{}, ErrPublisherClosed
+	}
+	rs := p.rank(dpRank)
+	rs.lastID++
+	re.EventID = rs.lastID
+	rs.apply(ev)
+	kind := ev.Kind()
+	data, err := EncodeMsgpack(re)
+	if err == nil {
+		err = p.nc.Publish(p.subject, data)
+	}
+	if err != nil {
+		p.m.errors.Inc()
+		return re, fmt.Errorf("publish %s event %d: %w", kind, re.EventID, err)
+	}
+	p.m.events.WithLabelValues(kind).Inc()
+	return re, nil
+}
+
+// LastEventID returns the id of the last event published for dpRank.
+func (p *Publisher) LastEventID(dpRank uint32) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if rs, ok := p.ranks[dpRank]; ok {
+		return rs.lastID
+	}
+	return 0
+}
+
+// Blocks returns the engine hashes the worker holds on dpRank.
+func (p *Publisher) Blocks(dpRank uint32) map[uint64]struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[uint64]struct{}{}
+	if rs, ok := p.ranks[dpRank]; ok {
+		for h := range rs.blocks {
+			out[h] = struct{}{}
+		}
+	}
+	return out
+}
+
+// Close stops answering dump requests; later publishes fail with
+// ErrPublisherClosed. It does not close the NATS connection.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	p.ranks = nil
+	p.mu.Unlock()
+	if err := p.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
+		return fmt.Errorf("publisher: unsubscribe: %w", err)
+	}
+	return nil
+}
+
+func (p *Publisher) rank(r uint32) *rankState {
+	rs, ok := p.ranks[r]
+	if !ok {
+		rs = &rankState{blocks: make(map[uint64]pubBlock)}
+		p.ranks[r] = rs
+	}
+	return rs
+}
+
+func (rs *rankState) apply(ev Event) {
+	switch {
+	case ev.Stored != nil:
+		st := ev.Stored
+		parent, has := uint64(0), false
+		if st.ParentHash != nil {
+			parent, has = *st.ParentHash, true
+		}
+		for _, b := range st.Blocks {
+			rs.blocks[b.EngineHash] = pubBlock{parent: parent, hasParent: has, tokens: b.TokenIDs, lora: st.LoRAName}
+			parent, has = b.EngineHash, true
+		}
+	case ev.Removed != nil:
+		for _, h := range ev.Removed.EngineHashes {
+			delete(rs.blocks, h)
+		}
+	case ev.Cleared:
+		clear(rs.blocks)
+	}
+}
+
+// answerDump replies to a dump request with a DumpReply taken under the
+// publishing lock, so LastEventID and the blocks agree.
+func (p *Publisher) answerDump(msg *nats.Msg) {
+	p.mu.Lock()
+	if p.ranks == nil {
+		p.mu.Unlock()
+		return
+	}
+	reply := p.snapshot()
+	p.mu.Unlock()
+	data, err := EncodeDumpReply(reply)
+	if err != nil {
+		p.log.Error("encode dump reply", "err", err)
+		return
+	}
+	if max := p.nc.MaxPayload(); max > 0 && int64(len(data)) > max {
+		p.log.Error("dump reply exceeds the NATS max payload; raise max_payload on the server", "bytes", len(data), "max_payload", max)
+		return
+	}
+	if err := msg.Respond(data); err != nil {
+		p.log.Warn("answer dump request", "err", err)
+		return
+	}
+	p.m.dumps.Inc()
+	p.m.dumpBytes.Observe(float64(len(data)))
+}
+
+// snapshot builds the DumpReply; p.mu must be held.
+func (p *Publisher) snapshot() DumpReply {
+	reply := DumpReply{WorkerID: p.cfg.WorkerID}
+	ranks := make([]uint32, 0, len(p.ranks))
+	for r := range p.ranks {
+		ranks = append(ranks, r)
+	}
+	slices.Sort(ranks)
+	for _, r := range ranks {
+		rs := p.ranks[r]
+		reply.Ranks = append(reply.Ranks, DumpRank{DPRank: r, LastEventID: rs.lastID, Blocks: len(rs.blocks)})
+		for _, st := range rs.chains() {
+			reply.Events = append(reply.Events, RouterEvent{WorkerID: p.cfg.WorkerID, DPRank: r, EventID: rs.lastID, Event: Event{Stored: st}})
+		}
+	}
+	return reply
+}
+
+// chains lists the rank's blocks as Stored chains, parents before children,
+// in a deterministic order.
+func (rs *rankState) chains() []*Stored {
+	children := make(map[uint64][]uint64, len(rs.blocks))
+	var roots []uint64
+	for h, b := range rs.blocks {
+		if _, ok := rs.blocks[b.parent]; b.hasParent && ok && b.parent != h {
+			children[b.parent] = append(children[b.parent], h)
+		} else {
+			roots = append(roots, h)
+		}
+	}
+	slices.Sort(roots)
+	for _, c := range children {
+		slices.Sort(c)
+	}
+	var out []*Stored
+	stack := slices.Clone(roots)
+	slices.Reverse(stack)
+	for len(stack) > 0 {
+		h := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		b := rs.blocks[h]
+		st := &Stored{LoRAName: b.lora}
+		if b.hasParent {
+			parent := b.parent
+			st.ParentHash = &parent
+		}
+		for {
+			st.Blocks = append(st.Blocks, Block{EngineHash: h, TokenIDs: b.tokens})
+			kids := children[h]
+			if len(kids) == 1 && rs.blocks[kids[0]].lora == st.LoRAName {
+				h, b = kids[0], rs.blocks[kids[0]]
+				continue
+			}
+			for i := len(kids) - 1; i >= 0; i-- {
+				stack = append(stack, kids[i])
+			}
+			break
+		}
+		out = append(out, st)
+	}
+	return out
+}
