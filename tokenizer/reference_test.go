@@ -135,7 +135,7 @@ func firstDiff(m *Model, want, got []uint32) string {
 }
 
 func jsonQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
-func jsonInt(i uint32) string  { b, _ := json.Marshal(i); return string(b) }
+func jsonInt(i uint32) string   { b, _ := json.Marshal(i); return string(b) }
 
 func TestChatTemplateMatchesReference(t *testing.T) {
 	dir, ref := loadReference(t)
