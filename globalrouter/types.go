@@ -1,0 +1,93 @@
+package globalrouter
+
+import (
+	"context"
+	"errors"
+)
+
+// Request is what the ext_proc server hands the global router for one
+// inference request, after parsing the body once.
+type Request struct {
+	// ID is the request id (x-request-id, or one the server made).
+	ID string
+	// Path is the HTTP path (/v1/completions, /v1/chat/completions, ...).
+	Path  string
+	Model string
+	// Prompt is the completion prompt text; PromptTokens a prompt given as
+	// token ids. Messages is a chat request's conversation. Exactly one of
+	// the three is set.
+	Prompt       string
+	PromptTokens []uint32
+	Messages     []Message
+	// Headers are the request headers, keys lower-case (policies match on
+	// them; x-kvgate-* pinning and override headers live here).
+	Headers map[string]string
+	// Explain asks for an explanation of the decision (x-kvgate-explain: 1).
+	Explain bool
+}
+
+// Message is one chat message.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// Endpoint is one routable target: a worker rank in a pool.
+type Endpoint struct {
+	Pool     string
+	WorkerID string
+	DPRank   uint32
+	// Address is the worker's host:port (x-gateway-destination-endpoint).
+	Address       string
+	OverlapBlocks int
+	Cost          float64
+}
+
+// Decision is the outcome of routing one request.
+type Decision struct {
+	// Primary is where the request goes; Fallbacks, in order, where Envoy
+	// may retry.
+	Primary   Endpoint
+	Fallbacks []Endpoint
+	// Prefill is the prefill worker in a disaggregated topology, nil
+	// otherwise (x-prefiller-host-port).
+	Prefill *Endpoint
+	// ISL is the prompt length in tokens; RequestBlocks per Primary's pool.
+	ISL           int
+	RequestBlocks int
+	// Explanation says why Primary won (set when Request.Explain).
+	Explanation string
+	// Lease drives the request's lifecycle on the chosen local router.
+	Lease Lease
+}
+
+// Lease is a request committed to a local router (Track stream open).
+// Methods are safe for concurrent use and idempotent; Free after any error
+// still frees. The ext_proc server calls PrefillComplete on the first
+// response body chunk and Free at the end of the response, on an error
+// status, or when the ext_proc stream ends.
+type Lease interface {
+	PrefillComplete(ctx context.Context) error
+	Free(ctx context.Context) error
+}
+
+// Errors of Decide; the ext_proc server maps them to HTTP statuses.
+var (
+	// ErrBadRequest (400): the request cannot be routed as given.
+	ErrBadRequest = errors.New("bad request")
+	// ErrUnknownModel (404): no pool serves the model.
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrSaturated (429): every eligible worker is saturated; retry later.
+	ErrSaturated = errors.New("saturated")
+	// ErrNoPool (503): no pool could be reached.
+	ErrNoPool = errors.New("no pool reachable")
+	// ErrPinRefused (400): pinning headers name a pool or worker that cannot
+	// take the request; never silently re-routed.
+	ErrPinRefused = errors.New("pinned target refused")
+)
+
+// Decider makes routing decisions. Implementations are safe for concurrent
+// use; Decide may block up to its probe deadline.
+type Decider interface {
+	Decide(ctx context.Context, req *Request) (*Decision, error)
+}
