@@ -1,0 +1,358 @@
+package localrouter
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/kvgate/kvgate/kvevents"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newRouter(t *testing.T, cfg Config, workers ...string) *Router {
+	t.Helper()
+	r, err := New(cfg, Options{Rand: rand.New(rand.NewPCG(1, 2)), SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	for _, w := range workers {
+		r.AddWorker(w, 1)
+	}
+	return r
+}
+
+func toks(n int, base uint32) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = base + uint32(i)
+	}
+	return t
+}
+
+// storeTokens reports tokens as stored on worker w, one chain.
+func storeTokens(t *testing.T, r *Router, w string, tokens []uint32) {
+	t.Helper()
+	bs := r.Config().BlockSize
+	var blocks []kvevents.Block
+	for i := 0; i+bs <= len(tokens); i += bs {
+		blocks = append(blocks, kvevents.Block{EngineHash: uint64(1000 + i), TokenIDs: tokens[i : i+bs]})
+	}
+	if err := r.ApplyEvent(kvevents.RouterEvent{WorkerID: w, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: blocks}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBestWorkerPrefersCachedPrefix(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	r := newRouter(t, cfg, "a", "b", "c")
+	prompt := toks(64, 0)
+	storeTokens(t, r, "b", prompt[:48])
+	sel, err := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.Worker.ID != "b" || sel.OverlapBlocks != 12 {
+		t.Errorf("BestWorker = %+v, want worker b with 12 overlap blocks", sel)
+	}
+	// A pure query changes nothing.
+	if st := r.Active().Stats(); st.Requests != 0 {
+		t.Errorf("query recorded %d requests, want 0", st.Requests)
+	}
+	if sel.RequestBlocks != 16 || sel.Candidates != 3 {
+		t.Errorf("RequestBlocks %d Candidates %d, want 16, 3", sel.RequestBlocks, sel.Candidates)
+	}
+}
+
+func TestCostFormula(t *testing.T) {
+	p := costParams{credit: 1, scale: 1, trackBlocks: true}
+	tests := []struct {
+		name                                    string
+		p                                       costParams
+		activePrefill, isl, bs, overlap, decode int
+		want                                    float64
+	}{
+		{"idle, no cache", p, 0, 64, 16, 0, 4, 4 + 4},
+		{"fully cached", p, 0, 64, 16, 4, 4, 0 + 4},
+		{"queued prefill", p, 160, 64, 16, 0, 4, 14 + 4},
+		{"credit halves overlap", costParams{0.5, 1, 0, true}, 0, 64, 16, 4, 4, 2 + 4},
+		{"scale doubles prefill", costParams{1, 2, 0, true}, 0, 64, 16, 0, 4, 8 + 4},
+		{"no block tracking", costParams{1, 1, 0, false}, 0, 64, 16, 0, 4, 4},
+		{"overlap beyond prefill clamps to 0", p, 0, 16, 16, 4, 1, 0 + 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.p.cost(tt.activePrefill, tt.isl, tt.bs, tt.overlap, tt.decode); got != tt.want {
+				t.Errorf("cost = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLifecycleShiftsLoad(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	r := newRouter(t, cfg, "a", "b")
+	ctx := testCtx(t)
+	// Two different prompts: the second goes to the idle worker.
+	s1, err := r.BestWorker(ctx, Request{Tokens: toks(40, 0)}, BestWorkerOptions{RequestID: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := r.BestWorker(ctx, Request{Tokens: toks(40, 1000)}, BestWorkerOptions{RequestID: "r2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s1.Worker == s2.Worker {
+		t.Errorf("both requests on %v; the second should avoid the loaded worker", s1.Worker)
+	}
+	if got := r.Active().Load(s1.Worker); got != (WorkerLoad{PrefillTokens: 40, ActiveBlocks: 10, ActiveRequests: 1}) {
+		t.Errorf("load after add = %+v", got)
+	}
+	if err := r.MarkPrefillComplete(ctx, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.MarkPrefillComplete(ctx, "r1"); err != nil {
+		t.Errorf("second MarkPrefillComplete: %v, want idempotent", err)
+	}
+	if got := r.Active().Load(s1.Worker); got.PrefillTokens != 0 || got.ActiveBlocks != 10 {
+		t.Errorf("load after prefill = %+v, want 0 prefill, 10 blocks", got)
+	}
+	for _, id := range []string{"r1", "r2"} {
+		if err := r.Free(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Free(ctx, "r1"); !errors.Is(err, ErrUnknownRequest) {
+		t.Errorf("second Free = %v, want ErrUnknownRequest", err)
+	}
+	if st := r.Active().Stats(); st.Requests != 0 || st.UnknownOps != 1 {
+		t.Errorf("stats = %+v, want 0 requests, 1 unknown op", st)
+	}
+	if got := r.Active().Load(s1.Worker); got != (WorkerLoad{}) {
+		t.Errorf("load after free = %+v, want zero", got)
+	}
+}
+
+func TestPotentialLoadsSharedBlocksCountOnce(t *testing.T) {
+	a := NewActiveSequences()
+	w := WorkerKey{"a", 0}
+	now := time.Now()
+	seq := []uint64{1, 2, 3, 4}
+	if err := a.Add(now, "r1", w, seq, 16, 0, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Add(now, "r2", w, []uint64{1, 2, 9}, 12, 2, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Add(now, "r2", w, seq, 16, 0, 4); !errors.Is(err, ErrDuplicateRequest) {
+		t.Errorf("duplicate Add = %v, want ErrDuplicateRequest", err)
+	}
+	// Active: {1,2,3,4,9} = 5 distinct; prefill 16 + (12-8) = 20.
+	got := a.PotentialLoads(nil, []WorkerKey{w, {"b", 0}}, []uint64{1, 2, 3, 7}, 16, 4, func(k WorkerKey) int {
+		if k == w {
+			return 3
+		}
+		return 0
+	})
+	want := []PotentialLoad{
+		{Worker: w, PotentialPrefillTokens: 4 + 20, PotentialDecodeBlocks: 5 + 1, OverlapBlocks: 3, ActiveRequests: 2},
+		{Worker: WorkerKey{"b", 0}, PotentialPrefillTokens: 16, PotentialDecodeBlocks: 4},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("PotentialLoads (-want +got):\n%s", diff)
+	}
+	// Forced expiry frees what is older than the bound.
+	if ids := a.Expire(now.Add(301*time.Second), 300*time.Second); len(ids) != 2 {
+		t.Errorf("Expire freed %v, want both", ids)
+	}
+	if st := a.Stats(); st.Requests != 0 || st.Expired != 2 {
+		t.Errorf("after expiry: %+v", st)
+	}
+}
+
+func TestTiesBrokenUniformly(t *testing.T) {
+	r := newRouter(t, DefaultConfig(), "a", "b", "c", "d")
+	counts := map[string]int{}
+	for i := 0; i < 4000; i++ {
+		sel, err := r.BestWorker(testCtx(t), Request{Tokens: toks(32, 0)}, BestWorkerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[sel.Worker.ID]++
+	}
+	for w, n := range counts {
+		if n < 800 || n > 1200 {
+			t.Errorf("worker %s chosen %d of 4000 times, want about 1000 (counts %v)", w, n, counts)
+		}
+	}
+	if len(counts) != 4 {
+		t.Errorf("only %d workers ever chosen: %v", len(counts), counts)
+	}
+}
+
+func TestTemperatureSamples(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	r := newRouter(t, cfg, "a", "b")
+	storeTokens(t, r, "a", toks(64, 0))
+	pick := func(temp float64) map[string]int {
+		counts := map[string]int{}
+		for i := 0; i < 2000; i++ {
+			sel, err := r.BestWorker(testCtx(t), Request{Tokens: toks(64, 0)}, BestWorkerOptions{Override: &Override{RouterTemperature: &temp}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[sel.Worker.ID]++
+		}
+		return counts
+	}
+	if c := pick(0); c["b"] != 0 {
+		t.Errorf("temperature 0 chose the uncached worker %d times", c["b"])
+	}
+	c := pick(1)
+	if c["b"] == 0 || c["a"] <= c["b"] {
+		t.Errorf("temperature 1: counts %v, want both chosen, the cached one more", c)
+	}
+	neg := -1.0
+	if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(8, 0)}, BestWorkerOptions{Override: &Override{RouterTemperature: &neg}}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("negative temperature: %v, want ErrInvalidConfig", err)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MinInitialWorkers = 2
+	r := newRouter(t, cfg, "a")
+	ctx := testCtx(t)
+	if _, err := r.BestWorker(ctx, Request{Tokens: toks(32, 0)}, BestWorkerOptions{}); !errors.Is(err, ErrNotReady) {
+		t.Errorf("below min workers: %v, want ErrNotReady", err)
+	}
+	r.AddWorker("b", 1)
+	if !r.Ready() {
+		t.Error("not ready with 2 workers")
+	}
+	tests := []struct {
+		name string
+		req  Request
+		opts BestWorkerOptions
+		want error
+	}{
+		{"empty", Request{}, BestWorkerOptions{}, ErrEmptyRequest},
+		{"wrong block size", Request{LocalHashes: []uint64{1}, BlockSize: 32}, BestWorkerOptions{}, ErrBlockSizeMismatch},
+		{"unknown forced worker", Request{Tokens: toks(16, 0)}, BestWorkerOptions{Worker: &WorkerKey{"zz", 0}}, ErrUnknownWorker},
+		{"dp rank out of range", Request{Tokens: toks(16, 0)}, BestWorkerOptions{Worker: &WorkerKey{"a", 1}}, ErrUnknownWorker},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := r.BestWorker(ctx, tt.req, tt.opts); !errors.Is(err, tt.want) {
+				t.Errorf("got %v, want %v", err, tt.want)
+			}
+		})
+	}
+	if err := r.ApplyEvent(kvevents.RouterEvent{WorkerID: "ghost", Event: kvevents.Event{Cleared: true}}); !errors.Is(err, ErrUnknownWorker) {
+		t.Errorf("event of non-member: %v, want ErrUnknownWorker", err)
+	}
+	if _, err := New(Config{}, Options{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("zero config: %v, want ErrInvalidConfig", err)
+	}
+	// A partial block only: routable by load, no hashes.
+	if sel, err := r.BestWorker(ctx, Request{Tokens: toks(5, 0)}, BestWorkerOptions{}); err != nil || sel.RequestBlocks != 0 {
+		t.Errorf("partial block: %+v, %v", sel, err)
+	}
+}
+
+func TestRemoveWorkerDropsState(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	r := newRouter(t, cfg, "a", "b")
+	ctx := testCtx(t)
+	storeTokens(t, r, "a", toks(16, 0))
+	if _, err := r.Commit(ctx, "r1", WorkerKey{"a", 0}, Request{Tokens: toks(16, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if ids := r.RemoveWorker("a"); len(ids) != 1 || ids[0] != "r1" {
+		t.Errorf("RemoveWorker freed %v, want [r1]", ids)
+	}
+	if got := r.Index().TreeSize(WorkerKey{"a", 0}); got != 0 {
+		t.Errorf("tree size after removal = %d", got)
+	}
+	if diff := cmp.Diff([]WorkerKey{{"b", 0}}, r.Workers()); diff != "" {
+		t.Errorf("workers (-want +got):\n%s", diff)
+	}
+}
+
+func TestApproximateModeLearnsFromCommits(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	cfg.UseKVEvents = false
+	r := newRouter(t, cfg, "a", "b")
+	ctx := testCtx(t)
+	s1, err := r.BestWorker(ctx, Request{Tokens: toks(64, 0)}, BestWorkerOptions{RequestID: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Free(ctx, "r1")
+	s2, err := r.BestWorker(ctx, Request{Tokens: toks(64, 0)}, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2.Worker != s1.Worker || s2.OverlapBlocks != 16 {
+		t.Errorf("second request %+v, want worker %v with 16 blocks", s2, s1.Worker)
+	}
+}
+
+func TestRoutersCloseIndependently(t *testing.T) {
+	a, err := New(DefaultConfig(), Options{SweepInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(DefaultConfig(), Options{SweepInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	b.AddWorker("w", 1)
+	a.Close()
+	a.Close() // idempotent
+	if _, err := a.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{}); !errors.Is(err, ErrClosed) {
+		t.Errorf("closed router: %v, want ErrClosed", err)
+	}
+	if _, err := b.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{RequestID: "x"}); err != nil {
+		t.Errorf("closing a broke b: %v", err)
+	}
+	if err := b.Free(testCtx(t), "x"); err != nil {
+		t.Errorf("b.Free: %v", err)
+	}
+}
+
+func TestSweepExpiresRequests(t *testing.T) {
+	now := time.Unix(0, 0)
+	cfg := DefaultConfig()
+	r, _ := New(cfg, Options{Clock: func() time.Time { return now }, SweepInterval: -1})
+	defer r.Close()
+	r.AddWorker("a", 1)
+	if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{RequestID: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(299 * time.Second)
+	if ids := r.Sweep(); len(ids) != 0 {
+		t.Errorf("swept %v before expiry", ids)
+	}
+	now = now.Add(2 * time.Second)
+	if ids := r.Sweep(); len(ids) != 1 {
+		t.Errorf("swept %v, want [r]", ids)
+	}
+}
