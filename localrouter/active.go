@@ -294,13 +294,13 @@ func (a *ActiveSequences) activePrefix(seq []uint64) {
 
 // PotentialLoads appends to dst the potential load of each of workers if
 // the request (sequence hashes seq, isl prompt tokens) were added there,
-// given each worker's cached overlap in blocks.
-func (a *ActiveSequences) PotentialLoads(dst []PotentialLoad, workers []WorkerKey, seq []uint64, isl, blockSize int, overlap func(WorkerKey) int) []PotentialLoad {
+// given each worker's cached overlap in blocks (overlaps[i] for workers[i]).
+func (a *ActiveSequences) PotentialLoads(dst []PotentialLoad, workers []WorkerKey, seq []uint64, isl, blockSize int, overlaps []int) []PotentialLoad {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.activePrefix(seq)
-	for _, key := range workers {
-		ov := overlap(key)
+	for i, key := range workers {
+		ov := overlaps[i]
 		uncached := isl - ov*blockSize
 		if uncached < 0 {
 			uncached = 0

@@ -389,6 +389,21 @@ type Overlap struct {
 type Matches struct {
 	Overlaps []Overlap
 	scratch  words
+	slots    []int32 // index slot of each Overlaps entry
+	pos      []int32 // index slot → 1 + position in Overlaps (0: none)
+}
+
+// ofSlot returns the overlap of the worker at index slot, checking that the
+// slot still belongs to key (a slot can be reused after a removal).
+func (m *Matches) ofSlot(slot int32, key WorkerKey) int {
+	if slot < 0 || int(slot) >= len(m.pos) {
+		return 0
+	}
+	p := m.pos[slot]
+	if p == 0 || m.Overlaps[p-1].Worker != key {
+		return 0
+	}
+	return m.Overlaps[p-1].Blocks
 }
 
 // Of returns the overlap of worker key, 0 if it matched nothing.
@@ -405,7 +420,10 @@ func (m *Matches) Of(key WorkerKey) int {
 // block, the number of leading blocks of localHashes it holds and its tree
 // size. It stops as soon as no worker matches.
 func (ix *Index) FindMatches(localHashes []uint64, m *Matches) {
-	m.Overlaps = m.Overlaps[:0]
+	for _, s := range m.slots {
+		m.pos[s] = 0
+	}
+	m.Overlaps, m.slots = m.Overlaps[:0], m.slots[:0]
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	n := &ix.root
@@ -441,6 +459,19 @@ func (ix *Index) FindMatches(localHashes []uint64, m *Matches) {
 func (m *Matches) add(ix *Index, slot int32, blocks int) {
 	ss := &ix.slots[slot]
 	m.Overlaps = append(m.Overlaps, Overlap{Worker: ss.key, Blocks: blocks, TreeSize: ss.size})
+	m.slots = append(m.slots, slot)
+	for int(slot) >= len(m.pos) {
+		m.pos = append(m.pos, 0)
+	}
+	m.pos[slot] = int32(len(m.Overlaps))
+}
+
+// ensureSlot returns key's slot, creating it, so that callers can cache it
+// (see Matches.ofSlot).
+func (ix *Index) ensureSlot(key WorkerKey) int32 {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.slotFor(key)
 }
 
 // TreeSize returns the number of blocks worker key holds.

@@ -69,8 +69,20 @@ type Router struct {
 
 // members is an immutable membership snapshot.
 type members struct {
-	keys []WorkerKey // sorted
-	dp   map[string]int
+	keys  []WorkerKey // sorted
+	slots []int32     // index slot of each key
+	dp    map[string]int
+}
+
+// find returns the position of k in keys.
+func (m *members) find(k WorkerKey) (int, bool) {
+	i := sort.Search(len(m.keys), func(i int) bool {
+		if m.keys[i].ID != k.ID {
+			return m.keys[i].ID >= k.ID
+		}
+		return m.keys[i].DPRank >= k.DPRank
+	})
+	return i, i < len(m.keys) && m.keys[i] == k
 }
 
 func (m *members) has(k WorkerKey) bool {
@@ -82,6 +94,7 @@ type scratch struct {
 	local, seq []uint64
 	matches    Matches
 	loads      []PotentialLoad
+	overlaps   []int
 	costs      []float64
 }
 
@@ -181,7 +194,7 @@ func (r *Router) AddWorker(id string, dpSize int) {
 	if old.dp[id] == dpSize {
 		return
 	}
-	r.members.Store(old.with(id, dpSize))
+	r.members.Store(old.with(id, dpSize, r.index))
 }
 
 // RemoveWorker removes worker id: its index entries and active requests are
@@ -190,14 +203,14 @@ func (r *Router) RemoveWorker(id string) []string {
 	r.memMu.Lock()
 	old := r.members.Load()
 	if _, ok := old.dp[id]; ok {
-		r.members.Store(old.with(id, 0))
+		r.members.Store(old.with(id, 0, r.index))
 	}
 	r.memMu.Unlock()
 	r.index.RemoveWorker(id)
 	return r.active.RemoveWorker(id)
 }
 
-func (m *members) with(id string, dpSize int) *members {
+func (m *members) with(id string, dpSize int, ix *Index) *members {
 	n := &members{dp: make(map[string]int, len(m.dp)+1)}
 	for k, v := range m.dp {
 		n.dp[k] = v
@@ -218,6 +231,10 @@ func (m *members) with(id string, dpSize int) *members {
 		}
 		return n.keys[i].DPRank < n.keys[j].DPRank
 	})
+	n.slots = make([]int32, len(n.keys))
+	for i, k := range n.keys {
+		n.slots[i] = ix.ensureSlot(k)
+	}
 	return n
 }
 
@@ -335,12 +352,13 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	if len(mem.dp) < r.cfg.MinInitialWorkers {
 		return Selection{}, ErrNotReady
 	}
-	workers := mem.keys
+	workers, slots := mem.keys, mem.slots
 	if opts.Worker != nil {
-		if !mem.has(*opts.Worker) {
+		i, ok := mem.find(*opts.Worker)
+		if !ok {
 			return Selection{}, fmt.Errorf("%w: %s", ErrUnknownWorker, *opts.Worker)
 		}
-		workers = []WorkerKey{*opts.Worker}
+		workers, slots = workers[i:i+1], slots[i:i+1]
 	}
 	if len(workers) == 0 {
 		return Selection{}, ErrNoWorkers
@@ -352,7 +370,11 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		return Selection{}, err
 	}
 	r.index.FindMatches(s.local, &s.matches)
-	s.loads = r.active.PotentialLoads(s.loads[:0], workers, s.seq, isl, r.cfg.BlockSize, s.matches.Of)
+	s.overlaps = s.overlaps[:0]
+	for i, k := range workers {
+		s.overlaps = append(s.overlaps, s.matches.ofSlot(slots[i], k))
+	}
+	s.loads = r.active.PotentialLoads(s.loads[:0], workers, s.seq, isl, r.cfg.BlockSize, s.overlaps)
 	s.costs = s.costs[:0]
 	for _, l := range s.loads {
 		s.costs = append(s.costs, p.cost(activePrefill(l, isl, r.cfg.BlockSize), isl, r.cfg.BlockSize, l.OverlapBlocks, l.PotentialDecodeBlocks))
@@ -460,7 +482,12 @@ func (r *Router) PotentialLoads(ctx context.Context, req Request) ([]PotentialLo
 		return nil, err
 	}
 	r.index.FindMatches(s.local, &s.matches)
-	return r.active.PotentialLoads(nil, r.members.Load().keys, s.seq, isl, r.cfg.BlockSize, s.matches.Of), nil
+	mem := r.members.Load()
+	s.overlaps = s.overlaps[:0]
+	for i, k := range mem.keys {
+		s.overlaps = append(s.overlaps, s.matches.ofSlot(mem.slots[i], k))
+	}
+	return r.active.PotentialLoads(nil, mem.keys, s.seq, isl, r.cfg.BlockSize, s.overlaps), nil
 }
 
 // Commit records request id on a worker the caller chose.

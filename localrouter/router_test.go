@@ -161,12 +161,7 @@ func TestPotentialLoadsSharedBlocksCountOnce(t *testing.T) {
 		t.Errorf("duplicate Add = %v, want ErrDuplicateRequest", err)
 	}
 	// Active: {1,2,3,4,9} = 5 distinct; prefill 16 + (12-8) = 20.
-	got := a.PotentialLoads(nil, []WorkerKey{w, {"b", 0}}, []uint64{1, 2, 3, 7}, 16, 4, func(k WorkerKey) int {
-		if k == w {
-			return 3
-		}
-		return 0
-	})
+	got := a.PotentialLoads(nil, []WorkerKey{w, {"b", 0}}, []uint64{1, 2, 3, 7}, 16, 4, []int{3, 0})
 	want := []PotentialLoad{
 		{Worker: w, PotentialPrefillTokens: 4 + 20, PotentialDecodeBlocks: 5 + 1, OverlapBlocks: 3, ActiveRequests: 2},
 		{Worker: WorkerKey{"b", 0}, PotentialPrefillTokens: 16, PotentialDecodeBlocks: 4},
