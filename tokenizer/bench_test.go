@@ -75,22 +75,46 @@ func BenchmarkEncode(b *testing.B) {
 }
 
 // BenchmarkChat20Turns replays a 20-turn conversation as a client sends
-// it: 20 chat requests, each the previous one plus a turn, rendered and
-// tokenized. "cached" starts each replay with an empty prefix cache.
+// it: 20 chat requests, each the previous one plus a turn. Each replay
+// starts with an empty prefix cache. "encode" tokenizes the rendered
+// texts (what the cache saves); "render+encode" is EncodeChat, which also
+// renders the Jinja template every time.
 func BenchmarkChat20Turns(b *testing.B) {
 	dir, _ := loadReference(b)
 	path := filepath.Join(dir, "models", "qwen3")
-	msgs := conversation(10) // system + 10 × (user, assistant) = 21 messages
-	for _, tc := range []struct {
-		name  string
-		cache int
-	}{{"uncached", -1}, {"cached", 4096}} {
-		b.Run(tc.name, func(b *testing.B) {
-			m := mustLoad(b, Config{Model: "qwen3", Backend: BackendHuggingFace, Path: path, CacheSize: tc.cache})
+	msgs := benchConversation(b)
+	m := mustLoad(b, Config{Model: "qwen3", Backend: BackendHuggingFace, Path: path, CacheSize: -1})
+	seg := m.tok.(segmenter)
+	var texts []string
+	for turn := 2; turn <= len(msgs); turn++ {
+		text, err := m.RenderChat(msgs[:turn], true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		texts = append(texts, text)
+	}
+	for _, cached := range []bool{false, true} {
+		name := map[bool]string{false: "uncached", true: "cached"}[cached]
+		b.Run("encode/"+name, func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
-				if tc.cache > 0 {
-					m.cache = newChatCache(tc.cache)
+				c := newChatCache(4096)
+				for _, text := range texts {
+					if cached {
+						c.encode(seg, text)
+					} else {
+						ids := make([]uint32, 0, len(text)/3)
+						seg.segments(text, func(s segment) { ids = seg.appendSegment(ids, s) })
+					}
+				}
+			}
+		})
+		b.Run("render+encode/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				m.cache = nil
+				if cached {
+					m.cache = newChatCache(4096)
 				}
 				for turn := 2; turn <= len(msgs); turn++ {
 					if _, err := m.EncodeChat(msgs[:turn], true); err != nil {
@@ -100,4 +124,26 @@ func BenchmarkChat20Turns(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchConversation is a system prompt and 10 rounds of a ~400-byte user
+// message and a ~1.2 KB assistant answer (21 messages, ~16 KB rendered),
+// cut from the mixed corpus text.
+func benchConversation(b *testing.B) []Message {
+	text := mixedText(b, 40<<10)
+	cut := func(off, n int) string {
+		s := text[off : off+n]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+		return s
+	}
+	msgs := []Message{{Role: "system", Content: "You are a helpful assistant. Answer with code where it helps."}}
+	off := 0
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, Message{Role: "user", Content: cut(off, 400)})
+		msgs = append(msgs, Message{Role: "assistant", Content: cut(off+400, 1200)})
+		off += 1600
+	}
+	return msgs
 }

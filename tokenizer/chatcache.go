@@ -37,23 +37,30 @@ func splitNewlineMarker(s segment, emit func(segment)) {
 	emit(segment{text: text, start: s.start})
 }
 
-// chatCache keeps the ids of rendered-chat segments, keyed by the hash of
-// the rendered text up to and including the segment, so that turn n+1 of
-// a conversation re-encodes only what turn n did not have. The segment's
-// text is kept with its ids and compared on a hit, so a hash collision
-// costs a re-encode, never wrong ids. Safe for concurrent use.
+// chatCache keeps the ids of rendered chats in chunks, keyed by the hash
+// of the rendered text up to the chunk's end (chained chunk by chunk), so
+// that turn n+1 of a conversation re-encodes only what turn n did not
+// have. A chunk is a run of whole segments of at least chunkBytes, cut
+// greedily from the start of the text, so two texts with a common prefix
+// cut it into the same chunks; only the last, shorter chunk of a text is
+// re-encoded when the next turn extends it. The chunk's text is kept with
+// its ids and compared on a hit, so a hash collision costs a re-encode,
+// never wrong ids. Safe for concurrent use.
 type chatCache struct {
 	seed  maphash.Seed
-	cache *lru.Cache[uint64, cachedSegment]
+	cache *lru.Cache[uint64, cachedChunk]
 }
 
-type cachedSegment struct {
+type cachedChunk struct {
 	text string
 	ids  []uint32
 }
 
+// chunkBytes trades per-lookup overhead against the re-encoded tail.
+const chunkBytes = 256
+
 func newChatCache(size int) *chatCache {
-	c, err := lru.New[uint64, cachedSegment](size)
+	c, err := lru.New[uint64, cachedChunk](size)
 	if err != nil {
 		return nil // size <= 0: no cache
 	}
@@ -64,28 +71,46 @@ func newChatCache(size int) *chatCache {
 // filling the cache.
 func (c *chatCache) encode(enc segmenter, text string) []uint32 {
 	text = sanitizeUTF8(text)
+	var segs []segment
+	enc.segments(text, func(s segment) { segs = append(segs, s) })
+	// Segments are contiguous: each ends where the next starts.
+	end := func(k int) int {
+		if k+1 < len(segs) {
+			return segs[k+1].start
+		}
+		return len(text)
+	}
 	ids := make([]uint32, 0, len(text)/3+1)
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	enc.segments(text, func(s segment) {
-		if s.isToken {
-			var b [5]byte
-			b[0] = 1
-			b[1], b[2], b[3], b[4] = byte(s.id), byte(s.id>>8), byte(s.id>>16), byte(s.id>>24)
-			h.Write(b[:])
-			ids = append(ids, s.id)
-			return
+	var prev uint64
+	for i, from := 0, 0; i < len(segs); {
+		j, to := i, from
+		for j < len(segs) {
+			to = end(j)
+			j++
+			if to-from >= chunkBytes {
+				break
+			}
 		}
-		h.WriteByte(0)
-		h.WriteString(s.text)
+		chunk := text[from:to]
+		var h maphash.Hash
+		h.SetSeed(c.seed)
+		var b [8]byte
+		for k := range b {
+			b[k] = byte(prev >> (8 * k))
+		}
+		h.Write(b[:])
+		h.WriteString(chunk)
 		key := h.Sum64()
-		if hit, ok := c.cache.Get(key); ok && hit.text == s.text {
+		if hit, ok := c.cache.Get(key); ok && hit.text == chunk {
 			ids = append(ids, hit.ids...)
-			return
+		} else {
+			start := len(ids)
+			for _, s := range segs[i:j] {
+				ids = enc.appendSegment(ids, s)
+			}
+			c.cache.Add(key, cachedChunk{text: chunk, ids: append([]uint32(nil), ids[start:]...)})
 		}
-		start := len(ids)
-		ids = enc.appendSegment(ids, s)
-		c.cache.Add(key, cachedSegment{text: s.text, ids: append([]uint32(nil), ids[start:]...)})
-	})
+		prev, i, from = key, j, to
+	}
 	return ids
 }
