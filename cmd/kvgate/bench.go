@@ -1,6 +1,59 @@
 package main
 
-import "context"
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
 
-// runBench is replaced when its package lands.
-func runBench(ctx context.Context, args []string) error { return errNotBuilt }
+	"github.com/kvgate/kvgate/internal/benchfig"
+	"github.com/kvgate/kvgate/localrouter"
+)
+
+// runBench measures the local router's four headline figures without the
+// Go toolchain (the same workload as `make bench`; see BENCHMARKS.md).
+func runBench(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	n := fs.Int("n", 20000, "calls per latency figure")
+	applyFor := fs.Duration("apply-for", 2*time.Second, "how long to measure event apply throughput")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *n < 100 {
+		return fmt.Errorf("-n %d: need at least 100 calls", *n)
+	}
+	fmt.Fprintf(os.Stderr, "building the index (%d prompts × %d blocks over %d workers)…\n", benchfig.Prompts, benchfig.Blocks, benchfig.Workers)
+	w, err := benchfig.BuildWorld()
+	if err != nil {
+		return err
+	}
+	defer w.Router.Close()
+	if err := w.AddActive(ctx); err != nil {
+		return err
+	}
+	ix := w.Router.Index()
+	var m localrouter.Matches
+	find := benchfig.Measure(*n, func(i int) { ix.FindMatches(w.Prompts[(i*31)%len(w.Prompts)].Local, &m) })
+	best := benchfig.Measure(*n, func(i int) {
+		p := w.Prompts[(i*31)%len(w.Prompts)]
+		w.Router.BestWorker(ctx, localrouter.Request{LocalHashes: p.Local, BlockSize: benchfig.BlockSize}, localrouter.BestWorkerOptions{})
+	})
+	apply := benchfig.ApplyThroughput(w.Prompts[:400], *applyFor)
+	fmt.Printf("index: %d blocks, %d (block, worker) entries over %d workers\n", w.Stats.Nodes, w.Stats.Entries, benchfig.Workers)
+	fmt.Printf("%-44s %12s %12s %s\n", "figure", "measured", "target", "")
+	row := func(name, got, target string, ok bool) {
+		mark := "met"
+		if !ok {
+			mark = "MISSED"
+		}
+		fmt.Printf("%-44s %12s %12s %s\n", name, got, target, mark)
+	}
+	row("FindMatches 512 blocks, p50", find.P50.String(), "≤ 10µs", find.P50 <= 10*time.Microsecond)
+	row("FindMatches 512 blocks, p99", find.P99.String(), "", true)
+	row("event apply, stored blocks/s (one core)", fmt.Sprintf("%.2fM", apply/1e6), "≥ 2M", apply >= 2e6)
+	row("memory per (block, worker) entry", fmt.Sprintf("%.1f B", w.BytesPerEntry), "≤ 120 B", w.BytesPerEntry <= 120)
+	row("BestWorker 64 workers, 200 active, p50", best.P50.String(), "≤ 25µs", best.P50 <= 25*time.Microsecond)
+	row("BestWorker 64 workers, 200 active, p99", best.P99.String(), "", true)
+	return nil
+}
