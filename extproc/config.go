@@ -1,0 +1,112 @@
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+)
+
+// Defaults of Config.
+const (
+	DefaultAddr            = "127.0.0.1:9002"
+	DefaultMaxBodyBytes    = 16 << 20
+	DefaultRetryAfter      = time.Second
+	DefaultLeaseTimeout    = 2 * time.Second
+	DefaultMaxUsageBytes   = 1 << 20
+	DefaultShutdownTimeout = 5 * time.Second
+	// MaxChunkBytes bounds each streamed_response chunk the server sends
+	// in FULL_DUPLEX_STREAMED (Envoy recommends staying under 64 KiB).
+	MaxChunkBytes = 62000
+)
+
+// DefaultInferencePaths are the paths routed by default; every other path
+// passes through untouched.
+var DefaultInferencePaths = []string{"/v1/completions", "/v1/chat/completions"}
+
+// Config configures a Server. The zero value plus Defaults is usable.
+type Config struct {
+	// Addr is the gRPC listen address for ListenAndServe.
+	Addr string
+	// InferencePaths are the HTTP paths (without query) that are routed;
+	// any other path passes through. Empty means DefaultInferencePaths.
+	InferencePaths []string
+	// MaxBodyBytes caps an accumulated request body; past it the request
+	// is answered 413.
+	MaxBodyBytes int
+	// RequestBodyMode and ResponseBodyMode are assumed when Envoy sends no
+	// protocol_config (older Envoys); newer ones say which modes they use.
+	RequestBodyMode  extprocfilterv3.ProcessingMode_BodySendMode
+	ResponseBodyMode extprocfilterv3.ProcessingMode_BodySendMode
+	// RetryAfter is the retry-after of a 429.
+	RetryAfter time.Duration
+	// LeaseTimeout bounds each Lease call (prefill complete, free).
+	LeaseTimeout time.Duration
+	// MaxUsageBytes bounds how much of a non-streamed response body is
+	// kept to read its usage, and the longest SSE line parsed.
+	MaxUsageBytes int
+	// ShutdownTimeout bounds the graceful stop of the gRPC server.
+	ShutdownTimeout time.Duration
+}
+
+// Defaults returns c with every unset field set to its default.
+func (c Config) Defaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if len(c.InferencePaths) == 0 {
+		c.InferencePaths = append([]string(nil), DefaultInferencePaths...)
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.RequestBodyMode == extprocfilterv3.ProcessingMode_NONE {
+		c.RequestBodyMode = extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+	if c.ResponseBodyMode == extprocfilterv3.ProcessingMode_NONE {
+		c.ResponseBodyMode = extprocfilterv3.ProcessingMode_STREAMED
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.LeaseTimeout == 0 {
+		c.LeaseTimeout = DefaultLeaseTimeout
+	}
+	if c.MaxUsageBytes == 0 {
+		c.MaxUsageBytes = DefaultMaxUsageBytes
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	return c
+}
+
+// Validate reports settings the server cannot honour.
+func (c Config) Validate() error {
+	var errs []error
+	for _, p := range c.InferencePaths {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?#") {
+			errs = append(errs, fmt.Errorf("inference path %q: must start with / and have no query", p))
+		}
+	}
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("max body bytes %d: must not be negative", c.MaxBodyBytes))
+	}
+	switch c.RequestBodyMode {
+	case extprocfilterv3.ProcessingMode_NONE, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_BUFFERED:
+	default:
+		errs = append(errs, fmt.Errorf("request body mode %s: want FULL_DUPLEX_STREAMED or BUFFERED", c.RequestBodyMode))
+	}
+	switch c.ResponseBodyMode {
+	case extprocfilterv3.ProcessingMode_NONE, extprocfilterv3.ProcessingMode_STREAMED,
+		extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_BUFFERED:
+	default:
+		errs = append(errs, fmt.Errorf("response body mode %s: want STREAMED, FULL_DUPLEX_STREAMED or BUFFERED", c.ResponseBodyMode))
+	}
+	if c.RetryAfter < 0 || c.LeaseTimeout < 0 || c.ShutdownTimeout < 0 || c.MaxUsageBytes < 0 {
+		errs = append(errs, errors.New("durations and sizes must not be negative"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,193 @@
+package extproc
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	"github.com/kvgate/kvgate/globalrouter"
+)
+
+// Headers the server sets.
+const (
+	HeaderDestination   = "x-gateway-destination-endpoint"
+	HeaderPool          = "x-kvgate-pool"
+	HeaderWorkerID      = "x-kvgate-worker-id"
+	HeaderDPRank        = "x-kvgate-dp-rank"
+	HeaderOverlapBlocks = "x-kvgate-overlap-blocks"
+	HeaderEndpoint      = "x-kvgate-endpoint"
+	HeaderPrefiller     = "x-prefiller-host-port"
+	HeaderExplain       = "x-kvgate-explain"
+	HeaderDropped       = "x-kvgate-dropped-reason"
+	// MetadataNamespace is the dynamic metadata namespace Envoy's
+	// override_host LB policy and the Inference Extension read.
+	MetadataNamespace = "envoy.lb"
+)
+
+// maxExplainBytes keeps the explanation header well under Envoy's header
+// size limit.
+const maxExplainBytes = 8 << 10
+
+// httpError is an error answered with an ImmediateResponse.
+type httpError struct {
+	status     int
+	errType    string // OpenAI error.type
+	code       string // OpenAI error.code
+	reason     string // x-kvgate-dropped-reason
+	msg        string
+	retryAfter time.Duration
+}
+
+// errorFor maps a Decide error to the HTTP answer (the only place the
+// globalrouter sentinels become statuses).
+func (s *Server) errorFor(err error) *httpError {
+	msg := err.Error()
+	switch {
+	case errors.Is(err, globalrouter.ErrPinRefused):
+		return &httpError{400, "invalid_request_error", "pin_refused", "pin_refused", msg, 0}
+	case errors.Is(err, globalrouter.ErrBadRequest):
+		return &httpError{400, "invalid_request_error", "bad_request", "bad_request", msg, 0}
+	case errors.Is(err, globalrouter.ErrUnknownModel):
+		return &httpError{404, "invalid_request_error", "model_not_found", "unknown_model", msg, 0}
+	case errors.Is(err, globalrouter.ErrSaturated):
+		return &httpError{429, "rate_limit_error", "rate_limit_exceeded", "saturated", msg, s.cfg.RetryAfter}
+	case errors.Is(err, globalrouter.ErrNoPool):
+		return &httpError{503, "server_error", "no_pool_available", "no_pool_reachable", msg, 0}
+	default:
+		return &httpError{500, "server_error", "internal_error", "internal_error", "internal error routing the request", 0}
+	}
+}
+
+func bodyHTTPError(e *bodyError) *httpError {
+	return &httpError{400, "invalid_request_error", e.reason, e.reason, e.msg, 0}
+}
+
+func tooLarge(limit int) *httpError {
+	return &httpError{413, "invalid_request_error", "request_too_large", "body_too_large",
+		"request body exceeds " + strconv.Itoa(limit) + " bytes", 0}
+}
+
+// immediate builds the OpenAI-shaped local reply for e.
+func (e *httpError) immediate() *extprocv3.ProcessingResponse {
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": e.msg, "type": e.errType, "code": e.code,
+	}})
+	hs := []*corev3.HeaderValueOption{
+		setHeader("content-type", "application/json"),
+		setHeader(HeaderDropped, e.reason),
+	}
+	if e.retryAfter > 0 {
+		secs := int((e.retryAfter + time.Second - 1) / time.Second)
+		hs = append(hs, setHeader("retry-after", strconv.Itoa(secs)))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(e.status)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: hs},
+			Body:    body,
+			Details: "kvgate_" + e.reason,
+		},
+	}}
+}
+
+// setHeader overwrites (or adds) a header, value in raw_value as Envoy
+// requires. append is left unset, which Envoy reads as overwrite;
+// append_action says the same for Envoys that honour it.
+func setHeader(k, v string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+// destination is the x-gateway-destination-endpoint value: the primary's
+// address, then each distinct fallback address in order.
+func destination(d *globalrouter.Decision) string {
+	if len(d.Fallbacks) == 0 {
+		return d.Primary.Address
+	}
+	seen := map[string]bool{d.Primary.Address: true}
+	var sb strings.Builder
+	sb.WriteString(d.Primary.Address)
+	for _, f := range d.Fallbacks {
+		if f.Address == "" || seen[f.Address] {
+			continue
+		}
+		seen[f.Address] = true
+		sb.WriteByte(',')
+		sb.WriteString(f.Address)
+	}
+	return sb.String()
+}
+
+// routingHeaders are the request header mutations of a decision.
+func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPrefiller bool) *extprocv3.HeaderMutation {
+	hs := []*corev3.HeaderValueOption{
+		setHeader(HeaderDestination, dest),
+		setHeader(HeaderPool, d.Primary.Pool),
+		setHeader(HeaderWorkerID, d.Primary.WorkerID),
+		setHeader(HeaderDPRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
+		setHeader(HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
+	}
+	m := &extprocv3.HeaderMutation{}
+	if d.Prefill != nil {
+		hs = append(hs, setHeader(HeaderPrefiller, d.Prefill.Address))
+	} else if hadPrefiller {
+		// A client must not pick the prefill worker behind the router's back.
+		m.RemoveHeaders = []string{HeaderPrefiller}
+	}
+	if explain && d.Explanation != "" {
+		hs = append(hs, setHeader(HeaderExplain, headerSafe(d.Explanation)))
+	}
+	m.SetHeaders = hs
+	return m
+}
+
+// responseHeaders are the x-kvgate-* headers added to the response so the
+// client sees where its request went.
+func responseHeaders(d *globalrouter.Decision, explain bool) *extprocv3.HeaderMutation {
+	hs := []*corev3.HeaderValueOption{
+		setHeader(HeaderPool, d.Primary.Pool),
+		setHeader(HeaderWorkerID, d.Primary.WorkerID),
+		setHeader(HeaderDPRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
+		setHeader(HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
+		setHeader(HeaderEndpoint, d.Primary.Address),
+	}
+	if d.Prefill != nil {
+		hs = append(hs, setHeader(HeaderPrefiller, d.Prefill.Address))
+	}
+	if explain && d.Explanation != "" {
+		hs = append(hs, setHeader(HeaderExplain, headerSafe(d.Explanation)))
+	}
+	return &extprocv3.HeaderMutation{SetHeaders: hs}
+}
+
+// headerSafe makes s a valid one-line header value: line breaks become
+// "; ", other control characters are dropped, non-ASCII becomes '?', and
+// it is clipped.
+func headerSafe(s string) string {
+	var sb strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '\n':
+			sb.WriteString("; ")
+		case r == '\t':
+			sb.WriteByte(' ')
+		case r < 0x20 || r == 0x7f:
+		case r > 0x7e:
+			sb.WriteByte('?') // keep the value ASCII
+		default:
+			sb.WriteRune(r)
+		}
+		if sb.Len() >= maxExplainBytes {
+			break
+		}
+	}
+	return strings.TrimSpace(sb.String())
+}

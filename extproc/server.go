@@ -1,0 +1,130 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/kvgate/kvgate/globalrouter"
+)
+
+// Server is the ExternalProcessor service. It is safe for concurrent use:
+// each ext_proc stream runs its own state machine and shares only the
+// Decider, the configuration and the metrics.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	cfg     Config
+	decider globalrouter.Decider
+	log     *slog.Logger
+	m       *metrics
+	paths   map[string]bool
+	health  *health.Server
+}
+
+var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// New returns a Server that routes with decider. cfg is completed with
+// Defaults and validated; the metrics are registered on reg (nil means a
+// private registry); logger may be nil.
+func New(cfg Config, decider globalrouter.Decider, logger *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	if decider == nil {
+		return nil, errors.New("extproc: nil decider")
+	}
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("extproc: config: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("extproc: metrics: %w", err)
+	}
+	s := &Server{
+		cfg:     cfg,
+		decider: decider,
+		log:     logger.With("component", "extproc"),
+		m:       m,
+		paths:   map[string]bool{},
+		health:  health.NewServer(),
+	}
+	for _, p := range cfg.InferencePaths {
+		s.paths[p] = true
+	}
+	return s, nil
+}
+
+// Config returns the server's effective configuration.
+func (s *Server) Config() Config { return s.cfg }
+
+// Register adds the ExternalProcessor service, gRPC health (serving for ""
+// and the ext_proc service name) and reflection to g.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+	reflection.Register(g)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+}
+
+// Serve runs a gRPC server with the service on lis until ctx is done, then
+// marks itself not serving and stops gracefully within ShutdownTimeout
+// (then forcibly). It returns nil after a stop caused by ctx.
+func (s *Server) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
+	g := grpc.NewServer(opts...)
+	s.Register(g)
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(lis) }()
+	s.log.Info("ext_proc server listening", "addr", lis.Addr().String())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("extproc: serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.health.Shutdown()
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	t := time.NewTimer(s.cfg.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C:
+		g.Stop()
+		<-stopped
+	}
+	<-errc
+	return nil
+}
+
+// ListenAndServe listens on cfg.Addr and Serves.
+func (s *Server) ListenAndServe(ctx context.Context, opts ...grpc.ServerOption) error {
+	lis, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("extproc: %w", err)
+	}
+	return s.Serve(ctx, lis, opts...)
+}
+
+// Process runs one ext_proc stream: one HTTP request and its response.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+	x := newExchange(s, stream)
+	defer x.finish()
+	return x.run()
+}

@@ -1,0 +1,491 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvgate/kvgate/globalrouter"
+)
+
+// exchange is the state machine of one ext_proc stream. It runs on the
+// stream's goroutine only.
+type exchange struct {
+	s      *Server
+	stream extprocv3.ExternalProcessor_ProcessServer
+	ctx    context.Context
+	log    *slog.Logger
+
+	reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode
+	modesKnown        bool
+
+	// Request side.
+	path        string
+	headers     map[string]string
+	passThrough bool
+	chunks      [][]byte
+	size        int
+	trailers    bool // request trailers arrived (FDS: they end the body)
+	decided     bool
+
+	// Decision and lifecycle.
+	decision  *globalrouter.Decision
+	explain   bool
+	lease     globalrouter.Lease
+	prefilled bool
+	freed     bool
+
+	// Response side.
+	code      string // HTTP status for kvgate_extproc_requests_total
+	counted   bool
+	sse       *sseParser
+	usageBuf  []byte // non-streamed response, for its usage
+	usageOver bool
+	usage     Usage
+	hasUsage  bool
+}
+
+func newExchange(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *exchange {
+	return &exchange{
+		s:        s,
+		stream:   stream,
+		ctx:      stream.Context(),
+		log:      s.log,
+		reqMode:  s.cfg.RequestBodyMode,
+		respMode: s.cfg.ResponseBodyMode,
+	}
+}
+
+// errDone ends run without an error: the exchange answered with an
+// immediate response and Envoy will not send more.
+var errDone = errors.New("exchange done")
+
+func (x *exchange) run() error {
+	for {
+		req, err := x.stream.Recv()
+		if err != nil {
+			if err == io.EOF || status.Code(err) == codes.Canceled || x.ctx.Err() != nil {
+				return nil // Envoy ended the stream: the request is over
+			}
+			return err
+		}
+		if !x.modesKnown {
+			x.modesKnown = true
+			if pc := req.GetProtocolConfig(); pc != nil {
+				x.reqMode, x.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+			}
+		}
+		err = x.handle(req)
+		if errors.Is(err, errDone) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (x *exchange) handle(req *extprocv3.ProcessingRequest) error {
+	switch r := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return x.requestHeaders(r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return x.requestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return x.requestTrailers()
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return x.responseHeaders(r.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return x.responseBody(r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return x.responseTrailers()
+	default:
+		return status.Errorf(codes.InvalidArgument, "unexpected ext_proc message %T", req.Request)
+	}
+}
+
+func (x *exchange) send(r *extprocv3.ProcessingResponse) error {
+	if err := x.stream.Send(r); err != nil {
+		if x.ctx.Err() != nil {
+			return errDone
+		}
+		return err
+	}
+	return nil
+}
+
+// reply sends an immediate response and ends the exchange.
+func (x *exchange) reply(e *httpError) error {
+	x.code = strconv.Itoa(e.status)
+	x.count("")
+	x.log.Debug("request refused", "path", x.path, "status", e.status, "reason", e.reason, "msg", e.msg)
+	if err := x.send(e.immediate()); err != nil {
+		return err
+	}
+	return errDone
+}
+
+// --- request path ---
+
+func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
+	x.headers = make(map[string]string, len(h.GetHeaders().GetHeaders()))
+	var method string
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		k := strings.ToLower(hv.GetKey())
+		v := string(hv.GetRawValue())
+		if v == "" {
+			v = hv.GetValue()
+		}
+		switch k {
+		case ":path":
+			x.path = v
+		case ":method":
+			method = v
+		}
+		if _, dup := x.headers[k]; !dup {
+			x.headers[k] = v
+		}
+	}
+	path := x.path
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
+	x.path = path
+	if !x.s.paths[path] || method == "GET" || method == "HEAD" {
+		x.passThrough = true
+		return x.send(headersResponse(false, nil))
+	}
+	if h.GetEndOfStream() {
+		return x.reply(bodyHTTPError(&bodyError{reasonMissingField, "request body is required"}))
+	}
+	switch x.reqMode {
+	case extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+		// Hold the header reply until the body is complete: the routing
+		// headers go in it.
+		return nil
+	case extprocfilterv3.ProcessingMode_BUFFERED:
+		// Envoy holds the body until the headers are answered; the routing
+		// headers go in the body reply, applied while headers are held.
+		return x.send(headersResponse(false, nil))
+	default:
+		return x.reply(&httpError{500, "server_error", "unsupported_processing_mode", "unsupported_processing_mode",
+			"ext_proc request body mode " + x.reqMode.String() + " cannot route; configure FULL_DUPLEX_STREAMED or BUFFERED", 0})
+	}
+}
+
+func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
+	if x.passThrough || x.decided {
+		return x.passBody(x.reqMode, b, true)
+	}
+	if len(b.GetBody()) > 0 {
+		x.chunks = append(x.chunks, b.GetBody())
+		x.size += len(b.GetBody())
+	}
+	if x.size > x.s.cfg.MaxBodyBytes {
+		return x.reply(tooLarge(x.s.cfg.MaxBodyBytes))
+	}
+	// BUFFERED sends the whole body in one message (end_of_stream false
+	// when trailers follow); FULL_DUPLEX_STREAMED ends it with
+	// end_of_stream or with the trailers.
+	if b.GetEndOfStream() || x.reqMode == extprocfilterv3.ProcessingMode_BUFFERED {
+		return x.route()
+	}
+	return nil
+}
+
+func (x *exchange) requestTrailers() error {
+	if x.passThrough || x.decided {
+		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{}}})
+	}
+	x.trailers = true
+	if err := x.route(); err != nil {
+		return err
+	}
+	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+		RequestTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+// route parses the complete body, decides, and answers Envoy with the
+// routing headers and metadata, re-emitting the body in FDS.
+func (x *exchange) route() error {
+	x.decided = true
+	body := joinChunks(x.chunks, x.size)
+	greq := &globalrouter.Request{Path: x.path, Headers: x.headers}
+	greq.ID = x.headers["x-request-id"]
+	if greq.ID == "" {
+		greq.ID = newRequestID()
+	}
+	if v := x.headers[HeaderExplain]; v == "1" || strings.EqualFold(v, "true") {
+		greq.Explain, x.explain = true, true
+	}
+	if _, err := parseBody(x.path, body, greq); err != nil {
+		var be *bodyError
+		if errors.As(err, &be) {
+			return x.reply(bodyHTTPError(be))
+		}
+		return err
+	}
+
+	start := time.Now()
+	d, err := x.s.decider.Decide(x.ctx, greq)
+	x.s.m.decision.Observe(time.Since(start).Seconds())
+	if err != nil {
+		if x.ctx.Err() != nil {
+			return errDone // Envoy gave up on the request meanwhile
+		}
+		e := x.s.errorFor(err)
+		if e.status == 500 {
+			x.log.Error("decision failed", "request_id", greq.ID, "err", err)
+		}
+		return x.reply(e)
+	}
+	x.decision, x.lease = d, d.Lease
+	x.s.m.overlap.WithLabelValues(d.Primary.Pool).Observe(float64(d.Primary.OverlapBlocks))
+	dest := destination(d)
+	_, hadPrefiller := x.headers[HeaderPrefiller]
+	common := &extprocv3.CommonResponse{
+		HeaderMutation:  routingHeaders(d, dest, x.explain, hadPrefiller),
+		ClearRouteCache: true,
+	}
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{
+		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			HeaderDestination: structpb.NewStringValue(dest),
+		}}),
+	}}
+	x.log.Debug("routed", "request_id", greq.ID, "pool", d.Primary.Pool, "worker", d.Primary.WorkerID,
+		"dp_rank", d.Primary.DPRank, "overlap_blocks", d.Primary.OverlapBlocks, "destination", dest)
+	if x.explain && d.Explanation != "" {
+		x.log.Info("decision explained", "request_id", greq.ID, "explanation", d.Explanation)
+	}
+
+	if x.reqMode == extprocfilterv3.ProcessingMode_BUFFERED {
+		return x.send(&extprocv3.ProcessingResponse{
+			Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
+			DynamicMetadata: md,
+		})
+	}
+	if err := x.send(&extprocv3.ProcessingResponse{
+		Response:        &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}},
+		DynamicMetadata: md,
+	}); err != nil {
+		return err
+	}
+	// Re-emit the body as it came, splitting only chunks over the limit.
+	// The last chunk ends the stream unless trailers will.
+	n := 0
+	for i, c := range x.chunks {
+		for len(c) > 0 {
+			part := c[:min(len(c), MaxChunkBytes)]
+			c = c[len(part):]
+			n += len(part)
+			last := i == len(x.chunks)-1 && len(c) == 0
+			if err := x.send(streamedBody(true, part, last && !x.trailers)); err != nil {
+				return err
+			}
+		}
+	}
+	if len(x.chunks) == 0 && !x.trailers {
+		return x.send(streamedBody(true, nil, true))
+	}
+	x.chunks = nil
+	return nil
+}
+
+// --- response path ---
+
+func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
+	if x.decision == nil {
+		return x.send(headersResponse(true, nil))
+	}
+	var ctype string
+	x.code = "200"
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		v := string(hv.GetRawValue())
+		if v == "" {
+			v = hv.GetValue()
+		}
+		switch strings.ToLower(hv.GetKey()) {
+		case ":status":
+			x.code = v
+		case "content-type":
+			ctype = v
+		}
+	}
+	x.count(x.decision.Primary.Pool)
+	if st, err := strconv.Atoi(x.code); err != nil || st >= 400 || h.GetEndOfStream() {
+		x.free()
+	} else if strings.HasPrefix(strings.ToLower(ctype), "text/event-stream") {
+		x.sse = newSSEParser(x.s.cfg.MaxUsageBytes, x.onSSE)
+	}
+	return x.send(headersResponse(true, &extprocv3.CommonResponse{HeaderMutation: responseHeaders(x.decision, x.explain)}))
+}
+
+func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
+	if x.decision != nil && !x.freed {
+		if !x.prefilled && (len(b.GetBody()) > 0 || b.GetEndOfStream()) {
+			x.prefilled = true
+			x.leaseCall("prefill complete", x.lease.PrefillComplete)
+		}
+		x.readUsage(b.GetBody())
+		if b.GetEndOfStream() {
+			x.endResponse()
+		}
+	}
+	return x.passBody(x.respMode, b, false)
+}
+
+func (x *exchange) responseTrailers() error {
+	if x.decision != nil && !x.freed {
+		x.endResponse()
+	}
+	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+		ResponseTrailers: &extprocv3.TrailersResponse{}}})
+}
+
+func (x *exchange) readUsage(b []byte) {
+	if x.sse != nil {
+		x.sse.Write(b)
+		return
+	}
+	if x.usageOver {
+		return
+	}
+	if len(x.usageBuf)+len(b) > x.s.cfg.MaxUsageBytes {
+		x.usageBuf, x.usageOver = nil, true
+		return
+	}
+	x.usageBuf = append(x.usageBuf, b...)
+}
+
+func (x *exchange) onSSE(data []byte) {
+	if u, ok := usageOf(data); ok {
+		x.usage, x.hasUsage = u, true // the last usage is the total
+	}
+}
+
+// endResponse runs at the end of a routed response: usage into metrics,
+// then the request is freed.
+func (x *exchange) endResponse() {
+	if x.sse != nil {
+		x.sse.Close()
+	} else if !x.usageOver && len(x.usageBuf) > 0 {
+		x.usage, x.hasUsage = usageOf(x.usageBuf)
+		x.usageBuf = nil
+	}
+	if x.hasUsage {
+		pool := x.decision.Primary.Pool
+		x.s.m.tokens.WithLabelValues(pool, "prompt").Add(float64(max(0, x.usage.PromptTokens)))
+		x.s.m.tokens.WithLabelValues(pool, "completion").Add(float64(max(0, x.usage.CompletionTokens)))
+		x.hasUsage = false
+	}
+	x.free()
+}
+
+// passBody answers a body message without changing it: an echo of the
+// bytes in FDS (Envoy drained them), CONTINUE otherwise.
+func (x *exchange) passBody(mode extprocfilterv3.ProcessingMode_BodySendMode, b *extprocv3.HttpBody, request bool) error {
+	if mode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		return x.send(streamedBody(request, b.GetBody(), b.GetEndOfStream()))
+	}
+	br := &extprocv3.BodyResponse{}
+	if request {
+		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}})
+	}
+	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}})
+}
+
+// --- lifecycle ---
+
+// free releases the request on its local router, once.
+func (x *exchange) free() {
+	if x.lease == nil || x.freed {
+		return
+	}
+	x.freed = true
+	x.leaseCall("free", x.lease.Free)
+}
+
+// leaseCall runs a Lease method under LeaseTimeout, on a context that
+// outlives the stream (a free after the client left must still reach the
+// local router).
+func (x *exchange) leaseCall(what string, f func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), x.s.cfg.LeaseTimeout)
+	defer cancel()
+	if err := f(ctx); err != nil {
+		x.log.Warn("lease "+what+" failed", "pool", x.decision.Primary.Pool, "worker", x.decision.Primary.WorkerID, "err", err)
+	}
+}
+
+// finish runs when the stream ends for any reason.
+func (x *exchange) finish() {
+	if x.decision != nil && !x.counted {
+		x.code = codeClientClosed
+		x.count(x.decision.Primary.Pool)
+	}
+	x.free()
+}
+
+func (x *exchange) count(pool string) {
+	if x.counted {
+		return
+	}
+	x.counted = true
+	x.s.m.requests.WithLabelValues(pool, x.code).Inc()
+}
+
+// --- helpers ---
+
+func headersResponse(response bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+	hr := &extprocv3.HeadersResponse{Response: common}
+	if response {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr}}
+}
+
+func streamedBody(request bool, b []byte, end bool) *extprocv3.ProcessingResponse {
+	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+		BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: end},
+		}},
+	}}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+}
+
+func joinChunks(chunks [][]byte, size int) []byte {
+	if len(chunks) == 1 {
+		return chunks[0]
+	}
+	out := make([]byte, 0, size)
+	for _, c := range chunks {
+		out = append(out, c...)
+	}
+	return out
+}
+
+func newRequestID() string {
+	const hex = "0123456789abcdef"
+	var b [16]byte
+	v := rand.Uint64()
+	w := rand.Uint64()
+	for i := 0; i < 8; i++ {
+		b[i] = hex[(v>>(4*i))&0xf]
+		b[8+i] = hex[(w>>(4*i))&0xf]
+	}
+	return "kvgate-" + string(b[:])
+}
