@@ -1,6 +1,20 @@
 package main
 
-import "context"
+import (
+	"context"
+	"log/slog"
+	"os"
 
-// runLocalRouter is replaced when its package lands.
-func runLocalRouter(ctx context.Context, args []string) error { return errNotBuilt }
+	"github.com/kvgate/kvgate/localrouter/server"
+)
+
+// runLocalRouter runs one pool's local router: flags and environment →
+// server.Config → server.Run.
+func runLocalRouter(ctx context.Context, args []string) error {
+	cfg, err := server.ParseFlags("localrouter", args, os.Getenv, os.Stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	return server.Run(ctx, cfg, server.Deps{Logger: log})
+}

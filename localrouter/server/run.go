@@ -1,0 +1,316 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/discovery"
+	"github.com/kvgate/kvgate/localrouter/events"
+	"github.com/kvgate/kvgate/localrouter/replica"
+)
+
+// Deps are a Service's injected dependencies; zero values take defaults.
+type Deps struct {
+	Logger *slog.Logger
+	// Registry receives the metrics and is served on /metrics (default: a
+	// new registry with the Go and process collectors).
+	Registry *prometheus.Registry
+	// RouterOptions are passed to localrouter.New (Logger is filled in).
+	RouterOptions localrouter.Options
+}
+
+// Service is a running local router: the gRPC server, etcd membership and
+// registration, NATS events and replica sync, and the metrics endpoint.
+type Service struct {
+	cfg        Config
+	log        *slog.Logger
+	router     *localrouter.Router
+	srv        *Server
+	grpc       *grpc.Server
+	grpcLis    net.Listener
+	http       *http.Server
+	httpLis    net.Listener
+	etcd       *clientv3.Client
+	nc         *nats.Conn
+	watcher    *discovery.Watcher
+	sub        *events.Subscriber
+	sync       *replica.Sync
+	reg        *discovery.Registration
+	stopWatch  context.CancelFunc
+	wg         sync.WaitGroup
+	errs       chan error
+	closeOnce  sync.Once
+	closeErr   error
+	advertised string
+}
+
+// Start starts a local router and returns once it serves gRPC and is
+// registered in etcd (it may still be not ready: see min_initial_workers).
+// ctx bounds the start only; Close stops the service.
+func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := deps.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("pool", cfg.Pool, "router_id", cfg.RouterID)
+	reg := deps.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	}
+	s := &Service{cfg: cfg, log: log.With("component", "localrouter.service"), errs: make(chan error, 4)}
+	defer func() {
+		if err != nil {
+			_ = s.Close(context.WithoutCancel(ctx))
+		}
+	}()
+
+	ropts := deps.RouterOptions
+	ropts.Logger = log
+	if s.router, err = localrouter.New(cfg.Router, ropts); err != nil {
+		return nil, err
+	}
+	if s.etcd, err = clientv3.New(clientv3.Config{
+		Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx), Logger: zap.NewNop(),
+	}); err != nil {
+		return nil, fmt.Errorf("etcd %v: %w", cfg.Etcd, err)
+	}
+	if cfg.NATS != "" {
+		if s.nc, err = nats.Connect(cfg.NATS, nats.Name("kvgate-localrouter-"+cfg.RouterID), nats.MaxReconnects(-1),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { s.log.Warn("nats disconnected", "err", err) }),
+			nats.ReconnectHandler(func(*nats.Conn) { s.log.Info("nats reconnected") }),
+		); err != nil {
+			return nil, fmt.Errorf("nats %s: %w", cfg.NATS, err)
+		}
+	}
+	if cfg.Router.UseKVEvents {
+		if s.sub, err = events.New(s.nc, s.router, events.Options{Pool: cfg.Pool, Logger: log}); err != nil {
+			return nil, err
+		}
+	}
+	var replicaStats func() replica.Stats
+	var observer Observer
+	if cfg.Router.ReplicaSync {
+		if s.sync, err = replica.New(s.nc, s.router, replica.Options{Pool: cfg.Pool, RouterID: cfg.RouterID, Logger: log}); err != nil {
+			return nil, err
+		}
+		replicaStats, observer = s.sync.Stats, s.sync
+	}
+	s.watcher = discovery.NewWatcher(s.etcd, cfg.Pool, (*membership)(s), discovery.WatcherOptions{BlockSize: cfg.Router.BlockSize, Logger: log})
+	opts := Options{Router: s.router, Directory: s.watcher, Observer: observer, RouterID: cfg.RouterID, Pool: cfg.Pool, Logger: log}
+	if s.sub != nil {
+		opts.EventStats = s.sub.Stats
+	}
+	if s.srv, err = New(opts); err != nil {
+		return nil, err
+	}
+	m, err := NewMetrics(reg, s.srv, replicaStats)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+
+	// Membership first, so the router is as ready as it can be when it
+	// starts answering.
+	wctx, stop := context.WithCancel(context.Background())
+	s.stopWatch = stop
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.watcher.Run(wctx); err != nil {
+			s.errs <- err
+		}
+	}()
+	select {
+	case <-s.watcher.Synced():
+	case <-ctx.Done():
+		return nil, fmt.Errorf("listing workers in etcd %v: %w", cfg.Etcd, ctx.Err())
+	}
+
+	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("--grpc-addr %s: %w", cfg.GRPCAddr, err)
+	}
+	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(m.UnaryInterceptor()), grpc.ChainStreamInterceptor(m.StreamInterceptor()))
+	s.srv.Register(s.grpc)
+	reflection.Register(s.grpc)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.grpc.Serve(s.grpcLis); err != nil {
+			s.errs <- fmt.Errorf("grpc: %w", err)
+		}
+	}()
+	if cfg.MetricsAddr != "" {
+		if s.httpLis, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("--metrics-addr %s: %w", cfg.MetricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.http.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.errs <- fmt.Errorf("metrics: %w", err)
+			}
+		}()
+	}
+
+	s.advertised = cfg.AdvertiseAddr
+	if s.advertised == "" {
+		s.advertised = advertise(s.grpcLis.Addr())
+	}
+	info, _ := json.Marshal(discovery.RouterInfo{ID: cfg.RouterID, GRPCAddress: s.advertised, Pool: cfg.Pool, BlockSize: cfg.Router.BlockSize})
+	if s.reg, err = discovery.Register(ctx, s.etcd, discovery.RouterKey(cfg.Pool, cfg.RouterID), info, cfg.RegisterTTL, log); err != nil {
+		return nil, err
+	}
+	s.log.Info("local router serving", "grpc", s.grpcLis.Addr().String(), "advertised", s.advertised,
+		"metrics", s.MetricsAddr(), "ready", s.router.Ready(), "workers", len(s.watcher.Workers()),
+		"use_kv_events", cfg.Router.UseKVEvents, "replica_sync", cfg.Router.ReplicaSync, "block_size", cfg.Router.BlockSize)
+	return s, nil
+}
+
+// advertise turns a listener address into one other hosts can dial.
+func advertise(a net.Addr) string {
+	host, port, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// membership applies the Watcher's changes to the router, the event
+// subscriber and the health status.
+type membership Service
+
+func (m *membership) WorkerUp(info kvevents.WorkerInfo) {
+	m.router.AddWorker(info.ID, info.DPSize)
+	if m.sub != nil {
+		m.sub.WorkerUp(info.ID)
+	}
+	m.srv.UpdateHealth()
+}
+
+func (m *membership) WorkerDown(id string) {
+	freed := m.router.RemoveWorker(id)
+	if m.sub != nil {
+		m.sub.WorkerDown(id)
+	}
+	if len(freed) > 0 {
+		m.log.Info("freed the requests of a worker that left", "worker", id, "requests", len(freed))
+	}
+	m.srv.UpdateHealth()
+}
+
+// Router returns the service's router.
+func (s *Service) Router() *localrouter.Router { return s.router }
+
+// GRPCAddr is the address the gRPC server listens on.
+func (s *Service) GRPCAddr() string { return s.grpcLis.Addr().String() }
+
+// AdvertisedAddr is the gRPC address registered in etcd.
+func (s *Service) AdvertisedAddr() string { return s.advertised }
+
+// MetricsAddr is the address of /metrics, "" when disabled.
+func (s *Service) MetricsAddr() string {
+	if s.httpLis == nil {
+		return ""
+	}
+	return s.httpLis.Addr().String()
+}
+
+// Err reports a component that failed while running (the gRPC or metrics
+// server, or the etcd watch).
+func (s *Service) Err() <-chan error { return s.errs }
+
+// Close deregisters the router, drains gRPC (until ctx ends, then stops
+// hard), and stops everything Start started. It is safe to call twice.
+func (s *Service) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		if s.reg != nil {
+			errs = append(errs, s.reg.Close(ctx))
+		}
+		if s.srv != nil {
+			s.srv.Shutdown()
+		}
+		if s.grpc != nil {
+			done := make(chan struct{})
+			go func() { s.grpc.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				s.grpc.Stop()
+				<-done
+			}
+		}
+		if s.http != nil {
+			errs = append(errs, s.http.Shutdown(ctx))
+		}
+		if s.stopWatch != nil {
+			s.stopWatch()
+		}
+		s.wg.Wait()
+		if s.sub != nil {
+			errs = append(errs, s.sub.Close())
+		}
+		if s.sync != nil {
+			errs = append(errs, s.sync.Close())
+		}
+		if s.nc != nil {
+			s.nc.Close()
+		}
+		if s.etcd != nil {
+			errs = append(errs, s.etcd.Close())
+		}
+		if s.router != nil {
+			errs = append(errs, s.router.Close())
+		}
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
+
+// Run starts the service, serves until ctx ends or a component fails, then
+// closes it (allowing 10 s to drain).
+func Run(ctx context.Context, cfg Config, deps Deps) error {
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	s, err := Start(startCtx, cfg, deps)
+	cancel()
+	if err != nil {
+		return err
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-s.Err():
+	}
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return errors.Join(runErr, s.Close(closeCtx))
+}

@@ -1,0 +1,370 @@
+// Package server is a pool's local router as a service (DESIGN.md §4, §7):
+// the gRPC API of api/localrouter/v1 over a localrouter.Router, with health,
+// reflection and Prometheus metrics, and the process around it (Start, Run):
+// etcd membership and registration, NATS KV events and replica sync, flags
+// and environment.
+//
+// Errors of the router become gRPC statuses here and nowhere else: each
+// carries a google.rpc.ErrorInfo whose reason is one of localrouterv1's
+// Reason constants (see errorCodes for the codes).
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/events"
+)
+
+// Directory resolves worker ids to their registrations
+// (discovery.Watcher). Safe for concurrent use; never blocks.
+type Directory interface {
+	Worker(id string) (kvevents.WorkerInfo, bool)
+	Workers() []kvevents.WorkerInfo
+}
+
+// Observer is told about the lifecycle changes the service made, after they
+// succeeded (replica.Sync shares them with the other replicas). Its methods
+// are called on the request path: they must not block, and must not retain
+// localHashes.
+type Observer interface {
+	Added(id string, sel localrouter.Selection, localHashes []uint64, isl int, recorded bool)
+	PrefillCompleted(id string)
+	Freed(id string)
+}
+
+// Options are a Server's dependencies; only Router is required.
+type Options struct {
+	Router    *localrouter.Router
+	Directory Directory // nil: workers have no address
+	Observer  Observer  // nil: nobody is told
+	// EventStats, when set, reports the KV event subscriber's counters
+	// (for Stats and metrics).
+	EventStats func() events.Stats
+	RouterID   string
+	Pool       string
+	Logger     *slog.Logger
+}
+
+// Server implements localrouterv1.LocalRouterServer over a Router.
+//
+// Concurrency: safe for concurrent use; every method only reads the
+// router's snapshots or calls its concurrent-safe methods.
+type Server struct {
+	localrouterv1.UnimplementedLocalRouterServer
+
+	r      *localrouter.Router
+	opts   Options
+	log    *slog.Logger
+	health *health.Server
+
+	trackStreams atomic.Int64
+}
+
+var _ localrouterv1.LocalRouterServer = (*Server)(nil)
+
+// ServiceName is the gRPC service name, also the health-check service name.
+const ServiceName = "kvgate.localrouter.v1.LocalRouter"
+
+// New returns a Server. Register it on a grpc.Server with Register.
+func New(opts Options) (*Server, error) {
+	if opts.Router == nil {
+		return nil, fmt.Errorf("server: nil router")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		r: opts.Router, opts: opts, health: health.NewServer(),
+		log: log.With("component", "localrouter.server", "pool", opts.Pool, "router_id", opts.RouterID),
+	}
+	s.UpdateHealth()
+	return s, nil
+}
+
+// Register registers the service and the standard health service on g.
+func (s *Server) Register(g *grpc.Server) {
+	localrouterv1.RegisterLocalRouterServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+}
+
+// UpdateHealth sets the health status from the router's readiness: NOT_SERVING
+// until min_initial_workers workers joined. Call it after membership changes.
+func (s *Server) UpdateHealth() {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if s.r.Ready() {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(ServiceName, st)
+}
+
+// Shutdown sets every health status to NOT_SERVING for good (draining).
+func (s *Server) Shutdown() { s.health.Shutdown() }
+
+// request converts a wire Prompt to the router's Request.
+func (s *Server) request(p *localrouterv1.Prompt) (localrouter.Request, error) {
+	if p == nil {
+		return localrouter.Request{}, localrouter.ErrEmptyRequest
+	}
+	req := localrouter.Request{
+		Tokens: p.GetTokenIds(), LocalHashes: p.GetBlockHashes(), BlockSize: int(p.GetBlockSize()),
+		ISL: int(p.GetIslTokens()), LoRAName: p.GetLoraName(),
+	}
+	if len(req.LocalHashes) > 0 && req.BlockSize == 0 {
+		return req, fmt.Errorf("%w: block_hashes need block_size (the pool's block size is %d)", errInvalidArgument, s.r.Config().BlockSize)
+	}
+	if len(req.LocalHashes) == 0 && len(req.Tokens) > 0 && req.BlockSize != 0 && req.BlockSize != s.r.Config().BlockSize {
+		return req, fmt.Errorf("%w: request block_size %d, the pool's block size is %d", localrouter.ErrBlockSizeMismatch, req.BlockSize, s.r.Config().BlockSize)
+	}
+	return req, nil
+}
+
+func override(o *localrouterv1.ConfigOverride) *localrouter.Override {
+	if o == nil {
+		return nil
+	}
+	return &localrouter.Override{
+		OverlapScoreCredit: o.OverlapScoreCredit,
+		PrefillLoadScale:   o.PrefillLoadScale,
+		RouterTemperature:  o.RouterTemperature,
+	}
+}
+
+func (s *Server) address(id string) string {
+	if s.opts.Directory == nil {
+		return ""
+	}
+	info, _ := s.opts.Directory.Worker(id)
+	return info.Address
+}
+
+func (s *Server) selection(sel localrouter.Selection) *localrouterv1.Selection {
+	return &localrouterv1.Selection{
+		WorkerId: sel.Worker.ID, DpRank: sel.Worker.DPRank, Address: s.address(sel.Worker.ID),
+		OverlapBlocks: uint32(sel.OverlapBlocks), RequestBlocks: uint32(sel.RequestBlocks),
+		PotentialPrefillTokens: uint32(sel.PrefillTokens), PotentialDecodeBlocks: uint32(sel.DecodeBlocks),
+		Cost: sel.Cost, Candidates: uint32(sel.Candidates), BlockSize: uint32(s.r.Config().BlockSize),
+	}
+}
+
+// added tells the observer about a request recorded on sel.Worker.
+func (s *Server) added(id string, req localrouter.Request, sel localrouter.Selection, updateIndexer bool) {
+	if s.opts.Observer == nil {
+		return
+	}
+	cfg := s.r.Config()
+	local := req.LocalHashes
+	isl := req.ISL
+	if len(local) == 0 {
+		var err error
+		if local, err = kvevents.LocalHashes(req.Tokens, cfg.BlockSize, req.LoRAName); err != nil {
+			return // the router accepted these tokens, so this cannot fail
+		}
+		if isl == 0 {
+			isl = len(req.Tokens)
+		}
+	} else if isl == 0 {
+		isl = len(local) * cfg.BlockSize
+	}
+	s.opts.Observer.Added(id, sel, local, isl, updateIndexer || !cfg.UseKVEvents)
+}
+
+// BestWorker implements localrouterv1.LocalRouterServer.
+func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerRequest) (*localrouterv1.BestWorkerResponse, error) {
+	req, err := s.request(in.GetPrompt())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
+		RequestID: in.GetRequestId(), UpdateIndexer: in.GetUpdateIndexer(), Override: override(in.GetConfigOverride()),
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if in.GetRequestId() != "" {
+		s.added(in.GetRequestId(), req, sel, in.GetUpdateIndexer())
+	}
+	return &localrouterv1.BestWorkerResponse{Selection: s.selection(sel)}, nil
+}
+
+// PotentialLoads implements localrouterv1.LocalRouterServer.
+func (s *Server) PotentialLoads(ctx context.Context, in *localrouterv1.PotentialLoadsRequest) (*localrouterv1.PotentialLoadsResponse, error) {
+	req, err := s.request(in.GetPrompt())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	loads, err := s.r.PotentialLoads(ctx, req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	bs := s.r.Config().BlockSize
+	out := &localrouterv1.PotentialLoadsResponse{BlockSize: uint32(bs), Loads: make([]*localrouterv1.PotentialLoad, 0, len(loads))}
+	if n := len(req.LocalHashes); n > 0 {
+		out.RequestBlocks = uint32(n)
+	} else {
+		out.RequestBlocks = uint32(len(req.Tokens) / bs)
+	}
+	for _, l := range loads {
+		out.Loads = append(out.Loads, &localrouterv1.PotentialLoad{
+			WorkerId: l.Worker.ID, DpRank: l.Worker.DPRank, Address: s.address(l.Worker.ID),
+			PotentialPrefillTokens: uint32(l.PotentialPrefillTokens), PotentialDecodeBlocks: uint32(l.PotentialDecodeBlocks),
+			OverlapBlocks: uint32(l.OverlapBlocks), ActiveRequests: uint32(l.ActiveRequests),
+		})
+	}
+	return out, nil
+}
+
+func (s *Server) commit(ctx context.Context, in *localrouterv1.CommitRequest) (localrouter.Selection, error) {
+	if in.GetRequestId() == "" {
+		return localrouter.Selection{}, localrouter.ErrEmptyRequestID
+	}
+	if in.GetWorkerId() == "" {
+		return localrouter.Selection{}, fmt.Errorf("%w: commit needs worker_id", errInvalidArgument)
+	}
+	req, err := s.request(in.GetPrompt())
+	if err != nil {
+		return localrouter.Selection{}, err
+	}
+	sel, err := s.r.Commit(ctx, in.GetRequestId(), localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}, req)
+	if err != nil {
+		return localrouter.Selection{}, err
+	}
+	s.added(in.GetRequestId(), req, sel, false)
+	return sel, nil
+}
+
+// Commit implements localrouterv1.LocalRouterServer.
+func (s *Server) Commit(ctx context.Context, in *localrouterv1.CommitRequest) (*localrouterv1.CommitResponse, error) {
+	sel, err := s.commit(ctx, in)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &localrouterv1.CommitResponse{Selection: s.selection(sel)}, nil
+}
+
+func (s *Server) markPrefillComplete(ctx context.Context, id string) error {
+	if id == "" {
+		return localrouter.ErrEmptyRequestID
+	}
+	if err := s.r.MarkPrefillComplete(ctx, id); err != nil {
+		return err
+	}
+	if s.opts.Observer != nil {
+		s.opts.Observer.PrefillCompleted(id)
+	}
+	return nil
+}
+
+func (s *Server) free(ctx context.Context, id string) error {
+	if id == "" {
+		return localrouter.ErrEmptyRequestID
+	}
+	if err := s.r.Free(ctx, id); err != nil {
+		return err
+	}
+	if s.opts.Observer != nil {
+		s.opts.Observer.Freed(id)
+	}
+	return nil
+}
+
+// MarkPrefillComplete implements localrouterv1.LocalRouterServer.
+func (s *Server) MarkPrefillComplete(ctx context.Context, in *localrouterv1.MarkPrefillCompleteRequest) (*localrouterv1.MarkPrefillCompleteResponse, error) {
+	if err := s.markPrefillComplete(ctx, in.GetRequestId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &localrouterv1.MarkPrefillCompleteResponse{}, nil
+}
+
+// Free implements localrouterv1.LocalRouterServer.
+func (s *Server) Free(ctx context.Context, in *localrouterv1.FreeRequest) (*localrouterv1.FreeResponse, error) {
+	if err := s.free(ctx, in.GetRequestId()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &localrouterv1.FreeResponse{}, nil
+}
+
+// DumpEvents implements localrouterv1.LocalRouterServer.
+func (s *Server) DumpEvents(ctx context.Context, _ *localrouterv1.DumpEventsRequest) (*localrouterv1.DumpEventsResponse, error) {
+	evs, err := s.r.DumpEvents(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if evs == nil {
+		evs = []kvevents.RouterEvent{}
+	}
+	b, err := json.Marshal(evs)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("encode dump: %w", err))
+	}
+	return &localrouterv1.DumpEventsResponse{EventsJson: string(b), Count: uint32(len(evs))}, nil
+}
+
+// Workers implements localrouterv1.LocalRouterServer.
+func (s *Server) Workers(ctx context.Context, _ *localrouterv1.WorkersRequest) (*localrouterv1.WorkersResponse, error) {
+	out := &localrouterv1.WorkersResponse{Pool: s.opts.Pool}
+	byID := map[string]*localrouterv1.Worker{}
+	active, ix := s.r.Active(), s.r.Index()
+	for _, k := range s.r.Workers() {
+		w := byID[k.ID]
+		if w == nil {
+			w = &localrouterv1.Worker{WorkerId: k.ID, BlockSize: uint32(s.r.Config().BlockSize)}
+			if s.opts.Directory != nil {
+				if info, ok := s.opts.Directory.Worker(k.ID); ok {
+					w.Address, w.BlockSize, w.Model, w.Role = info.Address, uint32(info.BlockSize), info.Model, info.Role
+					w.KvCapacityBlocks = uint32(info.KVCapacityBlocks)
+				}
+			}
+			byID[k.ID] = w
+			out.Workers = append(out.Workers, w)
+		}
+		w.DpSize++
+		l := active.Load(k)
+		w.Ranks = append(w.Ranks, &localrouterv1.RankLoad{
+			DpRank: k.DPRank, PrefillTokens: uint32(l.PrefillTokens), ActiveBlocks: uint32(l.ActiveBlocks),
+			ActiveRequests: uint32(l.ActiveRequests), CachedBlocks: uint32(ix.TreeSize(k)),
+		})
+	}
+	return out, nil
+}
+
+// Stats implements localrouterv1.LocalRouterServer.
+func (s *Server) Stats(ctx context.Context, _ *localrouterv1.StatsRequest) (*localrouterv1.StatsResponse, error) {
+	cfg := s.r.Config()
+	is, as := s.r.Index().Stats(), s.r.Active().Stats()
+	keys := s.r.Workers()
+	ids := map[string]bool{}
+	for _, k := range keys {
+		ids[k.ID] = true
+	}
+	out := &localrouterv1.StatsResponse{
+		RouterId: s.opts.RouterID, Pool: s.opts.Pool, Ready: s.r.Ready(),
+		Workers: uint32(len(ids)), Ranks: uint32(len(keys)), ActiveRequests: uint32(as.Requests),
+		EventsApplied: is.EventsApplied, EventsRejected: is.EventsRejected, EventsUnknownWorker: s.r.UnknownWorkerEvents(),
+		IndexBlocks: uint64(is.Nodes), IndexEntries: uint64(is.Entries),
+		RequestsExpired: as.Expired, UnknownRequestOps: as.UnknownOps,
+		Config: &localrouterv1.RouterConfig{
+			BlockSize: uint32(cfg.BlockSize), OverlapScoreCredit: cfg.OverlapScoreCredit, PrefillLoadScale: cfg.PrefillLoadScale,
+			RouterTemperature: cfg.RouterTemperature, UseKvEvents: cfg.UseKVEvents, TrackActiveBlocks: cfg.TrackActiveBlocks,
+			ReplicaSync: cfg.ReplicaSync, TtlSeconds: cfg.TTL.Seconds(), MaxTreeSize: uint64(cfg.MaxTreeSize),
+			MinInitialWorkers: uint32(cfg.MinInitialWorkers), RequestExpirySeconds: cfg.RequestExpiry.Seconds(),
+		},
+	}
+	if s.opts.EventStats != nil {
+		es := s.opts.EventStats()
+		out.EventGaps, out.Dumps = es.Gaps, es.Dumps
+	}
+	return out, nil
+}
