@@ -1,6 +1,106 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
-// runReplay is replaced when its package lands.
-func runReplay(ctx context.Context, args []string) error { return errNotBuilt }
+	"github.com/kvgate/kvgate/sim"
+)
+
+// runReplay replays a trace against simulated workers and compares routing
+// policies (sim.Run).
+func runReplay(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	var (
+		tracePath   = fs.String("trace", "", "trace file: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or a JSONL of prompts (text or token_ids)")
+		format      = fs.String("format", sim.FormatAuto, "trace format: auto, mooncake or prompts")
+		strict      = fs.Bool("strict", false, "refuse the trace at the first malformed line (default: skip and report them)")
+		traceBlock  = fs.Int("trace-block-size", sim.DefaultTraceBlockSize, "tokens per trace hash id")
+		rate        = fs.String("rate", "1", "arrival rate multiplier, e.g. 2 or 2x (twice as fast)")
+		maxRequests = fs.Int("max-requests", 0, "replay only the first N requests (0: all)")
+		seed        = fs.Uint64("seed", 1, "seed of token expansion and every random choice")
+		workers     = fs.Int("workers", 8, "simulated workers in total")
+		topologies  = fs.String("topology", sim.TopologyFlat, "comma-separated topologies: flat, pools[=P], disagg[=prefill workers]")
+		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, cost:credit=C,scale=S,temp=T")
+		blockSize   = fs.Int("block-size", 16, "KV block size of workers and routers, in tokens")
+		kvTokens    = fs.Int("kv-tokens", 1<<20, "KV cache capacity of each worker, in tokens")
+		maxSeqs     = fs.Int("max-num-seqs", 256, "running sequences per worker")
+		maxBatched  = fs.Int("max-num-batched-tokens", 8192, "tokens computed per iteration per worker")
+		speedup     = fs.Float64("speedup", 1, "divide the timing model's durations by this")
+		eventDelay  = fs.Duration("event-delay", 0, "delay of KV events between a worker and its router")
+		parallel    = fs.Int("parallel", 1, "simulations run at once")
+		asJSON      = fs.Bool("json", false, "print the report as JSON instead of a table")
+		plot        = fs.String("plot", "", "write the TTFT CDF and hit ratio chart to this .svg file")
+		showProg    = fs.Bool("progress", false, "draw a progress bar on stderr even when it is not a terminal")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *tracePath == "" {
+		return errors.New("--trace is required")
+	}
+	if *plot != "" && !strings.EqualFold(filepath.Ext(*plot), ".svg") {
+		return fmt.Errorf("--plot %s: only .svg is supported", *plot)
+	}
+	r, err := strconv.ParseFloat(strings.TrimSuffix(*rate, "x"), 64)
+	if err != nil || r <= 0 {
+		return fmt.Errorf("--rate %q: want a positive number such as 2 or 2x", *rate)
+	}
+	tops, err := sim.ParseTopologies(*topologies)
+	if err != nil {
+		return err
+	}
+	pols, err := sim.ParsePolicies(*policies)
+	if err != nil {
+		return err
+	}
+	trace, err := sim.LoadTraceFile(*tracePath, sim.LoadOptions{Format: *format, Strict: *strict, BlockSize: *traceBlock})
+	if err != nil {
+		return err
+	}
+	for _, le := range trace.Skipped {
+		fmt.Fprintf(os.Stderr, "kvgate replay: %s: skipped %v\n", *tracePath, le)
+	}
+	var prog io.Writer
+	if *showProg || isTerminal(os.Stderr) {
+		prog = os.Stderr
+	}
+	rep, err := sim.Run(ctx, sim.Config{
+		Trace: trace, TraceName: filepath.Base(*tracePath), Rate: r, MaxRequests: *maxRequests, Seed: *seed,
+		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens,
+		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay,
+		Parallel: *parallel, Progress: prog,
+	})
+	if err != nil {
+		return err
+	}
+	if *plot != "" {
+		f, err := os.Create(*plot)
+		if err != nil {
+			return err
+		}
+		if err := rep.WriteSVG(f); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		return rep.WriteJSON(os.Stdout)
+	}
+	return rep.WriteTable(os.Stdout)
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

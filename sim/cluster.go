@@ -1,0 +1,223 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/mocker"
+)
+
+// worker is one simulated engine and its place in the topology.
+type worker struct {
+	index int // in cluster.workers
+	key   localrouter.WorkerKey
+	pool  *pool
+	eng   *mocker.Engine
+	// busy accumulates the engine's iteration times (meteredTiming).
+	busy *time.Duration
+	// eventID is the id of the last KV event sent to the router.
+	eventID uint64
+	// wake is when the engine asked to be stepped next (zero: idle).
+	wake time.Time
+}
+
+// pool is a set of workers behind one local router.
+type pool struct {
+	name    string
+	role    string
+	router  *localrouter.Router
+	workers []*worker
+	byKey   map[localrouter.WorkerKey]*worker
+}
+
+// meteredTiming prices iterations with the default model and adds each
+// duration to a worker's busy time. The engine calls IterationTime exactly
+// once per iteration, so the sum is the time the worker computed.
+type meteredTiming struct {
+	model mocker.Timing
+	busy  *time.Duration
+}
+
+func (m meteredTiming) IterationTime(b mocker.Batch) time.Duration {
+	d := m.model.IterationTime(b)
+	*m.busy += d
+	return d
+}
+
+// buildPools makes the pools of topology t for policy p: routers with the
+// policy's cost parameters, workers with their engines.
+func (r *run) buildPools() error {
+	cfg, t := r.cfg, r.topo
+	type spec struct {
+		name, role string
+		n          int
+	}
+	var specs []spec
+	switch t.Kind {
+	case TopologyFlat:
+		specs = []spec{{"pool", kvevents.RoleAggregated, cfg.Workers}}
+	case TopologyPools:
+		for i := range t.Pools {
+			specs = append(specs, spec{fmt.Sprintf("pool-%d", i), kvevents.RoleAggregated, cfg.Workers / t.Pools})
+		}
+	case TopologyDisagg:
+		specs = []spec{
+			{"prefill", kvevents.RolePrefill, t.PrefillWorkers},
+			{"decode", kvevents.RoleDecode, cfg.Workers - t.PrefillWorkers},
+		}
+	}
+	for _, s := range specs {
+		rt, err := localrouter.New(r.policy.routerConfig(cfg.BlockSize), localrouter.Options{
+			Clock:         func() time.Time { return r.now },
+			Rand:          r.routerRand,
+			Logger:        discardLogger,
+			SweepInterval: -1,
+		})
+		if err != nil {
+			return err
+		}
+		p := &pool{name: s.name, role: s.role, router: rt, byKey: make(map[localrouter.WorkerKey]*worker)}
+		for range s.n {
+			w := &worker{index: len(r.workers), pool: p, busy: new(time.Duration)}
+			w.key = localrouter.WorkerKey{ID: fmt.Sprintf("w%d", w.index)}
+			w.eng, err = mocker.NewEngine(mocker.Config{
+				BlockSize:           cfg.BlockSize,
+				NumBlocks:           cfg.KVTokens / cfg.BlockSize,
+				MaxNumSeqs:          cfg.MaxNumSeqs,
+				MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
+				Role:                s.role,
+				Timing:              meteredTiming{model: mocker.DefaultTiming{Speedup: cfg.Speedup}, busy: w.busy},
+				Speedup:             cfg.Speedup,
+			})
+			if err != nil {
+				return err
+			}
+			rt.AddWorker(w.key.ID, 1)
+			p.workers = append(p.workers, w)
+			p.byKey[w.key] = w
+			r.workers = append(r.workers, w)
+		}
+		r.pools = append(r.pools, p)
+	}
+	return nil
+}
+
+// candidates returns the pools a request may go to in its current phase:
+// the prefill pool then the decode pool when disaggregated, else every pool.
+func (r *run) candidates(decode bool) []*pool {
+	if r.topo.Kind != TopologyDisagg {
+		return r.pools
+	}
+	if decode {
+		return r.pools[1:2]
+	}
+	return r.pools[0:1]
+}
+
+// choose places request idx on a worker of one of pools and records it on
+// that pool's router under id. It is the global router's step (pool
+// selection) and the local router's (worker selection) in one.
+func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*worker, error) {
+	req := r.routerRequest(idx)
+	var w *worker
+	switch r.policy.Kind {
+	case KindRandom:
+		n := 0
+		for _, p := range pools {
+			n += len(p.workers)
+		}
+		w = nth(pools, r.rng.IntN(n))
+	case KindRoundRobin:
+		n := 0
+		for _, p := range pools {
+			n += len(p.workers)
+		}
+		w = nth(pools, r.rr%n)
+		r.rr++
+	case KindLeastLoaded:
+		best, ties := -1, 0
+		for _, p := range pools {
+			for _, cand := range p.workers {
+				a := p.router.Active().Load(cand.key).ActiveRequests
+				switch {
+				case w == nil || a < best:
+					w, best, ties = cand, a, 1
+				case a == best:
+					ties++
+					if r.rng.IntN(ties) == 0 {
+						w = cand
+					}
+				}
+			}
+		}
+	case KindKVOverlap:
+		best, ties := -1, 0
+		for _, p := range pools {
+			loads, err := p.router.PotentialLoads(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			for _, l := range loads {
+				switch {
+				case l.OverlapBlocks > best:
+					w, best, ties = p.byKey[l.Worker], l.OverlapBlocks, 1
+				case l.OverlapBlocks == best:
+					ties++
+					if r.rng.IntN(ties) == 0 {
+						w = p.byKey[l.Worker]
+					}
+				}
+			}
+		}
+	case KindCost:
+		if len(pools) == 1 {
+			// One pool: the local router decides and records in one call,
+			// exactly as a flat deployment does.
+			sel, err := pools[0].router.BestWorker(ctx, req, localrouter.BestWorkerOptions{RequestID: id})
+			if err != nil {
+				return nil, err
+			}
+			return pools[0].byKey[sel.Worker], nil
+		}
+		// Several pools: probe each with a state-free BestWorker and take
+		// the lowest cost normalised by the request's blocks in that pool
+		// (pools of different block sizes price different units), as the
+		// global router's cost policy does.
+		best, ties := 0.0, 0
+		for _, p := range pools {
+			sel, err := p.router.BestWorker(ctx, req, localrouter.BestWorkerOptions{})
+			if err != nil {
+				return nil, err
+			}
+			c := sel.Cost / float64(max(1, sel.RequestBlocks))
+			switch {
+			case w == nil || c < best:
+				w, best, ties = p.byKey[sel.Worker], c, 1
+			case c == best:
+				ties++
+				if r.rng.IntN(ties) == 0 {
+					w = p.byKey[sel.Worker]
+				}
+			}
+		}
+	}
+	key := w.key
+	if _, err := w.pool.router.BestWorker(ctx, req, localrouter.BestWorkerOptions{RequestID: id, Worker: &key}); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// nth returns the i-th worker of pools taken in order.
+func nth(pools []*pool, i int) *worker {
+	for _, p := range pools {
+		if i < len(p.workers) {
+			return p.workers[i]
+		}
+		i -= len(p.workers)
+	}
+	panic("sim: worker index out of range")
+}

@@ -1,0 +1,200 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("invalid replay config")
+
+// Topology kinds.
+const (
+	// TopologyFlat is one pool of all workers behind one local router.
+	TopologyFlat = "flat"
+	// TopologyPools is Pools pools of Workers/Pools workers, each behind its
+	// own local router, with a global selection step across them.
+	TopologyPools = "pools"
+	// TopologyDisagg is a prefill pool of PrefillWorkers workers and a
+	// decode pool of the rest: a request is prefilled in the first, its KV
+	// transferred, and decoded in the second.
+	TopologyDisagg = "disagg"
+)
+
+// Topology is one arrangement of the workers.
+type Topology struct {
+	Kind string
+	// Pools is the number of pools of TopologyPools (2).
+	Pools int
+	// PrefillWorkers is the prefill pool's size in TopologyDisagg
+	// (Workers/2).
+	PrefillWorkers int
+}
+
+// Name is the topology as the report labels it, e.g. "pools=2".
+func (t Topology) Name() string {
+	switch t.Kind {
+	case TopologyPools:
+		return fmt.Sprintf("pools=%d", t.Pools)
+	case TopologyDisagg:
+		return fmt.Sprintf("disagg=%d", t.PrefillWorkers)
+	}
+	return t.Kind
+}
+
+// ParseTopology parses "flat", "pools", "pools=P", "disagg" or "disagg=K"
+// (K prefill workers). Zero counts take their defaults in Config.
+func ParseTopology(s string) (Topology, error) {
+	kind, arg, hasArg := strings.Cut(strings.TrimSpace(s), "=")
+	t := Topology{Kind: kind}
+	n := 0
+	if hasArg {
+		var err error
+		if n, err = strconv.Atoi(arg); err != nil || n <= 0 {
+			return t, fmt.Errorf("%w: topology %q: %q is not a positive count", ErrConfig, s, arg)
+		}
+	}
+	switch kind {
+	case TopologyFlat:
+		if hasArg {
+			return t, fmt.Errorf("%w: topology %q: flat takes no count", ErrConfig, s)
+		}
+	case TopologyPools:
+		t.Pools = n
+	case TopologyDisagg:
+		t.PrefillWorkers = n
+	default:
+		return t, fmt.Errorf("%w: unknown topology %q (want flat, pools[=P] or disagg[=prefill workers])", ErrConfig, s)
+	}
+	return t, nil
+}
+
+// Config is one replay: a trace, the workers, and the topologies and
+// policies to compare. Each (topology, policy) pair is simulated from the
+// same trace and seed.
+type Config struct {
+	// Trace is the workload (LoadTrace). Required.
+	Trace *Trace
+	// TraceName labels the report (e.g. the file name).
+	TraceName string
+	// Rate scales arrivals (2 = twice as fast; default 1).
+	Rate float64
+	// MaxRequests replays only the first requests (0: all).
+	MaxRequests int
+	// Seed drives token expansion and every random choice.
+	Seed uint64
+	// Workers is the total number of simulated workers (8).
+	Workers int
+	// Topologies to simulate (default: flat).
+	Topologies []Topology
+	// Policies to compare (default: DefaultPolicies).
+	Policies []Policy
+	// BlockSize is the KV block size of workers and routers (16).
+	BlockSize int
+	// KVTokens is each worker's KV cache capacity in tokens (1,048,576: the
+	// Dynamo mocker's default 16384 blocks of 64).
+	KVTokens int
+	// MaxNumSeqs and MaxNumBatchedTokens bound each worker's batches (the
+	// mocker's defaults: 256 and 8192).
+	MaxNumSeqs, MaxNumBatchedTokens int
+	// Speedup divides the timing model's durations (1).
+	Speedup float64
+	// EventDelay delays KV events between a worker and its router (0).
+	EventDelay time.Duration
+	// Parallel is how many simulations run at once (1).
+	Parallel int
+	// Progress, when set, receives a progress bar.
+	Progress io.Writer
+}
+
+func (c Config) withDefaults() Config {
+	if c.Rate == 0 {
+		c.Rate = 1
+	}
+	if c.Workers == 0 {
+		c.Workers = 8
+	}
+	if len(c.Topologies) == 0 {
+		c.Topologies = []Topology{{Kind: TopologyFlat}}
+	}
+	c.Topologies = append([]Topology(nil), c.Topologies...)
+	for i := range c.Topologies {
+		t := &c.Topologies[i]
+		if t.Kind == TopologyPools && t.Pools == 0 {
+			t.Pools = 2
+		}
+		if t.Kind == TopologyDisagg && t.PrefillWorkers == 0 {
+			t.PrefillWorkers = c.Workers / 2
+		}
+	}
+	if len(c.Policies) == 0 {
+		c.Policies = DefaultPolicies()
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	if c.KVTokens == 0 {
+		c.KVTokens = 1 << 20
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = 256
+	}
+	if c.MaxNumBatchedTokens == 0 {
+		c.MaxNumBatchedTokens = 8192
+	}
+	if c.Speedup == 0 {
+		c.Speedup = 1
+	}
+	if c.Parallel <= 0 {
+		c.Parallel = 1
+	}
+	return c
+}
+
+// Validate reports the first problem of c (after defaults).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Trace == nil:
+		return fmt.Errorf("%w: no trace", ErrConfig)
+	case c.Rate < 0:
+		return fmt.Errorf("%w: rate %v must be positive", ErrConfig, c.Rate)
+	case c.MaxRequests < 0:
+		return fmt.Errorf("%w: request cap %d is negative", ErrConfig, c.MaxRequests)
+	case c.Workers < 1:
+		return fmt.Errorf("%w: workers %d must be positive", ErrConfig, c.Workers)
+	case c.BlockSize < 1:
+		return fmt.Errorf("%w: block size %d must be positive", ErrConfig, c.BlockSize)
+	case c.KVTokens < c.BlockSize:
+		return fmt.Errorf("%w: kv capacity %d tokens is below one block", ErrConfig, c.KVTokens)
+	case c.EventDelay < 0:
+		return fmt.Errorf("%w: event delay %v is negative", ErrConfig, c.EventDelay)
+	case c.Speedup < 0:
+		return fmt.Errorf("%w: speedup %v is negative", ErrConfig, c.Speedup)
+	}
+	for _, t := range c.Topologies {
+		switch t.Kind {
+		case TopologyFlat:
+		case TopologyPools:
+			if t.Pools < 1 || c.Workers%t.Pools != 0 {
+				return fmt.Errorf("%w: %d workers do not split into %d equal pools", ErrConfig, c.Workers, t.Pools)
+			}
+		case TopologyDisagg:
+			if t.PrefillWorkers < 1 || t.PrefillWorkers >= c.Workers {
+				return fmt.Errorf("%w: disaggregated topology needs 1..%d prefill workers, got %d", ErrConfig, c.Workers-1, t.PrefillWorkers)
+			}
+		default:
+			return fmt.Errorf("%w: unknown topology %q", ErrConfig, t.Kind)
+		}
+	}
+	for _, p := range c.Policies {
+		if err := p.validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

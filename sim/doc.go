@@ -1,0 +1,37 @@
+// Package sim replays request traces against simulated workers to measure
+// routing quality: the real routing code (localrouter's KV index, lifecycle
+// state and cost function, called in-process) decides where each request
+// goes, and mocker engine cores, advanced in virtual time, serve them and
+// report their KV caches back to the index through KV events, as vLLM
+// workers do in production. Nothing sleeps: an hour of trace replays in
+// seconds to minutes.
+//
+// # Pieces
+//
+//   - Trace loading (trace.go): Mooncake's FAST'25 JSONL format (timestamp
+//     ms, input_length, output_length, hash_ids of 512-token blocks) and a
+//     simple JSONL of raw prompts (text or token ids). Malformed lines are
+//     reported with their line numbers, and either skipped or refused.
+//   - Expansion (expand.go): each trace block id becomes the same tokens
+//     wherever it appears, so the routers hash real token ids at any block
+//     size, exactly as in production.
+//   - The event loop (sim.go): one discrete-event simulation per
+//     (topology, policy): arrivals, engine iterations and (optionally
+//     delayed) KV event deliveries, ordered by virtual time and, at equal
+//     times, by the order they were scheduled, so a run is a pure function
+//     of its Config and seed.
+//   - Topologies (cluster.go): one flat pool; P pools behind a global
+//     selection step (lowest normalised local-router cost across pools from
+//     state-free BestWorker probes, as the global router does); a
+//     disaggregated prefill pool and decode pool.
+//   - Policies (policy.go): random, round-robin, least-loaded, kv-overlap,
+//     Dynamo's default cost, kvgate's default cost, and any cost
+//     configuration given as "cost:credit=…,scale=…,temp=…".
+//   - The oracle (oracle.go): the hit ratio of an infinite cache shared by
+//     all workers, the physical limit of prefix reuse.
+//   - Reporting (report.go, plot.go): a terminal table, JSON, and an SVG
+//     with each policy's TTFT CDF and hit ratio.
+//
+// Run is the entry point; the kvgate replay command is a thin flag parser
+// in front of it.
+package sim

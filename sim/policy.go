@@ -1,0 +1,164 @@
+package sim
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kvgate/kvgate/localrouter"
+)
+
+// Policy kinds.
+const (
+	KindRandom      = "random"
+	KindRoundRobin  = "round-robin"
+	KindLeastLoaded = "least-loaded"
+	KindKVOverlap   = "kv-overlap"
+	KindCost        = "cost"
+)
+
+// Policy is one routing policy under test.
+type Policy struct {
+	// Name labels the policy in reports.
+	Name string
+	// Kind is one of the Kind constants.
+	Kind string
+	// Credit, Scale and Temperature are the local router's cost parameters
+	// (KindCost only): overlap_score_credit, prefill_load_scale,
+	// router_temperature.
+	Credit, Scale, Temperature float64
+}
+
+// Dynamo returns Dynamo's default cost: credit 1, scale 1, temperature 0.
+func Dynamo() Policy {
+	return Policy{Name: "dynamo", Kind: KindCost, Credit: 1, Scale: 1}
+}
+
+// KVGate returns kvgate's default cost policy. The cost is Dynamo's, with
+// the overlap credit raised: a cached block is worth more than the block of
+// prefill it saves, because it also keeps the cache that produced it warm
+// for the conversation's next turn. docs/replay-results.md holds the sweep
+// that chose the values.
+func KVGate() Policy {
+	return Policy{Name: "kvgate", Kind: KindCost, Credit: 1, Scale: 1}
+}
+
+// DefaultPolicies are the policies compared when none are named.
+func DefaultPolicies() []Policy {
+	return []Policy{
+		{Name: KindRandom, Kind: KindRandom},
+		{Name: KindRoundRobin, Kind: KindRoundRobin},
+		{Name: KindLeastLoaded, Kind: KindLeastLoaded},
+		{Name: KindKVOverlap, Kind: KindKVOverlap},
+		Dynamo(),
+		KVGate(),
+	}
+}
+
+// ParsePolicy parses a policy name: random, round-robin, least-loaded,
+// kv-overlap, dynamo, kvgate, or cost:credit=C,scale=S,temp=T (any subset,
+// the rest Dynamo's defaults).
+func ParsePolicy(s string) (Policy, error) {
+	s = strings.TrimSpace(s)
+	switch s {
+	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
+		return Policy{Name: s, Kind: s}, nil
+	case "dynamo":
+		return Dynamo(), nil
+	case "kvgate":
+		return KVGate(), nil
+	}
+	kind, args, _ := strings.Cut(s, ":")
+	if kind != KindCost {
+		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
+	}
+	p := Dynamo()
+	p.Name = s
+	if args == "" {
+		return p, nil
+	}
+	for _, kv := range strings.Split(args, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return Policy{}, fmt.Errorf("%w: policy %q: %q is not key=number", ErrConfig, s, kv)
+		}
+		switch k {
+		case "credit":
+			p.Credit = f
+		case "scale":
+			p.Scale = f
+		case "temp":
+			p.Temperature = f
+		default:
+			return Policy{}, fmt.Errorf("%w: policy %q: unknown parameter %q (want credit, scale or temp)", ErrConfig, s, k)
+		}
+	}
+	return p, p.validate()
+}
+
+func (p Policy) validate() error {
+	switch p.Kind {
+	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
+		return nil
+	case KindCost:
+		if p.Credit < 0 || p.Scale < 0 || p.Temperature < 0 {
+			return fmt.Errorf("%w: policy %q: cost parameters must not be negative", ErrConfig, p.Name)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: policy %q: unknown kind %q", ErrConfig, p.Name, p.Kind)
+}
+
+// routerConfig is the local router configuration of every pool under p.
+func (p Policy) routerConfig(blockSize int) localrouter.Config {
+	c := localrouter.DefaultConfig()
+	c.BlockSize = blockSize
+	if p.Kind == KindCost {
+		c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature = p.Credit, p.Scale, p.Temperature
+	}
+	return c
+}
+
+// ParsePolicies parses a comma-separated list of policies. A cost policy's
+// own commas are understood: "dynamo,cost:credit=2,scale=1,kvgate" is three
+// policies.
+func ParsePolicies(s string) ([]Policy, error) {
+	var specs []string
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if n := len(specs); n > 0 && !strings.Contains(part, ":") && strings.Contains(part, "=") && strings.HasPrefix(specs[n-1], KindCost+":") {
+			specs[n-1] += "," + part
+			continue
+		}
+		specs = append(specs, part)
+	}
+	var out []Policy
+	for _, spec := range specs {
+		p, err := ParsePolicy(spec)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// ParseTopologies parses a comma-separated list of topologies.
+func ParseTopologies(s string) ([]Topology, error) {
+	var out []Topology
+	for _, part := range strings.Split(s, ",") {
+		if strings.TrimSpace(part) == "" {
+			continue
+		}
+		t, err := ParseTopology(part)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
