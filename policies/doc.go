@@ -1,0 +1,24 @@
+// Package policies decides, for one request, which pool (and which of the
+// pool's probed workers) serves it, and in what order the others are
+// fallbacks (DESIGN.md §6).
+//
+// A Policy sees the request view (Request) and an immutable snapshot of the
+// candidates: per pool its probe result, health, role, weight and load
+// (Candidate). It returns them ranked, so fallbacks come free. Policies run
+// in a Chain: filters narrow the list, scorers reorder it with a stable sort,
+// and the last policy has the final word; an earlier scorer only breaks the
+// ties of a later one. The first candidate of the chain's answer is the
+// pick.
+//
+// Policies are built by name from an explicit Registry (RegisterBuiltins adds
+// the built-ins; a duplicate name is an error; nothing registers itself in
+// init). Each policy gets its arguments from two places of the
+// configuration: its entry in the chain (global arguments), and each pool's
+// policy section (per-pool arguments, keyed by policy name). Both are decoded
+// strictly: an unknown field is an error naming the file, the line and the
+// policy.
+//
+// The package is a leaf: it imports no router package. The global router
+// (package globalrouter) builds the candidates from its probes and turns the
+// ranking into a routing decision.
+package policies

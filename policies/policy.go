@@ -1,0 +1,140 @@
+package policies
+
+import (
+	"errors"
+	"time"
+)
+
+// Role is what a pool's workers do.
+type Role string
+
+// Pool roles.
+const (
+	// RoleAggregated workers prefill and decode.
+	RoleAggregated Role = "aggregated"
+	// RolePrefill workers only prefill; they serve a request only as the
+	// prefill half of a disaggregated pair (see Disaggregate).
+	RolePrefill Role = "prefill"
+	// RoleDecode workers decode, and prefill locally when no prefill
+	// worker is used.
+	RoleDecode Role = "decode"
+)
+
+// Valid reports whether r is one of the roles above.
+func (r Role) Valid() bool {
+	return r == RoleAggregated || r == RolePrefill || r == RoleDecode
+}
+
+// Request is what a policy sees of the request being routed. It is read-only
+// for policies.
+type Request struct {
+	// ID is the request id.
+	ID    string
+	Model string
+	// ISL is the prompt length in tokens.
+	ISL int
+	// Headers are the request headers, keys lower-case.
+	Headers map[string]string
+	// SessionKey groups requests of one conversation or user ("" none).
+	SessionKey string
+	// Priority: higher is more important (0 default).
+	Priority int
+	// SLO are the request's latency targets (zero: none given).
+	SLO SLO
+}
+
+// SLO are latency targets a request asks for.
+type SLO struct {
+	// TTFT is the time-to-first-token target.
+	TTFT time.Duration
+	// ITL is the inter-token latency target.
+	ITL time.Duration
+}
+
+// Probe is what a pool's local router answered to the state-free
+// BestWorker: its best worker for the request and the terms of its cost.
+type Probe struct {
+	WorkerID string
+	DPRank   uint32
+	// Address is the worker's host:port.
+	Address string
+	// OverlapBlocks are the request's leading blocks the worker holds.
+	OverlapBlocks int
+	// RequestBlocks are the request's complete blocks at BlockSize.
+	RequestBlocks int
+	// BlockSize is the pool's KV block size in tokens.
+	BlockSize int
+	// UncachedTokens is the prompt the worker would have to prefill:
+	// ISL minus the cached tokens.
+	UncachedTokens int
+	// PrefillTokens and DecodeBlocks are the worker's potential load with
+	// this request (the local router's cost terms).
+	PrefillTokens int
+	DecodeBlocks  int
+	// Cost is the local router's cost for the worker (in blocks of
+	// BlockSize).
+	Cost float64
+	// Workers is how many (worker, dp_rank) the local router considered.
+	Workers int
+}
+
+// CachedTokens is the prompt tokens the worker already holds.
+func (p Probe) CachedTokens() int { return p.OverlapBlocks * p.BlockSize }
+
+// Health is a pool's health as the global router sees it.
+type Health struct {
+	// Routers is the number of the pool's local routers known; Available
+	// those whose circuit is not open.
+	Routers   int
+	Available int
+	// Recovering is set while the pool's circuit is half-open: the pool
+	// answered after failing, and is on probation.
+	Recovering bool
+}
+
+// Candidate is one pool as a routing target for one request: its static
+// attributes and its probe result. Candidates are values; the fields
+// reached through references (Models, Prefill) are shared and must not be
+// modified.
+type Candidate struct {
+	Pool string
+	Role Role
+	// Models the pool serves.
+	Models []string
+	// Weight is the pool's configured weight (default 1).
+	Weight float64
+	Health Health
+	// Probe is the pool's best worker for the request.
+	Probe Probe
+	// Prefill is the prefill pool's candidate when the request is served
+	// disaggregated (set by Disaggregate), nil otherwise.
+	Prefill *Candidate
+}
+
+// Policy ranks candidates.
+//
+// Rank returns cands narrowed (a filter drops candidates) or reordered (a
+// scorer sorts, stably, so that the order it got breaks its ties), best
+// first. It may reuse cands' backing array for its answer and may replace
+// elements, but must not modify what elements share by reference. It does
+// not block and is safe for concurrent use. It returns ErrNoCandidate (or an
+// error wrapping it) to refuse every candidate with a reason; an empty answer
+// means the same.
+type Policy interface {
+	// Name is the policy's registry name.
+	Name() string
+	Rank(req *Request, cands []Candidate) ([]Candidate, error)
+}
+
+var (
+	// ErrNoCandidate: no candidate is left to route to.
+	ErrNoCandidate = errors.New("no candidate left")
+	// ErrUnknownPolicy: a configuration names a policy the registry lacks.
+	ErrUnknownPolicy = errors.New("unknown policy")
+	// ErrDuplicate: a policy name registered twice, or a chain naming a
+	// policy twice.
+	ErrDuplicate = errors.New("duplicate policy")
+	// ErrConfig: a configuration is invalid; the error names file, line,
+	// policy and field.
+	ErrConfig = errors.New("invalid policy configuration")
+)

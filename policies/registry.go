@@ -1,0 +1,170 @@
+package policies
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Args are what a Factory gets to build a policy: its arguments in the
+// chain and in each pool's policy section.
+type Args struct {
+	// Policy is the name the policy is built under.
+	Policy string
+	// Chain holds the arguments of the policy's chain entry (may be empty).
+	Chain Section
+	// Pools holds the policy's section of each pool that has one, keyed by
+	// pool name.
+	Pools map[string]Section
+}
+
+// DecodeChain strictly decodes the chain arguments into out (left as is
+// when there are none).
+func (a Args) DecodeChain(out any) error {
+	return a.Chain.Decode(fmt.Sprintf("policy %q", a.Policy), out)
+}
+
+// DecodePools strictly decodes each pool's section with decode, which gets
+// a fresh value to fill; the results are keyed by pool name.
+func DecodePools[T any](a Args, defaults T) (map[string]T, error) {
+	out := make(map[string]T, len(a.Pools))
+	for _, pool := range sortedKeys(a.Pools) {
+		v := defaults
+		if err := a.Pools[pool].Decode(fmt.Sprintf("pool %q: policy %q", pool, a.Policy), &v); err != nil {
+			return nil, err
+		}
+		out[pool] = v
+	}
+	return out, nil
+}
+
+// Factory builds a policy from its arguments. It validates them: an error
+// should be a PosError (see Errorf) naming the file, line and field.
+type Factory func(Args) (Policy, error)
+
+// Registry maps policy names to factories. It is safe for concurrent use.
+type Registry struct {
+	mu        sync.RWMutex
+	factories map[string]Factory
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{factories: make(map[string]Factory)}
+}
+
+// Register adds a factory under name; a name already registered is an
+// error wrapping ErrDuplicate.
+func (r *Registry) Register(name string, f Factory) error {
+	if name == "" || f == nil {
+		return fmt.Errorf("policies: register %q: empty name or nil factory", name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.factories[name]; ok {
+		return fmt.Errorf("policies: register %q: %w", name, ErrDuplicate)
+	}
+	r.factories[name] = f
+	return nil
+}
+
+// Names lists the registered policies, sorted.
+func (r *Registry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return sortedKeys(r.factories)
+}
+
+// Build makes the chain specs name, giving each policy its chain arguments
+// and the sections the pools hold for it. A spec naming an unregistered
+// policy, a policy named twice in the chain, and a pool section for a
+// policy the chain does not run are errors naming file and line.
+func (r *Registry) Build(specs []Spec, pools map[string]PoolSection) (*Chain, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	inChain := make(map[string]bool, len(specs))
+	ps := make([]Policy, 0, len(specs))
+	for _, s := range specs {
+		f, ok := r.factories[s.Name]
+		if !ok {
+			return nil, &PosError{File: s.Args.File, Line: s.Line, Column: s.Column, What: "chain",
+				Msg: fmt.Sprintf("%v %q (registered: %s)", ErrUnknownPolicy, s.Name, joinNames(sortedKeys(r.factories)))}
+		}
+		if inChain[s.Name] {
+			return nil, &PosError{File: s.Args.File, Line: s.Line, Column: s.Column, What: "chain",
+				Msg: fmt.Sprintf("policy %q appears twice", s.Name)}
+		}
+		inChain[s.Name] = true
+		args := Args{Policy: s.Name, Chain: s.Args, Pools: map[string]Section{}}
+		for pool, sec := range pools {
+			if v, ok := sec[s.Name]; ok {
+				args.Pools[pool] = v
+			}
+		}
+		p, err := f(args)
+		if err != nil {
+			return nil, err
+		}
+		ps = append(ps, p)
+	}
+	for _, pool := range sortedKeys(pools) {
+		for _, name := range sortedKeys(pools[pool]) {
+			if !inChain[name] {
+				sec := pools[pool][name]
+				what := fmt.Sprintf("pool %q", pool)
+				if _, known := r.factories[name]; !known {
+					return nil, Errorf(sec.File, keyNode(sec), what, "%v %q", ErrUnknownPolicy, name)
+				}
+				return nil, Errorf(sec.File, keyNode(sec), what, "policy %q is configured but not in the chain", name)
+			}
+		}
+	}
+	return NewChain(ps...), nil
+}
+
+func keyNode(s Section) *yaml.Node { return s.Node }
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+func sortStrings(s []string) { slices.Sort(s) }
+
+func joinNames(s []string) string {
+	out := ""
+	for i, n := range s {
+		if i > 0 {
+			out += ", "
+		}
+		out += n
+	}
+	return out
+}
+
+// RegisterBuiltins registers the built-in policies in r.
+func RegisterBuiltins(r *Registry) error {
+	for _, b := range []struct {
+		name string
+		f    Factory
+	}{
+		{NameModelMatch, newModelMatch},
+		{NameHeaderMatch, newHeaderMatch},
+		{NameKVOverlap, newKVOverlap},
+		{NameCost, newCost},
+		{NameFailover, newFailover},
+		{NameDisaggregate, newDisaggregate},
+	} {
+		if err := r.Register(b.name, b.f); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,336 @@
+package policies
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Section is one piece of configuration text — a policy's arguments in the
+// chain or in a pool's policy section — with the file it came from, so that
+// errors can name file and line. A zero Section means "no arguments".
+type Section struct {
+	File string
+	Node *yaml.Node
+}
+
+// SectionOf encodes v (a struct or map of a policy's arguments) as a
+// Section, for configurations built in Go rather than read from YAML.
+func SectionOf(v any) Section {
+	var n yaml.Node
+	if err := n.Encode(v); err != nil {
+		// Encode fails only for values YAML cannot represent (channels,
+		// functions): a programming error in the caller.
+		panic(fmt.Sprintf("policies: SectionOf(%T): %v", v, err))
+	}
+	return Section{File: "<go>", Node: &n}
+}
+
+// Empty reports whether the section holds nothing.
+func (s Section) Empty() bool {
+	n := s.Node
+	for n != nil && n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	return n == nil || n.Kind == 0 || (n.Kind == yaml.ScalarNode && n.Tag == "!!null")
+}
+
+// Decode decodes the section into out strictly: an unknown field is an
+// error. Errors read "file:line:col: what: message"; what names the policy
+// (or pool) for the reader.
+func (s Section) Decode(what string, out any) error {
+	if s.Empty() {
+		return nil
+	}
+	return DecodeStrict(s.File, what, s.Node, out)
+}
+
+// PosError is a configuration error at a position of a file.
+type PosError struct {
+	File   string
+	Line   int
+	Column int
+	// What names the thing configured: a policy, a pool, a field path.
+	What string
+	Msg  string
+}
+
+func (e *PosError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d", e.Line)
+		if e.Column > 0 {
+			fmt.Fprintf(&b, ":%d", e.Column)
+		}
+	}
+	b.WriteString(": ")
+	if e.What != "" {
+		b.WriteString(e.What)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Unwrap makes every PosError an ErrConfig.
+func (e *PosError) Unwrap() error { return ErrConfig }
+
+// Errorf returns a PosError at node n of file.
+func Errorf(file string, n *yaml.Node, what, format string, args ...any) error {
+	e := &PosError{File: file, What: what, Msg: fmt.Sprintf(format, args...)}
+	if n != nil {
+		e.Line, e.Column = n.Line, n.Column
+	}
+	return e
+}
+
+// ParseFile parses YAML text into its document node. A syntax error names
+// the file and the line.
+func ParseFile(file string, data []byte) (*yaml.Node, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, &PosError{File: file, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	if doc.Kind == 0 {
+		return nil, &PosError{File: file, Msg: "empty document"}
+	}
+	return &doc, nil
+}
+
+// DecodeStrict decodes n into out, refusing mapping keys that name no field
+// of out's struct types (yaml tags). Types implementing yaml.Unmarshaler
+// check their own keys. Errors are PosErrors in file; what prefixes the
+// field path.
+func DecodeStrict(file, what string, n *yaml.Node, out any) error {
+	if err := checkKnown(file, n, reflect.TypeOf(out), what); err != nil {
+		return err
+	}
+	if err := n.Decode(out); err != nil {
+		return wrapDecodeError(file, what, err)
+	}
+	return nil
+}
+
+func wrapDecodeError(file, what string, err error) error {
+	var pe *PosError
+	if errors.As(err, &pe) {
+		if pe.File == "" {
+			pe.File = file
+		}
+		return err
+	}
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		// "line 3: cannot unmarshal !!str `x` into int"
+		msg := te.Errors[0]
+		e := &PosError{File: file, What: what, Msg: msg}
+		var line int
+		if _, scanErr := fmt.Sscanf(msg, "line %d:", &line); scanErr == nil {
+			e.Line = line
+			e.Msg = strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
+		}
+		return e
+	}
+	return &PosError{File: file, What: what, Msg: err.Error()}
+}
+
+var (
+	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
+	nodeType        = reflect.TypeOf(yaml.Node{})
+)
+
+func checkKnown(file string, n *yaml.Node, t reflect.Type, path string) error {
+	for n != nil && (n.Kind == yaml.DocumentNode || n.Kind == yaml.AliasNode) {
+		if n.Kind == yaml.AliasNode {
+			n = n.Alias
+			continue
+		}
+		if len(n.Content) == 0 {
+			return nil
+		}
+		n = n.Content[0]
+	}
+	if n == nil || t == nil {
+		return nil
+	}
+	if t.Implements(unmarshalerType) || reflect.PointerTo(t).Implements(unmarshalerType) {
+		return nil
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+		if t.Implements(unmarshalerType) || reflect.PointerTo(t).Implements(unmarshalerType) {
+			return nil
+		}
+	}
+	if t == nodeType {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			return nil // Decode reports the type error
+		}
+		fields := yamlFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			ft, ok := fields[k.Value]
+			if !ok {
+				return Errorf(file, k, path, "unknown field %q (known: %s)", k.Value, knownList(fields))
+			}
+			if err := checkKnown(file, v, ft, join(path, k.Value)); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if n.Kind != yaml.SequenceNode {
+			return nil
+		}
+		for i, c := range n.Content {
+			if err := checkKnown(file, c, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			return nil
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if err := checkKnown(file, n.Content[i+1], t.Elem(), join(path, n.Content[i].Value)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	m := make(map[string]reflect.Type, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		tag := f.Tag.Get("yaml")
+		if tag == "-" {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		if strings.Contains(opts, "inline") {
+			for k, v := range yamlFields(f.Type) {
+				m[k] = v
+			}
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		m[name] = f.Type
+	}
+	return m
+}
+
+func knownList(fields map[string]reflect.Type) string {
+	names := make([]string, 0, len(fields))
+	for k := range fields {
+		names = append(names, k)
+	}
+	sortStrings(names)
+	return strings.Join(names, ", ")
+}
+
+// Spec is one entry of a policy chain: a policy name and its global
+// arguments. In YAML it is either the bare name ("cost") or a mapping
+// {name: ..., args: {...}}.
+type Spec struct {
+	Name string
+	Args Section
+	// Line and Column locate the entry in Args.File (0 when built in Go).
+	Line, Column int
+}
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (s *Spec) UnmarshalYAML(n *yaml.Node) error {
+	s.Line, s.Column = n.Line, n.Column
+	switch n.Kind {
+	case yaml.ScalarNode:
+		s.Name = n.Value
+		return nil
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			switch k.Value {
+			case "name":
+				if v.Kind != yaml.ScalarNode {
+					return Errorf("", v, "chain", "policy name must be a string")
+				}
+				s.Name = v.Value
+			case "args":
+				s.Args.Node = v
+			default:
+				return Errorf("", k, "chain", "unknown field %q in policy entry (known: name, args)", k.Value)
+			}
+		}
+		if s.Name == "" {
+			return Errorf("", n, "chain", "policy entry has no name")
+		}
+		return nil
+	default:
+		return Errorf("", n, "chain", "policy entry must be a name or {name, args}")
+	}
+}
+
+// PoolSection is one pool's policy section: per-policy arguments keyed by
+// policy name (`cost: {scale: 2}`).
+type PoolSection map[string]Section
+
+// UnmarshalYAML implements yaml.Unmarshaler. File names are filled in by
+// SetFile.
+func (p *PoolSection) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return Errorf("", n, "policy", "pool policy section must be a mapping of policy name to arguments")
+	}
+	m := make(PoolSection, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if _, dup := m[k.Value]; dup {
+			return Errorf("", k, "policy", "policy %q configured twice", k.Value)
+		}
+		m[k.Value] = Section{Node: n.Content[i+1]}
+	}
+	*p = m
+	return nil
+}
+
+// SetFile records file as the origin of every section that has none.
+func (p PoolSection) SetFile(file string) {
+	for k, s := range p {
+		if s.File == "" {
+			s.File = file
+			p[k] = s
+		}
+	}
+}
+
+// FixFile fills in the file name of a PosError raised before the file was
+// known (by an UnmarshalYAML).
+func FixFile(err error, file string) error {
+	var pe *PosError
+	if errors.As(err, &pe) && pe.File == "" {
+		pe.File = file
+	}
+	return err
+}

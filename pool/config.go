@@ -1,0 +1,212 @@
+package pool
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kvgate/kvgate/policies"
+)
+
+// Config defines one pool.
+type Config struct {
+	// Name is unique among the pools; it is the etcd and NATS pool name.
+	Name string `yaml:"name"`
+	// Role: aggregated (default), prefill or decode.
+	Role policies.Role `yaml:"role"`
+	// Models the pool serves; "*" serves any.
+	Models []string `yaml:"models"`
+	// BlockSize is the pool's KV block size in tokens (default 16).
+	BlockSize int `yaml:"block_size"`
+	// Weight is handed to policies (default 1).
+	Weight float64 `yaml:"weight"`
+	// Routers says where the pool's local routers are.
+	Routers Routers `yaml:"routers"`
+	// Policy is the pool's policy section, inline: per-policy arguments
+	// keyed by policy name.
+	Policy policies.PoolSection `yaml:"policy"`
+	// PolicyFile is the pool's policy section in its own file (relative to
+	// the configuration file); exclusive with Policy.
+	PolicyFile string `yaml:"policy_file"`
+
+	// File and node locate the pool in its configuration for errors.
+	File string     `yaml:"-"`
+	node *yaml.Node `yaml:"-"`
+}
+
+// Routers locate a pool's local routers: static addresses, or discovery in
+// etcd under kvevents.RoutersPrefix(pool) (the routers register themselves).
+type Routers struct {
+	// Static lists the local routers' gRPC addresses (host:port).
+	Static []string `yaml:"static"`
+	// Etcd discovers the local routers in etcd.
+	Etcd bool `yaml:"etcd"`
+}
+
+// DefaultBlockSize is the block size of a pool that sets none.
+const DefaultBlockSize = 16
+
+// New returns the configuration of an aggregated pool serving models whose
+// local routers listen at addrs, with defaults for everything else: the
+// Go-side constructor for configurations built in code.
+func New(name string, blockSize int, models []string, addrs ...string) Config {
+	c := Config{Name: name, Role: policies.RoleAggregated, Models: models, BlockSize: blockSize,
+		Routers: Routers{Static: addrs}}
+	c.Defaults()
+	return c
+}
+
+// Defaults fills in the fields left unset.
+func (c *Config) Defaults() {
+	if c.Role == "" {
+		c.Role = policies.RoleAggregated
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.Weight == 0 {
+		c.Weight = 1
+	}
+}
+
+// Validate checks the configuration; errors name the file, line and field.
+func (c *Config) Validate() error {
+	switch {
+	case c.Name == "":
+		return c.errorf("name", "required")
+	case strings.ContainsAny(c.Name, "/. *>"):
+		return c.errorf("name", "%q must not contain '/', '.', ' ', '*' or '>'", c.Name)
+	case !c.Role.Valid():
+		return c.errorf("role", "%q: want aggregated, prefill or decode", c.Role)
+	case len(c.Models) == 0:
+		return c.errorf("models", "at least one model required")
+	case c.BlockSize <= 0:
+		return c.errorf("block_size", "got %d, want > 0", c.BlockSize)
+	case !(c.Weight > 0):
+		return c.errorf("weight", "got %v, want > 0", c.Weight)
+	case len(c.Routers.Static) == 0 && !c.Routers.Etcd:
+		return c.errorf("routers", "set static addresses or etcd: true")
+	case len(c.Routers.Static) > 0 && c.Routers.Etcd:
+		return c.errorf("routers", "static and etcd are exclusive")
+	case c.PolicyFile != "" && len(c.Policy) > 0:
+		return c.errorf("policy_file", "policy and policy_file are exclusive")
+	}
+	for _, m := range c.Models {
+		if m == "" {
+			return c.errorf("models", "empty model name")
+		}
+	}
+	for _, a := range c.Routers.Static {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return c.errorf("routers", "static address %q: %v", a, err)
+		}
+	}
+	if dup := firstDup(c.Routers.Static); dup != "" {
+		return c.errorf("routers", "static address %q listed twice", dup)
+	}
+	return nil
+}
+
+// Serves reports whether the pool serves model.
+func (c *Config) Serves(model string) bool {
+	return slices.Contains(c.Models, model) || slices.Contains(c.Models, "*")
+}
+
+func (c *Config) errorf(field, format string, args ...any) error {
+	n := c.node
+	if n != nil && n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == field {
+				n = n.Content[i]
+				break
+			}
+		}
+	}
+	what := fmt.Sprintf("pool %q: %s", c.Name, field)
+	file := c.File
+	if file == "" {
+		file = "<go>"
+	}
+	return policies.Errorf(file, n, what, format, args...)
+}
+
+func firstDup(s []string) string {
+	seen := make(map[string]bool, len(s))
+	for _, v := range s {
+		if seen[v] {
+			return v
+		}
+		seen[v] = true
+	}
+	return ""
+}
+
+// DecodeConfigs strictly decodes a YAML sequence of pools from file, applies
+// defaults, loads policy files (relative to file's folder) and validates
+// each pool. Errors name the file, line and field.
+func DecodeConfigs(file string, n *yaml.Node) ([]Config, error) {
+	if n == nil {
+		return nil, nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		return nil, policies.Errorf(file, n, "pools", "must be a list of pools")
+	}
+	out := make([]Config, 0, len(n.Content))
+	names := map[string]bool{}
+	for i, pn := range n.Content {
+		var c Config
+		if err := policies.DecodeStrict(file, fmt.Sprintf("pools[%d]", i), pn, &c); err != nil {
+			return nil, err
+		}
+		c.File, c.node = file, pn
+		c.Defaults()
+		c.Policy.SetFile(file)
+		if c.PolicyFile != "" && len(c.Policy) == 0 {
+			sec, err := LoadPolicyFile(resolve(file, c.PolicyFile))
+			if err != nil {
+				return nil, err
+			}
+			c.Policy = sec
+		}
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+		if names[c.Name] {
+			return nil, c.errorf("name", "pool %q defined twice", c.Name)
+		}
+		names[c.Name] = true
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// LoadPolicyFile reads a pool policy file: a mapping of policy name to that
+// policy's per-pool arguments.
+func LoadPolicyFile(path string) (policies.PoolSection, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("pool policy file: %w", err)
+	}
+	doc, err := policies.ParseFile(path, data)
+	if err != nil {
+		return nil, err
+	}
+	var sec policies.PoolSection
+	if err := policies.DecodeStrict(path, "policy", doc, &sec); err != nil {
+		return nil, err
+	}
+	sec.SetFile(path)
+	return sec, nil
+}
+
+func resolve(base, p string) string {
+	if filepath.IsAbs(p) || base == "" || strings.HasPrefix(base, "<") {
+		return p
+	}
+	return filepath.Join(filepath.Dir(base), p)
+}

@@ -1,0 +1,17 @@
+// Package pool is the global router's view of its pools (DESIGN.md §2, §5):
+// what a pool is (Config: name, role, models, block size, where its local
+// routers are, its policy section), the clients to each pool's local
+// routers, the state-free probes under a deadline, the commits and Track
+// streams of requests placed in the pool, local-router discovery in etcd,
+// and health with a circuit per local router.
+//
+// # Concurrency and ownership
+//
+// A Pool is safe for concurrent use. Its list of local routers is an
+// immutable snapshot read through an atomic pointer; etcd discovery replaces
+// it. Connections to local routers live in a Conns shared by every Pool of a
+// global router, across configuration reloads: each Pool and each open
+// Tracker holds a reference, and a connection closes when the last one is
+// released, so a reload never breaks the Track streams of requests in
+// flight. Lock order: Conns.mu before circuit.mu; nothing else nests.
+package pool

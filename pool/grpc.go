@@ -1,0 +1,222 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+)
+
+// Dialer makes a Router client for a local router's gRPC address.
+type Dialer func(addr string) (Router, error)
+
+// GRPCDialer returns a Dialer of gRPC clients (insecure transport unless
+// opts say otherwise). Connections are made lazily, on the first call.
+func GRPCDialer(opts ...grpc.DialOption) Dialer {
+	return func(addr string) (Router, error) {
+		all := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+		cc, err := grpc.NewClient(addr, all...)
+		if err != nil {
+			return nil, fmt.Errorf("local router %s: %w", addr, err)
+		}
+		return NewGRPC(cc, addr), nil
+	}
+}
+
+// GRPC is a Router over a gRPC connection to the local-router service.
+type GRPC struct {
+	addr string
+	cc   *grpc.ClientConn
+	c    localrouterv1.LocalRouterClient
+}
+
+var _ Router = (*GRPC)(nil)
+
+// NewGRPC returns a Router over cc; Close closes cc.
+func NewGRPC(cc *grpc.ClientConn, addr string) *GRPC {
+	return &GRPC{addr: addr, cc: cc, c: localrouterv1.NewLocalRouterClient(cc)}
+}
+
+func toProto(p Prompt) *localrouterv1.Prompt {
+	return &localrouterv1.Prompt{BlockHashes: p.Hashes, BlockSize: uint32(p.BlockSize), IslTokens: uint32(p.ISL), LoraName: p.LoRA}
+}
+
+func overrideProto(o *Override) *localrouterv1.ConfigOverride {
+	if o == nil {
+		return nil
+	}
+	return &localrouterv1.ConfigOverride{OverlapScoreCredit: o.OverlapScoreCredit, PrefillLoadScale: o.PrefillLoadScale, RouterTemperature: o.RouterTemperature}
+}
+
+func (g *GRPC) selection(s *localrouterv1.Selection) Selection {
+	return Selection{
+		WorkerID: s.GetWorkerId(), DPRank: s.GetDpRank(), Address: s.GetAddress(),
+		OverlapBlocks: int(s.GetOverlapBlocks()), RequestBlocks: int(s.GetRequestBlocks()),
+		PrefillTokens: int(s.GetPotentialPrefillTokens()), DecodeBlocks: int(s.GetPotentialDecodeBlocks()),
+		Cost: s.GetCost(), Workers: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()), Router: g.addr,
+	}
+}
+
+// Probe implements Router.
+func (g *GRPC) Probe(ctx context.Context, p Prompt) (Selection, error) {
+	resp, err := g.c.BestWorker(ctx, &localrouterv1.BestWorkerRequest{Prompt: toProto(p), ConfigOverride: overrideProto(p.Override)})
+	if err != nil {
+		return Selection{}, err
+	}
+	return g.selection(resp.GetSelection()), nil
+}
+
+// Track implements Router.
+func (g *GRPC) Track(ctx context.Context, c Commit) (Tracker, Selection, error) {
+	// The stream outlives ctx (it ends with Free); ctx bounds the commit.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stream, err := g.c.Track(sctx)
+	if err != nil {
+		cancel()
+		return nil, Selection{}, err
+	}
+	t := &grpcTracker{
+		stream: stream, cancel: cancel,
+		committed:  make(chan *localrouterv1.Selection, 1),
+		prefillAck: make(chan struct{}, 1),
+		freeAck:    make(chan struct{}, 1),
+		broken:     make(chan struct{}),
+		done:       make(chan struct{}),
+	}
+	go t.receive()
+	err = stream.Send(&localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: &localrouterv1.CommitRequest{
+		RequestId: c.RequestID, WorkerId: c.WorkerID, DpRank: c.DPRank, Prompt: toProto(c.Prompt),
+	}}})
+	if err != nil {
+		// Send reports io.EOF when the stream broke; the cause comes from Recv.
+		<-t.broken
+		t.stop()
+		return nil, Selection{}, t.brokenErr
+	}
+	select {
+	case sel := <-t.committed:
+		return t, g.selection(sel), nil
+	case <-t.broken:
+		t.stop()
+		return nil, Selection{}, t.brokenErr
+	case <-ctx.Done():
+		t.stop()
+		return nil, Selection{}, ctx.Err()
+	}
+}
+
+// Close implements Router.
+func (g *GRPC) Close() error { return g.cc.Close() }
+
+// grpcTracker is one Track stream. A receiver goroutine routes the
+// router's answers; sends are serialised by sendMu (gRPC streams allow one
+// sender at a time).
+type grpcTracker struct {
+	stream localrouterv1.LocalRouter_TrackClient
+	cancel context.CancelFunc
+
+	committed  chan *localrouterv1.Selection
+	prefillAck chan struct{}
+	freeAck    chan struct{}
+	broken     chan struct{} // closed when the stream ended; brokenErr says why
+	brokenErr  error
+	done       chan struct{} // closed when the receiver returned
+
+	sendMu      sync.Mutex
+	prefillSent bool
+	freeSent    bool
+
+	freeOnce sync.Once
+	freeErr  error
+}
+
+var errStreamEnded = errors.New("track stream ended")
+
+func (t *grpcTracker) receive() {
+	defer close(t.done)
+	for {
+		m, err := t.stream.Recv()
+		if err != nil {
+			t.brokenErr = err
+			close(t.broken)
+			return
+		}
+		switch {
+		case m.GetCommitted() != nil:
+			t.committed <- m.GetCommitted()
+		case m.GetAcked() == localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE:
+			select {
+			case t.prefillAck <- struct{}{}:
+			default:
+			}
+		case m.GetAcked() == localrouterv1.TrackEvent_TRACK_EVENT_FREE:
+			select {
+			case t.freeAck <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// stop ends the stream and waits for the receiver.
+func (t *grpcTracker) stop() {
+	t.cancel()
+	<-t.done
+}
+
+func (t *grpcTracker) send(ev localrouterv1.TrackEvent) error {
+	return t.stream.Send(&localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Event{Event: ev}})
+}
+
+// PrefillComplete implements Tracker.
+func (t *grpcTracker) PrefillComplete(ctx context.Context) error {
+	t.sendMu.Lock()
+	if t.prefillSent || t.freeSent {
+		t.sendMu.Unlock()
+		return nil
+	}
+	t.prefillSent = true
+	err := t.send(localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE)
+	t.sendMu.Unlock()
+	if err != nil {
+		<-t.broken
+		return fmt.Errorf("prefill complete: %w: %w", errStreamEnded, t.brokenErr)
+	}
+	select {
+	case <-t.prefillAck:
+		return nil
+	case <-t.broken:
+		return fmt.Errorf("prefill complete: %w: %w", errStreamEnded, t.brokenErr)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Free implements Tracker.
+func (t *grpcTracker) Free(ctx context.Context) error {
+	t.freeOnce.Do(func() {
+		t.sendMu.Lock()
+		t.freeSent = true
+		err := t.send(localrouterv1.TrackEvent_TRACK_EVENT_FREE)
+		t.sendMu.Unlock()
+		if err == nil {
+			select {
+			case <-t.freeAck:
+			case <-t.broken:
+				// The router ends the stream after acknowledging; a
+				// stream that ended before means the request was freed
+				// by the stream's end.
+			case <-ctx.Done():
+				t.freeErr = ctx.Err()
+			}
+		}
+		// Closing the stream frees the request on the router in any case.
+		t.stop()
+	})
+	return t.freeErr
+}

@@ -1,0 +1,375 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter/discovery"
+	"github.com/kvgate/kvgate/policies"
+)
+
+// DefaultProbeTimeout bounds a probe when Options.ProbeTimeout is zero.
+const DefaultProbeTimeout = 20 * time.Millisecond
+
+// Options are a Pool's dependencies.
+type Options struct {
+	// Conns holds the clients (required; shared by the pools).
+	Conns *Conns
+	// ProbeTimeout bounds each probe (default 20 ms).
+	ProbeTimeout time.Duration
+	// Etcd is required by pools that discover their local routers.
+	Etcd   *clientv3.Client
+	Logger *slog.Logger
+}
+
+// Pool is one pool's clients: probes, commits and health. Safe for
+// concurrent use.
+type Pool struct {
+	cfg     Config
+	conns   *Conns
+	timeout time.Duration
+	log     *slog.Logger
+
+	routers atomic.Pointer[[]*conn] // immutable snapshot
+	next    atomic.Uint32           // round robin over routers
+
+	mu     sync.Mutex // guards the routers' references against Close
+	closed bool
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	synced chan struct{}
+	disc   map[string][]byte // etcd key → value, owned by the sink
+}
+
+// Open returns the pool of cfg (validated by the caller). Static routers are
+// taken at once; with etcd discovery a goroutine follows
+// kvevents.RoutersPrefix(cfg.Name) until Close.
+func Open(cfg Config, opts Options) (*Pool, error) {
+	if opts.Conns == nil {
+		return nil, errors.New("pool: Options.Conns is required")
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = DefaultProbeTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	p := &Pool{cfg: cfg, conns: opts.Conns, timeout: opts.ProbeTimeout, synced: make(chan struct{}),
+		log: opts.Logger.With("component", "pool", "pool", cfg.Name)}
+	empty := []*conn{}
+	p.routers.Store(&empty)
+	if !cfg.Routers.Etcd {
+		cs := make([]*conn, 0, len(cfg.Routers.Static))
+		for _, a := range cfg.Routers.Static {
+			c, err := p.conns.acquire(a)
+			if err != nil {
+				for _, c := range cs {
+					p.conns.release(c)
+				}
+				return nil, fmt.Errorf("pool %q: %w", cfg.Name, err)
+			}
+			cs = append(cs, c)
+		}
+		p.routers.Store(&cs)
+		close(p.synced)
+		return p, nil
+	}
+	if opts.Etcd == nil {
+		return nil, fmt.Errorf("pool %q: routers.etcd is set but no etcd client was given", cfg.Name)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.stop = cancel
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		if err := discovery.WatchPrefix(ctx, opts.Etcd, kvevents.RoutersPrefix(cfg.Name), (*sink)(p), p.log); err != nil {
+			p.log.Error("local router discovery stopped", "err", err)
+		}
+	}()
+	return p, nil
+}
+
+// Config returns the pool's configuration.
+func (p *Pool) Config() Config { return p.cfg }
+
+// Name is the pool's name.
+func (p *Pool) Name() string { return p.cfg.Name }
+
+// Synced is closed once the pool knows its routers (at once for static
+// routers; after the first etcd listing otherwise).
+func (p *Pool) Synced() <-chan struct{} { return p.synced }
+
+// Close stops discovery and releases the pool's clients (Trackers keep
+// theirs until freed).
+func (p *Pool) Close() {
+	if p.stop != nil {
+		p.stop()
+	}
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed = true
+	empty := []*conn{}
+	for _, c := range *p.routers.Swap(&empty) {
+		p.conns.release(c)
+	}
+}
+
+// pick returns a router whose circuit lets a call through, preferring
+// prefer (an address), else round robin.
+func (p *Pool) pick(prefer string) (*conn, error) {
+	rs := *p.routers.Load()
+	if len(rs) == 0 {
+		return nil, ErrNoRouters
+	}
+	if prefer != "" {
+		for _, c := range rs {
+			if c.addr == prefer && c.circuit.allow() {
+				return c, nil
+			}
+		}
+	}
+	start := int(p.next.Add(1))
+	for i := range rs {
+		c := rs[(start+i)%len(rs)]
+		if c.circuit.allow() {
+			return c, nil
+		}
+	}
+	return nil, ErrCircuitOpen
+}
+
+// ProbeError is a failed probe: which router, and whether its circuit was
+// opened.
+type ProbeError struct {
+	Pool   string
+	Router string
+	// Backoff is how long the router's circuit stays open (0: not
+	// opened, e.g. the caller's context ended).
+	Backoff time.Duration
+	Err     error
+}
+
+func (e *ProbeError) Error() string {
+	s := fmt.Sprintf("pool %q: probe %s: %v", e.Pool, e.Router, e.Err)
+	if e.Backoff > 0 {
+		s += fmt.Sprintf(" (circuit open for %v)", e.Backoff)
+	}
+	return s
+}
+
+func (e *ProbeError) Unwrap() error { return e.Err }
+
+// Probe asks one of the pool's local routers for its best worker, under the
+// probe timeout. A router that fails or times out has its circuit opened;
+// when every circuit is open the error wraps ErrCircuitOpen and nothing is
+// sent.
+func (p *Pool) Probe(ctx context.Context, pr Prompt) (Selection, error) {
+	c, err := p.pick("")
+	if err != nil {
+		return Selection{}, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, p.timeout)
+	sel, err := c.r.Probe(pctx, pr)
+	cancel()
+	if err != nil {
+		pe := &ProbeError{Pool: p.cfg.Name, Router: c.addr, Err: err}
+		if ctx.Err() != nil {
+			c.circuit.release()
+		} else {
+			pe.Backoff = c.circuit.failure()
+			p.log.Warn("local router probe failed; circuit opened", "router", c.addr, "backoff", pe.Backoff, "err", err)
+		}
+		return Selection{}, pe
+	}
+	c.circuit.success()
+	sel.Router = c.addr
+	return sel, nil
+}
+
+// Track commits a request on the pool, through the router at routerAddr
+// when it is still there (the one that answered the probe), and returns its
+// lifecycle stream.
+func (p *Pool) Track(ctx context.Context, routerAddr string, cm Commit) (Tracker, Selection, error) {
+	c, err := p.pickForCommit(routerAddr)
+	if err != nil {
+		return nil, Selection{}, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
+	}
+	p.conns.ref(c)
+	t, sel, err := c.r.Track(ctx, cm)
+	if err != nil {
+		p.conns.release(c)
+		return nil, Selection{}, fmt.Errorf("pool %q: commit on %s: %w", p.cfg.Name, c.addr, err)
+	}
+	sel.Router = c.addr
+	return &tracker{Tracker: t, release: func() { p.conns.release(c) }}, sel, nil
+}
+
+// pickForCommit takes routerAddr when the pool has it, even when its
+// circuit is half-open: it just answered.
+func (p *Pool) pickForCommit(routerAddr string) (*conn, error) {
+	rs := *p.routers.Load()
+	for _, c := range rs {
+		if c.addr == routerAddr {
+			return c, nil
+		}
+	}
+	return p.pick("")
+}
+
+// tracker releases its client reference once freed.
+type tracker struct {
+	Tracker
+	once    sync.Once
+	release func()
+}
+
+func (t *tracker) Free(ctx context.Context) error {
+	err := t.Tracker.Free(ctx)
+	t.once.Do(t.release)
+	return err
+}
+
+// Health reports how many of the pool's routers are known and not in
+// backoff.
+func (p *Pool) Health() policies.Health {
+	rs := *p.routers.Load()
+	h := policies.Health{Routers: len(rs)}
+	for _, c := range rs {
+		st, _, _ := c.circuit.snapshot()
+		if c.circuit.available() {
+			h.Available++
+		}
+		if st == CircuitHalfOpen {
+			h.Recovering = true
+		}
+	}
+	return h
+}
+
+// RouterStatus is one local router's circuit, for status pages and
+// explanations.
+type RouterStatus struct {
+	Address   string
+	State     CircuitState
+	Failures  int
+	OpenUntil time.Time
+}
+
+// Routers reports the pool's routers and their circuits.
+func (p *Pool) Routers() []RouterStatus {
+	rs := *p.routers.Load()
+	out := make([]RouterStatus, len(rs))
+	for i, c := range rs {
+		st, f, until := c.circuit.snapshot()
+		out[i] = RouterStatus{Address: c.addr, State: st, Failures: f, OpenUntil: until}
+	}
+	return out
+}
+
+// sink follows the pool's routers in etcd (discovery.Sink). Its calls
+// come from the watch goroutine, one at a time; disc is theirs alone.
+type sink Pool
+
+func (s *sink) Reset(kvs map[string][]byte) {
+	p := (*Pool)(s)
+	p.disc = make(map[string][]byte, len(kvs))
+	for k, v := range kvs {
+		p.disc[k] = v
+	}
+	p.rediscover()
+	select {
+	case <-p.synced:
+	default:
+		close(p.synced)
+	}
+}
+
+func (s *sink) Put(key string, value []byte) {
+	p := (*Pool)(s)
+	p.disc[key] = value
+	p.rediscover()
+}
+
+func (s *sink) Delete(key string) {
+	p := (*Pool)(s)
+	delete(p.disc, key)
+	p.rediscover()
+}
+
+func (p *Pool) rediscover() {
+	addrs := make(map[string]bool, len(p.disc))
+	for k, v := range p.disc {
+		if a, ok := p.routerAddr(k, v); ok {
+			addrs[a] = true
+		}
+	}
+	p.setRouters(addrs)
+}
+
+func (p *Pool) routerAddr(key string, value []byte) (string, bool) {
+	info, err := discovery.ParseRouterInfo(value)
+	if err != nil {
+		p.log.Warn("ignoring local router registration", "key", key, "err", err)
+		return "", false
+	}
+	if info.BlockSize != p.cfg.BlockSize {
+		p.log.Warn("ignoring local router with another block size", "key", key, "router_block_size", info.BlockSize, "pool_block_size", p.cfg.BlockSize)
+		return "", false
+	}
+	return info.GRPCAddress, true
+}
+
+// setRouters makes addrs the pool's routers, taking references on new ones
+// and releasing the ones gone.
+func (p *Pool) setRouters(addrs map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	old := *p.routers.Load()
+	keep := make([]*conn, 0, len(addrs))
+	have := map[string]bool{}
+	for _, c := range old {
+		if addrs[c.addr] {
+			keep = append(keep, c)
+			have[c.addr] = true
+		} else {
+			p.conns.release(c)
+		}
+	}
+	for a := range addrs {
+		if have[a] {
+			continue
+		}
+		c, err := p.conns.acquire(a)
+		if err != nil {
+			p.log.Warn("cannot connect to discovered local router", "router", a, "err", err)
+			continue
+		}
+		keep = append(keep, c)
+	}
+	p.routers.Store(&keep)
+	p.log.Info("local routers", "routers", strings.Join(addrsOf(keep), ","))
+}
+
+func addrsOf(cs []*conn) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.addr
+	}
+	return out
+}
