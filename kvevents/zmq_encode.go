@@ -1,0 +1,107 @@
+package kvevents
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// EncodeEnginePayload encodes events as a vLLM KV event batch, the way
+// current vLLM does: the batch as an array [ts, events, dp_rank], each event
+// a tagged map ({"type": "BlockStored", …}) with integer block hashes and
+// medium "GPU". blockSize must divide every Stored block. The mocker
+// publishes this on its ZMQ socket so the relay path is the real one.
+func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize int) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	w := &errWriter{enc: enc}
+	w.do(enc.EncodeArrayLen(3))
+	w.do(enc.EncodeFloat64(ts))
+	w.do(enc.EncodeArrayLen(len(events)))
+	for i, ev := range events {
+		switch {
+		case ev.Stored != nil:
+			st := ev.Stored
+			w.do(enc.EncodeMapLen(8))
+			w.str("type", "BlockStored")
+			w.do(enc.EncodeString("block_hashes"))
+			w.do(enc.EncodeArrayLen(len(st.Blocks)))
+			n := 0
+			for _, b := range st.Blocks {
+				w.do(enc.EncodeUint(b.EngineHash))
+				n += len(b.TokenIDs)
+				if len(b.TokenIDs) != blockSize {
+					return nil, fmt.Errorf("%w: event %d: block of %d tokens, block size %d", ErrInvalidEvent, i, len(b.TokenIDs), blockSize)
+				}
+			}
+			w.do(enc.EncodeString("parent_block_hash"))
+			if st.ParentHash == nil {
+				w.do(enc.EncodeNil())
+			} else {
+				w.do(enc.EncodeUint(*st.ParentHash))
+			}
+			w.do(enc.EncodeString("token_ids"))
+			w.do(enc.EncodeArrayLen(n))
+			for _, b := range st.Blocks {
+				for _, t := range b.TokenIDs {
+					w.do(enc.EncodeUint(uint64(t)))
+				}
+			}
+			w.do(enc.EncodeString("block_size"))
+			w.do(enc.EncodeInt(int64(blockSize)))
+			w.do(enc.EncodeString("lora_id"))
+			w.do(enc.EncodeNil())
+			w.str("medium", "GPU")
+			w.do(enc.EncodeString("lora_name"))
+			if st.LoRAName == "" {
+				w.do(enc.EncodeNil())
+			} else {
+				w.do(enc.EncodeString(st.LoRAName))
+			}
+		case ev.Removed != nil:
+			w.do(enc.EncodeMapLen(3))
+			w.str("type", "BlockRemoved")
+			w.do(enc.EncodeString("block_hashes"))
+			w.do(enc.EncodeArrayLen(len(ev.Removed.EngineHashes)))
+			for _, h := range ev.Removed.EngineHashes {
+				w.do(enc.EncodeUint(h))
+			}
+			w.str("medium", "GPU")
+		case ev.Cleared:
+			w.do(enc.EncodeMapLen(1))
+			w.str("type", "AllBlocksCleared")
+		default:
+			return nil, fmt.Errorf("%w: event %d is empty", ErrInvalidEvent, i)
+		}
+	}
+	w.do(enc.EncodeUint(uint64(dpRank)))
+	if w.err != nil {
+		return nil, w.err
+	}
+	return buf.Bytes(), nil
+}
+
+// EngineFrames returns the three ZMQ frames of a vLLM event message.
+func EngineFrames(topic string, seq uint64, payload []byte) [][]byte {
+	s := make([]byte, 8)
+	binary.BigEndian.PutUint64(s, seq)
+	return [][]byte{[]byte(topic), s, payload}
+}
+
+type errWriter struct {
+	enc *msgpack.Encoder
+	err error
+}
+
+func (w *errWriter) do(err error) {
+	if w.err == nil {
+		w.err = err
+	}
+}
+
+func (w *errWriter) str(k, v string) {
+	w.do(w.enc.EncodeString(k))
+	w.do(w.enc.EncodeString(v))
+}
