@@ -1,7 +1,6 @@
 package kvevents
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"unsafe"
@@ -36,15 +35,7 @@ func BlockHash(tokens []uint32, seed uint64) uint64 {
 	if len(tokens) == 0 {
 		return xxh3.HashSeed(nil, seed)
 	}
-	if littleEndian {
-		b := unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), len(tokens)*4)
-		return xxh3.HashSeed(b, seed)
-	}
-	b := make([]byte, len(tokens)*4)
-	for i, t := range tokens {
-		binary.LittleEndian.PutUint32(b[4*i:], t)
-	}
-	return xxh3.HashSeed(b, seed)
+	return hashBytes(tokenBytes(tokens), seed)
 }
 
 // AppendLocalHashes appends the local hashes of the complete blocks of
@@ -70,12 +61,7 @@ func LocalHashes(tokens []uint32, blockSize int, loraName string) ([]uint64, err
 
 // ChainHash returns the sequence hash of a block whose parent has sequence
 // hash parent and whose local hash is local.
-func ChainHash(parent, local uint64) uint64 {
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], parent)
-	binary.LittleEndian.PutUint64(b[8:], local)
-	return xxh3.HashSeed(b[:], Seed)
-}
+func ChainHash(parent, local uint64) uint64 { return hash16(parent, local, Seed) }
 
 // AppendSequenceHashes appends the chained sequence hashes of local to dst.
 func AppendSequenceHashes(dst []uint64, local []uint64) []uint64 {
