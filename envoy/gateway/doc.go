@@ -1,0 +1,36 @@
+// Package gateway is a small HTTP gateway that stands in for Envoy with the
+// shipped bootstrap (envoy/bootstrap.yaml) where no Envoy binary runs:
+// `kvgate up` serves it on :8080, and end-to-end tests drive requests
+// through it.
+//
+// For each request it does what that Envoy does: the request goes through
+// kvgate's ext_proc server with the Envoy-faithful client
+// (envoy/extprocclient) in the configured processing modes; the request the
+// filter releases is proxied to the endpoint named in
+// x-gateway-destination-endpoint (or dynamic metadata envoy.lb); the
+// response is streamed back through the ext_proc server; immediate
+// responses and the filter's errors become the HTTP reply.
+//
+//	cfg, err := gateway.DefaultConfig() // the bootstrap's ext_proc settings
+//	conn, err := grpc.NewClient("127.0.0.1:9002", grpc.WithTransportCredentials(insecure.NewCredentials()))
+//	gw, err := gateway.New(conn, cfg, logger)
+//	defer gw.Close()
+//	srv := &http.Server{Addr: "127.0.0.1:8080", Handler: gw}
+//
+// Where it differs from Envoy with the bootstrap:
+//
+//   - The destination header may hold a comma list: the first endpoint is
+//     used and the next ones are tried on a connection failure (the Inference
+//     Extension's fallback semantics, as Envoy's override_host policy has
+//     them). The bootstrap's ORIGINAL_DST cluster parses a single ip:port
+//     and answers 503 for a list.
+//   - Upstreams are HTTP/1.1 (or what Config.Transport speaks); no retries,
+//     no timeouts other than the client's context and the filter's.
+//   - Only request trailers the client declared (Trailer header) are
+//     forwarded upstream.
+//   - Header handling is the connection manager's in outline only: hop-by-hop
+//     headers dropped, x-forwarded-proto and x-request-id added when absent;
+//     no x-envoy-* headers, no x-forwarded-for.
+//   - Local replies for upstream failures use Envoy's bodies and are, as in
+//     Envoy ≥ 1.34, not sent to ext_proc.
+package gateway

@@ -1,0 +1,429 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvgate/kvgate/envoy"
+	"github.com/kvgate/kvgate/envoy/extprocclient"
+)
+
+// DestinationHeader is the Gateway API Inference Extension header that
+// carries the chosen endpoint(s): "ip:port" or a comma list, first first.
+const DestinationHeader = "x-gateway-destination-endpoint"
+
+// Config configures a Gateway.
+type Config struct {
+	// Filter is the ext_proc filter's configuration. DefaultConfig fills it
+	// from the shipped bootstrap (envoy/bootstrap.yaml).
+	Filter extprocclient.Config
+	// Transport reaches the workers; nil means a dedicated http.Transport
+	// (HTTP/1.1, pooled), closed by Gateway.Close.
+	Transport http.RoundTripper
+	// ReadChunk is the size of the reads that become body chunks, as a codec
+	// delivers them; 0 means 16 KiB.
+	ReadChunk int
+}
+
+// DefaultConfig returns the configuration matching the shipped bootstrap:
+// the same ext_proc filter settings Envoy runs with.
+func DefaultConfig() (Config, error) {
+	f, err := envoy.ClientConfig()
+	if err != nil {
+		return Config{}, err
+	}
+	return Config{Filter: f}, nil
+}
+
+// Gateway is an http.Handler that does, for each request, what Envoy with
+// the shipped bootstrap does: run the request through the ext_proc server
+// (extprocclient), proxy it to the endpoint in x-gateway-destination-endpoint
+// (or, failing the header, dynamic metadata envoy.lb), stream the response
+// back through the ext_proc server, and answer immediate responses itself.
+// It is safe for concurrent use.
+type Gateway struct {
+	client    *extprocclient.Client
+	transport http.RoundTripper
+	owned     *http.Transport
+	chunk     int
+	log       *slog.Logger
+}
+
+var _ http.Handler = (*Gateway)(nil)
+
+// New returns a Gateway whose ext_proc server is reached over conn. It does
+// not block. Close releases its upstream connections.
+func New(conn grpc.ClientConnInterface, cfg Config, logger *slog.Logger) (*Gateway, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	logger = logger.With("component", "gateway")
+	c, err := extprocclient.New(conn, cfg.Filter, logger)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g := &Gateway{client: c, transport: cfg.Transport, chunk: cfg.ReadChunk, log: logger}
+	if g.chunk <= 0 {
+		g.chunk = 16 << 10
+	}
+	if g.transport == nil {
+		g.owned = &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+			// Envoy passes the body as is; so does the gateway.
+			DisableCompression: true,
+		}
+		g.transport = g.owned
+	}
+	return g, nil
+}
+
+// Close closes idle upstream connections of a Gateway-owned transport.
+func (g *Gateway) Close() {
+	if g.owned != nil {
+		g.owned.CloseIdleConnections()
+	}
+}
+
+// hopByHop are connection-specific headers a proxy never forwards.
+var hopByHop = map[string]bool{
+	"connection": true, "keep-alive": true, "proxy-connection": true,
+	"transfer-encoding": true, "upgrade": true, "proxy-authenticate": true,
+	"proxy-authorization": true,
+}
+
+// ServeHTTP proxies one request. It blocks until the exchange is over.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithCancel(r.Context())
+	// The ext_proc server may answer while the request body still streams.
+	_ = http.NewResponseController(w).EnableFullDuplex()
+
+	s := g.client.Open(ctx, nil)
+	var wg sync.WaitGroup
+	defer func() {
+		// Ending the stream and the context unblocks every pump.
+		s.Close()
+		cancel()
+		wg.Wait()
+	}()
+
+	noBody := r.ContentLength == 0 && len(r.TransferEncoding) == 0
+	if err := s.SendRequestHeaders(ctx, requestHeaders(r), noBody); err != nil {
+		return
+	}
+	if !noBody {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.pumpBody(ctx, r.Body, func() http.Header { return r.Trailer }, s.SendRequestData, s.SendRequestTrailers)
+		}()
+	}
+
+	first, err := s.ReadUpstream(ctx)
+	if errors.Is(err, extprocclient.ErrLocalReply) {
+		g.writeDownstream(ctx, w, s)
+		return
+	}
+	if err != nil {
+		return
+	}
+	resp, details, err := g.roundTrip(ctx, r, s, first, &wg)
+	if err != nil {
+		g.log.Warn("upstream failed", "path", r.URL.Path, "details", details, "error", err)
+		writeLocalReply(w, http.StatusServiceUnavailable, details)
+		return
+	}
+	defer resp.Body.Close()
+
+	respNoBody := resp.ContentLength == 0 || r.Method == http.MethodHead
+	if err := s.SendResponseHeaders(ctx, responseHeaders(resp), respNoBody); err != nil {
+		return
+	}
+	if !respNoBody {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.pumpBody(ctx, resp.Body, func() http.Header { return resp.Trailer }, s.SendResponseData, s.SendResponseTrailers)
+		}()
+	}
+	g.writeDownstream(ctx, w, s)
+}
+
+// pumpBody feeds a body to the filter, one chunk per read, then trailers or
+// an empty end-of-stream chunk.
+func (g *Gateway) pumpBody(ctx context.Context, body io.Reader, trailer func() http.Header,
+	data func(context.Context, []byte, bool) error, trailers func(context.Context, extprocclient.Headers) error) {
+	buf := make([]byte, g.chunk)
+	for {
+		n, err := body.Read(buf)
+		eof := errors.Is(err, io.EOF)
+		if err != nil && !eof {
+			return // the client or upstream went away; the stream ends with ctx
+		}
+		var t extprocclient.Headers
+		if eof {
+			t = toHeaders(trailer())
+		}
+		if n > 0 || (eof && t == nil) {
+			if data(ctx, buf[:n], eof && t == nil) != nil {
+				return
+			}
+		}
+		if eof {
+			if t != nil {
+				_ = trailers(ctx, t)
+			}
+			return
+		}
+	}
+}
+
+// roundTrip sends the request the filter released to the chosen endpoint,
+// trying the next one of the list on a connection failure.
+func (g *Gateway) roundTrip(ctx context.Context, r *http.Request, s *extprocclient.Stream, first extprocclient.Frame, wg *sync.WaitGroup) (*http.Response, string, error) {
+	h := first.Headers
+	endpoints := destinations(h, s.Info())
+	if len(endpoints) == 0 {
+		return nil, "no_healthy_upstream", errors.New("no destination endpoint")
+	}
+	method, _ := h.Get(":method")
+	path, _ := h.Get(":path")
+	authority, _ := h.Get(":authority")
+	base, err := http.NewRequestWithContext(ctx, method, "http://"+endpoints[0]+path, nil)
+	if err != nil {
+		return nil, "invalid_request", err
+	}
+	base.Host = authority
+	base.ContentLength = -1
+	for _, f := range h {
+		if strings.HasPrefix(f.Key, ":") || hopByHop[f.Key] {
+			continue
+		}
+		if f.Key == "content-length" {
+			if n, err := strconv.ParseInt(f.Value, 10, 64); err == nil {
+				base.ContentLength = n
+			}
+			continue
+		}
+		base.Header.Add(f.Key, f.Value)
+	}
+	if first.EndStream {
+		base.Body, base.ContentLength = http.NoBody, 0
+	} else {
+		if len(r.Trailer) > 0 {
+			base.Trailer = http.Header{}
+			for k := range r.Trailer {
+				base.Trailer[k] = nil
+			}
+		}
+		pr, pw := io.Pipe()
+		base.Body = io.NopCloser(pr) // survives a failed dial for the next endpoint
+		trailer := base.Trailer
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pw.CloseWithError(pumpUpstream(ctx, s, pw, trailer))
+		}()
+		context.AfterFunc(ctx, func() { pr.CloseWithError(context.Canceled) })
+	}
+	var lastErr error
+	for _, ep := range endpoints {
+		req := base.Clone(ctx)
+		req.URL.Host = ep
+		// Clone copies the map; the pump fills base's.
+		req.Body, req.Trailer = base.Body, base.Trailer
+		resp, err := g.transport.RoundTrip(req)
+		if err == nil {
+			g.log.Debug("proxied", "path", path, "endpoint", ep, "status", resp.StatusCode)
+			return resp, "", nil
+		}
+		lastErr = err
+		var op *net.OpError
+		if !errors.As(err, &op) || op.Op != "dial" {
+			return nil, "upstream_reset_before_response_started{connection_termination}", err
+		}
+		g.log.Debug("endpoint unreachable, trying the next", "endpoint", ep, "error", err)
+	}
+	return nil, "upstream_reset_before_response_started{connection_failure}", lastErr
+}
+
+// pumpUpstream copies the filter's released request body into the
+// upstream request; trailers are set before the body ends.
+func pumpUpstream(ctx context.Context, s *extprocclient.Stream, w io.Writer, trailer http.Header) error {
+	for {
+		f, err := s.ReadUpstream(ctx)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		switch f.Kind {
+		case extprocclient.FrameData:
+			if _, err := w.Write(f.Data); err != nil {
+				return err
+			}
+		case extprocclient.FrameTrailers:
+			for _, t := range f.Headers {
+				if trailer != nil {
+					trailer.Add(t.Key, t.Value)
+				}
+			}
+		}
+	}
+}
+
+// destinations returns the endpoints the ext_proc server chose: the
+// header's comma list, else the envoy.lb metadata value.
+func destinations(h extprocclient.Headers, info extprocclient.Info) []string {
+	v, ok := h.Get(DestinationHeader)
+	if !ok {
+		v = info.DynamicMetadata["envoy.lb"].GetFields()[DestinationHeader].GetStringValue()
+	}
+	var out []string
+	for _, ep := range strings.Split(v, ",") {
+		if ep = strings.TrimSpace(ep); ep != "" {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// writeDownstream writes what the filter releases towards the client,
+// flushing every chunk (streaming), until the response ends.
+func (g *Gateway) writeDownstream(ctx context.Context, w http.ResponseWriter, s *extprocclient.Stream) {
+	rc := http.NewResponseController(w)
+	for {
+		f, err := s.ReadDownstream(ctx)
+		if errors.Is(err, extprocclient.ErrReset) {
+			// Envoy resets the client's stream; so does the gateway.
+			panic(http.ErrAbortHandler)
+		}
+		if err != nil {
+			return
+		}
+		switch f.Kind {
+		case extprocclient.FrameHeaders:
+			code := http.StatusOK
+			for _, h := range f.Headers {
+				switch {
+				case h.Key == ":status":
+					if n, err := strconv.Atoi(h.Value); err == nil {
+						code = n
+					}
+				case strings.HasPrefix(h.Key, ":") || hopByHop[h.Key]:
+				default:
+					w.Header().Add(h.Key, h.Value)
+				}
+			}
+			w.WriteHeader(code)
+		case extprocclient.FrameData:
+			if len(f.Data) > 0 {
+				if _, err := w.Write(f.Data); err != nil {
+					return
+				}
+			}
+			_ = rc.Flush()
+		case extprocclient.FrameTrailers:
+			for _, h := range f.Headers {
+				w.Header().Add(http.TrailerPrefix+h.Key, h.Value)
+			}
+		}
+		if f.EndStream || f.Kind == extprocclient.FrameTrailers {
+			return
+		}
+	}
+}
+
+// writeLocalReply answers as Envoy's own local replies do (they are not
+// sent to ext_proc).
+func writeLocalReply(w http.ResponseWriter, code int, details string) {
+	body := "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
+	if details == "no_healthy_upstream" {
+		body = "no healthy upstream"
+	}
+	w.Header().Set("content-type", "text/plain")
+	w.Header().Set("content-length", strconv.Itoa(len(body)))
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, body)
+}
+
+// requestHeaders renders r as Envoy's connection manager hands it to the
+// filter: pseudo-headers first, lower-case keys, x-forwarded-proto and
+// x-request-id added when absent.
+func requestHeaders(r *http.Request) extprocclient.Headers {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	h := extprocclient.Headers{
+		{Key: ":authority", Value: r.Host},
+		{Key: ":path", Value: r.URL.RequestURI()},
+		{Key: ":method", Value: r.Method},
+		{Key: ":scheme", Value: scheme},
+	}
+	h = append(h, toHeaders(r.Header)...)
+	if _, ok := h.Get("x-forwarded-proto"); !ok {
+		h.Add("x-forwarded-proto", scheme)
+	}
+	if _, ok := h.Get("x-request-id"); !ok {
+		h.Add("x-request-id", newRequestID())
+	}
+	return h
+}
+
+func responseHeaders(resp *http.Response) extprocclient.Headers {
+	h := extprocclient.Headers{{Key: ":status", Value: strconv.Itoa(resp.StatusCode)}}
+	h = append(h, toHeaders(resp.Header)...)
+	if resp.ContentLength >= 0 {
+		if _, ok := h.Get("content-length"); !ok {
+			h.Add("content-length", strconv.FormatInt(resp.ContentLength, 10))
+		}
+	}
+	return h
+}
+
+// toHeaders converts an http.Header, sorted by key for a stable order,
+// without hop-by-hop headers. It returns nil when no value is set.
+func toHeaders(hh http.Header) extprocclient.Headers {
+	var out extprocclient.Headers
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range hh {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		lk := strings.ToLower(k)
+		if hopByHop[lk] || lk == "te" && !slices.Contains(hh[k], "trailers") {
+			continue
+		}
+		for _, v := range hh[k] {
+			out = append(out, extprocclient.HeaderField{Key: lk, Value: v})
+		}
+	}
+	return out
+}
+
+// newRequestID returns a random UUID v4, as Envoy generates x-request-id.
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

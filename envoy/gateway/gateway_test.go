@@ -1,0 +1,351 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeRouter is a fake of kvgate's ext_proc server, the seam the gateway
+// talks to: it reads the whole request body (FULL_DUPLEX_STREAMED), then
+// answers the headers with the endpoint named by the request header
+// x-test-pick (or an immediate response for x-test-immediate), re-emits the
+// body, upper-cases the response body and tags the response headers.
+type fakeRouter struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (fakeRouter) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	var pick, immediate string
+	var body []byte
+	for {
+		req, err := srv.Recv()
+		if err != nil {
+			return nil
+		}
+		var out []*extprocv3.ProcessingResponse
+		switch r := req.GetRequest().(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
+				switch h.GetKey() {
+				case "x-test-pick":
+					pick = string(h.GetRawValue())
+				case "x-test-immediate":
+					immediate = string(h.GetRawValue())
+				}
+			}
+			if r.RequestHeaders.GetEndOfStream() {
+				out = append(out, pickResponse(pick, immediate))
+			}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			body = append(body, r.RequestBody.GetBody()...)
+			if r.RequestBody.GetEndOfStream() {
+				out = append(out, pickResponse(pick, immediate), streamedResp(true, body, true))
+			}
+		case *extprocv3.ProcessingRequest_RequestTrailers:
+			out = append(out, pickResponse(pick, immediate), streamedResp(true, body, false),
+				&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
+				Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+					{Header: &corev3.HeaderValue{Key: "x-kvgate-pool", RawValue: []byte("pool-a")}},
+				}}},
+			}}})
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			out = append(out, streamedResp(false, bytes.ToUpper(r.ResponseBody.GetBody()), r.ResponseBody.GetEndOfStream()))
+		case *extprocv3.ProcessingRequest_ResponseTrailers:
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}})
+		}
+		for _, o := range out {
+			if err := srv.Send(o); err != nil {
+				return nil
+			}
+		}
+	}
+}
+
+func pickResponse(pick, immediate string) *extprocv3.ProcessingResponse {
+	if immediate != "" {
+		code, _ := strconv.Atoi(immediate)
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(code)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-kvgate-dropped-reason", RawValue: []byte("saturated")}}}},
+			Body:    []byte(`{"error":{"message":"saturated","type":"rate_limit","code":429}}`),
+		}}}
+	}
+	var set []*corev3.HeaderValueOption
+	if pick != "" {
+		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: DestinationHeader, RawValue: []byte(pick)}})
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}, ClearRouteCache: true},
+	}}}
+}
+
+func streamedResp(request bool, body []byte, eos bool) *extprocv3.ProcessingResponse {
+	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: eos}}}}}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+}
+
+// startGateway serves a gateway in front of the fake ext_proc server (or
+// an unreachable one) and returns its URL and an HTTP client.
+func startGateway(t *testing.T, reachable bool) (string, *http.Client) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(srv, fakeRouter{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	if !reachable {
+		srv.Stop()
+		<-done
+	}
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := DefaultConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := New(conn, cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(gw)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		front.Close()
+		gw.Close()
+		conn.Close()
+		if reachable {
+			srv.Stop()
+			<-done
+		}
+	})
+	return front.URL, client
+}
+
+// upstream is a worker: it records what it got and answers with the body
+// "hello", a trailer x-usage, and the request trailer it saw.
+type seen struct {
+	header  http.Header
+	body    string
+	trailer string
+}
+
+func startUpstream(t *testing.T) (string, chan seen) {
+	t.Helper()
+	got := make(chan seen, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		select {
+		case got <- seen{header: r.Header.Clone(), body: string(b), trailer: r.Trailer.Get("X-Checksum")}:
+		default: // only the first request is inspected
+		}
+		w.Header().Set("Trailer", "X-Usage")
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "hello")
+		w.Header().Set("X-Usage", "5")
+	}))
+	t.Cleanup(up.Close)
+	return up.Listener.Addr().String(), got
+}
+
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func TestGateway(t *testing.T) {
+	good, _ := startUpstream(t)
+	down := closedAddr(t)
+	tests := []struct {
+		name        string
+		method      string
+		pick        string
+		immediate   string
+		reqTrailer  bool
+		unreachable bool
+		wantStatus  int
+		wantBody    string
+		wantHeader  map[string]string
+		wantTrailer string
+	}{
+		{name: "POST proxied, response through ext_proc", method: "POST", pick: good, wantStatus: 200, wantBody: "HELLO",
+			wantHeader: map[string]string{"X-Kvgate-Pool": "pool-a", "Content-Type": "text/event-stream"}, wantTrailer: "5"},
+		{name: "GET without body", method: "GET", pick: good, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5"},
+		{name: "request trailers reach the upstream", method: "POST", pick: good, reqTrailer: true, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5"},
+		{name: "fallback on connection failure", method: "POST", pick: down + "," + good, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5"},
+		{name: "immediate response", method: "POST", pick: good, immediate: "429", wantStatus: 429,
+			wantBody: `{"error":{"message":"saturated","type":"rate_limit","code":429}}`, wantHeader: map[string]string{"X-Kvgate-Dropped-Reason": "saturated"}},
+		{name: "no endpoint", method: "POST", wantStatus: 503, wantBody: "no healthy upstream"},
+		{name: "every endpoint down", method: "POST", pick: down, wantStatus: 503,
+			wantBody: "upstream connect error or disconnect/reset before headers. reset reason: connection failure"},
+		{name: "ext_proc unreachable fails closed", method: "POST", pick: good, unreachable: true, wantStatus: 500},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			url, client := startGateway(t, !tt.unreachable)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var body io.Reader
+			if tt.method == "POST" {
+				body = strings.NewReader(`{"model":"m","prompt":"hi"}`)
+			}
+			req, err := http.NewRequestWithContext(ctx, tt.method, url+"/v1/completions", body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.reqTrailer {
+				req.ContentLength = -1
+				req.Trailer = http.Header{"X-Checksum": []string{"abc"}}
+			}
+			if tt.pick != "" {
+				req.Header.Set("x-test-pick", tt.pick)
+			}
+			if tt.immediate != "" {
+				req.Header.Set("x-test-immediate", tt.immediate)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tt.wantStatus {
+				t.Errorf("status: got %d, want %d (body %q)", resp.StatusCode, tt.wantStatus, b)
+			}
+			if tt.wantBody != "" && string(b) != tt.wantBody {
+				t.Errorf("body: got %q, want %q", b, tt.wantBody)
+			}
+			for k, v := range tt.wantHeader {
+				if got := resp.Header.Get(k); got != v {
+					t.Errorf("header %s: got %q, want %q", k, got, v)
+				}
+			}
+			if got := resp.Trailer.Get("X-Usage"); got != tt.wantTrailer {
+				t.Errorf("trailer X-Usage: got %q, want %q", got, tt.wantTrailer)
+			}
+		})
+	}
+}
+
+// TestGatewayUpstreamSees: the worker gets the body as the ext_proc server
+// re-emitted it, the routing header, x-request-id, and request trailers.
+func TestGatewayUpstreamSees(t *testing.T) {
+	good, got := startUpstream(t)
+	url, client := startGateway(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(`{"a":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = -1
+	req.Trailer = http.Header{"X-Checksum": []string{"abc"}}
+	req.Header.Set("x-test-pick", good)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	s := <-got
+	want := seen{body: `{"a":1}`, trailer: "abc"}
+	if diff := cmp.Diff(want, seen{body: s.body, trailer: s.trailer}, cmp.AllowUnexported(seen{})); diff != "" {
+		t.Errorf("upstream saw (-want +got):\n%s", diff)
+	}
+	if s.header.Get(DestinationHeader) != good || s.header.Get("X-Request-Id") == "" || s.header.Get("X-Forwarded-Proto") != "http" {
+		t.Errorf("upstream headers: got %v", s.header)
+	}
+}
+
+// TestGatewayStreams: the first response chunk reaches the client while the
+// worker is still generating (no buffering anywhere on the way).
+func TestGatewayStreams(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: [done]\n\n")
+	}))
+	defer up.Close()
+	url, client := startGateway(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-test-pick", up.Listener.Addr().String())
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Upper-cased by the fake's response path.
+	if line != "DATA: FIRST\n" {
+		t.Errorf("first line: got %q", line)
+	}
+	close(release)
+	rest, err := io.ReadAll(rd)
+	if err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	if string(rest) != "\nDATA: [DONE]\n\n" {
+		t.Errorf("rest: got %q", rest)
+	}
+}
