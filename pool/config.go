@@ -150,7 +150,7 @@ func firstDup(s []string) string {
 // defaults, loads policy files (relative to file's folder) and validates
 // each pool. Errors name the file, line and field.
 func DecodeConfigs(file string, n *yaml.Node) ([]Config, error) {
-	if n == nil {
+	if n == nil || n.Kind == 0 {
 		return nil, nil
 	}
 	if n.Kind != yaml.SequenceNode {

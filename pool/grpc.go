@@ -43,7 +43,11 @@ func NewGRPC(cc *grpc.ClientConn, addr string) *GRPC {
 }
 
 func toProto(p Prompt) *localrouterv1.Prompt {
-	return &localrouterv1.Prompt{BlockHashes: p.Hashes, BlockSize: uint32(p.BlockSize), IslTokens: uint32(p.ISL), LoraName: p.LoRA}
+	out := &localrouterv1.Prompt{BlockHashes: p.Hashes, BlockSize: uint32(p.BlockSize), IslTokens: uint32(p.ISL), LoraName: p.LoRA}
+	if len(p.Hashes) == 0 {
+		out.TokenIds = p.Tokens
+	}
+	return out
 }
 
 func overrideProto(o *Override) *localrouterv1.ConfigOverride {

@@ -36,7 +36,10 @@ type Tracker interface {
 // Prompt is what a local router needs of a request: the local block hashes
 // of its complete blocks at the pool's block size (DESIGN.md §3).
 type Prompt struct {
-	Hashes    []uint64
+	Hashes []uint64
+	// Tokens are sent instead of Hashes for a prompt shorter than one
+	// block (it has no complete block to hash); ignored when Hashes is set.
+	Tokens    []uint32
 	BlockSize int
 	// ISL is the prompt length in tokens.
 	ISL int

@@ -1,0 +1,212 @@
+package globalrouter
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kvgate/kvgate/policies"
+	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/tokenizer"
+)
+
+// Config is the global router's configuration: how to probe, the policy
+// chain, the models' tokenizers and the pools. LoadConfig reads it from
+// YAML (examples/pools.yaml); code builds it with DefaultConfig and
+// pool.New.
+type Config struct {
+	Probe ProbeConfig `yaml:"probe"`
+	// Chain is the pool selection chain, run in order (policies package).
+	Chain []policies.Spec `yaml:"chain"`
+	// Models configure tokenizers; a served model without an entry uses
+	// DefaultTokenizer.
+	Models []ModelConfig `yaml:"models"`
+	Pools  []pool.Config `yaml:"pools"`
+
+	// File is where the configuration was read from ("" when built in Go).
+	File string `yaml:"-"`
+}
+
+// ProbeConfig bounds the probes of the pools' local routers.
+type ProbeConfig struct {
+	// Timeout bounds one probe (default 20 ms).
+	Timeout time.Duration `yaml:"timeout"`
+	// BackoffBase and BackoffMax bound how long a failing local router's
+	// circuit stays open (defaults 100 ms, 10 s; doubling per failure).
+	BackoffBase time.Duration `yaml:"backoff_base"`
+	BackoffMax  time.Duration `yaml:"backoff_max"`
+}
+
+// ModelConfig names a model's tokenizer.
+type ModelConfig struct {
+	Name      string           `yaml:"name"`
+	Tokenizer tokenizer.Config `yaml:"tokenizer"`
+}
+
+// DefaultTokenizer is the tokenizer of a served model the configuration
+// does not list: the embedded cl100k_base encoding.
+var DefaultTokenizer = tokenizer.Config{Backend: tokenizer.BackendOpenAI, Encoding: "cl100k_base"}
+
+// DefaultChain is the chain of a configuration that sets none: keep the
+// pools serving the model, pair prefill and decode pools, and rank by
+// normalised local-router cost.
+func DefaultChain() []policies.Spec {
+	return []policies.Spec{{Name: policies.NameModelMatch}, {Name: policies.NameDisaggregate}, {Name: policies.NameCost}}
+}
+
+// DefaultConfig returns a configuration of pools with the defaults.
+func DefaultConfig(pools ...pool.Config) Config {
+	c := Config{Pools: pools}
+	c.Defaults()
+	return c
+}
+
+// Defaults fills in what is unset.
+func (c *Config) Defaults() {
+	if c.Probe.Timeout <= 0 {
+		c.Probe.Timeout = pool.DefaultProbeTimeout
+	}
+	if c.Probe.BackoffBase <= 0 {
+		c.Probe.BackoffBase = pool.DefaultBackoffBase
+	}
+	if c.Probe.BackoffMax <= 0 {
+		c.Probe.BackoffMax = pool.DefaultBackoffMax
+	}
+	if len(c.Chain) == 0 {
+		c.Chain = DefaultChain()
+	}
+	for i := range c.Pools {
+		c.Pools[i].Defaults()
+	}
+}
+
+func (c *Config) file() string {
+	if c.File == "" {
+		return "<go>"
+	}
+	return c.File
+}
+
+// Validate checks the pools, the models and the chain (building it with
+// reg). Errors name the file, the line, the policy or pool, and the field.
+func (c *Config) Validate(reg *policies.Registry) error {
+	if len(c.Pools) == 0 {
+		return fmt.Errorf("%s: %w: no pools", c.file(), policies.ErrConfig)
+	}
+	if c.Probe.BackoffMax < c.Probe.BackoffBase {
+		return fmt.Errorf("%s: %w: probe.backoff_max %v is below probe.backoff_base %v", c.file(), policies.ErrConfig, c.Probe.BackoffMax, c.Probe.BackoffBase)
+	}
+	names := map[string]bool{}
+	served := map[string]bool{}
+	for i := range c.Pools {
+		p := &c.Pools[i]
+		if err := p.Validate(); err != nil {
+			return err
+		}
+		if names[p.Name] {
+			return fmt.Errorf("%s: %w: pool %q defined twice", c.file(), policies.ErrConfig, p.Name)
+		}
+		names[p.Name] = true
+		for _, m := range p.Models {
+			served[m] = true
+		}
+	}
+	seen := map[string]bool{}
+	for _, m := range c.Models {
+		switch {
+		case m.Name == "":
+			return fmt.Errorf("%s: %w: models: entry without a name", c.file(), policies.ErrConfig)
+		case seen[m.Name]:
+			return fmt.Errorf("%s: %w: models: %q listed twice", c.file(), policies.ErrConfig, m.Name)
+		case !served[m.Name] && !served["*"]:
+			return fmt.Errorf("%s: %w: models: %q has a tokenizer but no pool serves it", c.file(), policies.ErrConfig, m.Name)
+		}
+		seen[m.Name] = true
+	}
+	_, err := c.buildChain(reg)
+	return err
+}
+
+func (c *Config) buildChain(reg *policies.Registry) (*policies.Chain, error) {
+	sections := make(map[string]policies.PoolSection, len(c.Pools))
+	for _, p := range c.Pools {
+		if len(p.Policy) > 0 {
+			sections[p.Name] = p.Policy
+		}
+	}
+	return reg.Build(c.Chain, sections)
+}
+
+// tokenizerFor returns the tokenizer configuration of model.
+func (c *Config) tokenizerFor(model string) tokenizer.Config {
+	for _, m := range c.Models {
+		if m.Name == model {
+			tc := m.Tokenizer
+			tc.Model = model
+			return tc
+		}
+	}
+	tc := DefaultTokenizer
+	tc.Model = model
+	return tc
+}
+
+func sameTokenizer(a, b tokenizer.Config) bool {
+	a.Logger, b.Logger, a.Registerer, b.Registerer, a.HTTPClient, b.HTTPClient = nil, nil, nil, nil, nil, nil
+	return reflect.DeepEqual(a, b)
+}
+
+// fileConfig is Config as it is read, the pools left for pool.DecodeConfigs.
+type fileConfig struct {
+	Probe  ProbeConfig     `yaml:"probe"`
+	Chain  []policies.Spec `yaml:"chain"`
+	Models []ModelConfig   `yaml:"models"`
+	Pools  yaml.Node       `yaml:"pools"`
+}
+
+// LoadConfig reads, decodes strictly and validates a configuration file.
+// Policy files named by pools are read relative to it.
+func LoadConfig(path string, reg *policies.Registry) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("globalrouter config: %w", err)
+	}
+	return ParseConfig(path, data, reg)
+}
+
+// ParseConfig is LoadConfig of data read from file.
+func ParseConfig(file string, data []byte, reg *policies.Registry) (*Config, error) {
+	doc, err := policies.ParseFile(file, data)
+	if err != nil {
+		return nil, err
+	}
+	var fc fileConfig
+	if err := policies.DecodeStrict(file, "", doc, &fc); err != nil {
+		return nil, err
+	}
+	pools, err := pool.DecodeConfigs(file, &fc.Pools)
+	if err != nil {
+		return nil, err
+	}
+	c := &Config{Probe: fc.Probe, Chain: fc.Chain, Models: fc.Models, Pools: pools, File: file}
+	for i := range c.Chain {
+		c.Chain[i].Args.File = file
+	}
+	for i := range c.Models {
+		tc := &c.Models[i].Tokenizer
+		for _, p := range []*string{&tc.Path, &tc.ChatTemplate} {
+			if *p != "" && !filepath.IsAbs(*p) {
+				*p = filepath.Join(filepath.Dir(file), *p)
+			}
+		}
+	}
+	c.Defaults()
+	if err := c.Validate(reg); err != nil {
+		return nil, err
+	}
+	return c, nil
+}

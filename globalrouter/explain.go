@@ -1,0 +1,72 @@
+package globalrouter
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kvgate/kvgate/policies"
+)
+
+// explain says what each pool's probe answered and why the winner won: the
+// chain's steps, and the last policy that put the winner first.
+func explain(p *prepared, st *state, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, refused []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "model=%s isl=%d", p.req.Model, len(p.tokens))
+	b.WriteString("; probes:")
+	for _, res := range results {
+		fmt.Fprintf(&b, " %s", res.pe.cfg.Name)
+		if res.err != nil {
+			fmt.Fprintf(&b, " skipped (%v);", res.err)
+			continue
+		}
+		s := res.sel
+		fmt.Fprintf(&b, " %s/%d@%s overlap %d/%d blocks of %d, uncached %d tokens, cost %.4g (%s, %d workers);",
+			s.WorkerID, s.DPRank, s.Address, s.OverlapBlocks, s.RequestBlocks, res.pe.cfg.BlockSize,
+			max(0, len(p.tokens)-s.OverlapBlocks*res.pe.cfg.BlockSize), s.Cost, res.dur.Round(1000), s.Workers)
+	}
+	fmt.Fprintf(&b, " chain: %s", trace.String())
+	w := ranked[0]
+	winner := w.Pool
+	if w.Prefill != nil {
+		winner += "+" + w.Prefill.Pool
+	}
+	fmt.Fprintf(&b, "; winner %s (worker %s)", winner, w.Probe.WorkerID)
+	initial := ""
+	for _, res := range results {
+		if res.err == nil {
+			initial = res.pe.cfg.Name
+			break
+		}
+	}
+	if why := decidedBy(trace, initial, winner); why != "" {
+		fmt.Fprintf(&b, ": ranked first by %s", why)
+	}
+	if w.Prefill != nil {
+		fmt.Fprintf(&b, ", prefill on %s/%s (uncached %d tokens)", w.Prefill.Pool, w.Prefill.Probe.WorkerID, w.Probe.UncachedTokens)
+	}
+	if len(refused) > 0 {
+		fmt.Fprintf(&b, "; refused commits: %s", strings.Join(refused, "; "))
+	}
+	return b.String()
+}
+
+// decidedBy names the policy after which winner stayed first: the last
+// step whose answer did not already start with it one step before.
+func decidedBy(t *policies.Trace, initial, winner string) string {
+	why := ""
+	prev := initial
+	for _, s := range t.Steps {
+		first := ""
+		if len(s.Pools) > 0 {
+			first = s.Pools[0]
+		}
+		if first == winner && prev != winner {
+			why = s.Policy
+		}
+		prev = first
+	}
+	if why == "" && len(t.Steps) > 0 {
+		why = "configuration order (no policy reordered it)"
+	}
+	return why
+}

@@ -1,0 +1,52 @@
+package globalrouter
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the global router's Prometheus metrics.
+type metrics struct {
+	decision  *prometheus.HistogramVec // outcome
+	tokenize  prometheus.Histogram
+	probe     *prometheus.HistogramVec // pool, outcome
+	decisions *prometheus.CounterVec   // pool, outcome
+	reloads   *prometheus.CounterVec   // result
+}
+
+// Latency buckets from 50 µs (an in-process decision) to the probe
+// deadline and beyond.
+var latencyBuckets = []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 100e-3, 250e-3, 1}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decision: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvgate_globalrouter_decision_duration_seconds",
+			Help:    "Time to decide one request (tokenize, hash, probe, policies, commit), by outcome.",
+			Buckets: latencyBuckets,
+		}, []string{"outcome"}),
+		tokenize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvgate_globalrouter_tokenize_duration_seconds",
+			Help:    "Time to tokenize one request's prompt.",
+			Buckets: latencyBuckets,
+		}),
+		probe: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvgate_globalrouter_probe_duration_seconds",
+			Help:    "Time of one pool probe (state-free BestWorker), by pool and outcome.",
+			Buckets: latencyBuckets,
+		}, []string{"pool", "outcome"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_decisions_total",
+			Help: "Decisions, by chosen pool (empty when none) and outcome.",
+		}, []string{"pool", "outcome"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_config_reloads_total",
+			Help: "Configuration reloads, by result (ok, refused).",
+		}, []string{"result"}),
+	}
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
