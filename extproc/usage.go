@@ -48,6 +48,9 @@ func newSSEParser(maxLine int, onEvent func([]byte)) *sseParser {
 
 // Write feeds one chunk.
 func (p *sseParser) Write(b []byte) {
+	if len(b) == 0 {
+		return
+	}
 	if p.lastCR && len(b) > 0 && b[0] == '\n' {
 		b = b[1:]
 	}

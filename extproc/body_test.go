@@ -1,0 +1,128 @@
+package extproc
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvgate/kvgate/globalrouter"
+)
+
+func TestParseBody(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		path   string
+		body   string
+		want   globalrouter.Request
+		stream bool
+		reason string // non-empty: the bodyError reason expected
+	}{
+		{name: "completion string", path: completionsPath, body: `{"model":"m","prompt":"héllo"}`,
+			want: globalrouter.Request{Model: "m", Prompt: "héllo"}},
+		{name: "completion tokens", path: completionsPath, body: `{"model":"m","prompt":[1,2,4294967295],"stream":true}`,
+			want: globalrouter.Request{Model: "m", PromptTokens: []uint32{1, 2, 4294967295}}, stream: true},
+		{name: "completion one-element string list", path: completionsPath, body: `{"model":"m","prompt":["a b"]}`,
+			want: globalrouter.Request{Model: "m", Prompt: "a b"}},
+		{name: "completion one-element token list", path: completionsPath, body: `{"model":"m","prompt":[[5,6]]}`,
+			want: globalrouter.Request{Model: "m", PromptTokens: []uint32{5, 6}}},
+		{name: "chat string and parts", path: chatPath, body: `{"model":"m","messages":[
+			{"role":"system","content":"s"},
+			{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]},
+			{"role":"assistant","content":null,"tool_calls":[]}]}`,
+			want: globalrouter.Request{Model: "m", Messages: []globalrouter.Message{{"system", "s"}, {"user", "ab"}, {"assistant", ""}}}},
+		{name: "custom path with messages", path: "/v2/chat", body: `{"model":"m","messages":[{"role":"user","content":"x"}]}`,
+			want: globalrouter.Request{Model: "m", Messages: []globalrouter.Message{{"user", "x"}}}},
+		{name: "custom path with prompt", path: "/v2/gen", body: `{"model":"m","prompt":"x"}`,
+			want: globalrouter.Request{Model: "m", Prompt: "x"}},
+		{name: "unknown fields kept out", path: completionsPath, body: `{"model":"m","prompt":"x","max_tokens":5,"extra":{"a":[1]}}`,
+			want: globalrouter.Request{Model: "m", Prompt: "x"}},
+		{name: "not json", path: completionsPath, body: `model=m`, reason: reasonBadJSON},
+		{name: "truncated", path: completionsPath, body: `{"model":"m","prompt":"x`, reason: reasonBadJSON},
+		{name: "two values", path: completionsPath, body: `{"model":"m","prompt":"x"}{}`, reason: reasonBadJSON},
+		{name: "array body", path: completionsPath, body: `[1]`, reason: reasonBadJSON},
+		{name: "model wrong type", path: completionsPath, body: `{"model":1,"prompt":"x"}`, reason: reasonBadJSON},
+		{name: "no model", path: completionsPath, body: `{"prompt":"x"}`, reason: reasonMissingField},
+		{name: "no prompt", path: completionsPath, body: `{"model":"m","messages":[{"role":"user","content":"x"}]}`, reason: reasonMissingField},
+		{name: "null prompt", path: completionsPath, body: `{"model":"m","prompt":null}`, reason: reasonMissingField},
+		{name: "no messages", path: chatPath, body: `{"model":"m","prompt":"x"}`, reason: reasonMissingField},
+		{name: "custom path neither", path: "/v2/x", body: `{"model":"m"}`, reason: reasonMissingField},
+		{name: "empty prompt", path: completionsPath, body: `{"model":"m","prompt":""}`, reason: reasonBadField},
+		{name: "empty token list", path: completionsPath, body: `{"model":"m","prompt":[]}`, reason: reasonBadField},
+		{name: "batch", path: completionsPath, body: `{"model":"m","prompt":[[1],[2]]}`, reason: reasonBadField},
+		{name: "token overflow", path: completionsPath, body: `{"model":"m","prompt":[4294967296]}`, reason: reasonBadField},
+		{name: "token float", path: completionsPath, body: `{"model":"m","prompt":[1.5]}`, reason: reasonBadField},
+		{name: "prompt object", path: completionsPath, body: `{"model":"m","prompt":{}}`, reason: reasonBadField},
+		{name: "empty messages", path: chatPath, body: `{"model":"m","messages":[]}`, reason: reasonBadField},
+		{name: "content number", path: chatPath, body: `{"model":"m","messages":[{"role":"user","content":3}]}`, reason: reasonBadField},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got globalrouter.Request
+			pb, err := parseBody(tc.path, []byte(tc.body), &got)
+			if tc.reason != "" {
+				var be *bodyError
+				if !errors.As(err, &be) || be.reason != tc.reason {
+					t.Fatalf("error %v, want a bodyError with reason %q", err, tc.reason)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("request (-want +got):\n%s", diff)
+			}
+			if pb.stream != tc.stream {
+				t.Errorf("stream %v, want %v", pb.stream, tc.stream)
+			}
+		})
+	}
+}
+
+// FuzzParseBody: any input either fails with a bodyError or yields a model
+// and exactly one prompt form, and valid JSON strings stay valid UTF-8.
+func FuzzParseBody(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":"x"}`, `{"model":"m","prompt":[1,2]}`, `{"model":"m","prompt":[[1]]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"é"}]}]}`,
+		`{"model":"m","prompt":["\ud800"]}`, `{}`, `[`, ``, `null`,
+	} {
+		f.Add(completionsPath, []byte(s))
+		f.Add(chatPath, []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, path string, body []byte) {
+		var req globalrouter.Request
+		_, err := parseBody(path, body, &req)
+		if err != nil {
+			var be *bodyError
+			if !errors.As(err, &be) || be.reason == "" || be.msg == "" {
+				t.Fatalf("error %v is not a complete bodyError", err)
+			}
+			return
+		}
+		if req.Model == "" {
+			t.Fatal("accepted without a model")
+		}
+		forms := 0
+		if req.Prompt != "" {
+			forms++
+		}
+		if len(req.PromptTokens) > 0 {
+			forms++
+		}
+		if len(req.Messages) > 0 {
+			forms++
+		}
+		if forms != 1 {
+			t.Fatalf("%d prompt forms set, want 1: %+v", forms, req)
+		}
+		if !json.Valid(body) {
+			t.Fatalf("accepted invalid JSON %q", body)
+		}
+		if !utf8.ValidString(req.Prompt) {
+			t.Fatalf("prompt %q is not valid UTF-8", req.Prompt)
+		}
+	})
+}
