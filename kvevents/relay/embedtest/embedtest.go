@@ -4,6 +4,7 @@
 package embedtest
 
 import (
+	"log/slog"
 	"net/url"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
 )
 
 // NATS starts a NATS server on a free port and returns a connection to it.
@@ -44,6 +47,25 @@ func Connect(t testing.TB, ns *server.Server) *nats.Conn {
 	return nc
 }
 
+// Logger is a slog logger writing to the test's output (shown on failure
+// or with -v).
+func Logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// IgnoreLeaks lists goroutines that outlive their owners in the libraries
+// the engine side uses, for goleak: the embedded etcd's process-wide
+// workers, and go-zeromq/zmq4's PUB writer, which Close does not stop (one
+// per PUB socket).
+func IgnoreLeaks() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+		goleak.IgnoreAnyFunction("go.uber.org/zap/zapcore.(*BufferedWriteSyncer).flushLoop"),
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+	}
+}
+
 // Etcd starts a single-member etcd in a temporary directory on free ports
 // and returns a client to it.
 func Etcd(t testing.TB) *clientv3.Client {
@@ -51,7 +73,7 @@ func Etcd(t testing.TB) *clientv3.Client {
 	cfg := embed.NewConfig()
 	cfg.Dir = t.TempDir()
 	cfg.Logger = "zap"
-	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	u := func(s string) []url.URL {
 		v, err := url.Parse(s)
 		if err != nil {

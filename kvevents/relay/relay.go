@@ -1,0 +1,249 @@
+// Package relay carries a vLLM or SGLang engine's KV events from its ZMQ
+// PUB socket to kvgate's NATS subject, and registers the engine in etcd, so
+// a vLLM deployment needs only `kvgate relay` beside each engine:
+//
+//	vLLM --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq",
+//	      "endpoint":"tcp://*:5557","topic":"kv-events"}'
+//	kvgate relay --zmq tcp://127.0.0.1:5557 --pool a --worker-id w1 \
+//	      --address 10.0.0.7:8000 --block-size 16 --nats … --etcd …
+//
+// Messages are decoded by kvevents.DecodeEngineFrames and republished
+// through a kvevents.Publisher, which stamps kvgate event ids and answers
+// dump requests. A malformed message is logged, counted and skipped.
+package relay
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvgate/kvgate/kvevents"
+)
+
+// Config is what one relay serves: one engine, one worker identity.
+type Config struct {
+	// Endpoint is the engine's ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557.
+	Endpoint string
+	// Topic is the subscription prefix ("" receives every topic).
+	Topic string
+	Pool  string
+	// Worker is the engine as routers see it; Worker.ID names the worker
+	// in events. Worker.BlockSize is the pool's block size: stored blocks
+	// of another size are skipped and counted.
+	Worker kvevents.WorkerInfo
+	// Register makes the relay register Worker in etcd (Options.Etcd must
+	// be set).
+	Register bool
+	// LeaseTTL is the registration lease (10 s).
+	LeaseTTL time.Duration
+}
+
+// Options are the relay's dependencies.
+type Options struct {
+	NATS *nats.Conn
+	// Etcd is needed when Config.Register is set.
+	Etcd       *clientv3.Client
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Relay is a running engine-to-NATS bridge; create with New, run with Run.
+type Relay struct {
+	cfg  Config
+	opts Options
+	log  *slog.Logger
+	pub  *kvevents.Publisher
+	m    metrics
+
+	// Only the Run goroutine touches these.
+	lastSeq map[string]uint64
+	ranks   map[uint32]struct{}
+}
+
+type metrics struct {
+	messages  prometheus.Counter
+	malformed prometheus.Counter
+	skipped   *prometheus.CounterVec
+	gaps      prometheus.Counter
+	restarts  prometheus.Counter
+	pubErrors prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) metrics {
+	m := metrics{
+		messages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_relay_messages_total", Help: "Engine ZMQ messages received.",
+		}),
+		malformed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_relay_malformed_messages_total", Help: "Engine messages skipped as malformed.",
+		}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_relay_skipped_total", Help: "Engine blocks or events skipped (other block size, medium or KV group; unknown event types).",
+		}, []string{"what"}),
+		gaps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_relay_sequence_gaps_total", Help: "Engine sequence gaps (messages lost between the engine and the relay).",
+		}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_relay_engine_restarts_total", Help: "Engine sequence resets, taken as restarts (the worker's blocks are cleared).",
+		}),
+		pubErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_relay_publish_errors_total", Help: "Events the relay could not publish to NATS.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.messages, m.malformed, m.skipped, m.gaps, m.restarts, m.pubErrors)
+	}
+	return m
+}
+
+// New checks cfg and prepares a relay.
+func New(cfg Config, opts Options) (*Relay, error) {
+	if cfg.Worker.DPSize == 0 {
+		cfg.Worker.DPSize = 1
+	}
+	switch {
+	case cfg.Endpoint == "":
+		return nil, errors.New("relay: empty zmq endpoint")
+	case cfg.Pool == "":
+		return nil, errors.New("relay: empty pool")
+	case opts.NATS == nil:
+		return nil, errors.New("relay: no NATS connection")
+	case cfg.Register && opts.Etcd == nil:
+		return nil, errors.New("relay: registration needs an etcd client")
+	}
+	if cfg.Worker.Address == "" && !cfg.Register {
+		cfg.Worker.Address = "-" // only the id and block size matter then
+	}
+	if err := cfg.Worker.Validate(); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Relay{
+		cfg:     cfg,
+		opts:    opts,
+		log:     log.With("component", "relay", "pool", cfg.Pool, "worker", cfg.Worker.ID, "endpoint", cfg.Endpoint),
+		m:       newMetrics(opts.Registerer),
+		lastSeq: map[string]uint64{},
+		ranks:   map[uint32]struct{}{},
+	}, nil
+}
+
+// Run registers the worker (if configured), subscribes to the engine and
+// relays until ctx ends, then deregisters. It returns nil on cancellation.
+// The engine need not be up yet: the subscriber dials until it is, and
+// reconnects when it restarts.
+func (r *Relay) Run(ctx context.Context) error {
+	pub, err := kvevents.NewPublisher(r.opts.NATS, kvevents.PublisherConfig{
+		Pool: r.cfg.Pool, WorkerID: r.cfg.Worker.ID, Logger: r.opts.Logger, Registerer: r.opts.Registerer,
+	})
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	defer pub.Close()
+	r.pub = pub
+
+	if r.cfg.Register {
+		reg, err := Register(ctx, r.opts.Etcd, r.cfg.Pool, r.cfg.Worker, r.cfg.LeaseTTL, r.opts.Logger)
+		if err != nil {
+			return fmt.Errorf("relay: %w", err)
+		}
+		defer func() {
+			if err := reg.Close(); err != nil {
+				r.log.Warn("deregister", "err", err)
+			}
+		}()
+	}
+
+	sub := zmq4.NewSub(ctx,
+		zmq4.WithAutomaticReconnect(true),
+		zmq4.WithDialerRetry(250*time.Millisecond),
+		zmq4.WithDialerMaxRetries(-1),
+	)
+	defer sub.Close()
+	if err := sub.SetOption(zmq4.OptionSubscribe, r.cfg.Topic); err != nil {
+		return fmt.Errorf("relay: subscribe: %w", err)
+	}
+	if err := sub.Dial(r.cfg.Endpoint); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("relay: %w", err)
+	}
+	r.log.Info("relaying engine kv events", "subject", kvevents.EventsSubject(r.cfg.Pool))
+	for {
+		msg, err := sub.Recv()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			r.log.Warn("receive from engine", "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		r.handle(msg.Frames)
+	}
+}
+
+// handle decodes one engine message and publishes its events.
+func (r *Relay) handle(frames [][]byte) {
+	r.m.messages.Inc()
+	b, err := kvevents.DecodeEngineFrames(frames, r.cfg.Worker.BlockSize)
+	if err != nil {
+		r.m.malformed.Inc()
+		r.log.Warn("skipping malformed engine message", "err", err, "frames", len(frames))
+		if len(frames) == 3 && len(frames[1]) == 8 {
+			// Its sequence number is still good: no gap to report after it.
+			r.lastSeq[string(frames[0])] = binary.BigEndian.Uint64(frames[1])
+		}
+		return
+	}
+	if last, ok := r.lastSeq[b.Topic]; ok {
+		switch {
+		case b.Seq <= last:
+			// The engine restarted (sequences start again at 0) with an
+			// empty cache; vLLM sends no AllBlocksCleared for that.
+			r.m.restarts.Inc()
+			r.log.Warn("engine sequence went back; treating as a restart and clearing the worker's blocks", "seq", b.Seq, "last", last)
+			for rank := range r.ranks {
+				if _, err := r.pub.Publish(rank, kvevents.Event{Cleared: true}); err != nil {
+					r.m.pubErrors.Inc()
+					r.log.Warn("publish", "err", err)
+				}
+			}
+		case b.Seq != last+1:
+			r.m.gaps.Inc()
+			r.log.Warn("engine messages lost", "from_seq", last+1, "to_seq", b.Seq-1)
+		}
+	}
+	r.lastSeq[b.Topic] = b.Seq
+	r.ranks[b.DPRank] = struct{}{}
+	if b.SkippedBlocks > 0 {
+		r.m.skipped.WithLabelValues("blocks").Add(float64(b.SkippedBlocks))
+		r.log.Debug("skipped blocks", "count", b.SkippedBlocks, "block_size", r.cfg.Worker.BlockSize)
+	}
+	if b.SkippedEvents > 0 {
+		r.m.skipped.WithLabelValues("events").Add(float64(b.SkippedEvents))
+	}
+	for _, ev := range b.Events {
+		if _, err := r.pub.Publish(b.DPRank, ev); err != nil {
+			r.m.pubErrors.Inc()
+			r.log.Warn("publish", "err", err, "seq", b.Seq, "dp_rank", strconv.FormatUint(uint64(b.DPRank), 10))
+		}
+	}
+}

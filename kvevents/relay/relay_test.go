@@ -1,0 +1,242 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/kvevents/relay"
+	"github.com/kvgate/kvgate/kvevents/relay/embedtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, embedtest.IgnoreLeaks()...)
+}
+
+func fixture(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "testdata", name+".msgpack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func wantEvents(t *testing.T, name string) []kvevents.Event {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w struct {
+		Events []kvevents.Event `json:"events"`
+	}
+	if err := json.Unmarshal(raw, &w); err != nil {
+		t.Fatal(err)
+	}
+	return w.Events
+}
+
+// TestRelayEndToEnd runs a relay between a ZMQ PUB socket speaking vLLM's
+// format (python3-msgpack fixtures) and NATS, with etcd registration:
+// events arrive in order with kvgate ids, malformed messages are counted
+// and skipped, the worker is registered while the relay runs and gone when
+// it stops.
+func TestRelayEndToEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ns, nc := embedtest.NATS(t)
+	cli := embedtest.Etcd(t)
+
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "tcp://" + pub.Addr().String()
+
+	events := make(chan kvevents.RouterEvent, 256)
+	sub, err := embedtest.Connect(t, ns).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
+		e, err := kvevents.DecodeMsgpack(m.Data)
+		if err != nil {
+			t.Errorf("decode: %v", err)
+			return
+		}
+		events <- e
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	reg := prometheus.NewRegistry()
+	info := kvevents.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 4, Model: "m"}
+	r, err := relay.New(relay.Config{Endpoint: endpoint, Topic: "kv", Pool: "p", Worker: info, Register: true, LeaseTTL: 5 * time.Second},
+		relay.Options{NATS: nc, Etcd: cli, Registerer: reg, Logger: embedtest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+
+	key := kvevents.WorkersPrefix("p") + "w1"
+	waitKey(ctx, t, cli, key, true)
+
+	next := func() kvevents.RouterEvent {
+		t.Helper()
+		select {
+		case e := <-events:
+			return e
+		case <-ctx.Done():
+			t.Fatal("timed out waiting for a relayed event")
+			return kvevents.RouterEvent{}
+		}
+	}
+	// ZMQ drops what a PUB sends before the subscription reaches it:
+	// send AllBlocksCleared until one comes through.
+	seq := uint64(0)
+	clearedPayload, err := kvevents.EncodeEnginePayload(0, []kvevents.Event{{Cleared: true}}, 0, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for joined := false; !joined; {
+		seq++
+		if err := pub.Send(zmq4.NewMsgFrom(kvevents.EngineFrames("kv", seq, clearedPayload)...)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-events:
+			joined = true
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatal("relay never joined")
+		}
+	}
+	// A marker ends the joining noise: events after it are the test's.
+	marker, err := kvevents.EncodeEnginePayload(0, []kvevents.Event{{Stored: &kvevents.Stored{
+		Blocks: []kvevents.Block{{EngineHash: 0xfeed, TokenIDs: []uint32{1, 2, 3, 4}}}}}}, 0, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq++
+	if err := pub.Send(zmq4.NewMsgFrom(kvevents.EngineFrames("kv", seq, marker)...)); err != nil {
+		t.Fatal(err)
+	}
+	var lastID uint64
+	for {
+		e := next()
+		if e.Event.Stored != nil && e.Event.Stored.Blocks[0].EngineHash == 0xfeed {
+			lastID = e.EventID
+			break
+		}
+	}
+
+	send := func(frames ...[]byte) {
+		t.Helper()
+		if err := pub.Send(zmq4.NewMsgFrom(frames...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var want []kvevents.Event
+	malformed := 0
+	for _, name := range []string{"vllm_array_int", "vllm_bad_not_msgpack", "vllm_map_bytes", "vllm_bad_token_count", "vllm_skips"} {
+		if strings.HasPrefix(name, "vllm_bad") {
+			malformed++
+			seq++
+			send(kvevents.EngineFrames("kv", seq, fixture(t, name))...)
+			continue
+		}
+		seq++
+		send(kvevents.EngineFrames("kv", seq, fixture(t, name))...)
+		want = append(want, wantEvents(t, name)...)
+	}
+	malformed++
+	send([]byte("kv"), []byte("short")) // two frames
+	// A last good message: once it arrives everything before was handled.
+	seq++
+	send(kvevents.EngineFrames("kv", seq, clearedPayload)...)
+	want = append(want, kvevents.Event{Cleared: true})
+
+	var got []kvevents.Event
+	for i := range want {
+		e := next()
+		if e.WorkerID != "w1" || e.EventID != lastID+uint64(i)+1 {
+			t.Errorf("event %d: worker %q id %d, want w1 id %d", i, e.WorkerID, e.EventID, lastID+uint64(i)+1)
+		}
+		got = append(got, e.Event)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("relayed events (-want +got):\n%s", diff)
+	}
+	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_malformed_messages_total")); int(n) != malformed {
+		t.Errorf("malformed counter = %v, want %d", n, malformed)
+	}
+	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_skipped_total")); n != 6 {
+		t.Errorf("skipped counter = %v, want 6 (4 blocks + 2 events)", n)
+	}
+
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("Run returned %v, want nil on cancellation", err)
+	}
+	waitKey(ctx, t, cli, key, false)
+}
+
+// counter sums the samples of a metric family in reg.
+func counter(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "sum"})
+	c.Add(sum)
+	return c
+}
+
+func waitKey(ctx context.Context, t *testing.T, cli *clientv3.Client, key string, present bool) {
+	t.Helper()
+	for {
+		resp, err := cli.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (len(resp.Kvs) == 1) == present {
+			if present {
+				w, err := kvevents.ParseWorkerInfo(resp.Kvs[0].Value)
+				if err != nil || w.Address != "10.0.0.7:8000" || resp.Kvs[0].Lease == 0 {
+					t.Fatalf("registered value %s (lease %x): %v", resp.Kvs[0].Value, resp.Kvs[0].Lease, err)
+				}
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("key %s present=%v never reached", key, present)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
