@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -836,3 +837,38 @@ func TestUnreachableServer(t *testing.T) {
 }
 
 var _ = io.EOF
+
+// FuzzHeaderMutation applies arbitrary server mutations: never a panic, and
+// whatever is accepted leaves a header map Envoy would accept.
+func FuzzHeaderMutation(f *testing.F) {
+	seed, _ := proto.Marshal(&extprocv3.HeaderMutation{
+		SetHeaders:    []*corev3.HeaderValueOption{setHeader(":path", "", "/x", nil), setHeader("x-a", "", "1", ptr(true))},
+		RemoveHeaders: []string{"host", "x-b"},
+	})
+	f.Add(seed, false)
+	f.Add([]byte{0x0a, 0x03, 0x0a, 0x01, 0x3a}, true)
+	f.Fuzz(func(t *testing.T, data []byte, disallowIsError bool) {
+		m := &extprocv3.HeaderMutation{}
+		if proto.Unmarshal(data, m) != nil {
+			return
+		}
+		ch, err := newChecker(&mutationrulesv3.HeaderMutationRules{DisallowIsError: wrapperspb.Bool(disallowIsError)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := Headers{{":method", "GET"}, {":path", "/"}, {":authority", "a"}, {":scheme", "http"}, {"host", "a"}}
+		if _, err := ch.applyHeaderMutation(&h, m, mutateOptions{}); err != nil {
+			return
+		}
+		for _, k := range []string{":method", ":authority", ":scheme", "host"} {
+			if v := h.Values(k); len(v) != 1 {
+				t.Fatalf("%s: got %q, want it untouched", k, v)
+			}
+		}
+		for _, fld := range h {
+			if !validHeaderName(fld.Key) || !validHeaderValue(fld.Value) {
+				t.Fatalf("invalid header accepted: %q: %q", fld.Key, fld.Value)
+			}
+		}
+	})
+}

@@ -22,6 +22,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvgate/kvgate/envoy/extprocclient"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -348,4 +350,17 @@ func TestGatewayStreams(t *testing.T) {
 	if string(rest) != "\nDATA: [DONE]\n\n" {
 		t.Errorf("rest: got %q", rest)
 	}
+}
+
+// FuzzDestinations parses the destination header an ext_proc server set.
+func FuzzDestinations(f *testing.F) {
+	f.Add("10.0.0.1:8000")
+	f.Add(" 10.0.0.1:8000, ,[::1]:9000,")
+	f.Fuzz(func(t *testing.T, v string) {
+		for _, ep := range destinations(extprocclient.Headers{{Key: DestinationHeader, Value: v}}, extprocclient.Info{}) {
+			if ep == "" || strings.Contains(ep, ",") || strings.TrimSpace(ep) != ep {
+				t.Fatalf("bad endpoint %q from %q", ep, v)
+			}
+		}
+	})
 }

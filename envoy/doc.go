@@ -1,0 +1,18 @@
+// Package envoy holds what kvgate ships for Envoy and checks it offline:
+// bootstrap.yaml, the Envoy configuration users run in front of kvgate
+// (`envoy -c envoy/bootstrap.yaml`), decoded here into Envoy's own protos
+// (go-control-plane) and validated with their generated rules, every
+// typed_config included; and the ext_proc settings of that bootstrap as a
+// client configuration (ClientConfig), so that the Envoy stand-in of
+// `kvgate up` runs with exactly what Envoy would.
+//
+// Subpackages:
+//
+//   - extprocclient: the Envoy-faithful ext_proc client (what Envoy's
+//     ext_proc filter does, mode by mode), for tests and local runs.
+//   - gateway: an HTTP gateway that uses extprocclient and proxies to the
+//     endpoint kvgate picked; `kvgate up` serves it.
+//
+// The Envoy Gateway manifests in examples/gateway are validated by this
+// package's tests. docs/envoy.md walks through both deployments.
+package envoy
