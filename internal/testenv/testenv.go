@@ -55,7 +55,7 @@ func StartEtcdServer(t testing.TB) []string {
 	cfg.Name = "testenv"
 	cfg.Dir = t.TempDir()
 	cfg.Logger = "zap"
-	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.UnsafeNoFsync = true
 	// Port 0 everywhere: the listeners pick free ports, read back below.
 	// Peer URLs only matter for the single member's own bookkeeping.

@@ -368,6 +368,7 @@ func (s *Subscriber) rebuild(w *workerState, reply kvevents.DumpReply) {
 		}
 		if err := s.target.ApplyEvent(ev); err != nil {
 			rejected++
+			s.log.Debug("dumped kv event rejected", "worker", w.id, "dp_rank", ev.DPRank, "err", err)
 			continue
 		}
 		applied++

@@ -1,0 +1,243 @@
+// Package client is the Go client of a pool's local router service
+// (api/localrouter/v1): the same calls as localrouter.Router over gRPC, a
+// Track handle for a request's lifecycle, and Generate, which routes a
+// prompt, runs it on the chosen worker's OpenAI-compatible /v1/completions
+// and tracks it (Dynamo's KvRouter.generate).
+//
+// The four ways to use it (DESIGN.md §9) are the package examples:
+// automatic routing (Generate), manual lifecycle (BestWorker with a request
+// id, MarkPrefillComplete, Free), hierarchical probing of several routers
+// (BestWorker without a request id, then Commit on the best), and custom
+// routing on PotentialLoads (Generate with a forced worker).
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter"
+)
+
+var (
+	contextCanceled = context.Canceled
+	contextDeadline = context.DeadlineExceeded
+)
+
+// Client calls one local router. Safe for concurrent use.
+type Client struct {
+	conn *grpc.ClientConn // nil when the caller owns the connection
+	rpc  localrouterv1.LocalRouterClient
+	http *http.Client
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient sets the HTTP client Generate uses to reach workers
+// (default http.DefaultClient).
+func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
+
+// Dial returns a Client of the router at target (host:port, or any gRPC
+// target), over plaintext gRPC unless dialOpts say otherwise. Close it.
+func Dial(target string, dialOpts []grpc.DialOption, opts ...Option) (*Client, error) {
+	if len(dialOpts) == 0 {
+		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(target, dialOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("local router %s: %w", target, err)
+	}
+	c := New(conn, opts...)
+	c.conn = conn
+	return c, nil
+}
+
+// New returns a Client over a connection the caller owns.
+func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
+	c := &Client{rpc: localrouterv1.NewLocalRouterClient(conn), http: http.DefaultClient}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Close closes the connection Dial opened.
+func (c *Client) Close() error {
+	if c.conn == nil {
+		return nil
+	}
+	return c.conn.Close()
+}
+
+// Prompt is a request's prompt as the router sees it: token ids, or the
+// local block hashes (kvevents.LocalHashes) computed for BlockSize, which
+// must be the pool's. Hashes are what a caller that already hashed sends.
+type Prompt struct {
+	Tokens      []uint32
+	BlockHashes []uint64
+	BlockSize   int
+	// ISL is the prompt length in tokens (default: len(Tokens), or
+	// len(BlockHashes)*BlockSize).
+	ISL      int
+	LoRAName string
+}
+
+// TokenPrompt is a Prompt of token ids.
+func TokenPrompt(tokens []uint32) Prompt { return Prompt{Tokens: tokens} }
+
+// HashPrompt is a Prompt of local block hashes computed for blockSize.
+func HashPrompt(hashes []uint64, blockSize int) Prompt {
+	return Prompt{BlockHashes: hashes, BlockSize: blockSize}
+}
+
+func (p Prompt) proto() *localrouterv1.Prompt {
+	return &localrouterv1.Prompt{
+		TokenIds: p.Tokens, BlockHashes: p.BlockHashes, BlockSize: uint32(p.BlockSize),
+		IslTokens: uint32(p.ISL), LoraName: p.LoRAName,
+	}
+}
+
+// Selection is a worker chosen for a request and the terms of its cost.
+type Selection struct {
+	Worker localrouter.WorkerKey
+	// Address is the worker's HTTP endpoint, host:port.
+	Address       string
+	OverlapBlocks int
+	RequestBlocks int
+	// PrefillTokens and DecodeBlocks are the worker's potential load with
+	// this request.
+	PrefillTokens int
+	DecodeBlocks  int
+	Cost          float64
+	Candidates    int
+	// BlockSize is the pool's block size.
+	BlockSize int
+}
+
+func selection(s *localrouterv1.Selection) Selection {
+	return Selection{
+		Worker: localrouter.WorkerKey{ID: s.GetWorkerId(), DPRank: s.GetDpRank()}, Address: s.GetAddress(),
+		OverlapBlocks: int(s.GetOverlapBlocks()), RequestBlocks: int(s.GetRequestBlocks()),
+		PrefillTokens: int(s.GetPotentialPrefillTokens()), DecodeBlocks: int(s.GetPotentialDecodeBlocks()),
+		Cost: s.GetCost(), Candidates: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()),
+	}
+}
+
+// BestWorkerOptions select what BestWorker does besides choosing.
+type BestWorkerOptions struct {
+	// RequestID, when set, records the request on the chosen worker; the
+	// caller must then call MarkPrefillComplete and Free. Empty: a pure
+	// query.
+	RequestID string
+	// UpdateIndexer records the choice in the approximate index.
+	UpdateIndexer bool
+	// Override changes cost parameters for this request.
+	Override *localrouter.Override
+}
+
+func overrideProto(o *localrouter.Override) *localrouterv1.ConfigOverride {
+	if o == nil {
+		return nil
+	}
+	return &localrouterv1.ConfigOverride{
+		OverlapScoreCredit: o.OverlapScoreCredit, PrefillLoadScale: o.PrefillLoadScale, RouterTemperature: o.RouterTemperature,
+	}
+}
+
+// BestWorker asks the router for the best worker for p.
+func (c *Client) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions) (Selection, error) {
+	r, err := c.rpc.BestWorker(ctx, &localrouterv1.BestWorkerRequest{
+		Prompt: p.proto(), ConfigOverride: overrideProto(o.Override), RequestId: o.RequestID, UpdateIndexer: o.UpdateIndexer,
+	})
+	if err != nil {
+		return Selection{}, fromStatus(err)
+	}
+	return selection(r.GetSelection()), nil
+}
+
+// PotentialLoad is one worker rank's load if the prompt were placed there.
+type PotentialLoad struct {
+	localrouter.PotentialLoad
+	Address string
+}
+
+// PotentialLoads returns every worker rank's potential load for p.
+func (c *Client) PotentialLoads(ctx context.Context, p Prompt) ([]PotentialLoad, error) {
+	r, err := c.rpc.PotentialLoads(ctx, &localrouterv1.PotentialLoadsRequest{Prompt: p.proto()})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	out := make([]PotentialLoad, 0, len(r.GetLoads()))
+	for _, l := range r.GetLoads() {
+		out = append(out, PotentialLoad{Address: l.GetAddress(), PotentialLoad: localrouter.PotentialLoad{
+			Worker:                 localrouter.WorkerKey{ID: l.GetWorkerId(), DPRank: l.GetDpRank()},
+			PotentialPrefillTokens: int(l.GetPotentialPrefillTokens()), PotentialDecodeBlocks: int(l.GetPotentialDecodeBlocks()),
+			OverlapBlocks: int(l.GetOverlapBlocks()), ActiveRequests: int(l.GetActiveRequests()),
+		}})
+	}
+	return out, nil
+}
+
+func commitProto(id string, worker localrouter.WorkerKey, p Prompt) *localrouterv1.CommitRequest {
+	return &localrouterv1.CommitRequest{RequestId: id, WorkerId: worker.ID, DpRank: worker.DPRank, Prompt: p.proto()}
+}
+
+// Commit records request id, placed by the caller on worker.
+func (c *Client) Commit(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt) (Selection, error) {
+	r, err := c.rpc.Commit(ctx, commitProto(id, worker, p))
+	if err != nil {
+		return Selection{}, fromStatus(err)
+	}
+	return selection(r.GetSelection()), nil
+}
+
+// MarkPrefillComplete marks request id's first token.
+func (c *Client) MarkPrefillComplete(ctx context.Context, id string) error {
+	_, err := c.rpc.MarkPrefillComplete(ctx, &localrouterv1.MarkPrefillCompleteRequest{RequestId: id})
+	return fromStatus(err)
+}
+
+// Free frees request id.
+func (c *Client) Free(ctx context.Context, id string) error {
+	_, err := c.rpc.Free(ctx, &localrouterv1.FreeRequest{RequestId: id})
+	return fromStatus(err)
+}
+
+// DumpEvents returns the router's KV index as events.
+func (c *Client) DumpEvents(ctx context.Context) ([]kvevents.RouterEvent, error) {
+	r, err := c.rpc.DumpEvents(ctx, &localrouterv1.DumpEventsRequest{})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	var evs []kvevents.RouterEvent
+	if err := json.Unmarshal([]byte(r.GetEventsJson()), &evs); err != nil {
+		return nil, fmt.Errorf("local router dump: %w", err)
+	}
+	return evs, nil
+}
+
+// Workers returns the pool's members and their loads.
+func (c *Client) Workers(ctx context.Context) ([]*localrouterv1.Worker, error) {
+	r, err := c.rpc.Workers(ctx, &localrouterv1.WorkersRequest{})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return r.GetWorkers(), nil
+}
+
+// Stats returns the router's counters.
+func (c *Client) Stats(ctx context.Context) (*localrouterv1.StatsResponse, error) {
+	r, err := c.rpc.Stats(ctx, &localrouterv1.StatsRequest{})
+	return r, fromStatus(err)
+}
+
+// errTrackerDone is returned by a Tracker used after its request was freed.
+var errTrackerDone = errors.New("tracked request already freed")
