@@ -38,6 +38,9 @@ type hfTokenizer struct {
 	// newlineSafe: the pre-tokenizer always cuts text before a '<' that
 	// follows a newline, so segments may be cut there (see segmenter).
 	newlineSafe bool
+	// slowSplit: a split pattern that is not hand-written runs on regexp2,
+	// slower and not checked against the reference.
+	slowSplit bool
 }
 
 var _ segmenter = (*hfTokenizer)(nil)
@@ -137,6 +140,13 @@ func parseHuggingFace(data []byte, name string) (*hfTokenizer, error) {
 		return nil, fmt.Errorf("pre_tokenizer: %w", err)
 	}
 	t.newlineSafe = newlineSafe(f.Normalizer, t.pre)
+	for _, p := range t.pre {
+		if st, ok := p.(splitStep); ok {
+			if _, ok := st.s.(*regexpSplitter); ok {
+				t.slowSplit = true
+			}
+		}
+	}
 
 	// Ids: the vocab plus the added tokens.
 	maxID := uint32(0)

@@ -154,6 +154,9 @@ func Load(cfg Config) (*Model, error) {
 	if err := m.register(cfg.Registerer, cfg.Model); err != nil {
 		return nil, err
 	}
+	if h, ok := m.tok.(*hfTokenizer); ok && h.slowSplit {
+		logger.Warn("tokenizer.json split pattern is not one of the hand-written ones; running it on regexp2 (slower, not checked against the reference)", "model", cfg.Model)
+	}
 	if m.approximate {
 		logger.Warn("tokenizer is approximate: token ids are 4-byte chunks, not the engine's", "model", cfg.Model, "backend", m.backend, "approximate", true)
 	} else {

@@ -4,36 +4,9 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 
-	"github.com/pkoukk/tiktoken-go"
 	tiktokenloader "github.com/pkoukk/tiktoken-go-loader"
 )
-
-// openAI is an embedded OpenAI encoding (cl100k_base, o200k_base), through
-// tiktoken-go with the offline loader: nothing is downloaded.
-type openAI struct {
-	name  string
-	enc   *tiktoken.Tiktoken
-	added *addedMatcher
-	// decode is the byte string of each id, specials included.
-	decode [][]byte
-}
-
-var (
-	_ Tokenizer = (*openAI)(nil)
-	_ segmenter = (*openAI)(nil)
-)
-
-func (t *openAI) segments(text string, emit func(segment)) {
-	t.added.split(text, func(s segment) {
-		if s.isToken {
-			emit(s)
-			return
-		}
-		splitNewlineMarker(s, emit)
-	})
-}
 
 // openAIEncodings are the encodings offered; the special tokens are
 // tiktoken's.
@@ -42,9 +15,12 @@ var openAIEncodings = map[string]map[string]uint32{
 	"o200k_base":  {"<|endoftext|>": 199999, "<|endofprompt|>": 200018},
 }
 
-var setOfflineLoader sync.Once
-
-func loadOpenAI(encoding string) (*openAI, error) {
+// loadOpenAI returns an embedded OpenAI encoding. The ranks come from
+// tiktoken-go-loader (embedded files: nothing is downloaded); encoding runs
+// on this package's byte-level BPE with the hand-written split patterns.
+// openai_test.go checks it against tiktoken-go and the reference checks it
+// against js-tiktoken.
+func loadOpenAI(encoding string) (*hfTokenizer, error) {
 	specials, ok := openAIEncodings[encoding]
 	if !ok {
 		names := make([]string, 0, len(openAIEncodings))
@@ -54,68 +30,65 @@ func loadOpenAI(encoding string) (*openAI, error) {
 		sort.Strings(names)
 		return nil, fmt.Errorf("%w: unknown openai encoding %q (have %s)", ErrConfig, encoding, strings.Join(names, ", "))
 	}
-	// tiktoken-go keeps its loader in a package variable; the offline one
-	// reads the encodings embedded by tiktoken-go-loader.
-	setOfflineLoader.Do(func() { tiktoken.SetBpeLoader(tiktokenloader.NewOfflineLoader()) })
-	enc, err := tiktoken.GetEncoding(encoding)
-	if err != nil {
-		return nil, fmt.Errorf("tokenizer: encoding %s: %w", encoding, err)
-	}
 	ranks, err := tiktokenloader.NewOfflineLoader().LoadTiktokenBpe(encoding + ".tiktoken")
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: encoding %s: %w", encoding, err)
 	}
-	t := &openAI{name: encoding, enc: enc}
-	size := 0
-	for _, id := range specials {
-		size = max(size, int(id)+1)
+	sp := splitter(cl100kSplitter{maxDigits: 3})
+	if encoding == "o200k_base" {
+		sp = o200kSplitter{}
 	}
+	return rankedBPE(encoding, ranks, specials, sp), nil
+}
+
+// rankedBPE builds a tiktoken encoding on this package's byte-level BPE.
+// tiktoken merges, lowest rank first and leftmost on ties, the adjacent
+// pair whose concatenation has the lowest rank, and takes a piece that is
+// a token whole; with a merge for every split of every token into two
+// tokens, and ignore_merges, the BPE here does the same.
+func rankedBPE(name string, ranks map[string]int, specials map[string]uint32, sp splitter) *hfTokenizer {
+	size := 0
 	for _, r := range ranks {
 		size = max(size, r+1)
 	}
-	t.decode = make([][]byte, size)
+	for _, id := range specials {
+		size = max(size, int(id)+1)
+	}
+	t := &hfTokenizer{
+		name:        name,
+		byteLevel:   true,
+		ignoreMrg:   true,
+		vocab:       make(map[string]uint32, len(ranks)),
+		idToToken:   make([]string, size),
+		addedByID:   map[uint32]string{},
+		specialIDs:  map[uint32]bool{},
+		pre:         []preStep{splitStep{sp}},
+		newlineSafe: true,
+	}
 	for tok, r := range ranks {
-		t.decode[r] = []byte(tok)
+		t.vocab[tok] = uint32(r)
+		t.idToToken[r] = tok
+	}
+	for b := 0; b < 256; b++ {
+		t.byteIDs[b] = t.vocab[string([]byte{byte(b)})]
+	}
+	t.model.merges = make(map[uint64]uint64, len(ranks))
+	for tok, r := range ranks {
+		for k := 1; k < len(tok); k++ {
+			a, okA := t.vocab[tok[:k]]
+			b, okB := t.vocab[tok[k:]]
+			if okA && okB {
+				t.model.merges[pairKey(a, b)] = uint64(r)<<32 | uint64(r)
+			}
+		}
 	}
 	var added []addedToken
 	for s, id := range specials {
-		t.decode[id] = []byte(s)
+		t.idToToken[id] = s
+		t.addedByID[id] = s
+		t.specialIDs[id] = true
 		added = append(added, addedToken{content: s, id: id, special: true})
 	}
 	t.added = newAddedMatcher(added)
-	return t, nil
-}
-
-func (t *openAI) Name() string { return t.name }
-
-// Encode encodes text with every special token allowed, as
-// tiktoken's encode(text, allowed_special="all").
-func (t *openAI) Encode(text string) ([]uint32, error) {
-	return t.appendText(make([]uint32, 0, len(text)/3+1), text), nil
-}
-
-func (t *openAI) appendText(ids []uint32, text string) []uint32 {
-	t.added.split(sanitizeUTF8(text), func(s segment) { ids = t.appendSegment(ids, s) })
-	return ids
-}
-
-func (t *openAI) appendSegment(ids []uint32, s segment) []uint32 {
-	if s.isToken {
-		return append(ids, s.id)
-	}
-	for _, id := range t.enc.EncodeOrdinary(s.text) {
-		ids = append(ids, uint32(id))
-	}
-	return ids
-}
-
-func (t *openAI) Decode(ids []uint32) (string, error) {
-	var b []byte
-	for _, id := range ids {
-		if int(id) >= len(t.decode) || t.decode[id] == nil {
-			return "", fmt.Errorf("%w: %d", ErrUnknownID, id)
-		}
-		b = append(b, t.decode[id]...)
-	}
-	return strings.ToValidUTF8(string(b), "\uFFFD"), nil
+	return t
 }

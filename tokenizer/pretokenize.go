@@ -26,6 +26,8 @@ const (
 	patCL100K = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 	// patQwen2 is the Qwen2 / Qwen3 pattern: cl100k's with single digits.
 	patQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	// patO200K is o200k_base's pattern: words split at case changes.
+	patO200K = `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 )
 
 // splitter cuts text into pieces that BPE encodes independently. split
@@ -44,6 +46,8 @@ func newSplitter(pattern string) (splitter, error) {
 		return cl100kSplitter{maxDigits: 3}, nil
 	case patQwen2:
 		return cl100kSplitter{maxDigits: 1}, nil
+	case patO200K:
+		return o200kSplitter{}, nil
 	}
 	re, err := regexp2.Compile(pattern, regexp2.Unicode)
 	if err != nil {
@@ -258,6 +262,120 @@ func (c cl100kSplitter) next(s string, i int) int {
 	// Whitespace from here on.
 	end := runOf(s, i, clsSpace)
 	// \s*[\r\n]+: up to and including the run's last newline.
+	for k := end - 1; k >= i; k-- {
+		if s[k] == '\r' || s[k] == '\n' {
+			return k + 1
+		}
+	}
+	return spaceRun(s, i, end)
+}
+
+// o200kSplitter implements patO200K.
+type o200kSplitter struct{}
+
+func (o200kSplitter) split(s string, emit func(string)) {
+	for i := 0; i < len(s); {
+		j := o200kNext(s, i)
+		emit(s[i:j])
+		i = j
+	}
+}
+
+// isUpperish is [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], isLowerish
+// [\p{Ll}\p{Lm}\p{Lo}\p{M}]; Lm, Lo and marks are in both.
+func isUpperish(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r >= 'A' && r <= 'Z'
+	}
+	return unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo, unicode.M)
+}
+
+func isLowerish(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r >= 'a' && r <= 'z'
+	}
+	return unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M)
+}
+
+// runWhile returns the end of the run of runes satisfying f from i.
+func runWhile(s string, i int, f func(rune) bool) int {
+	for i < len(s) {
+		r, n := runeAt(s, i)
+		if !f(r) {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+// o200kWord matches U*W+ (upperFirst false) or U+W* (true) at j, then an
+// optional contraction; -1 if it does not match. U* backtracks until a W
+// follows, as the regex engine does.
+func o200kWord(s string, j int, upperFirst bool) int {
+	uEnd := runWhile(s, j, isUpperish)
+	if upperFirst {
+		if uEnd == j {
+			return -1
+		}
+		e := runWhile(s, uEnd, isLowerish)
+		return e + contraction(s, e, true)
+	}
+	for k := uEnd; ; {
+		if r, _ := runeAt(s, k); r >= 0 && isLowerish(r) {
+			e := runWhile(s, k, isLowerish)
+			return e + contraction(s, e, true)
+		}
+		if k == j {
+			return -1
+		}
+		_, n := utf8.DecodeLastRuneInString(s[j:k])
+		k -= n
+	}
+}
+
+func o200kNext(s string, i int) int {
+	r, n := runeAt(s, i)
+	cls := classOf(r)
+	prefix := cls != clsLetter && cls != clsNumber && r != '\r' && r != '\n'
+	for _, upperFirst := range []bool{false, true} {
+		if prefix {
+			if e := o200kWord(s, i+n, upperFirst); e >= 0 {
+				return e
+			}
+		}
+		if e := o200kWord(s, i, upperFirst); e >= 0 {
+			return e
+		}
+	}
+	// \p{N}{1,3}
+	if cls == clsNumber {
+		j := i + n
+		for k := 1; k < 3; k++ {
+			r2, n2 := runeAt(s, j)
+			if r2 < 0 || classOf(r2) != clsNumber {
+				break
+			}
+			j += n2
+		}
+		return j
+	}
+	// ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+	j := -1
+	if cls == clsOther {
+		j = runOf(s, i+n, clsOther)
+	} else if r == ' ' {
+		if r2, n2 := runeAt(s, i+n); r2 >= 0 && classOf(r2) == clsOther {
+			j = runOf(s, i+n+n2, clsOther)
+		}
+	}
+	if j >= 0 {
+		for j < len(s) && (s[j] == '\r' || s[j] == '\n' || s[j] == '/') {
+			j++
+		}
+		return j
+	}
+	end := runOf(s, i, clsSpace)
 	for k := end - 1; k >= i; k-- {
 		if s[k] == '\r' || s[k] == '\n' {
 			return k + 1

@@ -21,9 +21,10 @@ var handWritten = map[string]splitter{
 	"gpt2":   gpt2Splitter{},
 	"cl100k": cl100kSplitter{maxDigits: 3},
 	"qwen2":  cl100kSplitter{maxDigits: 1},
+	"o200k":  o200kSplitter{},
 }
 
-var patterns = map[string]string{"gpt2": patGPT2, "cl100k": patCL100K, "qwen2": patQwen2}
+var patterns = map[string]string{"gpt2": patGPT2, "cl100k": patCL100K, "qwen2": patQwen2, "o200k": patO200K}
 
 func splitAll(s splitter, text string) []string {
 	var out []string
@@ -48,7 +49,7 @@ func corpusTexts(t testing.TB) []string {
 	if err := json.Unmarshal(data, &corpus); err != nil {
 		t.Fatal(err)
 	}
-	texts := []string{"'s 'S 'Re 'LL 'x '", "a\n\n b", " \n", "x  \t\n  y", "1234567", " !!\n\n", "\r\n\r\n", "  ", " a", "\ta", "'\u00e9"}
+	texts := []string{"'s 'S 'Re 'LL 'x '", "HelloWorld camelCase XMLHttp ÀÉÎõ ǅungla e\u0301\u0301x \u0301a a\u0301B /path//x\n ok's", "ʰʰa \u02b0 Aʰ", "a\n\n b", " \n", "x  \t\n  y", "1234567", " !!\n\n", "\r\n\r\n", "  ", " a", "\ta", "'\u00e9"}
 	for _, c := range corpus {
 		texts = append(texts, c.Text)
 	}

@@ -5,7 +5,8 @@
 //
 // Backends, chosen per model in Config.Backend:
 //   - "openai": the cl100k_base and o200k_base encodings, embedded in the
-//     binary (the default for local runs and tests).
+//     binary (the default for local runs and tests), with a ChatML chat
+//     template.
 //   - "huggingface": a tokenizer.json with a BPE model (byte-level as GPT-2,
 //     Llama-3 and Qwen; SentencePiece-style as Llama-2 and Mistral), plus
 //     the chat template of tokenizer_config.json.

@@ -401,3 +401,41 @@ func TestRemoteTimeout(t *testing.T) {
 		t.Errorf("Encode returned after %v despite a 50ms timeout", d)
 	}
 }
+
+func TestSet(t *testing.T) {
+	s, err := LoadSet([]Config{{Model: "a", Backend: BackendEstimate}, {Model: "b", Backend: BackendOpenAI}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Model("b"); err != nil || m.Name() != "cl100k_base" {
+		t.Errorf("Model(b) = %v, %v", m, err)
+	}
+	_, err = s.Model("gpt-9")
+	if !errors.Is(err, ErrUnknownModel) || !strings.Contains(err.Error(), `"gpt-9"`) || !strings.Contains(err.Error(), "configured: a, b") {
+		t.Errorf("Model(gpt-9) error = %v", err)
+	}
+	for _, cfgs := range [][]Config{
+		{{Model: "a", Backend: BackendEstimate}, {Model: "a", Backend: BackendEstimate}},
+		{{Backend: BackendEstimate}},
+		{{Model: "x", Backend: "nope"}},
+	} {
+		if _, err := LoadSet(cfgs); !errors.Is(err, ErrConfig) {
+			t.Errorf("LoadSet(%+v) error = %v, want ErrConfig", cfgs, err)
+		}
+	}
+}
+
+// A split pattern that is not hand-written still works, through regexp2.
+func TestRegexpFallback(t *testing.T) {
+	f := tinyByteLevel()
+	pre := f["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)
+	pre[0].(map[string]any)["pattern"] = map[string]any{"Regex": `\s+|\S+`}
+	m := loadTiny(t, f, "")
+	if !m.tok.(*hfTokenizer).slowSplit {
+		t.Error("slowSplit = false")
+	}
+	ids, _ := m.Encode("the you  in")
+	if got, _ := m.Decode(ids[1:]); got != "the you  in" {
+		t.Errorf("round trip = %q", got)
+	}
+}
