@@ -1,0 +1,55 @@
+package globalrouter
+
+import (
+	"context"
+	"crypto/sha256"
+	"os"
+	"time"
+)
+
+// DefaultWatchInterval is how often WatchFile looks at the file.
+const DefaultWatchInterval = 2 * time.Second
+
+// WatchFile reloads the configuration from path whenever the file's content
+// changes, looking every interval (default DefaultWatchInterval), until ctx
+// ends. Polling the content rather than watching events survives editors
+// that replace files and Kubernetes ConfigMaps that swap symlinks. A bad new
+// file is refused (logged, counted in kvgate_globalrouter_config_reloads_total)
+// and the current configuration stays; it is tried again once it changes.
+// changed, when not nil, is told the result of each reload attempt.
+func (r *Router) WatchFile(ctx context.Context, path string, interval time.Duration, changed func(error)) error {
+	if interval <= 0 {
+		interval = DefaultWatchInterval
+	}
+	last, _ := fileSum(path)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		sum, err := fileSum(path)
+		if err != nil {
+			r.log.Warn("cannot read the configuration file; keeping the current configuration", "file", path, "err", err)
+			continue
+		}
+		if sum == last {
+			continue
+		}
+		last = sum
+		err = r.ReloadFile(path)
+		if changed != nil {
+			changed(err)
+		}
+	}
+}
+
+func fileSum(path string) ([32]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return [32]byte{}, err
+	}
+	return sha256.Sum256(b), nil
+}

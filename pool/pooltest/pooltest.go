@@ -1,0 +1,153 @@
+// Package pooltest starts real local routers for tests: a localrouter.Router
+// behind its gRPC service (localrouter/server) on a loopback listener, with a
+// static worker directory standing in for etcd membership (the one seam it
+// replaces). Tests of the global router and of kvgate's front door probe
+// and commit against it over real gRPC.
+package pooltest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/server"
+)
+
+// Worker is a pool member: its id and the HTTP address requests go to.
+type Worker struct {
+	ID      string
+	Address string
+}
+
+// Workers returns n workers named prefix-0… with addresses 10.0.0.x:8000.
+func Workers(prefix string, n int) []Worker {
+	out := make([]Worker, n)
+	for i := range out {
+		out[i] = Worker{ID: fmt.Sprintf("%s-%d", prefix, i), Address: fmt.Sprintf("10.0.%d.%d:8000", len(prefix)%250, i+1)}
+	}
+	return out
+}
+
+// Server is one running local router.
+type Server struct {
+	Router *localrouter.Router
+	// Addr is the gRPC address (127.0.0.1:port).
+	Addr string
+
+	grpc     *grpc.Server
+	stopOnce sync.Once
+	done     chan struct{}
+	events   map[localrouter.WorkerKey]uint64
+	mu       sync.Mutex
+}
+
+// Start starts a local router of blockSize with workers (approximate mode
+// off: the index is fed with Store). It stops when the test ends.
+func Start(t testing.TB, pool string, blockSize int, workers ...Worker) *Server {
+	t.Helper()
+	cfg := localrouter.DefaultConfig()
+	cfg.BlockSize = blockSize
+	r, err := localrouter.New(cfg, localrouter.Options{SweepInterval: -1})
+	if err != nil {
+		t.Fatalf("localrouter.New: %v", err)
+	}
+	dir := directory{}
+	for _, w := range workers {
+		r.AddWorker(w.ID, 1)
+		dir[w.ID] = kvevents.WorkerInfo{ID: w.ID, Address: w.Address, DPSize: 1, BlockSize: blockSize, Model: "*"}
+	}
+	srv, err := server.New(server.Options{Router: r, Directory: dir, Pool: pool, RouterID: pool + "-router"})
+	if err != nil {
+		t.Fatalf("server.New: %v", err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	g := grpc.NewServer()
+	srv.Register(g)
+	s := &Server{Router: r, Addr: lis.Addr().String(), grpc: g, done: make(chan struct{}), events: map[localrouter.WorkerKey]uint64{}}
+	go func() {
+		defer close(s.done)
+		_ = g.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		s.Stop()
+		_ = r.Close()
+	})
+	return s
+}
+
+// Stop stops serving at once (open streams break); idempotent.
+func (s *Server) Stop() {
+	s.stopOnce.Do(func() {
+		s.grpc.Stop()
+		<-s.done
+	})
+}
+
+// Store tells the router that worker caches the complete blocks of tokens
+// (a KV Stored event, as the worker's engine would publish it).
+func (s *Server) Store(t testing.TB, worker string, tokens []uint32) {
+	t.Helper()
+	bs := s.Router.Config().BlockSize
+	s.mu.Lock()
+	key := localrouter.WorkerKey{ID: worker}
+	s.events[key]++
+	id := s.events[key]
+	s.mu.Unlock()
+	var blocks []kvevents.Block
+	for i := 0; i+bs <= len(tokens); i += bs {
+		blocks = append(blocks, kvevents.Block{EngineHash: id<<32 | uint64(len(blocks)+1), TokenIDs: tokens[i : i+bs]})
+	}
+	if len(blocks) == 0 {
+		return
+	}
+	ev := kvevents.RouterEvent{WorkerID: worker, EventID: id, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: blocks}}}
+	if err := s.Router.ApplyEvent(ev); err != nil {
+		t.Fatalf("store on %s: %v", worker, err)
+	}
+}
+
+// ActiveRequests is the number of requests in flight on the router.
+func (s *Server) ActiveRequests() int {
+	n := 0
+	s.Router.Active().Loads(func(_ localrouter.WorkerKey, l localrouter.WorkerLoad) { n += l.ActiveRequests })
+	return n
+}
+
+// WaitIdle polls until the router has no request in flight or ctx ends.
+func (s *Server) WaitIdle(ctx context.Context) error {
+	for {
+		if s.ActiveRequests() == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d requests still active: %w", s.ActiveRequests(), ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// directory is the static worker directory (server.Directory).
+type directory map[string]kvevents.WorkerInfo
+
+func (d directory) Worker(id string) (kvevents.WorkerInfo, bool) { w, ok := d[id]; return w, ok }
+
+func (d directory) Workers() []kvevents.WorkerInfo {
+	out := make([]kvevents.WorkerInfo, 0, len(d))
+	for _, w := range d {
+		out = append(out, w)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
