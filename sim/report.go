@@ -81,6 +81,9 @@ type Result struct {
 
 	// ttfts are the sorted TTFTs in ms, for plots.
 	ttfts []float64
+	// workers is the index of the worker that prefilled each request (-1
+	// if rejected), for tests.
+	workers []int
 }
 
 // Label names the result in tables and plots.
@@ -107,15 +110,17 @@ func (r *run) result() *Result {
 	var ttft, itl, e2e []float64
 	var prompt, cached, out int64
 	var first, last time.Time
+	res.workers = make([]int, len(r.recs))
 	for i, rec := range r.recs {
 		if first.IsZero() || rec.arrival.Before(first) {
 			first = rec.arrival
 		}
+		res.workers[i] = rec.worker
 		if rec.rejected {
+			res.workers[i] = -1
 			res.Rejected++
 			continue
 		}
-		_ = i
 		res.Completed++
 		res.Preemptions += rec.preemptions
 		ttft = append(ttft, ms(rec.first.Sub(rec.arrival)))
