@@ -49,6 +49,12 @@ type Config struct {
 	MaxUsageBytes int
 	// ShutdownTimeout bounds the graceful stop of the gRPC server.
 	ShutdownTimeout time.Duration
+	// PrimaryOnlyHeader puts only the primary ip:port in the
+	// x-gateway-destination-endpoint header (the envoy.lb metadata keeps
+	// the whole list). Envoy's ORIGINAL_DST cluster parses the header as a
+	// single address; the override_host LB policy and the Inference
+	// Extension accept the list.
+	PrimaryOnlyHeader bool
 }
 
 // Defaults returns c with every unset field set to its default.

@@ -608,3 +608,20 @@ func readUntilData(t *testing.T, ctx context.Context, s *extprocclient.Stream) {
 		}
 	}
 }
+
+func TestPrimaryOnlyHeader(t *testing.T) {
+	conn, _ := startServer(t, extproc.Config{PrimaryOnlyHeader: true}, &deciderDouble{})
+	c := envoyClient(t, conn, allModes[0])
+	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
+		Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := get(res.Upstream.Headers, "x-gateway-destination-endpoint"), "10.0.0.1:8000"; got != want {
+		t.Errorf("header %q, want %q", got, want)
+	}
+	if got := res.Info.DynamicMetadata["envoy.lb"].GetFields()["x-gateway-destination-endpoint"].GetStringValue(); got != wantDestination {
+		t.Errorf("envoy.lb metadata %q, want %q", got, wantDestination)
+	}
+}

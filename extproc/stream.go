@@ -254,9 +254,13 @@ func (x *exchange) route() error {
 	x.decision, x.lease = d, d.Lease
 	x.s.m.overlap.WithLabelValues(d.Primary.Pool).Observe(float64(d.Primary.OverlapBlocks))
 	dest := destination(d)
+	headerDest := dest
+	if x.s.cfg.PrimaryOnlyHeader {
+		headerDest = d.Primary.Address
+	}
 	_, hadPrefiller := x.headers[HeaderPrefiller]
 	common := &extprocv3.CommonResponse{
-		HeaderMutation:  routingHeaders(d, dest, x.explain, hadPrefiller),
+		HeaderMutation:  routingHeaders(d, headerDest, x.explain, hadPrefiller),
 		ClearRouteCache: true,
 	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
