@@ -33,8 +33,8 @@
 //
 //   - One gRPC stream per HTTP request, opened lazily on the first message
 //     (none at all if nothing is sent); request and response share it; it is
-//     half-closed and cancelled when the exchange ends (the server sees
-//     CANCELLED).
+//     reset when the exchange ends (the server sees CANCELLED; Envoy's
+//     half-close before the reset is not reproduced).
 //   - Message order per direction headers → body → trailers;
 //     protocol_config on the stream's first message only; metadata_context
 //     with the forwarding namespaces on every message.

@@ -332,6 +332,24 @@ func (s *Stream) updateInfo(f func(*Info)) {
 	f(&s.info)
 }
 
+// SetDynamicMetadata merges fields into the request's dynamic metadata
+// namespace ns, as another Envoy filter or the load balancer would (e.g.
+// envoy.lb x-gateway-destination-endpoint-served once the upstream is
+// known). Later messages forward it if ns is a forwarding namespace. It is
+// safe for concurrent use.
+func (s *Stream) SetDynamicMetadata(ns string, fields *structpb.Struct) {
+	s.updateInfo(func(i *Info) {
+		cur := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+		if old, ok := i.DynamicMetadata[ns]; ok {
+			cur = proto.Clone(old).(*structpb.Struct)
+		}
+		for k, v := range fields.GetFields() {
+			cur.Fields[k] = proto.Clone(v).(*structpb.Value)
+		}
+		i.DynamicMetadata[ns] = cur
+	})
+}
+
 // Close ends the exchange: the gRPC stream is half-closed and reset (the
 // server sees CANCELLED, as with Envoy), readers get ErrClosed once drained.
 // It waits for the Stream's goroutines and is idempotent.

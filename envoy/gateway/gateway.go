@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvgate/kvgate/envoy"
 	"github.com/kvgate/kvgate/envoy/extprocclient"
@@ -24,6 +25,10 @@ import (
 // DestinationHeader is the Gateway API Inference Extension header that
 // carries the chosen endpoint(s): "ip:port" or a comma list, first first.
 const DestinationHeader = "x-gateway-destination-endpoint"
+
+// ServedHeader is the envoy.lb metadata key that reports the endpoint that
+// actually served the request, forwarded on the response path.
+const ServedHeader = "x-gateway-destination-endpoint-served"
 
 // Config configures a Gateway.
 type Config struct {
@@ -142,6 +147,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp, details, err := g.roundTrip(ctx, r, s, first, &wg)
+	if err != nil && s.Info().LocalReply != nil {
+		// The filter answered while the body was on its way upstream (the
+		// upstream request was aborted): the client gets that answer.
+		g.writeDownstream(ctx, w, s)
+		return
+	}
 	if err != nil {
 		g.log.Warn("upstream failed", "path", r.URL.Path, "details", details, "error", err)
 		writeLocalReply(w, http.StatusServiceUnavailable, details)
@@ -248,6 +259,11 @@ func (g *Gateway) roundTrip(ctx context.Context, r *http.Request, s *extprocclie
 		req.Body, req.Trailer = base.Body, base.Trailer
 		resp, err := g.transport.RoundTrip(req)
 		if err == nil {
+			// The Inference Extension's "served" report: the response
+			// path's messages tell the picker which endpoint answered.
+			s.SetDynamicMetadata("envoy.lb", &structpb.Struct{Fields: map[string]*structpb.Value{
+				ServedHeader: structpb.NewStringValue(ep),
+			}})
 			g.log.Debug("proxied", "path", path, "endpoint", ep, "status", resp.StatusCode)
 			return resp, "", nil
 		}

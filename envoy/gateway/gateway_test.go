@@ -38,7 +38,7 @@ type fakeRouter struct {
 }
 
 func (fakeRouter) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	var pick, immediate string
+	var pick, immediate, late string
 	var body []byte
 	for {
 		req, err := srv.Recv()
@@ -54,6 +54,8 @@ func (fakeRouter) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 					pick = string(h.GetRawValue())
 				case "x-test-immediate":
 					immediate = string(h.GetRawValue())
+				case "x-test-late-immediate":
+					late = string(h.GetRawValue())
 				}
 			}
 			if r.RequestHeaders.GetEndOfStream() {
@@ -61,16 +63,22 @@ func (fakeRouter) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 		case *extprocv3.ProcessingRequest_RequestBody:
 			body = append(body, r.RequestBody.GetBody()...)
-			if r.RequestBody.GetEndOfStream() {
+			switch {
+			case r.RequestBody.GetEndOfStream() && late != "":
+				// Headers released upstream first, then the body refused.
+				out = append(out, pickResponse(pick, ""), pickResponse("", late))
+			case r.RequestBody.GetEndOfStream():
 				out = append(out, pickResponse(pick, immediate), streamedResp(true, body, true))
 			}
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			out = append(out, pickResponse(pick, immediate), streamedResp(true, body, false),
 				&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			served := req.GetMetadataContext().GetFilterMetadata()["envoy.lb"].GetFields()[ServedHeader].GetStringValue()
 			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
 				Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 					{Header: &corev3.HeaderValue{Key: "x-kvgate-pool", RawValue: []byte("pool-a")}},
+					{Header: &corev3.HeaderValue{Key: "x-test-served", RawValue: []byte(served)}},
 				}}},
 			}}})
 		case *extprocv3.ProcessingRequest_ResponseBody:
@@ -204,6 +212,7 @@ func TestGateway(t *testing.T) {
 		method      string
 		pick        string
 		immediate   string
+		late        string
 		reqTrailer  bool
 		unreachable bool
 		wantStatus  int
@@ -215,9 +224,12 @@ func TestGateway(t *testing.T) {
 			wantHeader: map[string]string{"X-Kvgate-Pool": "pool-a", "Content-Type": "text/event-stream"}, wantTrailer: "5"},
 		{name: "GET without body", method: "GET", pick: good, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5"},
 		{name: "request trailers reach the upstream", method: "POST", pick: good, reqTrailer: true, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5"},
-		{name: "fallback on connection failure", method: "POST", pick: down + "," + good, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5"},
+		{name: "fallback on connection failure", method: "POST", pick: down + "," + good, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5",
+			wantHeader: map[string]string{"X-Test-Served": good}},
 		{name: "immediate response", method: "POST", pick: good, immediate: "429", wantStatus: 429,
 			wantBody: `{"error":{"message":"saturated","type":"rate_limit","code":429}}`, wantHeader: map[string]string{"X-Kvgate-Dropped-Reason": "saturated"}},
+		{name: "immediate response after the headers went upstream", method: "POST", pick: good, late: "413", wantStatus: 413,
+			wantBody: `{"error":{"message":"saturated","type":"rate_limit","code":429}}`},
 		{name: "no endpoint", method: "POST", wantStatus: 503, wantBody: "no healthy upstream"},
 		{name: "every endpoint down", method: "POST", pick: down, wantStatus: 503,
 			wantBody: "upstream connect error or disconnect/reset before headers. reset reason: connection failure"},
@@ -245,6 +257,9 @@ func TestGateway(t *testing.T) {
 			}
 			if tt.immediate != "" {
 				req.Header.Set("x-test-immediate", tt.immediate)
+			}
+			if tt.late != "" {
+				req.Header.Set("x-test-late-immediate", tt.late)
 			}
 			resp, err := client.Do(req)
 			if err != nil {
