@@ -86,6 +86,11 @@ func (f *fakeProcessor) streamCount() int {
 // connection to it; both stop at test cleanup.
 func startFake(t *testing.T, respond respondFunc) (*fakeProcessor, *grpc.ClientConn) {
 	t.Helper()
+	return startFakeB(t, respond)
+}
+
+func startFakeB(t testing.TB, respond respondFunc) (*fakeProcessor, *grpc.ClientConn) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
