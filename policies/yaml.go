@@ -93,7 +93,13 @@ func Errorf(file string, n *yaml.Node, what, format string, args ...any) error {
 func ParseFile(file string, data []byte) (*yaml.Node, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, &PosError{File: file, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+		e := &PosError{File: file, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+		var line int
+		if _, scanErr := fmt.Sscanf(e.Msg, "line %d:", &line); scanErr == nil {
+			e.Line = line
+			e.Msg = strings.TrimSpace(e.Msg[strings.Index(e.Msg, ":")+1:])
+		}
+		return nil, e
 	}
 	if doc.Kind == 0 {
 		return nil, &PosError{File: file, Msg: "empty document"}

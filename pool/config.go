@@ -31,7 +31,8 @@ type Config struct {
 	// keyed by policy name.
 	Policy policies.PoolSection `yaml:"policy"`
 	// PolicyFile is the pool's policy section in its own file (relative to
-	// the configuration file); exclusive with Policy.
+	// the configuration file); exclusive with Policy. DecodeConfigs loads
+	// it into Policy.
 	PolicyFile string `yaml:"policy_file"`
 
 	// File and node locate the pool in its configuration for errors.
@@ -93,8 +94,6 @@ func (c *Config) Validate() error {
 		return c.errorf("routers", "set static addresses or etcd: true")
 	case len(c.Routers.Static) > 0 && c.Routers.Etcd:
 		return c.errorf("routers", "static and etcd are exclusive")
-	case c.PolicyFile != "" && len(c.Policy) > 0:
-		return c.errorf("policy_file", "policy and policy_file are exclusive")
 	}
 	for _, m := range c.Models {
 		if m == "" {
@@ -166,7 +165,10 @@ func DecodeConfigs(file string, n *yaml.Node) ([]Config, error) {
 		c.File, c.node = file, pn
 		c.Defaults()
 		c.Policy.SetFile(file)
-		if c.PolicyFile != "" && len(c.Policy) == 0 {
+		if c.PolicyFile != "" && len(c.Policy) > 0 {
+			return nil, c.errorf("policy_file", "policy and policy_file are exclusive")
+		}
+		if c.PolicyFile != "" {
 			sec, err := LoadPolicyFile(resolve(file, c.PolicyFile))
 			if err != nil {
 				return nil, err

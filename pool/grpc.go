@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
@@ -17,9 +19,18 @@ type Dialer func(addr string) (Router, error)
 
 // GRPCDialer returns a Dialer of gRPC clients (insecure transport unless
 // opts say otherwise). Connections are made lazily, on the first call.
+// gRPC's reconnection backoff is capped at 5 s (its default, 120 s, would
+// keep a router that came back unreachable long after its circuit let a
+// trial probe through).
 func GRPCDialer(opts ...grpc.DialOption) Dialer {
 	return func(addr string) (Router, error) {
-		all := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+		all := append([]grpc.DialOption{
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+				MinConnectTimeout: 5 * time.Second,
+			}),
+		}, opts...)
 		cc, err := grpc.NewClient(addr, all...)
 		if err != nil {
 			return nil, fmt.Errorf("local router %s: %w", addr, err)

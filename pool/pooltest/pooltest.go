@@ -50,8 +50,16 @@ type Server struct {
 }
 
 // Start starts a local router of blockSize with workers (approximate mode
-// off: the index is fed with Store). It stops when the test ends.
+// off: the index is fed with Store) on a free loopback port. It stops when
+// the test ends.
 func Start(t testing.TB, pool string, blockSize int, workers ...Worker) *Server {
+	t.Helper()
+	return StartOn(t, "127.0.0.1:0", pool, blockSize, workers...)
+}
+
+// StartOn is Start listening on addr (e.g. a stopped Server's, to bring a
+// router back).
+func StartOn(t testing.TB, addr, pool string, blockSize int, workers ...Worker) *Server {
 	t.Helper()
 	cfg := localrouter.DefaultConfig()
 	cfg.BlockSize = blockSize
@@ -68,7 +76,7 @@ func Start(t testing.TB, pool string, blockSize int, workers ...Worker) *Server 
 	if err != nil {
 		t.Fatalf("server.New: %v", err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
