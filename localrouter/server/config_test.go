@@ -1,0 +1,112 @@
+package server
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseFlags(t *testing.T) {
+	base := []string{"--pool", "p", "--etcd", "a:2379,b:2379", "--nats", "nats://n:4222", "--router-id", "r1"}
+	want := func(edit func(*Config)) Config {
+		c := DefaultConfig()
+		c.Pool, c.Etcd, c.NATS, c.RouterID = "p", []string{"a:2379", "b:2379"}, "nats://n:4222", "r1"
+		if edit != nil {
+			edit(&c)
+		}
+		return c
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want Config
+	}{
+		{"defaults", nil, nil, want(nil)},
+		{"router flags", []string{
+			"--router-overlap-score-credit=0.5", "--router-prefill-load-scale", "2", "--router-temperature=0.3",
+			"--router-use-kv-events=false", "--router-track-active-blocks=false", "--router-replica-sync",
+			"--router-ttl=30s", "--router-max-tree-size=1000", "--router-min-initial-workers=3", "--router-request-expiry=60",
+			"--router-block-size=64", "--grpc-addr=:1", "--metrics-addr=", "--advertise-addr=h:1", "--register-ttl=3s",
+		}, nil, want(func(c *Config) {
+			r := &c.Router
+			r.OverlapScoreCredit, r.PrefillLoadScale, r.RouterTemperature = 0.5, 2, 0.3
+			r.UseKVEvents, r.TrackActiveBlocks, r.ReplicaSync = false, false, true
+			r.TTL, r.MaxTreeSize, r.MinInitialWorkers, r.RequestExpiry, r.BlockSize = 30*time.Second, 1000, 3, time.Minute, 64
+			c.GRPCAddr, c.MetricsAddr, c.AdvertiseAddr, c.RegisterTTL = ":1", "", "h:1", 3*time.Second
+		})},
+		{"short names", []string{"--block-size=32", "--min-initial-workers=2"}, nil, want(func(c *Config) {
+			c.Router.BlockSize, c.Router.MinInitialWorkers = 32, 2
+		})},
+		{"dynamo aliases", nil, map[string]string{
+			"DYN_ROUTER_TEMPERATURE": "0.7", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT": "0.25", "DYN_ROUTER_PREFILL_LOAD_SCALE": "3",
+			"DYN_KV_CACHE_BLOCK_SIZE": "64", "DYN_ROUTER_MIN_INITIAL_WORKERS": "4",
+		}, want(func(c *Config) {
+			c.Router.RouterTemperature, c.Router.OverlapScoreCredit, c.Router.PrefillLoadScale = 0.7, 0.25, 3
+			c.Router.BlockSize, c.Router.MinInitialWorkers = 64, 4
+		})},
+		{"kvgate env beats dynamo env, flag beats both", []string{"--router-temperature=0.9"}, map[string]string{
+			"DYN_ROUTER_TEMPERATURE": "0.7", "KVGATE_ROUTER_TEMPERATURE": "0.8",
+			"DYN_KV_CACHE_BLOCK_SIZE": "64", "KVGATE_ROUTER_BLOCK_SIZE": "128",
+			"KVGATE_ROUTER_USE_KV_EVENTS": "false", "KVGATE_ROUTER_TTL": "90",
+		}, want(func(c *Config) {
+			c.Router.RouterTemperature, c.Router.BlockSize, c.Router.UseKVEvents, c.Router.TTL = 0.9, 128, false, 90*time.Second
+		})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseFlags("localrouter", append(append([]string{}, base...), tt.args...), func(k string) string { return tt.env[k] }, io.Discard)
+			if err != nil {
+				t.Fatalf("ParseFlags: %v", err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("config (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseFlagsErrorsNameTheSource(t *testing.T) {
+	base := []string{"--pool", "p", "--etcd", "e:1", "--nats", "n"}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"bad float flag", []string{"--router-temperature=hot"}, nil, "-router-temperature: not a finite number"},
+		{"negative flag", []string{"--router-overlap-score-credit=-1"}, nil, "-router-overlap-score-credit: must be ≥ 0"},
+		{"bad bool flag", []string{"--router-replica-sync=maybe"}, nil, "-router-replica-sync"},
+		{"zero block size", []string{"--block-size=0"}, nil, "-block-size: must be ≥ 1"},
+		{"bad duration flag", []string{"--router-ttl=soon"}, nil, "-router-ttl: not a duration"},
+		{"unknown flag", []string{"--router-tempreature=1"}, nil, "router-tempreature"},
+		{"bad dynamo env", nil, map[string]string{"DYN_ROUTER_TEMPERATURE": "x"}, `DYN_ROUTER_TEMPERATURE="x": not a finite number`},
+		{"bad kvgate env", nil, map[string]string{"KVGATE_ROUTER_MIN_INITIAL_WORKERS": "-2"}, `KVGATE_ROUTER_MIN_INITIAL_WORKERS="-2": must be ≥ 0`},
+		{"bad block size env", nil, map[string]string{"DYN_KV_CACHE_BLOCK_SIZE": "sixteen"}, "DYN_KV_CACHE_BLOCK_SIZE"},
+		{"missing pool", []string{"--pool="}, nil, "--pool (KVGATE_POOL) is required"},
+		{"missing nats", []string{"--nats="}, nil, "--nats (KVGATE_NATS) is required"},
+		{"stray argument", []string{"extra"}, nil, "unexpected arguments"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseFlags("localrouter", append(append([]string{}, base...), tt.args...), func(k string) string { return tt.env[k] }, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+	var b strings.Builder
+	if _, err := ParseFlags("localrouter", []string{"-h"}, func(string) string { return "" }, &b); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+	for _, s := range []string{"--router-temperature", "DYN_ROUTER_TEMPERATURE", "KVGATE_ROUTER_REPLICA_SYNC"} {
+		if !strings.Contains(b.String(), strings.TrimPrefix(s, "-")) {
+			t.Errorf("usage does not mention %s", s)
+		}
+	}
+}
