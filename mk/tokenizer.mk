@@ -43,3 +43,6 @@ $(TOKENIZER_CACHE)/models/%/tokenizer.json:
 
 tokenizer-reference-clean:
 	rm -rf $(TOKENIZER_CACHE)
+
+# The benchmarks use the same vocabularies.
+bench: tokenizer-reference

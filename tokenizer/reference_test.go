@@ -31,6 +31,7 @@ type reference struct {
 		Messages            []Message `json:"messages"`
 		AddGenerationPrompt bool      `json:"add_generation_prompt"`
 		Rendered            string    `json:"rendered"`
+		IDs                 []uint32  `json:"ids"`
 	} `json:"chat"`
 }
 
@@ -44,6 +45,9 @@ func referenceDir(t testing.TB) string {
 		dir = filepath.Join("..", ".cache", "tokenizer")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "reference.json")); err != nil {
+		if _, isBench := t.(*testing.B); isBench {
+			t.Skipf("tokenizer reference data missing (%v): run `make tokenizer-reference`", err)
+		}
 		t.Fatalf("tokenizer reference data missing (%v): run `make tokenizer-reference` from the repository root (needs node and npm), or set KVGATE_TOKENIZER_REF=skip", err)
 	}
 	return dir
@@ -154,11 +158,14 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 		t.Run(c.Template+"/"+c.Name+"/"+map[bool]string{true: "gen", false: "nogen"}[c.AddGenerationPrompt], func(t *testing.T) {
 			var got string
 			var err error
+			var m *Model
 			switch c.Template {
 			case "qwen3":
-				got, err = referenceModel(t, dir, "qwen3").RenderChat(c.Messages, c.AddGenerationPrompt)
+				m = referenceModel(t, dir, "qwen3")
+				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
 			case "chatml":
-				got, err = referenceModel(t, dir, "cl100k_base").RenderChat(c.Messages, c.AddGenerationPrompt)
+				m = referenceModel(t, dir, "cl100k_base")
+				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
 			case "llama3":
 				got, err = llama3Tmpl.render(c.Messages, c.AddGenerationPrompt)
 			default:
@@ -169,6 +176,15 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 			}
 			if diff := cmp.Diff(c.Rendered, got); diff != "" {
 				t.Errorf("rendered chat differs from the reference (-want +got):\n%s", diff)
+			}
+			if c.IDs != nil {
+				ids, err := m.EncodeChat(c.Messages, c.AddGenerationPrompt)
+				if err != nil {
+					t.Fatalf("EncodeChat: %v", err)
+				}
+				if diff := cmp.Diff(c.IDs, ids); diff != "" {
+					t.Errorf("EncodeChat differs from the reference (-want +got):\n%s", firstDiff(m, c.IDs, ids))
+				}
 			}
 		})
 	}

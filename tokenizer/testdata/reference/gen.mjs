@@ -77,7 +77,12 @@ for (const [tname, source] of Object.entries(templates)) {
   for (const [cname, messages] of Object.entries(conversations)) {
     for (const add_generation_prompt of [false, true]) {
       const rendered = tmpl.render({ messages, add_generation_prompt, ...specials });
-      out.chat.push({ template: tname, name: cname, messages, add_generation_prompt, rendered });
+      const c = { template: tname, name: cname, messages, add_generation_prompt, rendered };
+      // The ids of the rendered chat, as an engine tokenizes a chat prompt
+      // (no special tokens added: the template writes its own).
+      if (tname === "qwen3") c.ids = hf.qwen3.tok.encode(rendered, { add_special_tokens: false }).ids;
+      if (tname === "chatml") c.ids = Array.from(getEncoding("cl100k_base").encode(rendered, "all"));
+      out.chat.push(c);
     }
   }
 }
