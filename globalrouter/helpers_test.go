@@ -1,0 +1,102 @@
+package globalrouter_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/policies"
+	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/pool/pooltest"
+	"github.com/kvgate/kvgate/tokenizer"
+)
+
+const model = "llama-3-8b"
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// cluster is pool-a (3 workers) and pool-b (2 workers), as `kvgate up`
+// runs them, each behind a real local router on loopback.
+type cluster struct {
+	a, b *pooltest.Server
+	cfg  globalrouter.Config
+}
+
+func newCluster(t testing.TB) *cluster {
+	t.Helper()
+	c := &cluster{
+		a: pooltest.Start(t, "pool-a", 16, pooltest.Workers("a", 3)...),
+		b: pooltest.Start(t, "pool-b", 16, pooltest.Workers("b", 2)...),
+	}
+	c.cfg = globalrouter.DefaultConfig(
+		pool.New("pool-a", 16, []string{model}, c.a.Addr),
+		pool.New("pool-b", 16, []string{model}, c.b.Addr),
+	)
+	// Generous: these tests are about behaviour on a shared machine, not
+	// speed (the benchmark measures that).
+	c.cfg.Probe.Timeout = 10 * time.Second
+	return c
+}
+
+func newRouter(t testing.TB, cfg globalrouter.Config, opts ...globalrouter.Option) (*globalrouter.Router, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	r, err := globalrouter.New(cfg, append([]globalrouter.Option{globalrouter.WithLogger(quiet()), globalrouter.WithRegisterer(reg)}, opts...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r, reg
+}
+
+func chat(text string) []globalrouter.Message {
+	return []globalrouter.Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: text}}
+}
+
+// chatTokens are the tokens the router computes for msgs with the default
+// tokenizer.
+func chatTokens(t testing.TB, msgs []globalrouter.Message) []uint32 {
+	t.Helper()
+	tok, err := tokenizer.Load(globalrouter.DefaultTokenizer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	ids, err := tok.EncodeChat(tm, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func free(t testing.TB, d *globalrouter.Decision) {
+	t.Helper()
+	if err := d.Lease.Free(testCtx(t)); err != nil {
+		t.Errorf("Free: %v", err)
+	}
+}
+
+func longText(words int) string {
+	b := make([]byte, 0, words*8)
+	for i := range words {
+		b = append(b, "token"...)
+		b = append(b, byte('a'+i%26), byte('a'+i/26%26), ' ')
+	}
+	return string(b)
+}
+
+func section(v any) policies.Section { return policies.SectionOf(v) }
