@@ -168,10 +168,14 @@ func responseHeaders(d *globalrouter.Decision, explain bool) *extprocv3.HeaderMu
 	return &extprocv3.HeaderMutation{SetHeaders: hs}
 }
 
+// asciiFolds spells the non-ASCII symbols explanations use in ASCII.
+var asciiFolds = strings.NewReplacer("→", "->", "←", "<-", "µ", "u", "…", "...", "≤", "<=", "≥", ">=", "×", "x", "·", "-")
+
 // headerSafe makes s a valid one-line header value: line breaks become
 // "; ", other control characters are dropped, non-ASCII becomes '?', and
 // it is clipped.
 func headerSafe(s string) string {
+	s = asciiFolds.Replace(s)
 	var sb strings.Builder
 	for _, r := range s {
 		switch {

@@ -1,6 +1,43 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
 
-// runUp is replaced when its package lands.
-func runUp(ctx context.Context, args []string) error { return errNotBuilt }
+	"github.com/kvgate/kvgate/internal/up"
+)
+
+// runUp starts the whole system locally (`make run`): flags → up.Config →
+// up.Run.
+func runUp(ctx context.Context, args []string) error {
+	cfg := up.DefaultConfig()
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	fs.StringVar(&cfg.GatewayAddr, "gateway-addr", cfg.GatewayAddr, "HTTP address of the gateway (Envoy's place)")
+	fs.StringVar(&cfg.ExtprocAddr, "extproc-addr", cfg.ExtprocAddr, "gRPC address of the ext_proc server")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name the mock workers serve")
+	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
+	a := fs.Int("pool-a-workers", 3, "workers in pool-a")
+	b := fs.Int("pool-b-workers", 2, "workers in pool-b")
+	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	if *a < 1 || *b < 1 {
+		return errors.New("each pool needs at least one worker")
+	}
+	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: *a}, {Name: "pool-b", Workers: *b}}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	return up.Run(ctx, cfg, os.Stdout, 15*time.Second)
+}

@@ -1,0 +1,141 @@
+package up
+
+import (
+	"encoding/json"
+	"html/template"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Status is the status page's data, also served as JSON.
+type Status struct {
+	Uptime  string       `json:"uptime"`
+	Gateway string       `json:"gateway"`
+	Extproc string       `json:"extproc"`
+	Etcd    []string     `json:"etcd"`
+	NATS    string       `json:"nats"`
+	Model   string       `json:"model"`
+	Pools   []PoolStatus `json:"pools"`
+}
+
+// PoolStatus is one pool on the status page.
+type PoolStatus struct {
+	Name            string         `json:"name"`
+	Router          string         `json:"router"`
+	RouterState     string         `json:"router_state"` // as the global router sees it
+	RoutersKnown    int            `json:"routers_known"`
+	RoutersUp       int            `json:"routers_available"`
+	RequestsActive  int            `json:"requests_active"`
+	IndexBlocks     int            `json:"index_blocks"`
+	Workers         []WorkerStatus `json:"workers"`
+	RouterIsStopped bool           `json:"router_stopped"`
+}
+
+// WorkerStatus is one worker on the status page.
+type WorkerStatus struct {
+	ID             string  `json:"id"`
+	Address        string  `json:"address"`
+	ActiveRequests int     `json:"active_requests"`
+	PrefillTokens  int     `json:"prefill_tokens"`
+	ActiveBlocks   int     `json:"active_blocks"`
+	Running        int     `json:"running"`
+	Waiting        int     `json:"waiting"`
+	KVUsage        float64 `json:"kv_usage"`
+	CachedBlocks   int     `json:"cached_blocks"`
+	PrefixHitRate  float64 `json:"prefix_hit_rate"`
+}
+
+// Status snapshots the system.
+func (s *System) Status() Status {
+	st := Status{
+		Uptime: time.Since(s.started).Round(time.Second).String(), Gateway: s.GatewayURL(),
+		Extproc: s.extprocAddr, Etcd: s.etcd.endpoints, NATS: s.nats.ClientURL(), Model: s.cfg.Model,
+	}
+	health := map[string][2]int{}
+	state := map[string]string{}
+	for _, h := range s.Global.Health() {
+		health[h.Pool] = [2]int{h.Health.Routers, h.Health.Available}
+		switch {
+		case h.Health.Routers == 0:
+			state[h.Pool] = "no local router"
+		case h.Health.Available == 0:
+			state[h.Pool] = "circuit open"
+		case h.Health.Recovering:
+			state[h.Pool] = "recovering"
+		default:
+			state[h.Pool] = "ok"
+		}
+	}
+	for _, p := range s.Pools {
+		ps := PoolStatus{Name: p.Name, Router: p.Router.GRPCAddr(), RouterState: state[p.Name],
+			RoutersKnown: health[p.Name][0], RoutersUp: health[p.Name][1], RouterIsStopped: p.stopped}
+		if !p.stopped {
+			ps.RequestsActive = p.Requests()
+			ps.IndexBlocks = p.Router.Router().Index().Stats().Nodes
+		}
+		loads := p.Loads()
+		for _, w := range p.Workers {
+			ws := WorkerStatus{ID: w.ID, Address: w.Addr}
+			for k, l := range loads {
+				if k.ID == w.ID {
+					ws.ActiveRequests += l.ActiveRequests
+					ws.PrefillTokens += l.PrefillTokens
+					ws.ActiveBlocks += l.ActiveBlocks
+				}
+			}
+			es := w.Stats()
+			ws.Running, ws.Waiting, ws.KVUsage, ws.CachedBlocks = es.Running, es.Waiting, es.KVUsage, es.CachedBlocks
+			if es.PrefixQueryTokens > 0 {
+				ws.PrefixHitRate = float64(es.PrefixHitTokens) / float64(es.PrefixQueryTokens)
+			}
+			ps.Workers = append(ps.Workers, ws)
+		}
+		sort.Slice(ps.Workers, func(i, j int) bool { return ps.Workers[i].ID < ps.Workers[j].ID })
+		st.Pools = append(st.Pools, ps)
+	}
+	return st
+}
+
+var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
+	"mul100": func(f float64) float64 { return 100 * f },
+}).Parse(`<!doctype html>
+<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="2"><title>kvgate up</title>
+<style>body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}
+td,th{border:1px solid #ccc;padding:.3em .7em;text-align:right}th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
+code{background:#f4f4f4;padding:0 .3em}</style></head><body>
+<h1>kvgate up</h1>
+<p>up {{.Uptime}} · model <code>{{.Model}}</code> · gateway <code>{{.Gateway}}</code> · ext_proc <code>{{.Extproc}}</code> ·
+etcd <code>{{range .Etcd}}{{.}} {{end}}</code> · NATS <code>{{.NATS}}</code> ·
+<a href="/kvgate/metrics">metrics</a> · <a href="/kvgate/status.json">json</a></p>
+{{range .Pools}}
+<h2>{{.Name}}</h2>
+<p>local router <code>{{.Router}}</code>{{if .RouterIsStopped}} (stopped){{end}} · seen by the global router: {{.RouterState}} ({{.RoutersUp}}/{{.RoutersKnown}} available) ·
+requests in flight {{.RequestsActive}} · blocks indexed {{.IndexBlocks}}</p>
+<table><tr><th>worker</th><th>address</th><th>active requests</th><th>prefill tokens pending</th><th>active blocks</th>
+<th>engine running</th><th>waiting</th><th>KV usage</th><th>cached blocks</th><th>prefix hit rate</th></tr>
+{{range .Workers}}<tr><td>{{.ID}}</td><td>{{.Address}}</td><td>{{.ActiveRequests}}</td><td>{{.PrefillTokens}}</td><td>{{.ActiveBlocks}}</td>
+<td>{{.Running}}</td><td>{{.Waiting}}</td><td>{{printf "%.1f%%" (mul100 .KVUsage)}}</td><td>{{.CachedBlocks}}</td><td>{{printf "%.1f%%" (mul100 .PrefixHitRate)}}</td></tr>
+{{end}}</table>
+{{end}}
+</body></html>
+`))
+
+func (s *System) statusHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /kvgate/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /kvgate/status.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(s.Status())
+	})
+	mux.HandleFunc("GET /kvgate/{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "text/html; charset=utf-8")
+		_ = statusPage.Execute(w, s.Status())
+	})
+	mux.HandleFunc("/kvgate/", func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
+	return mux
+}

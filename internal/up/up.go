@@ -1,0 +1,438 @@
+// Package up runs the whole of kvgate in one process for `kvgate up` (`make
+// run`) and for the end-to-end tests: an embedded etcd and NATS, pools of
+// mock workers (mocker) each with its local router, the global router
+// (globalrouter) behind the ext_proc server (extproc), and the
+// Envoy-faithful gateway (envoy/gateway) in front, with a status page.
+//
+// Everything listens on loopback; every address but the gateway's and the
+// ext_proc server's is picked by the kernel (port 0), and System reports
+// them, so a real Envoy or a gRPC client can be pointed at the parts.
+package up
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvgate/kvgate/envoy/gateway"
+	"github.com/kvgate/kvgate/extproc"
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/server"
+	"github.com/kvgate/kvgate/mocker"
+	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/tokenizer"
+)
+
+// PoolSpec is one pool of mock workers.
+type PoolSpec struct {
+	Name    string
+	Workers int
+}
+
+// Config shapes a local system. Zero fields take the defaults of
+// DefaultConfig.
+type Config struct {
+	// Host is the interface everything listens on (127.0.0.1).
+	Host string
+	// GatewayAddr is the gateway's HTTP address (127.0.0.1:8080; port 0
+	// picks one). ExtprocAddr is the ext_proc gRPC address
+	// (127.0.0.1:9002, where the shipped Envoy bootstrap looks).
+	GatewayAddr string
+	ExtprocAddr string
+	// Model is the model every worker serves ("mock-llama").
+	Model string
+	// BlockSize is the KV block size of every pool (16).
+	BlockSize int
+	Pools     []PoolSpec
+	// Speedup divides the mock workers' timing model (1: real-GPU-like).
+	Speedup float64
+	// NumBlocks is each worker's KV cache size in blocks (8192).
+	NumBlocks int
+	// Extproc configures the ext_proc server (its Addr is ExtprocAddr).
+	Extproc extproc.Config
+	Logger  *slog.Logger
+}
+
+// DefaultConfig is `kvgate up`'s system: pool-a with 3 workers, pool-b
+// with 2.
+func DefaultConfig() Config {
+	return Config{
+		Host:        "127.0.0.1",
+		GatewayAddr: "127.0.0.1:8080",
+		ExtprocAddr: "127.0.0.1:9002",
+		Model:       "mock-llama",
+		BlockSize:   16,
+		Pools:       []PoolSpec{{"pool-a", 3}, {"pool-b", 2}},
+		Speedup:     1,
+		NumBlocks:   8192,
+	}
+}
+
+func (c *Config) defaults() {
+	d := DefaultConfig()
+	if c.Host == "" {
+		c.Host = d.Host
+	}
+	if c.GatewayAddr == "" {
+		c.GatewayAddr = d.GatewayAddr
+	}
+	if c.ExtprocAddr == "" {
+		c.ExtprocAddr = d.ExtprocAddr
+	}
+	if c.Model == "" {
+		c.Model = d.Model
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = d.BlockSize
+	}
+	if len(c.Pools) == 0 {
+		c.Pools = d.Pools
+	}
+	if c.Speedup == 0 {
+		c.Speedup = d.Speedup
+	}
+	if c.NumBlocks == 0 {
+		c.NumBlocks = d.NumBlocks
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Pool is one running pool: its local router and its workers.
+type Pool struct {
+	Name    string
+	Router  *server.Service
+	Workers []*Worker
+	stopped bool
+}
+
+// StopRouter closes the pool's local router (as if its process died or
+// was drained); the workers keep running. Idempotent.
+func (p *Pool) StopRouter(ctx context.Context) error {
+	if p.stopped {
+		return nil
+	}
+	p.stopped = true
+	return p.Router.Close(ctx)
+}
+
+// Requests reports the requests in flight the pool's local router tracks.
+func (p *Pool) Requests() int { return p.Router.Router().Active().Stats().Requests }
+
+// Loads reports the local router's load of each worker.
+func (p *Pool) Loads() map[localrouter.WorkerKey]localrouter.WorkerLoad {
+	out := map[localrouter.WorkerKey]localrouter.WorkerLoad{}
+	p.Router.Router().Active().Loads(func(k localrouter.WorkerKey, l localrouter.WorkerLoad) { out[k] = l })
+	return out
+}
+
+// System is a running local kvgate.
+type System struct {
+	cfg      Config
+	log      *slog.Logger
+	started  time.Time
+	etcd     *etcdServer
+	nats     *natsserver.Server
+	nc       *nats.Conn
+	Pools    []*Pool
+	Global   *globalrouter.Router
+	Registry *prometheus.Registry // the ext_proc server's and global router's metrics
+
+	extprocAddr  string
+	extprocStop  context.CancelFunc
+	extprocDone  chan error
+	conn         *grpc.ClientConn
+	gw           *gateway.Gateway
+	gatewayAddr  string
+	gatewayHTTP  *http.Server
+	gatewayDone  chan error
+	closeStarted bool
+}
+
+// ReadyTimeout bounds how long Start waits for the parts to see each other.
+const ReadyTimeout = 30 * time.Second
+
+// Start brings the whole system up and returns once a request can be
+// routed: every local router sees its workers and the global router sees
+// every local router. ctx bounds the start only; Close stops everything.
+func Start(ctx context.Context, cfg Config) (_ *System, err error) {
+	cfg.defaults()
+	s := &System{cfg: cfg, log: cfg.Logger.With("component", "up"), started: time.Now(), Registry: prometheus.NewRegistry()}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = s.Close(cctx)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
+	defer cancel()
+
+	if s.etcd, err = startEtcd(ctx, cfg.Host); err != nil {
+		return nil, err
+	}
+	if s.nats, err = startNATS(cfg.Host); err != nil {
+		return nil, err
+	}
+	if s.nc, err = nats.Connect(s.nats.ClientURL(), nats.Name("kvgate-up")); err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+
+	tok, err := tokenizer.Load(tokenizer.Config{Model: cfg.Model, Backend: tokenizer.BackendOpenAI, Encoding: "cl100k_base", Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	shared := sharedTokenizer{tok}
+
+	var pools []pool.Config
+	for _, ps := range cfg.Pools {
+		p := &Pool{Name: ps.Name}
+		s.Pools = append(s.Pools, p)
+		rc := server.DefaultConfig()
+		rc.Pool = ps.Name
+		rc.RouterID = ps.Name + "-router"
+		rc.GRPCAddr = net.JoinHostPort(cfg.Host, "0")
+		rc.MetricsAddr = ""
+		rc.Etcd = s.etcd.endpoints
+		rc.NATS = s.nats.ClientURL()
+		rc.RegisterTTL = 5 * time.Second
+		rc.Router.BlockSize = cfg.BlockSize
+		if p.Router, err = server.Start(ctx, rc, server.Deps{Logger: cfg.Logger, Registry: prometheus.NewRegistry()}); err != nil {
+			return nil, fmt.Errorf("pool %s: local router: %w", ps.Name, err)
+		}
+		for i := range ps.Workers {
+			w, err := startWorker(ctx, workerSpec{
+				pool: ps.Name, id: fmt.Sprintf("%s-w%d", ps.Name, i), host: cfg.Host, model: cfg.Model,
+				engine: mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, Speedup: cfg.Speedup},
+				tok:    shared,
+			}, s.nc, s.etcd.cli, cfg.Logger)
+			if err != nil {
+				return nil, fmt.Errorf("pool %s: %w", ps.Name, err)
+			}
+			p.Workers = append(p.Workers, w)
+		}
+		pc := pool.New(ps.Name, cfg.BlockSize, []string{cfg.Model})
+		pc.Routers = pool.Routers{Etcd: true}
+		pools = append(pools, pc)
+	}
+	gcfg := globalrouter.DefaultConfig(pools...)
+	if s.Global, err = globalrouter.New(gcfg,
+		globalrouter.WithEtcd(s.etcd.cli),
+		globalrouter.WithLogger(cfg.Logger),
+		globalrouter.WithRegisterer(s.Registry),
+		globalrouter.WithTokenizer(cfg.Model, shared),
+	); err != nil {
+		return nil, err
+	}
+
+	xcfg := cfg.Extproc
+	xcfg.Addr = cfg.ExtprocAddr
+	xsrv, err := extproc.New(xcfg, s.Global, cfg.Logger, s.Registry)
+	if err != nil {
+		return nil, err
+	}
+	xlis, err := net.Listen("tcp", cfg.ExtprocAddr)
+	if err != nil {
+		return nil, fmt.Errorf("ext_proc: %w", err)
+	}
+	s.extprocAddr = xlis.Addr().String()
+	xctx, xstop := context.WithCancel(context.Background())
+	s.extprocStop, s.extprocDone = xstop, make(chan error, 1)
+	go func() { s.extprocDone <- xsrv.Serve(xctx, xlis) }()
+
+	if s.conn, err = grpc.NewClient(s.extprocAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		return nil, fmt.Errorf("ext_proc client: %w", err)
+	}
+	gcfgw, err := gateway.DefaultConfig()
+	if err != nil {
+		return nil, err
+	}
+	if s.gw, err = gateway.New(s.conn, gcfgw, cfg.Logger); err != nil {
+		return nil, err
+	}
+	glis, err := net.Listen("tcp", cfg.GatewayAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	s.gatewayAddr = glis.Addr().String()
+	mux := http.NewServeMux()
+	mux.Handle("/kvgate/", s.statusHandler())
+	mux.Handle("/", s.gw)
+	s.gatewayHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.gatewayDone = make(chan error, 1)
+	go func() { s.gatewayDone <- s.gatewayHTTP.Serve(glis) }()
+
+	if err := s.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// waitReady polls until every local router sees its workers and the global
+// router sees every pool's local router.
+func (s *System) waitReady(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		missing := s.notReady()
+		if missing == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not ready: %s: %w", missing, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func (s *System) notReady() string {
+	for _, p := range s.Pools {
+		if got, want := len(p.Router.Router().Workers()), len(p.Workers); got < want {
+			return fmt.Sprintf("pool %s: local router sees %d of %d workers", p.Name, got, want)
+		}
+	}
+	for _, h := range s.Global.Health() {
+		if h.Health.Available == 0 {
+			return fmt.Sprintf("pool %s: global router sees no local router", h.Pool)
+		}
+	}
+	return ""
+}
+
+// GatewayURL is the gateway's base URL (http://host:port).
+func (s *System) GatewayURL() string { return "http://" + s.gatewayAddr }
+
+// ExtprocAddr is the ext_proc server's gRPC address.
+func (s *System) ExtprocAddr() string { return s.extprocAddr }
+
+// EtcdEndpoints are the embedded etcd's client URLs.
+func (s *System) EtcdEndpoints() []string { return slices.Clone(s.etcd.endpoints) }
+
+// NATSURL is the embedded NATS server's URL.
+func (s *System) NATSURL() string { return s.nats.ClientURL() }
+
+// Pool returns the pool named name, or nil.
+func (s *System) Pool(name string) *Pool {
+	for _, p := range s.Pools {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// Close stops everything, front to back: the gateway (letting requests in
+// flight finish until ctx ends), the ext_proc server, the global router,
+// the workers, the local routers, NATS, etcd. It is safe on a partly
+// started System and idempotent.
+func (s *System) Close(ctx context.Context) error {
+	if s.closeStarted {
+		return nil
+	}
+	s.closeStarted = true
+	var errs []error
+	if s.gatewayHTTP != nil {
+		if err := s.gatewayHTTP.Shutdown(ctx); err != nil {
+			s.gatewayHTTP.Close()
+		}
+		if err := <-s.gatewayDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, fmt.Errorf("gateway: %w", err))
+		}
+	}
+	if s.gw != nil {
+		s.gw.Close()
+	}
+	if s.conn != nil {
+		s.conn.Close()
+	}
+	if s.extprocStop != nil {
+		s.extprocStop()
+		if err := <-s.extprocDone; err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.Global != nil {
+		errs = append(errs, s.Global.Close())
+	}
+	for _, p := range s.Pools {
+		for _, w := range p.Workers {
+			errs = append(errs, w.close(ctx))
+		}
+	}
+	for _, p := range s.Pools {
+		if p.Router != nil {
+			errs = append(errs, p.StopRouter(ctx))
+		}
+	}
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.nats != nil {
+		s.nats.Shutdown()
+		s.nats.WaitForShutdown()
+	}
+	if s.etcd != nil {
+		errs = append(errs, s.etcd.close())
+	}
+	return errors.Join(errs...)
+}
+
+// Summary is what `kvgate up` prints: each part with its address, and
+// curl lines to try.
+func (s *System) Summary() string {
+	var b strings.Builder
+	gw := s.GatewayURL()
+	fmt.Fprintf(&b, "kvgate is up (%s to start)\n\n", time.Since(s.started).Round(time.Millisecond))
+	fmt.Fprintf(&b, "  %-22s %s\n", "gateway (HTTP)", gw)
+	fmt.Fprintf(&b, "  %-22s %s/kvgate/\n", "status page", gw)
+	fmt.Fprintf(&b, "  %-22s %s/kvgate/metrics\n", "metrics", gw)
+	fmt.Fprintf(&b, "  %-22s %s\n", "ext_proc (gRPC)", s.extprocAddr)
+	for _, p := range s.Pools {
+		fmt.Fprintf(&b, "  %-22s %s\n", p.Name+" local router", p.Router.GRPCAddr())
+		for _, w := range p.Workers {
+			fmt.Fprintf(&b, "  %-22s http://%s\n", "  worker "+w.ID, w.Addr)
+		}
+	}
+	fmt.Fprintf(&b, "  %-22s %s\n", "etcd", strings.Join(s.etcd.endpoints, ","))
+	fmt.Fprintf(&b, "  %-22s %s\n", "nats", s.nats.ClientURL())
+	fmt.Fprintf(&b, "\nmodel %q; try:\n\n", s.cfg.Model)
+	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
+	fmt.Fprintf(&b, "  curl -sN %s/v1/chat/completions -H 'content-type: application/json' -H 'x-kvgate-explain: 1' -D - \\\n    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
+	b.WriteString("Repeat a long prompt and watch x-kvgate-overlap-blocks grow on the same x-kvgate-worker-id. Ctrl-C stops everything.\n")
+	return b.String()
+}
+
+// Run starts the system, prints its Summary to out, waits for ctx to end
+// (Ctrl-C), then stops everything within grace.
+func Run(ctx context.Context, cfg Config, out io.Writer, grace time.Duration) error {
+	s, err := Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(out, s.Summary())
+	<-ctx.Done()
+	fmt.Fprintln(out, "\nstopping…")
+	cctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := s.Close(cctx); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "stopped")
+	return nil
+}
