@@ -53,6 +53,7 @@ type pubBlock struct {
 	parent    uint64
 	hasParent bool
 	tokens    []uint32
+	local     *uint64
 	lora      string
 }
 
@@ -239,7 +240,7 @@ func (rs *rankState) apply(ev Event) {
 			parent, has = *st.ParentHash, true
 		}
 		for _, b := range st.Blocks {
-			rs.blocks[b.EngineHash] = pubBlock{parent: parent, hasParent: has, tokens: b.TokenIDs, lora: st.LoRAName}
+			rs.blocks[b.EngineHash] = pubBlock{parent: parent, hasParent: has, tokens: b.TokenIDs, local: b.LocalHash, lora: st.LoRAName}
 			parent, has = b.EngineHash, true
 		}
 	case ev.Removed != nil:
@@ -325,7 +326,7 @@ func (rs *rankState) chains() []*Stored {
 			st.ParentHash = &parent
 		}
 		for {
-			st.Blocks = append(st.Blocks, Block{EngineHash: h, TokenIDs: b.tokens})
+			st.Blocks = append(st.Blocks, Block{EngineHash: h, TokenIDs: b.tokens, LocalHash: b.local})
 			kids := children[h]
 			if len(kids) == 1 && rs.blocks[kids[0]].lora == st.LoRAName {
 				h, b = kids[0], rs.blocks[kids[0]]

@@ -379,6 +379,12 @@ func (e *Engine) Stats() Stats {
 // has applied every event the engine emitted.
 func (e *Engine) CachedBlocks() map[uint64]struct{} { return e.cache.contents() }
 
+// ResetPrefixCache forgets every cached block, as vLLM's
+// /reset_prefix_cache does: it succeeds only when no request holds blocks,
+// and then emits a Cleared event (in the next StepResult). It reports
+// whether the cache was reset.
+func (e *Engine) ResetPrefixCache() bool { return e.cache.reset() }
+
 // Pending reports whether requests are queued or running.
 func (e *Engine) Pending() bool { return len(e.waiting)+len(e.running) > 0 }
 

@@ -1,0 +1,247 @@
+package mocker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/kvevents/relay"
+)
+
+// KV event modes of a running mocker.
+const (
+	EventsZMQ  = "zmq"  // vLLM's ZMQ PUB format (a relay carries them to NATS)
+	EventsNATS = "nats" // straight to NATS through kvevents.Publisher
+	EventsNone = "none"
+)
+
+// RunConfig is a whole mocker process: HTTP API, KV events, registration.
+type RunConfig struct {
+	Server ServerConfig
+	// Listen is the HTTP listen address (127.0.0.1:8001; port 0 picks one).
+	Listen string
+	// Advertise is the host:port registered in etcd; defaults to the
+	// listener's address (127.0.0.1 for an unspecified host).
+	Advertise string
+	// Pool and WorkerID name the worker in events and in etcd ("default",
+	// "mocker-<port>").
+	Pool, WorkerID string
+	// Events is EventsZMQ (default), EventsNATS or EventsNone.
+	Events string
+	// ZMQEndpoint is where the PUB socket binds (tcp://*:5557) and
+	// ZMQTopic the topic of its messages ("kv-events").
+	ZMQEndpoint, ZMQTopic string
+	// NATSURL is dialled for EventsNATS unless RunDeps.NATS is set.
+	NATSURL string
+	// EtcdEndpoints enable self-registration (unless RunDeps.Etcd is set).
+	EtcdEndpoints []string
+	LeaseTTL      time.Duration
+}
+
+// RunDeps are optional ready-made dependencies (tests, `kvgate up`).
+type RunDeps struct {
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	NATS     *nats.Conn
+	Etcd     *clientv3.Client
+}
+
+// Instance is a started mocker.
+type Instance struct {
+	Server *Server
+	// Addr is the HTTP address actually bound.
+	Addr string
+	// WorkerID is the worker's id in events and in etcd.
+	WorkerID string
+	// ZMQEndpoint is the PUB endpoint a relay should dial (EventsZMQ).
+	ZMQEndpoint string
+
+	done chan struct{}
+	err  error
+}
+
+// Wait blocks until the instance has shut down (after its context ended)
+// and returns the first error that stopped it.
+func (i *Instance) Wait() error {
+	<-i.done
+	return i.err
+}
+
+// Run starts a mocker and serves until ctx ends.
+func Run(ctx context.Context, cfg RunConfig, deps RunDeps) error {
+	inst, err := Start(ctx, cfg, deps)
+	if err != nil {
+		return err
+	}
+	return inst.Wait()
+}
+
+// Start brings a mocker up and returns once it serves; it shuts down when
+// ctx ends (see Instance.Wait).
+func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, err error) {
+	log := deps.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:8001"
+	}
+	if cfg.Pool == "" {
+		cfg.Pool = "default"
+	}
+	if cfg.Events == "" {
+		cfg.Events = EventsZMQ
+	}
+	if cfg.ZMQEndpoint == "" {
+		cfg.ZMQEndpoint = "tcp://*:5557"
+	}
+	if cfg.ZMQTopic == "" {
+		cfg.ZMQTopic = "kv-events"
+	}
+	if err := cfg.Server.Engine.Validate(); err != nil {
+		return nil, err
+	}
+	engCfg := cfg.Server.Engine.withDefaults()
+
+	var closers []func()
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i]()
+			}
+		}
+	}()
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("mocker: %w", err)
+	}
+	closers = append(closers, func() { ln.Close() })
+	tcp := ln.Addr().(*net.TCPAddr)
+	if cfg.Advertise == "" {
+		host := tcp.IP.String()
+		if tcp.IP.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+		cfg.Advertise = net.JoinHostPort(host, strconv.Itoa(tcp.Port))
+	}
+	if cfg.WorkerID == "" {
+		cfg.WorkerID = "mocker-" + strconv.Itoa(tcp.Port)
+	}
+	cfg.Server.WorkerID, cfg.Server.Address = cfg.WorkerID, cfg.Advertise
+	log = log.With("worker", cfg.WorkerID, "pool", cfg.Pool)
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	closers = append(closers, cancel)
+
+	inst = &Instance{WorkerID: cfg.WorkerID, done: make(chan struct{})}
+	var sink KVSink
+	switch cfg.Events {
+	case EventsZMQ:
+		z, err := NewZMQSink(runCtx, cfg.ZMQEndpoint, cfg.ZMQTopic, engCfg.BlockSize, 0)
+		if err != nil {
+			return nil, fmt.Errorf("mocker: %w", err)
+		}
+		closers = append(closers, func() { z.Close() })
+		sink, inst.ZMQEndpoint = z, z.Endpoint()
+	case EventsNATS:
+		nc := deps.NATS
+		if nc == nil {
+			if cfg.NATSURL == "" {
+				return nil, errors.New("mocker: nats events need a NATS URL")
+			}
+			if nc, err = nats.Connect(cfg.NATSURL, nats.Name("kvgate-mocker-"+cfg.WorkerID)); err != nil {
+				return nil, fmt.Errorf("mocker: %w", err)
+			}
+			closers = append(closers, nc.Close)
+		}
+		pub, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: cfg.Pool, WorkerID: cfg.WorkerID, Logger: log, Registerer: deps.Registry})
+		if err != nil {
+			return nil, fmt.Errorf("mocker: %w", err)
+		}
+		closers = append(closers, func() { pub.Close() })
+		sink = PublisherSink{Publisher: pub}
+	case EventsNone:
+	default:
+		return nil, fmt.Errorf("mocker: unknown events mode %q (want zmq, nats or none)", cfg.Events)
+	}
+
+	srv, err := NewServer(cfg.Server, ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink})
+	if err != nil {
+		return nil, err
+	}
+	inst.Server, inst.Addr = srv, ln.Addr().String()
+
+	cli := deps.Etcd
+	if cli == nil && len(cfg.EtcdEndpoints) > 0 {
+		if cli, err = clientv3.New(clientv3.Config{Endpoints: cfg.EtcdEndpoints, DialTimeout: 5 * time.Second, Logger: nil}); err != nil {
+			return nil, fmt.Errorf("mocker: etcd: %w", err)
+		}
+		closers = append(closers, func() { cli.Close() })
+	}
+	if cli != nil {
+		role := engCfg.Role
+		reg, err := relay.Register(ctx, cli, cfg.Pool, kvevents.WorkerInfo{
+			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: 1, BlockSize: engCfg.BlockSize,
+			Model: srv.cfg.Model, Role: role, KVCapacityBlocks: engCfg.NumBlocks,
+		}, cfg.LeaseTTL, log)
+		if err != nil {
+			return nil, fmt.Errorf("mocker: %w", err)
+		}
+		closers = append(closers, func() {
+			if err := reg.Close(); err != nil {
+				log.Warn("deregister", "err", err)
+			}
+		})
+	}
+
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	var wg sync.WaitGroup
+	serveErr := make(chan error, 1)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		srv.Run(runCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serveErr <- err
+		}
+	}()
+	log.Info("mocker serving", "addr", inst.Addr, "events", cfg.Events, "zmq", inst.ZMQEndpoint,
+		"role", engCfg.Role, "block_size", engCfg.BlockSize, "num_blocks", engCfg.NumBlocks, "speedup", engCfg.Speedup)
+
+	stopping := closers
+	closers = nil
+	go func() {
+		select {
+		case <-ctx.Done():
+		case err := <-serveErr:
+			inst.err = fmt.Errorf("mocker: serve: %w", err)
+		}
+		shutCtx, cancelShut := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := hs.Shutdown(shutCtx); err != nil {
+			hs.Close()
+		}
+		cancelShut()
+		cancel()
+		wg.Wait()
+		for i := len(stopping) - 1; i >= 0; i-- {
+			stopping[i]()
+		}
+		close(inst.done)
+	}()
+	return inst, nil
+}

@@ -1,0 +1,593 @@
+package mocker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvgate/kvgate/kvevents"
+)
+
+// ServerConfig shapes the OpenAI-compatible front of a live engine.
+type ServerConfig struct {
+	Engine Config
+	// Model is the served model name ("mock-model"); LoRAs are further
+	// names accepted in the model field, each hashing its blocks apart.
+	Model string
+	LoRAs []string
+	// Tokenizer turns text prompts into tokens (WordTokenizer{}).
+	Tokenizer Tokenizer
+	// DefaultMaxTokens applies when a request sets none (16).
+	DefaultMaxTokens int
+	// MaxBodyBytes bounds request bodies (4 MiB).
+	MaxBodyBytes int64
+	// WorkerID and Address are reported by a prefill-role engine as where
+	// the KV is (kv_transfer_params).
+	WorkerID, Address string
+}
+
+// Server is the mocker's HTTP API around a live engine: /v1/completions,
+// /v1/chat/completions (SSE with stream: true), /v1/models, /tokenize,
+// /health and /metrics. Create with NewServer, start the engine with Run,
+// serve Handler.
+type Server struct {
+	cfg  ServerConfig
+	log  *slog.Logger
+	live *live
+	reg  prometheus.Gatherer
+	mux  *http.ServeMux
+	seq  atomic.Uint64
+}
+
+// ServerOptions are a Server's dependencies; all optional.
+type ServerOptions struct {
+	Logger *slog.Logger
+	// Registry receives the vLLM-named metrics and is what /metrics
+	// serves; nil means a fresh registry.
+	Registry *prometheus.Registry
+	// Sink receives KV events; nil drops them.
+	Sink  KVSink
+	Clock Clock
+}
+
+// NewServer builds a server with an idle engine.
+func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
+	if cfg.Model == "" {
+		cfg.Model = "mock-model"
+	}
+	if cfg.Tokenizer == nil {
+		cfg.Tokenizer = WordTokenizer{}
+	}
+	if cfg.DefaultMaxTokens == 0 {
+		cfg.DefaultMaxTokens = 16
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 4 << 20
+	}
+	eng, err := NewEngine(cfg.Engine)
+	if err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("component", "mocker")
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	clock := opts.Clock
+	if clock == nil {
+		clock = RealClock{}
+	}
+	s := &Server{cfg: cfg, log: log, reg: reg, mux: http.NewServeMux()}
+	s.live = newLive(eng, clock, opts.Sink, log, nil)
+	s.live.m = newServerMetrics(reg, cfg.Model, s.live)
+	s.mux.HandleFunc("POST /v1/completions", s.completions)
+	s.mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
+	s.mux.HandleFunc("GET /v1/models", s.models)
+	s.mux.HandleFunc("POST /tokenize", s.tokenize)
+	s.mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.live.resetPrefixCache() {
+			writeError(w, http.StatusConflict, "cache_in_use", "requests are running; the prefix cache cannot be reset now")
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path)
+	})
+	return s, nil
+}
+
+// Handler is the HTTP API.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Run drives the engine in real time until ctx ends. Requests submitted
+// while Run is not running wait.
+func (s *Server) Run(ctx context.Context) { s.live.run(ctx) }
+
+// Stats snapshots the engine.
+func (s *Server) Stats() Stats { return s.live.stats() }
+
+// CachedBlocks returns the sequence hashes in the engine's prefix cache.
+func (s *Server) CachedBlocks() map[uint64]struct{} {
+	s.live.mu.Lock()
+	defer s.live.mu.Unlock()
+	return s.live.eng.CachedBlocks()
+}
+
+// --- OpenAI wire types -------------------------------------------------
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type chatRequest struct {
+	Model               string         `json:"model"`
+	Messages            []chatMessage  `json:"messages"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+}
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// apiError is an OpenAI-shaped error body.
+type apiError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	var e apiError
+	e.Error.Message = msg
+	e.Error.Code = code
+	switch {
+	case status == http.StatusNotFound:
+		e.Error.Type = "not_found_error"
+	case status >= 500:
+		e.Error.Type = "server_error"
+	default:
+		e.Error.Type = "invalid_request_error"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(e)
+}
+
+// httpError is a request error bound for an OpenAI-shaped reply.
+type httpError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *httpError) Error() string { return e.message }
+
+func badRequest(code, format string, args ...any) *httpError {
+	return &httpError{http.StatusBadRequest, code, fmt.Sprintf(format, args...)}
+}
+
+// readBody reads a request body up to the configured bound.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *httpError) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, &httpError{http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("request body exceeds %d bytes", s.cfg.MaxBodyBytes)}
+		}
+		return nil, badRequest("invalid_body", "read body: %v", err)
+	}
+	return body, nil
+}
+
+func unmarshal(body []byte, v any) *httpError {
+	if err := json.Unmarshal(body, v); err != nil {
+		return badRequest("invalid_json", "invalid JSON body: %v", err)
+	}
+	return nil
+}
+
+// resolveModel maps the model field to the adapter name ("" for the base
+// model).
+func (s *Server) resolveModel(model string) (string, *httpError) {
+	if model == "" || model == s.cfg.Model {
+		return "", nil
+	}
+	for _, l := range s.cfg.LoRAs {
+		if model == l {
+			return l, nil
+		}
+	}
+	return "", &httpError{http.StatusNotFound, "model_not_found", fmt.Sprintf("the model %q does not exist", model)}
+}
+
+func (s *Server) maxTokens(v *int) (int, *httpError) {
+	if v == nil {
+		return s.cfg.DefaultMaxTokens, nil
+	}
+	if *v <= 0 {
+		return 0, badRequest("invalid_max_tokens", "max_tokens must be at least 1, got %d", *v)
+	}
+	return *v, nil
+}
+
+// promptTokens accepts a completion prompt as a string, a list of one
+// string, a list of token ids, or a list of one list of token ids.
+func (s *Server) promptTokens(raw json.RawMessage) ([]uint32, *httpError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, badRequest("missing_prompt", "prompt is required")
+	}
+	var text string
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return s.encode(text)
+	}
+	var ids []uint32
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		if len(ids) == 0 {
+			return nil, badRequest("missing_prompt", "prompt is empty")
+		}
+		return ids, nil
+	}
+	var texts []string
+	if err := json.Unmarshal(raw, &texts); err == nil {
+		if len(texts) != 1 {
+			return nil, badRequest("unsupported_batch", "the mocker takes one prompt per request, got %d", len(texts))
+		}
+		return s.encode(texts[0])
+	}
+	var idLists [][]uint32
+	if err := json.Unmarshal(raw, &idLists); err == nil {
+		if len(idLists) != 1 || len(idLists[0]) == 0 {
+			return nil, badRequest("unsupported_batch", "the mocker takes one non-empty prompt per request, got %d", len(idLists))
+		}
+		return idLists[0], nil
+	}
+	return nil, badRequest("invalid_prompt", "prompt must be a string, a list of token ids, or a list of one of either")
+}
+
+func (s *Server) encode(text string) ([]uint32, *httpError) {
+	if text == "" {
+		return nil, badRequest("missing_prompt", "prompt is empty")
+	}
+	ids, err := s.cfg.Tokenizer.Encode(text)
+	if err != nil {
+		return nil, badRequest("tokenize", "tokenize prompt: %v", err)
+	}
+	if len(ids) == 0 {
+		return nil, badRequest("missing_prompt", "prompt has no tokens")
+	}
+	return ids, nil
+}
+
+// renderChat flattens messages with a neutral template; with the built-in
+// tokenizer only determinism matters (a shared conversation prefix gives a
+// shared token prefix).
+func renderChat(msgs []chatMessage) (string, *httpError) {
+	if len(msgs) == 0 {
+		return "", badRequest("missing_messages", "messages is required")
+	}
+	var b strings.Builder
+	for i, m := range msgs {
+		if m.Role == "" {
+			return "", badRequest("invalid_message", "messages[%d]: role is required", i)
+		}
+		var text string
+		if err := json.Unmarshal(m.Content, &text); err != nil {
+			var parts []struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			}
+			if err := json.Unmarshal(m.Content, &parts); err != nil {
+				return "", badRequest("invalid_message", "messages[%d]: content must be a string or a list of parts", i)
+			}
+			for _, p := range parts {
+				if p.Type == "text" {
+					text += p.Text
+				}
+			}
+		}
+		fmt.Fprintf(&b, "<|%s|>\n%s\n", m.Role, text)
+	}
+	b.WriteString("<|assistant|>\n")
+	return b.String(), nil
+}
+
+// --- handlers ------------------------------------------------------------
+
+type genRequest struct {
+	chat         bool
+	model        string
+	lora         string
+	tokens       []uint32
+	maxTokens    int
+	stream       bool
+	includeUsage bool
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	s.serveGenerate(w, r, s.parseCompletion)
+}
+
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	s.serveGenerate(w, r, s.parseChat)
+}
+
+func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, parse func([]byte) (genRequest, *httpError)) {
+	body, e := s.readBody(w, r)
+	if e == nil {
+		var g genRequest
+		if g, e = parse(body); e == nil {
+			s.generate(w, r, g)
+			return
+		}
+	}
+	writeError(w, e.status, e.code, e.message)
+}
+
+// parseCompletion turns a /v1/completions body into a generation request.
+func (s *Server) parseCompletion(body []byte) (genRequest, *httpError) {
+	var req completionRequest
+	if e := unmarshal(body, &req); e != nil {
+		return genRequest{}, e
+	}
+	return s.prepare(req.Model, req.MaxTokens, req.Stream, req.StreamOptions, func() ([]uint32, *httpError) {
+		return s.promptTokens(req.Prompt)
+	})
+}
+
+// parseChat turns a /v1/chat/completions body into a generation request.
+func (s *Server) parseChat(body []byte) (genRequest, *httpError) {
+	var req chatRequest
+	if e := unmarshal(body, &req); e != nil {
+		return genRequest{}, e
+	}
+	mt := req.MaxCompletionTokens
+	if mt == nil {
+		mt = req.MaxTokens
+	}
+	g, e := s.prepare(req.Model, mt, req.Stream, req.StreamOptions, func() ([]uint32, *httpError) {
+		text, e := renderChat(req.Messages)
+		if e != nil {
+			return nil, e
+		}
+		return s.encode(text)
+	})
+	g.chat = true
+	return g, e
+}
+
+func (s *Server) prepare(model string, maxTokens *int, stream bool, so *streamOptions, tokens func() ([]uint32, *httpError)) (genRequest, *httpError) {
+	g := genRequest{model: model, stream: stream, includeUsage: so != nil && so.IncludeUsage}
+	if g.model == "" {
+		g.model = s.cfg.Model
+	}
+	var e *httpError
+	if g.lora, e = s.resolveModel(model); e != nil {
+		return g, e
+	}
+	if g.tokens, e = tokens(); e != nil {
+		return g, e
+	}
+	if g.maxTokens, e = s.maxTokens(maxTokens); e != nil {
+		return g, e
+	}
+	return g, nil
+}
+
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) {
+	prefix := "cmpl-"
+	if g.chat {
+		prefix = "chatcmpl-"
+	}
+	id := prefix + strconv.FormatUint(s.seq.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	req := Request{
+		ID:            id,
+		Tokens:        g.tokens,
+		MaxTokens:     g.maxTokens,
+		LoRAName:      g.lora,
+		RemotePrefill: r.Header.Get("x-prefiller-host-port") != "",
+	}
+	st, err := s.live.submit(req)
+	if err != nil {
+		code := "invalid_request"
+		if errors.Is(err, ErrTooLong) {
+			code = "context_length_exceeded"
+		}
+		writeError(w, http.StatusBadRequest, code, err.Error())
+		return
+	}
+	created := time.Now().Unix()
+	ctx := r.Context()
+	if !g.stream {
+		var text strings.Builder
+		for {
+			select {
+			case <-ctx.Done():
+				s.live.abort(id)
+				return
+			case tok := <-st.tokens:
+				text.WriteString(tokenText(tok))
+			case c := <-st.done:
+				for len(st.tokens) > 0 {
+					text.WriteString(tokenText(<-st.tokens))
+				}
+				s.writeFull(w, g, id, created, text.String(), c)
+				return
+			}
+		}
+	}
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	send := func(v any) {
+		b, _ := json.Marshal(v)
+		fmt.Fprintf(w, "data: %s\n\n", b)
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
+	object := "text_completion"
+	if g.chat {
+		object = "chat.completion.chunk"
+		send(map[string]any{"id": id, "object": object, "created": created, "model": g.model,
+			"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}}})
+	}
+	chunk := func(text string, finish any) map[string]any {
+		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finish}
+		if g.chat {
+			choice["delta"] = map[string]any{"content": text}
+		} else {
+			choice["text"] = text
+		}
+		m := map[string]any{"id": id, "object": object, "created": created, "model": g.model, "choices": []any{choice}}
+		if g.includeUsage {
+			m["usage"] = nil
+		}
+		return m
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			s.live.abort(id)
+			return
+		case tok := <-st.tokens:
+			send(chunk(tokenText(tok), nil))
+		case c := <-st.done:
+			for len(st.tokens) > 0 {
+				send(chunk(tokenText(<-st.tokens), nil))
+			}
+			final := chunk("", c.Reason)
+			if s.cfg.Engine.Role == kvevents.RolePrefill {
+				final["kv_transfer_params"] = s.kvTransferParams()
+			}
+			send(final)
+			if g.includeUsage {
+				send(map[string]any{"id": id, "object": object, "created": created, "model": g.model, "choices": []any{}, "usage": usageOf(c)})
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			if flusher != nil {
+				flusher.Flush()
+			}
+			return
+		}
+	}
+}
+
+func (s *Server) writeFull(w http.ResponseWriter, g genRequest, id string, created int64, text string, c Completion) {
+	resp := map[string]any{"id": id, "created": created, "model": g.model, "usage": usageOf(c)}
+	if g.chat {
+		resp["object"] = "chat.completion"
+		resp["choices"] = []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text}, "logprobs": nil, "finish_reason": c.Reason}}
+	} else {
+		resp["object"] = "text_completion"
+		resp["choices"] = []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": c.Reason}}
+	}
+	if s.cfg.Engine.Role == kvevents.RolePrefill {
+		resp["kv_transfer_params"] = s.kvTransferParams()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(resp)
+}
+
+// kvTransferParams is how a prefill-role mocker reports that the KV is
+// ready and where (shaped like vLLM's NIXL connector's reply).
+func (s *Server) kvTransferParams() map[string]any {
+	return map[string]any{"do_remote_decode": false, "do_remote_prefill": true, "remote_engine_id": s.cfg.WorkerID, "remote_address": s.cfg.Address}
+}
+
+func usageOf(c Completion) usage {
+	u := usage{PromptTokens: c.PromptTokens, CompletionTokens: c.OutputTokens, TotalTokens: c.PromptTokens + c.OutputTokens}
+	u.PromptTokensDetails.CachedTokens = c.CachedTokens
+	return u
+}
+
+func tokenText(t Token) string { return " " + wordFor(t.ID) }
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	data := []any{map[string]any{"id": s.cfg.Model, "object": "model", "created": 0, "owned_by": "kvgate", "root": s.cfg.Model, "parent": nil}}
+	for _, l := range s.cfg.LoRAs {
+		data = append(data, map[string]any{"id": l, "object": "model", "created": 0, "owned_by": "kvgate", "root": l, "parent": s.cfg.Model})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// tokenize answers vLLM's /tokenize: {"prompt": …} or {"messages": […]}.
+func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Model    string          `json:"model"`
+		Prompt   json.RawMessage `json:"prompt"`
+		Messages []chatMessage   `json:"messages"`
+	}
+	body, e := s.readBody(w, r)
+	if e == nil {
+		e = unmarshal(body, &req)
+	}
+	if e != nil {
+		writeError(w, e.status, e.code, e.message)
+		return
+	}
+	if _, e := s.resolveModel(req.Model); e != nil {
+		writeError(w, e.status, e.code, e.message)
+		return
+	}
+	var ids []uint32
+	if req.Messages != nil {
+		var text string
+		if text, e = renderChat(req.Messages); e == nil {
+			ids, e = s.encode(text)
+		}
+	} else {
+		ids, e = s.promptTokens(req.Prompt)
+	}
+	if e != nil {
+		writeError(w, e.status, e.code, e.message)
+		return
+	}
+	cfg := s.live.eng.Config() // immutable after NewEngine
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": cfg.NumBlocks * cfg.BlockSize, "tokens": ids})
+}

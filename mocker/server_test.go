@@ -1,0 +1,335 @@
+package mocker
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/kvgate/kvgate/kvevents/relay/embedtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, embedtest.IgnoreLeaks()...)
+}
+
+// startServer serves a mocker on a loopback listener, its engine stepped
+// in real time with a large speedup.
+func startServer(t *testing.T, cfg ServerConfig) (*Server, *httptest.Server, *prometheus.Registry) {
+	t.Helper()
+	if cfg.Engine.Speedup == 0 {
+		cfg.Engine.Speedup = 1000
+	}
+	reg := prometheus.NewRegistry()
+	srv, err := NewServer(cfg, ServerOptions{Logger: embedtest.Logger(t), Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Run(ctx)
+	}()
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() {
+		hs.Close()
+		cancel()
+		<-done
+	})
+	return srv, hs, reg
+}
+
+func post(ctx context.Context, t *testing.T, url, body string, header map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func TestBadRequests(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, hs, _ := startServer(t, ServerConfig{Model: "m", MaxBodyBytes: 1 << 10, Engine: Config{NumBlocks: 64}})
+	tests := []struct {
+		name, path, body string
+		status           int
+		code             string
+	}{
+		{"invalid json", "/v1/completions", `{"model":"m","prompt":`, 400, "invalid_json"},
+		{"missing prompt", "/v1/completions", `{"model":"m"}`, 400, "missing_prompt"},
+		{"empty prompt", "/v1/completions", `{"model":"m","prompt":""}`, 400, "missing_prompt"},
+		{"prompt of wrong type", "/v1/completions", `{"model":"m","prompt":{"a":1}}`, 400, "invalid_prompt"},
+		{"batched prompts", "/v1/completions", `{"model":"m","prompt":["a","b"]}`, 400, "unsupported_batch"},
+		{"zero max_tokens", "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":0}`, 400, "invalid_max_tokens"},
+		{"negative max_tokens", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":-3}`, 400, "invalid_max_tokens"},
+		{"unknown model", "/v1/completions", `{"model":"gpt-9","prompt":"hi"}`, 404, "model_not_found"},
+		{"chat without messages", "/v1/chat/completions", `{"model":"m"}`, 400, "missing_messages"},
+		{"chat bad content", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":5}]}`, 400, "invalid_message"},
+		{"too long for the cache", "/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":5000}`, 400, "context_length_exceeded"},
+		{"body too large", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x ", 1<<10) + `"}`, 413, "body_too_large"},
+		{"tokenize unknown model", "/tokenize", `{"model":"x","prompt":"hi"}`, 404, "model_not_found"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := post(ctx, t, hs.URL+tt.path, tt.body, nil)
+			defer resp.Body.Close()
+			var e apiError
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatalf("error body: %v", err)
+			}
+			if resp.StatusCode != tt.status || e.Error.Code != tt.code || e.Error.Message == "" || e.Error.Type == "" {
+				t.Errorf("got %d %+v, want %d with code %q and a message and type", resp.StatusCode, e.Error, tt.status, tt.code)
+			}
+		})
+	}
+}
+
+// sse reads an SSE body into its data payloads, up to [DONE].
+func sse(t *testing.T, r io.Reader) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(r)
+	done := false
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "data: ") {
+			continue
+		}
+		data := strings.TrimPrefix(line, "data: ")
+		if data == "[DONE]" {
+			done = true
+			break
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(data), &m); err != nil {
+			t.Fatalf("chunk %q: %v", data, err)
+		}
+		out = append(out, m)
+	}
+	if !done {
+		t.Fatal("stream ended without [DONE]")
+	}
+	return out
+}
+
+func TestStreamingCompletionWithUsage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, hs, _ := startServer(t, ServerConfig{Model: "m"})
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+		t.Run(path, func(t *testing.T) {
+			body := `{"model":"m","prompt":"the quick brown fox jumps over the lazy dog","max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`
+			if strings.Contains(path, "chat") {
+				body = `{"model":"m","messages":[{"role":"user","content":"the quick brown fox"}],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`
+			}
+			resp := post(ctx, t, hs.URL+path, body, nil)
+			defer resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+				t.Fatalf("status %d content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+			}
+			chunks := sse(t, resp.Body)
+			text, finish := 0, ""
+			for _, c := range chunks[:len(chunks)-1] {
+				for _, ch := range c["choices"].([]any) {
+					choice := ch.(map[string]any)
+					s, _ := choice["text"].(string)
+					if d, ok := choice["delta"].(map[string]any); ok {
+						s, _ = d["content"].(string)
+					}
+					if s != "" {
+						text++
+					}
+					if f, ok := choice["finish_reason"].(string); ok {
+						finish = f
+					}
+				}
+			}
+			if text != 5 || finish != "length" {
+				t.Errorf("got %d text chunks, finish %q; want 5, length", text, finish)
+			}
+			last := chunks[len(chunks)-1]
+			u, ok := last["usage"].(map[string]any)
+			if !ok || len(last["choices"].([]any)) != 0 {
+				t.Fatalf("last chunk %v, want a usage chunk with no choices", last)
+			}
+			if u["completion_tokens"].(float64) != 5 || u["prompt_tokens"].(float64) <= 0 ||
+				u["total_tokens"].(float64) != u["prompt_tokens"].(float64)+5 {
+				t.Errorf("usage %v", u)
+			}
+		})
+	}
+}
+
+func TestNonStreamingAndInfo(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, hs, _ := startServer(t, ServerConfig{Model: "m", LoRAs: []string{"ad"}})
+
+	// Token-id prompt, then the same prompt again: the second hits the cache.
+	prompt := `[` + strings.TrimSuffix(strings.Repeat("7,", 40), ",") + `]`
+	var cached []float64
+	for range 2 {
+		resp := post(ctx, t, hs.URL+"/v1/completions", `{"model":"m","prompt":`+prompt+`,"max_tokens":3}`, nil)
+		var out struct {
+			Object  string `json:"object"`
+			Choices []struct {
+				Text         string `json:"text"`
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage map[string]any `json:"usage"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if out.Object != "text_completion" || len(out.Choices) != 1 || len(strings.Fields(out.Choices[0].Text)) != 3 || out.Choices[0].FinishReason != "length" {
+			t.Fatalf("response %+v", out)
+		}
+		cached = append(cached, out.Usage["prompt_tokens_details"].(map[string]any)["cached_tokens"].(float64))
+	}
+	if cached[0] != 0 || cached[1] != 32 {
+		t.Errorf("cached tokens %v, want [0 32] (40-token prompt, blocks of 16)", cached)
+	}
+
+	resp := post(ctx, t, hs.URL+"/v1/chat/completions", `{"model":"ad","messages":[{"role":"user","content":[{"type":"text","text":"hello"}]}],"max_completion_tokens":2}`, nil)
+	var chat struct {
+		Object  string `json:"object"`
+		Choices []struct {
+			Message struct{ Role, Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	json.NewDecoder(resp.Body).Decode(&chat)
+	resp.Body.Close()
+	if chat.Object != "chat.completion" || len(chat.Choices) != 1 || chat.Choices[0].Message.Role != "assistant" || chat.Choices[0].Message.Content == "" {
+		t.Errorf("chat response %+v", chat)
+	}
+
+	resp = post(ctx, t, hs.URL+"/tokenize", `{"model":"m","prompt":"a b, c"}`, nil)
+	var tok struct {
+		Count  int      `json:"count"`
+		Tokens []uint32 `json:"tokens"`
+	}
+	json.NewDecoder(resp.Body).Decode(&tok)
+	resp.Body.Close()
+	if tok.Count != 4 || len(tok.Tokens) != 4 {
+		t.Errorf("tokenize = %+v, want 4 tokens (a b , c)", tok)
+	}
+
+	get := func(path string) string {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Errorf("GET %s: %d", path, resp.StatusCode)
+		}
+		return string(b)
+	}
+	if m := get("/v1/models"); !strings.Contains(m, `"id":"m"`) || !strings.Contains(m, `"id":"ad"`) {
+		t.Errorf("models = %s", m)
+	}
+	get("/health")
+	metrics := get("/metrics")
+	for _, name := range []string{
+		"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+		`vllm:prefix_cache_queries_total{model_name="m"}`, `vllm:prefix_cache_hits_total{model_name="m"} 32`,
+		"vllm:time_to_first_token_seconds_bucket",
+	} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func TestPrefillRoleReportsKVReady(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, hs, _ := startServer(t, ServerConfig{Model: "m", WorkerID: "p1", Address: "10.0.0.1:8000", Engine: Config{Role: "prefill"}})
+	resp := post(ctx, t, hs.URL+"/v1/completions", `{"prompt":"a b c d","max_tokens":50}`, nil)
+	defer resp.Body.Close()
+	var out struct {
+		Usage            usage          `json:"usage"`
+		KVTransferParams map[string]any `json:"kv_transfer_params"`
+	}
+	json.NewDecoder(resp.Body).Decode(&out)
+	if out.Usage.CompletionTokens != 1 || out.KVTransferParams["remote_engine_id"] != "p1" {
+		t.Errorf("prefill response %+v, want 1 token and kv_transfer_params from p1", out)
+	}
+}
+
+func TestDecodeRoleSkipsPrefill(t *testing.T) {
+	// In virtual time: a remote-prefilled request costs the KV transfer and
+	// one decode step, not a prefill.
+	eng, _ := NewEngine(Config{Role: "decode", KVBytesPerToken: 1000, KVTransferBandwidth: 1e6})
+	p := prompt(3, 2000)
+	if err := eng.Submit(t0, Request{ID: "r", Tokens: p, MaxTokens: 2, RemotePrefill: true}); err != nil {
+		t.Fatal(err)
+	}
+	blocks := map[uint64]struct{}{}
+	c := run(t, eng, t0, blocks)["r"]
+	transfer := 2 * time.Second // 2000 tokens × 1000 B / 1 MB/s
+	decode := DefaultTiming{}.IterationTime(Batch{DecodeSeqs: 1, KVUsage: float64(blocksFor(2000, 16)) / 8192})
+	if got, want := c.TTFT(), transfer+decode; got != want {
+		t.Errorf("TTFT = %v, want transfer %v + one decode step %v", got, transfer, decode)
+	}
+	if len(blocks) != 2000/16 {
+		t.Errorf("cached blocks after the transfer = %d, want %d", len(blocks), 2000/16)
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":"hi","max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"prompt":[1,2,3]}`, `{"prompt":[[1,2]]}`, `{"prompt":["x"]}`, `{"prompt":null}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":2}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`,
+		`{"max_tokens":-1}`, `{`, `[]`, `""`,
+	} {
+		f.Add([]byte(s))
+	}
+	srv, err := NewServer(ServerConfig{Model: "m", LoRAs: []string{"l"}}, ServerOptions{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, parse := range []func([]byte) (genRequest, *httpError){srv.parseCompletion, srv.parseChat} {
+			g, e := parse(body)
+			if e != nil {
+				if e.status < 400 || e.status > 499 || e.code == "" || e.message == "" {
+					t.Fatalf("error %+v is not a complete 4xx", e)
+				}
+				continue
+			}
+			if len(g.tokens) == 0 || g.maxTokens <= 0 {
+				t.Fatalf("accepted request without tokens or max tokens: %+v", g)
+			}
+		}
+		rec := httptest.NewRecorder()
+		srv.tokenize(rec, httptest.NewRequest(http.MethodPost, "/tokenize", strings.NewReader(string(body))))
+		if rec.Code != 200 && (rec.Code < 400 || rec.Code > 499) {
+			t.Fatalf("tokenize status %d", rec.Code)
+		}
+	})
+}
