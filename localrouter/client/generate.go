@@ -202,6 +202,9 @@ func (s *Stream) Recv() (Chunk, error) {
 		if fr := cc.Choices[0].FinishReason; fr != nil {
 			ch.FinishReason = *fr
 		}
+		if ch.Text == "" && len(ch.TokenIDs) == 0 && ch.FinishReason == "" {
+			continue // e.g. the role-only first chunk
+		}
 		if !s.prefill && (ch.Text != "" || len(ch.TokenIDs) > 0) {
 			s.prefill = true
 			// A router that lost the request (expiry, worker removed) is no

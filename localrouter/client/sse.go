@@ -15,38 +15,43 @@ const maxSSELine = 4 << 20
 // joined by "\n". Comments, other fields and events without data are
 // skipped. Lines may end in \n, \r\n or \r.
 type sseReader struct {
-	r    *bufio.Reader
+	sc   *bufio.Scanner
 	data bytes.Buffer
-	line []byte
 }
 
-func newSSEReader(r io.Reader) *sseReader { return &sseReader{r: bufio.NewReaderSize(r, 64<<10)} }
+func newSSEReader(r io.Reader) *sseReader {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxSSELine)
+	sc.Split(scanSSELines)
+	return &sseReader{sc: sc}
+}
 
 var errSSELineTooLong = errors.New("sse: line too long")
 
-// readLine returns the next line without its terminator; io.EOF after the
-// last one.
-func (s *sseReader) readLine() ([]byte, error) {
-	s.line = s.line[:0]
-	for {
-		b, err := s.r.ReadSlice('\n')
-		s.line = append(s.line, b...)
-		if len(s.line) > maxSSELine {
-			return nil, errSSELineTooLong
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) && len(s.line) > 0 {
-				break
-			}
-			return nil, err
-		}
-		break
+// scanSSELines splits at \r\n, \n or \r.
+func scanSSELines(data []byte, atEOF bool) (advance int, token []byte, err error) {
+	if atEOF && len(data) == 0 {
+		return 0, nil, nil
 	}
-	line := bytes.TrimSuffix(s.line, []byte("\n"))
-	return bytes.TrimSuffix(line, []byte("\r")), nil
+	if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
+		if data[i] == '\n' {
+			return i + 1, data[:i], nil
+		}
+		if i+1 < len(data) {
+			if data[i+1] == '\n' {
+				return i + 2, data[:i], nil
+			}
+			return i + 1, data[:i], nil
+		}
+		if atEOF {
+			return i + 1, data[:i], nil
+		}
+		return 0, nil, nil // a \r at the end: is a \n next?
+	}
+	if atEOF {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
 }
 
 // next returns the data of the next event. At the end of the stream it
@@ -54,17 +59,8 @@ func (s *sseReader) readLine() ([]byte, error) {
 func (s *sseReader) next() ([]byte, error) {
 	s.data.Reset()
 	has := false
-	for {
-		line, err := s.readLine()
-		if err != nil {
-			if errors.Is(err, io.EOF) && has {
-				return s.data.Bytes(), nil
-			}
-			if errors.Is(err, io.EOF) {
-				return nil, io.EOF
-			}
-			return nil, fmt.Errorf("sse: %w", err)
-		}
+	for s.sc.Scan() {
+		line := s.sc.Bytes()
 		if len(line) == 0 {
 			if has {
 				return s.data.Bytes(), nil
@@ -85,4 +81,14 @@ func (s *sseReader) next() ([]byte, error) {
 		s.data.Write(value)
 		has = true
 	}
+	if err := s.sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, errSSELineTooLong
+		}
+		return nil, fmt.Errorf("sse: %w", err)
+	}
+	if has {
+		return s.data.Bytes(), nil
+	}
+	return nil, io.EOF
 }
