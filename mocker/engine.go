@@ -185,6 +185,8 @@ type Stats struct {
 	PrefixQueryTokens, PrefixHitTokens int64
 	Preemptions                        int64
 	Iterations                         int64
+	// EvictedBlocks counts cached blocks evicted for reuse.
+	EvictedBlocks int64
 }
 
 type seqState int8
@@ -371,6 +373,7 @@ func (e *Engine) Stats() Stats {
 	st.UsedBlocks = e.cache.used()
 	st.CachedBlocks = len(e.cache.cached)
 	st.TotalBlocks = e.cfg.NumBlocks
+	st.EvictedBlocks = e.cache.evictions
 	return st
 }
 

@@ -21,6 +21,7 @@ type kvCache struct {
 	// head = next to evict. -1 terminates.
 	freeHead, freeTail int32
 	numFree            int
+	evictions          int64
 	// events collects the KV events of the current engine call, in order.
 	events *[]kvevents.Event
 }
@@ -128,6 +129,7 @@ func (c *kvCache) allocate(table []int32, n int) ([]int32, bool) {
 		b := &c.blocks[i]
 		if b.hashed {
 			delete(c.cached, b.hash)
+			c.evictions++
 			c.emitRemoved(b.hash)
 			b.hashed, b.hash = false, 0
 		}
