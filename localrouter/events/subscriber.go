@@ -339,6 +339,10 @@ func (s *Subscriber) finishDump(id string, gen uint64, reply kvevents.DumpReply,
 			w.held = append(w.held, held[i:]...)
 			return
 		}
+		if ev.EventID <= w.last[ev.DPRank] {
+			s.stale.Add(1) // the dump covers it (even an id 1 that restarted the publisher)
+			continue
+		}
 		s.sequence(w, ev)
 	}
 }

@@ -1,0 +1,189 @@
+package events_test
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/events"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...)
+}
+
+const timeout = 30 * time.Second
+
+func setup(t *testing.T, pool string, workers ...string) (*nats.Conn, *localrouter.Router, *events.Subscriber) {
+	t.Helper()
+	url := testenv.StartNATS(t)
+	nc := testenv.ConnectNATS(t, url)
+	r, err := localrouter.New(localrouter.DefaultConfig(), localrouter.Options{SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	for _, w := range workers {
+		r.AddWorker(w, 1)
+	}
+	sub, err := events.New(nc, r, events.Options{
+		Pool: pool, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		DumpTimeout: 2 * time.Second, RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sub.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return nc, r, sub
+}
+
+func tokens(start, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(start + i)
+	}
+	return out
+}
+
+func waitTree(t *testing.T, r *localrouter.Router, worker string, want int) {
+	t.Helper()
+	testenv.Eventually(t, timeout, func() (string, bool) {
+		if got := r.Index().TreeSize(localrouter.WorkerKey{ID: worker}); got != want {
+			return testenv.Errorf("worker %s holds %d blocks, want %d", worker, got, want)
+		}
+		return "", true
+	})
+}
+
+// The subscriber rebuilds a joining worker from kvevents.Publisher's dump,
+// then follows its live events.
+func TestFollowsPublisher(t *testing.T) {
+	nc, r, sub := setup(t, "p", "w1")
+	pub, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: "p", WorkerID: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	// Blocks stored before the router follows the worker come with the dump.
+	if err := pub.PublishStored(tokens(0, 64), 16, []uint64{1, 2, 3, 4}, nil, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sub.WorkerUp("w1")
+	waitTree(t, r, "w1", 4)
+	testenv.Eventually(t, timeout, func() (string, bool) { return "not synced", sub.Synced("w1") })
+	parent := uint64(4)
+	if err := pub.PublishStored(tokens(64, 32), 16, []uint64{5, 6}, &parent, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitTree(t, r, "w1", 6)
+	if err := pub.PublishRemoved([]uint64{6}); err != nil {
+		t.Fatal(err)
+	}
+	waitTree(t, r, "w1", 5)
+	if st := sub.Stats(); st.Gaps != 0 || st.Dumps != 1 {
+		t.Errorf("stats %+v, want no gap and one dump", st)
+	}
+}
+
+// publish sends a raw event with the given id.
+func publish(t *testing.T, nc *nats.Conn, pool string, ev kvevents.RouterEvent) {
+	t.Helper()
+	b, err := kvevents.EncodeMsgpack(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(kvevents.EventsSubject(pool), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func stored(worker string, id uint64, base uint64, toks []uint32) kvevents.RouterEvent {
+	st := &kvevents.Stored{}
+	for i := 0; i*16 < len(toks); i++ {
+		st.Blocks = append(st.Blocks, kvevents.Block{EngineHash: base + uint64(i), TokenIDs: toks[i*16 : (i+1)*16]})
+	}
+	return kvevents.RouterEvent{WorkerID: worker, EventID: id, Event: kvevents.Event{Stored: st}}
+}
+
+// Without a dump responder the subscriber follows the live stream, and asks
+// again until a responder answers.
+func TestDumpFailureFallsBackAndRetries(t *testing.T) {
+	nc, r, sub := setup(t, "q", "w1")
+	sub.WorkerUp("w1") // nobody answers the dump
+	testenv.Eventually(t, timeout, func() (string, bool) {
+		st := sub.Stats()
+		return fmt.Sprintf("stats %+v, want a dump error", st), st.DumpErrors > 0
+	})
+	publish(t, nc, "q", stored("w1", 7, 100, tokens(0, 32)))
+	waitTree(t, r, "w1", 2)
+	// A responder appears: the next retry rebuilds from its dump.
+	resp, err := nc.Subscribe(kvevents.DumpSubject("q", "w1"), func(m *nats.Msg) {
+		reply := kvevents.DumpReply{WorkerID: "w1", Ranks: []kvevents.DumpRank{{LastEventID: 9}}, Events: []kvevents.RouterEvent{stored("w1", 9, 200, tokens(0, 48))}}
+		b, _ := kvevents.EncodeDumpReply(reply)
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Unsubscribe()
+	waitTree(t, r, "w1", 3)
+	testenv.Eventually(t, timeout, func() (string, bool) { return "not synced", sub.Synced("w1") })
+	// Events the dump covered are stale; the next one applies.
+	publish(t, nc, "q", kvevents.RouterEvent{WorkerID: "w1", EventID: 9, Event: kvevents.Event{Cleared: true}})
+	publish(t, nc, "q", kvevents.RouterEvent{WorkerID: "w1", EventID: 10, Event: kvevents.Event{Removed: &kvevents.Removed{EngineHashes: []uint64{202}}}})
+	waitTree(t, r, "w1", 2)
+	if st := sub.Stats(); st.Stale < 1 {
+		t.Errorf("stats %+v, want the covered event counted stale", st)
+	}
+}
+
+// A publisher whose ids start again at 1 restarted: the subscriber asks for
+// a dump instead of applying the new stream on top of the old blocks.
+func TestPublisherRestartTriggersDump(t *testing.T) {
+	nc, r, sub := setup(t, "s", "w1")
+	var lastID uint64
+	var events []kvevents.RouterEvent
+	dumps := make(chan struct{}, 8)
+	resp, err := nc.Subscribe(kvevents.DumpSubject("s", "w1"), func(m *nats.Msg) {
+		reply := kvevents.DumpReply{WorkerID: "w1", Ranks: []kvevents.DumpRank{{LastEventID: lastID}}, Events: events}
+		b, _ := kvevents.EncodeDumpReply(reply)
+		_ = m.Respond(b)
+		dumps <- struct{}{}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sub.WorkerUp("w1")
+	<-dumps
+	testenv.Eventually(t, timeout, func() (string, bool) { return "not synced", sub.Synced("w1") })
+	publish(t, nc, "s", stored("w1", 1, 100, tokens(0, 64)))
+	waitTree(t, r, "w1", 4)
+	// The engine restarts with an empty cache; its first event is id 1.
+	ev := stored("w1", 1, 500, tokens(1000, 16))
+	lastID, events = 1, []kvevents.RouterEvent{ev}
+	publish(t, nc, "s", ev)
+	<-dumps
+	waitTree(t, r, "w1", 1)
+	if st := sub.Stats(); st.Gaps != 1 {
+		t.Errorf("stats %+v, want one gap (the restart)", st)
+	}
+}
