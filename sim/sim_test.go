@@ -36,7 +36,7 @@ func mooncakeLine(tsMS, out int, ids ...int) string {
 	return fmt.Sprintf(`{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [%s]}`, tsMS, 64*len(ids), out, strings.Join(s, ", "))
 }
 
-func loadTestTrace(t *testing.T, lines []string) *Trace {
+func loadTestTrace(t testing.TB, lines []string) *Trace {
 	t.Helper()
 	tr, err := LoadTrace(strings.NewReader(strings.Join(lines, "\n")), LoadOptions{BlockSize: 64, Strict: true})
 	if err != nil {
@@ -47,7 +47,7 @@ func loadTestTrace(t *testing.T, lines []string) *Trace {
 
 // randomTrace is a small workload with reuse: a few shared "system
 // prompts", multi-turn conversations and one-off prompts.
-func randomTrace(t *testing.T, n int, seed uint64) *Trace {
+func randomTrace(t testing.TB, n int, seed uint64) *Trace {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	type conv struct{ ids []int }
 	var convs []*conv

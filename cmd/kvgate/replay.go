@@ -37,6 +37,7 @@ func runReplay(ctx context.Context, args []string) error {
 		eventDelay  = fs.Duration("event-delay", 0, "delay of KV events between a worker and its router")
 		parallel    = fs.Int("parallel", 1, "simulations run at once")
 		asJSON      = fs.Bool("json", false, "print the report as JSON instead of a table")
+		jsonOut     = fs.String("json-out", "", "also write the report as JSON to this file")
 		plot        = fs.String("plot", "", "write the TTFT CDF and hit ratio chart to this .svg file")
 		showProg    = fs.Bool("progress", false, "draw a progress bar on stderr even when it is not a terminal")
 	)
@@ -82,15 +83,12 @@ func runReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	if *plot != "" {
-		f, err := os.Create(*plot)
-		if err != nil {
+		if err := writeFile(*plot, rep.WriteSVG); err != nil {
 			return err
 		}
-		if err := rep.WriteSVG(f); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
+	}
+	if *jsonOut != "" {
+		if err := writeFile(*jsonOut, rep.WriteJSON); err != nil {
 			return err
 		}
 	}
@@ -103,4 +101,16 @@ func runReplay(ctx context.Context, args []string) error {
 func isTerminal(f *os.File) bool {
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
