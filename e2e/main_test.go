@@ -1,0 +1,145 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/internal/up"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...) }
+
+const testTimeout = 60 * time.Second
+
+func testCtx(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startSystem starts `kvgate up`'s parts on free ports, with mock workers
+// sped up so tests run quickly; everything stops at cleanup.
+func startSystem(t testing.TB, mutate ...func(*up.Config)) *up.System {
+	t.Helper()
+	cfg := up.DefaultConfig()
+	cfg.GatewayAddr, cfg.ExtprocAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Speedup = 20
+	cfg.NumBlocks = 2048
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	for _, f := range mutate {
+		f(&cfg)
+	}
+	s, err := up.Start(testCtx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		if err := s.Close(ctx); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return s
+}
+
+// httpClient is a client whose idle connections close at cleanup.
+func httpClient(t testing.TB) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+type reply struct {
+	status  int
+	header  http.Header
+	body    []byte
+	events  []string // SSE data payloads
+	pool    string
+	worker  string
+	overlap int
+}
+
+// chat posts a chat completion through the gateway and reads the whole
+// response.
+func chat(t testing.TB, ctx context.Context, c *http.Client, s *up.System, body string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "POST", s.GatewayURL()+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := reply{status: resp.StatusCode, header: resp.Header, body: b,
+		pool: resp.Header.Get("x-kvgate-pool"), worker: resp.Header.Get("x-kvgate-worker-id")}
+	fmt.Sscan(resp.Header.Get("x-kvgate-overlap-blocks"), &r.overlap)
+	if strings.HasPrefix(resp.Header.Get("content-type"), "text/event-stream") {
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				r.events = append(r.events, d)
+			}
+		}
+	}
+	return r
+}
+
+func chatBody(model, content string, stream bool, maxTokens int) string {
+	b, _ := json.Marshal(map[string]any{
+		"model": model, "stream": stream, "max_tokens": maxTokens,
+		"messages": []map[string]string{{"role": "system", "content": "You are terse."}, {"role": "user", "content": content}},
+	})
+	return string(b)
+}
+
+// longPrompt is a prompt of many blocks; variant changes only its end.
+func longPrompt(topic string, variant int) string {
+	var b strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&b, "Section %d of the %s handbook explains how a cached prefix saves prefill work. ", i, topic)
+	}
+	fmt.Fprintf(&b, "Question %d: what follows?", variant)
+	return b.String()
+}
+
+// waitIdle polls until no local router tracks a request in flight.
+func waitIdle(t testing.TB, s *up.System) {
+	t.Helper()
+	testenv.Eventually(t, testTimeout, func() (string, bool) {
+		for _, p := range s.Pools {
+			if n := p.Requests(); n != 0 {
+				return fmt.Sprintf("pool %s: %d requests in flight, loads %v", p.Name, n, p.Loads()), false
+			}
+			for k, l := range p.Loads() {
+				if l.ActiveRequests != 0 || l.PrefillTokens != 0 || l.ActiveBlocks != 0 {
+					return fmt.Sprintf("pool %s worker %v: load %+v", p.Name, k, l), false
+				}
+			}
+		}
+		return "", true
+	})
+}
