@@ -1,6 +1,7 @@
 package globalrouter
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,6 +30,8 @@ type Config struct {
 
 	// File is where the configuration was read from ("" when built in Go).
 	File string `yaml:"-"`
+	// sum is the SHA-256 of the file's content (WatchFile's baseline).
+	sum [32]byte
 }
 
 // ProbeConfig bounds the probes of the pools' local routers.
@@ -192,7 +195,7 @@ func ParseConfig(file string, data []byte, reg *policies.Registry) (*Config, err
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{Probe: fc.Probe, Chain: fc.Chain, Models: fc.Models, Pools: pools, File: file}
+	c := &Config{Probe: fc.Probe, Chain: fc.Chain, Models: fc.Models, Pools: pools, File: file, sum: sha256.Sum256(data)}
 	for i := range c.Chain {
 		c.Chain[i].Args.File = file
 	}

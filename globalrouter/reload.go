@@ -16,12 +16,18 @@ const DefaultWatchInterval = 2 * time.Second
 // that replace files and Kubernetes ConfigMaps that swap symlinks. A bad new
 // file is refused (logged, counted in kvgate_globalrouter_config_reloads_total)
 // and the current configuration stays; it is tried again once it changes.
-// changed, when not nil, is told the result of each reload attempt.
+// changed, when not nil, is told the result of each reload attempt. When
+// the current configuration was not read from path, the first look reloads.
 func (r *Router) WatchFile(ctx context.Context, path string, interval time.Duration, changed func(error)) error {
 	if interval <= 0 {
 		interval = DefaultWatchInterval
 	}
-	last, _ := fileSum(path)
+	// The baseline is the content the current configuration was read
+	// from: a change made before this call is still picked up.
+	var last [32]byte
+	if cfg := r.Config(); cfg.File == path {
+		last = cfg.sum
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

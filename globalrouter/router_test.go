@@ -187,12 +187,12 @@ func TestPinning(t *testing.T) {
 	free(t, d)
 
 	for name, h := range map[string]map[string]string{
-		"unknown pool":              {globalrouter.HeaderPool: "pool-z"},
-		"pool not serving model":    {globalrouter.HeaderPool: "pool-c"},
-		"unknown worker":            {globalrouter.HeaderWorkerID: "z-9"},
-		"worker in another pool":    {globalrouter.HeaderPool: "pool-b", globalrouter.HeaderWorkerID: "a-0"},
-		"bad rank":                  {globalrouter.HeaderWorkerID: "a-0", globalrouter.HeaderDPRank: "x"},
-		"rank the worker lacks":     {globalrouter.HeaderWorkerID: "a-0", globalrouter.HeaderDPRank: "3"},
+		"unknown pool":           {globalrouter.HeaderPool: "pool-z"},
+		"pool not serving model": {globalrouter.HeaderPool: "pool-c"},
+		"unknown worker":         {globalrouter.HeaderWorkerID: "z-9"},
+		"worker in another pool": {globalrouter.HeaderPool: "pool-b", globalrouter.HeaderWorkerID: "a-0"},
+		"bad rank":               {globalrouter.HeaderWorkerID: "a-0", globalrouter.HeaderDPRank: "x"},
+		"rank the worker lacks":  {globalrouter.HeaderWorkerID: "a-0", globalrouter.HeaderDPRank: "3"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			d, err := pin(h)

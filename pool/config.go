@@ -194,6 +194,10 @@ func LoadPolicyFile(path string) (policies.PoolSection, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pool policy file: %w", err)
 	}
+	var empty yaml.Node
+	if yaml.Unmarshal(data, &empty) == nil && empty.Kind == 0 {
+		return policies.PoolSection{}, nil // only comments: no per-pool arguments
+	}
 	doc, err := policies.ParseFile(path, data)
 	if err != nil {
 		return nil, err

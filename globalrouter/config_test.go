@@ -1,0 +1,233 @@
+package globalrouter_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/policies"
+)
+
+func builtins(t testing.TB) *policies.Registry {
+	r := policies.NewRegistry()
+	if err := policies.RegisterBuiltins(r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestExampleConfigs(t *testing.T) {
+	for _, f := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml"} {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			cfg, err := globalrouter.LoadConfig(f, builtins(t))
+			if err != nil {
+				t.Fatalf("LoadConfig: %v", err)
+			}
+			if len(cfg.Pools) != 2 {
+				t.Errorf("%d pools, want 2", len(cfg.Pools))
+			}
+		})
+	}
+	cfg, err := globalrouter.LoadConfig("../examples/pools.yaml", builtins(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Probe.Timeout != 20*time.Millisecond || len(cfg.Chain) != 6 || cfg.Pools[0].Policy["cost"].File != filepath.Join("..", "examples", "policies", "pool-a.yaml") {
+		t.Errorf("examples/pools.yaml read as %+v", cfg)
+	}
+}
+
+// write writes files into a new folder and returns it.
+func write(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, text := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+const goodPools = `pools:
+  - name: pool-a
+    models: [m]
+    routers: {static: ["127.0.0.1:7101"]}
+    policy_file: a.yaml
+`
+
+func TestConfigErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		files map[string]string
+		want  string
+	}{
+		{"unknown top-level field", map[string]string{"c.yaml": "probe: {timeout: 5ms}\npoolz: []\n"}, `c.yaml:2:1: unknown field "poolz"`},
+		{"unknown probe field", map[string]string{"c.yaml": "probe:\n  timout: 5ms\n"}, `c.yaml:2:3: probe: unknown field "timout"`},
+		{"bad duration", map[string]string{"c.yaml": "probe:\n  timeout: soon\n" + goodPools, "a.yaml": ""}, `c.yaml:2: cannot unmarshal`},
+		{"unknown chain policy", map[string]string{"c.yaml": "chain: [model-match, kv-overlapp]\n" + goodPools, "a.yaml": ""}, `c.yaml:1:22: chain: unknown policy "kv-overlapp"`},
+		{"bad chain args", map[string]string{"c.yaml": "chain:\n  - name: disaggregate\n    args: {threshold_token: 3}\n" + goodPools, "a.yaml": ""}, `c.yaml:3:12: policy "disaggregate": unknown field "threshold_token"`},
+		{"bad pool policy file", map[string]string{"c.yaml": "chain: [cost]\n" + goodPools, "a.yaml": "cost:\n  scale: 2\n  sclae: 1\n"}, `a.yaml:3:3: pool "pool-a": policy "cost": unknown field "sclae"`},
+		{"pool policy not in chain", map[string]string{"c.yaml": "chain: [cost]\n" + goodPools, "a.yaml": "failover: {tier: 1}\n"}, `a.yaml:1:11: pool "pool-a": policy "failover" is configured but not in the chain`},
+		{"unknown tokenizer field", map[string]string{"c.yaml": "models:\n  - name: m\n    tokenizer: {backend: openai, encodin: x}\n" + goodPools, "a.yaml": ""}, `c.yaml:3:34: models[0].tokenizer: unknown field "encodin"`},
+		{"tokenizer for no pool", map[string]string{"c.yaml": "models:\n  - name: z\n    tokenizer: {backend: openai}\n" + goodPools, "a.yaml": ""}, `models: "z" has a tokenizer but no pool serves it`},
+		{"no pools", map[string]string{"c.yaml": "chain: [cost]\n"}, `no pools`},
+		{"syntax", map[string]string{"c.yaml": "chain: [cost\n"}, `c.yaml:`},
+		{"empty", map[string]string{"c.yaml": ""}, `c.yaml: empty document`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := write(t, tt.files)
+			_, err := globalrouter.LoadConfig(filepath.Join(dir, "c.yaml"), builtins(t))
+			if err == nil {
+				t.Fatalf("LoadConfig: no error, want %q", tt.want)
+			}
+			if got := strings.ReplaceAll(err.Error(), dir+string(filepath.Separator), ""); !strings.Contains(got, tt.want) {
+				t.Fatalf("got error %q, want one containing %q", got, tt.want)
+			}
+			if !errors.Is(err, policies.ErrConfig) {
+				t.Errorf("error %v does not wrap policies.ErrConfig", err)
+			}
+		})
+	}
+}
+
+func configText(addrs map[string]string, chain string) string {
+	var b strings.Builder
+	b.WriteString("probe: {timeout: 10s}\nchain: " + chain + "\npools:\n")
+	for _, name := range []string{"pool-a", "pool-b"} {
+		if a, ok := addrs[name]; ok {
+			b.WriteString("  - name: " + name + "\n    models: [" + model + "]\n    routers: {static: [\"" + a + "\"]}\n")
+		}
+	}
+	return b.String()
+}
+
+func TestHotReload(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	both := map[string]string{"pool-a": c.a.Addr, "pool-b": c.b.Addr}
+	dir := write(t, map[string]string{"pools.yaml": configText(both, "[model-match, cost]")})
+	path := filepath.Join(dir, "pools.yaml")
+	cfg, err := globalrouter.LoadConfig(path, builtins(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, reg := newRouter(t, *cfg)
+
+	// A request in flight on pool-b across the reloads.
+	c.b.Store(t, "b-0", chatTokens(t, chat(longText(100))))
+	inflight, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat(longText(100))})
+	if err != nil || inflight.Primary.Pool != "pool-b" {
+		t.Fatalf("Decide: %v, %+v; want pool-b", err, inflight)
+	}
+
+	// A bad file is refused; the old configuration stays.
+	if err := os.WriteFile(path, []byte(configText(both, "[model-match, cost, nope]")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ReloadFile(path); err == nil || !strings.Contains(err.Error(), `unknown policy "nope"`) {
+		t.Fatalf("ReloadFile of a bad file: got %v, want the unknown policy", err)
+	}
+	if got := len(r.Config().Pools); got != 2 {
+		t.Errorf("after a refused reload: %d pools, want the old 2", got)
+	}
+	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi", Explain: true})
+	if err != nil {
+		t.Fatalf("Decide after a refused reload: %v", err)
+	}
+	if len(d.Fallbacks) != 1 {
+		t.Errorf("after a refused reload: %d fallbacks, want 1 (both pools)", len(d.Fallbacks))
+	}
+	free(t, d)
+
+	// A good file with pool-a alone takes effect.
+	if err := os.WriteFile(path, []byte(configText(map[string]string{"pool-a": c.a.Addr}, "[model-match, kv-overlap]")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ReloadFile(path); err != nil {
+		t.Fatalf("ReloadFile: %v", err)
+	}
+	for range 3 {
+		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat(longText(100))})
+		if err != nil {
+			t.Fatalf("Decide after reload: %v", err)
+		}
+		if d.Primary.Pool != "pool-a" || len(d.Fallbacks) != 0 {
+			t.Errorf("after reload: primary %s, %d fallbacks; want pool-a alone", d.Primary.Pool, len(d.Fallbacks))
+		}
+		free(t, d)
+	}
+	// The request placed before the reload is still tracked, and frees.
+	if n := c.b.ActiveRequests(); n != 1 {
+		t.Errorf("pool-b has %d active requests after the reload, want 1 (in flight)", n)
+	}
+	free(t, inflight)
+	if n := c.b.ActiveRequests(); n != 0 {
+		t.Errorf("pool-b has %d active requests after Free, want 0", n)
+	}
+	if got := testutil.ToFloat64(mustCounter(t, reg, "kvgate_globalrouter_config_reloads_total", "refused")); got != 1 {
+		t.Errorf("refused reloads = %v, want 1", got)
+	}
+
+	// WatchFile notices changes and refuses bad ones.
+	wctx, cancel := context.WithCancel(ctx)
+	results := make(chan error, 4)
+	done := make(chan error, 1)
+	go func() { done <- r.WatchFile(wctx, path, 5*time.Millisecond, func(err error) { results <- err }) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("WatchFile: %v", err)
+		}
+	}()
+	if err := os.WriteFile(path, []byte("pools: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-results:
+		if err == nil {
+			t.Fatal("WatchFile accepted a broken file")
+		}
+	case <-ctx.Done():
+		t.Fatal("WatchFile did not notice the change")
+	}
+	if err := os.WriteFile(path, []byte(configText(both, "[model-match, cost]")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-results:
+		if err != nil {
+			t.Fatalf("WatchFile refused a good file: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("WatchFile did not notice the change")
+	}
+	if got := len(r.Config().Pools); got != 2 {
+		t.Errorf("after WatchFile's reload: %d pools, want 2", got)
+	}
+}
+
+func TestBadTokenizerRefusesReload(t *testing.T) {
+	c := newCluster(t)
+	r, _ := newRouter(t, c.cfg)
+	bad := c.cfg
+	bad.Models = []globalrouter.ModelConfig{{Name: model, Tokenizer: globalrouterTokenizer("huggingface", "/nonexistent")}}
+	if err := r.Reload(bad); err == nil {
+		t.Fatal("Reload with a tokenizer that cannot load: no error")
+	}
+	if len(r.Config().Models) != 0 {
+		t.Error("the refused configuration replaced the current one")
+	}
+}

@@ -1,0 +1,50 @@
+package globalrouter_test
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/policies"
+)
+
+// FuzzParseConfig feeds the configuration decoder arbitrary YAML: it must
+// never panic, every error must be a configuration error, and what it
+// accepts must validate again.
+func FuzzParseConfig(f *testing.F) {
+	for _, p := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml"} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	for _, s := range []string{
+		"pools: [{name: a, models: [m], routers: {static: [\"h:1\"]}, policy: {cost: {scale: 2}}}]\nchain: [cost]\n",
+		"chain: [{name: disaggregate, args: {threshold_tokens: 1}}]\npools: [{name: a, role: decode, models: [m], routers: {etcd: true}}]\n",
+		"pools: &x [{name: a, models: [m], routers: {etcd: true}}]\nmodels: *x\n",
+		"probe: {timeout: 1ms, backoff_base: 2s, backoff_max: 1s}\n",
+		"pools:\n  - name: a\n    models: [m]\n    routers: {static: [\"h:1\"]}\n    policy: {header-match: {headers: {x: [y]}}}\nchain: [header-match]\n",
+		"- 1\n", "{}", "pools: 3", "chain: {a: b}",
+	} {
+		f.Add([]byte(s))
+	}
+	reg := policies.NewRegistry()
+	if err := policies.RegisterBuiltins(reg); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := globalrouter.ParseConfig("fuzz.yaml", data, reg)
+		if err != nil {
+			var pe *policies.PosError
+			if !errors.Is(err, policies.ErrConfig) && !errors.As(err, &pe) && !os.IsNotExist(errors.Unwrap(err)) && !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("error is not a configuration error: %v", err)
+			}
+			return
+		}
+		if err := cfg.Validate(reg); err != nil {
+			t.Fatalf("accepted configuration does not validate again: %v", err)
+		}
+	})
+}
