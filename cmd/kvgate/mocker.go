@@ -1,6 +1,78 @@
 package main
 
-import "context"
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
 
-// runMocker is replaced when its package lands.
-func runMocker(ctx context.Context, args []string) error { return errNotBuilt }
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/mocker"
+)
+
+// runMocker is `kvgate mocker`: flags → mocker.RunConfig → mocker.Run.
+func runMocker(ctx context.Context, args []string) error {
+	var cfg mocker.RunConfig
+	e := &cfg.Server.Engine
+	fs := flag.NewFlagSet("mocker", flag.ContinueOnError)
+	host := fs.String("host", "127.0.0.1", "HTTP listen host (0.0.0.0 for every interface)")
+	port := fs.Int("port", 8001, "HTTP listen port")
+	fs.StringVar(&cfg.Advertise, "advertise", "", "host:port registered in etcd (default: the listen address)")
+	fs.StringVar(&cfg.Server.Model, "model", "mock-model", "served model name")
+	loras := fs.String("lora", "", "comma-separated LoRA adapter names also served")
+	fs.IntVar(&e.BlockSize, "block-size", 16, "KV block size in tokens")
+	fs.IntVar(&e.NumBlocks, "num-blocks", 8192, "KV cache size in blocks")
+	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", 256, "maximum running sequences")
+	fs.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "maximum tokens per iteration (chunked prefill)")
+	fs.BoolVar(&e.DisablePrefixCaching, "no-prefix-caching", false, "disable prefix caching (and KV events)")
+	fs.Float64Var(&e.Speedup, "speedup", 1, "divide the timing model's durations by this factor")
+	fs.StringVar(&e.Role, "role", kvevents.RoleAggregated, "aggregated, prefill or decode")
+	fs.Float64Var(&e.KVBytesPerToken, "kv-bytes-per-token", 131072, "KV bytes per token (decode role transfer time)")
+	fs.Float64Var(&e.KVTransferBandwidth, "kv-transfer-bandwidth", 25e9, "prefill→decode KV bandwidth in bytes/s")
+	fs.IntVar(&cfg.Server.DefaultMaxTokens, "default-max-tokens", 16, "max_tokens of requests that set none")
+	fs.StringVar(&cfg.Events, "events", mocker.EventsZMQ, "KV events: zmq (vLLM format, for kvgate relay), nats (direct), none")
+	fs.StringVar(&cfg.ZMQEndpoint, "zmq-endpoint", "tcp://*:5557", "ZMQ PUB bind endpoint (events=zmq)")
+	fs.StringVar(&cfg.ZMQTopic, "zmq-topic", "kv-events", "ZMQ topic (events=zmq)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server (events=nats)")
+	etcd := fs.String("etcd", "", "comma-separated etcd endpoints: register this worker (empty: do not)")
+	fs.StringVar(&cfg.Pool, "pool", "default", "pool the worker belongs to")
+	fs.StringVar(&cfg.WorkerID, "worker-id", "", "worker id (default mocker-<port>)")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 0, "etcd lease TTL (default 10s)")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	log, err := engineSideLogger(*level)
+	if err != nil {
+		return err
+	}
+	cfg.Listen = net.JoinHostPort(*host, strconv.Itoa(*port))
+	cfg.Server.LoRAs = splitCommaList(*loras)
+	cfg.EtcdEndpoints = splitCommaList(*etcd)
+	return mocker.Run(ctx, cfg, mocker.RunDeps{Logger: log})
+}
+
+func engineSideLogger(level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+func splitCommaList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

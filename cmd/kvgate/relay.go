@@ -1,6 +1,50 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
 
-// runRelay is replaced when its package lands.
-func runRelay(ctx context.Context, args []string) error { return errNotBuilt }
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/kvevents/relay"
+)
+
+// runRelay is `kvgate relay`: flags → relay.Config → relay.Serve.
+func runRelay(ctx context.Context, args []string) error {
+	var cfg relay.Config
+	var sc relay.ServeConfig
+	w := &cfg.Worker
+	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
+	fs.StringVar(&cfg.Endpoint, "zmq", "tcp://127.0.0.1:5557", "the engine's ZMQ PUB endpoint (vLLM --kv-events-config endpoint)")
+	fs.StringVar(&cfg.Topic, "topic", "", "ZMQ topic prefix to subscribe to (empty: all)")
+	fs.StringVar(&cfg.Pool, "pool", "default", "pool the engine belongs to")
+	fs.StringVar(&w.ID, "worker-id", "", "worker id of the engine (required)")
+	fs.StringVar(&w.Address, "address", "", "engine HTTP host:port to register in etcd (empty: do not register)")
+	fs.IntVar(&w.BlockSize, "block-size", 16, "the pool's KV block size; blocks of other sizes are skipped")
+	fs.StringVar(&w.Model, "model", "", "model the engine serves (registered)")
+	fs.StringVar(&w.Role, "role", kvevents.RoleAggregated, "aggregated, prefill or decode (registered)")
+	fs.IntVar(&w.DPSize, "dp-size", 1, "data-parallel ranks of the engine (registered)")
+	fs.IntVar(&w.KVCapacityBlocks, "kv-capacity-blocks", 0, "engine KV cache size in blocks (registered; 0 unknown)")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 0, "etcd lease TTL (default 10s)")
+	fs.StringVar(&sc.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server")
+	etcd := fs.String("etcd", "127.0.0.1:2379", "comma-separated etcd endpoints (used with -address)")
+	fs.StringVar(&sc.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address")
+	level := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if w.ID == "" {
+		return errors.New("-worker-id is required")
+	}
+	log, err := engineSideLogger(*level)
+	if err != nil {
+		return err
+	}
+	cfg.Register = w.Address != ""
+	sc.EtcdEndpoints = splitCommaList(*etcd)
+	return relay.Serve(ctx, cfg, sc, log)
+}

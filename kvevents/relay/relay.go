@@ -18,12 +18,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvgate/kvgate/kvevents"
@@ -246,4 +249,61 @@ func (r *Relay) handle(frames [][]byte) {
 			r.log.Warn("publish", "err", err, "seq", b.Seq, "dp_rank", strconv.FormatUint(uint64(b.DPRank), 10))
 		}
 	}
+}
+
+// ServeConfig is how a standalone relay process reaches its servers.
+type ServeConfig struct {
+	// NATSURL is the NATS server (nats://127.0.0.1:4222).
+	NATSURL string
+	// EtcdEndpoints are needed when Config.Register is set.
+	EtcdEndpoints []string
+	// MetricsAddr, when set, serves /metrics there.
+	MetricsAddr string
+}
+
+// Serve is `kvgate relay`: it dials NATS (and etcd), serves metrics, and
+// runs a relay until ctx ends.
+func Serve(ctx context.Context, cfg Config, sc ServeConfig, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	if sc.NATSURL == "" {
+		sc.NATSURL = nats.DefaultURL
+	}
+	nc, err := nats.Connect(sc.NATSURL, nats.Name("kvgate-relay-"+cfg.Worker.ID), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("relay: nats %s: %w", sc.NATSURL, err)
+	}
+	defer nc.Close()
+	opts := Options{NATS: nc, Logger: log}
+	if cfg.Register {
+		if len(sc.EtcdEndpoints) == 0 {
+			return errors.New("relay: registering the engine needs etcd endpoints")
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: sc.EtcdEndpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			return fmt.Errorf("relay: etcd: %w", err)
+		}
+		defer cli.Close()
+		opts.Etcd = cli
+	}
+	reg := prometheus.NewRegistry()
+	opts.Registerer = reg
+	if sc.MetricsAddr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		ln, err := net.Listen("tcp", sc.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("relay: metrics: %w", err)
+		}
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go hs.Serve(ln)
+		defer hs.Close()
+		log.Info("relay metrics", "addr", ln.Addr().String())
+	}
+	r, err := New(cfg, opts)
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
 }
