@@ -53,7 +53,7 @@ func prompt(t *testing.T, toks []uint32, bs int) pool.Prompt {
 	return pool.Prompt{Hashes: h, BlockSize: bs, ISL: len(toks), Tokens: toks}
 }
 
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -295,4 +295,21 @@ func TestEtcdDiscovery(t *testing.T) {
 		}
 		return testenv.Errorf("routers = %d, want 0", h.Routers)
 	})
+}
+
+func openB(b *testing.B, conns *pool.Conns, addr string) *pool.Pool {
+	p, err := pool.Open(pool.New("p", 16, []string{"m"}, addr), pool.Options{Conns: conns, ProbeTimeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(p.Close)
+	return p
+}
+
+func promptB(b *testing.B, toks []uint32) pool.Prompt {
+	h, err := kvevents.LocalHashes(toks, 16, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pool.Prompt{Hashes: h, BlockSize: 16, ISL: len(toks)}
 }

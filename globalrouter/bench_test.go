@@ -1,0 +1,101 @@
+package globalrouter_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/pool/pooltest"
+)
+
+// chat8K is a multi-turn conversation of about 8 KB of JSON text; n varies
+// the last turn so that the tokenizer's chat cache helps only with the
+// earlier turns, as with real traffic.
+func chat8K(n int) []globalrouter.Message {
+	msgs := []globalrouter.Message{{Role: "system", Content: "You are a careful assistant who answers questions about distributed systems. " + strings.Repeat("Be precise and cite sources. ", 20)}}
+	for i := range 6 {
+		msgs = append(msgs,
+			globalrouter.Message{Role: "user", Content: fmt.Sprintf("Question %d: %s", i, longText(60))},
+			globalrouter.Message{Role: "assistant", Content: fmt.Sprintf("Answer %d: %s", i, longText(70))})
+	}
+	return append(msgs, globalrouter.Message{Role: "user", Content: fmt.Sprintf("Final question number %d: how do KV-cache-aware routers pick a worker?", n)})
+}
+
+// BenchmarkDecide decides in-process against two pools of 8 workers, each
+// behind a real local router over loopback gRPC: tokenize, hash, two
+// parallel probes, the default chain, commit (Track stream) — then frees.
+// It reports Decide's p50 and p99 and the ratio of Decide's mean time to
+// the mean time spent tokenizing inside it.
+func BenchmarkDecide(b *testing.B) {
+	ctx := testCtx(b)
+	pa := pooltest.Start(b, "pool-a", 16, pooltest.Workers("a", 8)...)
+	pb := pooltest.Start(b, "pool-b", 16, pooltest.Workers("b", 8)...)
+	// Warm caches: the conversation's earlier turns sit on one worker.
+	prefix := chatTokens(b, chat8K(0))
+	pa.Store(b, "a-3", prefix[:len(prefix)-32])
+	cfg := globalrouter.DefaultConfig(
+		pool.New("pool-a", 16, []string{model}, pa.Addr),
+		pool.New("pool-b", 16, []string{model}, pb.Addr),
+	)
+	// The deadline is not under test: a busy machine must not open
+	// circuits.
+	cfg.Probe.Timeout = time.Second
+	r, reg := newRouter(b, cfg)
+	bodyBytes := 0
+	for _, m := range chat8K(0) {
+		bodyBytes += len(m.Content) + 32
+	}
+	b.Logf("chat body ≈ %d bytes, %d tokens", bodyBytes, len(prefix))
+
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req := &globalrouter.Request{Model: model, Messages: chat8K(i + 1)}
+		t0 := time.Now()
+		d, err := r.Decide(ctx, req)
+		lat = append(lat, time.Since(t0))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := d.Lease.Free(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	dec, tok := histMean(b, reg, "kvgate_globalrouter_decision_duration_seconds"), histMean(b, reg, "kvgate_globalrouter_tokenize_duration_seconds")
+	if tok > 0 {
+		b.ReportMetric(dec/tok, "decide/tokenize")
+	}
+}
+
+func histMean(b *testing.B, reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum float64
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetHistogram().GetSampleSum()
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
