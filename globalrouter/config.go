@@ -94,9 +94,24 @@ func (c *Config) file() string {
 	return c.File
 }
 
+// builtins returns reg, or a registry of the built-in policies when reg is
+// nil.
+func builtins(reg *policies.Registry) *policies.Registry {
+	if reg != nil {
+		return reg
+	}
+	reg = policies.NewRegistry()
+	if err := policies.RegisterBuiltins(reg); err != nil {
+		panic("globalrouter: built-in policies: " + err.Error()) // a duplicate among the built-ins
+	}
+	return reg
+}
+
 // Validate checks the pools, the models and the chain (building it with
-// reg). Errors name the file, the line, the policy or pool, and the field.
+// reg; nil: the built-in policies). Errors name the file, the line, the
+// policy or pool, and the field.
 func (c *Config) Validate(reg *policies.Registry) error {
+	reg = builtins(reg)
 	if len(c.Pools) == 0 {
 		return fmt.Errorf("%s: %w: no pools", c.file(), policies.ErrConfig)
 	}
@@ -171,8 +186,9 @@ type fileConfig struct {
 	Pools  yaml.Node       `yaml:"pools"`
 }
 
-// LoadConfig reads, decodes strictly and validates a configuration file.
-// Policy files named by pools are read relative to it.
+// LoadConfig reads, decodes strictly and validates a configuration file,
+// with the policies of reg (nil: the built-ins). Policy files named by pools
+// are read relative to it.
 func LoadConfig(path string, reg *policies.Registry) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -231,3 +231,9 @@ func TestBadTokenizerRefusesReload(t *testing.T) {
 		t.Error("the refused configuration replaced the current one")
 	}
 }
+
+func TestNilRegistryMeansBuiltins(t *testing.T) {
+	if _, err := globalrouter.LoadConfig("../examples/pools.yaml", nil); err != nil {
+		t.Fatalf("LoadConfig with a nil registry: %v", err)
+	}
+}

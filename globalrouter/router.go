@@ -132,12 +132,7 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 	if o.now == nil {
 		o.now = time.Now
 	}
-	if o.registry == nil {
-		o.registry = policies.NewRegistry()
-		if err := policies.RegisterBuiltins(o.registry); err != nil {
-			return nil, err
-		}
-	}
+	o.registry = builtins(o.registry)
 	m, err := newMetrics(o.registerer)
 	if err != nil {
 		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
