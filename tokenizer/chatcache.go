@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"hash/maphash"
 	"strings"
+	"sync/atomic"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 )
@@ -46,10 +47,21 @@ func splitNewlineMarker(s segment, emit func(segment)) {
 // re-encoded when the next turn extends it. The chunk's text is kept with
 // its ids and compared on a hit, so a hash collision costs a re-encode,
 // never wrong ids. Safe for concurrent use.
+//
+// The cache is bounded twice: by entries (Config.CacheSize) and by the
+// bytes its entries hold (chatCacheBytes), so a few huge prompts cannot
+// hold gigabytes.
 type chatCache struct {
 	seed  maphash.Seed
 	cache *lru.Cache[uint64, cachedChunk]
+	used   atomic.Int64 // bytes held: text plus 4 per id
+	budget int64        // chatCacheBytes but in tests
 }
+
+// chatCacheBytes bounds the bytes one model's chat cache holds.
+const chatCacheBytes = 64 << 20
+
+func (e cachedChunk) size() int64 { return int64(len(e.text) + 4*len(e.ids)) }
 
 type cachedChunk struct {
 	text string
@@ -60,11 +72,28 @@ type cachedChunk struct {
 const chunkBytes = 256
 
 func newChatCache(size int) *chatCache {
-	c, err := lru.New[uint64, cachedChunk](size)
+	cc := &chatCache{seed: maphash.MakeSeed(), budget: chatCacheBytes}
+	c, err := lru.NewWithEvict[uint64, cachedChunk](size, func(_ uint64, e cachedChunk) { cc.used.Add(-e.size()) })
 	if err != nil {
 		return nil // size <= 0: no cache
 	}
-	return &chatCache{seed: maphash.MakeSeed(), cache: c}
+	cc.cache = c
+	return cc
+}
+
+func (c *chatCache) add(key uint64, e cachedChunk) {
+	if e.size() > c.budget/16 {
+		return // too big to be worth its room
+	}
+	if present, _ := c.cache.ContainsOrAdd(key, e); present {
+		return // another request added it meanwhile
+	}
+	c.used.Add(e.size())
+	for c.used.Load() > c.budget {
+		if _, _, ok := c.cache.RemoveOldest(); !ok {
+			break
+		}
+	}
 }
 
 // encode returns the ids of text (no post-processor tokens), reusing and
@@ -108,7 +137,7 @@ func (c *chatCache) encode(enc segmenter, text string) []uint32 {
 			for _, s := range segs[i:j] {
 				ids = enc.appendSegment(ids, s)
 			}
-			c.cache.Add(key, cachedChunk{text: chunk, ids: append([]uint32(nil), ids[start:]...)})
+			c.add(key, cachedChunk{text: chunk, ids: append([]uint32(nil), ids[start:]...)})
 		}
 		prev, i, from = key, j, to
 	}

@@ -439,3 +439,35 @@ func TestRegexpFallback(t *testing.T) {
 		t.Errorf("round trip = %q", got)
 	}
 }
+
+func TestChatCacheBounded(t *testing.T) {
+	m := mustLoad(t, Config{Backend: BackendOpenAI, CacheSize: 8})
+	m.cache.budget = 64 << 10
+	for i := 0; i < 50; i++ {
+		if _, err := m.EncodeChat(conversation(i%7+1), i%2 == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := m.cache.cache.Len(); n > 8 {
+		t.Errorf("cache holds %d entries, want <= 8", n)
+	}
+	var held int64
+	for _, k := range m.cache.cache.Keys() {
+		e, _ := m.cache.cache.Peek(k)
+		held += e.size()
+	}
+	if got := m.cache.used.Load(); got != held || got > m.cache.budget {
+		t.Errorf("cache accounts %d bytes, entries hold %d, budget %d", got, held, m.cache.budget)
+	}
+	// A chunk bigger than its share is not cached.
+	before := m.cache.cache.Len()
+	big := strings.Repeat("word ", int(m.cache.budget)/40)
+	if _, err := m.EncodeChat([]Message{{Role: "user", Content: big}}, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range m.cache.cache.Keys() {
+		if e, _ := m.cache.cache.Peek(k); e.size() > m.cache.budget/16 {
+			t.Errorf("a %d-byte chunk was cached (before: %d entries)", len(e.text), before)
+		}
+	}
+}
