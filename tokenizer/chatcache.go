@@ -52,8 +52,8 @@ func splitNewlineMarker(s segment, emit func(segment)) {
 // bytes its entries hold (chatCacheBytes), so a few huge prompts cannot
 // hold gigabytes.
 type chatCache struct {
-	seed  maphash.Seed
-	cache *lru.Cache[uint64, cachedChunk]
+	seed   maphash.Seed
+	cache  *lru.Cache[uint64, cachedChunk]
 	used   atomic.Int64 // bytes held: text plus 4 per id
 	budget int64        // chatCacheBytes but in tests
 }
