@@ -208,3 +208,27 @@ func TestDumpChainsBranches(t *testing.T) {
 		t.Errorf("dump chains (-want +got):\n%s", diff)
 	}
 }
+
+func FuzzDecodeDumpReply(f *testing.F) {
+	good, err := kvevents.EncodeDumpReply(kvevents.DumpReply{WorkerID: "w", Ranks: []kvevents.DumpRank{{LastEventID: 3, Blocks: 1}},
+		Events: []kvevents.RouterEvent{{WorkerID: "w", EventID: 3, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: []kvevents.Block{{EngineHash: 1, TokenIDs: []uint32{1}}}}}}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add([]byte{0x80})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := kvevents.DecodeDumpReply(b)
+		if err != nil {
+			if !errors.Is(err, kvevents.ErrInvalidEvent) {
+				t.Fatalf("error %v is not ErrInvalidEvent", err)
+			}
+			return
+		}
+		for _, e := range r.Events {
+			if e.Event.Stored == nil || e.Validate() != nil {
+				t.Fatalf("accepted a non-stored or invalid event %+v", e)
+			}
+		}
+	})
+}
