@@ -91,6 +91,7 @@ type workerState struct {
 	held    []kvevents.RouterEvent
 	redump  bool // held events were dropped: dump again when this one ends
 	synced  bool // a dump has been applied
+	fails   int  // dumps failed in a row
 	backoff time.Duration
 	retry   *time.Timer
 }
@@ -308,7 +309,12 @@ func (s *Subscriber) finishDump(id string, gen uint64, reply kvevents.DumpReply,
 	}
 	if err != nil {
 		s.dumpErrors.Add(1)
-		s.log.Warn("kv dump failed; following the live stream, will ask again", "worker", id, "retry_in", w.backoff, "err", err)
+		w.fails++
+		lvl := slog.LevelWarn
+		if w.fails > 1 { // said once per worker; the metric counts the rest
+			lvl = slog.LevelDebug
+		}
+		s.log.Log(s.ctx, lvl, "kv dump failed; following the live stream, will ask again", "worker", id, "retry_in", w.backoff.String(), "failures", w.fails, "err", err)
 		// Follow the live stream as it is: accept the held events' ids as
 		// the new positions.
 		held := w.held
@@ -325,7 +331,7 @@ func (s *Subscriber) finishDump(id string, gen uint64, reply kvevents.DumpReply,
 		return
 	}
 	s.rebuild(w, reply)
-	w.backoff = s.opts.RetryMin
+	w.backoff, w.fails = s.opts.RetryMin, 0
 	held := w.held
 	w.held = nil
 	if w.redump {

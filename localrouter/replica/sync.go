@@ -89,7 +89,7 @@ func New(nc *nats.Conn, router *localrouter.Router, opts Options) (*Sync, error)
 	}
 	s := &Sync{
 		nc: nc, router: router, opts: opts, subject: kvevents.ActiveSeqsSubject(opts.Pool),
-		log: opts.Logger.With("component", "localrouter.replica", "pool", opts.Pool, "router_id", opts.RouterID),
+		log: opts.Logger.With("component", "localrouter.replica", "pool", opts.Pool),
 	}
 	sub, err := nc.Subscribe(s.subject, s.onMsg)
 	if err != nil {

@@ -69,17 +69,18 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	log := deps.Logger
-	if log == nil {
-		log = slog.Default()
+	base := deps.Logger
+	if base == nil {
+		base = slog.Default()
 	}
-	log = log.With("pool", cfg.Pool, "router_id", cfg.RouterID)
+	// Each part adds its component and the pool; the replica id is common.
+	log := base.With("router_id", cfg.RouterID)
 	reg := deps.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	}
-	s := &Service{cfg: cfg, log: log.With("component", "localrouter.service"), errs: make(chan error, 4)}
+	s := &Service{cfg: cfg, log: log.With("component", "localrouter.service", "pool", cfg.Pool), errs: make(chan error, 4)}
 	defer func() {
 		if err != nil {
 			_ = s.Close(context.WithoutCancel(ctx))
@@ -87,7 +88,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	}()
 
 	ropts := deps.RouterOptions
-	ropts.Logger = log
+	ropts.Logger = log.With("pool", cfg.Pool)
 	if s.router, err = localrouter.New(cfg.Router, ropts); err != nil {
 		return nil, err
 	}
@@ -98,7 +99,11 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	}
 	if cfg.NATS != "" {
 		if s.nc, err = nats.Connect(cfg.NATS, nats.Name("kvgate-localrouter-"+cfg.RouterID), nats.MaxReconnects(-1),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { s.log.Warn("nats disconnected", "err", err) }),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil { // nil: we closed it
+					s.log.Warn("nats disconnected", "err", err)
+				}
+			}),
 			nats.ReconnectHandler(func(*nats.Conn) { s.log.Info("nats reconnected") }),
 		); err != nil {
 			return nil, fmt.Errorf("nats %s: %w", cfg.NATS, err)
@@ -118,7 +123,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		replicaStats, observer = s.sync.Stats, s.sync
 	}
 	s.watcher = discovery.NewWatcher(s.etcd, cfg.Pool, (*membership)(s), discovery.WatcherOptions{BlockSize: cfg.Router.BlockSize, Logger: log})
-	opts := Options{Router: s.router, Directory: s.watcher, Observer: observer, RouterID: cfg.RouterID, Pool: cfg.Pool, Logger: log}
+	opts := Options{Router: s.router, Directory: s.watcher, Observer: observer, RouterID: cfg.RouterID, Pool: cfg.Pool, Logger: base}
 	if s.sub != nil {
 		opts.EventStats = s.sub.Stats
 	}
@@ -181,7 +186,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		s.advertised = advertise(s.grpcLis.Addr())
 	}
 	info, _ := json.Marshal(discovery.RouterInfo{ID: cfg.RouterID, GRPCAddress: s.advertised, Pool: cfg.Pool, BlockSize: cfg.Router.BlockSize})
-	if s.reg, err = discovery.Register(ctx, s.etcd, discovery.RouterKey(cfg.Pool, cfg.RouterID), info, cfg.RegisterTTL, log); err != nil {
+	if s.reg, err = discovery.Register(ctx, s.etcd, discovery.RouterKey(cfg.Pool, cfg.RouterID), info, cfg.RegisterTTL, log.With("pool", cfg.Pool)); err != nil {
 		return nil, err
 	}
 	s.log.Info("local router serving", "grpc", s.grpcLis.Addr().String(), "advertised", s.advertised,
@@ -292,6 +297,7 @@ func (s *Service) Close(ctx context.Context) error {
 			errs = append(errs, s.router.Close())
 		}
 		s.closeErr = errors.Join(errs...)
+		s.log.Info("local router stopped", "err", s.closeErr)
 	})
 	return s.closeErr
 }
