@@ -365,9 +365,7 @@ func (t *hfTokenizer) Decode(ids []uint32) (string, error) {
 	toks := make([]string, len(ids))
 	for i, id := range ids {
 		if int(id) >= len(t.idToToken) || t.idToToken[id] == "" {
-			if _, ok := t.addedByID[id]; !ok {
-				return "", fmt.Errorf("%w: %d", ErrUnknownID, id)
-			}
+			return "", fmt.Errorf("%w: %d", ErrUnknownID, id)
 		}
 		toks[i] = t.idToToken[id]
 	}

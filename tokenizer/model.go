@@ -253,12 +253,17 @@ func (m *Model) EncodeChat(messages []Message, addGenerationPrompt bool) ([]uint
 		if err != nil {
 			return nil, err
 		}
-		seg := tok.(segmenter)
-		if m.cache != nil {
+		seg, ok := tok.(segmenter)
+		switch {
+		case ok && m.cache != nil:
 			ids = m.cache.encode(seg, text)
-		} else {
+		case ok:
 			ids = make([]uint32, 0, len(text)/3+1)
 			seg.segments(sanitizeUTF8(text), func(s segment) { ids = seg.appendSegment(ids, s) })
+		default:
+			if ids, err = tok.Encode(text); err != nil {
+				return nil, err
+			}
 		}
 	}
 	m.count(ids)
