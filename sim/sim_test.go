@@ -197,13 +197,19 @@ func TestConversationsStickToTheirWorker(t *testing.T) {
 	}
 }
 
-// A hot shared prefix under a burst: kv-overlap alone piles every request
-// onto the worker that cached it first; the cost policies spread the load.
+// A hot shared prefix under a burst of heavy requests (each with 2,048
+// uncached tokens after the 512 shared ones): kv-overlap alone piles every
+// request onto the worker that cached the prefix first; the cost policies
+// see the queued prefill work and spread the load.
 func TestHotPrefixSpreadsUnderLoad(t *testing.T) {
 	const n, workers = 48, 4
 	var lines []string
 	for i := range n {
-		lines = append(lines, mooncakeLine(i, 64, 1, 2, 3, 4, 5, 6, 7, 8, 1000+i))
+		ids := []int{1, 2, 3, 4, 5, 6, 7, 8}
+		for j := range 32 {
+			ids = append(ids, 1000+100*i+j)
+		}
+		lines = append(lines, mooncakeLine(i, 64, ids...))
 	}
 	tr := loadTestTrace(t, lines)
 	policies := []Policy{{Name: KindKVOverlap, Kind: KindKVOverlap}, Dynamo(), KVGate()}
@@ -217,14 +223,15 @@ func TestHotPrefixSpreadsUnderLoad(t *testing.T) {
 			count[w]++
 		}
 		busiest := slices.Max(count)
+		t.Logf("%s: per-worker requests %v", r.Label(), count)
 		if r.Policy == KindKVOverlap {
 			if busiest < n-1 {
 				t.Errorf("%s: per-worker requests %v, want all but the first on one worker", r.Label(), count)
 			}
 			continue
 		}
-		if slices.Min(count) == 0 || busiest > n/2 {
-			t.Errorf("%s: per-worker requests %v, want every worker used and none with more than %d", r.Label(), count, n/2)
+		if slices.Min(count) < n/workers/2 || busiest > 2*n/workers {
+			t.Errorf("%s: per-worker requests %v, want between %d and %d each", r.Label(), count, n/workers/2, 2*n/workers)
 		}
 	}
 }
