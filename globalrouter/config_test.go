@@ -192,9 +192,7 @@ func TestHotReload(t *testing.T) {
 			t.Errorf("WatchFile: %v", err)
 		}
 	}()
-	if err := os.WriteFile(path, []byte("pools: [\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	replace(t, path, "pools: [\n")
 	select {
 	case err := <-results:
 		if err == nil {
@@ -203,9 +201,7 @@ func TestHotReload(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("WatchFile did not notice the change")
 	}
-	if err := os.WriteFile(path, []byte(configText(both, "[model-match, cost]")), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	replace(t, path, configText(both, "[model-match, cost]"))
 	select {
 	case err := <-results:
 		if err != nil {
@@ -235,5 +231,18 @@ func TestBadTokenizerRefusesReload(t *testing.T) {
 func TestNilRegistryMeansBuiltins(t *testing.T) {
 	if _, err := globalrouter.LoadConfig("../examples/pools.yaml", nil); err != nil {
 		t.Fatalf("LoadConfig with a nil registry: %v", err)
+	}
+}
+
+// replace writes path atomically (a rename), as config management tools do,
+// so the watcher never reads a half-written file.
+func replace(t *testing.T, path, text string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
 }

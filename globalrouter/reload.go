@@ -15,7 +15,9 @@ const DefaultWatchInterval = 2 * time.Second
 // ends. Polling the content rather than watching events survives editors
 // that replace files and Kubernetes ConfigMaps that swap symlinks. A bad new
 // file is refused (logged, counted in kvgate_globalrouter_config_reloads_total)
-// and the current configuration stays; it is tried again once it changes.
+// and the current configuration stays; it is tried again once it changes
+// (a file read half-written is refused, and its complete content, being a
+// change, is reloaded at the next look).
 // changed, when not nil, is told the result of each reload attempt. When
 // the current configuration was not read from path, the first look reloads.
 func (r *Router) WatchFile(ctx context.Context, path string, interval time.Duration, changed func(error)) error {
