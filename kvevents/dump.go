@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go"
@@ -62,6 +63,13 @@ func DecodeDumpReply(b []byte) (DumpReply, error) {
 	return r, nil
 }
 
+// DumpErrorHeader is the NATS header of a dump reply that carries an error
+// instead of a DumpReply (the reply would exceed the server's max payload).
+const DumpErrorHeader = "Kvgate-Dump-Error"
+
+// ErrDump reports a publisher that could not produce a dump.
+var ErrDump = errors.New("publisher could not dump")
+
 // RequestDump asks the publisher of worker in pool for its current blocks
 // over NATS request-reply; ctx bounds the wait (nats.ErrNoResponders when no
 // publisher listens).
@@ -69,6 +77,9 @@ func RequestDump(ctx context.Context, nc *nats.Conn, pool, worker string) (DumpR
 	msg, err := nc.RequestWithContext(ctx, DumpSubject(pool, worker), nil)
 	if err != nil {
 		return DumpReply{}, fmt.Errorf("dump of worker %q in pool %q: %w", worker, pool, err)
+	}
+	if e := msg.Header.Get(DumpErrorHeader); e != "" {
+		return DumpReply{}, fmt.Errorf("%w: worker %q in pool %q: %s", ErrDump, worker, pool, e)
 	}
 	return DecodeDumpReply(msg.Data)
 }

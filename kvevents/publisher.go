@@ -263,12 +263,18 @@ func (p *Publisher) answerDump(msg *nats.Msg) {
 	reply := p.snapshot()
 	p.mu.Unlock()
 	data, err := EncodeDumpReply(reply)
-	if err != nil {
-		p.log.Error("encode dump reply", "err", err)
-		return
+	if err == nil {
+		if max := p.nc.MaxPayload(); max > 0 && int64(len(data)) > max {
+			err = fmt.Errorf("dump reply of %d bytes exceeds the NATS max payload %d; raise max_payload on the server", len(data), max)
+		}
 	}
-	if max := p.nc.MaxPayload(); max > 0 && int64(len(data)) > max {
-		p.log.Error("dump reply exceeds the NATS max payload; raise max_payload on the server", "bytes", len(data), "max_payload", max)
+	if err != nil {
+		p.log.Error("answer dump request", "err", err)
+		rep := nats.NewMsg(msg.Reply)
+		rep.Header.Set(DumpErrorHeader, err.Error())
+		if err := msg.RespondMsg(rep); err != nil {
+			p.log.Warn("answer dump request", "err", err)
+		}
 		return
 	}
 	if err := msg.Respond(data); err != nil {

@@ -232,3 +232,35 @@ func FuzzDecodeDumpReply(f *testing.F) {
 		}
 	})
 }
+
+func TestDumpTooLargeIsAnError(t *testing.T) {
+	noLeaks(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, nc := embedtest.NATS(t)
+	p, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: "a", WorkerID: "w", Logger: embedtest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// 1 MiB default max payload: 80k blocks of 4 tokens do not fit.
+	const n = 80000
+	toks := make([]uint32, 4*n)
+	hashes := make([]uint64, n)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+		for j := range 4 {
+			toks[4*i+j] = uint32(1<<20 + i*4 + j)
+		}
+	}
+	var parent *uint64
+	for c := 0; c < n; c += 8000 {
+		if err := p.PublishStored(toks[4*c:4*(c+8000)], 4, hashes[c:c+8000], parent, ""); err != nil {
+			t.Fatal(err)
+		}
+		parent = &hashes[c+7999]
+	}
+	if _, err := kvevents.RequestDump(ctx, nc, "a", "w"); !errors.Is(err, kvevents.ErrDump) {
+		t.Errorf("RequestDump error = %v, want ErrDump", err)
+	}
+}
