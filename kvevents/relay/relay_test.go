@@ -240,3 +240,5 @@ func waitKey(ctx context.Context, t *testing.T, cli *clientv3.Client, key string
 		}
 	}
 }
+
+func clientv3LeaseID(id int64) clientv3.LeaseID { return clientv3.LeaseID(id) }
