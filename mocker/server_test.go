@@ -333,3 +333,28 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestClientGoneFreesRequest(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv, hs, _ := startServer(t, ServerConfig{Model: "m", Engine: Config{Speedup: 1}})
+	reqCtx, hangUp := context.WithCancel(ctx)
+	resp := post(reqCtx, t, hs.URL+"/v1/completions", `{"prompt":"a b c","max_tokens":100000,"stream":true}`, nil)
+	// Read the first chunk, then go away.
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q: %v", line, err)
+	}
+	if st := srv.Stats(); st.Running != 1 {
+		t.Fatalf("running = %d, want 1", st.Running)
+	}
+	hangUp()
+	resp.Body.Close()
+	for srv.Stats().Running != 0 || srv.Stats().UsedBlocks != 0 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("request still running after the client left: %+v", srv.Stats())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
