@@ -137,6 +137,11 @@ func New(nc *nats.Conn, target Target, opts Options) (*Subscriber, error) {
 		s.cancel()
 		return nil, fmt.Errorf("events: %w", err)
 	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil { // the subscription is live
+		_ = sub.Unsubscribe()
+		s.cancel()
+		return nil, fmt.Errorf("events: %w", err)
+	}
 	s.sub = sub
 	return s, nil
 }

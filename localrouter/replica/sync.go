@@ -95,6 +95,12 @@ func New(nc *nats.Conn, router *localrouter.Router, opts Options) (*Sync, error)
 	if err != nil {
 		return nil, fmt.Errorf("replica sync: subscribe %s: %w", s.subject, err)
 	}
+	// The subscription is live once the server has it: what other
+	// replicas publish from now on reaches this one.
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("replica sync: %w", err)
+	}
 	s.sub = sub
 	return s, nil
 }

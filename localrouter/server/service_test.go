@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,9 +10,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	"github.com/kvgate/kvgate/internal/testenv"
-	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
 	"github.com/kvgate/kvgate/localrouter/discovery"
@@ -332,4 +333,35 @@ func code(err error) string {
 	return "not a status: " + err.Error()
 }
 
-var _ = kvevents.EventsSubject
+func TestReflectionListsTheServices(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("refl")
+	cfg.Router.UseKVEvents = false
+	svc, _, _ := e.start(cfg)
+	conn, err := grpc.NewClient(svc.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		got = append(got, s.GetName())
+	}
+	for _, want := range []string{ServiceName, "grpc.health.v1.Health"} {
+		if !slices.Contains(got, want) {
+			t.Errorf("reflection lists %v, want %s among them", got, want)
+		}
+	}
+	_ = stream.CloseSend()
+}
