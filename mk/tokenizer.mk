@@ -20,7 +20,7 @@ TEST_PREP += tokenizer-reference
 tokenizer-reference: $(TOKENIZER_CACHE)/reference.json
 
 $(TOKENIZER_CACHE)/reference.json: $(TOKENIZER_REFSRC)/gen.mjs $(TOKENIZER_REFSRC)/corpus.json \
-		tokenizer/templates/chatml.jinja tokenizer/testdata/llama3_chat_template.jinja \
+		tokenizer/templates/chatml.jinja tokenizer/testdata/llama3_chat_template.jinja tokenizer/testdata/mistral_chat_template.jinja \
 		$(TOKENIZER_CACHE)/node_modules/.kvgate-stamp \
 		$(foreach v,$(TOKENIZER_VOCABS),$(TOKENIZER_CACHE)/models/$(v)/tokenizer.json)
 	$(NODE) $(TOKENIZER_REFSRC)/gen.mjs $(TOKENIZER_CACHE)

@@ -79,45 +79,28 @@ func (c *chatTemplate) render(messages []Message, addGenerationPrompt bool) (str
 // loadChatTemplate reads the chat template of a model folder: a
 // chat_template.jinja file if present, otherwise tokenizer_config.json's
 // chat_template. path may also name either file. It returns nil (and no
-// error) when the model has no template. The special-token variables
-// (bos_token, eos_token, ...) come from tokenizer_config.json.
-func loadChatTemplate(path string) (*chatTemplate, error) {
+// error) when there is no template. The special-token variables
+// (bos_token, eos_token, ...) come from tokenizer_config.json, over those
+// of base (the model's own, when path is an override).
+func loadChatTemplate(path string, base map[string]any) (*chatTemplate, error) {
 	dir, file := path, ""
 	if st, err := os.Stat(path); err == nil && !st.IsDir() {
 		dir, file = filepath.Dir(path), path
 	}
-	vars := map[string]any{}
-	var source string
 	cfgPath := filepath.Join(dir, "tokenizer_config.json")
 	if file != "" && strings.HasSuffix(file, ".json") {
 		cfgPath = file
 	}
-	if data, err := os.ReadFile(cfgPath); err == nil {
-		var cfg map[string]json.RawMessage
-		if err := json.Unmarshal(data, &cfg); err != nil {
-			return nil, fmt.Errorf("tokenizer: %s: %w", cfgPath, err)
-		}
-		for _, k := range []string{"bos_token", "eos_token", "unk_token", "pad_token"} {
-			if s, ok := tokenString(cfg[k]); ok {
-				vars[k] = s
-			}
-		}
-		if raw, ok := cfg["chat_template"]; ok {
-			if err := json.Unmarshal(raw, &source); err != nil {
-				// A list of named templates: take "default".
-				var named []struct{ Name, Template string }
-				if err2 := json.Unmarshal(raw, &named); err2 != nil {
-					return nil, fmt.Errorf("tokenizer: %s: chat_template: %w", cfgPath, err)
-				}
-				for _, n := range named {
-					if n.Name == "default" {
-						source = n.Template
-					}
-				}
-			}
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("tokenizer: %w", err)
+	vars := map[string]any{}
+	for k, v := range base {
+		vars[k] = v
+	}
+	cfgVars, source, err := readTokenizerConfig(cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range cfgVars {
+		vars[k] = v
 	}
 	jinja := filepath.Join(dir, "chat_template.jinja")
 	if file != "" && !strings.HasSuffix(file, ".json") {
@@ -136,6 +119,44 @@ func loadChatTemplate(path string) (*chatTemplate, error) {
 		return nil, fmt.Errorf("tokenizer: %s: %w", dir, err)
 	}
 	return t, nil
+}
+
+// readTokenizerConfig returns the special-token variables and the chat
+// template of a tokenizer_config.json; a missing file is no error.
+func readTokenizerConfig(path string) (map[string]any, string, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("tokenizer: %w", err)
+	}
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, "", fmt.Errorf("tokenizer: %s: %w", path, err)
+	}
+	vars := map[string]any{}
+	for _, k := range []string{"bos_token", "eos_token", "unk_token", "pad_token"} {
+		if s, ok := tokenString(cfg[k]); ok {
+			vars[k] = s
+		}
+	}
+	var source string
+	if raw, ok := cfg["chat_template"]; ok && !rawJSONIsNull(raw) {
+		if err := json.Unmarshal(raw, &source); err != nil {
+			// A list of named templates: take "default".
+			var named []struct{ Name, Template string }
+			if err2 := json.Unmarshal(raw, &named); err2 != nil {
+				return nil, "", fmt.Errorf("tokenizer: %s: chat_template: %w", path, err)
+			}
+			for _, n := range named {
+				if n.Name == "default" {
+					source = n.Template
+				}
+			}
+		}
+	}
+	return vars, source, nil
 }
 
 // tokenString reads a special token of tokenizer_config.json: a string or

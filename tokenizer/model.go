@@ -119,7 +119,7 @@ func Load(cfg Config) (*Model, error) {
 			return nil, err
 		}
 		m.tok = t
-		if m.chat, err = loadChatTemplate(dir); err != nil {
+		if m.chat, err = loadChatTemplate(dir, nil); err != nil {
 			return nil, err
 		}
 	case BackendRemote:
@@ -139,7 +139,13 @@ func Load(cfg Config) (*Model, error) {
 		if cfg.Backend != BackendOpenAI && cfg.Backend != BackendHuggingFace {
 			return nil, fmt.Errorf("%w: model %q: chat_template applies to the openai and huggingface backends only", ErrConfig, cfg.Model)
 		}
-		ct, err := loadChatTemplate(cfg.ChatTemplate)
+		var base map[string]any
+		if m.chat != nil {
+			base = m.chat.vars
+		} else if cfg.Backend == BackendHuggingFace {
+			base = specialVars(cfg.Path)
+		}
+		ct, err := loadChatTemplate(cfg.ChatTemplate, base)
 		if err != nil {
 			return nil, err
 		}
@@ -268,4 +274,15 @@ func (m *Model) EncodeChat(messages []Message, addGenerationPrompt bool) ([]uint
 	}
 	m.count(ids)
 	return ids, nil
+}
+
+// specialVars returns the special-token variables of the
+// tokenizer_config.json beside a model's tokenizer.json, if any.
+func specialVars(path string) map[string]any {
+	dir := path
+	if st, err := os.Stat(path); err == nil && !st.IsDir() {
+		dir = filepath.Dir(path)
+	}
+	vars, _, _ := readTokenizerConfig(filepath.Join(dir, "tokenizer_config.json"))
+	return vars
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -32,6 +33,7 @@ type reference struct {
 		AddGenerationPrompt bool      `json:"add_generation_prompt"`
 		Rendered            string    `json:"rendered"`
 		IDs                 []uint32  `json:"ids"`
+		Error               string    `json:"error"`
 	} `json:"chat"`
 }
 
@@ -154,6 +156,11 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 	if err != nil {
 		t.Fatalf("llama3 template: %v", err)
 	}
+	// The Mistral vocabulary comes without a template; the test gives it
+	// Mistral-7B-Instruct's, the way an operator would. bos_token and
+	// eos_token still come from the model's tokenizer_config.json.
+	mistral := mustLoad(t, Config{Model: "mistral", Backend: BackendHuggingFace, Path: filepath.Join(dir, "models", "llama2"),
+		ChatTemplate: filepath.Join("testdata", "mistral_chat_template.jinja")})
 	for _, c := range ref.Chat {
 		t.Run(c.Template+"/"+c.Name+"/"+map[bool]string{true: "gen", false: "nogen"}[c.AddGenerationPrompt], func(t *testing.T) {
 			var got string
@@ -168,8 +175,17 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
 			case "llama3":
 				got, err = llama3Tmpl.render(c.Messages, c.AddGenerationPrompt)
+			case "mistral":
+				m = mistral
+				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
 			default:
 				t.Fatalf("unknown template %q in reference.json", c.Template)
+			}
+			if c.Error != "" {
+				if err == nil || !strings.Contains(err.Error(), c.Error) {
+					t.Fatalf("RenderChat error = %v, want the template's %q", err, c.Error)
+				}
+				return
 			}
 			if err != nil {
 				t.Fatalf("RenderChat: %v", err)

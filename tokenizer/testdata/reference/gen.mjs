@@ -66,22 +66,34 @@ const conversations = {
     { role: "user", content: "and 3+3?" },
   ],
 };
+const llama3Specials = { bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>" };
 const templates = {
-  qwen3: hf.qwen3.config.chat_template,
-  llama3: readFileSync(join(here, "..", "llama3_chat_template.jinja"), "utf8"),
-  chatml: readFileSync(join(here, "..", "..", "templates", "chatml.jinja"), "utf8"),
+  qwen3: { source: hf.qwen3.config.chat_template, specials: {}, ids: (text) => hf.qwen3.tok.encode(text, { add_special_tokens: false }).ids },
+  llama3: { source: readFileSync(join(here, "..", "llama3_chat_template.jinja"), "utf8"), specials: llama3Specials },
+  chatml: {
+    source: readFileSync(join(here, "..", "..", "templates", "chatml.jinja"), "utf8"),
+    specials: {},
+    ids: (text) => Array.from(getEncoding("cl100k_base").encode(text, "all")),
+  },
+  mistral: {
+    source: readFileSync(join(here, "..", "mistral_chat_template.jinja"), "utf8"),
+    specials: { bos_token: "<s>", eos_token: "</s>" },
+    ids: (text) => hf.llama2.tok.encode(text, { add_special_tokens: false }).ids,
+  },
 };
-const specials = { bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>" };
-for (const [tname, source] of Object.entries(templates)) {
-  const tmpl = new Template(source);
+for (const [tname, t] of Object.entries(templates)) {
+  const tmpl = new Template(t.source);
   for (const [cname, messages] of Object.entries(conversations)) {
     for (const add_generation_prompt of [false, true]) {
-      const rendered = tmpl.render({ messages, add_generation_prompt, ...specials });
-      const c = { template: tname, name: cname, messages, add_generation_prompt, rendered };
-      // The ids of the rendered chat, as an engine tokenizes a chat prompt
-      // (no special tokens added: the template writes its own).
-      if (tname === "qwen3") c.ids = hf.qwen3.tok.encode(rendered, { add_special_tokens: false }).ids;
-      if (tname === "chatml") c.ids = Array.from(getEncoding("cl100k_base").encode(rendered, "all"));
+      const c = { template: tname, name: cname, messages, add_generation_prompt };
+      try {
+        c.rendered = tmpl.render({ messages, add_generation_prompt, ...t.specials });
+        // The ids of the rendered chat, as an engine tokenizes a chat
+        // prompt: no special tokens added (the template writes its own).
+        if (t.ids) c.ids = t.ids(c.rendered);
+      } catch (e) {
+        c.error = String(e.message || e); // raise_exception
+      }
       out.chat.push(c);
     }
   }
