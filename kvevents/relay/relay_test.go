@@ -189,6 +189,18 @@ func TestRelayEndToEnd(t *testing.T) {
 		t.Errorf("skipped counter = %v, want 6 (4 blocks + 2 events)", n)
 	}
 
+	// The engine restarts: its sequence starts over, its cache is empty.
+	send(kvevents.EngineFrames("kv", 0, fixture(t, "vllm_sglang_dp"))...)
+	if e := next(); !e.Event.Cleared || e.DPRank != 0 {
+		t.Errorf("after a sequence reset got %+v, want a Cleared event for rank 0", e)
+	}
+	if e := next(); e.DPRank != 2 || e.EventID != 1 || e.Event.Stored == nil {
+		t.Errorf("first event of rank 2 = %+v, want stored with id 1", e)
+	}
+	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_engine_restarts_total")); n != 1 {
+		t.Errorf("restarts counter = %v, want 1", n)
+	}
+
 	stop()
 	if err := <-done; err != nil {
 		t.Errorf("Run returned %v, want nil on cancellation", err)
