@@ -1,8 +1,11 @@
 package extproc
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -37,13 +40,21 @@ func TestParseBody(t *testing.T) {
 			want: globalrouter.Request{Model: "m", Messages: []globalrouter.Message{{Role: "user", Content: "x"}}}},
 		{name: "custom path with prompt", path: "/v2/gen", body: `{"model":"m","prompt":"x"}`,
 			want: globalrouter.Request{Model: "m", Prompt: "x"}},
+		// A lone surrogate escape stays as written: it only affects routing
+		// (the engine gets the original body).
+		{name: "escapes and lone surrogate", path: completionsPath, body: `{"model":"m","prompt":"a\n\u00e9\"\ud800"}`,
+			want: globalrouter.Request{Model: "m", Prompt: "a\né\"\\ud800"}},
 		{name: "unknown fields kept out", path: completionsPath, body: `{"model":"m","prompt":"x","max_tokens":5,"extra":{"a":[1]}}`,
 			want: globalrouter.Request{Model: "m", Prompt: "x"}},
 		{name: "not json", path: completionsPath, body: `model=m`, reason: reasonBadJSON},
 		{name: "truncated", path: completionsPath, body: `{"model":"m","prompt":"x`, reason: reasonBadJSON},
 		{name: "two values", path: completionsPath, body: `{"model":"m","prompt":"x"}{}`, reason: reasonBadJSON},
 		{name: "array body", path: completionsPath, body: `[1]`, reason: reasonBadJSON},
-		{name: "model wrong type", path: completionsPath, body: `{"model":1,"prompt":"x"}`, reason: reasonBadJSON},
+		{name: "model wrong type", path: completionsPath, body: `{"model":1,"prompt":"x"}`, reason: reasonBadField},
+		{name: "stream wrong type", path: completionsPath, body: `{"model":"m","prompt":"x","stream":"yes"}`, reason: reasonBadField},
+		{name: "bad escape", path: completionsPath, body: `{"model":"m","prompt":"\x"}`, reason: reasonBadJSON},
+		{name: "message not an object", path: chatPath, body: `{"model":"m","messages":["hi"]}`, reason: reasonBadField},
+		{name: "part text not a string", path: chatPath, body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`, reason: reasonBadField},
 		{name: "no model", path: completionsPath, body: `{"prompt":"x"}`, reason: reasonMissingField},
 		{name: "no prompt", path: completionsPath, body: `{"model":"m","messages":[{"role":"user","content":"x"}]}`, reason: reasonMissingField},
 		{name: "null prompt", path: completionsPath, body: `{"model":"m","prompt":null}`, reason: reasonMissingField},
@@ -82,7 +93,8 @@ func TestParseBody(t *testing.T) {
 }
 
 // FuzzParseBody: any input either fails with a bodyError or yields a model
-// and exactly one prompt form, and valid JSON strings stay valid UTF-8.
+// and exactly one prompt form; strings come out valid UTF-8; and the
+// parser agrees with encoding/json on what is JSON.
 func FuzzParseBody(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","prompt":"x"}`, `{"model":"m","prompt":[1,2]}`, `{"model":"m","prompt":[[1]]}`,
@@ -95,10 +107,17 @@ func FuzzParseBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
 		var req globalrouter.Request
 		_, err := parseBody(path, body, &req)
+		valid := json.Valid(body)
 		if err != nil {
 			var be *bodyError
 			if !errors.As(err, &be) || be.reason == "" || be.msg == "" {
 				t.Fatalf("error %v is not a complete bodyError", err)
+			}
+			if !valid && be.reason != reasonBadJSON {
+				t.Fatalf("invalid JSON %q refused with reason %q, want %q", body, be.reason, reasonBadJSON)
+			}
+			if valid && be.reason == reasonBadJSON && bytes.HasPrefix(bytes.TrimLeft(body, " \t\r\n"), []byte("{")) {
+				t.Fatalf("valid JSON object %q refused as bad JSON: %v", body, err)
 			}
 			return
 		}
@@ -118,11 +137,33 @@ func FuzzParseBody(f *testing.F) {
 		if forms != 1 {
 			t.Fatalf("%d prompt forms set, want 1: %+v", forms, req)
 		}
-		if !json.Valid(body) {
+		if !valid {
 			t.Fatalf("accepted invalid JSON %q", body)
 		}
-		if !utf8.ValidString(req.Prompt) {
-			t.Fatalf("prompt %q is not valid UTF-8", req.Prompt)
+		if !utf8.ValidString(req.Model) || !utf8.ValidString(req.Prompt) {
+			t.Fatalf("model %q or prompt %q is not valid UTF-8", req.Model, req.Prompt)
+		}
+		for _, m := range req.Messages {
+			if !utf8.ValidString(m.Role) || !utf8.ValidString(m.Content) {
+				t.Fatalf("message %q is not valid UTF-8", m)
+			}
 		}
 	})
+}
+
+func BenchmarkParseBody(b *testing.B) {
+	var sb strings.Builder
+	for i := 0; sb.Len() < 7800; i++ {
+		fmt.Fprintf(&sb, "Paragraph %d: a router that knows which worker holds a prompt's prefix saves its prefill. ", i)
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []map[string]string{
+		{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": sb.String()}}})
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var req globalrouter.Request
+		if _, err := parseBody(chatPath, body, &req); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

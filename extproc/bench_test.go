@@ -1,0 +1,204 @@
+package extproc_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/envoy/extprocclient"
+	"github.com/kvgate/kvgate/extproc"
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/pool/pooltest"
+	"github.com/kvgate/kvgate/tokenizer"
+)
+
+// benchBodies are distinct ~8 KB chat bodies (distinct so the tokenizer's
+// chat cache cannot answer from an earlier identical conversation) and
+// their messages.
+func benchBodies(n int) ([][]byte, [][]tokenizer.Message) {
+	var para strings.Builder
+	for i := 0; para.Len() < 7800; i++ {
+		fmt.Fprintf(&para, "Paragraph %d: a router that knows which worker holds a prompt's prefix in its KV cache saves the prefill of that prefix. ", i)
+	}
+	bodies := make([][]byte, n)
+	msgs := make([][]tokenizer.Message, n)
+	for i := range n {
+		m := []tokenizer.Message{
+			{Role: "system", Content: "You are a helpful assistant."},
+			{Role: "user", Content: fmt.Sprintf("Request %d. %s", i, para.String())},
+		}
+		b, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": m})
+		bodies[i], msgs[i] = b, m
+	}
+	return bodies, msgs
+}
+
+// benchSystem is the decision path of BenchmarkDecision: two real local
+// routers of 8 workers each (pooltest), the real global router, the real
+// ext_proc server on loopback gRPC, the Envoy-faithful client in the
+// shipped bootstrap's modes.
+func benchSystem(b *testing.B) *extprocclient.Client {
+	b.Helper()
+	a := pooltest.Start(b, "pool-a", 16, pooltest.Workers("a", 8)...)
+	c := pooltest.Start(b, "pool-b", 16, pooltest.Workers("b", 8)...)
+	router, err := globalrouter.New(globalrouter.DefaultConfig(
+		pool.New("pool-a", 16, []string{"m"}, a.Addr),
+		pool.New("pool-b", 16, []string{"m"}, c.Addr),
+	), globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { router.Close() })
+	conn, _ := startServer(b, extproc.Config{}, router)
+	return envoyClient(b, conn, allModes[1])
+}
+
+// exchange runs one request through the filter up to its release towards
+// the upstream (what Envoy waits for before connecting to the worker), then
+// ends the stream (which frees the request on its local router).
+func exchange(b *testing.B, c *extprocclient.Client, body []byte) time.Duration {
+	ctx := testCtx(b)
+	start := time.Now()
+	s := c.Open(ctx, nil)
+	defer s.Close()
+	if err := s.SendRequestHeaders(ctx, post("/v1/chat/completions"), false); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.SendRequestData(ctx, body, true); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		f, err := s.ReadUpstream(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if errors.Is(err, extprocclient.ErrLocalReply) {
+			lr := s.Info().LocalReply
+			b.Fatalf("local reply %d %s", lr.Status, lr.Body)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		if f.Kind == extprocclient.FrameHeaders {
+			if _, ok := f.Headers.Get("x-gateway-destination-endpoint"); !ok {
+				b.Fatal("request released without a destination")
+			}
+		}
+	}
+	return time.Since(start)
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	slices.Sort(d)
+	return d[min(len(d)-1, int(q*float64(len(d))))]
+}
+
+// BenchmarkDecision measures a routing decision as Envoy sees it: request
+// headers and an 8 KB chat body in over gRPC, routing headers and the body
+// back, through parse, tokenize, hash, two parallel probes, the policy chain
+// and the commit. It reports p50/p99, the tokenize-only time of the same
+// bodies and the ratio, and (parallel) requests per second per core.
+//
+//	go test -run '^$' -bench BenchmarkDecision -benchtime 3000x ./extproc
+func BenchmarkDecision(b *testing.B) {
+	bodies, msgs := benchBodies(512)
+	tok, err := tokenizer.Load(globalrouter.DefaultTokenizer)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("latency", func(b *testing.B) {
+		c := benchSystem(b)
+		for i := range 32 { // warm connections and caches
+			exchange(b, c, bodies[i%len(bodies)])
+		}
+		lat := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; b.Loop(); i++ {
+			lat = append(lat, exchange(b, c, bodies[i%len(bodies)]))
+		}
+		b.StopTimer()
+		var tokTotal time.Duration
+		for i := range len(lat) {
+			m := msgs[i%len(msgs)]
+			t0 := time.Now()
+			if _, err := tok.EncodeChat(m, true); err != nil {
+				b.Fatal(err)
+			}
+			tokTotal += time.Since(t0)
+		}
+		p50 := quantile(lat, 0.5)
+		tokMean := tokTotal / time.Duration(len(lat))
+		b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
+		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
+		b.ReportMetric(float64(tokMean.Microseconds()), "tokenize-µs")
+		b.ReportMetric(float64(p50)/float64(tokMean), "decision/tokenize")
+	})
+	b.Run("throughput", func(b *testing.B) {
+		c := benchSystem(b)
+		for i := range 32 {
+			exchange(b, c, bodies[i%len(bodies)])
+		}
+		var mu sync.Mutex
+		var lat []time.Duration
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		var next int
+		b.RunParallel(func(pb *testing.PB) {
+			var mine []time.Duration
+			for pb.Next() {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				mine = append(mine, exchange(b, c, bodies[i%len(bodies)]))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+		elapsed := time.Since(start)
+		b.StopTimer()
+		rps := float64(len(lat)) / elapsed.Seconds()
+		b.ReportMetric(rps, "req/s")
+		b.ReportMetric(rps/float64(runtime.GOMAXPROCS(0)), "req/s/core")
+		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
+	})
+	b.Run("paced-1000rps", func(b *testing.B) {
+		// Open loop at 1,000 requests/s: each request starts on schedule
+		// whether or not the previous ones finished.
+		c := benchSystem(b)
+		for i := range 32 {
+			exchange(b, c, bodies[i%len(bodies)])
+		}
+		lat := make([]time.Duration, b.N)
+		var wg sync.WaitGroup
+		b.ResetTimer()
+		t0 := time.Now()
+		for i := range b.N {
+			if d := time.Until(t0.Add(time.Duration(i) * time.Millisecond)); d > 0 {
+				time.Sleep(d) // pacing the offered load, not waiting for a condition
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lat[i] = exchange(b, c, bodies[i%len(bodies)])
+			}()
+		}
+		wg.Wait()
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "req/s")
+		b.ReportMetric(float64(quantile(lat, 0.5).Microseconds()), "p50-µs")
+		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
+	})
+}
