@@ -104,6 +104,7 @@ func TestLoadErrors(t *testing.T) {
 	tiny, _ := json.Marshal(tinyByteLevel())
 	badMerge := strings.Replace(string(tiny), `["Ġ","t"]`, `["Ġ","zz"]`, 1)
 	unsupported := strings.Replace(string(tiny), `"type":"BPE"`, `"type":"Unigram"`, 1)
+	write("badcfg/tokenizer_config.json", `{"chat_template": `)
 	tests := []struct {
 		name    string
 		cfg     Config
@@ -118,6 +119,7 @@ func TestLoadErrors(t *testing.T) {
 		{"bad merge", Config{Backend: BackendHuggingFace, Path: write("badmerge/tokenizer.json", badMerge)}, []string{"badmerge/tokenizer.json", "model.merges[0]", "missing from the vocab"}, nil},
 		{"unsupported model", Config{Backend: BackendHuggingFace, Path: write("unigram/tokenizer.json", unsupported)}, []string{"unigram/tokenizer.json", "Unigram"}, ErrUnsupported},
 		{"bad chat template", Config{Backend: BackendHuggingFace, Path: filepath.Dir(write("badtmpl/tokenizer.json", string(tiny))), ChatTemplate: write("badtmpl/t.jinja", "{% for %}")}, []string{"chat template"}, nil},
+		{"corrupt tokenizer_config.json", Config{Backend: BackendHuggingFace, Path: filepath.Dir(write("badcfg/tokenizer.json", string(tiny)))}, []string{"badcfg/tokenizer_config.json"}, nil},
 		{"no path", Config{Model: "m", Backend: BackendHuggingFace}, []string{`"m"`, "needs a path"}, ErrConfig},
 		{"unknown backend", Config{Model: "m", Backend: "sentencepiece"}, []string{`"m"`, `unknown tokenizer backend "sentencepiece"`}, ErrConfig},
 		{"no backend", Config{Model: "m"}, []string{"no tokenizer backend"}, ErrConfig},
