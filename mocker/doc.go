@@ -49,7 +49,19 @@
 //     RouterEvents, stamp a worker id, dp rank and event id (or hand them to
 //     kvevents.Publisher).
 //   - Abort(id) drops a request (a client went away); its blocks stay
-//     cached. Stats() snapshots the gauges and counters.
+//     cached. ResetPrefixCache() forgets every cached block when none is in
+//     use (a Cleared event). Stats() snapshots the gauges and counters
+//     (running, waiting, KV usage, prefix queries and hits, preemptions,
+//     evictions); CachedBlocks() is the cache's content.
+//
+// # The live engine
+//
+// Server wraps one Engine for real time: a single goroutine (Server.Run)
+// steps it at the times it asks for, with a Clock (RealClock), streams
+// tokens to HTTP handlers and hands each step's KV events to a KVSink:
+// ZMQSink (vLLM's wire format, for `kvgate relay`), PublisherSink (NATS via
+// kvevents.Publisher) or FuncSink. Start/Run assemble a whole process:
+// listener, sink, etcd self-registration.
 //
 // An Engine is not safe for concurrent use; the HTTP server serialises
 // access with a mutex.

@@ -241,3 +241,60 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 func sorted(m map[uint64]struct{}) []uint64 {
 	return slices.Sorted(maps.Keys(m))
 }
+
+// TestMockerNATSModeDump runs the mocker publishing straight to NATS and
+// checks that a dump request returns exactly its cache content.
+func TestMockerNATSModeDump(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, nc := embedtest.NATS(t)
+	mctx, stop := context.WithCancel(ctx)
+	defer stop()
+	inst, err := mocker.Start(mctx, mocker.RunConfig{
+		Server: mocker.ServerConfig{Engine: mocker.Config{BlockSize: 4, NumBlocks: 32, Speedup: 500}},
+		Listen: "127.0.0.1:0", Pool: "p", WorkerID: "w9", Events: mocker.EventsNATS,
+	}, mocker.RunDeps{Logger: embedtest.Logger(t), Registry: prometheus.NewRegistry(), NATS: nc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 12 {
+		body := fmt.Sprintf(`{"prompt":"shared system prompt words here then question %d about things","max_tokens":%d}`, i, 3+i)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+inst.Addr+"/v1/completions", strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	want := inst.Server.CachedBlocks()
+	for {
+		dump, err := kvevents.RequestDump(ctx, nc, "p", "w9")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[uint64]struct{}{}
+		for _, e := range dump.Events {
+			for _, b := range e.Event.Stored.Blocks {
+				got[b.EngineHash] = struct{}{}
+			}
+		}
+		if maps.Equal(want, got) {
+			if len(dump.Ranks) != 1 || dump.Ranks[0].LastEventID == 0 {
+				t.Errorf("dump ranks %+v", dump.Ranks)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("dump never matched the cache:\n%s", cmp.Diff(sorted(want), sorted(got)))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if inst.Server.Stats().EvictedBlocks == 0 {
+		t.Error("no evictions: the dump test should cover removals")
+	}
+	stop()
+	if err := inst.Wait(); err != nil {
+		t.Error(err)
+	}
+}
