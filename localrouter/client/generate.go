@@ -25,6 +25,10 @@ type GenerateOptions struct {
 	Override *localrouter.Override
 	// RequestID names the request in the router (default: random).
 	RequestID string
+	// LoRAName is the adapter the prompt runs with: it is mixed into the
+	// block hashes (adapters never share cached blocks). The worker selects
+	// the adapter by model name, as vLLM does.
+	LoRAName string
 	// MaxTokens, Temperature, TopP and Stop are OpenAI sampling options
 	// (zero: the server's defaults).
 	MaxTokens   int
@@ -76,7 +80,7 @@ func (c *Client) Generate(ctx context.Context, tokens []uint32, model string, op
 	if id == "" {
 		id = newRequestID()
 	}
-	p := TokenPrompt(tokens)
+	p := Prompt{Tokens: tokens, LoRAName: opts.LoRAName}
 	worker := opts.Worker
 	if worker == nil {
 		sel, err := c.BestWorker(ctx, p, BestWorkerOptions{Override: opts.Override})

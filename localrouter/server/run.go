@@ -213,6 +213,13 @@ func advertise(a net.Addr) string {
 // subscriber and the health status.
 type membership Service
 
+var (
+	_ discovery.Handler = (*membership)(nil)
+	_ Directory         = (*discovery.Watcher)(nil)
+	_ Observer          = (*replica.Sync)(nil)
+	_ events.Target     = (*localrouter.Router)(nil)
+)
+
 func (m *membership) WorkerUp(info kvevents.WorkerInfo) {
 	m.router.AddWorker(info.ID, info.DPSize)
 	if m.sub != nil {
