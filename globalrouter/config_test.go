@@ -217,7 +217,12 @@ func TestHotReload(t *testing.T) {
 
 func TestBadTokenizerRefusesReload(t *testing.T) {
 	c := newCluster(t)
-	r, _ := newRouter(t, c.cfg)
+	// Without the shared tokenizer: the configured one must load.
+	r, err := globalrouter.New(c.cfg, globalrouter.WithLogger(quiet()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
 	bad := c.cfg
 	bad.Models = []globalrouter.ModelConfig{{Name: model, Tokenizer: globalrouterTokenizer("huggingface", "/nonexistent")}}
 	if err := r.Reload(bad); err == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,7 +53,7 @@ func newCluster(t testing.TB) *cluster {
 func newRouter(t testing.TB, cfg globalrouter.Config, opts ...globalrouter.Option) (*globalrouter.Router, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	r, err := globalrouter.New(cfg, append([]globalrouter.Option{globalrouter.WithLogger(quiet()), globalrouter.WithRegisterer(reg)}, opts...)...)
+	r, err := globalrouter.New(cfg, append([]globalrouter.Option{globalrouter.WithLogger(quiet()), globalrouter.WithRegisterer(reg), globalrouter.WithTokenizer(model, sharedTokenizer(t))}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -64,14 +65,32 @@ func chat(text string) []globalrouter.Message {
 	return []globalrouter.Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: text}}
 }
 
+var (
+	tokOnce sync.Once
+	tok     *tokenizer.Model
+	tokErr  error
+)
+
+// sharedTokenizer is the default tokenizer, loaded once for the package's
+// tests (loading it is most of a small test's time under -race).
+func sharedTokenizer(t testing.TB) *tokenizer.Model {
+	t.Helper()
+	tokOnce.Do(func() {
+		cfg := globalrouter.DefaultTokenizer
+		cfg.Logger = quiet()
+		tok, tokErr = tokenizer.Load(cfg)
+	})
+	if tokErr != nil {
+		t.Fatal(tokErr)
+	}
+	return tok
+}
+
 // chatTokens are the tokens the router computes for msgs with the default
 // tokenizer.
 func chatTokens(t testing.TB, msgs []globalrouter.Message) []uint32 {
 	t.Helper()
-	tok, err := tokenizer.Load(globalrouter.DefaultTokenizer)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := sharedTokenizer(t)
 	tm := make([]tokenizer.Message, len(msgs))
 	for i, m := range msgs {
 		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
