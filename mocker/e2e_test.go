@@ -95,7 +95,7 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 
 	rctx, stopRelay := context.WithCancel(ctx)
 	defer stopRelay()
-	r, err := relay.New(relay.Config{Endpoint: inst.ZMQEndpoint, Topic: "kv-events", Pool: "p",
+	r, err := relay.New(relay.Config{Endpoints: []string{inst.ZMQEndpoint}, Topic: "kv-events", Pool: "p",
 		Worker: kvevents.WorkerInfo{ID: inst.WorkerID, BlockSize: bs}},
 		relay.Options{NATS: nc, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {

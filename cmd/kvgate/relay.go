@@ -16,7 +16,7 @@ func runRelay(ctx context.Context, args []string) error {
 	var sc relay.ServeConfig
 	w := &cfg.Worker
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
-	fs.StringVar(&cfg.Endpoint, "zmq", "tcp://127.0.0.1:5557", "the engine's ZMQ PUB endpoint (vLLM --kv-events-config endpoint)")
+	zmq := fs.String("zmq", "tcp://127.0.0.1:5557", "the engine's ZMQ PUB endpoint (vLLM --kv-events-config endpoint); comma-separated, one per data-parallel rank")
 	fs.StringVar(&cfg.Topic, "topic", "", "ZMQ topic prefix to subscribe to (empty: all)")
 	fs.StringVar(&cfg.Pool, "pool", "default", "pool the engine belongs to")
 	fs.StringVar(&w.ID, "worker-id", "", "worker id of the engine (required)")
@@ -44,6 +44,7 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	cfg.Endpoints = splitCommaList(*zmq)
 	cfg.Register = w.Address != ""
 	sc.EtcdEndpoints = splitCommaList(*etcd)
 	return relay.Serve(ctx, cfg, sc, log)

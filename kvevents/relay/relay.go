@@ -20,7 +20,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -34,8 +36,11 @@ import (
 
 // Config is what one relay serves: one engine, one worker identity.
 type Config struct {
-	// Endpoint is the engine's ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557.
-	Endpoint string
+	// Endpoints are the engine's ZMQ PUB endpoints, e.g.
+	// tcp://127.0.0.1:5557: one, or one per data-parallel rank (vLLM binds
+	// rank r on the base port + r). One relay per worker, so that one
+	// publisher answers the worker's dump requests for every rank.
+	Endpoints []string
 	// Topic is the subscription prefix ("" receives every topic).
 	Topic string
 	Pool  string
@@ -114,8 +119,8 @@ func New(cfg Config, opts Options) (*Relay, error) {
 		cfg.Worker.DPSize = 1
 	}
 	switch {
-	case cfg.Endpoint == "":
-		return nil, errors.New("relay: empty zmq endpoint")
+	case len(cfg.Endpoints) == 0 || slices.Contains(cfg.Endpoints, ""):
+		return nil, errors.New("relay: missing zmq endpoint")
 	case cfg.Pool == "":
 		return nil, errors.New("relay: empty pool")
 	case opts.NATS == nil:
@@ -136,7 +141,7 @@ func New(cfg Config, opts Options) (*Relay, error) {
 	return &Relay{
 		cfg:     cfg,
 		opts:    opts,
-		log:     log.With("component", "relay", "pool", cfg.Pool, "worker", cfg.Worker.ID, "endpoint", cfg.Endpoint),
+		log:     log.With("component", "relay", "pool", cfg.Pool, "worker", cfg.Worker.ID),
 		m:       newMetrics(opts.Registerer),
 		lastSeq: map[string]uint64{},
 		ranks:   map[uint32]struct{}{},
@@ -169,6 +174,45 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 
+	// One subscriber per endpoint feeds a single handling loop, so events
+	// keep one order per worker and the publisher needs no more locking.
+	recvCtx, stopRecv := context.WithCancel(ctx)
+	defer stopRecv()
+	msgs := make(chan received, 64)
+	errs := make(chan error, len(r.cfg.Endpoints))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, ep := range r.cfg.Endpoints {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.receive(recvCtx, ep, msgs); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	r.log.Info("relaying engine kv events", "endpoints", r.cfg.Endpoints, "subject", kvevents.EventsSubject(r.cfg.Pool))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errs:
+			return err
+		case m := <-msgs:
+			r.handle(m.endpoint, m.frames)
+		}
+	}
+}
+
+type received struct {
+	endpoint string
+	frames   [][]byte
+}
+
+// receive subscribes to one endpoint and forwards its messages until ctx
+// ends. The engine need not be up: the socket dials until it is, and again
+// after it restarts.
+func (r *Relay) receive(ctx context.Context, endpoint string, out chan<- received) error {
 	sub := zmq4.NewSub(ctx,
 		zmq4.WithAutomaticReconnect(true),
 		zmq4.WithDialerRetry(250*time.Millisecond),
@@ -178,20 +222,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := sub.SetOption(zmq4.OptionSubscribe, r.cfg.Topic); err != nil {
 		return fmt.Errorf("relay: subscribe: %w", err)
 	}
-	if err := sub.Dial(r.cfg.Endpoint); err != nil {
+	if err := sub.Dial(endpoint); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return fmt.Errorf("relay: %w", err)
 	}
-	r.log.Info("relaying engine kv events", "subject", kvevents.EventsSubject(r.cfg.Pool))
 	for {
 		msg, err := sub.Recv()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
-			r.log.Warn("receive from engine", "err", err)
+			r.log.Warn("receive from engine", "endpoint", endpoint, "err", err)
 			select {
 			case <-ctx.Done():
 				return nil
@@ -199,30 +242,35 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		r.handle(msg.Frames)
+		select {
+		case out <- received{endpoint, msg.Frames}:
+		case <-ctx.Done():
+			return nil
+		}
 	}
 }
 
 // handle decodes one engine message and publishes its events.
-func (r *Relay) handle(frames [][]byte) {
+func (r *Relay) handle(endpoint string, frames [][]byte) {
 	r.m.messages.Inc()
 	b, err := kvevents.DecodeEngineFrames(frames, r.cfg.Worker.BlockSize)
 	if err != nil {
 		r.m.malformed.Inc()
-		r.log.Warn("skipping malformed engine message", "err", err, "frames", len(frames))
+		r.log.Warn("skipping malformed engine message", "endpoint", endpoint, "err", err, "frames", len(frames))
 		if len(frames) == 3 && len(frames[1]) == 8 {
 			// Its sequence number is still good: no gap to report after it.
-			r.lastSeq[string(frames[0])] = binary.BigEndian.Uint64(frames[1])
+			r.lastSeq[endpoint+"\x00"+string(frames[0])] = binary.BigEndian.Uint64(frames[1])
 		}
 		return
 	}
-	if last, ok := r.lastSeq[b.Topic]; ok {
+	stream := endpoint + "\x00" + b.Topic
+	if last, ok := r.lastSeq[stream]; ok {
 		switch {
 		case b.Seq <= last:
 			// The engine restarted (sequences start again at 0) with an
 			// empty cache; vLLM sends no AllBlocksCleared for that.
 			r.m.restarts.Inc()
-			r.log.Warn("engine sequence went back; treating as a restart and clearing the worker's blocks", "seq", b.Seq, "last", last)
+			r.log.Warn("engine sequence went back; treating as a restart and clearing the worker's blocks", "endpoint", endpoint, "seq", b.Seq, "last", last)
 			for rank := range r.ranks {
 				if _, err := r.pub.Publish(rank, kvevents.Event{Cleared: true}); err != nil {
 					r.m.pubErrors.Inc()
@@ -231,10 +279,10 @@ func (r *Relay) handle(frames [][]byte) {
 			}
 		case b.Seq != last+1:
 			r.m.gaps.Inc()
-			r.log.Warn("engine messages lost", "from_seq", last+1, "to_seq", b.Seq-1)
+			r.log.Warn("engine messages lost", "endpoint", endpoint, "from_seq", last+1, "to_seq", b.Seq-1)
 		}
 	}
-	r.lastSeq[b.Topic] = b.Seq
+	r.lastSeq[stream] = b.Seq
 	r.ranks[b.DPRank] = struct{}{}
 	if b.SkippedBlocks > 0 {
 		r.m.skipped.WithLabelValues("blocks").Add(float64(b.SkippedBlocks))

@@ -84,7 +84,7 @@ func TestRelayEndToEnd(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	info := kvevents.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 4, Model: "m"}
-	r, err := relay.New(relay.Config{Endpoint: endpoint, Topic: "kv", Pool: "p", Worker: info, Register: true, LeaseTTL: 5 * time.Second},
+	r, err := relay.New(relay.Config{Endpoints: []string{endpoint}, Topic: "kv", Pool: "p", Worker: info, Register: true, LeaseTTL: 5 * time.Second},
 		relay.Options{NATS: nc, Etcd: cli, Registerer: reg, Logger: embedtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -254,3 +254,80 @@ func waitKey(ctx context.Context, t *testing.T, cli *clientv3.Client, key string
 }
 
 func clientv3LeaseID(id int64) clientv3.LeaseID { return clientv3.LeaseID(id) }
+
+// TestRelayDataParallelEndpoints relays two ranks' sockets (vLLM binds one
+// per data-parallel rank) as one worker, whose dump covers both ranks.
+func TestRelayDataParallelEndpoints(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ns, nc := embedtest.NATS(t)
+	var pubs []zmq4.Socket
+	var endpoints []string
+	for range 2 {
+		pub := zmq4.NewPub(ctx)
+		defer pub.Close()
+		if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		pubs = append(pubs, pub)
+		endpoints = append(endpoints, "tcp://"+pub.Addr().String())
+	}
+	seen := make(chan kvevents.RouterEvent, 256)
+	sub, err := embedtest.Connect(t, ns).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
+		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
+			seen <- e
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	r, err := relay.New(relay.Config{Endpoints: endpoints, Pool: "p", Worker: kvevents.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}},
+		relay.Options{NATS: nc, Logger: embedtest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+
+	// Each rank stores one block, resent until it comes through (ZMQ drops
+	// what a PUB sends before the subscription reaches it).
+	for rank, pub := range pubs {
+		payload, err := kvevents.EncodeEnginePayload(0, []kvevents.Event{{Stored: &kvevents.Stored{
+			Blocks: []kvevents.Block{{EngineHash: uint64(100 + rank), TokenIDs: []uint32{1, 2}}}}}}, uint32(rank), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for seq, got := uint64(0), false; !got; seq++ {
+			if err := pub.Send(zmq4.NewMsgFrom(kvevents.EngineFrames("", seq, payload)...)); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case e := <-seen:
+				got = e.DPRank == uint32(rank)
+			case <-time.After(50 * time.Millisecond):
+			case <-ctx.Done():
+				t.Fatalf("rank %d never relayed", rank)
+			}
+		}
+	}
+	dump, err := kvevents.RequestDump(ctx, nc, "p", "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ranks []uint32
+	for _, rk := range dump.Ranks {
+		if rk.Blocks != 1 {
+			t.Errorf("rank %d holds %d blocks, want 1", rk.DPRank, rk.Blocks)
+		}
+		ranks = append(ranks, rk.DPRank)
+	}
+	if diff := cmp.Diff([]uint32{0, 1}, ranks); diff != "" {
+		t.Errorf("dumped ranks (-want +got):\n%s", diff)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+}
