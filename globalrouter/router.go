@@ -330,6 +330,7 @@ func (r *Router) Reload(cfg Config) error {
 		r.log.Error("configuration refused; keeping the current one", "file", cfg.File, "err", err)
 		return err
 	}
+	r.conns.SetCircuitOptions(pool.CircuitOptions{Base: cfg.Probe.BackoffBase, Max: cfg.Probe.BackoffMax})
 	r.st.Store(st)
 	old.retire()
 	r.m.reloads.WithLabelValues("ok").Inc()
@@ -514,6 +515,9 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	ranked, err := st.chain.Rank(&p.view, cands, trace)
 	if err != nil {
+		if errors.Is(err, policies.ErrSaturated) {
+			return nil, fmt.Errorf("%w: %w", ErrSaturated, err)
+		}
 		if pinPool != "" {
 			return nil, fmt.Errorf("%w: %s: pool %q: %w", ErrPinRefused, HeaderPool, pinPool, err)
 		}

@@ -2,6 +2,7 @@ package globalrouter_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -317,5 +318,44 @@ func TestHeaderMatchAndFailover(t *testing.T) {
 	}
 	if _, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi"}); !errors.Is(err, globalrouter.ErrNoPool) || !strings.Contains(err.Error(), "header-match") {
 		t.Errorf("no pool accepts the headers: got %v, want ErrNoPool naming header-match", err)
+	}
+}
+
+// shed is a custom policy: it sheds requests of negative priority.
+type shed struct{}
+
+func (shed) Name() string { return "shed" }
+
+func (shed) Rank(req *policies.Request, c []policies.Candidate) ([]policies.Candidate, error) {
+	if req.Priority < 0 {
+		return nil, fmt.Errorf("priority %d: %w", req.Priority, policies.ErrSaturated)
+	}
+	return c, nil
+}
+
+func TestCustomPolicy(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	reg := policies.NewRegistry()
+	if err := policies.RegisterBuiltins(reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Register("shed", func(policies.Args) (policies.Policy, error) { return shed{}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.cfg
+	cfg.Chain = []policies.Spec{{Name: "shed"}, {Name: "cost"}}
+	r, _ := newRouter(t, cfg, globalrouter.WithPolicies(reg))
+	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi", Headers: map[string]string{globalrouter.HeaderPriority: "1"}})
+	if err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	free(t, d)
+	if _, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi", Headers: map[string]string{globalrouter.HeaderPriority: "-1"}}); !errors.Is(err, globalrouter.ErrSaturated) {
+		t.Errorf("shed request: got %v, want ErrSaturated", err)
+	}
+	// Without the custom registry the chain does not build.
+	if _, err := globalrouter.New(cfg, globalrouter.WithLogger(quiet())); !errors.Is(err, policies.ErrConfig) {
+		t.Errorf("New with an unregistered policy: got %v, want a configuration error", err)
 	}
 }

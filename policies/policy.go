@@ -118,8 +118,8 @@ type Candidate struct {
 // first. It may reuse cands' backing array for its answer and may replace
 // elements, but must not modify what elements share by reference. It does
 // not block and is safe for concurrent use. It returns ErrNoCandidate (or an
-// error wrapping it) to refuse every candidate with a reason; an empty answer
-// means the same.
+// error wrapping it) to refuse every candidate with a reason — an empty
+// answer means the same — or ErrSaturated to shed the request for load.
 type Policy interface {
 	// Name is the policy's registry name.
 	Name() string
@@ -127,8 +127,13 @@ type Policy interface {
 }
 
 var (
-	// ErrNoCandidate: no candidate is left to route to.
+	// ErrNoCandidate: no candidate is left to route to (the global router
+	// answers 503).
 	ErrNoCandidate = errors.New("no candidate left")
+	// ErrSaturated: a policy sheds the request because the candidates are
+	// too loaded for it (e.g. its priority); the global router answers 429,
+	// to be retried later.
+	ErrSaturated = errors.New("candidates saturated")
 	// ErrUnknownPolicy: a configuration names a policy the registry lacks.
 	ErrUnknownPolicy = errors.New("unknown policy")
 	// ErrDuplicate: a policy name registered twice, or a chain naming a

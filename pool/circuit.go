@@ -2,6 +2,7 @@ package pool
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,7 +54,7 @@ func (s CircuitState) String() string {
 }
 
 type circuit struct {
-	opts CircuitOptions
+	opts *atomic.Pointer[CircuitOptions] // shared by the Conns' circuits
 	now  func() time.Time
 
 	mu        sync.Mutex
@@ -112,10 +113,11 @@ func (c *circuit) failure() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.failures++
+	o := c.opts.Load()
 	if c.backoff == 0 {
-		c.backoff = c.opts.Base
+		c.backoff = o.Base
 	} else {
-		c.backoff = min(2*c.backoff, c.opts.Max)
+		c.backoff = min(2*c.backoff, o.Max)
 	}
 	c.state, c.trial = CircuitOpen, false
 	c.openUntil = c.now().Add(c.backoff)

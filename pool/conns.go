@@ -3,6 +3,7 @@ package pool
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -12,7 +13,7 @@ import (
 // Safe for concurrent use.
 type Conns struct {
 	dial Dialer
-	opts CircuitOptions
+	opts atomic.Pointer[CircuitOptions]
 	now  func() time.Time
 
 	mu     sync.Mutex
@@ -35,7 +36,16 @@ func NewConns(dial Dialer, opts CircuitOptions, now func() time.Time) *Conns {
 	if now == nil {
 		now = time.Now
 	}
-	return &Conns{dial: dial, opts: opts, now: now, m: make(map[string]*conn)}
+	cs := &Conns{dial: dial, now: now, m: make(map[string]*conn)}
+	cs.opts.Store(&opts)
+	return cs
+}
+
+// SetCircuitOptions changes the backoff of every circuit from their next
+// failure on (a configuration reload).
+func (cs *Conns) SetCircuitOptions(opts CircuitOptions) {
+	opts.defaults()
+	cs.opts.Store(&opts)
 }
 
 func (cs *Conns) acquire(addr string) (*conn, error) {
@@ -52,7 +62,7 @@ func (cs *Conns) acquire(addr string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{addr: addr, r: r, refs: 1, circuit: &circuit{opts: cs.opts, now: cs.now}}
+	c := &conn{addr: addr, r: r, refs: 1, circuit: &circuit{opts: &cs.opts, now: cs.now}}
 	cs.m[addr] = c
 	return c, nil
 }
