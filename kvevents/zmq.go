@@ -354,6 +354,17 @@ func (d *engineDecoder) field(ev *rawEvent, name string) error {
 }
 
 func (d *engineDecoder) hash() (uint64, error) {
+	c, err := d.dec.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case c == msgpcode.Uint64:
+		return d.dec.DecodeUint64()
+	case msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Int64):
+		v, err := d.dec.DecodeInt64()
+		return uint64(v), err
+	}
 	v, err := d.scalar()
 	if err != nil {
 		return 0, err
