@@ -50,7 +50,9 @@ func TestChat(t *testing.T) {
 			} else {
 				var v struct {
 					Choices []struct{ Message struct{ Content string } }
-					Usage   struct{ PromptTokens int `json:"prompt_tokens"` }
+					Usage   struct {
+						PromptTokens int `json:"prompt_tokens"`
+					}
 				}
 				if err := json.Unmarshal(r.body, &v); err != nil || len(v.Choices) != 1 || v.Usage.PromptTokens == 0 {
 					t.Errorf("body %s (%v): want one choice and usage", r.body, err)
@@ -184,7 +186,9 @@ func TestErrorsThroughGateway(t *testing.T) {
 			if r.status != tc.status || r.header.Get("x-kvgate-dropped-reason") != tc.reason {
 				t.Fatalf("status %d reason %q (%s), want %d %q", r.status, r.header.Get("x-kvgate-dropped-reason"), r.body, tc.status, tc.reason)
 			}
-			var e struct{ Error struct{ Message, Type, Code string } }
+			var e struct {
+				Error struct{ Message, Type, Code string }
+			}
 			if err := json.Unmarshal(r.body, &e); err != nil || e.Error.Message == "" {
 				t.Errorf("body %s: want an OpenAI error", r.body)
 			}

@@ -31,7 +31,9 @@ func TestExtprocModesWithRealRouters(t *testing.T) {
 	defer conn.Close()
 	hc := httpClient(t)
 	fds, buf, str := extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
-	for _, m := range []struct{ req, resp extprocfilterv3.ProcessingMode_BodySendMode }{{fds, fds}, {fds, str}, {buf, str}, {buf, fds}} {
+	for _, m := range []struct {
+		req, resp extprocfilterv3.ProcessingMode_BodySendMode
+	}{{fds, fds}, {fds, str}, {buf, str}, {buf, fds}} {
 		t.Run(fmt.Sprintf("req=%s/resp=%s", m.req, m.resp), func(t *testing.T) {
 			pm := &extprocfilterv3.ProcessingMode{RequestBodyMode: m.req, ResponseBodyMode: m.resp}
 			if m.req == fds {
