@@ -8,6 +8,11 @@
 // arrive meanwhile are held and applied after the dump, skipping those the
 // dump already covers. A worker without a dump responder is followed from
 // the live stream as it is, and asked again later with backoff.
+//
+// An id 1 on a rank that has seen events is taken for a restart. The dump
+// reply and the live events travel on different subjects, so an event the
+// dump already covers may arrive after it; if that event is id 1 it costs
+// one extra dump, never a wrong index.
 package events
 
 import (
@@ -320,14 +325,18 @@ func (s *Subscriber) finishDump(id string, gen uint64, reply kvevents.DumpReply,
 			lvl = slog.LevelDebug
 		}
 		s.log.Log(s.ctx, lvl, "kv dump failed; following the live stream, will ask again", "worker", id, "retry_in", w.backoff.String(), "failures", w.fails, "err", err)
-		// Follow the live stream as it is: accept the held events' ids as
-		// the new positions.
+		// Follow the live stream as it is: the first held event of each
+		// rank sets its position (even an id 1 after a restart), later ones
+		// apply if newer. Gaps among them are accepted here; the retry
+		// will repair what they lost.
 		held := w.held
 		w.held, w.redump = nil, false
+		seen := map[uint32]bool{}
 		for _, ev := range held {
-			if ev.EventID > w.last[ev.DPRank] {
-				w.last[ev.DPRank] = ev.EventID - 1
-				s.sequence(w, ev)
+			if !seen[ev.DPRank] || ev.EventID > w.last[ev.DPRank] {
+				seen[ev.DPRank] = true
+				w.last[ev.DPRank] = ev.EventID
+				s.apply(ev)
 			} else {
 				s.stale.Add(1)
 			}

@@ -95,8 +95,10 @@ func TestFollowsPublisher(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitTree(t, r, "w1", 5)
-	if st := sub.Stats(); st.Gaps != 0 || st.Dumps != 1 {
-		t.Errorf("stats %+v, want no gap and one dump", st)
+	// Event 1 may be delivered after the dump that covers it: an id 1 is
+	// then taken for a restart and costs one more dump, never a wrong index.
+	if st := sub.Stats(); st.Dumps < 1 || st.Dumps > 2 || st.Rejected != 0 {
+		t.Errorf("stats %+v, want one or two dumps and nothing rejected", st)
 	}
 }
 
@@ -185,5 +187,21 @@ func TestPublisherRestartTriggersDump(t *testing.T) {
 	waitTree(t, r, "w1", 1)
 	if st := sub.Stats(); st.Gaps != 1 {
 		t.Errorf("stats %+v, want one gap (the restart)", st)
+	}
+}
+
+// A publisher that restarts and answers no dumps is still followed: the
+// restarted stream applies after the failed dump.
+func TestRestartWithoutDumpResponder(t *testing.T) {
+	nc, r, sub := setup(t, "u", "w1")
+	sub.WorkerUp("w1")
+	publish(t, nc, "u", stored("w1", 7, 100, tokens(0, 32)))
+	publish(t, nc, "u", stored("w1", 8, 200, tokens(500, 16)))
+	waitTree(t, r, "w1", 3)
+	publish(t, nc, "u", kvevents.RouterEvent{WorkerID: "w1", EventID: 1, Event: kvevents.Event{Cleared: true}})
+	publish(t, nc, "u", stored("w1", 2, 300, tokens(900, 16)))
+	waitTree(t, r, "w1", 1)
+	if st, synced := sub.Stats(), sub.Synced("w1"); st.DumpErrors < 2 || synced {
+		t.Errorf("stats %+v synced %v, want ≥ 2 failed dumps and not synced", st, synced)
 	}
 }
