@@ -44,6 +44,10 @@ const (
 	HeaderRouterTemperature  = "x-kvgate-router-temperature"
 )
 
+// syncTimeout bounds how long New and Reload wait for etcd discovery's
+// first listing.
+const syncTimeout = 5 * time.Second
+
 // Tokenizer is what the global router needs of a model's tokenizer;
 // *tokenizer.Model implements it. Safe for concurrent use.
 type Tokenizer interface {
@@ -114,7 +118,9 @@ type Router struct {
 
 var _ Decider = (*Router)(nil)
 
-// New builds a Router from cfg (defaults applied, validated) and opts.
+// New builds a Router from cfg (defaults applied, validated) and opts. It
+// returns once the pools that discover their local routers in etcd have
+// their first listing (at most 5 s).
 func New(cfg Config, opts ...Option) (*Router, error) {
 	o := options{}
 	for _, f := range opts {
@@ -202,6 +208,22 @@ func (r *Router) build(cfg *Config, old *state) (_ *state, err error) {
 		pe := &poolEntry{p: p, cfg: pc}
 		st.pools = append(st.pools, pe)
 		st.byName[pc.Name] = pe
+	}
+	// Pools discovering their routers in etcd get their first listing
+	// before the state serves: a reload must not blink to "no router".
+	deadline := time.NewTimer(syncTimeout)
+	defer deadline.Stop()
+	timedOut := false
+	for _, pe := range st.pools {
+		if timedOut {
+			deadline.Reset(0)
+		}
+		select {
+		case <-pe.p.Synced():
+		case <-deadline.C:
+			timedOut = true
+			r.log.Warn("local router discovery has not listed yet; the pool has no router until it does", "pool", pe.cfg.Name)
+		}
 	}
 	var wild []*poolEntry
 	for _, pe := range st.pools {
@@ -488,6 +510,9 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		return r.decidePinnedWorker(ctx, st, p, eligible, pinWorker)
 	}
 	results := r.probe(ctx, p, eligible)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	cands := make([]policies.Candidate, 0, len(results))
 	var failed, saturated int
 	for _, res := range results {
