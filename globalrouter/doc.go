@@ -4,4 +4,21 @@
 // pool policies over the probe results, commit the request to the chosen
 // local router, and return a Decision (pool, worker, fallbacks, prefill
 // worker, explanation). It holds no KV state.
+//
+// Router implements Decider. Build it with New from a Config (LoadConfig
+// reads one from YAML, e.g. examples/pools.yaml; DefaultConfig and pool.New
+// build one in Go) and Options (logger, Prometheus registerer, etcd client
+// for discovered pools, policy registry, tokenizers). Decide is safe for
+// concurrent use and lock-free on the configuration: it reads an immutable
+// state through an atomic pointer; Reload, ReloadFile and WatchFile build a
+// new state and swap it in, refusing a bad configuration and keeping the
+// current one. Leases outlive reloads (their local-router connections are
+// reference-counted, package pool).
+//
+// Error mapping (the ext_proc server translates): ErrBadRequest (no model,
+// no prompt, a malformed x-kvgate-* header), ErrUnknownModel (no pool serves
+// the model), ErrPinRefused (x-kvgate-pool / x-kvgate-worker-id cannot be
+// honoured), ErrSaturated (a policy shed the request), ErrNoPool (no pool
+// answered, or the chain left none). Policies and the request headers they
+// read are described in docs/policies.md.
 package globalrouter
