@@ -17,9 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/kvevents"
@@ -46,10 +48,15 @@ type Option func(*Client)
 func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
 
 // Dial returns a Client of the router at target (host:port, or any gRPC
-// target), over plaintext gRPC unless dialOpts say otherwise. Close it.
+// target). With no dialOpts it uses plaintext gRPC with keepalive pings;
+// dialOpts replace those defaults. Close it.
 func Dial(target string, dialOpts []grpc.DialOption, opts ...Option) (*Client, error) {
 	if len(dialOpts) == 0 {
-		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		dialOpts = []grpc.DialOption{
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			// Find a router that vanished without closing the connection.
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
+		}
 	}
 	conn, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {
