@@ -8,6 +8,7 @@ package pooltest
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"sort"
 	"sync"
@@ -27,11 +28,14 @@ type Worker struct {
 	Address string
 }
 
-// Workers returns n workers named prefix-0… with addresses 10.0.0.x:8000.
+// Workers returns n workers named prefix-0… with addresses 10.0.x.y:8000,
+// x derived from prefix (so pools of different prefixes differ).
 func Workers(prefix string, n int) []Worker {
+	h := fnv.New32a()
+	h.Write([]byte(prefix))
 	out := make([]Worker, n)
 	for i := range out {
-		out[i] = Worker{ID: fmt.Sprintf("%s-%d", prefix, i), Address: fmt.Sprintf("10.0.%d.%d:8000", len(prefix)%250, i+1)}
+		out[i] = Worker{ID: fmt.Sprintf("%s-%d", prefix, i), Address: fmt.Sprintf("10.0.%d.%d:8000", h.Sum32()%250, i+1)}
 	}
 	return out
 }
