@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
@@ -17,6 +18,7 @@ func runRelay(ctx context.Context, args []string) error {
 	w := &cfg.Worker
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	zmq := fs.String("zmq", "tcp://127.0.0.1:5557", "the engine's ZMQ PUB endpoint (vLLM --kv-events-config endpoint); comma-separated, one per data-parallel rank")
+	replay := fs.String("zmq-replay", "", "the engine's replay endpoints (vLLM replay_endpoint), aligned with -zmq: lost messages are fetched from there")
 	fs.StringVar(&cfg.Topic, "topic", "", "ZMQ topic prefix to subscribe to (empty: all)")
 	fs.StringVar(&cfg.Pool, "pool", "default", "pool the engine belongs to")
 	fs.StringVar(&w.ID, "worker-id", "", "worker id of the engine (required)")
@@ -45,6 +47,10 @@ func runRelay(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Endpoints = splitCommaList(*zmq)
+	cfg.ReplayEndpoints = strings.Split(*replay, ",")
+	if *replay == "" {
+		cfg.ReplayEndpoints = nil
+	}
 	cfg.Register = w.Address != ""
 	sc.EtcdEndpoints = splitCommaList(*etcd)
 	return relay.Serve(ctx, cfg, sc, log)

@@ -41,6 +41,11 @@ type Config struct {
 	// rank r on the base port + r). One relay per worker, so that one
 	// publisher answers the worker's dump requests for every rank.
 	Endpoints []string
+	// ReplayEndpoints, aligned with Endpoints ("" for none), are the
+	// engines' replay sockets (vLLM kv-events-config "replay_endpoint"):
+	// on a sequence gap the relay fetches the lost batches from there
+	// instead of only counting the gap.
+	ReplayEndpoints []string
 	// Topic is the subscription prefix ("" receives every topic).
 	Topic string
 	Pool  string
@@ -72,9 +77,11 @@ type Relay struct {
 	pub  *kvevents.Publisher
 	m    metrics
 
+	replayFor map[string]string // endpoint → replay endpoint
+
 	// Only the Run goroutine touches these.
 	lastSeq map[string]uint64
-	ranks   map[uint32]struct{}
+	ranksOf map[string]map[uint32]struct{} // endpoint → dp ranks seen there
 }
 
 type metrics struct {
@@ -82,6 +89,7 @@ type metrics struct {
 	malformed prometheus.Counter
 	skipped   *prometheus.CounterVec
 	gaps      prometheus.Counter
+	replayed  prometheus.Counter
 	restarts  prometheus.Counter
 	pubErrors prometheus.Counter
 }
@@ -98,7 +106,10 @@ func newMetrics(reg prometheus.Registerer) metrics {
 			Name: "kvgate_relay_skipped_total", Help: "Engine blocks or events skipped (other block size, medium or KV group; unknown event types).",
 		}, []string{"what"}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "kvgate_relay_sequence_gaps_total", Help: "Engine sequence gaps (messages lost between the engine and the relay).",
+			Name: "kvgate_relay_sequence_gaps_total", Help: "Engine sequence gaps not recovered by replay (messages lost between the engine and the relay).",
+		}),
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_relay_replayed_messages_total", Help: "Lost engine messages recovered from the engine's replay socket.",
 		}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_relay_engine_restarts_total", Help: "Engine sequence resets, taken as restarts (the worker's blocks are cleared).",
@@ -108,7 +119,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.messages, m.malformed, m.skipped, m.gaps, m.restarts, m.pubErrors)
+		reg.MustRegister(m.messages, m.malformed, m.skipped, m.gaps, m.replayed, m.restarts, m.pubErrors)
 	}
 	return m
 }
@@ -125,6 +136,8 @@ func New(cfg Config, opts Options) (*Relay, error) {
 		return nil, errors.New("relay: empty pool")
 	case opts.NATS == nil:
 		return nil, errors.New("relay: no NATS connection")
+	case len(cfg.ReplayEndpoints) > len(cfg.Endpoints):
+		return nil, errors.New("relay: more replay endpoints than endpoints")
 	case cfg.Register && opts.Etcd == nil:
 		return nil, errors.New("relay: registration needs an etcd client")
 	}
@@ -138,13 +151,20 @@ func New(cfg Config, opts Options) (*Relay, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	replayFor := map[string]string{}
+	for i, rep := range cfg.ReplayEndpoints {
+		if rep != "" {
+			replayFor[cfg.Endpoints[i]] = rep
+		}
+	}
 	return &Relay{
-		cfg:     cfg,
-		opts:    opts,
-		log:     log.With("component", "relay", "pool", cfg.Pool, "worker", cfg.Worker.ID),
-		m:       newMetrics(opts.Registerer),
-		lastSeq: map[string]uint64{},
-		ranks:   map[uint32]struct{}{},
+		cfg:       cfg,
+		replayFor: replayFor,
+		opts:      opts,
+		log:       log.With("component", "relay", "pool", cfg.Pool, "worker", cfg.Worker.ID),
+		m:         newMetrics(opts.Registerer),
+		lastSeq:   map[string]uint64{},
+		ranksOf:   map[string]map[uint32]struct{}{},
 	}, nil
 }
 
@@ -199,7 +219,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case err := <-errs:
 			return err
 		case m := <-msgs:
-			r.handle(m.endpoint, m.frames)
+			r.handle(ctx, m.endpoint, m.frames)
 		}
 	}
 }
@@ -251,9 +271,9 @@ func (r *Relay) receive(ctx context.Context, endpoint string, out chan<- receive
 }
 
 // handle decodes one engine message and publishes its events.
-func (r *Relay) handle(endpoint string, frames [][]byte) {
+func (r *Relay) handle(ctx context.Context, endpoint string, frames [][]byte) {
 	r.m.messages.Inc()
-	b, err := kvevents.DecodeEngineFrames(frames, r.cfg.Worker.BlockSize)
+	b, err := decodeFrames(frames, r.cfg.Worker.BlockSize)
 	if err != nil {
 		r.m.malformed.Inc()
 		r.log.Warn("skipping malformed engine message", "endpoint", endpoint, "err", err, "frames", len(frames))
@@ -271,19 +291,34 @@ func (r *Relay) handle(endpoint string, frames [][]byte) {
 			// empty cache; vLLM sends no AllBlocksCleared for that.
 			r.m.restarts.Inc()
 			r.log.Warn("engine sequence went back; treating as a restart and clearing the worker's blocks", "endpoint", endpoint, "seq", b.Seq, "last", last)
-			for rank := range r.ranks {
+			for rank := range r.ranksOf[endpoint] {
 				if _, err := r.pub.Publish(rank, kvevents.Event{Cleared: true}); err != nil {
 					r.m.pubErrors.Inc()
 					r.log.Warn("publish", "err", err)
 				}
 			}
 		case b.Seq != last+1:
-			r.m.gaps.Inc()
-			r.log.Warn("engine messages lost", "endpoint", endpoint, "from_seq", last+1, "to_seq", b.Seq-1)
+			rep := r.replayFor[endpoint]
+			if rep == "" || !r.recoverGap(ctx, endpoint, rep, last, b.Seq) {
+				r.m.gaps.Inc()
+				r.log.Warn("engine messages lost", "endpoint", endpoint, "from_seq", last+1, "to_seq", b.Seq-1)
+			}
 		}
 	}
 	r.lastSeq[stream] = b.Seq
-	r.ranks[b.DPRank] = struct{}{}
+	r.publishBatch(endpoint, b)
+}
+
+func decodeFrames(frames [][]byte, blockSize int) (kvevents.EngineBatch, error) {
+	return kvevents.DecodeEngineFrames(frames, blockSize)
+}
+
+// publishBatch counts a decoded batch's skips and publishes its events.
+func (r *Relay) publishBatch(endpoint string, b kvevents.EngineBatch) {
+	if r.ranksOf[endpoint] == nil {
+		r.ranksOf[endpoint] = map[uint32]struct{}{}
+	}
+	r.ranksOf[endpoint][b.DPRank] = struct{}{}
 	if b.SkippedBlocks > 0 {
 		r.m.skipped.WithLabelValues("blocks").Add(float64(b.SkippedBlocks))
 		r.log.Debug("skipped blocks", "count", b.SkippedBlocks, "block_size", r.cfg.Worker.BlockSize)

@@ -1,11 +1,14 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -330,4 +333,140 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Error(err)
 	}
+}
+
+// TestRelayRecoversGapFromReplay plays vLLM's replay socket (a ROUTER
+// answering [id, "", start_seq] with [id, "", seq, payload]… then END_SEQ):
+// a batch the PUB socket lost is fetched and published in order.
+func TestRelayRecoversGapFromReplay(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ns, nc := embedtest.NATS(t)
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	router := zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("replay")))
+	defer router.Close()
+	if err := router.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	stored := func(h uint64) []byte {
+		p, err := kvevents.EncodeEnginePayload(0, []kvevents.Event{{Stored: &kvevents.Stored{
+			Blocks: []kvevents.Block{{EngineHash: h, TokenIDs: []uint32{uint32(h), 0}}}}}}, 0, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	var mu sync.Mutex
+	buffer := map[uint64][]byte{} // what the engine published, by sequence
+	requests := make(chan uint64, 4)
+	routerDone := make(chan struct{})
+	go func() {
+		defer close(routerDone)
+		for {
+			msg, err := router.Recv()
+			if err != nil {
+				return
+			}
+			if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
+				t.Errorf("replay request frames %q", msg.Frames)
+				continue
+			}
+			start := binary.BigEndian.Uint64(msg.Frames[2])
+			requests <- start
+			mu.Lock()
+			for seq := start; buffer[seq] != nil; seq++ {
+				router.Send(zmq4.NewMsgFrom(msg.Frames[0], []byte{}, kvevents.EngineFrames("", seq, nil)[1], buffer[seq]))
+			}
+			mu.Unlock()
+			router.Send(zmq4.NewMsgFrom(msg.Frames[0], []byte{}, bytes.Repeat([]byte{0xff}, 8), []byte{}))
+		}
+	}()
+	publish := func(seq uint64, payload []byte, send bool) {
+		t.Helper()
+		mu.Lock()
+		buffer[seq] = payload
+		mu.Unlock()
+		if send {
+			if err := pub.Send(zmq4.NewMsgFrom(kvevents.EngineFrames("", seq, payload)...)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	seen := make(chan kvevents.RouterEvent, 256)
+	sub, err := embedtest.Connect(t, ns).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
+		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
+			seen <- e
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	reg := prometheus.NewRegistry()
+	r, err := relay.New(relay.Config{
+		Endpoints: []string{"tcp://" + pub.Addr().String()}, ReplayEndpoints: []string{"tcp://" + router.Addr().String()},
+		Pool: "p", Worker: kvevents.WorkerInfo{ID: "w", BlockSize: 2},
+	}, relay.Options{NATS: nc, Logger: embedtest.Logger(t), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+
+	next := func() kvevents.RouterEvent {
+		t.Helper()
+		select {
+		case e := <-seen:
+			return e
+		case <-ctx.Done():
+			t.Fatal("timed out")
+			return kvevents.RouterEvent{}
+		}
+	}
+	// Join: resend block 1 under fresh sequences until it comes through
+	// (earlier ones are lost before the subscription, with no gap: the
+	// relay has no previous sequence yet).
+	seq := uint64(0)
+	for got := false; !got; seq++ {
+		publish(seq, stored(1), true)
+		select {
+		case <-seen:
+			got = true
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	// A marker block 7 ends the joining duplicates.
+	publish(seq, stored(7), true)
+	seq++
+	for e := next(); e.Event.Stored.Blocks[0].EngineHash != 7; e = next() {
+	}
+	// Block 2 is lost on the PUB socket; block 3 arrives.
+	publish(seq, stored(2), false)
+	publish(seq+1, stored(3), true)
+	for _, want := range []uint64{2, 3} {
+		if e := next(); e.Event.Stored == nil || e.Event.Stored.Blocks[0].EngineHash != want {
+			t.Fatalf("got %+v, want stored block %d", e, want)
+		}
+	}
+	if got := <-requests; got != seq {
+		t.Errorf("replay asked from %d, want %d", got, seq)
+	}
+	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_sequence_gaps_total")); n != 0 {
+		t.Errorf("gaps = %v, want 0 (recovered)", n)
+	}
+	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_replayed_messages_total")); n != 1 {
+		t.Errorf("replayed = %v, want 1", n)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+	router.Close()
+	<-routerDone
 }
