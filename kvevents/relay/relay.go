@@ -9,7 +9,12 @@
 //
 // Messages are decoded by kvevents.DecodeEngineFrames and republished
 // through a kvevents.Publisher, which stamps kvgate event ids and answers
-// dump requests. A malformed message is logged, counted and skipped.
+// dump requests. A malformed message is logged, counted and skipped. One
+// relay serves one worker: all its data-parallel ranks' sockets
+// (Config.Endpoints), so one publisher answers its dumps. Engine sequence
+// gaps are filled from vLLM's replay socket when one is configured
+// (Config.ReplayEndpoints); a sequence going back means the engine
+// restarted, and the blocks of that endpoint's ranks are cleared.
 package relay
 
 import (
