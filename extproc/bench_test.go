@@ -48,18 +48,30 @@ func benchBodies(n int) ([][]byte, [][]tokenizer.Message) {
 // shipped bootstrap's modes.
 func benchSystem(b *testing.B) *extprocclient.Client {
 	b.Helper()
+	router := benchRouter(b)
+	conn, _ := startServer(b, extproc.Config{}, router)
+	return envoyClient(b, conn, allModes[1])
+}
+
+// benchRouter is the real global router over two real local routers of 8
+// workers each.
+func benchRouter(b *testing.B) *globalrouter.Router {
+	b.Helper()
 	a := pooltest.Start(b, "pool-a", 16, pooltest.Workers("a", 8)...)
 	c := pooltest.Start(b, "pool-b", 16, pooltest.Workers("b", 8)...)
-	router, err := globalrouter.New(globalrouter.DefaultConfig(
+	cfg := globalrouter.DefaultConfig(
 		pool.New("pool-a", 16, []string{"m"}, a.Addr),
 		pool.New("pool-b", 16, []string{"m"}, c.Addr),
-	), globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
+	)
+	// A starved CPU (shared machines, -race) stretches probes past the
+	// 20 ms default; a refused request would not measure a decision.
+	cfg.Probe.Timeout = time.Second
+	router, err := globalrouter.New(cfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { router.Close() })
-	conn, _ := startServer(b, extproc.Config{}, router)
-	return envoyClient(b, conn, allModes[1])
+	return router
 }
 
 // exchange runs one request through the filter up to its release towards
@@ -141,7 +153,64 @@ func BenchmarkDecision(b *testing.B) {
 		b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
 		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
 		b.ReportMetric(float64(tokMean.Microseconds()), "tokenize-µs")
-		b.ReportMetric(float64(p50)/float64(tokMean), "decision/tokenize")
+		b.ReportMetric(float64(p50)/float64(tokMean), "exchange/tokenize")
+	})
+	b.Run("overhead", func(b *testing.B) {
+		// The same exchange with a Decider double that answers at once:
+		// what the ext_proc server, gRPC and the client cost without the
+		// decision.
+		conn, _ := startServer(b, extproc.Config{}, &deciderDouble{})
+		c := envoyClient(b, conn, allModes[1])
+		lat := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; b.Loop(); i++ {
+			lat = append(lat, exchange(b, c, bodies[i%len(bodies)]))
+		}
+		b.ReportMetric(float64(quantile(lat, 0.5).Microseconds()), "p50-µs")
+		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
+	})
+	b.Run("decide", func(b *testing.B) {
+		// globalrouter.Decide alone (tokenize, hash, two probes over gRPC,
+		// policies, commit), then Free: the decision the ratio is about.
+		router := benchRouter(b)
+		ctx := testCtx(b)
+		reqs := make([]*globalrouter.Request, len(msgs))
+		for i, m := range msgs {
+			r := &globalrouter.Request{ID: fmt.Sprint("r", i), Path: "/v1/chat/completions", Model: "m"}
+			for _, x := range m {
+				r.Messages = append(r.Messages, globalrouter.Message{Role: x.Role, Content: x.Content})
+			}
+			reqs[i] = r
+		}
+		lat := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; b.Loop(); i++ {
+			r := *reqs[i%len(reqs)]
+			r.ID = fmt.Sprint("b", i)
+			t0 := time.Now()
+			d, err := router.Decide(ctx, &r)
+			lat = append(lat, time.Since(t0))
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = d.Lease.Free(ctx)
+		}
+		b.StopTimer()
+		var tokTotal time.Duration
+		for i := range len(lat) {
+			t0 := time.Now()
+			if _, err := tok.EncodeChat(msgs[i%len(msgs)], true); err != nil {
+				b.Fatal(err)
+			}
+			tokTotal += time.Since(t0)
+		}
+		p50, tokMean := quantile(lat, 0.5), tokTotal/time.Duration(len(lat))
+		b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
+		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
+		b.ReportMetric(float64(tokMean.Microseconds()), "tokenize-µs")
+		b.ReportMetric(float64(p50)/float64(tokMean), "decide/tokenize")
 	})
 	b.Run("throughput", func(b *testing.B) {
 		c := benchSystem(b)

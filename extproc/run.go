@@ -115,9 +115,33 @@ func parseLevel(s string) (slog.Level, error) {
 // watches the file for changes, serves /metrics, and serves ext_proc until
 // ctx ends.
 func Run(ctx context.Context, o Options, logger *slog.Logger) error {
+	lis, err := net.Listen("tcp", o.Addr)
+	if err != nil {
+		return fmt.Errorf("extproc: %w", err)
+	}
+	var mlis net.Listener
+	if o.MetricsAddr != "" {
+		if mlis, err = net.Listen("tcp", o.MetricsAddr); err != nil {
+			lis.Close()
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
+	return run(ctx, o, logger, lis, mlis)
+}
+
+// run is Run on listeners already open (mlis nil: no metrics); it closes
+// them.
+func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.Listener) error {
+	closeAll := func() {
+		lis.Close()
+		if mlis != nil {
+			mlis.Close()
+		}
+	}
 	if logger == nil {
 		lvl, err := parseLevel(o.LogLevel)
 		if err != nil {
+			closeAll()
 			return err
 		}
 		logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
@@ -127,12 +151,14 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 
 	gcfg, err := globalrouter.LoadConfig(o.PoolsFile, nil)
 	if err != nil {
+		closeAll()
 		return err
 	}
 	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg)}
 	if len(o.Etcd) > 0 {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: o.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
+			closeAll()
 			return fmt.Errorf("etcd: %w", err)
 		}
 		defer cli.Close()
@@ -140,17 +166,14 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 	}
 	router, err := globalrouter.New(*gcfg, opts...)
 	if err != nil {
+		closeAll()
 		return err
 	}
 	defer router.Close()
-
 	srv, err := New(o.Config, router, logger, reg)
 	if err != nil {
+		closeAll()
 		return err
-	}
-	lis, err := net.Listen("tcp", o.Addr)
-	if err != nil {
-		return fmt.Errorf("extproc: %w", err)
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -168,39 +191,32 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 			})
 		}()
 	}
-	if o.MetricsAddr != "" {
-		ml, err := net.Listen("tcp", o.MetricsAddr)
-		if err != nil {
-			cancel()
-			drain(errc, running)
-			return fmt.Errorf("metrics: %w", err)
-		}
+	if mlis != nil {
 		hs := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 		running++
 		go func() {
-			err := hs.Serve(ml)
+			err := hs.Serve(mlis)
 			if errors.Is(err, http.ErrServerClosed) {
 				err = nil
 			}
 			errc <- err
 		}()
+		stopped := make(chan struct{})
+		defer func() { <-stopped }()
 		go func() {
+			defer close(stopped)
 			<-ctx.Done()
 			sctx, scancel := context.WithTimeout(context.Background(), time.Second)
 			defer scancel()
 			_ = hs.Shutdown(sctx)
 		}()
-		logger.Info("metrics listening", "addr", ml.Addr().String())
+		logger.Info("metrics listening", "addr", mlis.Addr().String())
 	}
 	// The first part to stop (ctx, or a failure) stops the others.
 	first := <-errc
 	cancel()
-	drain(errc, running-1)
-	return first
-}
-
-func drain(errc <-chan error, n int) {
-	for range n {
+	for range running - 1 {
 		<-errc
 	}
+	return first
 }

@@ -124,7 +124,7 @@ func TestPrefillerAndExplain(t *testing.T) {
 	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
 		Headers: post("/v1/completions", extprocclient.HeaderField{Key: "x-kvgate-explain", Value: "1"}),
 		Body:    [][]byte{[]byte(`{"model":"m1","prompt":[1,2,3]}`)},
-	}})
+	}, Upstream: sseResponse("ok")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestClientPrefillerHeaderRemoved(t *testing.T) {
 	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
 		Headers: post("/v1/completions", extprocclient.HeaderField{Key: "x-prefiller-host-port", Value: "6.6.6.6:1"}),
 		Body:    [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
-	}})
+	}, Upstream: sseResponse("ok")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,12 +236,12 @@ func TestEverySplitPoint(t *testing.T) {
 		res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
 			Headers: post("/v1/chat/completions"),
 			Body:    [][]byte{body[:i], body[i:]},
-		}})
+		}, Upstream: sseResponse("ok")})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if res.Info.LocalReply != nil {
-			t.Fatalf("split at %d: local reply %d %s", i, res.Info.LocalReply.Status, res.Info.LocalReply.Body)
+			t.Fatalf("split at %d: local reply %d %s (%s)", i, res.Info.LocalReply.Status, res.Info.LocalReply.Body, res.Info.LocalReply.Details)
 		}
 		if got := string(res.Upstream.BodyBytes()); got != chatBody {
 			t.Fatalf("split at %d: upstream body %q", i, got)
@@ -264,7 +264,7 @@ func TestRequestTrailers(t *testing.T) {
 				Headers:  post("/v1/completions"),
 				Body:     [][]byte{[]byte(`{"model":"m1",`), []byte(`"prompt":"hi"}`)},
 				Trailers: extprocclient.Headers{{Key: "x-checksum", Value: "1"}},
-			}})
+			}, Upstream: sseResponse("ok")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -564,7 +564,7 @@ func TestUnsupportedRequestMode(t *testing.T) {
 	c := envoyClient(t, conn, modes{"STREAMED", extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_STREAMED})
 	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
 		Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
-	}})
+	}, Upstream: sseResponse("ok")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -614,7 +614,7 @@ func TestPrimaryOnlyHeader(t *testing.T) {
 	c := envoyClient(t, conn, allModes[0])
 	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
 		Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
-	}})
+	}, Upstream: sseResponse("ok")})
 	if err != nil {
 		t.Fatal(err)
 	}
