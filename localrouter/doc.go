@@ -22,8 +22,9 @@
 // writers apply one at a time, each event whole or not at all. The
 // lifecycle state is guarded by its own mutex, held for O(request blocks).
 // The Router reads its membership from an immutable snapshot through an
-// atomic pointer. The Index and ActiveSequences locks are never held
-// together, so there is no lock order to respect.
+// atomic pointer. Lock order: Router.applyMu (event appliers vs worker
+// removal), then Router.memMu (membership writers), then the Index's or
+// the ActiveSequences' lock; those two are never held together.
 //
 // Several Routers in one process are independent: each owns its sweeper
 // goroutine and Close stops only that one.

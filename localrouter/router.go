@@ -46,13 +46,20 @@ type Options struct {
 // Concurrency: safe for concurrent use. The per-request path (BestWorker,
 // PotentialLoads) reads the membership snapshot through an atomic pointer,
 // the index under its read lock, and the lifecycle state under its mutex.
-// Lock order: Index.mu and ActiveSequences.mu are never held together.
+// Lock order: applyMu, then memMu, then Index.mu or ActiveSequences.mu;
+// the last two are never held together.
 type Router struct {
 	cfg     Config
 	index   *Index
 	active  *ActiveSequences
 	members atomic.Pointer[members]
 	memMu   sync.Mutex // serialises membership writers
+	// applyMu makes "is the worker a member? then apply its event" atomic
+	// with respect to RemoveWorker: appliers share it, removal takes it
+	// alone, so no event of a removed worker lands after its removal.
+	// Lock order: applyMu, then memMu, then the Index's and
+	// ActiveSequences' own locks.
+	applyMu sync.RWMutex
 
 	clock  func() time.Time
 	randMu sync.Mutex
@@ -200,6 +207,8 @@ func (r *Router) AddWorker(id string, dpSize int) {
 // RemoveWorker removes worker id: its index entries and active requests are
 // dropped. It returns the ids of the requests it freed.
 func (r *Router) RemoveWorker(id string) []string {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
 	r.memMu.Lock()
 	old := r.members.Load()
 	if _, ok := old.dp[id]; ok {
@@ -248,6 +257,8 @@ func (r *Router) Ready() bool { return len(r.members.Load().dp) >= r.cfg.MinInit
 // are not members are refused with ErrUnknownWorker and counted: their
 // blocks are fetched with a dump when the worker joins.
 func (r *Router) ApplyEvent(ev kvevents.RouterEvent) error {
+	r.applyMu.RLock()
+	defer r.applyMu.RUnlock()
 	if !r.members.Load().has(WorkerKey{ev.WorkerID, ev.DPRank}) {
 		r.unknownWorkerEvents.Add(1)
 		return fmt.Errorf("%w: %s/%d", ErrUnknownWorker, ev.WorkerID, ev.DPRank)

@@ -351,3 +351,24 @@ func TestSweepExpiresRequests(t *testing.T) {
 		t.Errorf("swept %v, want [r]", ids)
 	}
 }
+
+// TestNoEventsAfterRemoval races event appliers against RemoveWorker: once
+// RemoveWorker returns, the removed worker holds nothing.
+func TestNoEventsAfterRemoval(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	r := newRouter(t, cfg, "a")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 2000; i++ {
+			r.ApplyEvent(kvevents.RouterEvent{WorkerID: "a", Event: kvevents.Event{Stored: &kvevents.Stored{
+				Blocks: []kvevents.Block{{EngineHash: uint64(i), TokenIDs: toks(4, uint32(i*4))}}}}})
+		}
+	}()
+	r.RemoveWorker("a")
+	<-done
+	if got := r.Index().TreeSize(WorkerKey{"a", 0}); got != 0 {
+		t.Errorf("removed worker holds %d blocks", got)
+	}
+}
