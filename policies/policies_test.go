@@ -2,6 +2,7 @@ package policies_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -186,7 +187,7 @@ func TestRegistry(t *testing.T) {
 	if err := r.Register("custom", func(policies.Args) (policies.Policy, error) { return nop{"custom"}, nil }); err != nil {
 		t.Fatalf("Register: %v", err)
 	}
-	want := []string{"cost", "custom", "disaggregate", "failover", "header-match", "kv-overlap", "model-match"}
+	want := []string{"cost", "custom", "disaggregate", "failover", "header-match", "kv-overlap", "model-match", "session-affinity", "weighted"}
 	if diff := cmp.Diff(want, r.Names()); diff != "" {
 		t.Errorf("Names (-want +got):\n%s", diff)
 	}
@@ -305,5 +306,73 @@ func TestSectionOf(t *testing.T) {
 	}
 	if !(policies.Section{}).Empty() || !(policies.Section{Node: &yaml.Node{}}).Empty() {
 		t.Error("zero sections are not Empty")
+	}
+}
+
+func TestWeighted(t *testing.T) {
+	p, err := build(t, "weighted", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heavy, light, off := cand("heavy", policies.RoleAggregated, 0, 16, 0, 0), cand("light", policies.RoleAggregated, 0, 16, 0, 0), cand("off", policies.RoleAggregated, 0, 16, 0, 0)
+	heavy.Weight, light.Weight, off.Weight = 9, 1, 0
+	first := map[string]int{}
+	const n = 10000
+	for i := range n {
+		req := &policies.Request{ID: fmt.Sprint("req-", i)}
+		got, err := p.Rank(req, []policies.Candidate{light, off, heavy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first[got[0].Pool]++
+		if got[2].Pool != "off" {
+			t.Fatalf("a pool of weight 0 ranked %v, want last", pools(got))
+		}
+		again, _ := p.Rank(req, []policies.Candidate{heavy, off, light})
+		if diff := cmp.Diff(pools(got), pools(again)); diff != "" {
+			t.Fatalf("request %d ranks differently by input order (-first +second):\n%s", i, diff)
+		}
+	}
+	// 9:1 within a wide margin: the split, not the randomness, is tested.
+	if first["heavy"] < n*80/100 || first["heavy"] > n*97/100 {
+		t.Errorf("heavy first %d of %d times, want about 90%%", first["heavy"], n)
+	}
+}
+
+func TestSessionAffinity(t *testing.T) {
+	p, err := build(t, "session-affinity", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := cand("a", "aggregated", 0, 16, 0, 0), cand("b", "aggregated", 0, 16, 0, 0), cand("c", "aggregated", 0, 16, 0, 0)
+	got, _ := p.Rank(&policies.Request{}, []policies.Candidate{c, a, b})
+	if diff := cmp.Diff([]string{"c", "a", "b"}, pools(got)); diff != "" {
+		t.Errorf("without a session key the order changed (-want +got):\n%s", diff)
+	}
+	moved := 0
+	for i := range 300 {
+		req := &policies.Request{SessionKey: fmt.Sprint("s", i)}
+		all, _ := p.Rank(req, []policies.Candidate{a, b, c})
+		again, _ := p.Rank(req, []policies.Candidate{c, b, a})
+		if all[0].Pool != again[0].Pool {
+			t.Fatalf("session %d: first %s then %s", i, all[0].Pool, again[0].Pool)
+		}
+		// Without pool c, only c's sessions move.
+		var rest []policies.Candidate
+		for _, x := range []policies.Candidate{a, b, c} {
+			if x.Pool != "c" {
+				rest = append(rest, x)
+			}
+		}
+		without, _ := p.Rank(req, rest)
+		if all[0].Pool != "c" && without[0].Pool != all[0].Pool {
+			t.Fatalf("session %d moved from %s to %s when c left", i, all[0].Pool, without[0].Pool)
+		}
+		if all[0].Pool == "c" {
+			moved++
+		}
+	}
+	if moved == 0 || moved == 300 {
+		t.Errorf("%d of 300 sessions on c: the hash does not spread", moved)
 	}
 }

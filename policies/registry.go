@@ -161,6 +161,8 @@ func RegisterBuiltins(r *Registry) error {
 		{NameCost, newCost},
 		{NameFailover, newFailover},
 		{NameDisaggregate, newDisaggregate},
+		{NameWeighted, newWeighted},
+		{NameSessionAffinity, newSessionAffinity},
 	} {
 		if err := r.Register(b.name, b.f); err != nil {
 			return err
