@@ -71,8 +71,8 @@ func (s *System) Status() Status {
 	}
 	for _, p := range s.Pools {
 		ps := PoolStatus{Name: p.Name, Router: p.Router.GRPCAddr(), RouterState: state[p.Name],
-			RoutersKnown: health[p.Name][0], RoutersUp: health[p.Name][1], RouterIsStopped: p.stopped}
-		if !p.stopped {
+			RoutersKnown: health[p.Name][0], RoutersUp: health[p.Name][1], RouterIsStopped: p.stopped.Load()}
+		if !ps.RouterIsStopped {
 			ps.RequestsActive = p.Requests()
 			ps.IndexBlocks = p.Router.Router().Index().Stats().Nodes
 		}

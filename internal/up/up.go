@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -118,16 +119,15 @@ type Pool struct {
 	Name    string
 	Router  *server.Service
 	Workers []*Worker
-	stopped bool
+	stopped atomic.Bool // read by the status page while a test stops it
 }
 
 // StopRouter closes the pool's local router (as if its process died or
 // was drained); the workers keep running. Idempotent.
 func (p *Pool) StopRouter(ctx context.Context) error {
-	if p.stopped {
+	if p.stopped.Swap(true) {
 		return nil
 	}
-	p.stopped = true
 	return p.Router.Close(ctx)
 }
 

@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/up"
+)
+
+// TestStatusAndSummary: what `kvgate up` prints names every part's real
+// address, and the status page and its JSON show the pools and workers.
+func TestStatusAndSummary(t *testing.T) {
+	s := startSystem(t)
+	sum := s.Summary()
+	wants := []string{s.GatewayURL(), s.ExtprocAddr(), s.NATSURL(), s.EtcdEndpoints()[0], "curl -si " + s.GatewayURL() + "/v1/chat/completions"}
+	for _, p := range s.Pools {
+		wants = append(wants, p.Router.GRPCAddr())
+		for _, w := range p.Workers {
+			wants = append(wants, w.Addr)
+		}
+	}
+	for _, w := range wants {
+		if !strings.Contains(sum, w) {
+			t.Errorf("summary lacks %q:\n%s", w, sum)
+		}
+	}
+	c := httpClient(t)
+	ctx := testCtx(t)
+	if r := chat(t, ctx, c, s, chatBody("mock-llama", "hi", false, 2)); r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	get := func(path string) (string, string) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", s.GatewayURL()+path, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+		}
+		return resp.Header.Get("content-type"), string(b)
+	}
+	ctype, page := get("/kvgate/")
+	if !strings.HasPrefix(ctype, "text/html") || !strings.Contains(page, "pool-a-w2") || !strings.Contains(page, "pool-b") {
+		t.Errorf("status page (%s) lacks the pools and workers:\n%s", ctype, page)
+	}
+	_, js := get("/kvgate/status.json")
+	var st up.Status
+	if err := json.Unmarshal([]byte(js), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Pools) != 2 || len(st.Pools[0].Workers) != 3 || len(st.Pools[1].Workers) != 2 || st.Pools[0].RouterState != "ok" {
+		t.Errorf("status %+v: want pool-a with 3 workers and pool-b with 2, routers ok", st)
+	}
+	if _, m := get("/kvgate/metrics"); !strings.Contains(m, `kvgate_extproc_requests_total{code="200"`) {
+		t.Errorf("metrics lack the request:\n%s", m)
+	}
+}
+
+// TestAllPoolsDown: with every local router stopped, a request is refused
+// 503 no_pool_reachable, OpenAI-shaped.
+func TestAllPoolsDown(t *testing.T) {
+	s := startSystem(t)
+	ctx := testCtx(t)
+	for _, p := range s.Pools {
+		if err := p.StopRouter(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := chat(t, ctx, httpClient(t), s, chatBody("mock-llama", "hi", false, 2))
+	if r.status != 503 || r.header.Get("x-kvgate-dropped-reason") != "no_pool_reachable" {
+		t.Fatalf("status %d reason %q (%s), want 503 no_pool_reachable", r.status, r.header.Get("x-kvgate-dropped-reason"), r.body)
+	}
+}
