@@ -2,6 +2,7 @@ package mocker
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"testing"
 	"time"
@@ -208,5 +209,66 @@ func TestEvictionKeepsEventsExact(t *testing.T) {
 	}
 	if !maps.Equal(eng.CachedBlocks(), blocks) {
 		t.Error("sets differ")
+	}
+}
+
+func TestSchedulerShapes(t *testing.T) {
+	tm := DefaultTiming{}
+	tests := []struct {
+		name     string
+		cfg      Config
+		prompts  []int
+		wantTTFT []time.Duration
+	}{
+		{
+			name:    "chunked prefill",
+			cfg:     Config{BlockSize: 16, NumBlocks: 1024, MaxNumBatchedTokens: 1024},
+			prompts: []int{3000},
+			wantTTFT: []time.Duration{
+				tm.IterationTime(Batch{PrefillTokens: 1024}) + tm.IterationTime(Batch{PrefillTokens: 1024}) + tm.IterationTime(Batch{PrefillTokens: 952}),
+			},
+		},
+		{
+			name:    "batched prefill shares an iteration",
+			cfg:     Config{BlockSize: 16, NumBlocks: 1024},
+			prompts: []int{100, 200},
+			wantTTFT: []time.Duration{
+				tm.IterationTime(Batch{PrefillTokens: 300}),
+				tm.IterationTime(Batch{PrefillTokens: 300}),
+			},
+		},
+		{
+			name:    "sequence limit queues the third",
+			cfg:     Config{BlockSize: 16, NumBlocks: 1024, MaxNumSeqs: 2},
+			prompts: []int{100, 100, 100},
+			wantTTFT: []time.Duration{
+				tm.IterationTime(Batch{PrefillTokens: 200}),
+				tm.IterationTime(Batch{PrefillTokens: 200}),
+				// max tokens 1: the first two finish at their first token,
+				// then the third runs alone.
+				tm.IterationTime(Batch{PrefillTokens: 200}) + tm.IterationTime(Batch{PrefillTokens: 100}),
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			eng, err := NewEngine(tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, n := range tt.prompts {
+				if err := eng.Submit(t0, Request{ID: fmt.Sprint(i), Tokens: prompt(uint32(i+10), n), MaxTokens: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done := run(t, eng, t0, map[uint64]struct{}{})
+			var got []time.Duration
+			for i := range tt.prompts {
+				got = append(got, done[fmt.Sprint(i)].TTFT())
+			}
+			if diff := cmp.Diff(tt.wantTTFT, got); diff != "" {
+				t.Errorf("TTFTs (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
