@@ -88,6 +88,7 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 			BlockSize: bs, NumBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, Speedup: 200,
 		}},
 		Listen: "127.0.0.1:0", Pool: "p", Events: mocker.EventsZMQ, ZMQEndpoint: "tcp://127.0.0.1:0",
+		ZMQReplayEndpoint: "tcp://127.0.0.1:0",
 	}, mocker.RunDeps{Logger: log, Registry: prometheus.NewRegistry(), Etcd: cli})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 
 	rctx, stopRelay := context.WithCancel(ctx)
 	defer stopRelay()
-	r, err := relay.New(relay.Config{Endpoints: []string{inst.ZMQEndpoint}, Topic: "kv-events", Pool: "p",
+	r, err := relay.New(relay.Config{Endpoints: []string{inst.ZMQEndpoint}, ReplayEndpoints: []string{inst.ZMQReplayEndpoint}, Topic: "kv-events", Pool: "p",
 		Worker: kvevents.WorkerInfo{ID: inst.WorkerID, BlockSize: bs}},
 		relay.Options{NATS: nc, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {

@@ -42,6 +42,9 @@ type RunConfig struct {
 	// ZMQEndpoint is where the PUB socket binds (tcp://*:5557) and
 	// ZMQTopic the topic of its messages ("kv-events").
 	ZMQEndpoint, ZMQTopic string
+	// ZMQReplayEndpoint, when set, serves vLLM's replay socket there
+	// (keeping the last 10,000 batches).
+	ZMQReplayEndpoint string
 	// NATSURL is dialled for EventsNATS unless RunDeps.NATS is set.
 	NATSURL string
 	// EtcdEndpoints enable self-registration (unless RunDeps.Etcd is set).
@@ -64,8 +67,9 @@ type Instance struct {
 	Addr string
 	// WorkerID is the worker's id in events and in etcd.
 	WorkerID string
-	// ZMQEndpoint is the PUB endpoint a relay should dial (EventsZMQ).
-	ZMQEndpoint string
+	// ZMQEndpoint is the PUB endpoint a relay should dial (EventsZMQ), and
+	// ZMQReplayEndpoint its replay socket ("" if not served).
+	ZMQEndpoint, ZMQReplayEndpoint string
 
 	done chan struct{}
 	err  error
@@ -154,7 +158,12 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 			return nil, fmt.Errorf("mocker: %w", err)
 		}
 		closers = append(closers, func() { z.Close() })
-		sink, inst.ZMQEndpoint = z, z.Endpoint()
+		if cfg.ZMQReplayEndpoint != "" {
+			if err := z.ServeReplay(runCtx, cfg.ZMQReplayEndpoint, 0); err != nil {
+				return nil, fmt.Errorf("mocker: %w", err)
+			}
+		}
+		sink, inst.ZMQEndpoint, inst.ZMQReplayEndpoint = z, z.Endpoint(), z.ReplayEndpoint()
 	case EventsNATS:
 		nc := deps.NATS
 		if nc == nil {

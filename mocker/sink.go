@@ -2,9 +2,12 @@ package mocker
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -22,6 +25,18 @@ type ZMQSink struct {
 	blockSize int
 	dpRank    uint32
 	seq       uint64
+
+	// The replay socket, when served (ServeReplay).
+	replay     zmq4.Socket
+	replayDone chan struct{}
+	mu         sync.Mutex // guards buffer
+	buffer     []sentBatch
+	bufferCap  int
+}
+
+type sentBatch struct {
+	seq     uint64
+	payload []byte
 }
 
 var _ KVSink = (*ZMQSink)(nil)
@@ -41,8 +56,10 @@ func NewZMQSink(ctx context.Context, endpoint, topic string, blockSize int, dpRa
 func (z *ZMQSink) Addr() net.Addr { return z.sock.Addr() }
 
 // Endpoint is the tcp:// endpoint a relay should dial.
-func (z *ZMQSink) Endpoint() string {
-	a, ok := z.sock.Addr().(*net.TCPAddr)
+func (z *ZMQSink) Endpoint() string { return tcpEndpoint(z.sock.Addr()) }
+
+func tcpEndpoint(addr net.Addr) string {
+	a, ok := addr.(*net.TCPAddr)
 	if !ok {
 		return ""
 	}
@@ -61,12 +78,86 @@ func (z *ZMQSink) PublishKV(_ context.Context, ts time.Time, events []kvevents.E
 		return err
 	}
 	frames := kvevents.EngineFrames(z.topic, z.seq, payload)
+	z.mu.Lock()
+	if z.bufferCap > 0 {
+		if len(z.buffer) == z.bufferCap {
+			z.buffer = append(z.buffer[:0], z.buffer[1:]...)
+		}
+		z.buffer = append(z.buffer, sentBatch{z.seq, payload})
+	}
+	z.mu.Unlock()
 	z.seq++
 	return z.sock.SendMulti(zmq4.NewMsgFrom(frames...))
 }
 
-// Close closes the socket.
-func (z *ZMQSink) Close() error { return z.sock.Close() }
+// ServeReplay binds vLLM's replay socket on endpoint (a ROUTER; vLLM's
+// kv-events-config "replay_endpoint") and keeps the last size batches (vLLM's
+// buffer_steps, 10,000 if 0) for subscribers that lost some: a request
+// [b"", start_seq] is answered with [b"", seq, payload] for every buffered
+// batch from start_seq on, then [b"", END_SEQ = -1, b""].
+func (z *ZMQSink) ServeReplay(ctx context.Context, endpoint string, size int) error {
+	if size <= 0 {
+		size = 10000
+	}
+	sock := zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("kvgate-mocker-replay")))
+	if err := sock.Listen(endpoint); err != nil {
+		sock.Close()
+		return fmt.Errorf("zmq replay: %w", err)
+	}
+	z.mu.Lock()
+	z.bufferCap = size
+	z.mu.Unlock()
+	z.replay, z.replayDone = sock, make(chan struct{})
+	go z.serveReplay()
+	return nil
+}
+
+// ReplayEndpoint is the tcp:// endpoint of the replay socket ("" if not
+// served).
+func (z *ZMQSink) ReplayEndpoint() string {
+	if z.replay == nil {
+		return ""
+	}
+	return tcpEndpoint(z.replay.Addr())
+}
+
+func (z *ZMQSink) serveReplay() {
+	defer close(z.replayDone)
+	end := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	for {
+		msg, err := z.replay.Recv()
+		if err != nil {
+			return // closed
+		}
+		if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
+			continue // vLLM ignores malformed requests too
+		}
+		id, start := msg.Frames[0], binary.BigEndian.Uint64(msg.Frames[2])
+		z.mu.Lock()
+		batches := slices.Clone(z.buffer)
+		z.mu.Unlock()
+		for _, b := range batches {
+			if b.seq >= start {
+				seq := make([]byte, 8)
+				binary.BigEndian.PutUint64(seq, b.seq)
+				if err := z.replay.Send(zmq4.NewMsgFrom(id, []byte{}, seq, b.payload)); err != nil {
+					break
+				}
+			}
+		}
+		z.replay.Send(zmq4.NewMsgFrom(id, []byte{}, end, []byte{}))
+	}
+}
+
+// Close closes the sockets.
+func (z *ZMQSink) Close() error {
+	err := z.sock.Close()
+	if z.replay != nil {
+		z.replay.Close()
+		<-z.replayDone
+	}
+	return err
+}
 
 // PublisherSink sends KV events straight to NATS through a
 // kvevents.Publisher (no relay needed).

@@ -37,6 +37,7 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Events, "events", mocker.EventsZMQ, "KV events: zmq (vLLM format, for kvgate relay), nats (direct), none")
 	fs.StringVar(&cfg.ZMQEndpoint, "zmq-endpoint", "tcp://*:5557", "ZMQ PUB bind endpoint (events=zmq)")
 	fs.StringVar(&cfg.ZMQTopic, "zmq-topic", "kv-events", "ZMQ topic (events=zmq)")
+	fs.StringVar(&cfg.ZMQReplayEndpoint, "zmq-replay-endpoint", "", "serve vLLM's replay socket here, e.g. tcp://*:5558 (events=zmq)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server (events=nats)")
 	etcd := fs.String("etcd", "", "comma-separated etcd endpoints: register this worker (empty: do not)")
 	fs.StringVar(&cfg.Pool, "pool", "default", "pool the worker belongs to")
