@@ -22,7 +22,9 @@ import (
 // already in the dump). Every event of a rank carries EventID = LastEventID.
 //
 // Events list parents before children; a linear run of blocks is one Stored
-// chain. A block whose parent was evicted while the block itself stayed
+// chain. Blocks carry their kvgate LocalHash (XXH3 of the block's tokens
+// with the LoRA seed, as an index computes it) instead of token ids, which
+// keeps dumps small; LoRAName is kept for information. A block whose parent was evicted while the block itself stayed
 // cached (possible in vLLM too) is listed with that parent hash: a router
 // that rejects Stored events under unknown parents will skip it, as it would
 // have if it had been listening from the start and evicted the parent.

@@ -25,6 +25,11 @@ func noLeaks(t *testing.T) {
 
 func u64(v uint64) *uint64 { return &v }
 
+// lh is the local hash a dump carries for a block of tokens.
+func lh(tokens []uint32, lora string) *uint64 {
+	return u64(kvevents.BlockHash(tokens, kvevents.LoRASeed(lora)))
+}
+
 // collector subscribes to a pool's events and applies them to per-worker
 // block sets, as a router would.
 type collector struct {
@@ -127,10 +132,10 @@ func TestPublisherEventsAndDump(t *testing.T) {
 		Ranks:    []kvevents.DumpRank{{DPRank: 0, LastEventID: 4, Blocks: 4}, {DPRank: 1, LastEventID: 1, Blocks: 1}},
 		Events: []kvevents.RouterEvent{
 			{WorkerID: "w1", EventID: 4, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: []kvevents.Block{
-				{EngineHash: 10, TokenIDs: []uint32{1, 2}}, {EngineHash: 11, TokenIDs: []uint32{3, 4}}, {EngineHash: 20, TokenIDs: []uint32{7, 8}},
+				{EngineHash: 10, LocalHash: lh([]uint32{1, 2}, "")}, {EngineHash: 11, LocalHash: lh([]uint32{3, 4}, "")}, {EngineHash: 20, LocalHash: lh([]uint32{7, 8}, "")},
 			}}}},
-			{WorkerID: "w1", EventID: 4, Event: kvevents.Event{Stored: &kvevents.Stored{LoRAName: "ad", Blocks: []kvevents.Block{{EngineHash: 30, TokenIDs: []uint32{9, 9}}}}}},
-			{WorkerID: "w1", DPRank: 1, EventID: 1, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: []kvevents.Block{{EngineHash: 40, TokenIDs: []uint32{4, 4}}}}}},
+			{WorkerID: "w1", EventID: 4, Event: kvevents.Event{Stored: &kvevents.Stored{LoRAName: "ad", Blocks: []kvevents.Block{{EngineHash: 30, LocalHash: lh([]uint32{9, 9}, "ad")}}}}},
+			{WorkerID: "w1", DPRank: 1, EventID: 1, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: []kvevents.Block{{EngineHash: 40, LocalHash: lh([]uint32{4, 4}, "")}}}}},
 		},
 	}
 	if diff := cmp.Diff(want, dump); diff != "" {

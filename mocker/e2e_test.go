@@ -283,6 +283,20 @@ func TestMockerNATSModeDump(t *testing.T) {
 			if len(dump.Ranks) != 1 || dump.Ranks[0].LastEventID == 0 {
 				t.Errorf("dump ranks %+v", dump.Ranks)
 			}
+			// A router rebuilding from the dump (local hashes, no tokens)
+			// puts every block where the engine has it.
+			ix, err := localrouter.NewIndex(4, localrouter.IndexOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range dump.Events {
+				if err := ix.Apply(e); err != nil {
+					t.Errorf("apply dumped event: %v", err)
+				}
+			}
+			if diff := cmp.Diff(sorted(want), sorted(indexBlocks(t, ix, "w9"))); diff != "" {
+				t.Errorf("index rebuilt from the dump (-cache +index):\n%s", diff)
+			}
 			break
 		}
 		select {
