@@ -21,25 +21,26 @@ import (
 	"github.com/kvgate/kvgate/tokenizer"
 )
 
-// benchBodies are distinct ~8 KB chat bodies (distinct so the tokenizer's
-// chat cache cannot answer from an earlier identical conversation) and
-// their messages.
-func benchBodies(n int) ([][]byte, [][]tokenizer.Message) {
+// benchParagraph is the bulk of an ~8 KB chat body.
+var benchParagraph = func() string {
 	var para strings.Builder
 	for i := 0; para.Len() < 7800; i++ {
 		fmt.Fprintf(&para, "Paragraph %d: a router that knows which worker holds a prompt's prefix in its KV cache saves the prefill of that prefix. ", i)
 	}
-	bodies := make([][]byte, n)
-	msgs := make([][]tokenizer.Message, n)
-	for i := range n {
-		m := []tokenizer.Message{
-			{Role: "system", Content: "You are a helpful assistant."},
-			{Role: "user", Content: fmt.Sprintf("Request %d. %s", i, para.String())},
-		}
-		b, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": m})
-		bodies[i], msgs[i] = b, m
+	return para.String()
+}()
+
+// benchBody is the i-th of a series of distinct ~8 KB chat bodies, and its
+// messages. Every body differs from its first words on, so neither the
+// tokenizer's chat cache nor the KV index answers from an earlier request:
+// each decision tokenizes and hashes the whole prompt, cold.
+func benchBody(series string, i int) ([]byte, []tokenizer.Message) {
+	m := []tokenizer.Message{
+		{Role: "system", Content: fmt.Sprintf("%s %d: you are a helpful assistant.", series, i)},
+		{Role: "user", Content: benchParagraph},
 	}
-	return bodies, msgs
+	b, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": m})
+	return b, m
 }
 
 // benchSystem is the decision path of BenchmarkDecision: two real local
@@ -122,34 +123,40 @@ func quantile(d []time.Duration, q float64) time.Duration {
 //
 //	go test -run '^$' -bench BenchmarkDecision -benchtime 3000x ./extproc
 func BenchmarkDecision(b *testing.B) {
-	bodies, msgs := benchBodies(512)
-	tok, err := tokenizer.Load(globalrouter.DefaultTokenizer)
-	if err != nil {
-		b.Fatal(err)
+	// The tokenize-only baseline runs on its own tokenizer, on the same
+	// distinct bodies, each once, as the router's tokenizer sees them.
+	tokenize := func(series string, n int) time.Duration {
+		tok, err := tokenizer.Load(globalrouter.DefaultTokenizer)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var total time.Duration
+		for i := range n {
+			_, m := benchBody(series, i)
+			t0 := time.Now()
+			if _, err := tok.EncodeChat(m, true); err != nil {
+				b.Fatal(err)
+			}
+			total += time.Since(t0)
+		}
+		return total / time.Duration(max(n, 1))
 	}
 	b.Run("latency", func(b *testing.B) {
 		c := benchSystem(b)
-		for i := range 32 { // warm connections and caches
-			exchange(b, c, bodies[i%len(bodies)])
+		for i := range 32 { // warm connections
+			body, _ := benchBody("warm", i)
+			exchange(b, c, body)
 		}
 		lat := make([]time.Duration, 0, b.N)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; b.Loop(); i++ {
-			lat = append(lat, exchange(b, c, bodies[i%len(bodies)]))
+			body, _ := benchBody("latency", i)
+			lat = append(lat, exchange(b, c, body))
 		}
 		b.StopTimer()
-		var tokTotal time.Duration
-		for i := range len(lat) {
-			m := msgs[i%len(msgs)]
-			t0 := time.Now()
-			if _, err := tok.EncodeChat(m, true); err != nil {
-				b.Fatal(err)
-			}
-			tokTotal += time.Since(t0)
-		}
 		p50 := quantile(lat, 0.5)
-		tokMean := tokTotal / time.Duration(len(lat))
+		tokMean := tokenize("latency", len(lat))
 		b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
 		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
 		b.ReportMetric(float64(tokMean.Microseconds()), "tokenize-µs")
@@ -165,7 +172,8 @@ func BenchmarkDecision(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; b.Loop(); i++ {
-			lat = append(lat, exchange(b, c, bodies[i%len(bodies)]))
+			body, _ := benchBody("overhead", i)
+			lat = append(lat, exchange(b, c, body))
 		}
 		b.ReportMetric(float64(quantile(lat, 0.5).Microseconds()), "p50-µs")
 		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
@@ -175,20 +183,15 @@ func BenchmarkDecision(b *testing.B) {
 		// policies, commit), then Free: the decision the ratio is about.
 		router := benchRouter(b)
 		ctx := testCtx(b)
-		reqs := make([]*globalrouter.Request, len(msgs))
-		for i, m := range msgs {
-			r := &globalrouter.Request{ID: fmt.Sprint("r", i), Path: "/v1/chat/completions", Model: "m"}
-			for _, x := range m {
-				r.Messages = append(r.Messages, globalrouter.Message{Role: x.Role, Content: x.Content})
-			}
-			reqs[i] = r
-		}
 		lat := make([]time.Duration, 0, b.N)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; b.Loop(); i++ {
-			r := *reqs[i%len(reqs)]
-			r.ID = fmt.Sprint("b", i)
+			_, m := benchBody("decide", i)
+			r := globalrouter.Request{ID: fmt.Sprint("b", i), Path: "/v1/chat/completions", Model: "m"}
+			for _, x := range m {
+				r.Messages = append(r.Messages, globalrouter.Message{Role: x.Role, Content: x.Content})
+			}
 			t0 := time.Now()
 			d, err := router.Decide(ctx, &r)
 			lat = append(lat, time.Since(t0))
@@ -198,15 +201,7 @@ func BenchmarkDecision(b *testing.B) {
 			_ = d.Lease.Free(ctx)
 		}
 		b.StopTimer()
-		var tokTotal time.Duration
-		for i := range len(lat) {
-			t0 := time.Now()
-			if _, err := tok.EncodeChat(msgs[i%len(msgs)], true); err != nil {
-				b.Fatal(err)
-			}
-			tokTotal += time.Since(t0)
-		}
-		p50, tokMean := quantile(lat, 0.5), tokTotal/time.Duration(len(lat))
+		p50, tokMean := quantile(lat, 0.5), tokenize("decide", len(lat))
 		b.ReportMetric(float64(p50.Microseconds()), "p50-µs")
 		b.ReportMetric(float64(quantile(lat, 0.99).Microseconds()), "p99-µs")
 		b.ReportMetric(float64(tokMean.Microseconds()), "tokenize-µs")
@@ -215,7 +210,8 @@ func BenchmarkDecision(b *testing.B) {
 	b.Run("throughput", func(b *testing.B) {
 		c := benchSystem(b)
 		for i := range 32 {
-			exchange(b, c, bodies[i%len(bodies)])
+			body, _ := benchBody("warm", i)
+			exchange(b, c, body)
 		}
 		var mu sync.Mutex
 		var lat []time.Duration
@@ -230,7 +226,8 @@ func BenchmarkDecision(b *testing.B) {
 				i := next
 				next++
 				mu.Unlock()
-				mine = append(mine, exchange(b, c, bodies[i%len(bodies)]))
+				body, _ := benchBody("throughput", i)
+				mine = append(mine, exchange(b, c, body))
 			}
 			mu.Lock()
 			lat = append(lat, mine...)
@@ -248,7 +245,12 @@ func BenchmarkDecision(b *testing.B) {
 		// whether or not the previous ones finished.
 		c := benchSystem(b)
 		for i := range 32 {
-			exchange(b, c, bodies[i%len(bodies)])
+			body, _ := benchBody("warm", i)
+			exchange(b, c, body)
+		}
+		bodies := make([][]byte, b.N)
+		for i := range bodies {
+			bodies[i], _ = benchBody("paced", i)
 		}
 		lat := make([]time.Duration, b.N)
 		var wg sync.WaitGroup
@@ -261,7 +263,7 @@ func BenchmarkDecision(b *testing.B) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				lat[i] = exchange(b, c, bodies[i%len(bodies)])
+				lat[i] = exchange(b, c, bodies[i])
 			}()
 		}
 		wg.Wait()
