@@ -175,7 +175,11 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 			}
 			closers = append(closers, nc.Close)
 		}
-		pub, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: cfg.Pool, WorkerID: cfg.WorkerID, Logger: log, Registerer: deps.Registry})
+		pcfg := kvevents.PublisherConfig{Pool: cfg.Pool, WorkerID: cfg.WorkerID, Logger: log}
+		if deps.Registry != nil { // a typed nil in the interface would be "a registry"
+			pcfg.Registerer = deps.Registry
+		}
+		pub, err := kvevents.NewPublisher(nc, pcfg)
 		if err != nil {
 			return nil, fmt.Errorf("mocker: %w", err)
 		}
