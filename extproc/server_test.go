@@ -28,7 +28,9 @@ var sseChunks = []string{
 }
 
 func TestRoutesInEveryMode(t *testing.T) {
-	for _, m := range allModes {
+	all := append(allModes[:len(allModes):len(allModes)],
+		modes{"req=FDS/resp=BUFFERED", extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_BUFFERED})
+	for _, m := range all {
 		t.Run(m.name, func(t *testing.T) {
 			d := &deciderDouble{}
 			conn, _ := startServer(t, extproc.Config{}, d)
