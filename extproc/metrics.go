@@ -15,14 +15,15 @@ type metrics struct {
 }
 
 // Label values of kvgate_extproc_requests_total's code beside HTTP
-// statuses: the client went away before a response started.
+// statuses: the stream ended before response headers (the client went
+// away, or Envoy answered with a local reply it does not show ext_proc).
 const codeClientClosed = "499"
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_extproc_requests_total",
-			Help: "Inference requests by the pool that served them (empty when none was chosen) and HTTP status (499: client gone before the response).",
+			Help: "Inference requests by the pool that served them (empty when none was chosen) and HTTP status (499: the stream ended before response headers: client gone, or Envoy answered itself).",
 		}, []string{"pool", "code"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvgate_extproc_decision_duration_seconds",
