@@ -82,10 +82,14 @@ func (s *Server) Register(g *grpc.Server) {
 	s.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 }
 
-// Serve runs a gRPC server with the service on lis until ctx is done, then
+// Serve runs a gRPC server with the service on lis (receiving messages up
+// to MaxBodyBytes and 1 MiB more) until ctx is done, then
 // marks itself not serving and stops gracefully within ShutdownTimeout
 // (then forcibly). It returns nil after a stop caused by ctx.
 func (s *Server) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
+	// A BUFFERED body arrives as one message: let it be as large as the
+	// cap (and a little more, so the cap answers 413, not gRPC).
+	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(s.cfg.MaxBodyBytes + 1<<20)}, opts...)
 	g := grpc.NewServer(opts...)
 	s.Register(g)
 	errc := make(chan error, 1)

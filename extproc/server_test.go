@@ -627,3 +627,31 @@ func TestPrimaryOnlyHeader(t *testing.T) {
 		t.Errorf("envoy.lb metadata %q, want %q", got, wantDestination)
 	}
 }
+
+// TestLargeBufferedBody: a BUFFERED body arrives as one gRPC message,
+// larger than gRPC's 4 MiB default; up to the cap it routes, past it 413.
+func TestLargeBufferedBody(t *testing.T) {
+	d := &deciderDouble{}
+	conn, _ := startServer(t, extproc.Config{MaxBodyBytes: 8 << 20}, d)
+	c := envoyClient(t, conn, allModes[2])
+	for _, tc := range []struct {
+		size   int
+		status int
+	}{{6 << 20, 0}, {8<<20 + 100, 413}} {
+		body := []byte(`{"model":"m1","prompt":"` + strings.Repeat("x", tc.size) + `"}`)
+		res, err := c.Process(testCtx(t), extprocclient.Request{
+			Message:  extprocclient.Message{Headers: post("/v1/completions"), Body: [][]byte{body}},
+			Upstream: sseResponse("ok"),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		if lr := res.Info.LocalReply; lr != nil {
+			got = lr.Status
+		}
+		if got != tc.status {
+			t.Errorf("%d-byte body: local reply %d, want %d (0: routed)", len(body), got, tc.status)
+		}
+	}
+}
