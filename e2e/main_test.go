@@ -77,7 +77,13 @@ type reply struct {
 // response.
 func chat(t testing.TB, ctx context.Context, c *http.Client, s *up.System, body string, hdr ...string) reply {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, "POST", s.GatewayURL()+"/v1/chat/completions", strings.NewReader(body))
+	return chatURL(t, ctx, c, s.GatewayURL(), body, hdr...)
+}
+
+// chatURL is chat against the gateway at base.
+func chatURL(t testing.TB, ctx context.Context, c *http.Client, base, body string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/google/go-cmp/cmp"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
@@ -652,6 +654,31 @@ func TestLargeBufferedBody(t *testing.T) {
 		}
 		if got != tc.status {
 			t.Errorf("%d-byte body: local reply %d, want %d (0: routed)", len(body), got, tc.status)
+		}
+	}
+}
+
+func TestReflection(t *testing.T) {
+	conn, _ := startServer(t, extproc.Config{}, &deciderDouble{})
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.CloseSend()
+	var names []string
+	for _, s := range r.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	for _, want := range []string{"envoy.service.ext_proc.v3.ExternalProcessor", "grpc.health.v1.Health"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("reflection lists %v, want %s among them", names, want)
 		}
 	}
 }
