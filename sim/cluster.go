@@ -8,6 +8,7 @@ import (
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/mocker"
+	"github.com/kvgate/kvgate/policies"
 )
 
 // worker is one simulated engine and its place in the topology.
@@ -102,6 +103,16 @@ func (r *run) buildPools() error {
 		}
 		r.pools = append(r.pools, p)
 	}
+	if len(r.pools) > 1 {
+		reg := policies.NewRegistry()
+		if err := policies.RegisterBuiltins(reg); err != nil {
+			return err
+		}
+		var err error
+		if r.poolChain, err = reg.Build([]policies.Spec{{Name: policies.NameCost}}, nil); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -182,27 +193,35 @@ func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*w
 			}
 			return pools[0].byKey[sel.Worker], nil
 		}
-		// Several pools: probe each with a state-free BestWorker and take
-		// the lowest cost normalised by the request's blocks in that pool
-		// (pools of different block sizes price different units), as the
-		// global router's cost policy does.
-		best, ties := 0.0, 0
+		// Several pools: probe each with a state-free BestWorker and let
+		// the global router's cost policy (policies.Cost: lowest cost
+		// normalised to tokens) rank the pools, as the global router does.
+		cands := make([]policies.Candidate, 0, len(pools))
+		byPool := make(map[string]*pool, len(pools))
 		for _, p := range pools {
 			sel, err := p.router.BestWorker(ctx, req, localrouter.BestWorkerOptions{})
 			if err != nil {
 				return nil, err
 			}
-			c := sel.Cost / float64(max(1, sel.RequestBlocks))
-			switch {
-			case w == nil || c < best:
-				w, best, ties = p.byKey[sel.Worker], c, 1
-			case c == best:
-				ties++
-				if r.rng.IntN(ties) == 0 {
-					w = p.byKey[sel.Worker]
-				}
-			}
+			byPool[p.name] = p
+			cands = append(cands, policies.Candidate{
+				Pool: p.name, Role: policies.RoleAggregated, Weight: 1,
+				Health: policies.Health{Routers: 1, Available: 1},
+				Probe: policies.Probe{
+					WorkerID: sel.Worker.ID, DPRank: sel.Worker.DPRank,
+					OverlapBlocks: sel.OverlapBlocks, RequestBlocks: sel.RequestBlocks, BlockSize: r.cfg.BlockSize,
+					UncachedTokens: max(0, r.wl.reqs[idx].InputLength-sel.OverlapBlocks*r.cfg.BlockSize),
+					PrefillTokens:  sel.PrefillTokens, DecodeBlocks: sel.DecodeBlocks, Cost: sel.Cost, Workers: sel.Candidates,
+				},
+			})
 		}
+		ranked, err := r.poolChain.Rank(&policies.Request{ID: id, ISL: r.wl.reqs[idx].InputLength}, cands, nil)
+		if err != nil {
+			return nil, err
+		}
+		best := ranked[0]
+		p := byPool[best.Pool]
+		w = p.byKey[localrouter.WorkerKey{ID: best.Probe.WorkerID, DPRank: best.Probe.DPRank}]
 	}
 	key := w.key
 	if _, err := w.pool.router.BestWorker(ctx, req, localrouter.BestWorkerOptions{RequestID: id, Worker: &key}); err != nil {

@@ -21,8 +21,8 @@
 //     times, by the order they were scheduled, so a run is a pure function
 //     of its Config and seed.
 //   - Topologies (cluster.go): one flat pool; P pools behind a global
-//     selection step (lowest normalised local-router cost across pools from
-//     state-free BestWorker probes, as the global router does); a
+//     selection step (state-free BestWorker probes of every pool ranked by
+//     the global router's policies.Cost, lowest normalised cost first); a
 //     disaggregated prefill pool and decode pool.
 //   - Policies (policy.go): random, round-robin, least-loaded, kv-overlap,
 //     Dynamo's default cost, kvgate's default cost, and any cost

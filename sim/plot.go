@@ -8,8 +8,28 @@ import (
 	"math"
 )
 
-// palette is colour-blind friendly (Okabe–Ito), repeated past eight series.
+// palette is colour-blind friendly (Okabe–Ito): one colour per policy.
 var palette = []string{"#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#CC79A7", "#F0E442", "#000000"}
+
+// dashes tell topologies apart: one dash pattern per topology.
+var dashes = []string{"", "8 4", "2 3", "12 3 2 3"}
+
+// seriesStyle returns the colour and dash pattern of each result: colour by
+// policy, dash by topology, so a policy reads the same in every topology.
+func (rep *Report) seriesStyle() (colours, dash []string, multiTopo bool) {
+	pol, top := map[string]int{}, map[string]int{}
+	for _, r := range rep.Results {
+		if _, ok := pol[r.Policy]; !ok {
+			pol[r.Policy] = len(pol)
+		}
+		if _, ok := top[r.Topology]; !ok {
+			top[r.Topology] = len(top)
+		}
+		colours = append(colours, palette[pol[r.Policy]%len(palette)])
+		dash = append(dash, dashes[top[r.Topology]%len(dashes)])
+	}
+	return colours, dash, len(top) > 1
+}
 
 // WriteSVG draws the report: on the left each result's TTFT CDF (log time
 // axis), on the right each result's hit ratio as a bar with the oracle as
@@ -17,7 +37,7 @@ var palette = []string{"#E69F00", "#56B4E9", "#009E73", "#D55E00", "#0072B2", "#
 func (rep *Report) WriteSVG(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	const (
-		width, height        = 1100, 480
+		width, height        = 1100, 540
 		cdfX, cdfY           = 70, 50
 		cdfW, cdfH           = 560, 360
 		barX, barY           = 730, 50
@@ -64,13 +84,14 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 	}
 	p(`<text x="%d" y="%d" text-anchor="middle">time to first token (log scale)</text>`+"\n", cdfX+cdfW/2, cdfY+cdfH+36)
 	p(`<text x="18" y="%d" text-anchor="middle" transform="rotate(-90 18 %d)">fraction of requests</text>`+"\n", cdfY+cdfH/2, cdfY+cdfH/2)
+	colours, dash, multiTopo := rep.seriesStyle()
 	for i, r := range rep.Results {
-		col := palette[i%len(palette)]
+		col := colours[i]
 		n := len(r.ttfts)
 		if n == 0 {
 			continue
 		}
-		p(`<polyline fill="none" stroke="%s" stroke-width="2" points="`, col)
+		p(`<polyline fill="none" stroke="%s" stroke-width="2" stroke-dasharray="%s" points="`, col, dash[i])
 		// At most ~600 points per curve keep the file small.
 		stride := max(1, n/600)
 		for j := 0; j < n; j += stride {
@@ -78,7 +99,7 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 		}
 		p("%.1f,%.1f\"/>\n", xOf(r.ttfts[n-1]), yOf(1))
 		ly := legendY + 16*i
-		p(`<rect x="%d" y="%d" width="14" height="4" fill="%s"/>`, legendX, ly+4, col)
+		p(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3" stroke-dasharray="%s"/>`, legendX, ly+6, legendX+16, ly+6, col, dash[i])
 		p(`<text x="%d" y="%d" font-size="%d">%s (p99 %s)</text>`+"\n", legendX+20, ly+10, smallFontS, esc(r.Label()), msLabel(r.TTFTMS.P99))
 	}
 	p(`<text x="%d" y="%d" font-size="%d" fill="#555">unloaded p50 %s</text>`+"\n", cdfX+cdfW-150, cdfY+cdfH-10, smallFontS, msLabel(rep.UnloadedTTFTMS.P50))
@@ -96,10 +117,14 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 		for i, r := range rep.Results {
 			h := r.HitRatio * barH
 			x := float64(barX) + slot*float64(i) + slot*0.15
-			p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", x, float64(barY+barH)-h, slot*0.7, h, palette[i%len(palette)])
-			p(`<text x="%.1f" y="%.1f" text-anchor="middle" font-size="%d">%.2f</text>`+"\n", x+slot*0.35, float64(barY+barH)-h-4, smallFontS-1, r.HitRatio)
+			p(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", x, float64(barY+barH)-h, slot*0.7, h, colours[i])
+			p(`<text x="%.1f" y="%.1f" text-anchor="middle" font-size="%d">%.2f</text>`+"\n", x+slot*0.35, float64(barY+barH)-h-4, min(smallFontS-1, int(slot*0.45)), r.HitRatio)
+			label := r.Policy
+			if multiTopo {
+				label = r.Label()
+			}
 			lx, ly := x+slot*0.35, float64(barY+barH+12)
-			p(`<text x="%.1f" y="%.1f" text-anchor="end" font-size="%d" transform="rotate(-40 %.1f %.1f)">%s</text>`+"\n", lx, ly, smallFontS-1, lx, ly, esc(r.Policy))
+			p(`<text x="%.1f" y="%.1f" text-anchor="end" font-size="%d" transform="rotate(-50 %.1f %.1f)">%s</text>`+"\n", lx, ly, smallFontS-1, lx, ly, esc(label))
 		}
 	}
 	oy := float64(barY+barH) - rep.OracleHitRatio*barH

@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/mocker"
+	"github.com/kvgate/kvgate/policies"
 )
 
 var discardLogger = slog.New(slog.DiscardHandler)
@@ -173,6 +174,9 @@ type run struct {
 	routerRand *rand.Rand // the local routers' tie-breaking
 	rr         int
 	prog       *progress
+	// poolChain is the global router's pool selection for cost policies
+	// across several pools.
+	poolChain *policies.Chain
 
 	eventsRejected int
 }
