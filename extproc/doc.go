@@ -2,20 +2,54 @@
 // service (envoy.service.ext_proc.v3). Envoy opens one stream per HTTP
 // request; for an inference request the server accumulates and parses the
 // body once, asks a globalrouter.Decider where it should go, and answers
-// Envoy with the routing headers (x-gateway-destination-endpoint and the
-// x-kvgate-* family), the same destination in the envoy.lb dynamic metadata
-// namespace, and clear_route_cache. On the response path it drives the
-// decision's Lease: the first response body chunk marks prefill complete,
-// and the end of the response, an error status or the stream ending frees
-// the request on its local router, exactly once.
+// Envoy with the routing headers, the same destination in the envoy.lb
+// dynamic metadata namespace, and clear_route_cache. On the response path it
+// drives the decision's Lease: the first response body chunk marks prefill
+// complete, and the end of the response, an error status or the stream
+// ending frees the request on its local router, exactly once.
 //
-// Request bodies are handled in FULL_DUPLEX_STREAMED (the default; the
-// server holds its header reply until the body is complete, then re-emits
-// the body in chunks of at most 62,000 bytes) or BUFFERED mode. Response
-// bodies may be STREAMED, FULL_DUPLEX_STREAMED or BUFFERED. Errors are
-// OpenAI-shaped JSON immediate responses with x-kvgate-dropped-reason.
+// # Modes
 //
-// Errors are translated to HTTP statuses here and nowhere else: the Decider
-// returns the globalrouter sentinels, the server maps them (400, 404, 413,
-// 429 with retry-after, 503).
+// Request bodies: FULL_DUPLEX_STREAMED (the default; the server holds its
+// header reply until the body is complete, then re-emits the body as it came,
+// in chunks of at most MaxChunkBytes, the last with end_of_stream unless
+// trailers end the request) or BUFFERED (headers answered at once, the
+// routing headers ride on the body reply while Envoy still holds the
+// headers). Other request body modes cannot route and are refused (500,
+// unsupported_processing_mode). Response bodies: STREAMED,
+// FULL_DUPLEX_STREAMED (chunks echoed) or BUFFERED. The modes come from the
+// stream's protocol_config; Config says what to assume without one.
+//
+// # Headers
+//
+// Read: :path (routed when it is one of Config.InferencePaths, and the
+// method is not GET or HEAD; anything else passes through untouched),
+// x-request-id, x-kvgate-explain: 1, and every header for the policies
+// (pinning with x-kvgate-pool / x-kvgate-worker-id / x-kvgate-dp-rank,
+// sessions, priorities, overrides: see globalrouter).
+//
+// Set on the request: x-gateway-destination-endpoint (primary ip:port, then
+// distinct fallbacks, comma-separated; Config.PrimaryOnlyHeader keeps only
+// the primary for Envoy's ORIGINAL_DST cluster), x-kvgate-pool,
+// x-kvgate-worker-id, x-kvgate-dp-rank, x-kvgate-overlap-blocks,
+// x-prefiller-host-port (disaggregated; a client's own is removed) and
+// x-kvgate-explain (when asked). Set on the response: the same x-kvgate-*
+// plus x-kvgate-endpoint, so clients see where they went.
+//
+// # Errors
+//
+// OpenAI-shaped JSON immediate responses ({"error":{"message","type",
+// "code"}}) with x-kvgate-dropped-reason: 400 bad_json / missing_field /
+// bad_field / bad_request / pin_refused, 404 unknown_model, 413
+// body_too_large, 429 saturated (with retry-after), 503 no_pool_reachable,
+// 500 internal_error. The Decider returns the globalrouter sentinels; this
+// package is the only place they become statuses.
+//
+// # Metrics
+//
+// kvgate_extproc_requests_total{pool,code},
+// kvgate_extproc_decision_duration_seconds, kvgate_extproc_overlap_blocks
+// {pool}, kvgate_extproc_tokens_total{pool,kind} (from the responses' usage,
+// SSE parsed across chunks) and kvgate_extproc_streams_active, on the
+// registry the caller injects.
 package extproc
