@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -56,8 +57,7 @@ func TestExtprocModesWithRealRouters(t *testing.T) {
 				},
 				Upstream: func(ctx context.Context, req *extprocclient.Message) (*extprocclient.Message, error) {
 					dest, _ := req.Headers.Get("x-gateway-destination-endpoint")
-					primary, _, _ := strings.Cut(dest, ",")
-					r, err := http.NewRequestWithContext(ctx, "POST", "http://"+primary+"/v1/chat/completions", strings.NewReader(string(req.BodyBytes())))
+					r, err := http.NewRequestWithContext(ctx, "POST", "http://"+dest+"/v1/chat/completions", strings.NewReader(string(req.BodyBytes())))
 					if err != nil {
 						return nil, err
 					}
@@ -93,9 +93,16 @@ func TestExtprocModesWithRealRouters(t *testing.T) {
 			if got := string(res.Upstream.BodyBytes()); got != string(body) {
 				t.Errorf("upstream body differs from the request's")
 			}
+			// The header is the primary alone (what the bootstrap's
+			// ORIGINAL_DST cluster parses); envoy.lb lists it first, then
+			// the fallbacks.
 			dest, _ := res.Upstream.Headers.Get("x-gateway-destination-endpoint")
-			if lb := res.Info.DynamicMetadata["envoy.lb"].GetFields()["x-gateway-destination-endpoint"].GetStringValue(); lb != dest || dest == "" {
-				t.Errorf("envoy.lb %q, header %q: want the same, non-empty", lb, dest)
+			if _, err := netip.ParseAddrPort(dest); err != nil {
+				t.Errorf("header x-gateway-destination-endpoint %q: want one ip:port (%v)", dest, err)
+			}
+			lb := res.Info.DynamicMetadata["envoy.lb"].GetFields()["x-gateway-destination-endpoint"].GetStringValue()
+			if first, _, _ := strings.Cut(lb, ","); first != dest {
+				t.Errorf("envoy.lb %q, header %q: want the header's endpoint first", lb, dest)
 			}
 			pool, _ := res.Upstream.Headers.Get("x-kvgate-pool")
 			worker, _ := res.Upstream.Headers.Get("x-kvgate-worker-id")
@@ -105,7 +112,7 @@ func TestExtprocModesWithRealRouters(t *testing.T) {
 			}
 			found := false
 			for _, w := range p.Workers {
-				found = found || (w.ID == worker && strings.HasPrefix(dest, w.Addr))
+				found = found || (w.ID == worker && dest == w.Addr)
 			}
 			if !found {
 				t.Errorf("destination %q, worker %q: not a worker of %s", dest, worker, pool)

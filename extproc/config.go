@@ -49,12 +49,15 @@ type Config struct {
 	MaxUsageBytes int
 	// ShutdownTimeout bounds the graceful stop of the gRPC server.
 	ShutdownTimeout time.Duration
-	// PrimaryOnlyHeader puts only the primary ip:port in the
-	// x-gateway-destination-endpoint header (the envoy.lb metadata keeps
-	// the whole list). Envoy's ORIGINAL_DST cluster parses the header as a
-	// single address; the override_host LB policy and the Inference
-	// Extension accept the list.
-	PrimaryOnlyHeader bool
+	// HeaderFallbacks puts the whole ordered list (primary ip:port, then
+	// the distinct fallbacks, comma-separated) in the
+	// x-gateway-destination-endpoint header. By default the header carries
+	// only the primary ip:port, the one form both Envoy's ORIGINAL_DST
+	// cluster (which parses a single address and answers 503 for a list)
+	// and the override_host LB policy accept; the envoy.lb metadata always
+	// carries the whole list, where override_host reads it for retries.
+	// Set it for override_host setups that read the list from the header.
+	HeaderFallbacks bool
 }
 
 // Defaults returns c with every unset field set to its default.

@@ -2,11 +2,12 @@
 // service (envoy.service.ext_proc.v3). Envoy opens one stream per HTTP
 // request; for an inference request the server accumulates and parses the
 // body once, asks a globalrouter.Decider where it should go, and answers
-// Envoy with the routing headers, the same destination in the envoy.lb
-// dynamic metadata namespace, and clear_route_cache. On the response path it
-// drives the decision's Lease: the first response body chunk marks prefill
-// complete, and the end of the response, an error status or the stream
-// ending frees the request on its local router, exactly once.
+// Envoy with the routing headers, the whole ordered destination list
+// (primary, then fallbacks) in the envoy.lb dynamic metadata namespace, and
+// clear_route_cache. On the response path it drives the decision's Lease:
+// the first response body chunk marks prefill complete, and the end of the
+// response, an error status or the stream ending frees the request on its
+// local router, exactly once.
 //
 // # Modes
 //
@@ -28,13 +29,17 @@
 // (pinning with x-kvgate-pool / x-kvgate-worker-id / x-kvgate-dp-rank,
 // sessions, priorities, overrides: see globalrouter).
 //
-// Set on the request: x-gateway-destination-endpoint (primary ip:port, then
-// distinct fallbacks, comma-separated; Config.PrimaryOnlyHeader keeps only
-// the primary for Envoy's ORIGINAL_DST cluster), x-kvgate-pool,
-// x-kvgate-worker-id, x-kvgate-dp-rank, x-kvgate-overlap-blocks,
-// x-prefiller-host-port (disaggregated; a client's own is removed) and
-// x-kvgate-explain (when asked). Set on the response: the same x-kvgate-*
-// plus x-kvgate-endpoint, so clients see where they went.
+// Set on the request: x-gateway-destination-endpoint (the primary ip:port
+// alone, which Envoy's ORIGINAL_DST cluster and the override_host LB policy
+// both accept; Config.HeaderFallbacks appends the distinct fallbacks,
+// comma-separated, for override_host setups that read the list from the
+// header), x-kvgate-pool, x-kvgate-worker-id, x-kvgate-dp-rank,
+// x-kvgate-overlap-blocks, x-prefiller-host-port (disaggregated; a client's
+// own is removed) and x-kvgate-explain (when asked). The envoy.lb metadata
+// key x-gateway-destination-endpoint always carries the whole list (primary,
+// then distinct fallbacks), where override_host reads it for retries. Set on
+// the response: the same x-kvgate-* plus x-kvgate-endpoint, so clients see
+// where they went.
 //
 // # Errors
 //

@@ -101,7 +101,12 @@ func fixedDecision() *globalrouter.Decision {
 	}
 }
 
-const wantDestination = "10.0.0.1:8000,10.0.0.2:8000,10.0.1.9:8000"
+// wantPrimary is fixedDecision's primary address, the header's default
+// value; wantDestination is its whole list, the envoy.lb metadata's value.
+const (
+	wantPrimary     = "10.0.0.1:8000"
+	wantDestination = "10.0.0.1:8000,10.0.0.2:8000,10.0.1.9:8000"
+)
 
 // startServer runs an extproc.Server on a loopback listener and returns a
 // connection to it; both stop at cleanup.

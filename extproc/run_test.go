@@ -26,12 +26,12 @@ import (
 
 func TestParseFlags(t *testing.T) {
 	o, err := ParseFlags("extproc", []string{"-config", "p.yaml", "-addr", ":1234", "-etcd", "http://a:2379, http://b:2379",
-		"-request-body-mode", "buffered", "-inference-paths", "/v1/completions,/v2/generate", "-primary-only-header"}, io.Discard)
+		"-request-body-mode", "buffered", "-inference-paths", "/v1/completions,/v2/generate", "-header-fallbacks"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.PoolsFile != "p.yaml" || o.Addr != ":1234" || len(o.Etcd) != 2 || o.Etcd[1] != "http://b:2379" ||
-		o.RequestBodyMode != extprocfilterv3.ProcessingMode_BUFFERED || len(o.InferencePaths) != 2 || !o.PrimaryOnlyHeader ||
+		o.RequestBodyMode != extprocfilterv3.ProcessingMode_BUFFERED || len(o.InferencePaths) != 2 || !o.HeaderFallbacks ||
 		o.MaxBodyBytes != DefaultMaxBodyBytes {
 		t.Errorf("options %+v", o)
 	}

@@ -52,7 +52,7 @@ func TestRoutesInEveryMode(t *testing.T) {
 			}
 			up := res.Upstream
 			want := map[string]string{
-				"x-gateway-destination-endpoint": wantDestination,
+				"x-gateway-destination-endpoint": wantPrimary, // the list is in envoy.lb
 				"x-kvgate-pool":                  "pool-a",
 				"x-kvgate-worker-id":             "w1",
 				"x-kvgate-dp-rank":               "2",
@@ -613,20 +613,36 @@ func readUntilData(t *testing.T, ctx context.Context, s *extprocclient.Stream) {
 	}
 }
 
-func TestPrimaryOnlyHeader(t *testing.T) {
-	conn, _ := startServer(t, extproc.Config{PrimaryOnlyHeader: true}, &deciderDouble{})
-	c := envoyClient(t, conn, allModes[0])
-	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
-		Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
-	}, Upstream: sseResponse("ok")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := get(res.Upstream.Headers, "x-gateway-destination-endpoint"), "10.0.0.1:8000"; got != want {
-		t.Errorf("header %q, want %q", got, want)
-	}
-	if got := res.Info.DynamicMetadata["envoy.lb"].GetFields()["x-gateway-destination-endpoint"].GetStringValue(); got != wantDestination {
-		t.Errorf("envoy.lb metadata %q, want %q", got, wantDestination)
+// TestDestinationHeader: by default the header carries the primary ip:port
+// alone (what Envoy's ORIGINAL_DST cluster parses); HeaderFallbacks puts
+// the list there. The envoy.lb metadata carries the list either way.
+func TestDestinationHeader(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		cfg        extproc.Config
+		wantHeader string
+	}{
+		{"default: primary only", extproc.Config{}, wantPrimary},
+		{"HeaderFallbacks: the list", extproc.Config{HeaderFallbacks: true}, wantDestination},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, _ := startServer(t, tc.cfg, &deciderDouble{})
+			for _, m := range allModes {
+				c := envoyClient(t, conn, m)
+				res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
+					Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
+				}, Upstream: sseResponse("ok")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := get(res.Upstream.Headers, "x-gateway-destination-endpoint"); got != tc.wantHeader {
+					t.Errorf("%s: header %q, want %q", m.name, got, tc.wantHeader)
+				}
+				if got := res.Info.DynamicMetadata["envoy.lb"].GetFields()["x-gateway-destination-endpoint"].GetStringValue(); got != wantDestination {
+					t.Errorf("%s: envoy.lb metadata %q, want %q", m.name, got, wantDestination)
+				}
+			}
+		})
 	}
 }
 

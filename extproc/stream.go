@@ -254,9 +254,11 @@ func (x *exchange) route() error {
 	x.decision, x.lease = d, d.Lease
 	x.s.m.overlap.WithLabelValues(d.Primary.Pool).Observe(float64(d.Primary.OverlapBlocks))
 	dest := destination(d)
-	headerDest := dest
-	if x.s.cfg.PrimaryOnlyHeader {
-		headerDest = d.Primary.Address
+	// The header carries the primary alone unless asked for the list:
+	// ORIGINAL_DST parses one ip:port. The metadata keeps the list.
+	headerDest := d.Primary.Address
+	if x.s.cfg.HeaderFallbacks {
+		headerDest = dest
 	}
 	_, hadPrefiller := x.headers[HeaderPrefiller]
 	common := &extprocv3.CommonResponse{

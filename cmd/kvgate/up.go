@@ -23,7 +23,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
 	a := fs.Int("pool-a-workers", 3, "workers in pool-a")
 	b := fs.Int("pool-b-workers", 2, "workers in pool-b")
-	fs.BoolVar(&cfg.Extproc.PrimaryOnlyHeader, "primary-only-header", false, "put only the primary ip:port in x-gateway-destination-endpoint, as the shipped Envoy bootstrap's ORIGINAL_DST cluster needs (envoy.lb metadata keeps the fallbacks)")
+	fs.BoolVar(&cfg.Extproc.HeaderFallbacks, "header-fallbacks", false, "put the fallbacks after the primary in x-gateway-destination-endpoint (comma list, for override_host setups that read the header); by default only the primary ip:port, as the shipped bootstrap's ORIGINAL_DST cluster needs (envoy.lb metadata carries the list)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	if err := fs.Parse(args); err != nil {
 		return err

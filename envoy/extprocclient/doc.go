@@ -25,8 +25,8 @@
 //		Headers: extprocclient.Headers{{":method", "POST"}, {":path", "/v1/completions"}, ...},
 //		Body:    [][]byte{body},
 //	}})
-//	// res.Upstream.Headers carries x-gateway-destination-endpoint,
-//	// res.Info.DynamicMetadata["envoy.lb"] the same value, or
+//	// res.Upstream.Headers carries x-gateway-destination-endpoint (the
+//	// primary), res.Info.DynamicMetadata["envoy.lb"] the whole list, or
 //	// res.Info.LocalReply the error the server answered with.
 //
 // # What it reproduces (Envoy ~1.35–1.37, ../shared/reference/envoy-ext-proc.md)

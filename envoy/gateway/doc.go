@@ -7,9 +7,9 @@
 // kvgate's ext_proc server with the Envoy-faithful client
 // (envoy/extprocclient) in the configured processing modes; the request the
 // filter releases is proxied to the endpoint named in
-// x-gateway-destination-endpoint (or dynamic metadata envoy.lb); the
-// response is streamed back through the ext_proc server; immediate
-// responses and the filter's errors become the HTTP reply.
+// x-gateway-destination-endpoint; the response is streamed back through the
+// ext_proc server; immediate responses and the filter's errors become the
+// HTTP reply.
 //
 //	cfg, err := gateway.DefaultConfig() // the bootstrap's ext_proc settings
 //	conn, err := grpc.NewClient("127.0.0.1:9002", grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -19,11 +19,14 @@
 //
 // Where it differs from Envoy with the bootstrap:
 //
-//   - The destination header may hold a comma list: the first endpoint is
-//     used and the next ones are tried on a connection failure (the Inference
-//     Extension's fallback semantics, as Envoy's override_host policy has
-//     them). The bootstrap's ORIGINAL_DST cluster parses a single ip:port
-//     and answers 503 for a list.
+//   - Fallbacks: the endpoints are the header's list, or the dynamic
+//     metadata envoy.lb x-gateway-destination-endpoint list when that is
+//     longer (kvgate's default: the primary alone in the header, the whole
+//     list in the metadata). The first endpoint is used and the next ones
+//     are tried on a connection failure (the Inference Extension's fallback
+//     semantics, as Envoy's override_host policy has them). The bootstrap's
+//     ORIGINAL_DST cluster uses the header's single ip:port and never falls
+//     back; it answers 503 for a list.
 //   - Upstreams are HTTP/1.1 (or what Config.Transport speaks); no retries,
 //     no timeouts other than the client's context and the filter's.
 //   - Only request trailers the client declared (Trailer header) are

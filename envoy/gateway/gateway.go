@@ -24,6 +24,7 @@ import (
 
 // DestinationHeader is the Gateway API Inference Extension header that
 // carries the chosen endpoint(s): "ip:port" or a comma list, first first.
+// It is also the key of the list in the envoy.lb dynamic metadata.
 const DestinationHeader = "x-gateway-destination-endpoint"
 
 // ServedHeader is the envoy.lb metadata key that reports the endpoint that
@@ -56,8 +57,9 @@ func DefaultConfig() (Config, error) {
 // Gateway is an http.Handler that does, for each request, what Envoy with
 // the shipped bootstrap does: run the request through the ext_proc server
 // (extprocclient), proxy it to the endpoint in x-gateway-destination-endpoint
-// (or, failing the header, dynamic metadata envoy.lb), stream the response
-// back through the ext_proc server, and answer immediate responses itself.
+// (trying the fallbacks of the envoy.lb metadata list on a connection
+// failure), stream the response back through the ext_proc server, and
+// answer immediate responses itself.
 // It is safe for concurrent use.
 type Gateway struct {
 	client    *extprocclient.Client
@@ -303,13 +305,25 @@ func pumpUpstream(ctx context.Context, s *extprocclient.Stream, w io.Writer, tra
 	}
 }
 
-// destinations returns the endpoints the ext_proc server chose: the
-// header's comma list, else the envoy.lb metadata value.
+// destinations returns the endpoints the ext_proc server chose, in order:
+// the header's list, unless the envoy.lb metadata value is a longer list.
+// kvgate puts only the primary ip:port in the header by default (Envoy's
+// ORIGINAL_DST cluster parses one address) and the whole list (primary,
+// then fallbacks) in the metadata, where Envoy's override_host policy
+// reads it for retries; the gateway tries the fallbacks the same way.
+// Without the header the metadata list is used.
 func destinations(h extprocclient.Headers, info extprocclient.Info) []string {
-	v, ok := h.Get(DestinationHeader)
-	if !ok {
-		v = info.DynamicMetadata["envoy.lb"].GetFields()[DestinationHeader].GetStringValue()
+	v, _ := h.Get(DestinationHeader)
+	out := splitEndpoints(v)
+	md := splitEndpoints(info.DynamicMetadata["envoy.lb"].GetFields()[DestinationHeader].GetStringValue())
+	if len(md) > len(out) {
+		return md
 	}
+	return out
+}
+
+// splitEndpoints parses a comma list of endpoints, skipping empty items.
+func splitEndpoints(v string) []string {
 	var out []string
 	for _, ep := range strings.Split(v, ",") {
 		if ep = strings.TrimSpace(ep); ep != "" {

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 )
@@ -31,14 +32,15 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // fakeRouter is a fake of kvgate's ext_proc server, the seam the gateway
 // talks to: it reads the whole request body (FULL_DUPLEX_STREAMED), then
 // answers the headers with the endpoint named by the request header
-// x-test-pick (or an immediate response for x-test-immediate), re-emits the
+// x-test-pick and, when x-test-pick-metadata is set, that list in the
+// envoy.lb metadata (or an immediate response for x-test-immediate), re-emits the
 // body, upper-cases the response body and tags the response headers.
 type fakeRouter struct {
 	extprocv3.UnimplementedExternalProcessorServer
 }
 
 func (fakeRouter) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	var pick, immediate, late string
+	var pick, pickMD, immediate, late string
 	var body []byte
 	for {
 		req, err := srv.Recv()
@@ -52,6 +54,8 @@ func (fakeRouter) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 				switch h.GetKey() {
 				case "x-test-pick":
 					pick = string(h.GetRawValue())
+				case "x-test-pick-metadata":
+					pickMD = string(h.GetRawValue())
 				case "x-test-immediate":
 					immediate = string(h.GetRawValue())
 				case "x-test-late-immediate":
@@ -59,19 +63,19 @@ func (fakeRouter) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 				}
 			}
 			if r.RequestHeaders.GetEndOfStream() {
-				out = append(out, pickResponse(pick, immediate))
+				out = append(out, pickResponse(pick, pickMD, immediate))
 			}
 		case *extprocv3.ProcessingRequest_RequestBody:
 			body = append(body, r.RequestBody.GetBody()...)
 			switch {
 			case r.RequestBody.GetEndOfStream() && late != "":
 				// Headers released upstream first, then the body refused.
-				out = append(out, pickResponse(pick, ""), pickResponse("", late))
+				out = append(out, pickResponse(pick, pickMD, ""), pickResponse("", "", late))
 			case r.RequestBody.GetEndOfStream():
-				out = append(out, pickResponse(pick, immediate), streamedResp(true, body, true))
+				out = append(out, pickResponse(pick, pickMD, immediate), streamedResp(true, body, true))
 			}
 		case *extprocv3.ProcessingRequest_RequestTrailers:
-			out = append(out, pickResponse(pick, immediate), streamedResp(true, body, false),
+			out = append(out, pickResponse(pick, pickMD, immediate), streamedResp(true, body, false),
 				&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}})
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			served := req.GetMetadataContext().GetFilterMetadata()["envoy.lb"].GetFields()[ServedHeader].GetStringValue()
@@ -94,7 +98,7 @@ func (fakeRouter) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	}
 }
 
-func pickResponse(pick, immediate string) *extprocv3.ProcessingResponse {
+func pickResponse(pick, pickMD, immediate string) *extprocv3.ProcessingResponse {
 	if immediate != "" {
 		code, _ := strconv.Atoi(immediate)
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
@@ -107,9 +111,15 @@ func pickResponse(pick, immediate string) *extprocv3.ProcessingResponse {
 	if pick != "" {
 		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: DestinationHeader, RawValue: []byte(pick)}})
 	}
+	var md *structpb.Struct
+	if pickMD != "" {
+		md = &structpb.Struct{Fields: map[string]*structpb.Value{"envoy.lb": structpb.NewStructValue(&structpb.Struct{
+			Fields: map[string]*structpb.Value{DestinationHeader: structpb.NewStringValue(pickMD)},
+		})}}
+	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}, ClearRouteCache: true},
-	}}}
+	}}, DynamicMetadata: md}
 }
 
 func streamedResp(request bool, body []byte, eos bool) *extprocv3.ProcessingResponse {
@@ -211,6 +221,7 @@ func TestGateway(t *testing.T) {
 		name        string
 		method      string
 		pick        string
+		pickMD      string
 		immediate   string
 		late        string
 		reqTrailer  bool
@@ -226,6 +237,10 @@ func TestGateway(t *testing.T) {
 		{name: "request trailers reach the upstream", method: "POST", pick: good, reqTrailer: true, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5"},
 		{name: "fallback on connection failure", method: "POST", pick: down + "," + good, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5",
 			wantHeader: map[string]string{"X-Test-Served": good}},
+		{name: "fallback from the envoy.lb list, primary alone in the header", method: "POST", pick: down, pickMD: down + "," + good,
+			wantStatus: 200, wantBody: "HELLO", wantTrailer: "5", wantHeader: map[string]string{"X-Test-Served": good}},
+		{name: "envoy.lb list without the header", method: "POST", pickMD: down + "," + good,
+			wantStatus: 200, wantBody: "HELLO", wantTrailer: "5", wantHeader: map[string]string{"X-Test-Served": good}},
 		{name: "immediate response", method: "POST", pick: good, immediate: "429", wantStatus: 429,
 			wantBody: `{"error":{"message":"saturated","type":"rate_limit","code":429}}`, wantHeader: map[string]string{"X-Kvgate-Dropped-Reason": "saturated"}},
 		{name: "immediate response after the headers went upstream", method: "POST", pick: good, late: "413", wantStatus: 413,
@@ -254,6 +269,9 @@ func TestGateway(t *testing.T) {
 			}
 			if tt.pick != "" {
 				req.Header.Set("x-test-pick", tt.pick)
+			}
+			if tt.pickMD != "" {
+				req.Header.Set("x-test-pick-metadata", tt.pickMD)
 			}
 			if tt.immediate != "" {
 				req.Header.Set("x-test-immediate", tt.immediate)
@@ -364,6 +382,38 @@ func TestGatewayStreams(t *testing.T) {
 	}
 	if string(rest) != "\nDATA: [DONE]\n\n" {
 		t.Errorf("rest: got %q", rest)
+	}
+}
+
+func TestDestinations(t *testing.T) {
+	for _, tc := range []struct {
+		name, header, metadata string
+		want                   []string
+	}{
+		{"header alone", "10.0.0.1:8000", "", []string{"10.0.0.1:8000"}},
+		{"header list", "10.0.0.1:8000,10.0.0.2:8000", "", []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"kvgate's default: primary in the header, list in the metadata", "10.0.0.1:8000", "10.0.0.1:8000, 10.0.0.2:8000",
+			[]string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"same list both ways", "10.0.0.1:8000,10.0.0.2:8000", "10.0.0.1:8000,10.0.0.2:8000", []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"shorter metadata: the header wins", "10.0.0.1:8000,10.0.0.2:8000", "10.0.0.9:8000", []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"metadata alone", "", "10.0.0.1:8000,10.0.0.2:8000", []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"neither", "", "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h extprocclient.Headers
+			if tc.header != "" {
+				h = extprocclient.Headers{{Key: DestinationHeader, Value: tc.header}}
+			}
+			var info extprocclient.Info
+			if tc.metadata != "" {
+				info.DynamicMetadata = map[string]*structpb.Struct{"envoy.lb": {Fields: map[string]*structpb.Value{
+					DestinationHeader: structpb.NewStringValue(tc.metadata),
+				}}}
+			}
+			if diff := cmp.Diff(tc.want, destinations(h, info)); diff != "" {
+				t.Errorf("destinations (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
