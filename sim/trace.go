@@ -134,7 +134,7 @@ func LoadTrace(r io.Reader, opts LoadOptions) (*Trace, error) {
 	t := &Trace{BlockSize: opts.BlockSize}
 	tok := mocker.WordTokenizer{}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1<<20), 1<<30)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<30)
 	var prevTS float64
 	line := 0
 	for sc.Scan() {
