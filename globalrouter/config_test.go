@@ -170,6 +170,9 @@ func TestHotReload(t *testing.T) {
 		free(t, d)
 	}
 	// The request placed before the reload is still tracked, and frees.
+	if err := c.b.WaitActive(ctx, 1); err != nil { // its commit is pipelined
+		t.Error(err)
+	}
 	if n := c.b.ActiveRequests(); n != 1 {
 		t.Errorf("pool-b has %d active requests after the reload, want 1 (in flight)", n)
 	}

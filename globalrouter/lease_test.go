@@ -1,10 +1,14 @@
 package globalrouter_test
 
 import (
+	"errors"
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/pool"
 )
 
 func TestLeaseConcurrentAndIdempotent(t *testing.T) {
@@ -56,5 +60,48 @@ func TestCloseFreesOpenLeases(t *testing.T) {
 	_ = d.Lease.Free(ctx) // after Close: still safe
 	if _, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "x"}); err == nil {
 		t.Error("Decide after Close: no error")
+	}
+}
+
+// TestRefusedCommitSurfacesOnLease: commits are pipelined, so a commit the
+// local router refuses after the decision (here a duplicate request id)
+// does not undo the decision; it is counted, and the lease reports it.
+func TestRefusedCommitSurfacesOnLease(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	cfg := globalrouter.DefaultConfig(pool.New("pool-a", 16, []string{model}, c.a.Addr))
+	cfg.Probe.Timeout = c.cfg.Probe.Timeout
+	r, reg := newRouter(t, cfg)
+	req := &globalrouter.Request{ID: "dup", Model: model, Prompt: longText(40)}
+	first, err := r.Decide(ctx, req)
+	if err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	if err := c.a.WaitActive(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	second, err := r.Decide(ctx, req) // the same id: pool-a's router refuses it
+	if err != nil {
+		t.Fatalf("Decide with a refused pipelined commit: got %v, want the probed worker", err)
+	}
+	if second.Primary.Pool != "pool-a" || second.Primary.Address == "" {
+		t.Errorf("primary = %+v, want pool-a's probed worker", second.Primary)
+	}
+	if err := second.Lease.PrefillComplete(ctx); !errors.Is(err, globalrouter.ErrCommitRefused) {
+		t.Errorf("PrefillComplete of the refused commit: got %v, want ErrCommitRefused", err)
+	}
+	if err := second.Lease.Free(ctx); err != nil {
+		t.Errorf("Free of the refused commit: got %v, want nil (nothing to free)", err)
+	}
+	if got := testutil.ToFloat64(mustCounter(t, reg, "kvgate_globalrouter_refused_commits_total", "pool-a")); got != 1 {
+		t.Errorf("refused commits = %v, want 1", got)
+	}
+	// The refusal left the first request alone.
+	if n := c.a.ActiveRequests(); n != 1 {
+		t.Errorf("after the refusal: %d active, want 1 (the first request)", n)
+	}
+	free(t, first)
+	if err := c.a.WaitIdle(ctx); err != nil {
+		t.Error(err)
 	}
 }

@@ -11,6 +11,8 @@ type metrics struct {
 	probe     *prometheus.HistogramVec // pool, outcome
 	decisions *prometheus.CounterVec   // pool, outcome
 	reloads   *prometheus.CounterVec   // result
+	// refusedCommits counts commits local routers refused, by pool.
+	refusedCommits *prometheus.CounterVec
 }
 
 // Latency buckets from 50 µs (an in-process decision) to the probe
@@ -42,8 +44,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_globalrouter_config_reloads_total",
 			Help: "Configuration reloads, by result (ok, refused).",
 		}, []string{"result"}),
+		refusedCommits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_refused_commits_total",
+			Help: "Commits a local router refused, by pool: before the decision (the next candidate was tried) or after it (pipelined; the request went to the probed worker unaccounted).",
+		}, []string{"pool"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

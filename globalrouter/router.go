@@ -689,14 +689,15 @@ func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) 
 		}
 		r.m.probe.WithLabelValues(pe.cfg.Name, outcome).Observe(d.Seconds())
 	}
-	if len(eligible) == 1 {
-		one(0)
+	if len(eligible) == 0 {
 		return results
 	}
+	// One goroutine fewer than pools: the caller probes the last pool.
 	var wg sync.WaitGroup
-	for i := range eligible {
+	for i := range len(eligible) - 1 {
 		wg.Go(func() { one(i) })
 	}
+	one(len(eligible) - 1)
 	wg.Wait()
 	return results
 }
@@ -710,19 +711,28 @@ func candEndpoint(c policies.Candidate) Endpoint {
 }
 
 // commit records the request on the best-ranked candidate whose local
-// router accepts it, in rank order; the candidates after it are the
-// fallbacks.
+// router takes the commit, in rank order; the candidates after it are the
+// fallbacks. The commit is pipelined: sent on the Track stream, not waited
+// for, so the decision costs one round trip to the local routers (the
+// probe), not two. A commit that cannot be sent (no router, a broken
+// connection) moves on to the next candidate as before; one the router
+// refuses after the decision was made (the worker left, say) is counted,
+// logged, and surfaces on the lease (ErrCommitRefused): the request still
+// goes to the worker the probe chose, unaccounted on its local router
+// (docs/perf-decision.md weighs the trade).
 func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, pinned bool) (*Decision, error) {
 	var refused []string
 	for i, c := range ranked {
 		res := find(results, c.Pool)
-		tr, sel, err := res.pe.p.Track(ctx, res.sel.Router, pool.Commit{
+		l := &lease{}
+		tr, err := res.pe.p.Commit(ctx, res.sel.Router, pool.Commit{
 			RequestID: p.id, WorkerID: c.Probe.WorkerID, DPRank: c.Probe.DPRank, Prompt: p.prompt(res.pe.cfg.BlockSize),
-		})
+		}, r.committed(p.id, c.Pool, c.Probe.WorkerID, &l.mainRefused))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
+			r.m.refusedCommits.WithLabelValues(c.Pool).Inc()
 			r.log.Warn("commit refused; trying the next candidate", "request_id", p.id, "pool", c.Pool, "worker_id", c.Probe.WorkerID, "err", err)
 			refused = append(refused, fmt.Sprintf("%s/%s: %v", c.Pool, c.Probe.WorkerID, err))
 			if pinned {
@@ -730,21 +740,22 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			}
 			continue
 		}
-		l := &lease{main: tr}
-		d := &Decision{Primary: endpoint(c.Pool, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: l}
+		l.main = tr
+		d := &Decision{Primary: candEndpoint(c), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: l}
 		if c.Prefill != nil {
 			pres := find(results, c.Prefill.Pool)
-			ptr, psel, err := pres.pe.p.Track(ctx, pres.sel.Router, pool.Commit{
+			ptr, err := pres.pe.p.Commit(ctx, pres.sel.Router, pool.Commit{
 				RequestID: p.id, WorkerID: c.Prefill.Probe.WorkerID, DPRank: c.Prefill.Probe.DPRank, Prompt: p.prompt(pres.pe.cfg.BlockSize),
-			})
+			}, r.committed(p.id, c.Prefill.Pool, c.Prefill.Probe.WorkerID, nil))
 			if err != nil {
 				// The decode worker prefills locally rather than failing
 				// a request it can serve.
+				r.m.refusedCommits.WithLabelValues(c.Prefill.Pool).Inc()
 				r.log.Warn("prefill commit refused; the decode worker prefills", "request_id", p.id, "pool", c.Prefill.Pool, "err", err)
 				refused = append(refused, fmt.Sprintf("prefill %s/%s: %v", c.Prefill.Pool, c.Prefill.Probe.WorkerID, err))
 			} else {
 				l.prefill = ptr
-				e := endpoint(c.Prefill.Pool, psel)
+				e := candEndpoint(*c.Prefill)
 				d.Prefill = &e
 			}
 		}
@@ -758,6 +769,22 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 		return d, nil
 	}
 	return nil, fmt.Errorf("%w: every ranked pool refused the commit: %v", ErrNoPool, refused)
+}
+
+// committed returns the listener of a pipelined commit's answer: a
+// refusal is counted, logged and, when into is set, kept for the lease.
+func (r *Router) committed(id, poolName, worker string, into *atomic.Pointer[error]) func(pool.Selection, error) {
+	return func(_ pool.Selection, err error) {
+		if err == nil {
+			return
+		}
+		r.m.refusedCommits.WithLabelValues(poolName).Inc()
+		r.log.Warn("commit refused after the decision; the request goes to the probed worker unaccounted", "request_id", id, "pool", poolName, "worker_id", worker, "err", err)
+		if into != nil {
+			err = fmt.Errorf("%w: pool %q worker %q: %w", ErrCommitRefused, poolName, worker, err)
+			into.Store(&err)
+		}
+	}
 }
 
 func find(results []probeResult, poolName string) probeResult {
@@ -811,21 +838,28 @@ func (r *Router) decidePinnedWorker(ctx context.Context, st *state, p *prepared,
 type lease struct {
 	main    pool.Tracker
 	prefill pool.Tracker
+	// mainRefused is set when main's pipelined commit was refused.
+	mainRefused atomic.Pointer[error]
 }
 
 var _ Lease = (*lease)(nil)
 
 // PrefillComplete implements Lease: the first token came back, so the
-// prefill worker's part is over.
+// prefill worker's part is over. A refused commit surfaces here as
+// ErrCommitRefused.
 func (l *lease) PrefillComplete(ctx context.Context) error {
 	err := l.main.PrefillComplete(ctx)
+	if refused := l.mainRefused.Load(); refused != nil {
+		err = *refused
+	}
 	if l.prefill != nil {
 		err = errors.Join(err, l.prefill.Free(ctx))
 	}
 	return err
 }
 
-// Free implements Lease.
+// Free implements Lease. A refused commit has nothing to free: the stream
+// is closed and nil returned.
 func (l *lease) Free(ctx context.Context) error {
 	err := l.main.Free(ctx)
 	if l.prefill != nil {

@@ -47,7 +47,11 @@ func TestDecideFollowsTheCache(t *testing.T) {
 			t.Errorf("explanation lacks %q:\n%s", want, d.Explanation)
 		}
 	}
-	// Committed on pool-b's router only, until freed.
+	// Committed on pool-b's router only, until freed (the commit is
+	// pipelined: it lands shortly after Decide returns).
+	if err := c.b.WaitActive(ctx, 1); err != nil {
+		t.Errorf("pool-b: %v", err)
+	}
 	if a, b := c.a.ActiveRequests(), c.b.ActiveRequests(); a != 0 || b != 1 {
 		t.Errorf("active requests a=%d b=%d, want 0 and 1", a, b)
 	}
@@ -241,6 +245,11 @@ func TestDisaggregation(t *testing.T) {
 	}
 	if !strings.Contains(d.Explanation, "prefill on prefill/") {
 		t.Errorf("explanation lacks the prefill worker:\n%s", d.Explanation)
+	}
+	for _, srv := range []*pooltest.Server{pre, dec} {
+		if err := srv.WaitActive(ctx, 1); err != nil { // pipelined commits
+			t.Error(err)
+		}
 	}
 	if p, q := pre.ActiveRequests(), dec.ActiveRequests(); p != 1 || q != 1 {
 		t.Errorf("active prefill=%d decode=%d, want 1 and 1", p, q)

@@ -84,6 +84,11 @@ var (
 	// ErrPinRefused (400): pinning headers name a pool or worker that cannot
 	// take the request; never silently re-routed.
 	ErrPinRefused = errors.New("pinned target refused")
+	// ErrCommitRefused: the local router refused a commit the decision had
+	// already sent (commits are pipelined, not waited for); the request
+	// went to the worker the probe chose, unaccounted on its local router.
+	// Lease.PrefillComplete returns it.
+	ErrCommitRefused = errors.New("commit refused")
 )
 
 // Decider makes routing decisions. Implementations are safe for concurrent

@@ -87,42 +87,41 @@ func (g *GRPC) Probe(ctx context.Context, p Prompt) (Selection, error) {
 }
 
 // Track implements Router.
-func (g *GRPC) Track(ctx context.Context, c Commit) (Tracker, Selection, error) {
+func (g *GRPC) Track(ctx context.Context, c Commit, committed func(Selection, error)) (Tracker, error) {
 	// The stream outlives ctx (it ends with Free); ctx bounds the commit.
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stream, err := g.c.Track(sctx)
 	if err != nil {
 		cancel()
-		return nil, Selection{}, err
+		return nil, err
+	}
+	err = stream.Send(&localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: &localrouterv1.CommitRequest{
+		RequestId: c.RequestID, WorkerId: c.WorkerID, DpRank: c.DPRank, Prompt: toProto(c.Prompt),
+	}}})
+	if err != nil {
+		// Send reports io.EOF when the stream broke; the cause comes from
+		// Recv. No receiver runs yet: ask here.
+		if _, rerr := stream.Recv(); rerr != nil {
+			err = rerr
+		}
+		cancel()
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		cancel()
+		return nil, ctx.Err()
 	}
 	t := &grpcTracker{
 		stream: stream, cancel: cancel,
-		committed:  make(chan *localrouterv1.Selection, 1),
+		committed:  committed,
+		selection:  g.selection,
 		prefillAck: make(chan struct{}, 1),
 		freeAck:    make(chan struct{}, 1),
 		broken:     make(chan struct{}),
 		done:       make(chan struct{}),
 	}
 	go t.receive()
-	err = stream.Send(&localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: &localrouterv1.CommitRequest{
-		RequestId: c.RequestID, WorkerId: c.WorkerID, DpRank: c.DPRank, Prompt: toProto(c.Prompt),
-	}}})
-	if err != nil {
-		// Send reports io.EOF when the stream broke; the cause comes from Recv.
-		<-t.broken
-		t.stop()
-		return nil, Selection{}, t.brokenErr
-	}
-	select {
-	case sel := <-t.committed:
-		return t, g.selection(sel), nil
-	case <-t.broken:
-		t.stop()
-		return nil, Selection{}, t.brokenErr
-	case <-ctx.Done():
-		t.stop()
-		return nil, Selection{}, ctx.Err()
-	}
+	return t, nil
 }
 
 // Close implements Router.
@@ -135,7 +134,10 @@ type grpcTracker struct {
 	stream localrouterv1.LocalRouter_TrackClient
 	cancel context.CancelFunc
 
-	committed  chan *localrouterv1.Selection
+	// committed is told the router's answer to the commit, once.
+	committed  func(Selection, error)
+	selection  func(*localrouterv1.Selection) Selection
+	answered   bool // receiver's own
 	prefillAck chan struct{}
 	freeAck    chan struct{}
 	broken     chan struct{} // closed when the stream ended; brokenErr says why
@@ -158,12 +160,21 @@ func (t *grpcTracker) receive() {
 		m, err := t.stream.Recv()
 		if err != nil {
 			t.brokenErr = err
+			// Told before broken closes: whoever sees the stream broken
+			// already knows a refusal.
+			if !t.answered {
+				t.answered = true
+				t.committed(Selection{}, err)
+			}
 			close(t.broken)
 			return
 		}
 		switch {
 		case m.GetCommitted() != nil:
-			t.committed <- m.GetCommitted()
+			if !t.answered {
+				t.answered = true
+				t.committed(t.selection(m.GetCommitted()), nil)
+			}
 		case m.GetAcked() == localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE:
 			select {
 			case t.prefillAck <- struct{}{}:

@@ -199,22 +199,59 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (Selection, error) {
 	return sel, nil
 }
 
-// Track commits a request on the pool, through the router at routerAddr
-// when it is still there (the one that answered the probe), and returns its
-// lifecycle stream.
-func (p *Pool) Track(ctx context.Context, routerAddr string, cm Commit) (Tracker, Selection, error) {
+// Commit commits a request on the pool, through the router at routerAddr
+// when it is still there (the one that answered the probe), and returns
+// its lifecycle stream once the commit is sent, without waiting for the
+// router's answer: committed (nil: nobody listens) is called once, from
+// another goroutine, with the answer (see Router.Track). The Tracker must
+// be freed, a refused commit's too. An error means nothing was committed.
+func (p *Pool) Commit(ctx context.Context, routerAddr string, cm Commit, committed func(Selection, error)) (Tracker, error) {
 	c, err := p.pickForCommit(routerAddr)
 	if err != nil {
-		return nil, Selection{}, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
+		return nil, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
 	}
 	p.conns.ref(c)
-	t, sel, err := c.r.Track(ctx, cm)
+	t, err := c.r.Track(ctx, cm, func(sel Selection, err error) {
+		if committed == nil {
+			return
+		}
+		if err != nil {
+			err = fmt.Errorf("pool %q: commit on %s: %w", p.cfg.Name, c.addr, err)
+		} else {
+			sel.Router = c.addr
+		}
+		committed(sel, err)
+	})
 	if err != nil {
 		p.conns.release(c)
-		return nil, Selection{}, fmt.Errorf("pool %q: commit on %s: %w", p.cfg.Name, c.addr, err)
+		return nil, fmt.Errorf("pool %q: commit on %s: %w", p.cfg.Name, c.addr, err)
 	}
-	sel.Router = c.addr
-	return &tracker{Tracker: t, release: func() { p.conns.release(c) }}, sel, nil
+	return &tracker{Tracker: t, release: func() { p.conns.release(c) }}, nil
+}
+
+// Track is Commit waiting for the router's answer: it returns the
+// worker's selection, or the refusal (nothing is then left open).
+func (p *Pool) Track(ctx context.Context, routerAddr string, cm Commit) (Tracker, Selection, error) {
+	type answer struct {
+		sel Selection
+		err error
+	}
+	ch := make(chan answer, 1)
+	t, err := p.Commit(ctx, routerAddr, cm, func(sel Selection, err error) { ch <- answer{sel, err} })
+	if err != nil {
+		return nil, Selection{}, err
+	}
+	select {
+	case a := <-ch:
+		if a.err != nil {
+			_ = t.Free(ctx) // the stream has ended: releases the client
+			return nil, Selection{}, a.err
+		}
+		return t, a.sel, nil
+	case <-ctx.Done():
+		_ = t.Free(ctx) // closes the stream, which frees the request
+		return nil, Selection{}, ctx.Err()
+	}
 }
 
 // pickForCommit takes routerAddr when the pool has it, even when its

@@ -3,6 +3,7 @@ package pool_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -141,6 +142,38 @@ func TestProbeAndTrack(t *testing.T) {
 	// Unknown worker: the commit is refused and nothing leaks.
 	if _, _, err := p.Track(ctx, "", pool.Commit{RequestID: "r2", WorkerID: "nope", Prompt: prompt(t, toks, 16)}); err == nil || !strings.Contains(err.Error(), "UNKNOWN_WORKER") && !strings.Contains(err.Error(), "unknown worker") {
 		t.Errorf("Track on an unknown worker: got %v, want unknown worker", err)
+	}
+	// Pipelined: Commit returns before the answer, which comes to the
+	// listener; a refused commit's tracker still frees.
+	answers := make(chan error, 2)
+	listen := func(sel pool.Selection, err error) {
+		if err == nil && sel.Router != srv.Addr {
+			err = fmt.Errorf("answer from %q, want %q", sel.Router, srv.Addr)
+		}
+		answers <- err
+	}
+	ok, err := p.Commit(ctx, sel.Router, pool.Commit{RequestID: "r3", WorkerID: "w-0", Prompt: prompt(t, toks, 16)}, listen)
+	if err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	if err := <-answers; err != nil {
+		t.Errorf("Commit answer: %v", err)
+	}
+	bad, err := p.Commit(ctx, sel.Router, pool.Commit{RequestID: "r4", WorkerID: "nope", Prompt: prompt(t, toks, 16)}, listen)
+	if err != nil {
+		t.Fatalf("Commit on an unknown worker: got %v, want the refusal on the listener", err)
+	}
+	if err := <-answers; err == nil || !strings.Contains(err.Error(), "UNKNOWN_WORKER") && !strings.Contains(err.Error(), "unknown worker") {
+		t.Errorf("Commit answer on an unknown worker: got %v, want unknown worker", err)
+	}
+	if err := bad.Free(ctx); err != nil {
+		t.Errorf("Free of a refused commit: %v", err)
+	}
+	if err := ok.Free(ctx); err != nil {
+		t.Errorf("Free: %v", err)
+	}
+	if n := srv.ActiveRequests(); n != 0 {
+		t.Errorf("after Free: %d active requests, want 0", n)
 	}
 }
 

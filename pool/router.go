@@ -14,20 +14,27 @@ type Router interface {
 	// until ctx ends.
 	Probe(ctx context.Context, p Prompt) (Selection, error)
 	// Track commits a request on the worker the caller chose and opens the
-	// request's lifecycle stream; it returns once the router answered the
-	// commit. ctx bounds the commit only: the stream lives until the
-	// Tracker is freed (or the connection breaks, which frees the request
-	// on the router too).
-	Track(ctx context.Context, c Commit) (Tracker, Selection, error)
+	// request's lifecycle stream. It returns once the commit is sent,
+	// without waiting for the router's answer (the commit is pipelined);
+	// committed is called once, from another goroutine, with the answer:
+	// the worker's selection, or why the commit failed (the router refused
+	// it, or the stream ended first; the request is then not on the
+	// router). committed must not block. ctx bounds sending the commit
+	// only: the stream lives until the Tracker is freed (or the connection
+	// breaks, which frees the request on the router too). An error means
+	// nothing was committed and committed is not called.
+	Track(ctx context.Context, c Commit, committed func(Selection, error)) (Tracker, error)
 	// Close releases the client. Open Trackers break, which frees their
 	// requests on the router.
 	Close() error
 }
 
 // Tracker is a committed request's lifecycle stream. Its methods are safe
-// for concurrent use and idempotent; PrefillComplete after Free does
-// nothing; Free after any error still frees (the stream is closed). ctx
-// bounds the wait for the router's acknowledgement.
+// for concurrent use and idempotent, and may be called before the router
+// answered the commit (events follow the commit on the stream, in order);
+// PrefillComplete after Free does nothing; Free after any error, a refused
+// commit included, still frees (the stream is closed). ctx bounds the wait
+// for the router's acknowledgement.
 type Tracker interface {
 	PrefillComplete(ctx context.Context) error
 	Free(ctx context.Context) error

@@ -150,6 +150,21 @@ func (s *Server) WaitIdle(ctx context.Context) error {
 	}
 }
 
+// WaitActive polls until the router has n requests in flight or ctx ends
+// (commits are pipelined: one may land just after Decide returned).
+func (s *Server) WaitActive(ctx context.Context, n int) error {
+	for {
+		if s.ActiveRequests() == n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d requests active, want %d: %w", s.ActiveRequests(), n, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // directory is the static worker directory (server.Directory).
 type directory map[string]kvevents.WorkerInfo
 
