@@ -1,12 +1,14 @@
 package extprocclient
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/status"
 )
 
 // TestProcessingModes checks, per processing mode, the messages the server
@@ -254,5 +256,59 @@ func TestHeldChunksGoAsOne(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"request_headers", "request_body:abcd(eos)"}, kinds(f.got())); diff != "" {
 		t.Errorf("messages (-want +got):\n%s", diff)
+	}
+}
+
+// TestCloseIsNotAServerError: Close cancels the gRPC stream, whose receive
+// goroutine then fails with Canceled; that is the client's own doing, never
+// a gRPC error reply (it once showed as a LocalReply 500
+// "ext_proc_error_gRPC_error_1{context canceled}" when Process returned
+// before the response side started). The receive error and the end of the
+// stream's context race, so many exchanges run, concurrently, to give the
+// race its chances.
+func TestCloseIsNotAServerError(t *testing.T) {
+	_, conn := startFake(t, passAll(fdsBoth))
+	c := newClient(t, conn, Config{ProcessingMode: fdsBoth})
+	ctx := testCtx(t)
+	const workers, exchanges = 8, 50
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			errs <- func() error {
+				for i := range exchanges {
+					// No Upstream: Process stops once the request is upstream.
+					res, err := c.Process(ctx, postRequest(`{"model":"m"}`, `{}`))
+					if err != nil {
+						return err
+					}
+					if lr := res.Info.LocalReply; lr != nil {
+						return fmt.Errorf("exchange %d: local reply %d %s, want none", i, lr.Status, lr.Details)
+					}
+					if got := string(res.Upstream.BodyBytes()); got != `{"model":"m"}{}` {
+						return fmt.Errorf("exchange %d: upstream body %q", i, got)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestReceiveErrorAfterContextEnd pins the rule TestCloseIsNotAServerError
+// depends on, without the race: a receive error handled once the stream's
+// context is done is ignored, whatever the select saw first.
+func TestReceiveErrorAfterContextEnd(t *testing.T) {
+	_, conn := startFake(t, passAll(fdsBoth))
+	c := newClient(t, conn, Config{ProcessingMode: fdsBoth})
+	s := c.Open(testCtx(t), nil)
+	s.Close() // the loop has ended: its state is the test's now
+	s.onRecv(recvItem{err: status.FromContextError(context.Canceled).Err()})
+	if lr := s.Info().LocalReply; lr != nil {
+		t.Errorf("local reply %d %s after the stream's context ended, want none", lr.Status, lr.Details)
 	}
 }

@@ -662,6 +662,12 @@ func (s *Stream) onRecv(it recvItem) {
 	if s.complete || s.grpcClosed && it.err != nil {
 		return
 	}
+	if it.err != nil && s.ctx.Err() != nil {
+		// The stream's own context ended (Close, or the caller's ctx):
+		// the receive error is that cancellation, not the server's. The
+		// loop's select may see it before ctx.Done(); the loop ends next.
+		return
+	}
 	if it.err != nil {
 		if errors.Is(it.err, io.EOF) {
 			s.onGRPCClose()
