@@ -43,11 +43,10 @@ type blockRef struct {
 // Concurrency: safe for concurrent use; one mutex guards everything, held
 // for O(request blocks) per call.
 type ActiveSequences struct {
-	mu     sync.Mutex
-	byID   map[string]*activeReq
-	slots  []activeWorker
-	bySlot map[WorkerKey]int32
-	free   []int32
+	mu    sync.Mutex
+	byID  map[string]*activeReq
+	slots []activeWorker
+	table slotTable
 	// blocks maps a block's sequence hash to the workers it is active on,
 	// with a reference count each. A worker's active blocks are prefix
 	// closed: a request holds every block before its last.
@@ -62,25 +61,17 @@ type ActiveSequences struct {
 func NewActiveSequences() *ActiveSequences {
 	return &ActiveSequences{
 		byID:   make(map[string]*activeReq),
-		bySlot: make(map[WorkerKey]int32),
+		table:  newSlotTable(),
 		blocks: make(map[uint64][]blockRef),
 	}
 }
 
 func (a *ActiveSequences) slotFor(key WorkerKey) int32 {
-	if s, ok := a.bySlot[key]; ok {
-		return s
+	s, fresh := a.table.acquire(key)
+	if fresh {
+		a.slots = grow(a.slots, s)
+		a.slots[s] = activeWorker{key: key}
 	}
-	var s int32
-	if n := len(a.free); n > 0 {
-		s = a.free[n-1]
-		a.free = a.free[:n-1]
-	} else {
-		s = int32(len(a.slots))
-		a.slots = append(a.slots, activeWorker{})
-	}
-	a.slots[s] = activeWorker{key: key}
-	a.bySlot[key] = s
 	return s
 }
 
@@ -184,9 +175,8 @@ func (a *ActiveSequences) freeLocked(r *activeReq) {
 		}
 	}
 	if w.requests == 0 {
-		delete(a.bySlot, w.key)
+		a.table.release(w.key)
 		a.slots[r.slot] = activeWorker{}
-		a.free = append(a.free, r.slot)
 	}
 }
 
@@ -246,7 +236,7 @@ type WorkerLoad struct {
 func (a *ActiveSequences) Load(key WorkerKey) WorkerLoad {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if s, ok := a.bySlot[key]; ok {
+	if s, ok := a.table.lookup(key); ok {
 		w := a.slots[s]
 		return WorkerLoad{w.prefill, w.distinct, w.requests}
 	}
@@ -306,7 +296,7 @@ func (a *ActiveSequences) PotentialLoads(dst []PotentialLoad, workers []WorkerKe
 			uncached = 0
 		}
 		p := PotentialLoad{Worker: key, PotentialPrefillTokens: uncached, PotentialDecodeBlocks: len(seq), OverlapBlocks: ov}
-		if s, ok := a.bySlot[key]; ok {
+		if s, ok := a.table.lookup(key); ok {
 			w := &a.slots[s]
 			p.PotentialPrefillTokens += w.prefill
 			p.PotentialDecodeBlocks += w.distinct - int(a.prefix[s])

@@ -123,8 +123,7 @@ type Index struct {
 	mu      sync.RWMutex
 	root    node
 	slots   []slotState
-	bySlot  map[WorkerKey]int32
-	free    []int32
+	table   slotTable
 	nodes   int
 	entries int
 
@@ -158,7 +157,7 @@ func NewIndex(blockSize int, opts IndexOptions) (*Index, error) {
 	}
 	ix := &Index{
 		blockSize: blockSize,
-		bySlot:    make(map[WorkerKey]int32),
+		table:     newSlotTable(),
 		ttl:       opts.TTL,
 		maxApprox: opts.MaxApproxEntries,
 	}
@@ -171,19 +170,11 @@ func (ix *Index) BlockSize() int { return ix.blockSize }
 
 // slotFor returns the slot of key, creating it. Caller holds mu for writing.
 func (ix *Index) slotFor(key WorkerKey) int32 {
-	if s, ok := ix.bySlot[key]; ok {
-		return s
+	s, fresh := ix.table.acquire(key)
+	if fresh {
+		ix.slots = grow(ix.slots, s)
+		ix.slots[s] = slotState{key: key, live: true, engine: make(map[uint64]*node)}
 	}
-	var s int32
-	if n := len(ix.free); n > 0 {
-		s = ix.free[n-1]
-		ix.free = ix.free[:n-1]
-	} else {
-		s = int32(len(ix.slots))
-		ix.slots = append(ix.slots, slotState{})
-	}
-	ix.slots[s] = slotState{key: key, live: true, engine: make(map[uint64]*node)}
-	ix.bySlot[key] = s
 	return s
 }
 
@@ -235,7 +226,7 @@ func (ix *Index) Apply(ev kvevents.RouterEvent) error {
 	case ev.Event.Removed != nil:
 		ix.applyRemoved(key, ev.Event.Removed)
 	case ev.Event.Cleared:
-		if s, ok := ix.bySlot[key]; ok {
+		if s, ok := ix.table.lookup(key); ok {
 			ix.clearSlot(s)
 		}
 	}
@@ -255,7 +246,7 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 			return fmt.Errorf("%w: block %d has %d tokens, block size is %d", ErrBlockSizeMismatch, i, len(b.TokenIDs), ix.blockSize)
 		}
 	}
-	slot, known := ix.bySlot[key]
+	slot, known := ix.table.lookup(key)
 	parent := &ix.root
 	if st.ParentHash != nil {
 		var p *node
@@ -328,7 +319,7 @@ func (ix *Index) drop(slot int32, n *node) {
 }
 
 func (ix *Index) applyRemoved(key WorkerKey, rm *kvevents.Removed) {
-	slot, ok := ix.bySlot[key]
+	slot, ok := ix.table.lookup(key)
 	if !ok {
 		ix.removedUnknown.Add(uint64(len(rm.EngineHashes)))
 		return
@@ -364,14 +355,13 @@ func (ix *Index) clearSlot(slot int32) {
 func (ix *Index) RemoveWorker(id string) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	for key, slot := range ix.bySlot {
+	for key, slot := range ix.table.byKey {
 		if key.ID != id {
 			continue
 		}
 		ix.clearSlot(slot)
 		ix.slots[slot] = slotState{}
-		delete(ix.bySlot, key)
-		ix.free = append(ix.free, slot)
+		ix.table.release(key)
 	}
 }
 
@@ -478,7 +468,7 @@ func (ix *Index) ensureSlot(key WorkerKey) int32 {
 func (ix *Index) TreeSize(key WorkerKey) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	if s, ok := ix.bySlot[key]; ok {
+	if s, ok := ix.table.lookup(key); ok {
 		return ix.slots[s].size
 	}
 	return 0
@@ -567,8 +557,8 @@ func (ix *Index) Dump() []kvevents.RouterEvent {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	var out []kvevents.RouterEvent
-	keys := make([]WorkerKey, 0, len(ix.bySlot))
-	for k := range ix.bySlot {
+	keys := make([]WorkerKey, 0, len(ix.table.byKey))
+	for k := range ix.table.byKey {
 		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool {
@@ -578,7 +568,7 @@ func (ix *Index) Dump() []kvevents.RouterEvent {
 		return keys[i].DPRank < keys[j].DPRank
 	})
 	for _, key := range keys {
-		out = ix.dumpSlot(out, ix.bySlot[key])
+		out = ix.dumpSlot(out, ix.table.byKey[key])
 	}
 	return out
 }
