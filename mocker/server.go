@@ -301,14 +301,14 @@ func (s *Server) encode(text string) ([]uint32, *httpError) {
 	return ids, nil
 }
 
-// renderChat flattens messages with a neutral template; with the built-in
-// tokenizer only determinism matters (a shared conversation prefix gives a
-// shared token prefix).
+// renderChat reads a request's messages (content as a string or a list of
+// parts, whose text parts are joined) and renders them with RenderChat and
+// the generation prompt, as every chat request is rendered.
 func renderChat(msgs []chatMessage) (string, *httpError) {
 	if len(msgs) == 0 {
 		return "", badRequest("missing_messages", "messages is required")
 	}
-	var b strings.Builder
+	conv := make([]ChatMessage, len(msgs))
 	for i, m := range msgs {
 		if m.Role == "" {
 			return "", badRequest("invalid_message", "messages[%d]: role is required", i)
@@ -328,10 +328,9 @@ func renderChat(msgs []chatMessage) (string, *httpError) {
 				}
 			}
 		}
-		fmt.Fprintf(&b, "<|%s|>\n%s\n", m.Role, text)
+		conv[i] = ChatMessage{Role: m.Role, Content: text}
 	}
-	b.WriteString("<|assistant|>\n")
-	return b.String(), nil
+	return RenderChat(conv, true), nil
 }
 
 // --- handlers ------------------------------------------------------------

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
@@ -356,5 +357,38 @@ func TestClientGoneFreesRequest(t *testing.T) {
 			t.Fatalf("request still running after the client left: %+v", srv.Stats())
 		case <-time.After(10 * time.Millisecond):
 		}
+	}
+}
+
+// TestRenderChat: the exported template is the one the server encodes chats
+// with (/tokenize with messages gives the ids of RenderChat's text), so a
+// router using it computes the workers' token ids.
+func TestRenderChat(t *testing.T) {
+	msgs := []ChatMessage{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "héllo, world"}}
+	if got, want := RenderChat(msgs, true), "<|system|>\nBe brief.\n<|user|>\nhéllo, world\n<|assistant|>\n"; got != want {
+		t.Errorf("RenderChat(…, true) = %q, want %q", got, want)
+	}
+	if got, want := RenderChat(msgs[:1], false), "<|system|>\nBe brief.\n"; got != want {
+		t.Errorf("RenderChat(…, false) = %q, want %q", got, want)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, hs, _ := startServer(t, ServerConfig{Model: "m"})
+	resp := post(ctx, t, hs.URL+"/tokenize", `{"model":"m","messages":[{"role":"system","content":"Be brief."},`+
+		`{"role":"user","content":[{"type":"text","text":"héllo, "},{"type":"image_url"},{"type":"text","text":"world"}]}]}`, nil)
+	defer resp.Body.Close()
+	var tok struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&tok); err != nil {
+		t.Fatal(err)
+	}
+	want, err := WordTokenizer{}.Encode(RenderChat(msgs, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, tok.Tokens); diff != "" {
+		t.Errorf("/tokenize of the messages (-RenderChat's ids +got):\n%s", diff)
 	}
 }

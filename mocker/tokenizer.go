@@ -64,6 +64,36 @@ func (w WordTokenizer) Encode(text string) ([]uint32, error) {
 	return out, nil
 }
 
+// ChatMessage is one message of a conversation: a role and its text. Its
+// fields match tokenizer.Message, which converts to it.
+type ChatMessage struct {
+	Role    string
+	Content string
+}
+
+// RenderChat renders a conversation with the mocker's chat template, the
+// text its chat endpoints and /tokenize encode: "<|role|>\ncontent\n" per
+// message, then, with addGenerationPrompt (the server always adds it),
+// "<|assistant|>\n". It is no model's template; with the built-in tokenizer
+// only determinism matters (a shared conversation prefix gives a shared
+// token prefix). A router that must compute the same token ids as mock
+// workers (prefix matching depends on it) renders chats with it before
+// encoding with the workers' Tokenizer.
+func RenderChat(messages []ChatMessage, addGenerationPrompt bool) string {
+	var b strings.Builder
+	for _, m := range messages {
+		b.WriteString("<|")
+		b.WriteString(m.Role)
+		b.WriteString("|>\n")
+		b.WriteString(m.Content)
+		b.WriteString("\n")
+	}
+	if addGenerationPrompt {
+		b.WriteString("<|assistant|>\n")
+	}
+	return b.String()
+}
+
 // words is the vocabulary the mocker writes its output with.
 var words = strings.Fields(`the of and to in is that it was for on are as with his they at be
 this from have or by one had not but what all were when we there can an your which their said
