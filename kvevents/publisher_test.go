@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/relay/embedtest"
 )
 
 // noLeaks checks, after every other cleanup of t, that no goroutine is
@@ -72,14 +72,15 @@ func TestPublisherEventsAndDump(t *testing.T) {
 	noLeaks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ns, nc := embedtest.NATS(t)
+	ns := testenv.StartNATSServer(t)
+	nc := testenv.ConnectNATS(t, ns.ClientURL())
 	reg := prometheus.NewRegistry()
 	p, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: "a", WorkerID: "w1", Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	sub := subscribe(t, embedtest.Connect(t, ns), "a")
+	sub := subscribe(t, testenv.ConnectNATS(t, ns.ClientURL()), "a")
 
 	steps := []struct {
 		name string
@@ -175,7 +176,7 @@ func TestDumpChainsBranches(t *testing.T) {
 	noLeaks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, nc := embedtest.NATS(t)
+	nc := testenv.ConnectNATS(t, testenv.StartNATS(t))
 	p, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: "a", WorkerID: "w"})
 	if err != nil {
 		t.Fatal(err)
@@ -242,8 +243,8 @@ func TestDumpTooLargeIsAnError(t *testing.T) {
 	noLeaks(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, nc := embedtest.NATS(t)
-	p, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: "a", WorkerID: "w", Logger: embedtest.Logger(t)})
+	nc := testenv.ConnectNATS(t, testenv.StartNATS(t))
+	p, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: "a", WorkerID: "w", Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

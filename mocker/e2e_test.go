@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
-	"github.com/kvgate/kvgate/kvevents/relay/embedtest"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/mocker"
 )
@@ -76,9 +76,10 @@ func indexBlocks(t *testing.T, ix *localrouter.Index, worker string) map[uint64]
 func TestMockerRelayIndexAgree(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	ns, nc := embedtest.NATS(t)
-	cli := embedtest.Etcd(t)
-	log := embedtest.Logger(t)
+	ns := testenv.StartNATSServer(t)
+	nc := testenv.ConnectNATS(t, ns.ClientURL())
+	_, cli := testenv.StartEtcd(t)
+	log := testenv.Logger(t)
 
 	const bs = 4
 	mctx, stopMocker := context.WithCancel(ctx)
@@ -111,7 +112,7 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 	}
 	cleared := make(chan struct{}, 1)
 	var applyErrs sync.Map
-	sub, err := embedtest.Connect(t, ns).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
+	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
 		e, err := kvevents.DecodeMsgpack(m.Data)
 		if err != nil {
 			applyErrs.Store(fmt.Sprint("decode: ", err), true)
@@ -248,13 +249,13 @@ func sorted(m map[uint64]struct{}) []uint64 {
 func TestMockerNATSModeDump(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	_, nc := embedtest.NATS(t)
+	nc := testenv.ConnectNATS(t, testenv.StartNATS(t))
 	mctx, stop := context.WithCancel(ctx)
 	defer stop()
 	inst, err := mocker.Start(mctx, mocker.RunConfig{
 		Server: mocker.ServerConfig{Engine: mocker.Config{BlockSize: 4, NumBlocks: 32, Speedup: 500}},
 		Listen: "127.0.0.1:0", Pool: "p", WorkerID: "w9", Events: mocker.EventsNATS,
-	}, mocker.RunDeps{Logger: embedtest.Logger(t), Registry: prometheus.NewRegistry(), NATS: nc})
+	}, mocker.RunDeps{Logger: testenv.Logger(t), Registry: prometheus.NewRegistry(), NATS: nc})
 	if err != nil {
 		t.Fatal(err)
 	}

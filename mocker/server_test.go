@@ -15,11 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
-	"github.com/kvgate/kvgate/kvevents/relay/embedtest"
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, embedtest.IgnoreLeaks()...)
+	goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...)
 }
 
 // startServer serves a mocker on a loopback listener, its engine stepped
@@ -30,7 +30,7 @@ func startServer(t *testing.T, cfg ServerConfig) (*Server, *httptest.Server, *pr
 		cfg.Engine.Speedup = 1000
 	}
 	reg := prometheus.NewRegistry()
-	srv, err := NewServer(cfg, ServerOptions{Logger: embedtest.Logger(t), Registry: reg})
+	srv, err := NewServer(cfg, ServerOptions{Logger: testenv.Logger(t), Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

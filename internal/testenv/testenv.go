@@ -1,6 +1,8 @@
 // Package testenv starts the real servers kvgate's tests run against: an
 // embedded etcd and an embedded NATS server, each on a free loopback port
-// and stopped by t.Cleanup. Tests use them instead of fakes (STYLE.md,
+// and stopped by t.Cleanup. It also has the tests' shared helpers: a logger
+// to the test's output, polling with a deadline (Eventually) and the
+// goroutines goleak must ignore (IgnoreLeaks). Tests use them instead of fakes (STYLE.md,
 // "Real transports and real servers").
 //
 // Both helpers are safe to call from parallel tests; each call starts its
@@ -10,6 +12,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"testing"
 	"time"
@@ -146,6 +149,12 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() (string, bool))
 			wait *= 2
 		}
 	}
+}
+
+// Logger returns a slog logger writing to the test's output (shown on
+// failure or with -v), at debug level.
+func Logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // Errorf is a convenience for Eventually conditions.

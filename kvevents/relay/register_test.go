@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
-	"github.com/kvgate/kvgate/kvevents/relay/embedtest"
 )
 
 // TestRegistrationSurvivesLeaseLoss revokes the registration's lease behind
@@ -16,9 +16,9 @@ import (
 func TestRegistrationSurvivesLeaseLoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cli := embedtest.Etcd(t)
+	_, cli := testenv.StartEtcd(t)
 	info := kvevents.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 16}
-	reg, err := relay.Register(ctx, cli, "p", info, 5*time.Second, embedtest.Logger(t))
+	reg, err := relay.Register(ctx, cli, "p", info, 5*time.Second, testenv.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestRegistrationSurvivesLeaseLoss(t *testing.T) {
 func TestRegisterRejectsBadInfo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cli := embedtest.Etcd(t)
+	_, cli := testenv.StartEtcd(t)
 	for _, info := range []kvevents.WorkerInfo{
 		{ID: "a/b", Address: "x", BlockSize: 16},
 		{ID: "w", BlockSize: 16},

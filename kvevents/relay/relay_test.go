@@ -20,13 +20,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
-	"github.com/kvgate/kvgate/kvevents/relay/embedtest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, embedtest.IgnoreLeaks()...)
+	goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...)
 }
 
 func fixture(t *testing.T, name string) []byte {
@@ -61,8 +61,9 @@ func wantEvents(t *testing.T, name string) []kvevents.Event {
 func TestRelayEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ns, nc := embedtest.NATS(t)
-	cli := embedtest.Etcd(t)
+	ns := testenv.StartNATSServer(t)
+	nc := testenv.ConnectNATS(t, ns.ClientURL())
+	_, cli := testenv.StartEtcd(t)
 
 	pub := zmq4.NewPub(ctx)
 	defer pub.Close()
@@ -72,7 +73,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	endpoint := "tcp://" + pub.Addr().String()
 
 	events := make(chan kvevents.RouterEvent, 256)
-	sub, err := embedtest.Connect(t, ns).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
+	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
 		e, err := kvevents.DecodeMsgpack(m.Data)
 		if err != nil {
 			t.Errorf("decode: %v", err)
@@ -88,7 +89,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	info := kvevents.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 4, Model: "m"}
 	r, err := relay.New(relay.Config{Endpoints: []string{endpoint}, Topic: "kv", Pool: "p", Worker: info, Register: true, LeaseTTL: 5 * time.Second},
-		relay.Options{NATS: nc, Etcd: cli, Registerer: reg, Logger: embedtest.Logger(t)})
+		relay.Options{NATS: nc, Etcd: cli, Registerer: reg, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +264,8 @@ func clientv3LeaseID(id int64) clientv3.LeaseID { return clientv3.LeaseID(id) }
 func TestRelayDataParallelEndpoints(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ns, nc := embedtest.NATS(t)
+	ns := testenv.StartNATSServer(t)
+	nc := testenv.ConnectNATS(t, ns.ClientURL())
 	var pubs []zmq4.Socket
 	var endpoints []string
 	for range 2 {
@@ -276,7 +278,7 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 		endpoints = append(endpoints, "tcp://"+pub.Addr().String())
 	}
 	seen := make(chan kvevents.RouterEvent, 256)
-	sub, err := embedtest.Connect(t, ns).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
+	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
 		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
 			seen <- e
 		}
@@ -286,7 +288,7 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 	}
 	defer sub.Unsubscribe()
 	r, err := relay.New(relay.Config{Endpoints: endpoints, Pool: "p", Worker: kvevents.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}},
-		relay.Options{NATS: nc, Logger: embedtest.Logger(t)})
+		relay.Options{NATS: nc, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +343,8 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 func TestRelayRecoversGapFromReplay(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ns, nc := embedtest.NATS(t)
+	ns := testenv.StartNATSServer(t)
+	nc := testenv.ConnectNATS(t, ns.ClientURL())
 	pub := zmq4.NewPub(ctx)
 	defer pub.Close()
 	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
@@ -398,7 +401,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	}
 
 	seen := make(chan kvevents.RouterEvent, 256)
-	sub, err := embedtest.Connect(t, ns).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
+	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
 		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
 			seen <- e
 		}
@@ -411,7 +414,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	r, err := relay.New(relay.Config{
 		Endpoints: []string{"tcp://" + pub.Addr().String()}, ReplayEndpoints: []string{"tcp://" + router.Addr().String()},
 		Pool: "p", Worker: kvevents.WorkerInfo{ID: "w", BlockSize: 2},
-	}, relay.Options{NATS: nc, Logger: embedtest.Logger(t), Registerer: reg})
+	}, relay.Options{NATS: nc, Logger: testenv.Logger(t), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
