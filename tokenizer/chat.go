@@ -34,6 +34,9 @@ var chatMLTemplate string
 type chatTemplate struct {
 	tmpl *exec.Template
 	vars map[string]any // bos_token, eos_token, ...
+	// native renders a well-known template without gonja (chatnative.go);
+	// nil for others.
+	native nativeRender
 }
 
 func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) {
@@ -57,10 +60,20 @@ func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) 
 	if err != nil {
 		return nil, fmt.Errorf("chat template: %w", err)
 	}
-	return &chatTemplate{tmpl: t, vars: vars}, nil
+	return &chatTemplate{tmpl: t, vars: vars, native: nativeChat(source, vars)}, nil
 }
 
 func (c *chatTemplate) render(messages []Message, addGenerationPrompt bool) (string, error) {
+	if c.native != nil {
+		if out, ok := c.native(messages, addGenerationPrompt); ok {
+			return out, nil
+		}
+	}
+	return c.renderJinja(messages, addGenerationPrompt)
+}
+
+// renderJinja renders through gonja.
+func (c *chatTemplate) renderJinja(messages []Message, addGenerationPrompt bool) (string, error) {
 	msgs := make([]any, len(messages))
 	for i, m := range messages {
 		msgs[i] = map[string]any{"role": m.Role, "content": m.Content}

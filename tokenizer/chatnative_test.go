@@ -1,0 +1,226 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// knownTemplates are the templates with a native renderer, loaded as the
+// tokenizer loads them.
+func knownTemplates(t *testing.T) map[string]*chatTemplate {
+	t.Helper()
+	out := map[string]*chatTemplate{}
+	add := func(name, source string, vars map[string]any) {
+		ct, err := newChatTemplate(source, vars)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if ct.native == nil {
+			t.Fatalf("%s: no native renderer (is the source still the one chatnative.go hashes?)", name)
+		}
+		out[name] = ct
+	}
+	add("chatml", chatMLTemplate, nil)
+	llama3, err := os.ReadFile(filepath.Join("testdata", "llama3_chat_template.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("llama3", string(llama3), map[string]any{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+	dir := referenceDir(t)
+	data, err := os.ReadFile(filepath.Join(dir, "models", "qwen3", "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ChatTemplate string `json:"chat_template"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	add("qwen3", cfg.ChatTemplate, nil)
+	return out
+}
+
+// pieces are what generated contents are made of: the templates' own
+// markers, whitespace of every kind the string methods treat apart,
+// Jinja syntax, escapes, non-ASCII and invalid UTF-8.
+var pieces = []string{
+	"", " ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u2028", "\u3000", "\v", "\f",
+	"hello", "What is 2+2?", "Paragraph: a router that knows which worker holds a prompt's prefix. ",
+	"<think>", "</think>", "<think>\nreasoning\n</think>\n\n", "<tool_response>", "</tool_response>",
+	"<|im_start|>", "<|im_end|>", "<|eot_id|>", "{{ x }}", "{% if %}", "{#", "<>&\"'", "\\n",
+	"中文", "🎉", "é", "\xff", "\xe4\xb8", "\x00",
+}
+
+var roles = []string{"system", "user", "assistant", "tool", "user", "assistant", "developer", ""}
+
+func genContent(r *rand.Rand) string {
+	var b strings.Builder
+	for range r.IntN(7) {
+		b.WriteString(pieces[r.IntN(len(pieces))])
+	}
+	return b.String()
+}
+
+func genConversation(r *rand.Rand) []Message {
+	n := r.IntN(9)
+	msgs := make([]Message, n)
+	for i := range msgs {
+		msgs[i] = Message{Role: roles[r.IntN(len(roles))], Content: genContent(r)}
+	}
+	if n > 0 && r.IntN(3) == 0 {
+		msgs[0].Role = "system"
+	}
+	return msgs
+}
+
+// TestNativeChatMatchesJinja proves each native renderer byte-identical to
+// gonja over generated conversations (and equal in refusing the few it
+// leaves to gonja).
+func TestNativeChatMatchesJinja(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	convs := [][]Message{nil, {}, {{Role: "user", Content: "Hello!"}}}
+	for range 3000 {
+		convs = append(convs, genConversation(r))
+	}
+	for name, ct := range knownTemplates(t) {
+		t.Run(name, func(t *testing.T) {
+			native, gonjaFails := 0, 0
+			for i, msgs := range convs {
+				for _, gen := range []bool{false, true} {
+					want, werr := ct.renderJinja(msgs, gen)
+					got, ok := ct.native(msgs, gen)
+					if !ok {
+						continue
+					}
+					native++
+					if werr != nil {
+						// gonja cannot call a string method on an empty
+						// string (Qwen3's "</think>" split of a turn that
+						// ends or starts with it); Python's Jinja, which
+						// the engines use, can: TestNativeQwen3WhereGonjaFails.
+						if name != "qwen3" || !strings.Contains(werr.Error(), "is not callable on") {
+							t.Fatalf("conversation %d gen=%v %s: gonja fails (%v) where native renders %q", i, gen, show(msgs), werr, got)
+						}
+						gonjaFails++
+						continue
+					}
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Fatalf("conversation %d gen=%v %s: native differs from gonja (-gonja +native):\n%s", i, gen, show(msgs), diff)
+					}
+				}
+			}
+			if native < len(convs) {
+				t.Errorf("native rendered %d of %d; want most", native, 2*len(convs))
+			}
+			if gonjaFails > native/10 {
+				t.Errorf("gonja failed on %d of %d", gonjaFails, native)
+			}
+		})
+	}
+}
+
+// TestNativeQwen3WhereGonjaFails: where gonja fails on Qwen3's template
+// (a string method on an empty string), the native renderer gives what
+// Python's Jinja gives (jinja2 3.1.6, as transformers configures it:
+// sandboxed, trim_blocks, lstrip_blocks). Over the generated conversations
+// of TestNativeChatMatchesJinja that are valid UTF-8, all three native
+// renderers matched jinja2 on every one (6,000+ renders), these included.
+func TestNativeQwen3WhereGonjaFails(t *testing.T) {
+	ct := knownTemplates(t)["qwen3"]
+	for _, tc := range []struct {
+		msgs []Message
+		want string
+	}{
+		{[]Message{{Role: "user", Content: "2+2?"}, {Role: "assistant", Content: "<think>\nadd\n</think>"}},
+			"<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\nadd\n</think>\n\n<|im_end|>\n<|im_start|>assistant\n"},
+		{[]Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "</think>\n\nhello"}},
+			"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nhello<|im_end|>\n<|im_start|>assistant\n"},
+		{[]Message{{Role: "user", Content: "q"}, {Role: "assistant", Content: "<think>x</think>  a"}, {Role: "user", Content: "r"}},
+			"<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n  a<|im_end|>\n<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\n"},
+	} {
+		got, err := ct.render(tc.msgs, true)
+		if err != nil {
+			t.Fatalf("render %s: %v", show(tc.msgs), err)
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("render %s differs from jinja2 (-jinja2 +native):\n%s", show(tc.msgs), diff)
+		}
+	}
+}
+
+func show(msgs []Message) string {
+	b, _ := json.Marshal(msgs)
+	return string(b)
+}
+
+// TestNativeChatRecognition: only the exact sources get a native renderer.
+func TestNativeChatRecognition(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		source string
+		vars   map[string]any
+		native bool
+	}{
+		{"chatml", chatMLTemplate, nil, true},
+		{"chatml edited", chatMLTemplate + " ", nil, false},
+		{"llama3 without bos_token", mustRead(t, "testdata/llama3_chat_template.jinja"), nil, false},
+		{"mistral", mustRead(t, "testdata/mistral_chat_template.jinja"), map[string]any{"bos_token": "<s>", "eos_token": "</s>"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ct, err := newChatTemplate(tc.source, tc.vars)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ct.native != nil; got != tc.native {
+				t.Errorf("native renderer: got %v, want %v", got, tc.native)
+			}
+		})
+	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// BenchmarkRenderChat renders an ~8 KB conversation natively and through
+// gonja.
+func BenchmarkRenderChat(b *testing.B) {
+	ct, err := newChatTemplate(chatMLTemplate, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	msgs := []Message{{Role: "system", Content: "You are a helpful assistant."}}
+	for i := range 6 {
+		msgs = append(msgs, Message{Role: "user", Content: fmt.Sprintf("Question %d: %s", i, strings.Repeat("tokens and caches ", 30))},
+			Message{Role: "assistant", Content: strings.Repeat("an answer about routing ", 30)})
+	}
+	b.Run("native", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ct.render(msgs, true); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("gonja", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ct.renderJinja(msgs, true); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
