@@ -16,7 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/relay"
+	"github.com/kvgate/kvgate/kvevents/registry"
 )
 
 // KV event modes of a running mocker.
@@ -205,7 +205,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	}
 	if cli != nil {
 		role := engCfg.Role
-		reg, err := relay.Register(ctx, cli, cfg.Pool, kvevents.WorkerInfo{
+		reg, err := registry.Register(ctx, cli, cfg.Pool, kvevents.WorkerInfo{
 			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: 1, BlockSize: engCfg.BlockSize,
 			Model: srv.cfg.Model, Role: role, KVCapacityBlocks: engCfg.NumBlocks,
 		}, cfg.LeaseTTL, log)

@@ -14,7 +14,8 @@
 // (Config.Endpoints), so one publisher answers its dumps. Engine sequence
 // gaps are filled from vLLM's replay socket when one is configured
 // (Config.ReplayEndpoints); a sequence going back means the engine
-// restarted, and the blocks of that endpoint's ranks are cleared.
+// restarted, and the blocks of that endpoint's ranks are cleared. The etcd
+// registration (Config.Register) is kvevents/registry's.
 package relay
 
 import (
@@ -37,6 +38,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/kvevents/registry"
 )
 
 // Config is what one relay serves: one engine, one worker identity.
@@ -188,7 +190,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.pub = pub
 
 	if r.cfg.Register {
-		reg, err := Register(ctx, r.opts.Etcd, r.cfg.Pool, r.cfg.Worker, r.cfg.LeaseTTL, r.opts.Logger)
+		reg, err := registry.Register(ctx, r.opts.Etcd, r.cfg.Pool, r.cfg.Worker, r.cfg.LeaseTTL, r.opts.Logger)
 		if err != nil {
 			return fmt.Errorf("relay: %w", err)
 		}

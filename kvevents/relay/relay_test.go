@@ -257,8 +257,6 @@ func waitKey(ctx context.Context, t *testing.T, cli *clientv3.Client, key string
 	}
 }
 
-func clientv3LeaseID(id int64) clientv3.LeaseID { return clientv3.LeaseID(id) }
-
 // TestRelayDataParallelEndpoints relays two ranks' sockets (vLLM binds one
 // per data-parallel rank) as one worker, whose dump covers both ranks.
 func TestRelayDataParallelEndpoints(t *testing.T) {

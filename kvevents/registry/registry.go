@@ -1,4 +1,12 @@
-package relay
+// Package registry registers an engine worker in etcd, where local routers
+// discover their pool's workers: one key, kvevents.WorkersPrefix(pool) + the
+// worker id, whose value is the JSON kvevents.WorkerInfo, kept alive under a
+// lease. `kvgate relay` registers the vLLM or SGLang engine it relays for;
+// `kvgate mocker` registers itself.
+//
+// It is a package of its own so that kvevents, which the local router's
+// core imports, does not pull in the etcd client.
+package registry
 
 import (
 	"context"
@@ -9,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvgate/kvgate/kvevents"
@@ -79,6 +88,12 @@ func (r *Registration) put(ctx, keepCtx context.Context) (<-chan *clientv3.Lease
 	if err != nil {
 		return nil, fmt.Errorf("register %s: grant lease: %w", r.key, err)
 	}
+	// Recorded before the key is written: once the key is visible under
+	// this lease, Close must revoke this lease, even if Close stops the
+	// keep-alive before it starts.
+	r.mu.Lock()
+	r.lease = lease.ID
+	r.mu.Unlock()
 	if _, err := r.cli.Put(ctx, r.key, r.value, clientv3.WithLease(lease.ID)); err != nil {
 		return nil, fmt.Errorf("register %s: put: %w", r.key, err)
 	}
@@ -86,9 +101,6 @@ func (r *Registration) put(ctx, keepCtx context.Context) (<-chan *clientv3.Lease
 	if err != nil {
 		return nil, fmt.Errorf("register %s: keep alive: %w", r.key, err)
 	}
-	r.mu.Lock()
-	r.lease = lease.ID
-	r.mu.Unlock()
 	return ka, nil
 }
 
@@ -124,7 +136,9 @@ func (r *Registration) keep(ctx context.Context, ka <-chan *clientv3.LeaseKeepAl
 }
 
 // Close stops the keep-alive and revokes the lease, deleting the key at
-// once (routers see the worker leave without waiting for the TTL).
+// once (routers see the worker leave without waiting for the TTL). A lease
+// already gone (lost and not yet replaced) took the key with it: not an
+// error.
 func (r *Registration) Close() error {
 	r.cancel()
 	<-r.done
@@ -133,7 +147,7 @@ func (r *Registration) Close() error {
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := r.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, context.Canceled) {
+	if _, err := r.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("deregister %s: %w", r.key, err)
 	}
 	return nil
