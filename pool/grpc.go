@@ -30,6 +30,12 @@ func GRPCDialer(opts ...grpc.DialOption) Dialer {
 				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
 				MinConnectTimeout: 5 * time.Second,
 			}),
+			// Static flow-control windows turn off gRPC's bandwidth-delay
+			// estimator, whose pings rode along every probe: a frame each
+			// way to write, read and answer. Probes and commits are small;
+			// 1 MiB covers any prompt's hashes many times.
+			grpc.WithInitialWindowSize(1 << 20),
+			grpc.WithInitialConnWindowSize(1 << 20),
 		}, opts...)
 		cc, err := grpc.NewClient(addr, all...)
 		if err != nil {
