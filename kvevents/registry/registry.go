@@ -50,23 +50,31 @@ func Register(ctx context.Context, cli *clientv3.Client, pool string, info kveve
 	if err := info.Validate(); err != nil {
 		return nil, fmt.Errorf("register: %w", err)
 	}
-	if ttl == 0 {
-		ttl = 10 * time.Second
-	}
-	secs := max(int64((ttl+time.Second-1)/time.Second), 1)
 	value, err := json.Marshal(info)
 	if err != nil {
 		return nil, fmt.Errorf("register: %w", err)
 	}
+	return RegisterKey(ctx, cli, kvevents.WorkersPrefix(pool)+info.ID, value, ttl, log)
+}
+
+// RegisterKey writes key = value under a lease of ttl (rounded up to whole
+// seconds, at least 1 s; 0 means 10 s) and keeps it alive until Close,
+// registering again if the lease is lost. ctx bounds the first write only.
+// Local routers register themselves with it too.
+func RegisterKey(ctx context.Context, cli *clientv3.Client, key string, value []byte, ttl time.Duration, log *slog.Logger) (*Registration, error) {
+	if ttl == 0 {
+		ttl = 10 * time.Second
+	}
+	secs := max(int64((ttl+time.Second-1)/time.Second), 1)
 	if log == nil {
 		log = slog.Default()
 	}
 	r := &Registration{
 		cli:   cli,
-		key:   kvevents.WorkersPrefix(pool) + info.ID,
+		key:   key,
 		value: string(value),
 		ttl:   secs,
-		log:   log.With("component", "registration", "key", kvevents.WorkersPrefix(pool)+info.ID),
+		log:   log.With("component", "registration", "key", key),
 		done:  make(chan struct{}),
 	}
 	keepCtx, cancel := context.WithCancel(context.Background())
@@ -138,7 +146,7 @@ func (r *Registration) keep(ctx context.Context, ka <-chan *clientv3.LeaseKeepAl
 // Close stops the keep-alive and revokes the lease, deleting the key at
 // once (routers see the worker leave without waiting for the TTL). A lease
 // already gone (lost and not yet replaced) took the key with it: not an
-// error.
+// error. Close is idempotent.
 func (r *Registration) Close() error {
 	r.cancel()
 	<-r.done

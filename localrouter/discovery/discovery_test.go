@@ -144,13 +144,13 @@ func TestRegistrationSurvivesLeaseLoss(t *testing.T) {
 		l, ok := get()
 		return fmt.Sprintf("lease %x present %v", l, ok), ok && l != lease
 	})
-	if err := reg.Close(ctx); err != nil {
+	if err := reg.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := get(); ok {
 		t.Error("key still there after Close")
 	}
-	if err := reg.Close(ctx); err != nil {
+	if err := reg.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/kvevents/registry"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/discovery"
 	"github.com/kvgate/kvgate/localrouter/events"
@@ -54,7 +55,7 @@ type Service struct {
 	watcher    *discovery.Watcher
 	sub        *events.Subscriber
 	sync       *replica.Sync
-	reg        *discovery.Registration
+	reg        *registry.Registration
 	stopWatch  context.CancelFunc
 	wg         sync.WaitGroup
 	errs       chan error
@@ -273,7 +274,7 @@ func (s *Service) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		var errs []error
 		if s.reg != nil {
-			errs = append(errs, s.reg.Close(ctx))
+			errs = append(errs, s.reg.Close())
 		}
 		if s.srv != nil {
 			s.srv.Shutdown()
