@@ -257,29 +257,58 @@ func (a *ActiveSequences) Loads(f func(WorkerKey, WorkerLoad)) {
 // activePrefix sets a.prefix[slot], for every worker slot, to the number
 // of leading request blocks (given as sequence hashes) already active there.
 // Caller holds a.mu.
+//
+// A worker's active blocks are prefix closed along a chain (a request that
+// holds block i+1 holds block i, and sequence hashes name the whole
+// prefix), so S(i), the set of workers with block i active, only shrinks as
+// i grows. Bisection finds where each worker drops out with O(k log n)
+// lookups for k distinct drop points, instead of one lookup per block.
 func (a *ActiveSequences) activePrefix(seq []uint64) {
 	if cap(a.prefix) < len(a.slots) {
 		a.prefix = make([]int32, len(a.slots))
 	}
 	a.prefix = a.prefix[:len(a.slots)]
 	clear(a.prefix)
-	if len(seq) == 0 {
+	n := len(seq)
+	if n == 0 {
 		return
 	}
-	live := 0
-	for _, r := range a.blocks[seq[0]] {
-		a.prefix[r.slot] = 1
-		live++
+	first := a.blocks[seq[0]]
+	if len(first) == 0 {
+		return
 	}
-	for i := 1; i < len(seq) && live > 0; i++ {
-		live = 0
-		for _, r := range a.blocks[seq[i]] {
-			if a.prefix[r.slot] == int32(i) {
-				a.prefix[r.slot]++
-				live++
+	last := first
+	if n > 1 {
+		last = a.blocks[seq[n-1]]
+	}
+	for _, r := range last {
+		a.prefix[r.slot] = int32(n)
+	}
+	if n > 1 {
+		a.bisect(seq, 0, n-1, first, last)
+	}
+}
+
+// bisect assigns the prefix of every worker in S(lo) \ S(hi), lo < hi,
+// given S(lo) = atLo and S(hi) = atHi. It settles the right half first, so
+// a worker still unassigned when an interval narrows to (lo, lo+1) dropped
+// out exactly there.
+func (a *ActiveSequences) bisect(seq []uint64, lo, hi int, atLo, atHi []blockRef) {
+	if len(atLo) == len(atHi) { // S(hi) ⊆ S(lo): the same set
+		return
+	}
+	if hi-lo == 1 {
+		for _, r := range atLo {
+			if a.prefix[r.slot] == 0 {
+				a.prefix[r.slot] = int32(lo + 1)
 			}
 		}
+		return
 	}
+	mid := lo + (hi-lo)/2
+	atMid := a.blocks[seq[mid]]
+	a.bisect(seq, mid, hi, atMid, atHi)
+	a.bisect(seq, lo, mid, atLo, atMid)
 }
 
 // PotentialLoads appends to dst the potential load of each of workers if
