@@ -1,10 +1,15 @@
 package kvevents
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -28,7 +33,8 @@ type PublisherConfig struct {
 // way a custom engine (or the relay, or the mocker) reports its cache. It
 // stamps event ids, monotonic per (worker, dp rank) from 1, keeps the
 // worker's current blocks, and answers dump requests on DumpSubject with a
-// DumpReply so a router that missed events can resynchronise.
+// DumpReply, in pages when it is large and the requester takes pages
+// (dump.go), so a router that missed events can resynchronise.
 //
 // Safe for concurrent use. Publishing never blocks on the network (nats.go
 // buffers); events are sent in id order.
@@ -40,8 +46,9 @@ type Publisher struct {
 	sub     *nats.Subscription
 	m       publisherMetrics
 
-	mu    sync.Mutex // guards ranks and the order of ids on the wire
-	ranks map[uint32]*rankState
+	mu       sync.Mutex // guards ranks, dropPage and the order of ids on the wire
+	ranks    map[uint32]*rankState
+	dropPage func(page int) bool // test hook: pages of dump answers not sent
 }
 
 type rankState struct {
@@ -63,6 +70,7 @@ type publisherMetrics struct {
 	events    *prometheus.CounterVec
 	errors    prometheus.Counter
 	dumps     prometheus.Counter
+	dumpPages prometheus.Counter
 	dumpBytes prometheus.Histogram
 }
 
@@ -112,14 +120,18 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 			Name: "kvgate_publisher_dump_requests_total",
 			Help: "Dump requests answered.",
 		}),
+		dumpPages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_publisher_dump_pages_total",
+			Help: "Messages of dump answers sent (a small dump is one page).",
+		}),
 		dumpBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kvgate_publisher_dump_reply_bytes",
-			Help:    "Size of dump replies.",
+			Help:    "Size of dump answers, all pages together.",
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.errors, m.dumps, m.dumpBytes)
+		reg.MustRegister(m.events, m.errors, m.dumps, m.dumpPages, m.dumpBytes)
 	}
 	return m
 }
@@ -260,21 +272,26 @@ func (rs *rankState) apply(ev Event) {
 	}
 }
 
-// answerDump replies to a dump request with a DumpReply taken under the
-// publishing lock, so LastEventID and the blocks agree.
+// answerDump replies to a dump request (wire format in dump.go). The ranks'
+// last ids and block sets are copied under the publishing lock, so they
+// agree; chains and pages are built after it, so publishing waits only for
+// the copy.
 func (p *Publisher) answerDump(msg *nats.Msg) {
+	maxPayload := p.nc.MaxPayload()
+	limit, paged, err := dumpPageLimit(msg.Header.Get(DumpPageBytesHeader), maxPayload)
 	p.mu.Lock()
 	if p.ranks == nil {
 		p.mu.Unlock()
 		return
 	}
-	reply := p.snapshot()
+	snap := p.copyRanks()
+	drop := p.dropPage
 	p.mu.Unlock()
-	data, err := EncodeDumpReply(reply)
+	reply := p.snapshot(snap)
+
+	var pages [][]byte
 	if err == nil {
-		if max := p.nc.MaxPayload(); max > 0 && int64(len(data)) > max {
-			err = fmt.Errorf("dump reply of %d bytes exceeds the NATS max payload %d; raise max_payload on the server", len(data), max)
-		}
+		pages, err = encodeDump(reply, paged, limit, maxPayload)
 	}
 	if err != nil {
 		p.log.Error("answer dump request", "err", err)
@@ -285,39 +302,109 @@ func (p *Publisher) answerDump(msg *nats.Msg) {
 		}
 		return
 	}
-	if err := msg.Respond(data); err != nil {
-		p.log.Warn("answer dump request", "err", err)
-		return
+	total := 0
+	for i, data := range pages {
+		total += len(data)
+		if drop != nil && drop(i) {
+			continue
+		}
+		if err := msg.Respond(data); err != nil {
+			// The requester misses the rest and fails its dump.
+			p.log.Warn("answer dump request", "page", i, "pages", len(pages), "err", err)
+			return
+		}
 	}
 	p.m.dumps.Inc()
-	p.m.dumpBytes.Observe(float64(len(data)))
+	p.m.dumpPages.Add(float64(len(pages)))
+	p.m.dumpBytes.Observe(float64(total))
 }
 
-// snapshot builds the DumpReply; p.mu must be held.
-func (p *Publisher) snapshot() DumpReply {
-	reply := DumpReply{WorkerID: p.cfg.WorkerID}
-	ranks := make([]uint32, 0, len(p.ranks))
-	for r := range p.ranks {
-		ranks = append(ranks, r)
+// dumpPageLimit reads a request's DumpPageBytesHeader: whether it takes a
+// paged answer, and the page size to cut (bounded by the publisher's own
+// max payload, at least MinDumpPageBytes).
+func dumpPageLimit(header string, maxPayload int64) (int, bool, error) {
+	if header == "" {
+		return 0, false, nil
 	}
-	slices.Sort(ranks)
-	for _, r := range ranks {
-		rs := p.ranks[r]
-		reply.Ranks = append(reply.Ranks, DumpRank{DPRank: r, LastEventID: rs.lastID, Blocks: len(rs.blocks)})
-		for _, st := range rs.chains() {
-			reply.Events = append(reply.Events, RouterEvent{WorkerID: p.cfg.WorkerID, DPRank: r, EventID: rs.lastID, Event: Event{Stored: st}})
+	n, err := strconv.ParseInt(header, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, false, fmt.Errorf("dump request header %s: got %q, want a positive byte count", DumpPageBytesHeader, header)
+	}
+	n = max(n, MinDumpPageBytes)
+	if maxPayload > 0 {
+		n = min(n, maxPayload)
+	}
+	return int(min(n, math.MaxInt32)), true, nil
+}
+
+// encodeDump encodes reply as the answer's messages: one message for an
+// unpaged request (an error past the max payload), pages otherwise.
+func encodeDump(reply DumpReply, paged bool, limit int, maxPayload int64) ([][]byte, error) {
+	if !paged {
+		data, err := EncodeDumpReply(reply)
+		if err != nil {
+			return nil, err
+		}
+		if maxPayload > 0 && int64(len(data)) > maxPayload {
+			return nil, fmt.Errorf("dump reply of %d bytes exceeds the NATS max payload %d and the requester takes no pages; update it (kvevents.RequestDump pages) or raise max_payload on the server", len(data), maxPayload)
+		}
+		return [][]byte{data}, nil
+	}
+	pages, err := pageDump(reply, limit, rand.Uint64()|1)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(pages))
+	for i, pg := range pages {
+		data, err := EncodeDumpReply(pg)
+		if err != nil {
+			return nil, err
+		}
+		if len(data) > limit {
+			return nil, fmt.Errorf("dump page %d of %d is %d bytes, over its %d-byte bound", i, len(pages), len(data), limit)
+		}
+		out[i] = data
+	}
+	return out, nil
+}
+
+// rankSnapshot is one rank's state as a dump sees it.
+type rankSnapshot struct {
+	rank   uint32
+	lastID uint64
+	blocks map[uint64]pubBlock
+}
+
+// copyRanks copies every rank's last id and blocks, in rank order; p.mu
+// must be held.
+func (p *Publisher) copyRanks() []rankSnapshot {
+	out := make([]rankSnapshot, 0, len(p.ranks))
+	for r, rs := range p.ranks {
+		out = append(out, rankSnapshot{rank: r, lastID: rs.lastID, blocks: maps.Clone(rs.blocks)})
+	}
+	slices.SortFunc(out, func(a, b rankSnapshot) int { return cmp.Compare(a.rank, b.rank) })
+	return out
+}
+
+// snapshot builds the DumpReply of copied ranks.
+func (p *Publisher) snapshot(ranks []rankSnapshot) DumpReply {
+	reply := DumpReply{WorkerID: p.cfg.WorkerID}
+	for _, rs := range ranks {
+		reply.Ranks = append(reply.Ranks, DumpRank{DPRank: rs.rank, LastEventID: rs.lastID, Blocks: len(rs.blocks)})
+		for _, st := range chains(rs.blocks) {
+			reply.Events = append(reply.Events, RouterEvent{WorkerID: p.cfg.WorkerID, DPRank: rs.rank, EventID: rs.lastID, Event: Event{Stored: st}})
 		}
 	}
 	return reply
 }
 
-// chains lists the rank's blocks as Stored chains, parents before children,
+// chains lists a rank's blocks as Stored chains, parents before children,
 // in a deterministic order.
-func (rs *rankState) chains() []*Stored {
-	children := make(map[uint64][]uint64, len(rs.blocks))
+func chains(blocks map[uint64]pubBlock) []*Stored {
+	children := make(map[uint64][]uint64, len(blocks))
 	var roots []uint64
-	for h, b := range rs.blocks {
-		if _, ok := rs.blocks[b.parent]; b.hasParent && ok && b.parent != h {
+	for h, b := range blocks {
+		if _, ok := blocks[b.parent]; b.hasParent && ok && b.parent != h {
 			children[b.parent] = append(children[b.parent], h)
 		} else {
 			roots = append(roots, h)
@@ -333,7 +420,7 @@ func (rs *rankState) chains() []*Stored {
 	for len(stack) > 0 {
 		h := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		b := rs.blocks[h]
+		b := blocks[h]
 		st := &Stored{LoRAName: b.lora}
 		if b.hasParent {
 			parent := b.parent
@@ -343,8 +430,8 @@ func (rs *rankState) chains() []*Stored {
 			local := b.local
 			st.Blocks = append(st.Blocks, Block{EngineHash: h, LocalHash: &local})
 			kids := children[h]
-			if len(kids) == 1 && rs.blocks[kids[0]].lora == st.LoRAName {
-				h, b = kids[0], rs.blocks[kids[0]]
+			if len(kids) == 1 && blocks[kids[0]].lora == st.LoRAName {
+				h, b = kids[0], blocks[kids[0]]
 				continue
 			}
 			for i := len(kids) - 1; i >= 0; i-- {
