@@ -187,7 +187,7 @@ func TestRegistry(t *testing.T) {
 	if err := r.Register("custom", func(policies.Args) (policies.Policy, error) { return nop{"custom"}, nil }); err != nil {
 		t.Fatalf("Register: %v", err)
 	}
-	want := []string{"cost", "custom", "disaggregate", "failover", "header-match", "kv-overlap", "model-match", "session-affinity", "weighted"}
+	want := []string{"cost", "custom", "disaggregate", "failover", "header-match", "kv-overlap", "model-match", "priority", "session-affinity", "slo-grid", "weighted"}
 	if diff := cmp.Diff(want, r.Names()); diff != "" {
 		t.Errorf("Names (-want +got):\n%s", diff)
 	}

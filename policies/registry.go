@@ -19,6 +19,40 @@ type Args struct {
 	// Pools holds the policy's section of each pool that has one, keyed by
 	// pool name.
 	Pools map[string]Section
+	// PoolNames are every pool of the configuration, sorted, when the
+	// caller of Build said (KnownPools); nil when unknown. Policies whose
+	// arguments name pools check the names against it (CheckPool).
+	PoolNames []string
+}
+
+// CheckPool returns an error at node n when the configuration's pools are
+// known and name is not one of them.
+func (a Args) CheckPool(n *yaml.Node, what, name string) error {
+	if a.PoolNames == nil {
+		return nil
+	}
+	if _, ok := slices.BinarySearch(a.PoolNames, name); !ok {
+		return Errorf(a.Chain.File, n, what, "no pool %q (pools: %s)", name, joinNames(a.PoolNames))
+	}
+	return nil
+}
+
+// BuildOption adjusts Build.
+type BuildOption func(*buildOptions)
+
+type buildOptions struct {
+	pools []string
+}
+
+// KnownPools tells Build the names of every pool of the configuration, so
+// that policies whose arguments name pools (slo-grid, priority) refuse a
+// name that is no pool. Without it those names are not checked: a pool
+// that does not exist never answers a probe, so it never ranks.
+func KnownPools(names ...string) BuildOption {
+	return func(o *buildOptions) {
+		o.pools = append(make([]string, 0, len(names)), names...)
+		slices.Sort(o.pools)
+	}
 }
 
 // DecodeChain strictly decodes the chain arguments into out (left as is
@@ -81,8 +115,13 @@ func (r *Registry) Names() []string {
 // Build makes the chain specs name, giving each policy its chain arguments
 // and the sections the pools hold for it. A spec naming an unregistered
 // policy, a policy named twice in the chain, and a pool section for a
-// policy the chain does not run are errors naming file and line.
-func (r *Registry) Build(specs []Spec, pools map[string]PoolSection) (*Chain, error) {
+// policy the chain does not run are errors naming file and line. With
+// KnownPools, pool names in policy arguments are checked too.
+func (r *Registry) Build(specs []Spec, pools map[string]PoolSection, opts ...BuildOption) (*Chain, error) {
+	var o buildOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	inChain := make(map[string]bool, len(specs))
@@ -98,7 +137,7 @@ func (r *Registry) Build(specs []Spec, pools map[string]PoolSection) (*Chain, er
 				Msg: fmt.Sprintf("policy %q appears twice", s.Name)}
 		}
 		inChain[s.Name] = true
-		args := Args{Policy: s.Name, Chain: s.Args, Pools: map[string]Section{}}
+		args := Args{Policy: s.Name, Chain: s.Args, Pools: map[string]Section{}, PoolNames: o.pools}
 		for pool, sec := range pools {
 			if v, ok := sec[s.Name]; ok {
 				args.Pools[pool] = v
@@ -163,6 +202,8 @@ func RegisterBuiltins(r *Registry) error {
 		{NameDisaggregate, newDisaggregate},
 		{NameWeighted, newWeighted},
 		{NameSessionAffinity, newSessionAffinity},
+		{NameSLOGrid, newSLOGrid},
+		{NamePriority, newPriority},
 	} {
 		if err := r.Register(b.name, b.f); err != nil {
 			return err

@@ -340,3 +340,48 @@ func FixFile(err error, file string) error {
 	}
 	return err
 }
+
+// nodeAt follows path (mapping keys as strings, sequence indexes as ints)
+// from n and returns the deepest node reached, so that a validation error
+// points as close to the offending value as the text allows.
+func nodeAt(n *yaml.Node, path ...any) *yaml.Node {
+	n = deref(n)
+	for _, step := range path {
+		var next *yaml.Node
+		switch s := step.(type) {
+		case string:
+			if n != nil && n.Kind == yaml.MappingNode {
+				for i := 0; i+1 < len(n.Content); i += 2 {
+					if n.Content[i].Value == s {
+						next = n.Content[i+1]
+						break
+					}
+				}
+			}
+		case int:
+			if n != nil && n.Kind == yaml.SequenceNode && s >= 0 && s < len(n.Content) {
+				next = n.Content[s]
+			}
+		}
+		if next = deref(next); next == nil {
+			return n
+		}
+		n = next
+	}
+	return n
+}
+
+// deref skips document and alias nodes.
+func deref(n *yaml.Node) *yaml.Node {
+	for n != nil {
+		switch {
+		case n.Kind == yaml.AliasNode:
+			n = n.Alias
+		case n.Kind == yaml.DocumentNode && len(n.Content) > 0:
+			n = n.Content[0]
+		default:
+			return n
+		}
+	}
+	return nil
+}
