@@ -56,6 +56,10 @@ func Dial(target string, dialOpts []grpc.DialOption, opts ...Option) (*Client, e
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			// Find a router that vanished without closing the connection.
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
+			// Fixed windows: no bandwidth-estimation pings riding along
+			// each small call.
+			grpc.WithInitialWindowSize(1 << 20),
+			grpc.WithInitialConnWindowSize(1 << 20),
 		}
 	}
 	conn, err := grpc.NewClient(target, dialOpts...)

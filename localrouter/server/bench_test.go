@@ -39,7 +39,7 @@ func benchService(b *testing.B) (*client.Client, []benchfig.Prompt) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	g := grpc.NewServer(grpc.ChainUnaryInterceptor(m.UnaryInterceptor()), grpc.ChainStreamInterceptor(m.StreamInterceptor()))
+	g := grpc.NewServer(GRPCServerOptions(m)...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -18,7 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/kvgate/kvgate/kvevents"
@@ -157,13 +156,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("--grpc-addr %s: %w", cfg.GRPCAddr, err)
 	}
-	s.grpc = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(m.UnaryInterceptor()), grpc.ChainStreamInterceptor(m.StreamInterceptor()),
-		// Pings find connections cut without a FIN (a dead host, a network
-		// partition), so their Track streams end and free their requests.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	s.grpc = grpc.NewServer(GRPCServerOptions(m)...)
 	s.srv.Register(s.grpc)
 	reflection.Register(s.grpc)
 	s.wg.Add(1)
