@@ -13,7 +13,7 @@ import (
 // never panic, every error must be a configuration error, and what it
 // accepts must validate again.
 func FuzzParseConfig(f *testing.F) {
-	for _, p := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml"} {
+	for _, p := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml", "../examples/pools-slo.yaml"} {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			f.Fatal(err)
@@ -26,6 +26,9 @@ func FuzzParseConfig(f *testing.F) {
 		"pools: &x [{name: a, models: [m], routers: {etcd: true}}]\nmodels: *x\n",
 		"probe: {timeout: 1ms, backoff_base: 2s, backoff_max: 1s}\n",
 		"pools:\n  - name: a\n    models: [m]\n    routers: {static: [\"h:1\"]}\n    policy: {header-match: {headers: {x: [y]}}}\nchain: [header-match]\n",
+		"chain: [{name: slo-grid, args: {default_ttft_ms: 5, prefill: {isl_buckets: [10], ttft_ms_buckets: [1.5], pools: [[a, [a, b]], [b, b]]}}}]\npools: [{name: a, role: prefill, models: [m], routers: {etcd: true}}]\n",
+		"chain: [{name: slo-grid, args: {strict: true, decode: {context_length_buckets: [9, 3], pools: [[a], [], [a]]}}}]\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
+		"chain: [{name: priority, args: {tiers: [{min_priority: 1, max_priority: 0, pools: [a], exclusive: true}], shed: {max_priority: 0, max_decode_tokens: 9}}}]\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
 		"- 1\n", "{}", "pools: 3", "chain: {a: b}",
 	} {
 		f.Add([]byte(s))

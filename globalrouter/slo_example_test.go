@@ -1,0 +1,84 @@
+package globalrouter_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/policies"
+)
+
+// TestExampleSLOConfig loads examples/pools-slo.yaml, checks that every
+// pool its slo-grid and priority arguments name is one of its pools, and
+// routes a few requests through its chain.
+func TestExampleSLOConfig(t *testing.T) {
+	reg := builtins(t)
+	cfg, err := globalrouter.LoadConfig("../examples/pools-slo.yaml", reg)
+	if err != nil {
+		t.Fatalf("LoadConfig: %v", err)
+	}
+	var names []string
+	roles := map[string]policies.Role{}
+	for _, p := range cfg.Pools {
+		names = append(names, p.Name)
+		roles[p.Name] = p.Role
+	}
+	chain, err := reg.Build(cfg.Chain, nil, policies.KnownPools(names...))
+	if err != nil {
+		t.Fatalf("Build with the example's pools known: %v", err)
+	}
+
+	// Every pool answers; the cheapest are the bulk pools, so what ranks
+	// first is the grid's and the priority's doing.
+	cost := map[string]float64{"prefill-fast": 9, "prefill-bulk": 1, "decode-fast": 9, "decode-bulk": 1, "decode-reserved": 5}
+	cands := func(prefillTokens int) []policies.Candidate {
+		var out []policies.Candidate
+		for _, n := range names {
+			out = append(out, policies.Candidate{Pool: n, Role: roles[n], Models: []string{"llama-3-8b"}, Weight: 1,
+				Probe: policies.Probe{WorkerID: n + "-0", BlockSize: 16, Cost: cost[n], UncachedTokens: 4000, PrefillTokens: prefillTokens}})
+		}
+		return out
+	}
+	req := func(isl, priority int, ttftMs, itlMs int) *policies.Request {
+		return &policies.Request{Model: "llama-3-8b", ISL: isl, Priority: priority,
+			SLO: policies.SLO{TTFT: time.Duration(ttftMs) * time.Millisecond, ITL: time.Duration(itlMs) * time.Millisecond}}
+	}
+	tests := []struct {
+		name string
+		req  *policies.Request
+		want []string
+	}{
+		{"short prompt, tight targets", req(4000, 0, 100, 20), []string{"decode-fast+prefill-fast", "decode-bulk+prefill-fast"}},
+		{"defaults: TTFT 500 ms, ITL 40 ms", req(4000, 0, 0, 0), []string{"decode-bulk+prefill-bulk", "decode-fast+prefill-bulk"}},
+		{"high priority: the reserved pool", req(4000, 10, 0, 0), []string{"decode-reserved+prefill-bulk", "decode-bulk+prefill-bulk", "decode-fast+prefill-bulk"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var trace policies.Trace
+			got, err := chain.Rank(tt.req, cands(0), &trace)
+			if err != nil {
+				t.Fatalf("Rank: %v", err)
+			}
+			var pools []string
+			for _, c := range got {
+				p := c.Pool
+				if c.Prefill != nil {
+					p += "+" + c.Prefill.Pool
+				}
+				pools = append(pools, p)
+			}
+			if diff := cmp.Diff(tt.want, pools); diff != "" {
+				t.Errorf("ranking (-want +got):\n%s\ntrace: %s", diff, &trace)
+			}
+		})
+	}
+	if _, err := chain.Rank(req(4000, -1, 0, 0), cands(40000), nil); !errors.Is(err, policies.ErrSaturated) {
+		t.Errorf("low priority on loaded pools: got %v, want ErrSaturated", err)
+	}
+	if _, err := chain.Rank(req(4000, 0, 0, 0), cands(40000), nil); err != nil {
+		t.Errorf("default priority on loaded pools: got %v, want no shedding", err)
+	}
+}
