@@ -82,3 +82,49 @@ func TestExampleSLOConfig(t *testing.T) {
 		t.Errorf("default priority on loaded pools: got %v, want no shedding", err)
 	}
 }
+
+// TestSLOPoliciesDecide routes real requests through real local routers
+// with slo-grid and priority in the chain: the SLO and priority headers
+// pick the pool, and a shed request is ErrSaturated (429).
+func TestSLOPoliciesDecide(t *testing.T) {
+	ctx := testCtx(t)
+	c := newCluster(t)
+	cfg := c.cfg
+	grid, prio := policies.SLOGridArgs{
+		Decode: &policies.DecodeGrid{ITLMsBuckets: []float64{30}, Pools: [][]policies.Cell{{{"pool-b"}, {"pool-a"}}}},
+	}, policies.PriorityArgs{
+		Tiers: []policies.PriorityTier{{MinPriority: new(5), Pools: []string{"pool-a"}}},
+		// Every worker has the prompt to prefill: more than 1 token.
+		Shed: &policies.PriorityShed{MaxPriority: new(-1), MaxPrefillTokens: 1},
+	}
+	cfg.Chain = []policies.Spec{{Name: "model-match"}, {Name: "cost"},
+		{Name: "slo-grid", Args: policies.SectionOf(grid)}, {Name: "priority", Args: policies.SectionOf(prio)}}
+	r, _ := newRouter(t, cfg)
+
+	tests := []struct {
+		name    string
+		headers map[string]string
+		want    string
+	}{
+		{"tight ITL", map[string]string{globalrouter.HeaderITL: "10"}, "pool-b"},
+		{"loose ITL", map[string]string{globalrouter.HeaderITL: "30"}, "pool-a"},
+		{"no ITL: the middle column", nil, "pool-a"},
+		{"tight ITL, high priority", map[string]string{globalrouter.HeaderITL: "10", globalrouter.HeaderPriority: "5"}, "pool-a"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat("route me by my targets"), Headers: tt.headers})
+			if err != nil {
+				t.Fatalf("Decide: %v", err)
+			}
+			free(t, d)
+			if d.Primary.Pool != tt.want || len(d.Fallbacks) == 0 {
+				t.Errorf("primary %s with %d fallbacks, want %s with fallbacks", d.Primary.Pool, len(d.Fallbacks), tt.want)
+			}
+		})
+	}
+	_, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat("shed me"), Headers: map[string]string{globalrouter.HeaderPriority: "-1"}})
+	if !errors.Is(err, globalrouter.ErrSaturated) {
+		t.Errorf("low priority on loaded pools: got %v, want ErrSaturated", err)
+	}
+}
