@@ -151,12 +151,15 @@ func (c *Config) Validate(reg *policies.Registry) error {
 
 func (c *Config) buildChain(reg *policies.Registry) (*policies.Chain, error) {
 	sections := make(map[string]policies.PoolSection, len(c.Pools))
+	names := make([]string, 0, len(c.Pools))
 	for _, p := range c.Pools {
+		names = append(names, p.Name)
 		if len(p.Policy) > 0 {
 			sections[p.Name] = p.Policy
 		}
 	}
-	return reg.Build(c.Chain, sections)
+	// Policies that name pools (slo-grid, priority) refuse unknown names.
+	return reg.Build(c.Chain, sections, policies.KnownPools(names...))
 }
 
 // tokenizerFor returns the tokenizer configuration of model.

@@ -2,6 +2,9 @@ package globalrouter_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,5 +129,29 @@ func TestSLOPoliciesDecide(t *testing.T) {
 	_, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat("shed me"), Headers: map[string]string{globalrouter.HeaderPriority: "-1"}})
 	if !errors.Is(err, globalrouter.ErrSaturated) {
 		t.Errorf("low priority on loaded pools: got %v, want ErrSaturated", err)
+	}
+}
+
+// TestLoadConfigRefusesUnknownPoolInPolicy: a pool name in slo-grid that no
+// pool has is an error at load time, naming the file and the name.
+func TestLoadConfigRefusesUnknownPoolInPolicy(t *testing.T) {
+	raw, err := os.ReadFile("../examples/pools-slo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(raw), "prefill-fast", "prefill-fsat", 1)
+	if bad == string(raw) {
+		t.Fatal("example has no prefill-fast to misspell")
+	}
+	path := filepath.Join(t.TempDir(), "pools.yaml")
+	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = globalrouter.LoadConfig(path, builtins(t))
+	if err == nil {
+		t.Fatal("LoadConfig accepted a misspelt pool name")
+	}
+	if !strings.Contains(err.Error(), "prefill-fsat") || !strings.Contains(err.Error(), "pools.yaml") {
+		t.Errorf("error %q does not name the file and the unknown pool", err)
 	}
 }
