@@ -124,6 +124,9 @@ func EncodeDumpReply(r DumpReply) ([]byte, error) { return msgpack.Marshal(&r) }
 // validates its events and page fields.
 func DecodeDumpReply(b []byte) (DumpReply, error) {
 	var r DumpReply
+	if err := checkMsgpackLengths(b); err != nil {
+		return DumpReply{}, fmt.Errorf("%w: dump reply: %v", ErrInvalidEvent, err)
+	}
 	if err := msgpack.Unmarshal(b, &r); err != nil {
 		return DumpReply{}, fmt.Errorf("%w: dump reply: %v", ErrInvalidEvent, err)
 	}
@@ -302,6 +305,44 @@ func (a *dumpAssembler) reply() DumpReply {
 	return r
 }
 
+// encodeDumpPages encodes r as the messages of a paged answer, each at
+// most limit bytes. A dump that fits in one message is that one message,
+// without page fields; page cutting works from size bounds, so the whole
+// encoding is tried first whenever it might fit.
+func encodeDumpPages(r DumpReply, limit int, snapshot uint64) ([][]byte, error) {
+	blocks := 0
+	for _, e := range r.Events {
+		if e.Event.Stored != nil {
+			blocks += len(e.Event.Stored.Blocks)
+		}
+	}
+	if blocks*minDumpBlockBytes <= limit {
+		whole, err := EncodeDumpReply(r)
+		if err != nil {
+			return nil, err
+		}
+		if len(whole) <= limit {
+			return [][]byte{whole}, nil
+		}
+	}
+	pages, err := pageDump(r, limit, snapshot)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(pages))
+	for i, pg := range pages {
+		data, err := EncodeDumpReply(pg)
+		if err != nil {
+			return nil, err
+		}
+		if len(data) > limit {
+			return nil, fmt.Errorf("dump page %d of %d is %d bytes, over its %d-byte bound", i, len(pages), len(data), limit)
+		}
+		out[i] = data
+	}
+	return out, nil
+}
+
 // pageDump cuts r into pages of at most limit encoded bytes (see the wire
 // format above). One page comes back as r itself, without page fields.
 // Sizes are bounded, not measured: a block's msgpack form is at most
@@ -384,6 +425,15 @@ var maxDumpBlockBytes = func() int {
 	return len(b)
 }()
 
+// minDumpBlockBytes is the least a block can take in msgpack.
+var minDumpBlockBytes = func() int {
+	b, err := msgpack.Marshal(&Block{})
+	if err != nil {
+		panic(err)
+	}
+	return len(b)
+}()
+
 func blockBytes(b Block) (int, error) {
 	if len(b.TokenIDs) == 0 {
 		return maxDumpBlockBytes, nil
@@ -405,4 +455,90 @@ func eventEnvelopeBytes(ev RouterEvent) (int, error) {
 func pageEnvelopeBytes(worker string, ranks []DumpRank) (int, error) {
 	b, err := EncodeDumpReply(DumpReply{WorkerID: worker, Ranks: ranks, Page: MaxDumpPages, Pages: MaxDumpPages, Snapshot: ^uint64(0)})
 	return len(b) + arrayHeaderSlack, err
+}
+
+// checkMsgpackLengths checks that b starts with one complete msgpack value
+// in which no array, map, string or binary claims more elements or bytes
+// than b has left. msgpack (v5.4) allocates a decoded slice at the length
+// its header claims, so a few crafted bytes could otherwise ask for
+// gigabytes; after this check the allocation is bounded by len(b). It
+// walks the value without recursion, so nesting cannot exhaust the stack.
+func checkMsgpackLengths(b []byte) error {
+	i, pending := 0, 1 // values still to read
+	length := func(size int) (int, error) {
+		if len(b)-i < size {
+			return 0, errors.New("msgpack truncated")
+		}
+		var n uint64
+		for _, c := range b[i : i+size] {
+			n = n<<8 | uint64(c)
+		}
+		i += size
+		if n > uint64(len(b)) {
+			return 0, fmt.Errorf("msgpack length %d exceeds the %d-byte message", n, len(b))
+		}
+		return int(n), nil
+	}
+	for pending > 0 {
+		if i >= len(b) {
+			return errors.New("msgpack truncated")
+		}
+		c := b[i]
+		i++
+		pending--
+		var children, skip int // values inside, bytes to pass over
+		var err error
+		switch {
+		case c <= 0x7f, c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3: // fixints, nil, bools
+		case c <= 0x8f:
+			children = 2 * int(c&0x0f)
+		case c <= 0x9f:
+			children = int(c & 0x0f)
+		case c <= 0xbf:
+			skip = int(c & 0x1f)
+		case c == 0xcc, c == 0xd0:
+			skip = 1
+		case c == 0xcd, c == 0xd1:
+			skip = 2
+		case c == 0xca, c == 0xce, c == 0xd2:
+			skip = 4
+		case c == 0xcb, c == 0xcf, c == 0xd3:
+			skip = 8
+		case c >= 0xd4 && c <= 0xd8: // fixext 1, 2, 4, 8, 16 and a type byte
+			skip = 1 + 1<<(c-0xd4)
+		case c == 0xc4, c == 0xd9:
+			skip, err = length(1)
+		case c == 0xc5, c == 0xda:
+			skip, err = length(2)
+		case c == 0xc6, c == 0xdb:
+			skip, err = length(4)
+		case c >= 0xc7 && c <= 0xc9: // ext 8, 16, 32 and a type byte
+			skip, err = length(1 << (c - 0xc7))
+			skip++
+		case c == 0xdc:
+			children, err = length(2)
+		case c == 0xdd:
+			children, err = length(4)
+		case c == 0xde:
+			children, err = length(2)
+			children *= 2
+		case c == 0xdf:
+			children, err = length(4)
+			children *= 2
+		default: // 0xc1, never used
+			return fmt.Errorf("msgpack code %#x", c)
+		}
+		if err != nil {
+			return err
+		}
+		if skip > len(b)-i {
+			return errors.New("msgpack truncated")
+		}
+		i += skip
+		// Every value takes at least one byte.
+		if pending += children; pending > len(b)-i {
+			return fmt.Errorf("msgpack claims %d more values in %d bytes", pending, len(b)-i)
+		}
+	}
+	return nil
 }

@@ -350,22 +350,7 @@ func encodeDump(reply DumpReply, paged bool, limit int, maxPayload int64) ([][]b
 		}
 		return [][]byte{data}, nil
 	}
-	pages, err := pageDump(reply, limit, rand.Uint64()|1)
-	if err != nil {
-		return nil, err
-	}
-	out := make([][]byte, len(pages))
-	for i, pg := range pages {
-		data, err := EncodeDumpReply(pg)
-		if err != nil {
-			return nil, err
-		}
-		if len(data) > limit {
-			return nil, fmt.Errorf("dump page %d of %d is %d bytes, over its %d-byte bound", i, len(pages), len(data), limit)
-		}
-		out[i] = data
-	}
-	return out, nil
+	return encodeDumpPages(reply, limit, rand.Uint64()|1)
 }
 
 // rankSnapshot is one rank's state as a dump sees it.

@@ -226,6 +226,22 @@ func FuzzDecodeDumpReply(f *testing.F) {
 	}
 	f.Add(good)
 	f.Add([]byte{0x80})
+	h := uint64(7)
+	for _, page := range []kvevents.DumpReply{
+		{WorkerID: "w", Ranks: []kvevents.DumpRank{{LastEventID: 3, Blocks: 2}}, Page: 0, Pages: 2, Snapshot: 9,
+			Events: []kvevents.RouterEvent{{WorkerID: "w", EventID: 3, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: []kvevents.Block{{EngineHash: 1, LocalHash: &h}}}}}}},
+		{WorkerID: "w", Page: 1, Pages: 2, Snapshot: 9,
+			Events: []kvevents.RouterEvent{{WorkerID: "w", EventID: 3, Event: kvevents.Event{Stored: &kvevents.Stored{ParentHash: u64(1), Blocks: []kvevents.Block{{EngineHash: 2, LocalHash: &h}}}}}}},
+		{WorkerID: "w", Page: 5, Pages: 2, Snapshot: 9}, // out of range
+		{WorkerID: "w", Page: 1, Pages: 2, Ranks: []kvevents.DumpRank{{}}},
+		{WorkerID: "w", Pages: kvevents.MaxDumpPages + 1},
+	} {
+		b, err := kvevents.EncodeDumpReply(page)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := kvevents.DecodeDumpReply(b)
 		if err != nil {
@@ -233,6 +249,16 @@ func FuzzDecodeDumpReply(f *testing.F) {
 				t.Fatalf("error %v is not ErrInvalidEvent", err)
 			}
 			return
+		}
+		switch {
+		case r.Pages < 0 || r.Pages > kvevents.MaxDumpPages:
+			t.Fatalf("accepted %d pages", r.Pages)
+		case r.Pages == 0 && (r.Page != 0 || r.Snapshot != 0):
+			t.Fatalf("accepted page %d snapshot %d of an unpaged reply", r.Page, r.Snapshot)
+		case r.Pages > 0 && (r.Page < 0 || r.Page >= r.Pages):
+			t.Fatalf("accepted page %d of %d", r.Page, r.Pages)
+		case r.Page > 0 && len(r.Ranks) > 0:
+			t.Fatalf("accepted ranks on page %d", r.Page)
 		}
 		for _, e := range r.Events {
 			if e.Event.Stored == nil || e.Validate() != nil {
