@@ -523,3 +523,62 @@ func TestUnpagedRequester(t *testing.T) {
 		t.Errorf("reply to a bad page header: error %q, want one naming the header", e)
 	}
 }
+
+// BenchmarkDump100k times a dump of 100k blocks (1,563 chains of 64) over
+// an embedded NATS server with the default 1 MiB max_payload, from the
+// request to the last page decoded, and reports the bytes on the wire.
+func BenchmarkDump100k(b *testing.B) {
+	nc := testenv.ConnectNATS(b, testenv.StartNATS(b))
+	reg := prometheus.NewRegistry()
+	p, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: "a", WorkerID: "big", Registerer: reg})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	const blocks, chain, blockSize = 100000, 64, 16
+	toks := make([]uint32, chain*blockSize)
+	hashes := make([]uint64, chain)
+	for c := 0; c < blocks; c += chain {
+		n := min(chain, blocks-c)
+		for i := range n {
+			hashes[i] = uint64(c+i+1) * 0x9e3779b97f4a7c15
+			for j := range blockSize {
+				toks[i*blockSize+j] = uint32((c+i)*blockSize + j)
+			}
+		}
+		if err := p.PublishStored(toks[:n*blockSize], blockSize, hashes[:n], nil, ""); err != nil {
+			b.Fatal(err)
+		}
+	}
+	req := testenv.ConnectNATS(b, nc.ConnectedUrl())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	b.ReportAllocs()
+	for b.Loop() {
+		d, err := kvevents.RequestDump(ctx, req, "a", "big")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.Ranks[0].Blocks != blocks {
+			b.Fatalf("dump of %d blocks, want %d", d.Ranks[0].Blocks, blocks)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var dumps, pages, bytes float64
+	for _, mf := range mfs {
+		switch m := mf.GetMetric()[0]; mf.GetName() {
+		case "kvgate_publisher_dump_requests_total":
+			dumps = m.GetCounter().GetValue()
+		case "kvgate_publisher_dump_pages_total":
+			pages = m.GetCounter().GetValue()
+		case "kvgate_publisher_dump_reply_bytes":
+			bytes = m.GetHistogram().GetSampleSum()
+		}
+	}
+	b.ReportMetric(bytes/dumps, "wire-B/op")
+	b.ReportMetric(pages/dumps, "pages/op")
+	b.ReportMetric(bytes/dumps/blocks, "wire-B/block")
+}
