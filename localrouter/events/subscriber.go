@@ -6,8 +6,11 @@
 // Subscriber ask that worker's publisher for a dump (kvevents.RequestDump)
 // and rebuild the worker's part of the index from it; live events that
 // arrive meanwhile are held and applied after the dump, skipping those the
-// dump already covers. A worker without a dump responder is followed from
-// the live stream as it is, and asked again later with backoff.
+// dump already covers. A big worker's dump arrives in pages (the server's
+// max_payload bounds one message); RequestDump hands over only a whole
+// dump, so a lost page is a failed dump like any other. A worker without a
+// dump responder, or whose dump failed, is followed from the live stream as
+// it is, and asked again later with backoff.
 //
 // An id 1 on a rank that has seen events is taken for a restart. The dump
 // reply and the live events travel on different subjects, so an event the
@@ -41,7 +44,8 @@ type Options struct {
 	Pool string
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
-	// DumpTimeout bounds one dump request (default 5 s).
+	// DumpTimeout bounds one dump request, every page of its answer
+	// (default 5 s; a 100k-block dump takes a fraction of a second).
 	DumpTimeout time.Duration
 	// RetryMin and RetryMax bound the backoff between failed dumps
 	// (default 1 s and 30 s).
