@@ -120,6 +120,9 @@ func EncodeMsgpack(e RouterEvent) ([]byte, error) { return msgpack.Marshal(&e) }
 
 // DecodeMsgpack parses and validates one msgpack-encoded RouterEvent.
 func DecodeMsgpack(b []byte) (RouterEvent, error) {
+	if err := CheckMsgpack(b); err != nil {
+		return RouterEvent{}, err
+	}
 	var e RouterEvent
 	if err := msgpack.Unmarshal(b, &e); err != nil {
 		return RouterEvent{}, fmt.Errorf("%w: msgpack: %v", ErrInvalidEvent, err)

@@ -113,3 +113,18 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeMsgpackHugeLength: a header claiming 2^32-1 array elements in a
+// few bytes is refused before msgpack allocates for it.
+func TestDecodeMsgpackHugeLength(t *testing.T) {
+	for _, b := range [][]byte{
+		{0xdd, 0xff, 0xff, 0xff, 0xff},      // array32 of 4G elements
+		{0xdf, 0xff, 0xff, 0xff, 0xff},      // map32
+		{0xdb, 0xff, 0xff, 0xff, 0xff, 'a'}, // str32
+		{0x84, 0xa9, 'w', 'o', 'r', 'k', 'e', 'r', '_', 'i', 'd', 0xdd, 0x7f, 0xff, 0xff, 0xff},
+	} {
+		if _, err := DecodeMsgpack(b); !errors.Is(err, ErrInvalidEvent) {
+			t.Errorf("DecodeMsgpack(% x) = %v, want ErrInvalidEvent", b, err)
+		}
+	}
+}

@@ -155,6 +155,11 @@ func (s *Sync) publish(m Message) {
 
 func (s *Sync) onMsg(nm *nats.Msg) {
 	var m Message
+	if err := kvevents.CheckMsgpack(nm.Data); err != nil {
+		s.failed.Add(1)
+		s.log.Debug("undecodable replica sync message", "err", err)
+		return
+	}
 	if err := msgpack.Unmarshal(nm.Data, &m); err != nil {
 		s.failed.Add(1)
 		s.log.Debug("undecodable replica sync message", "err", err)
