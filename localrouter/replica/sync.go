@@ -153,14 +153,31 @@ func (s *Sync) publish(m Message) {
 	s.sent.Add(1)
 }
 
-func (s *Sync) onMsg(nm *nats.Msg) {
+// DecodeMessage parses one replica-sync message from the wire: msgpack
+// whose lengths fit the message (checked before decoding), with a known op
+// and a request id.
+func DecodeMessage(b []byte) (Message, error) {
 	var m Message
-	if err := kvevents.CheckMsgpack(nm.Data); err != nil {
-		s.failed.Add(1)
-		s.log.Debug("undecodable replica sync message", "err", err)
-		return
+	if err := kvevents.CheckMsgpack(b); err != nil {
+		return Message{}, fmt.Errorf("replica sync message: %w", err)
 	}
-	if err := msgpack.Unmarshal(nm.Data, &m); err != nil {
+	if err := msgpack.Unmarshal(b, &m); err != nil {
+		return Message{}, fmt.Errorf("replica sync message: %w", err)
+	}
+	switch m.Op {
+	case OpAdd, OpPrefillComplete, OpFree:
+	default:
+		return Message{}, fmt.Errorf("replica sync message: unknown op %q", m.Op)
+	}
+	if m.RequestID == "" {
+		return Message{}, fmt.Errorf("replica sync message: %s without a request id", m.Op)
+	}
+	return m, nil
+}
+
+func (s *Sync) onMsg(nm *nats.Msg) {
+	m, err := DecodeMessage(nm.Data)
+	if err != nil {
 		s.failed.Add(1)
 		s.log.Debug("undecodable replica sync message", "err", err)
 		return
