@@ -38,7 +38,7 @@ func runReplay(ctx context.Context, args []string) error {
 		parallel    = fs.Int("parallel", 1, "simulations run at once")
 		asJSON      = fs.Bool("json", false, "print the report as JSON instead of a table")
 		jsonOut     = fs.String("json-out", "", "also write the report as JSON to this file")
-		plot        = fs.String("plot", "", "write the TTFT CDF and hit ratio chart to this .svg file")
+		plot        = fs.String("plot", "", "write the TTFT CDF and hit ratio chart to this file: .svg or .png")
 		showProg    = fs.Bool("progress", false, "draw a progress bar on stderr even when it is not a terminal")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -47,8 +47,13 @@ func runReplay(ctx context.Context, args []string) error {
 	if *tracePath == "" {
 		return errors.New("--trace is required")
 	}
-	if *plot != "" && !strings.EqualFold(filepath.Ext(*plot), ".svg") {
-		return fmt.Errorf("--plot %s: only .svg is supported", *plot)
+	var plotFormat sim.PlotFormat
+	if *plot != "" {
+		f, err := sim.PlotFormatOf(*plot)
+		if err != nil {
+			return fmt.Errorf("--plot: %w", err)
+		}
+		plotFormat = f
 	}
 	r, err := strconv.ParseFloat(strings.TrimSuffix(*rate, "x"), 64)
 	if err != nil || r <= 0 {
@@ -83,7 +88,8 @@ func runReplay(ctx context.Context, args []string) error {
 		return err
 	}
 	if *plot != "" {
-		if err := writeFile(*plot, rep.WriteSVG); err != nil {
+		err := writeFile(*plot, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) })
+		if err != nil {
 			return err
 		}
 	}
