@@ -78,7 +78,7 @@ func (cs *Conns) release(c *conn) {
 	cs.mu.Lock()
 	c.refs--
 	last := c.refs == 0
-	if last {
+	if last && cs.m[c.addr] == c { // the address may already name a newer conn
 		delete(cs.m, c.addr)
 	}
 	cs.mu.Unlock()

@@ -206,7 +206,7 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (Selection, error) {
 // another goroutine, with the answer (see Router.Track). The Tracker must
 // be freed, a refused commit's too. An error means nothing was committed.
 func (p *Pool) Commit(ctx context.Context, routerAddr string, cm Commit, committed func(Selection, error)) (Tracker, error) {
-	c, err := p.pickForCommit(routerAddr)
+	c, picked, err := p.pickForCommit(routerAddr)
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
 	}
@@ -223,8 +223,18 @@ func (p *Pool) Commit(ctx context.Context, routerAddr string, cm Commit, committ
 		committed(sel, err)
 	})
 	if err != nil {
+		if picked { // the call went through the circuit: report how it went
+			if ctx.Err() != nil {
+				c.circuit.release()
+			} else {
+				c.circuit.failure()
+			}
+		}
 		p.conns.release(c)
 		return nil, fmt.Errorf("pool %q: commit on %s: %w", p.cfg.Name, c.addr, err)
+	}
+	if picked {
+		c.circuit.success()
 	}
 	return &tracker{Tracker: t, release: func() { p.conns.release(c) }}, nil
 }
@@ -255,15 +265,19 @@ func (p *Pool) Track(ctx context.Context, routerAddr string, cm Commit) (Tracker
 }
 
 // pickForCommit takes routerAddr when the pool has it, even when its
-// circuit is half-open: it just answered.
-func (p *Pool) pickForCommit(routerAddr string) (*conn, error) {
+// circuit is half-open: it just answered. Otherwise (a pinned worker, or
+// the prober left discovery) it picks through the circuits, and picked
+// says so: the caller must then report the call's outcome to the circuit,
+// or a half-open trial taken here would never end.
+func (p *Pool) pickForCommit(routerAddr string) (c *conn, picked bool, err error) {
 	rs := *p.routers.Load()
 	for _, c := range rs {
 		if c.addr == routerAddr {
-			return c, nil
+			return c, false, nil
 		}
 	}
-	return p.pick("")
+	c, err = p.pick("")
+	return c, err == nil, err
 }
 
 // tracker releases its client reference once freed.

@@ -269,6 +269,44 @@ func TestCircuit(t *testing.T) {
 	}
 }
 
+// TestCommitEndsHalfOpenTrial: a commit that is not preceded by a probe (a
+// pinned worker) may take a half-open circuit's one trial; its outcome must
+// close or reopen the circuit, never leave it half-open with the trial
+// taken (which would refuse the router for good).
+func TestCommitEndsHalfOpenTrial(t *testing.T) {
+	ctx := testCtx(t)
+	clk := &clock{now: time.Unix(1000, 0)}
+	workers := pooltest.Workers("w", 2)
+	srv := pooltest.Start(t, "p", 16, workers...)
+	addr := srv.Addr
+	p := open(t, newConns(t, clk), "p", addr)
+	pr := prompt(t, tokens(40, 1), 16)
+	srv.Stop()
+	if _, err := p.Probe(ctx, pr); err == nil {
+		t.Fatal("Probe of a stopped router succeeded")
+	}
+	pooltest.StartOn(t, addr, "p", 16, workers...)
+	// Pinned-style commits (no router address) until one gets through the
+	// half-open circuit; gRPC reconnects on its own backoff.
+	n := 0
+	testenv.Eventually(t, 20*time.Second, func() (string, bool) {
+		clk.Advance(20 * time.Second)
+		n++
+		tr, _, err := p.Track(ctx, "", pool.Commit{RequestID: fmt.Sprint("r", n), WorkerID: workers[0].ID, Prompt: pr})
+		if err != nil {
+			return testenv.Errorf("pinned commit: %v", err)
+		}
+		_ = tr.Free(ctx)
+		return "", true
+	})
+	if st := p.Routers()[0]; st.State != pool.CircuitClosed {
+		t.Fatalf("router status after a successful pinned commit = %+v, want closed", st)
+	}
+	if _, err := p.Probe(ctx, pr); err != nil {
+		t.Errorf("Probe after the pinned commit: %v", err)
+	}
+}
+
 func TestNoRouters(t *testing.T) {
 	conns := newConns(t, nil)
 	_, err := pool.Open(pool.Config{Name: "p", Routers: pool.Routers{Etcd: true}}, pool.Options{Conns: conns})
