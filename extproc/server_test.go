@@ -302,6 +302,10 @@ func TestPassThrough(t *testing.T) {
 				{"POST other path", extprocclient.Message{Headers: post("/admin/reload"), Body: [][]byte{[]byte("not json at all"), []byte("é")[:1]}}},
 				{"path not configured", extprocclient.Message{Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)}}},
 				{"GET inference path", extprocclient.Message{Headers: extprocclient.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/chat/completions"}}}},
+				// A client must not pick Envoy's upstream: the ORIGINAL_DST
+				// cluster reads this header unsanitised.
+				{"client-supplied destination", extprocclient.Message{Headers: extprocclient.Headers{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"},
+					{Key: "x-gateway-destination-endpoint", Value: "169.254.169.254:80"}, {Key: "x-prefiller-host-port", Value: "127.0.0.1:9901"}}}},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					res, err := c.Process(testCtx(t), extprocclient.Request{
@@ -317,7 +321,7 @@ func TestPassThrough(t *testing.T) {
 					if diff := cmp.Diff(tc.req.BodyBytes(), res.Upstream.BodyBytes()); diff != "" {
 						t.Errorf("upstream body (-want +got):\n%s", diff)
 					}
-					for _, h := range []string{"x-gateway-destination-endpoint", "x-kvgate-pool"} {
+					for _, h := range []string{"x-gateway-destination-endpoint", "x-kvgate-pool", "x-prefiller-host-port"} {
 						if v, ok := res.Upstream.Headers.Get(h); ok {
 							t.Errorf("%s = %q on a pass-through request", h, v)
 						}

@@ -164,7 +164,7 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 	x.path = path
 	if !x.s.paths[path] || method == "GET" || method == "HEAD" {
 		x.passThrough = true
-		return x.send(headersResponse(false, nil))
+		return x.send(headersResponse(false, passThroughMutation()))
 	}
 	if h.GetEndOfStream() {
 		return x.reply(bodyHTTPError(&bodyError{reasonMissingField, "request body is required"}))
@@ -452,6 +452,16 @@ func (x *exchange) count(pool string) {
 }
 
 // --- helpers ---
+
+// passThroughMutation removes the routing headers a client may have sent:
+// Envoy's ORIGINAL_DST cluster reads x-gateway-destination-endpoint
+// unsanitised, so a client could otherwise pick any upstream (an open
+// proxy). Routed requests overwrite both instead.
+func passThroughMutation() *extprocv3.CommonResponse {
+	return &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
+		RemoveHeaders: []string{HeaderDestination, HeaderPrefiller},
+	}}
+}
 
 func headersResponse(response bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	hr := &extprocv3.HeadersResponse{Response: common}
