@@ -190,7 +190,7 @@ func (rep *Report) layout() *figure {
 	for i, r := range rep.Results {
 		rows = append(rows, row{name: names[i], value: msLabel(r.TTFTMS.P99), col: colours[i], dash: dash[i]})
 	}
-	rows = append(rows, row{name: "unloaded p50", value: msLabel(rep.UnloadedTTFTMS.P50), col: noteCol, dash: []float64{2, 3}, dotted: true})
+	rows = append(rows, row{name: "unloaded p50", value: msLabel(rep.UnloadedTTFTMS.P50), col: noteCol, dash: []float64{1, 2.5}, dotted: true})
 	nameW, valueW := 0.0, textWidth("p99 TTFT", smallSize)
 	for _, r := range rows {
 		nameW = max(nameW, textWidth(r.name, smallSize))
@@ -198,18 +198,43 @@ func (rep *Report) layout() *figure {
 	}
 	legendW := max(30+nameW+16+valueW, textWidth("policy", labelSize)+16+valueW)
 
-	// Bar labels hang below the bars, turned when they do not fit.
-	longest := 0.0
-	for _, l := range names {
-		longest = max(longest, textWidth(l, smallSize))
+	// Bars stand in groups, one per run of results of a topology, half a
+	// slot apart; each bar is labelled with its policy, turned when the
+	// labels do not fit, and each group with its topology below.
+	type group struct {
+		name        string
+		first, last int
 	}
-	barW := max(300, barSlotMin*float64(n))
-	slot := barW / float64(max(n, 1))
+	var groups []group
+	pos := make([]float64, n) // in slots, gaps included
+	longest := 0.0
+	for i, r := range rep.Results {
+		if i == 0 || r.Topology != rep.Results[i-1].Topology {
+			groups = append(groups, group{name: r.Topology, first: i})
+			if i > 0 {
+				pos[i] = 0.5
+			}
+		}
+		groups[len(groups)-1].last = i
+		if i > 0 {
+			pos[i] += pos[i-1] + 1
+		}
+		longest = max(longest, textWidth(r.Policy, smallSize))
+	}
+	slots := 1.0
+	if n > 0 {
+		slots = pos[n-1] + 1
+	}
+	barW := max(300, barSlotMin*slots)
+	slot := barW / slots
 	turn := 0.0
 	labelDrop := smallSize + 8.0
 	if longest > slot-4 {
 		turn = -50
 		labelDrop = longest*math.Sin(50*math.Pi/180) + 16
+	}
+	if multiTopo {
+		labelDrop += labelSize + 8
 	}
 
 	cdf := box{left, top, cdfW, plotH}
@@ -268,7 +293,7 @@ func (rep *Report) layout() *figure {
 	add(text{X: 20, Y: cdf.Y + cdf.H/2, S: "fraction of requests", Size: labelSize, Fill: black, Anchor: anchorMiddle, Rotate: -90})
 	if u := rep.UnloadedTTFTMS.P50; u > 0 {
 		x := xOf(u)
-		add(path{Pts: []point{{x, cdf.Y}, {x, cdf.Y + cdf.H}}, Stroke: noteCol, Width: 1.5, Dash: []float64{2, 3}})
+		add(path{Pts: []point{{x, cdf.Y}, {x, cdf.Y + cdf.H}}, Stroke: noteCol, Width: 1.5, Dash: []float64{1, 2.5}})
 	}
 	for i, r := range rep.Results {
 		n := len(r.ttfts)
@@ -313,14 +338,22 @@ func (rep *Report) layout() *figure {
 	f.fracAxis(bars, ratioTop, ratioStep)
 	for i, r := range rep.Results {
 		h := hOf(r.HitRatio)
-		x := bars.X + slot*float64(i) + slot*0.15
+		x := bars.X + slot*pos[i] + slot*0.15
 		add(rect{box: box{x, bars.Y + bars.H - h, slot * 0.7, h}, Fill: colours[i]})
 		add(text{X: x + slot*0.35, Y: bars.Y + bars.H - h - 4, S: fmt.Sprintf("%.3f", r.HitRatio), Size: min(smallSize, math.Floor(slot*0.35)), Fill: black, Anchor: anchorMiddle})
 		lx := x + slot*0.35
 		if turn != 0 {
-			add(text{X: lx + 4, Y: bars.Y + bars.H + 14, S: names[i], Size: smallSize, Fill: black, Anchor: anchorEnd, Rotate: turn})
+			add(text{X: lx + 4, Y: bars.Y + bars.H + 14, S: r.Policy, Size: smallSize, Fill: black, Anchor: anchorEnd, Rotate: turn})
 		} else {
-			add(text{X: lx, Y: bars.Y + bars.H + 16, S: names[i], Size: smallSize, Fill: black, Anchor: anchorMiddle})
+			add(text{X: lx, Y: bars.Y + bars.H + 16, S: r.Policy, Size: smallSize, Fill: black, Anchor: anchorMiddle})
+		}
+	}
+	if multiTopo {
+		for _, g := range groups {
+			x0, x1 := bars.X+slot*pos[g.first]+slot*0.15, bars.X+slot*pos[g.last]+slot*0.85
+			y := bars.Y + bars.H + labelDrop
+			add(path{Pts: []point{{x0, y - labelSize - 2}, {x1, y - labelSize - 2}}, Stroke: frameCol, Width: 1})
+			add(text{X: (x0 + x1) / 2, Y: y, S: g.name, Size: labelSize, Bold: true, Fill: black, Anchor: anchorMiddle})
 		}
 	}
 	oy := bars.Y + bars.H - hOf(rep.OracleHitRatio)
