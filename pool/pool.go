@@ -11,6 +11,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter/discovery"
@@ -186,9 +188,13 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (Selection, error) {
 	cancel()
 	if err != nil {
 		pe := &ProbeError{Pool: p.cfg.Name, Router: c.addr, Err: err}
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			c.circuit.release()
-		} else {
+		case requestFault(err):
+			// The router answered: it is up; this request is at fault.
+			c.circuit.success()
+		default:
 			pe.Backoff = c.circuit.failure()
 			p.log.Warn("local router probe failed; circuit opened", "router", c.addr, "backoff", pe.Backoff, "err", err)
 		}
@@ -197,6 +203,17 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (Selection, error) {
 	c.circuit.success()
 	sel.Router = c.addr
 	return sel, nil
+}
+
+// requestFault reports whether a router's answer blames the request, not
+// the router (a malformed or oversized prompt): no reason to stop probing
+// that router for everyone else.
+func requestFault(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.ResourceExhausted, codes.OutOfRange, codes.FailedPrecondition:
+		return true
+	}
+	return false
 }
 
 // Commit commits a request on the pool, through the router at routerAddr

@@ -307,6 +307,24 @@ func TestCommitEndsHalfOpenTrial(t *testing.T) {
 	}
 }
 
+// TestRequestFaultKeepsCircuitClosed: a router that refuses one request as
+// malformed (here: hashes for another block size) is up; its circuit stays
+// closed for everyone else.
+func TestRequestFaultKeepsCircuitClosed(t *testing.T) {
+	ctx := testCtx(t)
+	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 2)...)
+	p := open(t, newConns(t, &clock{now: time.Unix(1000, 0)}), "p", srv.Addr)
+	if _, err := p.Probe(ctx, prompt(t, tokens(64, 1), 32)); err == nil {
+		t.Fatal("Probe with hashes for block size 32 on a 16-token pool succeeded")
+	}
+	if st := p.Routers()[0]; st.State != pool.CircuitClosed || st.Failures != 0 {
+		t.Errorf("router status after a request fault = %+v, want closed", st)
+	}
+	if _, err := p.Probe(ctx, prompt(t, tokens(64, 1), 16)); err != nil {
+		t.Errorf("next Probe: %v", err)
+	}
+}
+
 func TestNoRouters(t *testing.T) {
 	conns := newConns(t, nil)
 	_, err := pool.Open(pool.Config{Name: "p", Routers: pool.Routers{Etcd: true}}, pool.Options{Conns: conns})

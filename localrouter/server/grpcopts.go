@@ -14,6 +14,11 @@ import (
 // allocations and syscalls per call.
 const transportWindow = 1 << 20
 
+// MaxRecvMsgBytes bounds one request message. gRPC's default, 4 MiB, is
+// ~520k block hashes: a prompt the global router accepts (16 MiB bodies)
+// can need more, and a refused probe would open the router's circuit.
+const MaxRecvMsgBytes = 64 << 20
+
 // GRPCServerOptions are the local router's gRPC server options, with m's
 // interceptors: keepalive pings (so a connection cut without a FIN ends its
 // Track streams and frees their requests), fixed flow-control windows, and
@@ -28,5 +33,6 @@ func GRPCServerOptions(m *Metrics) []grpc.ServerOption {
 		grpc.InitialWindowSize(transportWindow),
 		grpc.InitialConnWindowSize(transportWindow),
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		grpc.MaxRecvMsgSize(MaxRecvMsgBytes),
 	}
 }
