@@ -113,39 +113,71 @@ func TestWritePNG(t *testing.T) {
 			}
 			colours, _, _ := rep.seriesStyle()
 			used := map[color.RGBA]bool{}
-			for i, r := range rep.Results {
-				used[colours[i]] = true
-				for _, panel := range []struct {
-					name string
-					b    box
-				}{{"TTFT CDF", f.CDF}, {"hit ratio bars", f.Bars}} {
-					if n := countColour(img, panel.b, colours[i]); n == 0 {
+			for _, c := range colours {
+				used[c] = true
+			}
+			for _, panel := range []struct {
+				name string
+				b    box
+			}{{"TTFT CDF", f.CDF}, {"hit ratio bars", f.Bars}} {
+				found := coloursIn(img, panel.b)
+				for i, r := range rep.Results {
+					if found[colours[i]] == 0 {
 						t.Errorf("%s: no pixel of %s's colour %v in the %s panel", file, r.Label(), colours[i], panel.name)
 					}
 				}
-			}
-			// The check can fail: a palette colour no result uses (other
-			// than black, the colour of text) is absent.
-			for _, c := range palette {
-				if !used[c] && c != black && countColour(img, f.CDF, c)+countColour(img, f.Bars, c) != 0 {
-					t.Errorf("%s: unused colour %v found in a panel", file, c)
+				// The check can fail: a palette colour no result uses
+				// (other than black, the colour of text) is absent.
+				for _, c := range palette {
+					if !used[c] && c != black && found[c] != 0 {
+						t.Errorf("%s: unused colour %v found in the %s panel", file, c, panel.name)
+					}
 				}
 			}
 		})
 	}
 }
 
-// countColour counts the pixels of exactly colour c inside b (layout
-// pixels), inset to leave out the frame.
-func countColour(img image.Image, b box, c color.RGBA) int {
+// coloursIn counts the pixels of each colour inside b (layout pixels),
+// inset to leave out the frame.
+func coloursIn(img image.Image, b box) map[color.RGBA]int {
 	r := image.Rect(int(b.X*pngScale)+3, int(b.Y*pngScale)+3, int((b.X+b.W)*pngScale)-3, int((b.Y+b.H)*pngScale)-3)
-	n := 0
+	n := map[color.RGBA]int{}
 	for y := r.Min.Y; y < r.Max.Y; y++ {
 		for x := r.Min.X; x < r.Max.X; x++ {
-			if color.RGBAModel.Convert(img.At(x, y)) == c {
-				n++
-			}
+			n[color.RGBAModel.Convert(img.At(x, y)).(color.RGBA)]++
 		}
 	}
 	return n
+}
+
+// TestPlotsOfDegenerateReports: reports with nothing to draw still render
+// in both formats.
+func TestPlotsOfDegenerateReports(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rep  *Report
+	}{
+		{"no results", &Report{}},
+		{"every request rejected", &Report{Results: []*Result{{Topology: "flat", Policy: "kvgate", Rejected: 3}}}},
+		{"one request", &Report{OracleHitRatio: 1, Results: []*Result{{Topology: "flat", Policy: "kvgate", HitRatio: 1, ttfts: []float64{0.5}}}}},
+		{"long names", &Report{Trace: "<&>", Results: []*Result{
+			{Topology: "pools=2", Policy: "cost:credit=8,scale=8,temp=0.5", ttfts: []float64{3, 40_000}},
+			{Topology: "disagg=4", Policy: "random", ttfts: []float64{1e6}},
+		}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, f := range []PlotFormat{PlotSVG, PlotPNG} {
+				var b bytes.Buffer
+				if err := tc.rep.WritePlot(&b, f); err != nil {
+					t.Fatalf("WritePlot(%s): %v", f, err)
+				}
+				if f == PlotPNG {
+					if _, err := png.Decode(&b); err != nil {
+						t.Errorf("decoding the PNG: %v", err)
+					}
+				}
+			}
+		})
+	}
 }
