@@ -528,7 +528,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	if len(cands) == 0 {
 		switch {
 		case pinPool != "":
-			return nil, fmt.Errorf("%w: %s: pool %q: %w", ErrPinRefused, HeaderPool, pinPool, results[0].err)
+			return nil, pinError(HeaderPool, pinPool, results[0].err)
 		case saturated == failed && failed > 0:
 			return nil, fmt.Errorf("%w: %w", ErrSaturated, errors.Join(errs(results)...))
 		}
@@ -736,7 +736,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			r.log.Warn("commit refused; trying the next candidate", "request_id", p.id, "pool", c.Pool, "worker_id", c.Probe.WorkerID, "err", err)
 			refused = append(refused, fmt.Sprintf("%s/%s: %v", c.Pool, c.Probe.WorkerID, err))
 			if pinned {
-				return nil, fmt.Errorf("%w: %s: pool %q: %w", ErrPinRefused, HeaderPool, c.Pool, err)
+				return nil, pinError(HeaderPool, c.Pool, err)
 			}
 			continue
 		}
@@ -830,7 +830,52 @@ func (r *Router) decidePinnedWorker(ctx context.Context, st *state, p *prepared,
 	if len(refused) == 0 {
 		return nil, fmt.Errorf("%w: %s: %q: no eligible pool", ErrPinRefused, HeaderWorkerID, worker)
 	}
-	return nil, fmt.Errorf("%w: %s: %q: %w", ErrPinRefused, HeaderWorkerID, worker, errors.Join(refused...))
+	// The worker may live in a pool that is unreachable: then it is an
+	// outage, whatever the other pools said.
+	for _, err := range refused {
+		if outage(err) {
+			return nil, pinError(HeaderWorkerID, worker, err)
+		}
+	}
+	return nil, pinError(HeaderWorkerID, worker, errors.Join(refused...))
+}
+
+// pinError is the error of a pinned request that cannot go where it is
+// pinned: ErrNoPool (503, retry later) when the target's local routers are
+// unreachable, ErrPinRefused (400) when the target refuses the request
+// (unknown worker, wrong model, dropped by a policy). Never re-routed.
+func pinError(header, target string, err error) error {
+	if outage(err) {
+		return fmt.Errorf("%w: %s: %q is unreachable: %w", ErrNoPool, header, target, err)
+	}
+	return fmt.Errorf("%w: %s: %q: %w", ErrPinRefused, header, target, err)
+}
+
+// outage reports whether every error in err is a router outage (circuit
+// open, no routers, unreachable, timed out), not a refusal.
+func outage(err error) bool {
+	if err == nil {
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !outage(e) {
+				return false
+			}
+		}
+		return true
+	}
+	var pe *pool.ProbeError
+	switch {
+	case errors.Is(err, pool.ErrCircuitOpen), errors.Is(err, pool.ErrNoRouters),
+		errors.As(err, &pe) && pe.Backoff > 0, errors.Is(err, context.DeadlineExceeded):
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
+	}
+	return false
 }
 
 // lease is a Decision's Lease: the request on its worker's local router,

@@ -212,13 +212,18 @@ func TestPinning(t *testing.T) {
 	if a, b := c.a.ActiveRequests(), c.b.ActiveRequests(); a != 0 || b != 0 {
 		t.Errorf("refused pins left requests: a=%d b=%d", a, b)
 	}
-	// A pinned pool that is down is refused, not re-routed.
+	// A pinned pool that is down is an outage (503, retry later), never
+	// re-routed to the pool that is up.
 	c.a.Stop()
-	if _, err := pin(map[string]string{globalrouter.HeaderPool: "pool-a"}); !errors.Is(err, globalrouter.ErrPinRefused) {
-		t.Errorf("pinned to a stopped pool: got %v, want ErrPinRefused", err)
-	}
-	if _, err := pin(map[string]string{globalrouter.HeaderWorkerID: "a-0"}); !errors.Is(err, globalrouter.ErrPinRefused) {
-		t.Errorf("pinned to a worker of a stopped pool: got %v, want ErrPinRefused", err)
+	for _, h := range []map[string]string{{globalrouter.HeaderPool: "pool-a"}, {globalrouter.HeaderWorkerID: "a-0"}} {
+		d, err := pin(h)
+		if d != nil {
+			free(t, d)
+			t.Fatalf("pinned %v with pool-a down: routed to %+v", h, d.Primary)
+		}
+		if !errors.Is(err, globalrouter.ErrNoPool) || errors.Is(err, globalrouter.ErrPinRefused) {
+			t.Errorf("pinned %v with pool-a down: got %v, want ErrNoPool (an outage, not a refusal)", h, err)
+		}
 	}
 }
 
