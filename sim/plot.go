@@ -190,7 +190,9 @@ func (rep *Report) layout() *figure {
 	for i, r := range rep.Results {
 		rows = append(rows, row{name: names[i], value: msLabel(r.TTFTMS.P99), col: colours[i], dash: dash[i]})
 	}
-	rows = append(rows, row{name: "unloaded p50", value: msLabel(rep.UnloadedTTFTMS.P50), col: noteCol, dash: []float64{1, 2.5}, dotted: true})
+	if rep.UnloadedTTFTMS.P50 > 0 {
+		rows = append(rows, row{name: "unloaded p50", value: msLabel(rep.UnloadedTTFTMS.P50), col: noteCol, dash: []float64{1, 2.5}, dotted: true})
+	}
 	nameW, valueW := 0.0, textWidth("p99 TTFT", smallSize)
 	for _, r := range rows {
 		nameW = max(nameW, textWidth(r.name, smallSize))
