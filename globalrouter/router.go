@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -624,6 +625,10 @@ func (r *Router) prepare(req *Request, me *modelEntry) (*prepared, error) {
 	return p, nil
 }
 
+// finite reports whether x is neither NaN nor ±Inf (ParseFloat accepts
+// both, and a NaN cost orders nothing).
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
 // view builds the policies' view of the request and the cost overrides
 // from its headers.
 func view(req *Request, id string, isl int) (policies.Request, *pool.Override, error) {
@@ -641,7 +646,7 @@ func view(req *Request, id string, isl int) (policies.Request, *pool.Override, e
 	}{{HeaderTTFT, &v.SLO.TTFT}, {HeaderITL, &v.SLO.ITL}} {
 		if s := h[d.name]; s != "" {
 			ms, err := strconv.ParseFloat(s, 64)
-			if err != nil || ms < 0 {
+			if err != nil || !finite(ms) || ms < 0 || ms > 1e9 { // up to ~11 days
 				return v, nil, fmt.Errorf("%w: %s: %q is not a duration in milliseconds", ErrBadRequest, d.name, s)
 			}
 			*d.out = time.Duration(ms * float64(time.Millisecond))
@@ -658,7 +663,7 @@ func view(req *Request, id string, isl int) (policies.Request, *pool.Override, e
 	} {
 		if s := h[f.name]; s != "" {
 			x, err := strconv.ParseFloat(s, 64)
-			if err != nil || x < 0 {
+			if err != nil || !finite(x) || x < 0 {
 				return v, nil, fmt.Errorf("%w: %s: %q is not a non-negative number", ErrBadRequest, f.name, s)
 			}
 			if o == nil {

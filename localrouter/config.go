@@ -3,6 +3,7 @@ package localrouter
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -59,11 +60,11 @@ func (c Config) Validate() error {
 	switch {
 	case c.BlockSize <= 0:
 		return fmt.Errorf("%w: block_size %d must be positive", ErrInvalidConfig, c.BlockSize)
-	case c.OverlapScoreCredit < 0:
+	case !(c.OverlapScoreCredit >= 0) || math.IsInf(c.OverlapScoreCredit, 0):
 		return fmt.Errorf("%w: overlap_score_credit %g must be ≥ 0", ErrInvalidConfig, c.OverlapScoreCredit)
-	case c.PrefillLoadScale < 0:
+	case !(c.PrefillLoadScale >= 0) || math.IsInf(c.PrefillLoadScale, 0):
 		return fmt.Errorf("%w: prefill_load_scale %g must be ≥ 0", ErrInvalidConfig, c.PrefillLoadScale)
-	case c.RouterTemperature < 0:
+	case !(c.RouterTemperature >= 0) || math.IsInf(c.RouterTemperature, 0):
 		return fmt.Errorf("%w: router_temperature %g must be ≥ 0", ErrInvalidConfig, c.RouterTemperature)
 	case c.TTL <= 0:
 		return fmt.Errorf("%w: ttl %v must be positive", ErrInvalidConfig, c.TTL)
@@ -97,20 +98,20 @@ func (c Config) params(o *Override) (costParams, error) {
 		return p, nil
 	}
 	if o.OverlapScoreCredit != nil {
-		if *o.OverlapScoreCredit < 0 {
-			return p, fmt.Errorf("%w: override overlap_score_credit %g must be ≥ 0", ErrInvalidConfig, *o.OverlapScoreCredit)
+		if !(*o.OverlapScoreCredit >= 0) || math.IsInf(*o.OverlapScoreCredit, 0) { // NaN fails >= 0
+			return p, fmt.Errorf("%w: override overlap_score_credit %g must be a finite number ≥ 0", ErrInvalidConfig, *o.OverlapScoreCredit)
 		}
 		p.credit = *o.OverlapScoreCredit
 	}
 	if o.PrefillLoadScale != nil {
-		if *o.PrefillLoadScale < 0 {
-			return p, fmt.Errorf("%w: override prefill_load_scale %g must be ≥ 0", ErrInvalidConfig, *o.PrefillLoadScale)
+		if !(*o.PrefillLoadScale >= 0) || math.IsInf(*o.PrefillLoadScale, 0) { // NaN fails >= 0
+			return p, fmt.Errorf("%w: override prefill_load_scale %g must be a finite number ≥ 0", ErrInvalidConfig, *o.PrefillLoadScale)
 		}
 		p.scale = *o.PrefillLoadScale
 	}
 	if o.RouterTemperature != nil {
-		if *o.RouterTemperature < 0 {
-			return p, fmt.Errorf("%w: override router_temperature %g must be ≥ 0", ErrInvalidConfig, *o.RouterTemperature)
+		if !(*o.RouterTemperature >= 0) || math.IsInf(*o.RouterTemperature, 0) { // NaN fails >= 0
+			return p, fmt.Errorf("%w: override router_temperature %g must be a finite number ≥ 0", ErrInvalidConfig, *o.RouterTemperature)
 		}
 		p.temperature = *o.RouterTemperature
 	}

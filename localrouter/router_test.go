@@ -3,6 +3,7 @@ package localrouter
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -370,5 +371,24 @@ func TestNoEventsAfterRemoval(t *testing.T) {
 	<-done
 	if got := r.Index().TreeSize(WorkerKey{"a", 0}); got != 0 {
 		t.Errorf("removed worker holds %d blocks", got)
+	}
+}
+
+func TestOverridesRejectNaNAndInf(t *testing.T) {
+	r := newRouter(t, DefaultConfig(), "a")
+	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1} {
+		v := v
+		for name, o := range map[string]*Override{
+			"credit": {OverlapScoreCredit: &v}, "scale": {PrefillLoadScale: &v}, "temperature": {RouterTemperature: &v},
+		} {
+			if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{Override: o}); !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("%s override %v: got %v, want ErrInvalidConfig", name, v, err)
+			}
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.RouterTemperature = math.NaN()
+	if err := cfg.Validate(); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("NaN temperature in config: got %v, want ErrInvalidConfig", err)
 	}
 }
