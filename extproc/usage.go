@@ -37,6 +37,7 @@ type sseParser struct {
 
 	line     []byte // the current, unfinished line
 	skipping bool   // the current line overflowed maxLine
+	dropping bool   // the current event's data overflowed maxLine
 	lastCR   bool   // the previous chunk ended in CR: a leading LF is part of it
 	data     []byte // data lines of the current event, joined by LF
 	hasData  bool
@@ -120,6 +121,15 @@ func (p *sseParser) endLine() {
 	if string(field) != "data" {
 		return // event, id, retry: nothing the router needs
 	}
+	if p.dropping {
+		return
+	}
+	if len(p.data)+1+len(value) > p.maxLine {
+		// An event of many data lines past the bound (only a broken or
+		// hostile upstream sends one): dropped whole, like a long line.
+		p.data, p.hasData, p.dropping = p.data[:0], false, true
+		return
+	}
 	if p.hasData {
 		p.data = append(p.data, '\n')
 	}
@@ -128,6 +138,7 @@ func (p *sseParser) endLine() {
 }
 
 func (p *sseParser) dispatch() {
+	p.dropping = false
 	if !p.hasData {
 		return
 	}

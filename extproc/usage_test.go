@@ -33,6 +33,7 @@ func TestSSEParser(t *testing.T) {
 		{"blank lines only", "\n\n\n", nil},
 		{"unterminated last event", "data: a\n\ndata: b", []string{"a", "b"}},
 		{"line too long dropped", "data: " + strings.Repeat("x", 100) + "\n\ndata: ok\n\n", []string{"ok"}},
+		{"event too long dropped", strings.Repeat("data: "+strings.Repeat("y", 30)+"\n", 5) + "\ndata: ok\n\n", []string{"ok"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			whole := collectSSE(64, []byte(tc.in))
