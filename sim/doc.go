@@ -29,7 +29,7 @@
 //     configuration given as "cost:credit=…,scale=…,temp=…".
 //   - The oracle (oracle.go): the hit ratio of an infinite cache shared by
 //     all workers, the physical limit of prefix reuse.
-//   - Reporting (report.go, plot.go): a terminal table, JSON, and an SVG
+//   - Reporting (report.go, plot.go): a terminal table, JSON, and an SVG or PNG
 //     with each policy's TTFT CDF and hit ratio.
 //
 // Run is the entry point; the kvgate replay command is a thin flag parser
