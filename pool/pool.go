@@ -202,6 +202,12 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (Selection, error) {
 	}
 	c.circuit.success()
 	sel.Router = c.addr
+	if sel.Address == "" {
+		// The worker is leaving (its etcd key is gone, the router has not
+		// dropped it yet): routing there would send Envoy nowhere.
+		return Selection{}, &ProbeError{Pool: p.cfg.Name, Router: c.addr,
+			Err: fmt.Errorf("worker %s/%d has no address (leaving the pool)", sel.WorkerID, sel.DPRank)}
+	}
 	return sel, nil
 }
 
