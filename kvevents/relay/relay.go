@@ -204,11 +204,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	// One subscriber per endpoint feeds a single handling loop, so events
 	// keep one order per worker and the publisher needs no more locking.
 	recvCtx, stopRecv := context.WithCancel(ctx)
-	defer stopRecv()
 	msgs := make(chan received, 64)
 	errs := make(chan error, len(r.cfg.Endpoints))
 	var wg sync.WaitGroup
+	// Stop the receivers, then wait for them (defers run last first): a
+	// receiver blocked on msgs or in Recv must see its context end.
 	defer wg.Wait()
+	defer stopRecv()
 	for _, ep := range r.cfg.Endpoints {
 		wg.Add(1)
 		go func() {

@@ -471,3 +471,33 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	router.Close()
 	<-routerDone
 }
+
+// TestRelayEndpointErrorEndsRun: when one endpoint cannot be dialled, Run
+// returns its error (and stops the other receivers) instead of hanging on
+// with nothing relayed.
+func TestRelayEndpointErrorEndsRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ns := testenv.StartNATSServer(t)
+	nc := testenv.ConnectNATS(t, ns.ClientURL())
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(relay.Config{Endpoints: []string{"tcp://" + pub.Addr().String(), "bogus://nowhere"}, Pool: "p",
+		Worker: kvevents.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}}, relay.Options{NATS: nc, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Run with an endpoint that cannot be dialled returned nil")
+		}
+	case <-ctx.Done():
+		t.Fatal("Run did not return after an endpoint failed")
+	}
+}
