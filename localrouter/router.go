@@ -289,7 +289,8 @@ type BestWorkerOptions struct {
 	// caller must later call MarkPrefillComplete and Free. Empty: a pure
 	// query, nothing changes.
 	RequestID string
-	// UpdateIndexer records the choice in the approximate index.
+	// UpdateIndexer records the choice in the approximate index (without a
+	// request id too). Ignored when the router runs on KV events.
 	UpdateIndexer bool
 	// Override changes cost parameters for this request.
 	Override *Override
@@ -401,7 +402,10 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			return Selection{}, err
 		}
 	}
-	if opts.UpdateIndexer || (opts.RequestID != "" && !r.cfg.UseKVEvents) {
+	// Only the approximate index learns from decisions: with KV events the
+	// engine's events are the truth, and a recorded entry expiring later
+	// would drop a block the engine still holds.
+	if !r.cfg.UseKVEvents && (opts.UpdateIndexer || opts.RequestID != "") {
 		r.index.Record(r.clock(), sel.Worker, s.local)
 	}
 	return sel, nil

@@ -392,3 +392,28 @@ func TestOverridesRejectNaNAndInf(t *testing.T) {
 		t.Errorf("NaN temperature in config: got %v, want ErrInvalidConfig", err)
 	}
 }
+
+// TestUpdateIndexerIgnoredWithKVEvents: with KV events the index is the
+// engine's; a decision recorded there would expire later and drop a block
+// the engine still holds.
+func TestUpdateIndexerIgnoredWithKVEvents(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	now := time.Unix(1000, 0)
+	r, err := New(cfg, Options{Clock: func() time.Time { return now }, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.AddWorker("a", 1)
+	prompt := toks(8, 0)
+	if _, err := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{UpdateIndexer: true}); err != nil {
+		t.Fatal(err)
+	}
+	storeTokens(t, r, "a", prompt)
+	now = now.Add(time.Hour) // past any approximate TTL
+	r.Sweep()
+	if got := r.Index().TreeSize(WorkerKey{"a", 0}); got != 2 {
+		t.Errorf("tree size after the TTL = %d, want the engine's 2 blocks", got)
+	}
+}
