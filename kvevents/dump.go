@@ -465,6 +465,12 @@ func pageEnvelopeBytes(worker string, ranks []DumpRank) (int, error) {
 // walks the value without recursion, so nesting cannot exhaust the stack.
 func checkMsgpackLengths(b []byte) error {
 	i, pending := 0, 1 // values still to read
+	// open[k] is how many values the k-th open container still holds; its
+	// length is the nesting depth, bounded because msgpack decoders skip
+	// unknown values recursively (a deep enough nest overflows the stack,
+	// a fatal error no recover catches).
+	open := make([]int, 1, 8)
+	open[0] = 1
 	length := func(size int) (int, error) {
 		if len(b)-i < size {
 			return 0, errors.New("msgpack truncated")
@@ -483,6 +489,10 @@ func checkMsgpackLengths(b []byte) error {
 		if i >= len(b) {
 			return errors.New("msgpack truncated")
 		}
+		for open[len(open)-1] == 0 {
+			open = open[:len(open)-1]
+		}
+		open[len(open)-1]--
 		c := b[i]
 		i++
 		pending--
@@ -539,6 +549,16 @@ func checkMsgpackLengths(b []byte) error {
 		if pending += children; pending > len(b)-i {
 			return fmt.Errorf("msgpack claims %d more values in %d bytes", pending, len(b)-i)
 		}
+		if children > 0 {
+			if len(open) > MaxMsgpackDepth {
+				return fmt.Errorf("msgpack nested deeper than %d", MaxMsgpackDepth)
+			}
+			open = append(open, children)
+		}
 	}
 	return nil
 }
+
+// MaxMsgpackDepth bounds the nesting of msgpack kvgate accepts from outside
+// (its own messages nest about 6 deep; vLLM's event batches about 5).
+const MaxMsgpackDepth = 64

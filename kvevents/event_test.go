@@ -128,3 +128,25 @@ func TestDecodeMsgpackHugeLength(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeDeepNesting: msgpack nested past MaxMsgpackDepth is refused
+// before decoding (a deep nest in an unknown field would overflow the
+// decoder's stack, a fatal error).
+func TestDecodeDeepNesting(t *testing.T) {
+	deep := func(n int) []byte {
+		b := []byte{0x82, 0xa9, 'w', 'o', 'r', 'k', 'e', 'r', '_', 'i', 'd', 0xa1, 'w', 0xa1, 'x'}
+		for i := 0; i < n; i++ {
+			b = append(b, 0x91) // fixarray of one
+		}
+		return append(b, 0xc0)
+	}
+	if _, err := DecodeMsgpack(deep(100000)); !errors.Is(err, ErrInvalidEvent) {
+		t.Errorf("100000-deep nest: got %v, want ErrInvalidEvent", err)
+	}
+	if err := CheckMsgpack(deep(10)); err != nil {
+		t.Errorf("10-deep nest refused: %v", err)
+	}
+	if _, err := DecodeEnginePayload(deep(100000), 16); !errors.Is(err, ErrMalformed) {
+		t.Errorf("engine payload 100000 deep: got %v, want ErrMalformed", err)
+	}
+}

@@ -78,6 +78,9 @@ func DecodeEnginePayload(payload []byte, blockSize int) (EngineBatch, error) {
 	if blockSize <= 0 {
 		return EngineBatch{}, fmt.Errorf("%w: got %d", ErrBlockSize, blockSize)
 	}
+	if err := checkMsgpackLengths(payload); err != nil {
+		return EngineBatch{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
 	r := bytes.NewReader(payload)
 	d := &engineDecoder{dec: msgpack.NewDecoder(r), blockSize: blockSize}
 	b, err := d.batch()
