@@ -87,6 +87,7 @@ type Subscriber struct {
 
 	mu      sync.Mutex
 	workers map[string]*workerState
+	gen     uint64 // last dump generation handed out (see startDump)
 	closed  bool
 
 	received, applied, rejected, invalid, stale, gaps, dumps, dumpErrors, heldDropped atomic.Uint64
@@ -298,7 +299,11 @@ func (s *Subscriber) startDump(w *workerState) {
 		w.retry = nil
 	}
 	w.dumping = true
-	w.gen++
+	// Generations are the subscriber's, not the worker's: a worker that
+	// leaves and joins again gets a new state, whose first dump must not
+	// match an answer the old state is still waiting for.
+	s.gen++
+	w.gen = s.gen
 	gen, id := w.gen, w.id
 	s.wg.Add(1)
 	go func() {
@@ -365,6 +370,16 @@ func (s *Subscriber) finishDump(id string, gen uint64, reply kvevents.DumpReply,
 		}
 		if ev.EventID <= w.last[ev.DPRank] {
 			s.stale.Add(1) // the dump covers it (even an id 1 that restarted the publisher)
+			continue
+		}
+		if ev.EventID > w.last[ev.DPRank]+1 {
+			// Ahead of a dump just taken: not a loss during the dump (those
+			// events would be here, in order) but a stray or a message of
+			// another incarnation. Asking again at once would loop for as
+			// long as the publisher stays behind it; drop it, and let the
+			// next live event show whether a real gap remains.
+			s.stale.Add(1)
+			s.log.Debug("held kv event ahead of the dump dropped", "worker", w.id, "dp_rank", ev.DPRank, "event_id", ev.EventID, "dump_last", w.last[ev.DPRank])
 			continue
 		}
 		s.sequence(w, ev)

@@ -205,3 +205,40 @@ func TestRestartWithoutDumpResponder(t *testing.T) {
 		t.Errorf("stats %+v synced %v, want ≥ 2 failed dumps and not synced", st, synced)
 	}
 }
+
+// TestStrayEventDoesNotLoopDumps: one event with an id far ahead of the
+// publisher (a stray, or another incarnation's) costs at most one dump; it
+// must not make the subscriber ask again and again while the publisher
+// stays behind it.
+func TestStrayEventDoesNotLoopDumps(t *testing.T) {
+	nc, r, sub := setup(t, "s", "w1")
+	pub, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{Pool: "s", WorkerID: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.PublishStored(tokens(0, 16), 16, []uint64{1}, nil, ""); err != nil {
+		t.Fatal(err)
+	}
+	sub.WorkerUp("w1")
+	waitTree(t, r, "w1", 1)
+	testenv.Eventually(t, timeout, func() (string, bool) { return "not synced", sub.Synced("w1") })
+	before := sub.Stats().Dumps
+	publish(t, nc, "s", stored("w1", 1000, 900, tokens(500, 16)))
+	// The publisher goes on; its events must apply, and the dumps stay few.
+	parent := uint64(1)
+	for i := 0; i < 20; i++ {
+		eh := uint64(2 + i)
+		if err := pub.PublishStored(tokens(16*(i+1), 16), 16, []uint64{eh}, &parent, ""); err != nil {
+			t.Fatal(err)
+		}
+		parent = eh
+	}
+	waitTree(t, r, "w1", 21)
+	if got := sub.Stats().Dumps - before; got > 1 {
+		t.Errorf("one stray event cost %d dumps, want at most 1", got)
+	}
+	if got := r.Index().TreeSize(localrouter.WorkerKey{ID: "w1"}); got != 21 {
+		t.Errorf("tree size %d, want 21 (the stray's block must not count)", got)
+	}
+}
