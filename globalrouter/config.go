@@ -48,6 +48,12 @@ type ProbeConfig struct {
 type ModelConfig struct {
 	Name      string           `yaml:"name"`
 	Tokenizer tokenizer.Config `yaml:"tokenizer"`
+	// LoRAOf names the base model when Name is a LoRA adapter served
+	// under its own model name (vLLM's --lora-modules): its blocks are
+	// hashed with the adapter's seed (kvevents.LoRASeed(Name)), as the
+	// engine's KV events are, so adapters never share blocks with the base
+	// model or each other.
+	LoRAOf string `yaml:"lora_of"`
 }
 
 // DefaultTokenizer is the tokenizer of a served model the configuration
@@ -162,10 +168,24 @@ func (c *Config) buildChain(reg *policies.Registry) (*policies.Chain, error) {
 	return reg.Build(c.Chain, sections, policies.KnownPools(names...))
 }
 
+// loraOf returns the adapter name to hash model's blocks with: the model's
+// own name when it is configured as a LoRA adapter, "" otherwise.
+func (c *Config) loraOf(model string) string {
+	for _, m := range c.Models {
+		if m.Name == model && m.LoRAOf != "" {
+			return model
+		}
+	}
+	return ""
+}
+
 // tokenizerFor returns the tokenizer configuration of model.
 func (c *Config) tokenizerFor(model string) tokenizer.Config {
 	for _, m := range c.Models {
 		if m.Name == model {
+			if m.Tokenizer.Backend == "" && m.LoRAOf != "" && m.LoRAOf != model {
+				return c.tokenizerFor(m.LoRAOf) // an adapter tokenizes as its base
+			}
 			tc := m.Tokenizer
 			tc.Model = model
 			return tc

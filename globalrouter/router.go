@@ -182,6 +182,7 @@ type poolEntry struct {
 
 type modelEntry struct {
 	name       string
+	lora       string // adapter name when the model is a LoRA adapter
 	tok        Tokenizer
 	tcfg       tokenizer.Config
 	pools      []*poolEntry
@@ -233,7 +234,7 @@ func (r *Router) build(cfg *Config, old *state) (_ *state, err error) {
 		}
 	}
 	entry := func(model string) (*modelEntry, error) {
-		me := &modelEntry{name: model, tcfg: cfg.tokenizerFor(model)}
+		me := &modelEntry{name: model, tcfg: cfg.tokenizerFor(model), lora: cfg.loraOf(model)}
 		if t, ok := r.opts.tokenizers[model]; ok {
 			me.tok = t
 		} else if prev := old.model(model); prev != nil && sameTokenizer(prev.tcfg, me.tcfg) {
@@ -466,7 +467,7 @@ type prepared struct {
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
-	pr := pool.Prompt{BlockSize: blockSize, ISL: len(p.tokens), Override: p.override}
+	pr := pool.Prompt{BlockSize: blockSize, ISL: len(p.tokens), Override: p.override, LoRA: p.me.lora}
 	for i, bs := range p.me.blockSizes {
 		if bs == blockSize {
 			pr.Hashes = p.hashes[i]
@@ -615,7 +616,7 @@ func (r *Router) prepare(req *Request, me *modelEntry) (*prepared, error) {
 	}
 	p.hashes = make([][]uint64, len(me.blockSizes))
 	for i, bs := range me.blockSizes {
-		if p.hashes[i], err = kvevents.LocalHashes(p.tokens, bs, ""); err != nil {
+		if p.hashes[i], err = kvevents.LocalHashes(p.tokens, bs, me.lora); err != nil {
 			return nil, fmt.Errorf("hash blocks of %d tokens: %w", bs, err)
 		}
 	}
