@@ -300,22 +300,32 @@ func (r *Relay) handle(ctx context.Context, endpoint string, frames [][]byte) {
 			// empty cache; vLLM sends no AllBlocksCleared for that.
 			r.m.restarts.Inc()
 			r.log.Warn("engine sequence went back; treating as a restart and clearing the worker's blocks", "endpoint", endpoint, "seq", b.Seq, "last", last)
-			for rank := range r.ranksOf[endpoint] {
-				if _, err := r.pub.Publish(rank, kvevents.Event{Cleared: true}); err != nil {
-					r.m.pubErrors.Inc()
-					r.log.Warn("publish", "err", err)
-				}
-			}
+			r.clearEndpoint(endpoint)
 		case b.Seq != last+1:
 			rep := r.replayFor[endpoint]
 			if rep == "" || !r.recoverGap(ctx, endpoint, rep, last, b.Seq) {
+				// Lost for good: the removals among them would leave phantom
+				// blocks, the stores would make later chains "unknown
+				// parent". Clearing underestimates the worker's cache until
+				// it refills, instead of drifting from it indefinitely.
 				r.m.gaps.Inc()
-				r.log.Warn("engine messages lost", "endpoint", endpoint, "from_seq", last+1, "to_seq", b.Seq-1)
+				r.log.Warn("engine messages lost; clearing the worker's blocks", "endpoint", endpoint, "from_seq", last+1, "to_seq", b.Seq-1)
+				r.clearEndpoint(endpoint)
 			}
 		}
 	}
 	r.lastSeq[stream] = b.Seq
 	r.publishBatch(endpoint, b)
+}
+
+// clearEndpoint publishes Cleared for every rank seen on endpoint.
+func (r *Relay) clearEndpoint(endpoint string) {
+	for rank := range r.ranksOf[endpoint] {
+		if _, err := r.pub.Publish(rank, kvevents.Event{Cleared: true}); err != nil {
+			r.m.pubErrors.Inc()
+			r.log.Warn("publish", "err", err)
+		}
+	}
 }
 
 func decodeFrames(frames [][]byte, blockSize int) (kvevents.EngineBatch, error) {

@@ -205,6 +205,26 @@ func TestRelayEndToEnd(t *testing.T) {
 		t.Errorf("restarts counter = %v, want 1", n)
 	}
 
+	// Messages lost for good (no replay socket): the worker's ranks are
+	// cleared before the next message, so routers underestimate its cache
+	// instead of drifting from it.
+	// (The payload itself clears rank 0 only: rank 2's Cleared can come
+	// only from the relay. The restart fixture's stores may come first.)
+	send(kvevents.EngineFrames("kv", 5, clearedPayload)...)
+	cleared := map[uint32]bool{}
+	for !cleared[2] {
+		e := next()
+		switch {
+		case e.Event.Cleared:
+			cleared[e.DPRank] = true
+		case len(cleared) > 0:
+			t.Fatalf("after lost messages got %+v between Cleared events", e)
+		}
+	}
+	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_sequence_gaps_total")); n != 1 {
+		t.Errorf("gaps counter = %v, want 1", n)
+	}
+
 	stop()
 	if err := <-done; err != nil {
 		t.Errorf("Run returned %v, want nil on cancellation", err)
