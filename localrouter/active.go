@@ -182,12 +182,16 @@ func (a *ActiveSequences) freeLocked(r *activeReq) {
 
 // RemoveWorker frees every request of the worker (all dp ranks) and returns
 // their ids.
-func (a *ActiveSequences) RemoveWorker(id string) []string {
+func (a *ActiveSequences) RemoveWorker(id string) []string { return a.RemoveRanks(id, 0) }
+
+// RemoveRanks frees every request of worker id's ranks from fromRank up and
+// returns their ids.
+func (a *ActiveSequences) RemoveRanks(id string, fromRank uint32) []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var ids []string
 	for _, r := range a.byID {
-		if a.slots[r.slot].key.ID == id {
+		if k := a.slots[r.slot].key; k.ID == id && k.DPRank >= fromRank {
 			ids = append(ids, r.id)
 		}
 	}

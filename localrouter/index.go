@@ -352,11 +352,15 @@ func (ix *Index) clearSlot(slot int32) {
 }
 
 // RemoveWorker drops everything the worker (all its dp ranks) holds.
-func (ix *Index) RemoveWorker(id string) {
+func (ix *Index) RemoveWorker(id string) { ix.RemoveRanks(id, 0) }
+
+// RemoveRanks drops everything worker id's ranks from fromRank up hold
+// (a worker whose dp_size shrank).
+func (ix *Index) RemoveRanks(id string, fromRank uint32) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	for key, slot := range ix.table.byKey {
-		if key.ID != id {
+		if key.ID != id || key.DPRank < fromRank {
 			continue
 		}
 		ix.clearSlot(slot)

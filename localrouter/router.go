@@ -191,17 +191,27 @@ func (r *Router) Index() *Index { return r.index }
 func (r *Router) Active() *ActiveSequences { return r.active }
 
 // AddWorker adds (or resizes) worker id with dpSize data-parallel ranks.
+// A worker whose dp_size shrank loses its dropped ranks' index entries and
+// requests, as a removed worker does.
 func (r *Router) AddWorker(id string, dpSize int) {
 	if dpSize < 1 {
 		dpSize = 1
 	}
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
 	r.memMu.Lock()
-	defer r.memMu.Unlock()
 	old := r.members.Load()
-	if old.dp[id] == dpSize {
+	prev := old.dp[id]
+	if prev == dpSize {
+		r.memMu.Unlock()
 		return
 	}
 	r.members.Store(old.with(id, dpSize, r.index))
+	r.memMu.Unlock()
+	if prev > dpSize {
+		r.index.RemoveRanks(id, uint32(dpSize))
+		r.active.RemoveRanks(id, uint32(dpSize))
+	}
 }
 
 // RemoveWorker removes worker id: its index entries and active requests are

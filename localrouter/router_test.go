@@ -417,3 +417,32 @@ func TestUpdateIndexerIgnoredWithKVEvents(t *testing.T) {
 		t.Errorf("tree size after the TTL = %d, want the engine's 2 blocks", got)
 	}
 }
+
+// TestShrinkingDPSizeDropsRanks: ranks a worker no longer has lose their
+// blocks and requests, so a later growth starts them empty.
+func TestShrinkingDPSizeDropsRanks(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	r := newRouter(t, cfg)
+	r.AddWorker("a", 2)
+	ev := kvevents.RouterEvent{WorkerID: "a", DPRank: 1, Event: kvevents.Event{Stored: &kvevents.Stored{
+		Blocks: []kvevents.Block{{EngineHash: 1, TokenIDs: toks(4, 0)}}}}}
+	if err := r.ApplyEvent(ev); err != nil {
+		t.Fatal(err)
+	}
+	rank1 := WorkerKey{"a", 1}
+	if _, err := r.Commit(testCtx(t), "q", rank1, Request{Tokens: toks(8, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	r.AddWorker("a", 1)
+	if got := r.Index().TreeSize(rank1); got != 0 {
+		t.Errorf("dropped rank still holds %d blocks", got)
+	}
+	if _, ok := r.Active().Has("q"); ok {
+		t.Error("dropped rank's request still active")
+	}
+	r.AddWorker("a", 2)
+	if got := r.Index().TreeSize(rank1); got != 0 {
+		t.Errorf("regrown rank holds %d blocks, want 0", got)
+	}
+}
