@@ -338,18 +338,33 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 	return x.send(headersResponse(true, &extprocv3.CommonResponse{HeaderMutation: responseHeaders(x.decision, x.explain)}))
 }
 
+// responseBody passes the first chunk on before telling the local router
+// prefill is complete, so the client's first token never waits for the
+// router's acknowledgement. The end of the response frees the request
+// before its last bytes go out: a client that sends its next request at
+// once finds the load already released.
 func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
+	var prefilled bool
 	if x.decision != nil && !x.freed {
 		if !x.prefilled && (len(b.GetBody()) > 0 || b.GetEndOfStream()) {
-			x.prefilled = true
-			x.leaseCall("prefill complete", x.lease.PrefillComplete)
+			x.prefilled, prefilled = true, true
 		}
 		x.readUsage(b.GetBody())
 		if b.GetEndOfStream() {
+			if prefilled { // the whole response in one chunk
+				x.leaseCall("prefill complete", x.lease.PrefillComplete)
+				prefilled = false
+			}
 			x.endResponse()
 		}
 	}
-	return x.passBody(x.respMode, b, false)
+	if err := x.passBody(x.respMode, b, false); err != nil {
+		return err
+	}
+	if prefilled {
+		x.leaseCall("prefill complete", x.lease.PrefillComplete)
+	}
+	return nil
 }
 
 func (x *exchange) responseTrailers() error {
