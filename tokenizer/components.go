@@ -22,6 +22,27 @@ type pattern struct {
 	Regex  *string `json:"Regex"`
 }
 
+// eachInSequence calls f for each element of a "Sequence" component's list
+// (the field key of raw), naming the failing element in the error.
+func eachInSequence(raw json.RawMessage, key string, f func(json.RawMessage) error) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return err
+	}
+	var items []json.RawMessage
+	if v, ok := fields[key]; ok && !rawJSONIsNull(v) {
+		if err := json.Unmarshal(v, &items); err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+	}
+	for i, r := range items {
+		if err := f(r); err != nil {
+			return fmt.Errorf("%s[%d]: %w", key, i, err)
+		}
+	}
+	return nil
+}
+
 // normalizer rewrites a segment of text before pre-tokenization.
 type normalizer func(string) string
 
@@ -35,21 +56,13 @@ func parseNormalizer(raw json.RawMessage) ([]normalizer, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var s struct {
-			Normalizers []json.RawMessage `json:"normalizers"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, err
-		}
 		var out []normalizer
-		for i, r := range s.Normalizers {
+		err := eachInSequence(raw, "normalizers", func(r json.RawMessage) error {
 			n, err := parseNormalizer(r)
-			if err != nil {
-				return nil, fmt.Errorf("normalizers[%d]: %w", i, err)
-			}
 			out = append(out, n...)
-		}
-		return out, nil
+			return err
+		})
+		return out, err
 	case "NFC":
 		return []normalizer{normForm(norm.NFC)}, nil
 	case "NFD":
@@ -171,23 +184,15 @@ func parsePreTokenizer(raw json.RawMessage) ([]preStep, bool, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var s struct {
-			Pretokenizers []json.RawMessage `json:"pretokenizers"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, false, err
-		}
 		var steps []preStep
 		byteLevel := false
-		for i, r := range s.Pretokenizers {
+		err := eachInSequence(raw, "pretokenizers", func(r json.RawMessage) error {
 			st, bl, err := parsePreTokenizer(r)
-			if err != nil {
-				return nil, false, fmt.Errorf("pretokenizers[%d]: %w", i, err)
-			}
 			steps = append(steps, st...)
 			byteLevel = byteLevel || bl
-		}
-		return steps, byteLevel, nil
+			return err
+		})
+		return steps, byteLevel, err
 	case "Split":
 		var s struct {
 			Pattern  pattern `json:"pattern"`
@@ -278,19 +283,14 @@ func parsePostProcessor(raw json.RawMessage, tokenID func(string) (uint32, bool)
 	case "ByteLevel":
 		return nil, nil, nil
 	case "Sequence":
-		var s struct {
-			Processors []json.RawMessage `json:"processors"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, nil, err
-		}
-		for i, r := range s.Processors {
+		err := eachInSequence(raw, "processors", func(r json.RawMessage) error {
 			p, q, err := parsePostProcessor(r, tokenID)
-			if err != nil {
-				return nil, nil, fmt.Errorf("processors[%d]: %w", i, err)
-			}
 			prefix = append(prefix, p...)
 			suffix = append(q, suffix...)
+			return err
+		})
+		if err != nil {
+			return nil, nil, err
 		}
 		return prefix, suffix, nil
 	case "TemplateProcessing":
@@ -365,21 +365,13 @@ func parseDecoder(raw json.RawMessage) ([]decoder, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var s struct {
-			Decoders []json.RawMessage `json:"decoders"`
-		}
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, err
-		}
 		var out []decoder
-		for i, r := range s.Decoders {
+		err := eachInSequence(raw, "decoders", func(r json.RawMessage) error {
 			d, err := parseDecoder(r)
-			if err != nil {
-				return nil, fmt.Errorf("decoders[%d]: %w", i, err)
-			}
 			out = append(out, d...)
-		}
-		return out, nil
+			return err
+		})
+		return out, err
 	case "ByteLevel":
 		return []decoder{decodeByteLevel}, nil
 	case "ByteFallback":
