@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/kvevents"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -159,3 +160,29 @@ func Logger(t testing.TB) *slog.Logger {
 
 // Errorf is a convenience for Eventually conditions.
 func Errorf(format string, args ...any) (string, bool) { return fmt.Sprintf(format, args...), false }
+
+// WaitWorkerKey polls etcd until key is present (holding a kvevents
+// WorkerInfo at address wantAddr, under a lease) or absent, or ctx ends.
+func WaitWorkerKey(ctx context.Context, t testing.TB, cli *clientv3.Client, key string, present bool, wantAddr string) {
+	t.Helper()
+	for {
+		resp, err := cli.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (len(resp.Kvs) == 1) == present {
+			if present {
+				w, err := kvevents.ParseWorkerInfo(resp.Kvs[0].Value)
+				if err != nil || w.Address != wantAddr || resp.Kvs[0].Lease == 0 {
+					t.Fatalf("registered value %s (lease %x): %v", resp.Kvs[0].Value, resp.Kvs[0].Lease, err)
+				}
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("key %s present=%v never reached", key, present)
+		case <-time.After(20 * time.Millisecond): // polling interval
+		}
+	}
+}

@@ -106,24 +106,5 @@ func TestCloseAfterLeaseLoss(t *testing.T) {
 
 func waitKey(ctx context.Context, t *testing.T, cli *clientv3.Client, key string, present bool) {
 	t.Helper()
-	for {
-		resp, err := cli.Get(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if (len(resp.Kvs) == 1) == present {
-			if present {
-				w, err := kvevents.ParseWorkerInfo(resp.Kvs[0].Value)
-				if err != nil || w.Address != "10.0.0.7:8000" || resp.Kvs[0].Lease == 0 {
-					t.Fatalf("registered value %s (lease %x): %v", resp.Kvs[0].Value, resp.Kvs[0].Lease, err)
-				}
-			}
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("key %s present=%v never reached", key, present)
-		case <-time.After(20 * time.Millisecond): // polling interval
-		}
-	}
+	testenv.WaitWorkerKey(ctx, t, cli, key, present, "10.0.0.7:8000")
 }
