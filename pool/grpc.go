@@ -9,7 +9,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 )
@@ -94,7 +97,11 @@ func (g *GRPC) Probe(ctx context.Context, p Prompt) (Selection, error) {
 
 // Track implements Router.
 func (g *GRPC) Track(ctx context.Context, c Commit, committed func(Selection, error)) (Tracker, error) {
-	// The stream outlives ctx (it ends with Free); ctx bounds the commit.
+	// The stream outlives ctx (it ends with Free); ctx bounds the commit,
+	// connecting included.
+	if err := g.waitReady(ctx); err != nil {
+		return nil, err
+	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stream, err := g.c.Track(sctx)
 	if err != nil {
@@ -128,6 +135,30 @@ func (g *GRPC) Track(ctx context.Context, c Commit, committed func(Selection, er
 	}
 	go t.receive()
 	return t, nil
+}
+
+// waitReady waits, within ctx, for the connection to be ready: a stream
+// opened while it is still connecting would wait for gRPC's connect
+// timeout, past the request's deadline, since the stream's own context
+// must outlive the request. A connection in transient failure fails at
+// once, as a fail-fast call would.
+func (g *GRPC) waitReady(ctx context.Context) error {
+	for {
+		st := g.cc.GetState()
+		switch st {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Idle:
+			g.cc.Connect()
+		case connectivity.TransientFailure:
+			return status.Errorf(codes.Unavailable, "local router %s: connection failed", g.addr)
+		case connectivity.Shutdown:
+			return status.Errorf(codes.Canceled, "local router %s: connection closed", g.addr)
+		}
+		if !g.cc.WaitForStateChange(ctx, st) {
+			return fmt.Errorf("local router %s: connecting: %w", g.addr, ctx.Err())
+		}
+	}
 }
 
 // Close implements Router.
