@@ -42,6 +42,11 @@ type Config struct {
 	// ReadChunk is the size of the reads that become body chunks, as a codec
 	// delivers them; 0 means 16 KiB.
 	ReadChunk int
+	// DefaultUpstream (host:port) serves requests the ext_proc server
+	// passes through without a destination (GET /v1/models and other
+	// non-inference paths), as an Envoy route of their own would; "" means
+	// they get 503. Never taken from the client.
+	DefaultUpstream string
 }
 
 // DefaultConfig returns the configuration matching the shipped bootstrap:
@@ -66,6 +71,7 @@ type Gateway struct {
 	transport http.RoundTripper
 	owned     *http.Transport
 	chunk     int
+	fallback  string // Config.DefaultUpstream
 	log       *slog.Logger
 }
 
@@ -82,7 +88,7 @@ func New(conn grpc.ClientConnInterface, cfg Config, logger *slog.Logger) (*Gatew
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	g := &Gateway{client: c, transport: cfg.Transport, chunk: cfg.ReadChunk, log: logger}
+	g := &Gateway{client: c, transport: cfg.Transport, chunk: cfg.ReadChunk, fallback: cfg.DefaultUpstream, log: logger}
 	if g.chunk <= 0 {
 		g.chunk = 16 << 10
 	}
@@ -210,6 +216,9 @@ func (g *Gateway) pumpBody(ctx context.Context, body io.Reader, trailer func() h
 func (g *Gateway) roundTrip(ctx context.Context, r *http.Request, s *extprocclient.Stream, first extprocclient.Frame, wg *sync.WaitGroup) (*http.Response, string, error) {
 	h := first.Headers
 	endpoints := destinations(h, s.Info())
+	if len(endpoints) == 0 && g.fallback != "" {
+		endpoints = []string{g.fallback}
+	}
 	if len(endpoints) == 0 {
 		return nil, "no_healthy_upstream", errors.New("no destination endpoint")
 	}

@@ -133,7 +133,7 @@ func streamedResp(request bool, body []byte, eos bool) *extprocv3.ProcessingResp
 
 // startGateway serves a gateway in front of the fake ext_proc server (or
 // an unreachable one) and returns its URL and an HTTP client.
-func startGateway(t *testing.T, reachable bool) (string, *http.Client) {
+func startGateway(t *testing.T, reachable bool, opts ...func(*Config)) (string, *http.Client) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -157,6 +157,9 @@ func startGateway(t *testing.T, reachable bool) (string, *http.Client) {
 	cfg, err := DefaultConfig()
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	gw, err := New(conn, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -226,6 +229,7 @@ func TestGateway(t *testing.T) {
 		late        string
 		reqTrailer  bool
 		unreachable bool
+		defaultUp   string
 		wantStatus  int
 		wantBody    string
 		wantHeader  map[string]string
@@ -246,13 +250,16 @@ func TestGateway(t *testing.T) {
 		{name: "immediate response after the headers went upstream", method: "POST", pick: good, late: "413", wantStatus: 413,
 			wantBody: `{"error":{"message":"saturated","type":"rate_limit","code":429}}`},
 		{name: "no endpoint", method: "POST", wantStatus: 503, wantBody: "no healthy upstream"},
+		{name: "no endpoint, default upstream", method: "GET", defaultUp: good, wantStatus: 200, wantBody: "HELLO", wantTrailer: "5"},
+		{name: "a destination wins over the default upstream", method: "POST", pick: down, defaultUp: good, wantStatus: 503,
+			wantBody: "upstream connect error or disconnect/reset before headers. reset reason: connection failure"},
 		{name: "every endpoint down", method: "POST", pick: down, wantStatus: 503,
 			wantBody: "upstream connect error or disconnect/reset before headers. reset reason: connection failure"},
 		{name: "ext_proc unreachable fails closed", method: "POST", pick: good, unreachable: true, wantStatus: 500},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			url, client := startGateway(t, !tt.unreachable)
+			url, client := startGateway(t, !tt.unreachable, func(c *Config) { c.DefaultUpstream = tt.defaultUp })
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			var body io.Reader

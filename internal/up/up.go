@@ -262,6 +262,14 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Pass-through requests (GET /v1/models) go to a worker, as an Envoy
+	// route of their own would send them.
+	for _, p := range s.Pools {
+		if len(p.Workers) > 0 {
+			gcfgw.DefaultUpstream = p.Workers[0].Addr
+			break
+		}
+	}
 	if s.gw, err = gateway.New(s.conn, gcfgw, cfg.Logger); err != nil {
 		return nil, err
 	}
