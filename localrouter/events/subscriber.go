@@ -368,8 +368,18 @@ func (s *Subscriber) finishDump(id string, gen uint64, reply kvevents.DumpReply,
 			w.held = append(w.held, held[i:]...)
 			return
 		}
+		if ev.EventID == 1 && w.last[ev.DPRank] > 1 {
+			// The publisher restarted while the dump was in flight, and the
+			// answer may come from the incarnation before it: ask again
+			// (the new one answers; at worst one extra dump).
+			s.gaps.Add(1)
+			s.log.Info("kv event publisher restarted during a dump; requesting another", "worker", w.id, "dp_rank", ev.DPRank, "dump_last", w.last[ev.DPRank])
+			s.startDump(w)
+			w.held = append(w.held, held[i+1:]...)
+			return
+		}
 		if ev.EventID <= w.last[ev.DPRank] {
-			s.stale.Add(1) // the dump covers it (even an id 1 that restarted the publisher)
+			s.stale.Add(1) // the dump covers it
 			continue
 		}
 		if ev.EventID > w.last[ev.DPRank]+1 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,5 +241,58 @@ func TestStrayEventDoesNotLoopDumps(t *testing.T) {
 	}
 	if got := r.Index().TreeSize(localrouter.WorkerKey{ID: "w1"}); got != 21 {
 		t.Errorf("tree size %d, want 21 (the stray's block must not count)", got)
+	}
+}
+
+// TestRestartDuringDump: the publisher restarts while a dump is in flight
+// and the answer comes from the incarnation before it (last id 100, old
+// blocks). The new incarnation's events (ids 1, 2) arrive during the dump;
+// the subscriber must ask again rather than take them for covered.
+func TestRestartDuringDump(t *testing.T) {
+	nc, r, sub := setup(t, "rd", "w1")
+	release := make(chan struct{})
+	var answers atomic.Int32
+	block := func(eh uint64, base int) kvevents.Block {
+		return kvevents.Block{EngineHash: eh, TokenIDs: tokens(base, 16)}
+	}
+	reply := func(last uint64, blocks ...kvevents.Block) []byte {
+		b, err := kvevents.EncodeDumpReply(kvevents.DumpReply{WorkerID: "w1",
+			Ranks:  []kvevents.DumpRank{{DPRank: 0, LastEventID: last, Blocks: len(blocks)}},
+			Events: []kvevents.RouterEvent{{WorkerID: "w1", EventID: last, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: blocks}}}}})
+		if err != nil {
+			t.Error(err)
+		}
+		return b
+	}
+	responder := testenv.ConnectNATS(t, nc.ConnectedUrl())
+	rs, err := responder.Subscribe(kvevents.DumpSubject("rd", "w1"), func(m *nats.Msg) {
+		if answers.Add(1) == 1 { // the old incarnation, late
+			<-release
+			_ = m.Respond(reply(100, block(1, 0), block(2, 16), block(3, 32), block(4, 48)))
+			return
+		}
+		_ = m.Respond(reply(2, block(9, 1000))) // the new incarnation
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Unsubscribe()
+	if err := responder.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sub.WorkerUp("w1")
+	testenv.Eventually(t, timeout, func() (string, bool) { return "no dump request yet", answers.Load() == 1 })
+	publish(t, nc, "rd", kvevents.RouterEvent{WorkerID: "w1", EventID: 1, Event: kvevents.Event{Cleared: true}})
+	publish(t, nc, "rd", stored("w1", 2, 9, tokens(1000, 16)))
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, timeout, func() (string, bool) {
+		return "events not held yet", sub.Stats().Received >= 2
+	})
+	close(release)
+	waitTree(t, r, "w1", 1)
+	if got := answers.Load(); got != 2 {
+		t.Errorf("%d dump requests, want 2 (one answered by the old incarnation)", got)
 	}
 }
