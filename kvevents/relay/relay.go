@@ -287,35 +287,43 @@ func (r *Relay) handle(ctx context.Context, endpoint string, frames [][]byte) {
 		r.m.malformed.Inc()
 		r.log.Warn("skipping malformed engine message", "endpoint", endpoint, "err", err, "frames", len(frames))
 		if len(frames) == 3 && len(frames[1]) == 8 {
-			// Its sequence number is still good: no gap to report after it.
-			r.lastSeq[endpoint+"\x00"+string(frames[0])] = binary.BigEndian.Uint64(frames[1])
+			// Its sequence number is still good: it may show a restart or a
+			// gap, and no gap is to be reported after it.
+			r.sequence(ctx, endpoint, string(frames[0]), binary.BigEndian.Uint64(frames[1]))
 		}
 		return
 	}
-	stream := endpoint + "\x00" + b.Topic
+	r.sequence(ctx, endpoint, b.Topic, b.Seq)
+	r.publishBatch(endpoint, b)
+}
+
+// sequence follows an endpoint's message sequence numbers: a number that
+// went back is an engine restart (its cache is empty), a jump is lost
+// messages (recovered from the replay socket when there is one).
+func (r *Relay) sequence(ctx context.Context, endpoint, topic string, seq uint64) {
+	stream := endpoint + "\x00" + topic
 	if last, ok := r.lastSeq[stream]; ok {
 		switch {
-		case b.Seq <= last:
+		case seq <= last:
 			// The engine restarted (sequences start again at 0) with an
 			// empty cache; vLLM sends no AllBlocksCleared for that.
 			r.m.restarts.Inc()
-			r.log.Warn("engine sequence went back; treating as a restart and clearing the worker's blocks", "endpoint", endpoint, "seq", b.Seq, "last", last)
+			r.log.Warn("engine sequence went back; treating as a restart and clearing the worker's blocks", "endpoint", endpoint, "seq", seq, "last", last)
 			r.clearEndpoint(endpoint)
-		case b.Seq != last+1:
+		case seq != last+1:
 			rep := r.replayFor[endpoint]
-			if rep == "" || !r.recoverGap(ctx, endpoint, rep, last, b.Seq) {
+			if rep == "" || !r.recoverGap(ctx, endpoint, rep, last, seq) {
 				// Lost for good: the removals among them would leave phantom
 				// blocks, the stores would make later chains "unknown
 				// parent". Clearing underestimates the worker's cache until
 				// it refills, instead of drifting from it indefinitely.
 				r.m.gaps.Inc()
-				r.log.Warn("engine messages lost; clearing the worker's blocks", "endpoint", endpoint, "from_seq", last+1, "to_seq", b.Seq-1)
+				r.log.Warn("engine messages lost; clearing the worker's blocks", "endpoint", endpoint, "from_seq", last+1, "to_seq", seq-1)
 				r.clearEndpoint(endpoint)
 			}
 		}
 	}
-	r.lastSeq[stream] = b.Seq
-	r.publishBatch(endpoint, b)
+	r.lastSeq[stream] = seq
 }
 
 // clearEndpoint publishes Cleared for every rank seen on endpoint.

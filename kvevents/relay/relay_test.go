@@ -225,6 +225,18 @@ func TestRelayEndToEnd(t *testing.T) {
 		t.Errorf("gaps counter = %v, want 1", n)
 	}
 
+	// A malformed first message after a restart still shows the restart
+	// by its sequence number.
+	send(kvevents.EngineFrames("kv", 1, []byte{0xc1})...)
+	cleared = map[uint32]bool{}
+	for len(cleared) < 2 {
+		e := next()
+		if !e.Event.Cleared {
+			t.Fatalf("after a malformed restart message got %+v, want Cleared for ranks 0 and 2", e)
+		}
+		cleared[e.DPRank] = true
+	}
+
 	stop()
 	if err := <-done; err != nil {
 		t.Errorf("Run returned %v, want nil on cancellation", err)
