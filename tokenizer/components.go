@@ -43,6 +43,18 @@ func eachInSequence(raw json.RawMessage, key string, f func(json.RawMessage) err
 	return nil
 }
 
+// sequenceOf parses a "Sequence" component whose elements each parse to
+// a list, and concatenates the lists.
+func sequenceOf[T any](raw json.RawMessage, key string, parse func(json.RawMessage) ([]T, error)) ([]T, error) {
+	var out []T
+	err := eachInSequence(raw, key, func(r json.RawMessage) error {
+		x, err := parse(r)
+		out = append(out, x...)
+		return err
+	})
+	return out, err
+}
+
 // normalizer rewrites a segment of text before pre-tokenization.
 type normalizer func(string) string
 
@@ -56,13 +68,7 @@ func parseNormalizer(raw json.RawMessage) ([]normalizer, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var out []normalizer
-		err := eachInSequence(raw, "normalizers", func(r json.RawMessage) error {
-			n, err := parseNormalizer(r)
-			out = append(out, n...)
-			return err
-		})
-		return out, err
+		return sequenceOf(raw, "normalizers", parseNormalizer)
 	case "NFC":
 		return []normalizer{normForm(norm.NFC)}, nil
 	case "NFD":
@@ -365,13 +371,7 @@ func parseDecoder(raw json.RawMessage) ([]decoder, error) {
 	}
 	switch c.Type {
 	case "Sequence":
-		var out []decoder
-		err := eachInSequence(raw, "decoders", func(r json.RawMessage) error {
-			d, err := parseDecoder(r)
-			out = append(out, d...)
-			return err
-		})
-		return out, err
+		return sequenceOf(raw, "decoders", parseDecoder)
 	case "ByteLevel":
 		return []decoder{decodeByteLevel}, nil
 	case "ByteFallback":

@@ -107,6 +107,49 @@ func runeAt(s string, i int) (rune, int) {
 }
 
 // runOf returns the end of the run of runes of class cls starting at i.
+// numberRun ends \p{N}{1,max} whose first digit ends at j.
+func numberRun(s string, j, max int) int {
+	for k := 1; k < max; k++ {
+		r2, n2 := runeAt(s, j)
+		if r2 < 0 || classOf(r2) != clsNumber {
+			break
+		}
+		j += n2
+	}
+	return j
+}
+
+// otherRun ends ` ?[^\s\p{L}\p{N}]+` followed by newlines (and slashes
+// when slash) for the piece at i whose first rune r (of class cls) is n
+// bytes long; -1 when the piece is not one.
+func otherRun(s string, i, n int, r rune, cls uint8, slash bool) int {
+	j := -1
+	if cls == clsOther {
+		j = runOf(s, i+n, clsOther)
+	} else if r == ' ' {
+		if r2, n2 := runeAt(s, i+n); r2 >= 0 && classOf(r2) == clsOther {
+			j = runOf(s, i+n+n2, clsOther)
+		}
+	}
+	if j < 0 {
+		return -1
+	}
+	for j < len(s) && (s[j] == '\r' || s[j] == '\n' || (slash && s[j] == '/')) {
+		j++
+	}
+	return j
+}
+
+// lastNewline is the index of the last \r or \n in s[i:end], or -1.
+func lastNewline(s string, i, end int) int {
+	for k := end - 1; k >= i; k-- {
+		if s[k] == '\r' || s[k] == '\n' {
+			return k
+		}
+	}
+	return -1
+}
+
 func runOf(s string, i int, cls uint8) int {
 	for i < len(s) {
 		r, n := runeAt(s, i)
@@ -234,38 +277,17 @@ func (c cl100kSplitter) next(s string, i int) int {
 	}
 	// \p{N}{1,maxDigits}
 	if cls == clsNumber {
-		j := i + n
-		for k := 1; k < c.maxDigits; k++ {
-			r2, n2 := runeAt(s, j)
-			if r2 < 0 || classOf(r2) != clsNumber {
-				break
-			}
-			j += n2
-		}
-		return j
+		return numberRun(s, i+n, c.maxDigits)
 	}
 	// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-	j := -1
-	if cls == clsOther {
-		j = runOf(s, i+n, clsOther)
-	} else if r == ' ' {
-		if r2, n2 := runeAt(s, i+n); r2 >= 0 && classOf(r2) == clsOther {
-			j = runOf(s, i+n+n2, clsOther)
-		}
-	}
-	if j >= 0 {
-		for j < len(s) && (s[j] == '\r' || s[j] == '\n') {
-			j++
-		}
+	if j := otherRun(s, i, n, r, cls, false); j >= 0 {
 		return j
 	}
 	// Whitespace from here on.
 	end := runOf(s, i, clsSpace)
 	// \s*[\r\n]+: up to and including the run's last newline.
-	for k := end - 1; k >= i; k-- {
-		if s[k] == '\r' || s[k] == '\n' {
-			return k + 1
-		}
+	if k := lastNewline(s, i, end); k >= 0 {
+		return k + 1
 	}
 	return spaceRun(s, i, end)
 }
@@ -350,36 +372,15 @@ func o200kNext(s string, i int) int {
 	}
 	// \p{N}{1,3}
 	if cls == clsNumber {
-		j := i + n
-		for k := 1; k < 3; k++ {
-			r2, n2 := runeAt(s, j)
-			if r2 < 0 || classOf(r2) != clsNumber {
-				break
-			}
-			j += n2
-		}
-		return j
+		return numberRun(s, i+n, 3)
 	}
 	// ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
-	j := -1
-	if cls == clsOther {
-		j = runOf(s, i+n, clsOther)
-	} else if r == ' ' {
-		if r2, n2 := runeAt(s, i+n); r2 >= 0 && classOf(r2) == clsOther {
-			j = runOf(s, i+n+n2, clsOther)
-		}
-	}
-	if j >= 0 {
-		for j < len(s) && (s[j] == '\r' || s[j] == '\n' || s[j] == '/') {
-			j++
-		}
+	if j := otherRun(s, i, n, r, cls, true); j >= 0 {
 		return j
 	}
 	end := runOf(s, i, clsSpace)
-	for k := end - 1; k >= i; k-- {
-		if s[k] == '\r' || s[k] == '\n' {
-			return k + 1
-		}
+	if k := lastNewline(s, i, end); k >= 0 {
+		return k + 1
 	}
 	return spaceRun(s, i, end)
 }
