@@ -100,16 +100,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	key := kvevents.WorkersPrefix("p") + "w1"
 	waitKey(ctx, t, cli, key, true)
 
-	next := func() kvevents.RouterEvent {
-		t.Helper()
-		select {
-		case e := <-events:
-			return e
-		case <-ctx.Done():
-			t.Fatal("timed out waiting for a relayed event")
-			return kvevents.RouterEvent{}
-		}
-	}
+	next := func() kvevents.RouterEvent { t.Helper(); return nextEvent(ctx, t, events) }
 	// ZMQ drops what a PUB sends before the subscription reaches it:
 	// send AllBlocksCleared until one comes through.
 	seq := uint64(0)
@@ -242,6 +233,19 @@ func TestRelayEndToEnd(t *testing.T) {
 		t.Errorf("Run returned %v, want nil on cancellation", err)
 	}
 	waitKey(ctx, t, cli, key, false)
+}
+
+// nextEvent returns the next relayed event, failing the test when ctx ends
+// first.
+func nextEvent(ctx context.Context, t *testing.T, ch <-chan kvevents.RouterEvent) kvevents.RouterEvent {
+	t.Helper()
+	select {
+	case e := <-ch:
+		return e
+	case <-ctx.Done():
+		t.Fatal("timed out waiting for a relayed event")
+		return kvevents.RouterEvent{}
+	}
 }
 
 // counter sums the samples of a metric family in reg.
@@ -433,16 +437,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
 
-	next := func() kvevents.RouterEvent {
-		t.Helper()
-		select {
-		case e := <-seen:
-			return e
-		case <-ctx.Done():
-			t.Fatal("timed out")
-			return kvevents.RouterEvent{}
-		}
-	}
+	next := func() kvevents.RouterEvent { t.Helper(); return nextEvent(ctx, t, seen) }
 	// Join: resend block 1 under fresh sequences until it comes through
 	// (earlier ones are lost before the subscription, with no gap: the
 	// relay has no previous sequence yet).
