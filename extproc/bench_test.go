@@ -61,8 +61,8 @@ func benchRouter(b *testing.B) *globalrouter.Router {
 	a := pooltest.Start(b, "pool-a", 16, pooltest.Workers("a", 8)...)
 	c := pooltest.Start(b, "pool-b", 16, pooltest.Workers("b", 8)...)
 	cfg := globalrouter.DefaultConfig(
-		pool.New("pool-a", 16, []string{"m"}, a.Addr),
-		pool.New("pool-b", 16, []string{"m"}, c.Addr),
+		pool.NewConfig("pool-a", 16, []string{"m"}, a.Addr),
+		pool.NewConfig("pool-b", 16, []string{"m"}, c.Addr),
 	)
 	// A starved CPU (shared machines, -race) stretches probes past the
 	// 20 ms default; a refused request would not measure a decision.

@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
@@ -117,7 +118,7 @@ func TestRoutesInEveryMode(t *testing.T) {
 func TestPrefillerAndExplain(t *testing.T) {
 	d := &deciderDouble{decide: func(req *globalrouter.Request) (*globalrouter.Decision, error) {
 		dec := fixedDecision()
-		dec.Prefill = &globalrouter.Endpoint{Pool: "prefill", WorkerID: "p1", Address: "10.0.2.1:8000"}
+		dec.Prefill = &globalrouter.Endpoint{Pool: "prefill", Selection: routing.Selection{WorkerID: "p1", Address: "10.0.2.1:8000"}}
 		if !req.Explain {
 			dec.Explanation = ""
 		}

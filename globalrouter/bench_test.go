@@ -41,8 +41,8 @@ func BenchmarkDecide(b *testing.B) {
 	prefix := chatTokens(b, chat8K(0))
 	pa.Store(b, "a-3", prefix[:len(prefix)-32])
 	cfg := globalrouter.DefaultConfig(
-		pool.New("pool-a", 16, []string{model}, pa.Addr),
-		pool.New("pool-b", 16, []string{model}, pb.Addr),
+		pool.NewConfig("pool-a", 16, []string{model}, pa.Addr),
+		pool.NewConfig("pool-b", 16, []string{model}, pb.Addr),
 	)
 	// The deadline is not under test: a busy machine must not open
 	// circuits.

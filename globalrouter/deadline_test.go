@@ -39,8 +39,8 @@ func TestProbeDeadline(t *testing.T) {
 
 	live := pooltest.Start(t, "pool-b", 16, pooltest.Workers("b", 2)...)
 	cfg := globalrouter.DefaultConfig(
-		pool.New("pool-a", 16, []string{model}, lis.Addr().String()),
-		pool.New("pool-b", 16, []string{model}, live.Addr),
+		pool.NewConfig("pool-a", 16, []string{model}, lis.Addr().String()),
+		pool.NewConfig("pool-b", 16, []string{model}, live.Addr),
 	)
 	// The hung router never answers, so any deadline expires; one long
 	// enough for the live router on a busy machine.

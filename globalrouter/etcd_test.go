@@ -22,7 +22,7 @@ func TestEtcdDiscoveredPool(t *testing.T) {
 	if _, err := cli.Put(ctx, discovery.RouterKey("pool-e", "r1"), info); err != nil {
 		t.Fatal(err)
 	}
-	pc := pool.New("pool-e", 16, []string{model})
+	pc := pool.NewConfig("pool-e", 16, []string{model})
 	pc.Routers = pool.Routers{Etcd: true}
 	cfg := globalrouter.DefaultConfig(pc)
 	cfg.Probe.Timeout = 10e9

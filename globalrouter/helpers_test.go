@@ -41,8 +41,8 @@ func newCluster(t testing.TB) *cluster {
 		b: pooltest.Start(t, "pool-b", 16, pooltest.Workers("b", 2)...),
 	}
 	c.cfg = globalrouter.DefaultConfig(
-		pool.New("pool-a", 16, []string{model}, c.a.Addr),
-		pool.New("pool-b", 16, []string{model}, c.b.Addr),
+		pool.NewConfig("pool-a", 16, []string{model}, c.a.Addr),
+		pool.NewConfig("pool-b", 16, []string{model}, c.b.Addr),
 	)
 	// Generous: these tests are about behaviour on a shared machine, not
 	// speed (the benchmark measures that).

@@ -69,7 +69,7 @@ func TestCloseFreesOpenLeases(t *testing.T) {
 func TestRefusedCommitSurfacesOnLease(t *testing.T) {
 	ctx := testCtx(t)
 	c := newCluster(t)
-	cfg := globalrouter.DefaultConfig(pool.New("pool-a", 16, []string{model}, c.a.Addr))
+	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{model}, c.a.Addr))
 	cfg.Probe.Timeout = c.cfg.Probe.Timeout
 	r, reg := newRouter(t, cfg)
 	req := &globalrouter.Request{ID: "dup", Model: model, Prompt: longText(40)}

@@ -15,7 +15,7 @@ import (
 func TestLoRAAdapterHashesWithItsSeed(t *testing.T) {
 	c := newCluster(t)
 	const adapter = "sql-adapter"
-	c.cfg.Pools = []pool.Config{pool.New("pool-a", 16, []string{model, adapter}, c.a.Addr)}
+	c.cfg.Pools = []pool.Config{pool.NewConfig("pool-a", 16, []string{model, adapter}, c.a.Addr)}
 	c.cfg.Models = append(c.cfg.Models, globalrouter.ModelConfig{Name: adapter, LoRAOf: model})
 	r, _ := newRouter(t, c.cfg, globalrouter.WithTokenizer(adapter, sharedTokenizer(t)))
 	msgs := chat("Write a query that lists every order of the last week, grouped by customer, with totals and a running sum.")

@@ -153,7 +153,7 @@ func TestPinning(t *testing.T) {
 	c := newCluster(t)
 	other := pooltest.Start(t, "pool-c", 16, pooltest.Workers("c", 1)...)
 	cfg := c.cfg
-	cfg.Pools = append(cfg.Pools, pool.New("pool-c", 16, []string{"other-model"}, other.Addr))
+	cfg.Pools = append(cfg.Pools, pool.NewConfig("pool-c", 16, []string{"other-model"}, other.Addr))
 	r, _ := newRouter(t, cfg)
 	msgs := chat(longText(100))
 	c.b.Store(t, "b-0", chatTokens(t, msgs)) // unpinned, pool-b would win
@@ -231,9 +231,9 @@ func TestDisaggregation(t *testing.T) {
 	ctx := testCtx(t)
 	pre := pooltest.Start(t, "prefill", 16, pooltest.Workers("p", 2)...)
 	dec := pooltest.Start(t, "decode", 16, pooltest.Workers("d", 2)...)
-	pc := pool.New("prefill", 16, []string{model}, pre.Addr)
+	pc := pool.NewConfig("prefill", 16, []string{model}, pre.Addr)
 	pc.Role = policies.RolePrefill
-	dc := pool.New("decode", 16, []string{model}, dec.Addr)
+	dc := pool.NewConfig("decode", 16, []string{model}, dec.Addr)
 	dc.Role = policies.RoleDecode
 	cfg := globalrouter.DefaultConfig(pc, dc)
 	cfg.Probe.Timeout = 10e9

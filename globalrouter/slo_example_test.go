@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/policies"
 )
@@ -41,7 +42,7 @@ func TestExampleSLOConfig(t *testing.T) {
 		var out []policies.Candidate
 		for _, n := range names {
 			out = append(out, policies.Candidate{Pool: n, Role: roles[n], Models: []string{"llama-3-8b"}, Weight: 1,
-				Probe: policies.Probe{WorkerID: n + "-0", BlockSize: 16, Cost: cost[n], UncachedTokens: 4000, PrefillTokens: prefillTokens}})
+				Probe: routing.Selection{WorkerID: n + "-0", BlockSize: 16, Cost: cost[n], ISL: 4000, PrefillTokens: prefillTokens}})
 		}
 		return out
 	}

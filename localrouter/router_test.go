@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 	"go.uber.org/goleak"
 )
@@ -65,7 +66,7 @@ func TestBestWorkerPrefersCachedPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sel.Worker.ID != "b" || sel.OverlapBlocks != 12 {
+	if sel.WorkerID != "b" || sel.OverlapBlocks != 12 {
 		t.Errorf("BestWorker = %+v, want worker b with 12 overlap blocks", sel)
 	}
 	// A pure query changes nothing.
@@ -116,10 +117,10 @@ func TestLifecycleShiftsLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s1.Worker == s2.Worker {
-		t.Errorf("both requests on %v; the second should avoid the loaded worker", s1.Worker)
+	if Selected(s1) == Selected(s2) {
+		t.Errorf("both requests on %v; the second should avoid the loaded worker", Selected(s1))
 	}
-	if got := r.Active().Load(s1.Worker); got != (WorkerLoad{PrefillTokens: 40, ActiveBlocks: 10, ActiveRequests: 1}) {
+	if got := r.Active().Load(Selected(s1)); got != (WorkerLoad{PrefillTokens: 40, ActiveBlocks: 10, ActiveRequests: 1}) {
 		t.Errorf("load after add = %+v", got)
 	}
 	if err := r.MarkPrefillComplete(ctx, "r1"); err != nil {
@@ -128,7 +129,7 @@ func TestLifecycleShiftsLoad(t *testing.T) {
 	if err := r.MarkPrefillComplete(ctx, "r1"); err != nil {
 		t.Errorf("second MarkPrefillComplete: %v, want idempotent", err)
 	}
-	if got := r.Active().Load(s1.Worker); got.PrefillTokens != 0 || got.ActiveBlocks != 10 {
+	if got := r.Active().Load(Selected(s1)); got.PrefillTokens != 0 || got.ActiveBlocks != 10 {
 		t.Errorf("load after prefill = %+v, want 0 prefill, 10 blocks", got)
 	}
 	for _, id := range []string{"r1", "r2"} {
@@ -142,7 +143,7 @@ func TestLifecycleShiftsLoad(t *testing.T) {
 	if st := r.Active().Stats(); st.Requests != 0 || st.UnknownOps != 1 {
 		t.Errorf("stats = %+v, want 0 requests, 1 unknown op", st)
 	}
-	if got := r.Active().Load(s1.Worker); got != (WorkerLoad{}) {
+	if got := r.Active().Load(Selected(s1)); got != (WorkerLoad{}) {
 		t.Errorf("load after free = %+v, want zero", got)
 	}
 }
@@ -187,7 +188,7 @@ func TestTiesBrokenUniformly(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		counts[sel.Worker.ID]++
+		counts[sel.WorkerID]++
 	}
 	for w, n := range counts {
 		if n < 800 || n > 1200 {
@@ -207,11 +208,11 @@ func TestTemperatureSamples(t *testing.T) {
 	pick := func(temp float64) map[string]int {
 		counts := map[string]int{}
 		for i := 0; i < 2000; i++ {
-			sel, err := r.BestWorker(testCtx(t), Request{Tokens: toks(64, 0)}, BestWorkerOptions{Override: &Override{RouterTemperature: &temp}})
+			sel, err := r.BestWorker(testCtx(t), Request{Tokens: toks(64, 0)}, BestWorkerOptions{Override: &routing.Override{RouterTemperature: &temp}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			counts[sel.Worker.ID]++
+			counts[sel.WorkerID]++
 		}
 		return counts
 	}
@@ -223,7 +224,7 @@ func TestTemperatureSamples(t *testing.T) {
 		t.Errorf("temperature 1: counts %v, want both chosen, the cached one more", c)
 	}
 	neg := -1.0
-	if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(8, 0)}, BestWorkerOptions{Override: &Override{RouterTemperature: &neg}}); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(8, 0)}, BestWorkerOptions{Override: &routing.Override{RouterTemperature: &neg}}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("negative temperature: %v, want ErrInvalidConfig", err)
 	}
 }
@@ -305,8 +306,8 @@ func TestApproximateModeLearnsFromCommits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s2.Worker != s1.Worker || s2.OverlapBlocks != 16 {
-		t.Errorf("second request %+v, want worker %v with 16 blocks", s2, s1.Worker)
+	if Selected(s2) != Selected(s1) || s2.OverlapBlocks != 16 {
+		t.Errorf("second request %+v, want worker %v with 16 blocks", s2, Selected(s1))
 	}
 }
 
@@ -378,7 +379,7 @@ func TestOverridesRejectNaNAndInf(t *testing.T) {
 	r := newRouter(t, DefaultConfig(), "a")
 	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1} {
 		v := v
-		for name, o := range map[string]*Override{
+		for name, o := range map[string]*routing.Override{
 			"credit": {OverlapScoreCredit: &v}, "scale": {PrefillLoadScale: &v}, "temperature": {RouterTemperature: &v},
 		} {
 			if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{Override: o}); !errors.Is(err, ErrInvalidConfig) {

@@ -37,7 +37,7 @@ func BenchmarkTrack(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		tr, _, err := p.Track(ctx, "", pool.Commit{RequestID: fmt.Sprint(i), WorkerID: "w-1", Prompt: pr})
+		tr, _, err := p.Commit(ctx, "", pool.Commit{RequestID: fmt.Sprint(i), WorkerID: "w-1", Prompt: pr})
 		if err != nil {
 			b.Fatal(err)
 		}

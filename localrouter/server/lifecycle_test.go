@@ -87,7 +87,7 @@ func TestTwoReplicasAgreeOnLoads(t *testing.T) {
 			if !useEvents {
 				// Replica b learnt a's commit in its approximate index.
 				sel, err := cb.BestWorker(ctx, p, client.BestWorkerOptions{})
-				if err != nil || sel.Worker.ID != "w1" || sel.OverlapBlocks != 6 {
+				if err != nil || sel.WorkerID != "w1" || sel.OverlapBlocks != 6 {
 					t.Errorf("replica b BestWorker = %+v, %v; want w1 with overlap 6", sel, err)
 				}
 			}
@@ -119,7 +119,7 @@ func TestTrackLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if sel := tr.Selection(); sel.Worker.ID != "w1" || sel.Address == "" || sel.RequestBlocks != 4 {
+		if sel := tr.Selection(); sel.WorkerID != "w1" || sel.Address == "" || sel.RequestBlocks != 4 {
 			t.Errorf("committed %+v, want w1 with an address and 4 blocks", sel)
 		}
 		if l := load(); l.ActiveRequests != 1 || l.PrefillTokens != 64 {

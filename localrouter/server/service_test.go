@@ -12,6 +12,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
@@ -54,7 +55,7 @@ func TestMembershipFollowsEtcd(t *testing.T) {
 		t.Errorf("Free of a request of a removed worker = %v, want ErrUnknownRequest", err)
 	}
 	sel, err := c.BestWorker(ctx, p, client.BestWorkerOptions{})
-	if err != nil || sel.Worker.ID != "w2" || sel.Address != "127.0.0.1:12000" {
+	if err != nil || sel.WorkerID != "w2" || sel.Address != "127.0.0.1:12000" {
 		t.Errorf("BestWorker = %+v, %v; want w2 at 127.0.0.1:12000", sel, err)
 	}
 
@@ -233,8 +234,8 @@ func TestApproximateModeLearnsFromCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, err := c.BestWorker(ctx, p, client.BestWorkerOptions{})
-	if err != nil || again.Worker != sel.Worker || again.OverlapBlocks != 4 {
-		t.Errorf("second BestWorker = %+v, %v; want %v with overlap 4", again, err, sel.Worker)
+	if err != nil || localrouter.Selected(again) != localrouter.Selected(sel) || again.OverlapBlocks != 4 {
+		t.Errorf("second BestWorker = %+v, %v; want %v with overlap 4", again, err, localrouter.Selected(sel))
 	}
 }
 
@@ -278,7 +279,7 @@ func TestBadRequestsGetTheRightCodes(t *testing.T) {
 			return err
 		}, "InvalidArgument", localrouter.ErrBlockSizeMismatch, "64"},
 		{"bad override", func() error {
-			_, err := c.BestWorker(ctx, p, client.BestWorkerOptions{Override: &localrouter.Override{RouterTemperature: &neg}})
+			_, err := c.BestWorker(ctx, p, client.BestWorkerOptions{Override: &routing.Override{RouterTemperature: &neg}})
 			return err
 		}, "InvalidArgument", localrouter.ErrInvalidConfig, "router_temperature"},
 		{"free unknown request", func() error { return c.Free(ctx, "nope") }, "NotFound", localrouter.ErrUnknownRequest, "nope"},
