@@ -174,13 +174,6 @@ func envoyClient(t testing.TB, conn grpc.ClientConnInterface, m modes) *extprocc
 	return c
 }
 
-func testCtx(t testing.TB) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func post(path string, extra ...extprocclient.HeaderField) extprocclient.Headers {
 	h := extprocclient.Headers{
 		{Key: ":method", Value: "POST"},

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -115,7 +116,7 @@ func configText(addrs map[string]string, chain string) string {
 }
 
 func TestHotReload(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	both := map[string]string{"pool-a": c.a.Addr, "pool-b": c.b.Addr}
 	dir := write(t, map[string]string{"pools.yaml": configText(both, "[model-match, cost]")})

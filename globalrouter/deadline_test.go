@@ -10,6 +10,7 @@ import (
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
@@ -26,7 +27,7 @@ func (hungRouter) BestWorker(ctx context.Context, _ *localrouterv1.BestWorkerReq
 }
 
 func TestProbeDeadline(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

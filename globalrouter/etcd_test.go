@@ -15,7 +15,7 @@ import (
 // serves from the first request, and across a reload (New and Reload wait
 // for discovery's first listing).
 func TestEtcdDiscoveredPool(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	_, cli := testenv.StartEtcd(t)
 	srv := pooltest.Start(t, "pool-e", 16, pooltest.Workers("e", 2)...)
 	info := fmt.Sprintf(`{"id":"r1","grpc_address":%q,"pool":"pool-e","block_size":16}`, srv.Addr)

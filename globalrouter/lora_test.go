@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -35,7 +36,7 @@ func TestLoRAAdapterHashesWithItsSeed(t *testing.T) {
 		model       string
 		wantOverlap bool
 	}{{adapter, true}, {model, false}} {
-		d, err := r.Decide(testCtx(t), &globalrouter.Request{Model: tc.model, Messages: msgs, Path: "/v1/chat/completions"})
+		d, err := r.Decide(testenv.Context(t), &globalrouter.Request{Model: tc.model, Messages: msgs, Path: "/v1/chat/completions"})
 		if err != nil {
 			t.Fatalf("Decide(%s): %v", tc.model, err)
 		}

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
 
 func TestDecideFollowsTheCache(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	r, _ := newRouter(t, c.cfg)
 	msgs := chat(longText(200))
@@ -79,7 +80,7 @@ func TestDecideFollowsTheCache(t *testing.T) {
 }
 
 func TestDecideErrors(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	r, _ := newRouter(t, c.cfg)
 	tests := []struct {
@@ -115,7 +116,7 @@ func TestDecideErrors(t *testing.T) {
 }
 
 func TestStoppedPoolIsSkipped(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	// A clock that stands still: the circuit stays open whatever the
 	// machine's speed.
@@ -149,7 +150,7 @@ func TestStoppedPoolIsSkipped(t *testing.T) {
 }
 
 func TestPinning(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	other := pooltest.Start(t, "pool-c", 16, pooltest.Workers("c", 1)...)
 	cfg := c.cfg
@@ -228,7 +229,7 @@ func TestPinning(t *testing.T) {
 }
 
 func TestDisaggregation(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	pre := pooltest.Start(t, "prefill", 16, pooltest.Workers("p", 2)...)
 	dec := pooltest.Start(t, "decode", 16, pooltest.Workers("d", 2)...)
 	pc := pool.NewConfig("prefill", 16, []string{model}, pre.Addr)
@@ -302,7 +303,7 @@ func TestDisaggregation(t *testing.T) {
 }
 
 func TestHeaderMatchAndFailover(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	cfg := c.cfg
 	cfg.Chain = []policies.Spec{{Name: "model-match"}, {Name: "header-match"}, {Name: "cost"}, {Name: "failover"}}
@@ -348,7 +349,7 @@ func (shed) Rank(req *policies.Request, c []policies.Candidate) ([]policies.Cand
 }
 
 func TestCustomPolicy(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	reg := policies.NewRegistry()
 	if err := policies.RegisterBuiltins(reg); err != nil {

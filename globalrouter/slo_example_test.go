@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -91,7 +92,7 @@ func TestExampleSLOConfig(t *testing.T) {
 // with slo-grid and priority in the chain: the SLO and priority headers
 // pick the pool, and a shed request is ErrSaturated (429).
 func TestSLOPoliciesDecide(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	cfg := c.cfg
 	grid, prio := policies.SLOGridArgs{

@@ -1,7 +1,6 @@
 package pool_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -55,12 +54,6 @@ func prompt(t *testing.T, toks []uint32, bs int) pool.Prompt {
 	return pool.Prompt{Hashes: h, BlockSize: bs, ISL: len(toks), Tokens: toks}
 }
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // open opens a pool over static routers with a generous probe timeout:
 // these tests are about behaviour, not speed.
 func open(t *testing.T, conns *pool.Conns, name string, addrs ...string) *pool.Pool {
@@ -86,7 +79,7 @@ func newConns(t *testing.T, clk *clock) *pool.Conns {
 }
 
 func TestProbeAndTrack(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 3)...)
 	toks := tokens(100, 1)
 	srv.Store(t, "w-1", toks[:64])
@@ -179,7 +172,7 @@ func TestProbeAndTrack(t *testing.T) {
 }
 
 func TestTrackStreamBreakFrees(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 2)...)
 	conns := newConns(t, nil)
 	p := open(t, conns, "p", srv.Addr)
@@ -211,7 +204,7 @@ func TestTrackStreamBreakFrees(t *testing.T) {
 }
 
 func TestCircuit(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	clk := &clock{now: time.Unix(1000, 0)}
 	workers := pooltest.Workers("w", 2)
 	srv := pooltest.Start(t, "p", 16, workers...)
@@ -275,7 +268,7 @@ func TestCircuit(t *testing.T) {
 // close or reopen the circuit, never leave it half-open with the trial
 // taken (which would refuse the router for good).
 func TestCommitEndsHalfOpenTrial(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	clk := &clock{now: time.Unix(1000, 0)}
 	workers := pooltest.Workers("w", 2)
 	srv := pooltest.Start(t, "p", 16, workers...)
@@ -312,7 +305,7 @@ func TestCommitEndsHalfOpenTrial(t *testing.T) {
 // malformed (here: hashes for another block size) is up; its circuit stays
 // closed for everyone else.
 func TestRequestFaultKeepsCircuitClosed(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 2)...)
 	p := open(t, newConns(t, &clock{now: time.Unix(1000, 0)}), "p", srv.Addr)
 	if _, err := p.Probe(ctx, prompt(t, tokens(64, 1), 32)); err == nil {
@@ -338,7 +331,7 @@ func TestNoRouters(t *testing.T) {
 }
 
 func TestEtcdDiscovery(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	_, cli := testenv.StartEtcd(t)
 	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 2)...)
 	conns := newConns(t, nil)

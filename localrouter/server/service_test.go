@@ -31,7 +31,7 @@ func TestMembershipFollowsEtcd(t *testing.T) {
 	e.putWorker("members", worker("w2"), 0)
 	waitWorkers(t, svc, "w1", "w2")
 
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	ws, err := c.Workers(ctx)
 	if err != nil {
 		t.Fatalf("Workers: %v", err)
@@ -82,7 +82,7 @@ func TestRouterRegistersItself(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("reg")
 	svc, _, _ := e.start(cfg)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	key := discovery.RouterKey("reg", cfg.RouterID)
 	r, err := e.etcd.Get(ctx, key)
 	if err != nil || len(r.Kvs) != 1 {
@@ -113,7 +113,7 @@ func TestEventsAndGapTriggersDump(t *testing.T) {
 	cfg := e.config("events")
 	svc, c, _ := e.start(cfg)
 	pub := newTestPublisher(t, e.nc, "events", "w1")
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 
 	// Joining triggers a first dump (of nothing yet).
 	e.putWorker("events", worker("w1"), 0)
@@ -178,7 +178,7 @@ func TestMinInitialWorkersGate(t *testing.T) {
 	cfg.Router.UseKVEvents = false
 	cfg.Router.MinInitialWorkers = 2
 	svc, c, _ := e.start(cfg)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 
 	conn, err := grpc.NewClient(svc.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -224,7 +224,7 @@ func TestApproximateModeLearnsFromCommits(t *testing.T) {
 	e.putWorker("approx", worker("w1"), 0)
 	e.putWorker("approx", worker("w2"), 0)
 	waitWorkers(t, svc, "w1", "w2")
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	p := client.TokenPrompt(seqTokens(0, 64))
 	sel, err := c.BestWorker(ctx, p, client.BestWorkerOptions{RequestID: "a"})
 	if err != nil || sel.OverlapBlocks != 0 {
@@ -244,7 +244,7 @@ func TestBadRequestsGetTheRightCodes(t *testing.T) {
 	cfg := e.config("bad")
 	cfg.Router.UseKVEvents = false
 	svc, c, _ := e.start(cfg)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	p := client.TokenPrompt(seqTokens(0, 32))
 
 	// No workers yet.
@@ -344,7 +344,7 @@ func TestReflectionListsTheServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctxT(t))
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(testenv.Context(t))
 	if err != nil {
 		t.Fatal(err)
 	}
