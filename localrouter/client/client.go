@@ -1,8 +1,17 @@
 // Package client is the Go client of a pool's local router service
-// (api/localrouter/v1): the same calls as localrouter.Router over gRPC, a
-// Track handle for a request's lifecycle, and Generate, which routes a
-// prompt, runs it on the chosen worker's OpenAI-compatible /v1/completions
-// and tracks it (Dynamo's KvRouter.generate).
+// (api/localrouter/v1), and the project's only one (package pool wraps
+// it): the same calls as localrouter.Router over gRPC, a Track handle for
+// a request's lifecycle, and Generate, which routes a prompt, runs it on
+// the chosen worker's OpenAI-compatible /v1/completions and tracks it
+// (Dynamo's KvRouter.generate). Answers are routing.Selection
+// (api/routing); overrides routing.Override.
+//
+// Three commits, named for what they wait for: Commit records a placed
+// request and waits for the answer (no stream: Free it or it expires);
+// Track does the same over a lifecycle stream bound to its context; and
+// CommitAsync sends the commit on a lifecycle stream without waiting (the
+// pipelined commit the global router uses: its answer goes to a listener,
+// the stream outlives the context and ends with AsyncTracker.Free).
 //
 // The four ways to use it (DESIGN.md §9) are the package examples:
 // automatic routing (Generate), manual lifecycle (BestWorker with a request
