@@ -87,13 +87,8 @@ func (g *grpcClient) Probe(ctx context.Context, p Prompt) (routing.Selection, er
 }
 
 func (g *grpcClient) CommitAsync(ctx context.Context, c Commit, committed func(routing.Selection, error)) (Tracker, error) {
-	t, err := g.c.CommitAsync(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.client(),
-		func(sel routing.Selection, err error) {
-			if committed != nil {
-				sel.Router = g.addr
-				committed(sel, err)
-			}
-		})
+	// Pool.CommitAsync names the router in the answer: no wrapper here.
+	t, err := g.c.CommitAsync(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.client(), committed)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -141,7 +142,10 @@ func (t *AsyncTracker) receive() {
 	for {
 		m, err := t.stream.Recv()
 		if err != nil {
-			t.brokenErr = fromStatus(err)
+			t.brokenErr = err
+			if err != io.EOF { // the router's clean end needs no status
+				t.brokenErr = fromStatus(err)
+			}
 			// Told before broken closes: whoever sees the stream broken
 			// already knows a refusal.
 			if !t.answered {
