@@ -20,10 +20,11 @@ import (
 const syncTimeout = 5 * time.Second
 
 // Router is the global router: it implements Decider over the configured
-// pools. Safe for concurrent use. Decide reads the current configuration
-// (an immutable state) through an atomic pointer; Reload builds a new state
-// and swaps it in, then retires the old one once the decisions using it
-// are done.
+// pools. Safe for concurrent use. Decide takes no lock: it reads the
+// current configuration (an immutable state) through an atomic pointer and
+// holds a reference on it; Reload builds a new state and swaps it in, then
+// retires the old one once the last decision using it dropped its
+// reference.
 type Router struct {
 	opts  options
 	log   *slog.Logger
