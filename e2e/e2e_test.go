@@ -20,7 +20,7 @@ import (
 func TestChat(t *testing.T) {
 	s := startSystem(t)
 	c := httpClient(t)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
 			r := chat(t, ctx, c, s, chatBody("mock-llama", "Tell me about KV caches.", stream, 8), "x-kvgate-explain", "1")
@@ -69,7 +69,7 @@ func TestChat(t *testing.T) {
 func TestSharedPrefixSameWorker(t *testing.T) {
 	s := startSystem(t)
 	c := httpClient(t)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	for _, topic := range []string{"routing", "caching"} {
 		first := chat(t, ctx, c, s, chatBody("mock-llama", longPrompt(topic, 0), false, 4))
 		if first.status != 200 {
@@ -111,7 +111,7 @@ func waitCached(t testing.TB, s *up.System, pool, worker string, n int) {
 func TestStoppedPoolSkipped(t *testing.T) {
 	s := startSystem(t)
 	c := httpClient(t)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	if err := s.Pool("pool-a").StopRouter(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestStoppedPoolSkipped(t *testing.T) {
 func TestLifecycleWithRealRouter(t *testing.T) {
 	s := startSystem(t, func(c *up.Config) { c.Speedup = 1 }) // slow decode: the stream outlives the checks
 	c := httpClient(t)
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(testenv.ContextWithTimeout(t, testTimeout))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, "POST", s.GatewayURL()+"/v1/chat/completions",
 		strings.NewReader(chatBody("mock-llama", longPrompt("lifecycle", 0), true, 4000)))
@@ -169,7 +169,7 @@ func TestLifecycleWithRealRouter(t *testing.T) {
 func TestErrorsThroughGateway(t *testing.T) {
 	s := startSystem(t)
 	c := httpClient(t)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	for _, tc := range []struct {
 		name, body string
 		hdr        []string

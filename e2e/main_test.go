@@ -23,13 +23,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...)
 
 const testTimeout = 60 * time.Second
 
-func testCtx(t testing.TB) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // startSystem starts `kvgate up`'s parts on free ports, with mock workers
 // sped up so tests run quickly; everything stops at cleanup.
 func startSystem(t testing.TB, mutate ...func(*up.Config)) *up.System {
@@ -42,7 +35,7 @@ func startSystem(t testing.TB, mutate ...func(*up.Config)) *up.System {
 	for _, f := range mutate {
 		f(&cfg)
 	}
-	s, err := up.Start(testCtx(t), cfg)
+	s, err := up.Start(testenv.ContextWithTimeout(t, testTimeout), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvgate/kvgate/envoy/extprocclient"
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // TestExtprocModesWithRealRouters drives the ext_proc server with the
@@ -49,7 +50,7 @@ func TestExtprocModesWithRealRouters(t *testing.T) {
 			}
 			body := []byte(chatBody("mock-llama", longPrompt("modes "+m.req.String(), 0), true, 6))
 			var upstreamBody []byte
-			res, err := c.Process(testCtx(t), extprocclient.Request{
+			res, err := c.Process(testenv.ContextWithTimeout(t, testTimeout), extprocclient.Request{
 				Message: extprocclient.Message{
 					Headers: extprocclient.Headers{{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
 						{Key: ":authority", Value: "kvgate"}, {Key: ":scheme", Value: "http"}, {Key: "content-type", Value: "application/json"}},

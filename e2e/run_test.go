@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
 )
 
@@ -19,7 +20,7 @@ func TestRunStopsCleanly(t *testing.T) {
 	cfg := up.DefaultConfig()
 	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.Speedup = "127.0.0.1:0", "127.0.0.1:0", 20
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(testenv.ContextWithTimeout(t, testTimeout))
 	defer cancel()
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
 )
 
@@ -28,7 +29,7 @@ func TestStatusAndSummary(t *testing.T) {
 		}
 	}
 	c := httpClient(t)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	if r := chat(t, ctx, c, s, chatBody("mock-llama", "hi", false, 2)); r.status != 200 {
 		t.Fatalf("status %d", r.status)
 	}
@@ -66,7 +67,7 @@ func TestStatusAndSummary(t *testing.T) {
 // 503 no_pool_reachable, OpenAI-shaped.
 func TestAllPoolsDown(t *testing.T) {
 	s := startSystem(t)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	for _, p := range s.Pools {
 		if err := p.StopRouter(ctx); err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/envoy"
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
@@ -132,8 +133,8 @@ type fixedDecider struct{}
 
 func (fixedDecider) Decide(ctx context.Context, req *globalrouter.Request) (*globalrouter.Decision, error) {
 	return &globalrouter.Decision{
-		Primary:   globalrouter.Endpoint{Pool: "pool-a", WorkerID: "w1", Address: "10.0.0.1:8000"},
-		Fallbacks: []globalrouter.Endpoint{{Pool: "pool-b", WorkerID: "w2", Address: "10.0.0.2:8000"}},
+		Primary:   globalrouter.Endpoint{Pool: "pool-a", Selection: routing.Selection{WorkerID: "w1", Address: "10.0.0.1:8000"}},
+		Fallbacks: []globalrouter.Endpoint{{Pool: "pool-b", Selection: routing.Selection{WorkerID: "w2", Address: "10.0.0.2:8000"}}},
 		Lease:     noLease{},
 	}, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 	"github.com/kvgate/kvgate/tokenizer"
@@ -61,8 +62,8 @@ func benchRouter(b *testing.B) *globalrouter.Router {
 	a := pooltest.Start(b, "pool-a", 16, pooltest.Workers("a", 8)...)
 	c := pooltest.Start(b, "pool-b", 16, pooltest.Workers("b", 8)...)
 	cfg := globalrouter.DefaultConfig(
-		pool.New("pool-a", 16, []string{"m"}, a.Addr),
-		pool.New("pool-b", 16, []string{"m"}, c.Addr),
+		pool.NewConfig("pool-a", 16, []string{"m"}, a.Addr),
+		pool.NewConfig("pool-b", 16, []string{"m"}, c.Addr),
 	)
 	// A starved CPU (shared machines, -race) stretches probes past the
 	// 20 ms default; a refused request would not measure a decision.
@@ -79,7 +80,7 @@ func benchRouter(b *testing.B) *globalrouter.Router {
 // the upstream (what Envoy waits for before connecting to the worker), then
 // ends the stream (which frees the request on its local router).
 func exchange(b *testing.B, c *extprocclient.Client, body []byte) time.Duration {
-	ctx := testCtx(b)
+	ctx := testenv.Context(b)
 	start := time.Now()
 	s := c.Open(ctx, nil)
 	defer s.Close()
@@ -182,7 +183,7 @@ func BenchmarkDecision(b *testing.B) {
 		// globalrouter.Decide alone (tokenize, hash, two probes over gRPC,
 		// policies, commit), then Free: the decision the ratio is about.
 		router := benchRouter(b)
-		ctx := testCtx(b)
+		ctx := testenv.Context(b)
 		lat := make([]time.Duration, 0, b.N)
 		b.ReportAllocs()
 		b.ResetTimer()

@@ -31,7 +31,7 @@ func TestMetricsGolden(t *testing.T) {
 	conn, reg := startServer(t, extproc.Config{}, d)
 	c := envoyClient(t, conn, allModes[1])
 	for _, model := range []string{"m1", "nope"} {
-		if _, err := c.Process(testCtx(t), extprocclient.Request{
+		if _, err := c.Process(testenv.Context(t), extprocclient.Request{
 			Message:  extprocclient.Message{Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"` + model + `","prompt":"hi"}`)}},
 			Upstream: sseResponse(sseChunks...),
 		}); err != nil {

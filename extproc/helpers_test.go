@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
@@ -90,11 +91,11 @@ func (l *leaseDouble) calls() []string {
 
 func fixedDecision() *globalrouter.Decision {
 	return &globalrouter.Decision{
-		Primary: globalrouter.Endpoint{Pool: "pool-a", WorkerID: "w1", DPRank: 2, Address: "10.0.0.1:8000", OverlapBlocks: 7},
+		Primary: globalrouter.Endpoint{Pool: "pool-a", Selection: routing.Selection{WorkerID: "w1", DPRank: 2, Address: "10.0.0.1:8000", OverlapBlocks: 7}},
 		Fallbacks: []globalrouter.Endpoint{
-			{Pool: "pool-a", WorkerID: "w2", Address: "10.0.0.2:8000"},
-			{Pool: "pool-a", WorkerID: "w1", DPRank: 1, Address: "10.0.0.1:8000"}, // same address: listed once
-			{Pool: "pool-b", WorkerID: "w9", Address: "10.0.1.9:8000"},
+			{Pool: "pool-a", Selection: routing.Selection{WorkerID: "w2", Address: "10.0.0.2:8000"}},
+			{Pool: "pool-a", Selection: routing.Selection{WorkerID: "w1", DPRank: 1, Address: "10.0.0.1:8000"}}, // same address: listed once
+			{Pool: "pool-b", Selection: routing.Selection{WorkerID: "w9", Address: "10.0.1.9:8000"}},
 		},
 		ISL:         42,
 		Explanation: "pool-a: overlap 7 blocks\npool-b: overlap 0 blocks",
@@ -171,13 +172,6 @@ func envoyClient(t testing.TB, conn grpc.ClientConnInterface, m modes) *extprocc
 		t.Fatal(err)
 	}
 	return c
-}
-
-func testCtx(t testing.TB) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func post(path string, extra ...extprocclient.HeaderField) extprocclient.Headers {

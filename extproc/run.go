@@ -200,11 +200,8 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	if o.WatchInterval >= 0 {
 		running++
 		go func() {
-			errc <- router.WatchFile(ctx, o.PoolsFile, o.WatchInterval, func(err error) {
-				if err == nil {
-					logger.Info("configuration reloaded", "file", o.PoolsFile)
-				}
-			})
+			// The router logs each reload, taken or refused.
+			errc <- router.WatchFile(ctx, o.PoolsFile, o.WatchInterval, nil)
 		}()
 	}
 	if mlis != nil {

@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
@@ -37,7 +38,7 @@ func TestRoutesInEveryMode(t *testing.T) {
 			d := &deciderDouble{}
 			conn, _ := startServer(t, extproc.Config{}, d)
 			c := envoyClient(t, conn, m)
-			res, err := c.Process(testCtx(t), extprocclient.Request{
+			res, err := c.Process(testenv.Context(t), extprocclient.Request{
 				Message: extprocclient.Message{
 					Headers: post("/v1/chat/completions?x=1", extprocclient.HeaderField{Key: "x-request-id", Value: "req-1"}),
 					Body:    [][]byte{[]byte(chatBody[:10]), []byte(chatBody[10:])},
@@ -117,7 +118,7 @@ func TestRoutesInEveryMode(t *testing.T) {
 func TestPrefillerAndExplain(t *testing.T) {
 	d := &deciderDouble{decide: func(req *globalrouter.Request) (*globalrouter.Decision, error) {
 		dec := fixedDecision()
-		dec.Prefill = &globalrouter.Endpoint{Pool: "prefill", WorkerID: "p1", Address: "10.0.2.1:8000"}
+		dec.Prefill = &globalrouter.Endpoint{Pool: "prefill", Selection: routing.Selection{WorkerID: "p1", Address: "10.0.2.1:8000"}}
 		if !req.Explain {
 			dec.Explanation = ""
 		}
@@ -125,7 +126,7 @@ func TestPrefillerAndExplain(t *testing.T) {
 	}}
 	conn, _ := startServer(t, extproc.Config{}, d)
 	c := envoyClient(t, conn, allModes[0])
-	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
+	res, err := c.Process(testenv.Context(t), extprocclient.Request{Message: extprocclient.Message{
 		Headers: post("/v1/completions", extprocclient.HeaderField{Key: "x-kvgate-explain", Value: "1"}),
 		Body:    [][]byte{[]byte(`{"model":"m1","prompt":[1,2,3]}`)},
 	}})
@@ -147,7 +148,7 @@ func TestClientPrefillerHeaderRemoved(t *testing.T) {
 	d := &deciderDouble{}
 	conn, _ := startServer(t, extproc.Config{}, d)
 	c := envoyClient(t, conn, allModes[0])
-	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
+	res, err := c.Process(testenv.Context(t), extprocclient.Request{Message: extprocclient.Message{
 		Headers: post("/v1/completions", extprocclient.HeaderField{Key: "x-prefiller-host-port", Value: "6.6.6.6:1"}),
 		Body:    [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
 	}})
@@ -172,7 +173,7 @@ func TestBodyReemittedUnchanged(t *testing.T) {
 			c := envoyClient(t, conn, m)
 			for _, split := range [][]int{{len(big)}, {1, 70000, 3, 100000}, {62000, 62001}, {7, 7, 7}} {
 				chunks := splitAt(big, split)
-				ctx := testCtx(t)
+				ctx := testenv.Context(t)
 				s := c.Open(ctx, nil)
 				if err := s.SendRequestHeaders(ctx, post("/v1/chat/completions"), false); err != nil {
 					t.Fatal(err)
@@ -237,7 +238,7 @@ func TestEverySplitPoint(t *testing.T) {
 	c := envoyClient(t, conn, allModes[0])
 	body := []byte(chatBody)
 	for i := 1; i < len(body); i++ {
-		res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
+		res, err := c.Process(testenv.Context(t), extprocclient.Request{Message: extprocclient.Message{
 			Headers: post("/v1/chat/completions"),
 			Body:    [][]byte{body[:i], body[i:]},
 		}})
@@ -264,7 +265,7 @@ func TestRequestTrailers(t *testing.T) {
 			d := &deciderDouble{}
 			conn, _ := startServer(t, extproc.Config{}, d)
 			c := envoyClient(t, conn, m)
-			res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
+			res, err := c.Process(testenv.Context(t), extprocclient.Request{Message: extprocclient.Message{
 				Headers:  post("/v1/completions"),
 				Body:     [][]byte{[]byte(`{"model":"m1",`), []byte(`"prompt":"hi"}`)},
 				Trailers: extprocclient.Headers{{Key: "x-checksum", Value: "1"}},
@@ -308,7 +309,7 @@ func TestPassThrough(t *testing.T) {
 					{Key: "x-gateway-destination-endpoint", Value: "169.254.169.254:80"}, {Key: "x-prefiller-host-port", Value: "127.0.0.1:9901"}}}},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
-					res, err := c.Process(testCtx(t), extprocclient.Request{
+					res, err := c.Process(testenv.Context(t), extprocclient.Request{
 						Message:  tc.req,
 						Upstream: sseResponse("plain ", "response"),
 					})
@@ -382,7 +383,7 @@ func TestErrors(t *testing.T) {
 				if len(chunks) == 0 {
 					chunks = [][]byte{{}}
 				}
-				res, err := c.Process(testCtx(t), extprocclient.Request{
+				res, err := c.Process(testenv.Context(t), extprocclient.Request{
 					Message:  extprocclient.Message{Headers: post(tc.path), Body: chunks},
 					Upstream: sseResponse("unexpected"),
 				})
@@ -425,7 +426,7 @@ func TestErrors(t *testing.T) {
 func TestBodylessPostRefused(t *testing.T) {
 	conn, _ := startServer(t, extproc.Config{}, &deciderDouble{})
 	c := envoyClient(t, conn, allModes[0])
-	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{Headers: post("/v1/completions")}})
+	res, err := c.Process(testenv.Context(t), extprocclient.Request{Message: extprocclient.Message{Headers: post("/v1/completions")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +460,7 @@ func TestLifecycle(t *testing.T) {
 					d := &deciderDouble{}
 					conn, reg := startServer(t, extproc.Config{}, d)
 					c := envoyClient(t, conn, m)
-					ctx := testCtx(t)
+					ctx := testenv.Context(t)
 					s := c.Open(ctx, nil)
 					defer s.Close()
 					mustOK(t, s.SendRequestHeaders(ctx, post("/v1/completions"), false))
@@ -526,7 +527,7 @@ func TestFreedWhenStreamEndsBeforeResponse(t *testing.T) {
 	d := &deciderDouble{}
 	conn, reg := startServer(t, extproc.Config{}, d)
 	c := envoyClient(t, conn, allModes[0])
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	s := c.Open(ctx, nil)
 	mustOK(t, s.SendRequestHeaders(ctx, post("/v1/completions"), false))
 	mustOK(t, s.SendRequestData(ctx, []byte(`{"model":"m1","prompt":"hi"}`), true))
@@ -545,7 +546,7 @@ func TestFreedWhenStreamEndsBeforeResponse(t *testing.T) {
 func TestHealth(t *testing.T) {
 	conn, _ := startServer(t, extproc.Config{}, &deciderDouble{})
 	for _, svc := range []string{"", "envoy.service.ext_proc.v3.ExternalProcessor"} {
-		r, err := healthpb.NewHealthClient(conn).Check(testCtx(t), &healthpb.HealthCheckRequest{Service: svc})
+		r, err := healthpb.NewHealthClient(conn).Check(testenv.Context(t), &healthpb.HealthCheckRequest{Service: svc})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -575,7 +576,7 @@ func TestConfigValidate(t *testing.T) {
 func TestUnsupportedRequestMode(t *testing.T) {
 	conn, _ := startServer(t, extproc.Config{}, &deciderDouble{})
 	c := envoyClient(t, conn, modes{"STREAMED", extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_STREAMED})
-	res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
+	res, err := c.Process(testenv.Context(t), extprocclient.Request{Message: extprocclient.Message{
 		Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
 	}})
 	if err != nil {
@@ -638,7 +639,7 @@ func TestDestinationHeader(t *testing.T) {
 			conn, _ := startServer(t, tc.cfg, &deciderDouble{})
 			for _, m := range allModes {
 				c := envoyClient(t, conn, m)
-				res, err := c.Process(testCtx(t), extprocclient.Request{Message: extprocclient.Message{
+				res, err := c.Process(testenv.Context(t), extprocclient.Request{Message: extprocclient.Message{
 					Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)},
 				}})
 				if err != nil {
@@ -666,7 +667,7 @@ func TestLargeBufferedBody(t *testing.T) {
 		status int
 	}{{6 << 20, 0}, {8<<20 + 100, 413}} {
 		body := []byte(`{"model":"m1","prompt":"` + strings.Repeat("x", tc.size) + `"}`)
-		res, err := c.Process(testCtx(t), extprocclient.Request{
+		res, err := c.Process(testenv.Context(t), extprocclient.Request{
 			Message:  extprocclient.Message{Headers: post("/v1/completions"), Body: [][]byte{body}},
 			Upstream: sseResponse("ok"),
 		})
@@ -685,7 +686,7 @@ func TestLargeBufferedBody(t *testing.T) {
 
 func TestReflection(t *testing.T) {
 	conn, _ := startServer(t, extproc.Config{}, &deciderDouble{})
-	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(testCtx(t))
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(testenv.Context(t))
 	if err != nil {
 		t.Fatal(err)
 	}

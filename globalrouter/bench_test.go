@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 	"github.com/kvgate/kvgate/tokenizer"
@@ -34,15 +35,15 @@ func chat8K(n int) []globalrouter.Message {
 // It reports Decide's p50 and p99, tokenizing's p50 alone, and the ratios
 // of Decide's time to tokenizing's (p50s; means from the metrics).
 func BenchmarkDecide(b *testing.B) {
-	ctx := testCtx(b)
+	ctx := testenv.Context(b)
 	pa := pooltest.Start(b, "pool-a", 16, pooltest.Workers("a", 8)...)
 	pb := pooltest.Start(b, "pool-b", 16, pooltest.Workers("b", 8)...)
 	// Warm caches: the conversation's earlier turns sit on one worker.
 	prefix := chatTokens(b, chat8K(0))
 	pa.Store(b, "a-3", prefix[:len(prefix)-32])
 	cfg := globalrouter.DefaultConfig(
-		pool.New("pool-a", 16, []string{model}, pa.Addr),
-		pool.New("pool-b", 16, []string{model}, pb.Addr),
+		pool.NewConfig("pool-a", 16, []string{model}, pa.Addr),
+		pool.NewConfig("pool-b", 16, []string{model}, pb.Addr),
 	)
 	// The deadline is not under test: a busy machine must not open
 	// circuits.

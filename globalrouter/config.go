@@ -18,7 +18,7 @@ import (
 // Config is the global router's configuration: how to probe, the policy
 // chain, the models' tokenizers and the pools. LoadConfig reads it from
 // YAML (examples/pools.yaml); code builds it with DefaultConfig and
-// pool.New.
+// pool.NewConfig.
 type Config struct {
 	Probe ProbeConfig `yaml:"probe"`
 	// Chain is the pool selection chain, run in order (policies package).
@@ -117,22 +117,28 @@ func builtins(reg *policies.Registry) *policies.Registry {
 // reg; nil: the built-in policies). Errors name the file, the line, the
 // policy or pool, and the field.
 func (c *Config) Validate(reg *policies.Registry) error {
-	reg = builtins(reg)
+	_, err := c.validate(builtins(reg))
+	return err
+}
+
+// validate is Validate returning the chain it built: the Router's, built
+// once per configuration.
+func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 	if len(c.Pools) == 0 {
-		return fmt.Errorf("%s: %w: no pools", c.file(), policies.ErrConfig)
+		return nil, fmt.Errorf("%s: %w: no pools", c.file(), policies.ErrConfig)
 	}
 	if c.Probe.BackoffMax < c.Probe.BackoffBase {
-		return fmt.Errorf("%s: %w: probe.backoff_max %v is below probe.backoff_base %v", c.file(), policies.ErrConfig, c.Probe.BackoffMax, c.Probe.BackoffBase)
+		return nil, fmt.Errorf("%s: %w: probe.backoff_max %v is below probe.backoff_base %v", c.file(), policies.ErrConfig, c.Probe.BackoffMax, c.Probe.BackoffBase)
 	}
 	names := map[string]bool{}
 	served := map[string]bool{}
 	for i := range c.Pools {
 		p := &c.Pools[i]
 		if err := p.Validate(); err != nil {
-			return err
+			return nil, err
 		}
 		if names[p.Name] {
-			return fmt.Errorf("%s: %w: pool %q defined twice", c.file(), policies.ErrConfig, p.Name)
+			return nil, fmt.Errorf("%s: %w: pool %q defined twice", c.file(), policies.ErrConfig, p.Name)
 		}
 		names[p.Name] = true
 		for _, m := range p.Models {
@@ -143,16 +149,15 @@ func (c *Config) Validate(reg *policies.Registry) error {
 	for _, m := range c.Models {
 		switch {
 		case m.Name == "":
-			return fmt.Errorf("%s: %w: models: entry without a name", c.file(), policies.ErrConfig)
+			return nil, fmt.Errorf("%s: %w: models: entry without a name", c.file(), policies.ErrConfig)
 		case seen[m.Name]:
-			return fmt.Errorf("%s: %w: models: %q listed twice", c.file(), policies.ErrConfig, m.Name)
+			return nil, fmt.Errorf("%s: %w: models: %q listed twice", c.file(), policies.ErrConfig, m.Name)
 		case !served[m.Name] && !served["*"]:
-			return fmt.Errorf("%s: %w: models: %q has a tokenizer but no pool serves it", c.file(), policies.ErrConfig, m.Name)
+			return nil, fmt.Errorf("%s: %w: models: %q has a tokenizer but no pool serves it", c.file(), policies.ErrConfig, m.Name)
 		}
 		seen[m.Name] = true
 	}
-	_, err := c.buildChain(reg)
-	return err
+	return c.buildChain(reg)
 }
 
 func (c *Config) buildChain(reg *policies.Registry) (*policies.Chain, error) {
@@ -222,6 +227,27 @@ func LoadConfig(path string, reg *policies.Registry) (*Config, error) {
 
 // ParseConfig is LoadConfig of data read from file.
 func ParseConfig(file string, data []byte, reg *policies.Registry) (*Config, error) {
+	c, err := parseConfig(file, data)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Validate(reg); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// readConfig is LoadConfig without the validation (Reload's to do).
+func readConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("globalrouter config: %w", err)
+	}
+	return parseConfig(path, data)
+}
+
+// parseConfig decodes data strictly and applies the defaults.
+func parseConfig(file string, data []byte) (*Config, error) {
 	doc, err := policies.ParseFile(file, data)
 	if err != nil {
 		return nil, err
@@ -247,8 +273,5 @@ func ParseConfig(file string, data []byte, reg *policies.Registry) (*Config, err
 		}
 	}
 	c.Defaults()
-	if err := c.Validate(reg); err != nil {
-		return nil, err
-	}
 	return c, nil
 }

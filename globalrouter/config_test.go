@@ -3,6 +3,7 @@ package globalrouter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -86,6 +88,8 @@ func TestConfigErrors(t *testing.T) {
 		{"syntax", map[string]string{"c.yaml": "chain: [cost\n"}, `c.yaml:`},
 		{"empty", map[string]string{"c.yaml": ""}, `c.yaml: empty document`},
 	}
+	// The whole messages are pinned by testdata/config-errors.golden.
+	var all strings.Builder
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := write(t, tt.files)
@@ -93,7 +97,9 @@ func TestConfigErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("LoadConfig: no error, want %q", tt.want)
 			}
-			if got := strings.ReplaceAll(err.Error(), dir+string(filepath.Separator), ""); !strings.Contains(got, tt.want) {
+			got := strings.ReplaceAll(err.Error(), dir+string(filepath.Separator), "")
+			fmt.Fprintf(&all, "%s:\n  %s\n", tt.name, got)
+			if !strings.Contains(got, tt.want) {
 				t.Fatalf("got error %q, want one containing %q", got, tt.want)
 			}
 			if !errors.Is(err, policies.ErrConfig) {
@@ -101,6 +107,7 @@ func TestConfigErrors(t *testing.T) {
 			}
 		})
 	}
+	golden(t, "config-errors", all.String())
 }
 
 func configText(addrs map[string]string, chain string) string {
@@ -115,7 +122,7 @@ func configText(addrs map[string]string, chain string) string {
 }
 
 func TestHotReload(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	both := map[string]string{"pool-a": c.a.Addr, "pool-b": c.b.Addr}
 	dir := write(t, map[string]string{"pools.yaml": configText(both, "[model-match, cost]")})

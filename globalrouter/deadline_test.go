@@ -10,6 +10,7 @@ import (
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
@@ -26,7 +27,7 @@ func (hungRouter) BestWorker(ctx context.Context, _ *localrouterv1.BestWorkerReq
 }
 
 func TestProbeDeadline(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -39,8 +40,8 @@ func TestProbeDeadline(t *testing.T) {
 
 	live := pooltest.Start(t, "pool-b", 16, pooltest.Workers("b", 2)...)
 	cfg := globalrouter.DefaultConfig(
-		pool.New("pool-a", 16, []string{model}, lis.Addr().String()),
-		pool.New("pool-b", 16, []string{model}, live.Addr),
+		pool.NewConfig("pool-a", 16, []string{model}, lis.Addr().String()),
+		pool.NewConfig("pool-b", 16, []string{model}, live.Addr),
 	)
 	// The hung router never answers, so any deadline expires; one long
 	// enough for the live router on a busy machine.

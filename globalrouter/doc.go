@@ -15,14 +15,32 @@
 // pinned worker's commit is still waited for: its answer gives the address.
 //
 // Router implements Decider. Build it with New from a Config (LoadConfig
-// reads one from YAML, e.g. examples/pools.yaml; DefaultConfig and pool.New
-// build one in Go) and Options (logger, Prometheus registerer, etcd client
-// for discovered pools, policy registry, tokenizers). Decide is safe for
-// concurrent use and lock-free on the configuration: it reads an immutable
-// state through an atomic pointer; Reload, ReloadFile and WatchFile build a
-// new state and swap it in, refusing a bad configuration and keeping the
-// current one. Leases outlive reloads (their local-router connections are
+// reads one from YAML, e.g. examples/pools.yaml; DefaultConfig and
+// pool.NewConfig build one in Go) and Options (logger, Prometheus
+// registerer, etcd client for discovered pools, policy registry,
+// tokenizers). Validating a configuration builds its policy chain; that
+// chain is the one the Router runs (built once per configuration).
+//
+// Decide is safe for concurrent use and takes no lock: it loads the
+// current state (one configuration, built, immutable) through an atomic
+// pointer and holds a reference on it (an atomic count) for the decision.
+// Reload, ReloadFile and WatchFile build a new state and swap it in,
+// refusing a bad configuration and keeping the current one; the old state
+// is retired once its last decision drops its reference, then its pools
+// close. Leases outlive reloads (their local-router connections are
 // reference-counted, package pool).
+//
+// Per request, Decide parses and validates the x-kvgate-* headers first (a
+// malformed one costs no tokenizing or hashing), then tokenizes and hashes,
+// probes, ranks and commits. The worker a pool's local router chose is one
+// type all the way: routing.Selection (package api/routing) is the probe's
+// answer, the policies' Candidate.Probe and the Decision's
+// Endpoint.Selection; endpoint turns it into an Endpoint, in one place.
+//
+// Files: router.go (Router, New, Decide, Close, Health), options.go,
+// state.go (build, refcount, retire), reload.go (Reload, WatchFile),
+// headers.go (request headers), decide.go (prepare, probe, rank),
+// commit.go (commit, pinned workers, lease, error mapping), explain.go.
 //
 // Error mapping (the ext_proc server translates): ErrBadRequest (no model,
 // no prompt, a malformed x-kvgate-* header), ErrUnknownModel (no pool serves

@@ -15,14 +15,14 @@ import (
 // serves from the first request, and across a reload (New and Reload wait
 // for discovery's first listing).
 func TestEtcdDiscoveredPool(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	_, cli := testenv.StartEtcd(t)
 	srv := pooltest.Start(t, "pool-e", 16, pooltest.Workers("e", 2)...)
 	info := fmt.Sprintf(`{"id":"r1","grpc_address":%q,"pool":"pool-e","block_size":16}`, srv.Addr)
 	if _, err := cli.Put(ctx, discovery.RouterKey("pool-e", "r1"), info); err != nil {
 		t.Fatal(err)
 	}
-	pc := pool.New("pool-e", 16, []string{model})
+	pc := pool.NewConfig("pool-e", 16, []string{model})
 	pc.Routers = pool.Routers{Etcd: true}
 	cfg := globalrouter.DefaultConfig(pc)
 	cfg.Probe.Timeout = 10e9

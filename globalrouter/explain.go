@@ -9,7 +9,7 @@ import (
 
 // explain says what each pool's probe answered and why the winner won: the
 // chain's steps, and the last policy that put the winner first.
-func explain(p *prepared, st *state, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, refused []string) string {
+func explain(p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, refused []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "model=%s isl=%d", p.req.Model, len(p.tokens))
 	b.WriteString("; probes:")
@@ -22,7 +22,7 @@ func explain(p *prepared, st *state, results []probeResult, ranked []policies.Ca
 		s := res.sel
 		fmt.Fprintf(&b, " %s/%d@%s overlap %d/%d blocks of %d, uncached %d tokens, cost %.4g (%s, %d workers);",
 			s.WorkerID, s.DPRank, s.Address, s.OverlapBlocks, s.RequestBlocks, res.pe.cfg.BlockSize,
-			max(0, len(p.tokens)-s.OverlapBlocks*res.pe.cfg.BlockSize), s.Cost, res.dur.Round(1000), s.Workers)
+			s.UncachedTokens(), s.Cost, res.dur.Round(1000), s.Candidates)
 	}
 	fmt.Fprintf(&b, " chain: %s", trace.String())
 	w := ranked[0]
@@ -42,7 +42,7 @@ func explain(p *prepared, st *state, results []probeResult, ranked []policies.Ca
 		fmt.Fprintf(&b, ": ranked first by %s", why)
 	}
 	if w.Prefill != nil {
-		fmt.Fprintf(&b, ", prefill on %s/%s (uncached %d tokens)", w.Prefill.Pool, w.Prefill.Probe.WorkerID, w.Probe.UncachedTokens)
+		fmt.Fprintf(&b, ", prefill on %s/%s (uncached %d tokens)", w.Prefill.Pool, w.Prefill.Probe.WorkerID, w.Probe.UncachedTokens())
 	}
 	if len(refused) > 0 {
 		fmt.Fprintf(&b, "; refused commits: %s", strings.Join(refused, "; "))

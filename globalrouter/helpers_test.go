@@ -1,7 +1,6 @@
 package globalrouter_test
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
@@ -18,12 +18,6 @@ import (
 )
 
 const model = "llama-3-8b"
-
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
@@ -41,8 +35,8 @@ func newCluster(t testing.TB) *cluster {
 		b: pooltest.Start(t, "pool-b", 16, pooltest.Workers("b", 2)...),
 	}
 	c.cfg = globalrouter.DefaultConfig(
-		pool.New("pool-a", 16, []string{model}, c.a.Addr),
-		pool.New("pool-b", 16, []string{model}, c.b.Addr),
+		pool.NewConfig("pool-a", 16, []string{model}, c.a.Addr),
+		pool.NewConfig("pool-b", 16, []string{model}, c.b.Addr),
 	)
 	// Generous: these tests are about behaviour on a shared machine, not
 	// speed (the benchmark measures that).
@@ -104,7 +98,7 @@ func chatTokens(t testing.TB, msgs []globalrouter.Message) []uint32 {
 
 func free(t testing.TB, d *globalrouter.Decision) {
 	t.Helper()
-	if err := d.Lease.Free(testCtx(t)); err != nil {
+	if err := d.Lease.Free(testenv.Context(t)); err != nil {
 		t.Errorf("Free: %v", err)
 	}
 }

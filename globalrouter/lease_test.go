@@ -8,11 +8,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
 )
 
 func TestLeaseConcurrentAndIdempotent(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	r, _ := newRouter(t, c.cfg)
 	for range 5 {
@@ -40,7 +41,7 @@ func TestLeaseConcurrentAndIdempotent(t *testing.T) {
 }
 
 func TestCloseFreesOpenLeases(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	r, _ := newRouter(t, c.cfg)
 	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: longText(40)})
@@ -67,9 +68,9 @@ func TestCloseFreesOpenLeases(t *testing.T) {
 // local router refuses after the decision (here a duplicate request id)
 // does not undo the decision; it is counted, and the lease reports it.
 func TestRefusedCommitSurfacesOnLease(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
-	cfg := globalrouter.DefaultConfig(pool.New("pool-a", 16, []string{model}, c.a.Addr))
+	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{model}, c.a.Addr))
 	cfg.Probe.Timeout = c.cfg.Probe.Timeout
 	r, reg := newRouter(t, cfg)
 	req := &globalrouter.Request{ID: "dup", Model: model, Prompt: longText(40)}

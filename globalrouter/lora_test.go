@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -15,7 +16,7 @@ import (
 func TestLoRAAdapterHashesWithItsSeed(t *testing.T) {
 	c := newCluster(t)
 	const adapter = "sql-adapter"
-	c.cfg.Pools = []pool.Config{pool.New("pool-a", 16, []string{model, adapter}, c.a.Addr)}
+	c.cfg.Pools = []pool.Config{pool.NewConfig("pool-a", 16, []string{model, adapter}, c.a.Addr)}
 	c.cfg.Models = append(c.cfg.Models, globalrouter.ModelConfig{Name: adapter, LoRAOf: model})
 	r, _ := newRouter(t, c.cfg, globalrouter.WithTokenizer(adapter, sharedTokenizer(t)))
 	msgs := chat("Write a query that lists every order of the last week, grouped by customer, with totals and a running sum.")
@@ -35,7 +36,7 @@ func TestLoRAAdapterHashesWithItsSeed(t *testing.T) {
 		model       string
 		wantOverlap bool
 	}{{adapter, true}, {model, false}} {
-		d, err := r.Decide(testCtx(t), &globalrouter.Request{Model: tc.model, Messages: msgs, Path: "/v1/chat/completions"})
+		d, err := r.Decide(testenv.Context(t), &globalrouter.Request{Model: tc.model, Messages: msgs, Path: "/v1/chat/completions"})
 		if err != nil {
 			t.Fatalf("Decide(%s): %v", tc.model, err)
 		}

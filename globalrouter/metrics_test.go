@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/tokenizer"
 )
 
@@ -40,7 +41,7 @@ func mustCounter(t *testing.T, reg *prometheus.Registry, name, label string) pro
 // TestMetrics is the golden exposition of the counters and the names of the
 // histograms (their buckets hold timings).
 func TestMetrics(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	r, reg := newRouter(t, c.cfg)
 	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi"})

@@ -3,9 +3,53 @@ package globalrouter
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
+	"github.com/kvgate/kvgate/pool"
 	"os"
 	"time"
 )
+
+// Reload replaces the configuration with cfg. A configuration that does not
+// validate or build (bad policy arguments, a tokenizer that does not load)
+// is refused and the current one stays.
+func (r *Router) Reload(cfg Config) error {
+	r.reloadMu.Lock()
+	defer r.reloadMu.Unlock()
+	old := r.st.Load()
+	if old == nil {
+		return errors.New("globalrouter: closed")
+	}
+	cfg.Defaults()
+	chain, err := cfg.validate(r.opts.registry)
+	var st *state
+	if err == nil {
+		st, err = r.build(&cfg, chain, old)
+	}
+	if err != nil {
+		r.m.reloads.WithLabelValues("refused").Inc()
+		r.log.Error("configuration refused; keeping the current one", "file", cfg.File, "err", err)
+		return err
+	}
+	r.conns.SetCircuitOptions(pool.CircuitOptions{Base: cfg.Probe.BackoffBase, Max: cfg.Probe.BackoffMax})
+	r.st.Store(st)
+	old.retire()
+	r.m.reloads.WithLabelValues("ok").Inc()
+	r.log.Info("configuration reloaded", "file", cfg.File, "pools", len(st.pools), "chain", chainNames(st.chain))
+	return nil
+}
+
+// ReloadFile reads path and reloads it (see Reload).
+func (r *Router) ReloadFile(path string) error {
+	// Read and decoded here, validated (and the chain built) once, by
+	// Reload.
+	cfg, err := readConfig(path)
+	if err != nil {
+		r.m.reloads.WithLabelValues("refused").Inc()
+		r.log.Error("configuration refused; keeping the current one", "file", path, "err", err)
+		return err
+	}
+	return r.Reload(*cfg)
+}
 
 // DefaultWatchInterval is how often WatchFile looks at the file.
 const DefaultWatchInterval = 2 * time.Second

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
 
 func TestDecideFollowsTheCache(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	r, _ := newRouter(t, c.cfg)
 	msgs := chat(longText(200))
@@ -79,7 +80,7 @@ func TestDecideFollowsTheCache(t *testing.T) {
 }
 
 func TestDecideErrors(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	r, _ := newRouter(t, c.cfg)
 	tests := []struct {
@@ -115,7 +116,7 @@ func TestDecideErrors(t *testing.T) {
 }
 
 func TestStoppedPoolIsSkipped(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	// A clock that stands still: the circuit stays open whatever the
 	// machine's speed.
@@ -149,11 +150,11 @@ func TestStoppedPoolIsSkipped(t *testing.T) {
 }
 
 func TestPinning(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	other := pooltest.Start(t, "pool-c", 16, pooltest.Workers("c", 1)...)
 	cfg := c.cfg
-	cfg.Pools = append(cfg.Pools, pool.New("pool-c", 16, []string{"other-model"}, other.Addr))
+	cfg.Pools = append(cfg.Pools, pool.NewConfig("pool-c", 16, []string{"other-model"}, other.Addr))
 	r, _ := newRouter(t, cfg)
 	msgs := chat(longText(100))
 	c.b.Store(t, "b-0", chatTokens(t, msgs)) // unpinned, pool-b would win
@@ -228,12 +229,12 @@ func TestPinning(t *testing.T) {
 }
 
 func TestDisaggregation(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	pre := pooltest.Start(t, "prefill", 16, pooltest.Workers("p", 2)...)
 	dec := pooltest.Start(t, "decode", 16, pooltest.Workers("d", 2)...)
-	pc := pool.New("prefill", 16, []string{model}, pre.Addr)
+	pc := pool.NewConfig("prefill", 16, []string{model}, pre.Addr)
 	pc.Role = policies.RolePrefill
-	dc := pool.New("decode", 16, []string{model}, dec.Addr)
+	dc := pool.NewConfig("decode", 16, []string{model}, dec.Addr)
 	dc.Role = policies.RoleDecode
 	cfg := globalrouter.DefaultConfig(pc, dc)
 	cfg.Probe.Timeout = 10e9
@@ -302,7 +303,7 @@ func TestDisaggregation(t *testing.T) {
 }
 
 func TestHeaderMatchAndFailover(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	cfg := c.cfg
 	cfg.Chain = []policies.Spec{{Name: "model-match"}, {Name: "header-match"}, {Name: "cost"}, {Name: "failover"}}
@@ -348,7 +349,7 @@ func (shed) Rank(req *policies.Request, c []policies.Candidate) ([]policies.Cand
 }
 
 func TestCustomPolicy(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	reg := policies.NewRegistry()
 	if err := policies.RegisterBuiltins(reg); err != nil {

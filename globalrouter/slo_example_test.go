@@ -10,7 +10,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -41,7 +43,7 @@ func TestExampleSLOConfig(t *testing.T) {
 		var out []policies.Candidate
 		for _, n := range names {
 			out = append(out, policies.Candidate{Pool: n, Role: roles[n], Models: []string{"llama-3-8b"}, Weight: 1,
-				Probe: policies.Probe{WorkerID: n + "-0", BlockSize: 16, Cost: cost[n], UncachedTokens: 4000, PrefillTokens: prefillTokens}})
+				Probe: routing.Selection{WorkerID: n + "-0", BlockSize: 16, Cost: cost[n], ISL: 4000, PrefillTokens: prefillTokens}})
 		}
 		return out
 	}
@@ -90,7 +92,7 @@ func TestExampleSLOConfig(t *testing.T) {
 // with slo-grid and priority in the chain: the SLO and priority headers
 // pick the pool, and a shed request is ErrSaturated (429).
 func TestSLOPoliciesDecide(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	c := newCluster(t)
 	cfg := c.cfg
 	grid, prio := policies.SLOGridArgs{

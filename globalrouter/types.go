@@ -3,6 +3,8 @@ package globalrouter
 import (
 	"context"
 	"errors"
+
+	"github.com/kvgate/kvgate/api/routing"
 )
 
 // Request is what the ext_proc server hands the global router for one
@@ -32,15 +34,12 @@ type Message struct {
 	Content string
 }
 
-// Endpoint is one routable target: a worker rank in a pool.
+// Endpoint is one routable target: a worker rank in a pool, as its local
+// router chose it (Address is the worker's host:port,
+// x-gateway-destination-endpoint).
 type Endpoint struct {
-	Pool     string
-	WorkerID string
-	DPRank   uint32
-	// Address is the worker's host:port (x-gateway-destination-endpoint).
-	Address       string
-	OverlapBlocks int
-	Cost          float64
+	Pool string
+	routing.Selection
 }
 
 // Decision is the outcome of routing one request.

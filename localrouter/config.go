@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/kvgate/kvgate/api/routing"
 )
 
 // Config is a local router's configuration, Dynamo's KvRouterConfig plus the
@@ -78,41 +80,27 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Override changes cost parameters for one request; nil fields keep the
-// router's values.
-type Override struct {
-	OverlapScoreCredit *float64
-	PrefillLoadScale   *float64
-	RouterTemperature  *float64
-}
-
 // costParams are the cost function's parameters for one request.
 type costParams struct {
 	credit, scale, temperature float64
 	trackBlocks                bool
 }
 
-func (c Config) params(o *Override) (costParams, error) {
+func (c Config) params(o *routing.Override) (costParams, error) {
 	p := costParams{c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature, c.TrackActiveBlocks}
 	if o == nil {
 		return p, nil
 	}
+	if err := o.Validate(); err != nil {
+		return p, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	if o.OverlapScoreCredit != nil {
-		if !(*o.OverlapScoreCredit >= 0) || math.IsInf(*o.OverlapScoreCredit, 0) { // NaN fails >= 0
-			return p, fmt.Errorf("%w: override overlap_score_credit %g must be a finite number ≥ 0", ErrInvalidConfig, *o.OverlapScoreCredit)
-		}
 		p.credit = *o.OverlapScoreCredit
 	}
 	if o.PrefillLoadScale != nil {
-		if !(*o.PrefillLoadScale >= 0) || math.IsInf(*o.PrefillLoadScale, 0) { // NaN fails >= 0
-			return p, fmt.Errorf("%w: override prefill_load_scale %g must be a finite number ≥ 0", ErrInvalidConfig, *o.PrefillLoadScale)
-		}
 		p.scale = *o.PrefillLoadScale
 	}
 	if o.RouterTemperature != nil {
-		if !(*o.RouterTemperature >= 0) || math.IsInf(*o.RouterTemperature, 0) { // NaN fails >= 0
-			return p, fmt.Errorf("%w: override router_temperature %g must be a finite number ≥ 0", ErrInvalidConfig, *o.RouterTemperature)
-		}
 		p.temperature = *o.RouterTemperature
 	}
 	return p, nil

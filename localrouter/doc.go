@@ -14,7 +14,9 @@
 //     pending and the distinct blocks of active requests, keyed by request
 //     id (Add, MarkPrefillComplete, Free, forced expiry).
 //   - Router: membership, the two above, and BestWorker / PotentialLoads /
-//     Commit / MarkPrefillComplete / Free / DumpEvents.
+//     Commit / MarkPrefillComplete / Free / DumpEvents. BestWorker answers
+//     a routing.Selection (api/routing; Selected gives its WorkerKey) and
+//     takes a routing.Override, the types the whole request path shares.
 //
 // # Concurrency
 //

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 )
 
@@ -303,25 +304,13 @@ type BestWorkerOptions struct {
 	// request id too). Ignored when the router runs on KV events.
 	UpdateIndexer bool
 	// Override changes cost parameters for this request.
-	Override *Override
+	Override *routing.Override
 	// Worker forces the worker (the cost terms are still reported).
 	Worker *WorkerKey
 }
 
-// Selection is BestWorker's answer: the worker and the terms of its cost.
-type Selection struct {
-	Worker        WorkerKey
-	OverlapBlocks int
-	// PrefillTokens: the potential prefill tokens on that worker.
-	PrefillTokens int
-	// DecodeBlocks: the potential decode blocks on that worker.
-	DecodeBlocks int
-	Cost         float64
-	// RequestBlocks is the number of complete blocks of the request.
-	RequestBlocks int
-	// Candidates is how many workers were considered.
-	Candidates int
-}
+// Selected is the worker key of a selection.
+func Selected(s routing.Selection) WorkerKey { return WorkerKey{ID: s.WorkerID, DPRank: s.DPRank} }
 
 // prepare computes the request's local and sequence hashes into s.
 func (r *Router) prepare(req *Request, s *scratch) (isl int, err error) {
@@ -359,37 +348,37 @@ func (r *Router) check() error {
 // BestWorker chooses the worker for req: the lowest cost (temperature 0,
 // ties at random) or a softmax sample (temperature > 0). Without
 // opts.RequestID nothing changes; with it the request is recorded.
-func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOptions) (Selection, error) {
+func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOptions) (routing.Selection, error) {
 	if err := r.check(); err != nil {
-		return Selection{}, err
+		return routing.Selection{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return Selection{}, err
+		return routing.Selection{}, err
 	}
 	p, err := r.cfg.params(opts.Override)
 	if err != nil {
-		return Selection{}, err
+		return routing.Selection{}, err
 	}
 	mem := r.members.Load()
 	if len(mem.dp) < r.cfg.MinInitialWorkers {
-		return Selection{}, ErrNotReady
+		return routing.Selection{}, ErrNotReady
 	}
 	workers, slots := mem.keys, mem.slots
 	if opts.Worker != nil {
 		i, ok := mem.find(*opts.Worker)
 		if !ok {
-			return Selection{}, fmt.Errorf("%w: %s", ErrUnknownWorker, *opts.Worker)
+			return routing.Selection{}, fmt.Errorf("%w: %s", ErrUnknownWorker, *opts.Worker)
 		}
 		workers, slots = workers[i:i+1], slots[i:i+1]
 	}
 	if len(workers) == 0 {
-		return Selection{}, ErrNoWorkers
+		return routing.Selection{}, ErrNoWorkers
 	}
 	s := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(s)
 	isl, err := r.prepare(&req, s)
 	if err != nil {
-		return Selection{}, err
+		return routing.Selection{}, err
 	}
 	r.index.FindMatches(s.local, &s.matches)
 	s.overlaps = s.overlaps[:0]
@@ -403,20 +392,22 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	}
 	i := r.pick(s.costs, p.temperature)
 	l := s.loads[i]
-	sel := Selection{
-		Worker: l.Worker, OverlapBlocks: l.OverlapBlocks, PrefillTokens: l.PotentialPrefillTokens,
+	// Address and Router are the caller's to fill: it knows them.
+	sel := routing.Selection{
+		WorkerID: l.Worker.ID, DPRank: l.Worker.DPRank, OverlapBlocks: l.OverlapBlocks, PrefillTokens: l.PotentialPrefillTokens,
 		DecodeBlocks: l.PotentialDecodeBlocks, Cost: s.costs[i], RequestBlocks: len(s.local), Candidates: len(workers),
+		BlockSize: r.cfg.BlockSize, ISL: isl,
 	}
 	if opts.RequestID != "" {
-		if err := r.active.Add(r.clock(), opts.RequestID, sel.Worker, s.seq, isl, sel.OverlapBlocks, r.cfg.BlockSize); err != nil {
-			return Selection{}, err
+		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, sel.OverlapBlocks, r.cfg.BlockSize); err != nil {
+			return routing.Selection{}, err
 		}
 	}
 	// Only the approximate index learns from decisions: with KV events the
 	// engine's events are the truth, and a recorded entry expiring later
 	// would drop a block the engine still holds.
 	if !r.cfg.UseKVEvents && (opts.UpdateIndexer || opts.RequestID != "") {
-		r.index.Record(r.clock(), sel.Worker, s.local)
+		r.index.Record(r.clock(), l.Worker, s.local)
 	}
 	return sel, nil
 }
@@ -516,9 +507,9 @@ func (r *Router) PotentialLoads(ctx context.Context, req Request) ([]PotentialLo
 }
 
 // Commit records request id on a worker the caller chose.
-func (r *Router) Commit(ctx context.Context, id string, worker WorkerKey, req Request) (Selection, error) {
+func (r *Router) Commit(ctx context.Context, id string, worker WorkerKey, req Request) (routing.Selection, error) {
 	if id == "" {
-		return Selection{}, ErrEmptyRequestID
+		return routing.Selection{}, ErrEmptyRequestID
 	}
 	return r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, Worker: &worker})
 }

@@ -1,7 +1,6 @@
 package localrouter
 
 import (
-	"context"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -9,17 +8,13 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 func newRouter(t *testing.T, cfg Config, workers ...string) *Router {
 	t.Helper()
@@ -61,11 +56,11 @@ func TestBestWorkerPrefersCachedPrefix(t *testing.T) {
 	r := newRouter(t, cfg, "a", "b", "c")
 	prompt := toks(64, 0)
 	storeTokens(t, r, "b", prompt[:48])
-	sel, err := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
+	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt}, BestWorkerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sel.Worker.ID != "b" || sel.OverlapBlocks != 12 {
+	if sel.WorkerID != "b" || sel.OverlapBlocks != 12 {
 		t.Errorf("BestWorker = %+v, want worker b with 12 overlap blocks", sel)
 	}
 	// A pure query changes nothing.
@@ -106,7 +101,7 @@ func TestLifecycleShiftsLoad(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.BlockSize = 4
 	r := newRouter(t, cfg, "a", "b")
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	// Two different prompts: the second goes to the idle worker.
 	s1, err := r.BestWorker(ctx, Request{Tokens: toks(40, 0)}, BestWorkerOptions{RequestID: "r1"})
 	if err != nil {
@@ -116,10 +111,10 @@ func TestLifecycleShiftsLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s1.Worker == s2.Worker {
-		t.Errorf("both requests on %v; the second should avoid the loaded worker", s1.Worker)
+	if Selected(s1) == Selected(s2) {
+		t.Errorf("both requests on %v; the second should avoid the loaded worker", Selected(s1))
 	}
-	if got := r.Active().Load(s1.Worker); got != (WorkerLoad{PrefillTokens: 40, ActiveBlocks: 10, ActiveRequests: 1}) {
+	if got := r.Active().Load(Selected(s1)); got != (WorkerLoad{PrefillTokens: 40, ActiveBlocks: 10, ActiveRequests: 1}) {
 		t.Errorf("load after add = %+v", got)
 	}
 	if err := r.MarkPrefillComplete(ctx, "r1"); err != nil {
@@ -128,7 +123,7 @@ func TestLifecycleShiftsLoad(t *testing.T) {
 	if err := r.MarkPrefillComplete(ctx, "r1"); err != nil {
 		t.Errorf("second MarkPrefillComplete: %v, want idempotent", err)
 	}
-	if got := r.Active().Load(s1.Worker); got.PrefillTokens != 0 || got.ActiveBlocks != 10 {
+	if got := r.Active().Load(Selected(s1)); got.PrefillTokens != 0 || got.ActiveBlocks != 10 {
 		t.Errorf("load after prefill = %+v, want 0 prefill, 10 blocks", got)
 	}
 	for _, id := range []string{"r1", "r2"} {
@@ -142,7 +137,7 @@ func TestLifecycleShiftsLoad(t *testing.T) {
 	if st := r.Active().Stats(); st.Requests != 0 || st.UnknownOps != 1 {
 		t.Errorf("stats = %+v, want 0 requests, 1 unknown op", st)
 	}
-	if got := r.Active().Load(s1.Worker); got != (WorkerLoad{}) {
+	if got := r.Active().Load(Selected(s1)); got != (WorkerLoad{}) {
 		t.Errorf("load after free = %+v, want zero", got)
 	}
 }
@@ -183,11 +178,11 @@ func TestTiesBrokenUniformly(t *testing.T) {
 	r := newRouter(t, DefaultConfig(), "a", "b", "c", "d")
 	counts := map[string]int{}
 	for i := 0; i < 4000; i++ {
-		sel, err := r.BestWorker(testCtx(t), Request{Tokens: toks(32, 0)}, BestWorkerOptions{})
+		sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(32, 0)}, BestWorkerOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		counts[sel.Worker.ID]++
+		counts[sel.WorkerID]++
 	}
 	for w, n := range counts {
 		if n < 800 || n > 1200 {
@@ -207,11 +202,11 @@ func TestTemperatureSamples(t *testing.T) {
 	pick := func(temp float64) map[string]int {
 		counts := map[string]int{}
 		for i := 0; i < 2000; i++ {
-			sel, err := r.BestWorker(testCtx(t), Request{Tokens: toks(64, 0)}, BestWorkerOptions{Override: &Override{RouterTemperature: &temp}})
+			sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(64, 0)}, BestWorkerOptions{Override: &routing.Override{RouterTemperature: &temp}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			counts[sel.Worker.ID]++
+			counts[sel.WorkerID]++
 		}
 		return counts
 	}
@@ -223,7 +218,7 @@ func TestTemperatureSamples(t *testing.T) {
 		t.Errorf("temperature 1: counts %v, want both chosen, the cached one more", c)
 	}
 	neg := -1.0
-	if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(8, 0)}, BestWorkerOptions{Override: &Override{RouterTemperature: &neg}}); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(8, 0)}, BestWorkerOptions{Override: &routing.Override{RouterTemperature: &neg}}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("negative temperature: %v, want ErrInvalidConfig", err)
 	}
 }
@@ -232,7 +227,7 @@ func TestBadRequests(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MinInitialWorkers = 2
 	r := newRouter(t, cfg, "a")
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	if _, err := r.BestWorker(ctx, Request{Tokens: toks(32, 0)}, BestWorkerOptions{}); !errors.Is(err, ErrNotReady) {
 		t.Errorf("below min workers: %v, want ErrNotReady", err)
 	}
@@ -274,7 +269,7 @@ func TestRemoveWorkerDropsState(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.BlockSize = 4
 	r := newRouter(t, cfg, "a", "b")
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	storeTokens(t, r, "a", toks(16, 0))
 	if _, err := r.Commit(ctx, "r1", WorkerKey{"a", 0}, Request{Tokens: toks(16, 0)}); err != nil {
 		t.Fatal(err)
@@ -295,7 +290,7 @@ func TestApproximateModeLearnsFromCommits(t *testing.T) {
 	cfg.BlockSize = 4
 	cfg.UseKVEvents = false
 	r := newRouter(t, cfg, "a", "b")
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	s1, err := r.BestWorker(ctx, Request{Tokens: toks(64, 0)}, BestWorkerOptions{RequestID: "r1"})
 	if err != nil {
 		t.Fatal(err)
@@ -305,8 +300,8 @@ func TestApproximateModeLearnsFromCommits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s2.Worker != s1.Worker || s2.OverlapBlocks != 16 {
-		t.Errorf("second request %+v, want worker %v with 16 blocks", s2, s1.Worker)
+	if Selected(s2) != Selected(s1) || s2.OverlapBlocks != 16 {
+		t.Errorf("second request %+v, want worker %v with 16 blocks", s2, Selected(s1))
 	}
 }
 
@@ -323,13 +318,13 @@ func TestRoutersCloseIndependently(t *testing.T) {
 	b.AddWorker("w", 1)
 	a.Close()
 	a.Close() // idempotent
-	if _, err := a.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{}); !errors.Is(err, ErrClosed) {
+	if _, err := a.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{}); !errors.Is(err, ErrClosed) {
 		t.Errorf("closed router: %v, want ErrClosed", err)
 	}
-	if _, err := b.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{RequestID: "x"}); err != nil {
+	if _, err := b.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{RequestID: "x"}); err != nil {
 		t.Errorf("closing a broke b: %v", err)
 	}
-	if err := b.Free(testCtx(t), "x"); err != nil {
+	if err := b.Free(testenv.Context(t), "x"); err != nil {
 		t.Errorf("b.Free: %v", err)
 	}
 }
@@ -340,7 +335,7 @@ func TestSweepExpiresRequests(t *testing.T) {
 	r, _ := New(cfg, Options{Clock: func() time.Time { return now }, SweepInterval: -1})
 	defer r.Close()
 	r.AddWorker("a", 1)
-	if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{RequestID: "r"}); err != nil {
+	if _, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{RequestID: "r"}); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(299 * time.Second)
@@ -378,10 +373,10 @@ func TestOverridesRejectNaNAndInf(t *testing.T) {
 	r := newRouter(t, DefaultConfig(), "a")
 	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -1} {
 		v := v
-		for name, o := range map[string]*Override{
+		for name, o := range map[string]*routing.Override{
 			"credit": {OverlapScoreCredit: &v}, "scale": {PrefillLoadScale: &v}, "temperature": {RouterTemperature: &v},
 		} {
-			if _, err := r.BestWorker(testCtx(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{Override: o}); !errors.Is(err, ErrInvalidConfig) {
+			if _, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 0)}, BestWorkerOptions{Override: o}); !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("%s override %v: got %v, want ErrInvalidConfig", name, v, err)
 			}
 		}
@@ -407,7 +402,7 @@ func TestUpdateIndexerIgnoredWithKVEvents(t *testing.T) {
 	defer r.Close()
 	r.AddWorker("a", 1)
 	prompt := toks(8, 0)
-	if _, err := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{UpdateIndexer: true}); err != nil {
+	if _, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt}, BestWorkerOptions{UpdateIndexer: true}); err != nil {
 		t.Fatal(err)
 	}
 	storeTokens(t, r, "a", prompt)
@@ -431,7 +426,7 @@ func TestShrinkingDPSizeDropsRanks(t *testing.T) {
 		t.Fatal(err)
 	}
 	rank1 := WorkerKey{"a", 1}
-	if _, err := r.Commit(testCtx(t), "q", rank1, Request{Tokens: toks(8, 0)}); err != nil {
+	if _, err := r.Commit(testenv.Context(t), "q", rank1, Request{Tokens: toks(8, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	r.AddWorker("a", 1)

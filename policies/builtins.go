@@ -293,7 +293,7 @@ func (d *Disaggregate) Rank(_ *Request, cands []Candidate) ([]Candidate, error) 
 		switch {
 		case c.Role == RolePrefill:
 			continue
-		case c.Role == RoleDecode && prefill != nil && c.Probe.UncachedTokens >= d.threshold:
+		case c.Role == RoleDecode && prefill != nil && c.Probe.UncachedTokens() >= d.threshold:
 			c.Prefill = prefill
 		}
 		out = append(out, c)

@@ -2,6 +2,7 @@ package policies
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -13,13 +14,11 @@ type Chain struct {
 
 // NewChain returns a chain of ps, run in order.
 func NewChain(ps ...Policy) *Chain {
-	return &Chain{policies: slices0(ps)}
+	return &Chain{policies: slices.Clone(ps)}
 }
 
-func slices0(ps []Policy) []Policy { return append([]Policy(nil), ps...) }
-
 // Policies returns the chain's policies in order.
-func (c *Chain) Policies() []Policy { return slices0(c.policies) }
+func (c *Chain) Policies() []Policy { return slices.Clone(c.policies) }
 
 // Step is one policy's answer, for explanations.
 type Step struct {

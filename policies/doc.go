@@ -4,7 +4,9 @@
 //
 // A Policy sees the request view (Request) and an immutable snapshot of the
 // candidates: per pool its probe result, health, role, weight and load
-// (Candidate). It returns them ranked, so fallbacks come free. Policies run
+// (Candidate; the probe result is a routing.Selection, from the leaf package
+// api/routing, the only kvgate package policies imports). It returns them
+// ranked, so fallbacks come free. Policies run
 // in a Chain: filters narrow the list, scorers reorder it with a stable sort,
 // and the last policy has the final word; an earlier scorer only breaks the
 // ties of a later one. The first candidate of the chain's answer is the

@@ -9,13 +9,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/policies"
 )
 
 func cand(pool string, role policies.Role, overlap, blockSize int, cost float64, uncached int) policies.Candidate {
 	return policies.Candidate{
 		Pool: pool, Role: role, Models: []string{"m"}, Weight: 1,
-		Probe: policies.Probe{WorkerID: pool + "-w", OverlapBlocks: overlap, BlockSize: blockSize, Cost: cost, UncachedTokens: uncached},
+		Probe: routing.Selection{WorkerID: pool + "-w", OverlapBlocks: overlap, BlockSize: blockSize, Cost: cost, ISL: uncached + overlap*blockSize},
 	}
 }
 

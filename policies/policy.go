@@ -3,6 +3,8 @@ package policies
 import (
 	"errors"
 	"time"
+
+	"github.com/kvgate/kvgate/api/routing"
 )
 
 // Role is what a pool's workers do.
@@ -51,36 +53,6 @@ type SLO struct {
 	ITL time.Duration
 }
 
-// Probe is what a pool's local router answered to the state-free
-// BestWorker: its best worker for the request and the terms of its cost.
-type Probe struct {
-	WorkerID string
-	DPRank   uint32
-	// Address is the worker's host:port.
-	Address string
-	// OverlapBlocks are the request's leading blocks the worker holds.
-	OverlapBlocks int
-	// RequestBlocks are the request's complete blocks at BlockSize.
-	RequestBlocks int
-	// BlockSize is the pool's KV block size in tokens.
-	BlockSize int
-	// UncachedTokens is the prompt the worker would have to prefill:
-	// ISL minus the cached tokens.
-	UncachedTokens int
-	// PrefillTokens and DecodeBlocks are the worker's potential load with
-	// this request (the local router's cost terms).
-	PrefillTokens int
-	DecodeBlocks  int
-	// Cost is the local router's cost for the worker (in blocks of
-	// BlockSize).
-	Cost float64
-	// Workers is how many (worker, dp_rank) the local router considered.
-	Workers int
-}
-
-// CachedTokens is the prompt tokens the worker already holds.
-func (p Probe) CachedTokens() int { return p.OverlapBlocks * p.BlockSize }
-
 // Health is a pool's health as the global router sees it.
 type Health struct {
 	// Routers is the number of the pool's local routers known; Available
@@ -104,8 +76,9 @@ type Candidate struct {
 	// Weight is the pool's configured weight (default 1).
 	Weight float64
 	Health Health
-	// Probe is the pool's best worker for the request.
-	Probe Probe
+	// Probe is the pool's best worker for the request: what its local
+	// router answered to the state-free BestWorker, with ISL set.
+	Probe routing.Selection
 	// Prefill is the prefill pool's candidate when the request is served
 	// disaggregated (set by Disaggregate), nil otherwise.
 	Prefill *Candidate

@@ -2,8 +2,9 @@ package policies
 
 import (
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
+	"strings"
 	"sync"
 
 	"gopkg.in/yaml.v3"
@@ -32,7 +33,7 @@ func (a Args) CheckPool(n *yaml.Node, what, name string) error {
 		return nil
 	}
 	if _, ok := slices.BinarySearch(a.PoolNames, name); !ok {
-		return Errorf(a.Chain.File, n, what, "no pool %q (pools: %s)", name, joinNames(a.PoolNames))
+		return Errorf(a.Chain.File, n, what, "no pool %q (pools: %s)", name, strings.Join(a.PoolNames, ", "))
 	}
 	return nil
 }
@@ -130,7 +131,7 @@ func (r *Registry) Build(specs []Spec, pools map[string]PoolSection, opts ...Bui
 		f, ok := r.factories[s.Name]
 		if !ok {
 			return nil, &PosError{File: s.Args.File, Line: s.Line, Column: s.Column, What: "chain",
-				Msg: fmt.Sprintf("%v %q (registered: %s)", ErrUnknownPolicy, s.Name, joinNames(sortedKeys(r.factories)))}
+				Msg: fmt.Sprintf("%v %q (registered: %s)", ErrUnknownPolicy, s.Name, strings.Join(sortedKeys(r.factories), ", "))}
 		}
 		if inChain[s.Name] {
 			return nil, &PosError{File: s.Args.File, Line: s.Line, Column: s.Column, What: "chain",
@@ -166,27 +167,11 @@ func (r *Registry) Build(specs []Spec, pools map[string]PoolSection, opts ...Bui
 
 func keyNode(s Section) *yaml.Node { return s.Node }
 
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
+// sortStrings is slices.Sort; policies/yaml.go calls it (that file is
+// moving out of the package: it goes with it).
 func sortStrings(s []string) { slices.Sort(s) }
-
-func joinNames(s []string) string {
-	out := ""
-	for i, n := range s {
-		if i > 0 {
-			out += ", "
-		}
-		out += n
-	}
-	return out
-}
 
 // RegisterBuiltins registers the built-in policies in r.
 func RegisterBuiltins(r *Registry) error {

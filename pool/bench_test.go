@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
@@ -11,7 +12,7 @@ import (
 // BenchmarkProbe is one state-free probe of a local router of 8 workers
 // over loopback gRPC, for a 2,048-token prompt.
 func BenchmarkProbe(b *testing.B) {
-	ctx := testCtx(b)
+	ctx := testenv.Context(b)
 	srv := pooltest.Start(b, "p", 16, pooltest.Workers("w", 8)...)
 	conns := pool.NewConns(pool.GRPCDialer(), pool.CircuitOptions{}, nil)
 	defer conns.Close()
@@ -27,7 +28,7 @@ func BenchmarkProbe(b *testing.B) {
 
 // BenchmarkTrack is one commit on a Track stream and its Free.
 func BenchmarkTrack(b *testing.B) {
-	ctx := testCtx(b)
+	ctx := testenv.Context(b)
 	srv := pooltest.Start(b, "p", 16, pooltest.Workers("w", 8)...)
 	conns := pool.NewConns(pool.GRPCDialer(), pool.CircuitOptions{}, nil)
 	defer conns.Close()
@@ -37,7 +38,7 @@ func BenchmarkTrack(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		tr, _, err := p.Track(ctx, "", pool.Commit{RequestID: fmt.Sprint(i), WorkerID: "w-1", Prompt: pr})
+		tr, _, err := p.Commit(ctx, "", pool.Commit{RequestID: fmt.Sprint(i), WorkerID: "w-1", Prompt: pr})
 		if err != nil {
 			b.Fatal(err)
 		}

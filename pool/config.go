@@ -52,10 +52,10 @@ type Routers struct {
 // DefaultBlockSize is the block size of a pool that sets none.
 const DefaultBlockSize = 16
 
-// New returns the configuration of an aggregated pool serving models whose
+// NewConfig returns the configuration of an aggregated pool serving models whose
 // local routers listen at addrs, with defaults for everything else: the
 // Go-side constructor for configurations built in code.
-func New(name string, blockSize int, models []string, addrs ...string) Config {
+func NewConfig(name string, blockSize int, models []string, addrs ...string) Config {
 	c := Config{Name: name, Role: policies.RoleAggregated, Models: models, BlockSize: blockSize,
 		Routers: Routers{Static: addrs}}
 	c.Defaults()

@@ -94,7 +94,7 @@ func TestDecodeConfigs(t *testing.T) {
 }
 
 func TestNew(t *testing.T) {
-	c := pool.New("pool-a", 0, []string{"m"}, "127.0.0.1:7101")
+	c := pool.NewConfig("pool-a", 0, []string{"m"}, "127.0.0.1:7101")
 	if err := c.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}

@@ -24,7 +24,7 @@ type Conns struct {
 // conn is one local router's client, its circuit and its references.
 type conn struct {
 	addr    string
-	r       Router
+	r       Client
 	circuit *circuit
 	refs    int // guarded by Conns.mu
 }

@@ -5,6 +5,16 @@
 // streams of requests placed in the pool, local-router discovery in etcd,
 // and health with a circuit per local router.
 //
+// A Client is one local router's client (GRPCDialer wraps
+// localrouter/client, the project's one client of that service): Probe,
+// and CommitAsync, the pipelined commit. A Pool picks a router and adds
+// the circuits: Pool.Probe, Pool.CommitAsync (returns once the commit is
+// sent; the answer goes to a listener) and Pool.Commit (waits, within the
+// request's context, for the answer). Answers are routing.Selection
+// (api/routing), the type every floor of the request path shares; a
+// Tracker's stream outlives the request's context and frees the request on
+// the local router when it is freed or breaks.
+//
 // # Concurrency and ownership
 //
 // A Pool is safe for concurrent use. Its list of local routers is an

@@ -42,7 +42,7 @@ func TestTrackConnectingBoundedByContext(t *testing.T) {
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	tr, err := r.Track(ctx, pool.Commit{RequestID: "r", WorkerID: "w", Prompt: pool.Prompt{Tokens: []uint32{1, 2, 3}, BlockSize: 16, ISL: 3}}, nil)
+	tr, err := r.CommitAsync(ctx, pool.Commit{RequestID: "r", WorkerID: "w", Prompt: pool.Prompt{Tokens: []uint32{1, 2, 3}, BlockSize: 16, ISL: 3}}, nil)
 	if err == nil {
 		_ = tr.Free(context.Background())
 		t.Fatal("Track on a blackholed router succeeded")

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter/discovery"
 	"github.com/kvgate/kvgate/policies"
@@ -178,10 +179,10 @@ func (e *ProbeError) Unwrap() error { return e.Err }
 // probe timeout. A router that fails or times out has its circuit opened;
 // when every circuit is open the error wraps ErrCircuitOpen and nothing is
 // sent.
-func (p *Pool) Probe(ctx context.Context, pr Prompt) (Selection, error) {
+func (p *Pool) Probe(ctx context.Context, pr Prompt) (routing.Selection, error) {
 	c, err := p.pick("")
 	if err != nil {
-		return Selection{}, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
+		return routing.Selection{}, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, p.timeout)
 	sel, err := c.r.Probe(pctx, pr)
@@ -198,14 +199,14 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (Selection, error) {
 			pe.Backoff = c.circuit.failure()
 			p.log.Warn("local router probe failed; circuit opened", "router", c.addr, "backoff", pe.Backoff, "err", err)
 		}
-		return Selection{}, pe
+		return routing.Selection{}, pe
 	}
 	c.circuit.success()
 	sel.Router = c.addr
 	if sel.Address == "" {
 		// The worker is leaving (its etcd key is gone, the router has not
 		// dropped it yet): routing there would send Envoy nowhere.
-		return Selection{}, &ProbeError{Pool: p.cfg.Name, Router: c.addr,
+		return routing.Selection{}, &ProbeError{Pool: p.cfg.Name, Router: c.addr,
 			Err: fmt.Errorf("worker %s/%d has no address (leaving the pool)", sel.WorkerID, sel.DPRank)}
 	}
 	return sel, nil
@@ -222,19 +223,20 @@ func requestFault(err error) bool {
 	return false
 }
 
-// Commit commits a request on the pool, through the router at routerAddr
-// when it is still there (the one that answered the probe), and returns
-// its lifecycle stream once the commit is sent, without waiting for the
-// router's answer: committed (nil: nobody listens) is called once, from
-// another goroutine, with the answer (see Router.Track). The Tracker must
-// be freed, a refused commit's too. An error means nothing was committed.
-func (p *Pool) Commit(ctx context.Context, routerAddr string, cm Commit, committed func(Selection, error)) (Tracker, error) {
+// CommitAsync commits a request on the pool, through the router at
+// routerAddr when it is still there (the one that answered the probe), and
+// returns its lifecycle stream once the commit is sent, without waiting
+// for the router's answer: committed (nil: nobody listens) is called once,
+// from another goroutine, with the answer (see Client.CommitAsync). The
+// Tracker must be freed, a refused commit's too. An error means nothing
+// was committed.
+func (p *Pool) CommitAsync(ctx context.Context, routerAddr string, cm Commit, committed func(routing.Selection, error)) (Tracker, error) {
 	c, picked, err := p.pickForCommit(routerAddr)
 	if err != nil {
 		return nil, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
 	}
 	p.conns.ref(c)
-	t, err := c.r.Track(ctx, cm, func(sel Selection, err error) {
+	t, err := c.r.CommitAsync(ctx, cm, func(sel routing.Selection, err error) {
 		if committed == nil {
 			return
 		}
@@ -262,28 +264,29 @@ func (p *Pool) Commit(ctx context.Context, routerAddr string, cm Commit, committ
 	return &tracker{Tracker: t, release: func() { p.conns.release(c) }}, nil
 }
 
-// Track is Commit waiting for the router's answer: it returns the
-// worker's selection, or the refusal (nothing is then left open).
-func (p *Pool) Track(ctx context.Context, routerAddr string, cm Commit) (Tracker, Selection, error) {
+// Commit is CommitAsync waiting, within ctx, for the router's answer: it
+// returns the worker's selection, or the refusal (nothing is then left
+// open). The stream still outlives ctx, until the Tracker is freed.
+func (p *Pool) Commit(ctx context.Context, routerAddr string, cm Commit) (Tracker, routing.Selection, error) {
 	type answer struct {
-		sel Selection
+		sel routing.Selection
 		err error
 	}
 	ch := make(chan answer, 1)
-	t, err := p.Commit(ctx, routerAddr, cm, func(sel Selection, err error) { ch <- answer{sel, err} })
+	t, err := p.CommitAsync(ctx, routerAddr, cm, func(sel routing.Selection, err error) { ch <- answer{sel, err} })
 	if err != nil {
-		return nil, Selection{}, err
+		return nil, routing.Selection{}, err
 	}
 	select {
 	case a := <-ch:
 		if a.err != nil {
 			_ = t.Free(ctx) // the stream has ended: releases the client
-			return nil, Selection{}, a.err
+			return nil, routing.Selection{}, a.err
 		}
 		return t, a.sel, nil
 	case <-ctx.Done():
 		_ = t.Free(ctx) // closes the stream, which frees the request
-		return nil, Selection{}, ctx.Err()
+		return nil, routing.Selection{}, ctx.Err()
 	}
 }
 

@@ -1,7 +1,6 @@
 package pool_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter/discovery"
@@ -54,17 +54,11 @@ func prompt(t *testing.T, toks []uint32, bs int) pool.Prompt {
 	return pool.Prompt{Hashes: h, BlockSize: bs, ISL: len(toks), Tokens: toks}
 }
 
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // open opens a pool over static routers with a generous probe timeout:
 // these tests are about behaviour, not speed.
 func open(t *testing.T, conns *pool.Conns, name string, addrs ...string) *pool.Pool {
 	t.Helper()
-	p, err := pool.Open(pool.New(name, 16, []string{"m"}, addrs...), pool.Options{Conns: conns, ProbeTimeout: 10 * time.Second})
+	p, err := pool.Open(pool.NewConfig(name, 16, []string{"m"}, addrs...), pool.Options{Conns: conns, ProbeTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -85,7 +79,7 @@ func newConns(t *testing.T, clk *clock) *pool.Conns {
 }
 
 func TestProbeAndTrack(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 3)...)
 	toks := tokens(100, 1)
 	srv.Store(t, "w-1", toks[:64])
@@ -96,7 +90,7 @@ func TestProbeAndTrack(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Probe: %v", err)
 	}
-	if sel.WorkerID != "w-1" || sel.OverlapBlocks != 4 || sel.RequestBlocks != 6 || sel.BlockSize != 16 || sel.Workers != 3 || sel.Router != srv.Addr {
+	if sel.WorkerID != "w-1" || sel.OverlapBlocks != 4 || sel.RequestBlocks != 6 || sel.BlockSize != 16 || sel.Candidates != 3 || sel.Router != srv.Addr {
 		t.Errorf("Probe = %+v, want w-1 with 4/6 blocks of 16 out of 3 workers via %s", sel, srv.Addr)
 	}
 	if sel.Address == "" {
@@ -106,7 +100,7 @@ func TestProbeAndTrack(t *testing.T) {
 		t.Fatalf("a probe changed state: %d active requests, want 0", n)
 	}
 
-	tr, csel, err := p.Track(ctx, sel.Router, pool.Commit{RequestID: "r1", WorkerID: "w-2", Prompt: prompt(t, toks, 16)})
+	tr, csel, err := p.Commit(ctx, sel.Router, pool.Commit{RequestID: "r1", WorkerID: "w-2", Prompt: prompt(t, toks, 16)})
 	if err != nil {
 		t.Fatalf("Track: %v", err)
 	}
@@ -140,26 +134,26 @@ func TestProbeAndTrack(t *testing.T) {
 		t.Errorf("Probe of a 5-token prompt: %v", err)
 	}
 	// Unknown worker: the commit is refused and nothing leaks.
-	if _, _, err := p.Track(ctx, "", pool.Commit{RequestID: "r2", WorkerID: "nope", Prompt: prompt(t, toks, 16)}); err == nil || !strings.Contains(err.Error(), "UNKNOWN_WORKER") && !strings.Contains(err.Error(), "unknown worker") {
+	if _, _, err := p.Commit(ctx, "", pool.Commit{RequestID: "r2", WorkerID: "nope", Prompt: prompt(t, toks, 16)}); err == nil || !strings.Contains(err.Error(), "UNKNOWN_WORKER") && !strings.Contains(err.Error(), "unknown worker") {
 		t.Errorf("Track on an unknown worker: got %v, want unknown worker", err)
 	}
 	// Pipelined: Commit returns before the answer, which comes to the
 	// listener; a refused commit's tracker still frees.
 	answers := make(chan error, 2)
-	listen := func(sel pool.Selection, err error) {
+	listen := func(sel routing.Selection, err error) {
 		if err == nil && sel.Router != srv.Addr {
 			err = fmt.Errorf("answer from %q, want %q", sel.Router, srv.Addr)
 		}
 		answers <- err
 	}
-	ok, err := p.Commit(ctx, sel.Router, pool.Commit{RequestID: "r3", WorkerID: "w-0", Prompt: prompt(t, toks, 16)}, listen)
+	ok, err := p.CommitAsync(ctx, sel.Router, pool.Commit{RequestID: "r3", WorkerID: "w-0", Prompt: prompt(t, toks, 16)}, listen)
 	if err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
 	if err := <-answers; err != nil {
 		t.Errorf("Commit answer: %v", err)
 	}
-	bad, err := p.Commit(ctx, sel.Router, pool.Commit{RequestID: "r4", WorkerID: "nope", Prompt: prompt(t, toks, 16)}, listen)
+	bad, err := p.CommitAsync(ctx, sel.Router, pool.Commit{RequestID: "r4", WorkerID: "nope", Prompt: prompt(t, toks, 16)}, listen)
 	if err != nil {
 		t.Fatalf("Commit on an unknown worker: got %v, want the refusal on the listener", err)
 	}
@@ -178,11 +172,11 @@ func TestProbeAndTrack(t *testing.T) {
 }
 
 func TestTrackStreamBreakFrees(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 2)...)
 	conns := newConns(t, nil)
 	p := open(t, conns, "p", srv.Addr)
-	tr, _, err := p.Track(ctx, "", pool.Commit{RequestID: "r1", WorkerID: "w-0", Prompt: prompt(t, tokens(40, 1), 16)})
+	tr, _, err := p.Commit(ctx, "", pool.Commit{RequestID: "r1", WorkerID: "w-0", Prompt: prompt(t, tokens(40, 1), 16)})
 	if err != nil {
 		t.Fatalf("Track: %v", err)
 	}
@@ -210,7 +204,7 @@ func TestTrackStreamBreakFrees(t *testing.T) {
 }
 
 func TestCircuit(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	clk := &clock{now: time.Unix(1000, 0)}
 	workers := pooltest.Workers("w", 2)
 	srv := pooltest.Start(t, "p", 16, workers...)
@@ -274,7 +268,7 @@ func TestCircuit(t *testing.T) {
 // close or reopen the circuit, never leave it half-open with the trial
 // taken (which would refuse the router for good).
 func TestCommitEndsHalfOpenTrial(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	clk := &clock{now: time.Unix(1000, 0)}
 	workers := pooltest.Workers("w", 2)
 	srv := pooltest.Start(t, "p", 16, workers...)
@@ -292,7 +286,7 @@ func TestCommitEndsHalfOpenTrial(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() (string, bool) {
 		clk.Advance(20 * time.Second)
 		n++
-		tr, _, err := p.Track(ctx, "", pool.Commit{RequestID: fmt.Sprint("r", n), WorkerID: workers[0].ID, Prompt: pr})
+		tr, _, err := p.Commit(ctx, "", pool.Commit{RequestID: fmt.Sprint("r", n), WorkerID: workers[0].ID, Prompt: pr})
 		if err != nil {
 			return testenv.Errorf("pinned commit: %v", err)
 		}
@@ -311,7 +305,7 @@ func TestCommitEndsHalfOpenTrial(t *testing.T) {
 // malformed (here: hashes for another block size) is up; its circuit stays
 // closed for everyone else.
 func TestRequestFaultKeepsCircuitClosed(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 2)...)
 	p := open(t, newConns(t, &clock{now: time.Unix(1000, 0)}), "p", srv.Addr)
 	if _, err := p.Probe(ctx, prompt(t, tokens(64, 1), 32)); err == nil {
@@ -337,7 +331,7 @@ func TestNoRouters(t *testing.T) {
 }
 
 func TestEtcdDiscovery(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	_, cli := testenv.StartEtcd(t)
 	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 2)...)
 	conns := newConns(t, nil)
@@ -387,7 +381,7 @@ func TestEtcdDiscovery(t *testing.T) {
 }
 
 func openB(b *testing.B, conns *pool.Conns, addr string) *pool.Pool {
-	p, err := pool.Open(pool.New("p", 16, []string{"m"}, addr), pool.Options{Conns: conns, ProbeTimeout: time.Second})
+	p, err := pool.Open(pool.NewConfig("p", 16, []string{"m"}, addr), pool.Options{Conns: conns, ProbeTimeout: time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}

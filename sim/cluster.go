@@ -191,7 +191,7 @@ func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*w
 			if err != nil {
 				return nil, err
 			}
-			return pools[0].byKey[sel.Worker], nil
+			return pools[0].byKey[localrouter.Selected(sel)], nil
 		}
 		// Several pools: probe each with a state-free BestWorker and let
 		// the global router's cost policy (policies.Cost: lowest cost
@@ -204,15 +204,13 @@ func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*w
 				return nil, err
 			}
 			byPool[p.name] = p
+			// The candidate's arithmetic (cached and uncached tokens) is
+			// routing.Selection's, as in the global router.
+			sel.ISL = r.wl.reqs[idx].InputLength
 			cands = append(cands, policies.Candidate{
 				Pool: p.name, Role: policies.RoleAggregated, Weight: 1,
 				Health: policies.Health{Routers: 1, Available: 1},
-				Probe: policies.Probe{
-					WorkerID: sel.Worker.ID, DPRank: sel.Worker.DPRank,
-					OverlapBlocks: sel.OverlapBlocks, RequestBlocks: sel.RequestBlocks, BlockSize: r.cfg.BlockSize,
-					UncachedTokens: max(0, r.wl.reqs[idx].InputLength-sel.OverlapBlocks*r.cfg.BlockSize),
-					PrefillTokens:  sel.PrefillTokens, DecodeBlocks: sel.DecodeBlocks, Cost: sel.Cost, Workers: sel.Candidates,
-				},
+				Probe:  sel,
 			})
 		}
 		ranked, err := r.poolChain.Rank(&policies.Request{ID: id, ISL: r.wl.reqs[idx].InputLength}, cands, nil)

@@ -33,9 +33,6 @@ func commands() []command {
 	}
 }
 
-// errNotBuilt is returned by subcommands whose package has not landed yet.
-var errNotBuilt = errors.New("this subcommand is not built yet")
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 func setHeader(key, value, raw string, app *bool) *corev3.HeaderValueOption {
@@ -65,7 +67,7 @@ func TestRawValueBothWays(t *testing.T) {
 			f, conn := startFake(t, onRequestHeaders(common(withMutation(&extprocv3.HeaderMutation{
 				SetHeaders: []*corev3.HeaderValueOption{tt.set}}))))
 			c := newClient(t, conn, Config{})
-			res, err := c.Process(testCtx(t), getRequest())
+			res, err := c.Process(testenv.Context(t), getRequest())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +115,7 @@ func TestAppendSemantics(t *testing.T) {
 			c := newClient(t, conn, Config{})
 			req := getRequest()
 			req.Headers.Add("x-tag", "old")
-			res, err := c.Process(testCtx(t), req)
+			res, err := c.Process(testenv.Context(t), req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +158,7 @@ func TestClearRouteCache(t *testing.T) {
 			c := newClient(t, conn, Config{DisableClearRouteCache: tt.disable})
 			req := getRequest()
 			req.Upstream = upstreamOK("x")
-			res, err := c.Process(testCtx(t), req)
+			res, err := c.Process(testenv.Context(t), req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -197,7 +199,7 @@ func TestDynamicMetadataReceivingNamespaces(t *testing.T) {
 				return pass(req)
 			})
 			c := newClient(t, conn, Config{ReceivingNamespaces: tt.receiving})
-			res, err := c.Process(testCtx(t), getRequest())
+			res, err := c.Process(testenv.Context(t), getRequest())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -240,7 +242,7 @@ func TestFullDuplexNoTimerNoFailOpen(t *testing.T) {
 			return []*extprocv3.ProcessingResponse{reqHeadersResp(common()), reqBodyResp(streamed(body, true))}, nil
 		})
 		c := newClient(t, conn, Config{ProcessingMode: fdsReq, MessageTimeout: time.Millisecond})
-		res, err := c.Process(testCtx(t), postRequest("ab", "cd"))
+		res, err := c.Process(testenv.Context(t), postRequest("ab", "cd"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,7 +261,7 @@ func TestFullDuplexNoTimerNoFailOpen(t *testing.T) {
 			return nil, nil
 		})
 		c := newClient(t, conn, Config{ProcessingMode: fdsReq, FailureModeAllow: true})
-		res, err := c.Process(testCtx(t), postRequest("ab"))
+		res, err := c.Process(testenv.Context(t), postRequest("ab"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,7 +272,7 @@ func TestFullDuplexNoTimerNoFailOpen(t *testing.T) {
 	t.Run("message timer runs outside FULL_DUPLEX_STREAMED", func(t *testing.T) {
 		_, conn := startFake(t, func(*extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) { return nil, nil })
 		c := newClient(t, conn, Config{MessageTimeout: time.Millisecond})
-		res, err := c.Process(testCtx(t), getRequest())
+		res, err := c.Process(testenv.Context(t), getRequest())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +327,7 @@ func TestContentLength(t *testing.T) {
 				return nil, nil
 			})
 			c := newClient(t, conn, Config{ProcessingMode: tt.mode})
-			res, err := c.Process(testCtx(t), postRequest("abcd"))
+			res, err := c.Process(testenv.Context(t), postRequest("abcd"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -401,7 +403,7 @@ func TestCloseAndErrors(t *testing.T) {
 			c := newClient(t, conn, tt.cfg)
 			req := postRequest("abcd")
 			req.Upstream = upstreamOK("ok")
-			res, err := c.Process(testCtx(t), req)
+			res, err := c.Process(testenv.Context(t), req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -440,7 +442,7 @@ func TestBodyWaitsForHeaderReply(t *testing.T) {
 				return nil, nil // never answer the request headers
 			})
 			c := newClient(t, conn, Config{ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: bm}})
-			ctx := testCtx(t)
+			ctx := testenv.Context(t)
 			s := c.Open(ctx, nil)
 			defer s.Close()
 			req := postRequest("ab")
@@ -472,7 +474,7 @@ func TestBodyWaitsForHeaderReply(t *testing.T) {
 		c := newClient(t, conn, Config{ProcessingMode: m})
 		req := postRequest("ab")
 		req.Trailers = Headers{{"x-t", "1"}}
-		if _, err := c.Process(testCtx(t), req); err != nil {
+		if _, err := c.Process(testenv.Context(t), req); err != nil {
 			t.Fatal(err)
 		}
 		if diff := cmp.Diff([]string{"request_headers", "request_body:ab", "request_trailers"}, kinds(f.got())); diff != "" {
@@ -511,7 +513,7 @@ func TestMutationRules(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, conn := startFake(t, onRequestHeaders(common(withMutation(tt.mut))))
 			c := newClient(t, conn, Config{MutationRules: tt.rules})
-			res, err := c.Process(testCtx(t), getRequest())
+			res, err := c.Process(testenv.Context(t), getRequest())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -562,7 +564,7 @@ func TestStreamedBodyReplies(t *testing.T) {
 		m.RequestBodyMode = extprocfilterv3.ProcessingMode_STREAMED
 		m.ResponseHeaderMode = extprocfilterv3.ProcessingMode_SKIP
 	})})
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	s := c.Open(ctx, nil)
 	defer s.Close()
 	if err := s.SendRequestHeaders(ctx, postRequest("abcd").Headers, false); err != nil {
@@ -611,7 +613,7 @@ func TestImmediateResponse(t *testing.T) {
 		req.Upstream = func(context.Context, *Message) (*Message, error) {
 			return nil, errors.New("upstream must not be called")
 		}
-		res, err := c.Process(testCtx(t), req)
+		res, err := c.Process(testenv.Context(t), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -640,7 +642,7 @@ func TestImmediateResponse(t *testing.T) {
 		c := newClient(t, conn, Config{ProcessingMode: fdsBoth})
 		req := getRequest()
 		req.Upstream = upstreamOK("x")
-		res, err := c.Process(testCtx(t), req)
+		res, err := c.Process(testenv.Context(t), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -651,7 +653,7 @@ func TestImmediateResponse(t *testing.T) {
 	t.Run("disable_immediate_response makes it spurious", func(t *testing.T) {
 		_, conn := startFake(t, func(*extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) { return one(ir), nil })
 		c := newClient(t, conn, Config{DisableImmediateResponse: true})
-		res, err := c.Process(testCtx(t), getRequest())
+		res, err := c.Process(testenv.Context(t), getRequest())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -702,7 +704,7 @@ func TestSpuriousMessages(t *testing.T) {
 				return one(tt.reply(r)), nil
 			})
 			c := newClient(t, conn, Config{ProcessingMode: tt.mode, FailureModeAllow: tt.failOpen})
-			res, err := c.Process(testCtx(t), postRequest("ab"))
+			res, err := c.Process(testenv.Context(t), postRequest("ab"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -726,7 +728,7 @@ func TestContinueAndReplace(t *testing.T) {
 		BodyMutation:   &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: []byte("new")}},
 	}))
 	c := newClient(t, conn, Config{})
-	res, err := c.Process(testCtx(t), getRequest())
+	res, err := c.Process(testenv.Context(t), getRequest())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -741,7 +743,7 @@ func TestBufferLimit(t *testing.T) {
 	c := newClient(t, conn, Config{BufferLimit: 3, ProcessingMode: mode(func(m *extprocfilterv3.ProcessingMode) {
 		m.RequestBodyMode = extprocfilterv3.ProcessingMode_BUFFERED
 	})})
-	res, err := c.Process(testCtx(t), postRequest("ab", "cd"))
+	res, err := c.Process(testenv.Context(t), postRequest("ab", "cd"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -766,7 +768,7 @@ func TestModeOverride(t *testing.T) {
 			c := newClient(t, conn, Config{AllowModeOverride: allow, ProcessingMode: mode(func(m *extprocfilterv3.ProcessingMode) {
 				m.ResponseHeaderMode = extprocfilterv3.ProcessingMode_SKIP
 			})})
-			ctx := testCtx(t)
+			ctx := testenv.Context(t)
 			s := c.Open(ctx, nil)
 			defer s.Close()
 			if err := s.SendRequestHeaders(ctx, postRequest("ab").Headers, false); err != nil {
@@ -810,7 +812,7 @@ func TestOverrideMessageTimeout(t *testing.T) {
 		}}, nil
 	})
 	c := newClient(t, conn, Config{MessageTimeout: time.Hour, MaxMessageTimeout: time.Hour})
-	res, err := c.Process(testCtx(t), getRequest())
+	res, err := c.Process(testenv.Context(t), getRequest())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -826,7 +828,7 @@ func TestUnreachableServer(t *testing.T) {
 	conn.Close()
 	for _, failOpen := range []bool{false, true} {
 		c := newClient(t, conn, Config{FailureModeAllow: failOpen})
-		res, err := c.Process(testCtx(t), getRequest())
+		res, err := c.Process(testenv.Context(t), getRequest())
 		if err != nil {
 			t.Fatal(err)
 		}

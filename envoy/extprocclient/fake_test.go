@@ -8,7 +8,6 @@ import (
 	"net"
 	"sync"
 	"testing"
-	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -122,13 +121,6 @@ func newClient(t *testing.T, conn grpc.ClientConnInterface, cfg Config) *Client 
 		t.Fatal(err)
 	}
 	return c
-}
-
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // --- reply builders ---

@@ -9,6 +9,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // TestProcessingModes checks, per processing mode, the messages the server
@@ -136,7 +138,7 @@ func TestProcessingModes(t *testing.T) {
 			c := newClient(t, conn, Config{ProcessingMode: tt.mode})
 			req := tt.req
 			req.Upstream = upstreamOK(tt.upstream...)
-			res, err := c.Process(testCtx(t), req)
+			res, err := c.Process(testenv.Context(t), req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -176,7 +178,7 @@ func TestFirstMessageFields(t *testing.T) {
 		"not.forward": {"k": "v"},
 	})
 	req.Upstream = upstreamOK("x")
-	if _, err := c.Process(testCtx(t), req); err != nil {
+	if _, err := c.Process(testenv.Context(t), req); err != nil {
 		t.Fatal(err)
 	}
 	msgs := f.got()
@@ -205,7 +207,7 @@ func TestStreamCancelledOnEnd(t *testing.T) {
 	c := newClient(t, conn, Config{})
 	req := getRequest()
 	req.Upstream = upstreamOK("x")
-	if _, err := c.Process(testCtx(t), req); err != nil {
+	if _, err := c.Process(testenv.Context(t), req); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -213,7 +215,7 @@ func TestStreamCancelledOnEnd(t *testing.T) {
 		if code := grpcCode(err); code != "Canceled" {
 			t.Errorf("server saw %v, want Canceled", err)
 		}
-	case <-testCtx(t).Done():
+	case <-testenv.Context(t).Done():
 		t.Fatal("server never saw the stream end")
 	}
 }
@@ -232,7 +234,7 @@ func TestHeldChunksGoAsOne(t *testing.T) {
 		m.RequestBodyMode = extprocfilterv3.ProcessingMode_STREAMED
 		m.ResponseHeaderMode = extprocfilterv3.ProcessingMode_SKIP
 	})})
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	s := c.Open(ctx, nil)
 	defer s.Close()
 	for _, err := range []error{
@@ -269,7 +271,7 @@ func TestHeldChunksGoAsOne(t *testing.T) {
 func TestCloseIsNotAServerError(t *testing.T) {
 	_, conn := startFake(t, passAll(fdsBoth))
 	c := newClient(t, conn, Config{ProcessingMode: fdsBoth})
-	ctx := testCtx(t)
+	ctx := testenv.Context(t)
 	const workers, exchanges = 8, 50
 	errs := make(chan error, workers)
 	for range workers {
@@ -305,7 +307,7 @@ func TestCloseIsNotAServerError(t *testing.T) {
 func TestReceiveErrorAfterContextEnd(t *testing.T) {
 	_, conn := startFake(t, passAll(fdsBoth))
 	c := newClient(t, conn, Config{ProcessingMode: fdsBoth})
-	s := c.Open(testCtx(t), nil)
+	s := c.Open(testenv.Context(t), nil)
 	s.Close() // the loop has ended: its state is the test's now
 	s.onRecv(recvItem{err: status.FromContextError(context.Canceled).Err()})
 	if lr := s.Info().LocalReply; lr != nil {

@@ -226,7 +226,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			}
 			p.Workers = append(p.Workers, w)
 		}
-		pc := pool.New(ps.Name, cfg.BlockSize, []string{cfg.Model})
+		pc := pool.NewConfig(ps.Name, cfg.BlockSize, []string{cfg.Model})
 		pc.Routers = pool.Routers{Etcd: true}
 		pools = append(pools, pc)
 	}

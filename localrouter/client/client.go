@@ -1,8 +1,17 @@
 // Package client is the Go client of a pool's local router service
-// (api/localrouter/v1): the same calls as localrouter.Router over gRPC, a
-// Track handle for a request's lifecycle, and Generate, which routes a
-// prompt, runs it on the chosen worker's OpenAI-compatible /v1/completions
-// and tracks it (Dynamo's KvRouter.generate).
+// (api/localrouter/v1), and the project's only one (package pool wraps
+// it): the same calls as localrouter.Router over gRPC, a Track handle for
+// a request's lifecycle, and Generate, which routes a prompt, runs it on
+// the chosen worker's OpenAI-compatible /v1/completions and tracks it
+// (Dynamo's KvRouter.generate). Answers are routing.Selection
+// (api/routing); overrides routing.Override.
+//
+// Three commits, named for what they wait for: Commit records a placed
+// request and waits for the answer (no stream: Free it or it expires);
+// Track does the same over a lifecycle stream bound to its context; and
+// CommitAsync sends the commit on a lifecycle stream without waiting (the
+// pipelined commit the global router uses: its answer goes to a listener,
+// the stream outlives the context and ends with AsyncTracker.Free).
 //
 // The four ways to use it (DESIGN.md §9) are the package examples:
 // automatic routing (Generate), manual lifecycle (BestWorker with a request
@@ -24,6 +33,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 )
@@ -35,9 +45,11 @@ var (
 
 // Client calls one local router. Safe for concurrent use.
 type Client struct {
-	conn *grpc.ClientConn // nil when the caller owns the connection
-	rpc  localrouterv1.LocalRouterClient
-	http *http.Client
+	conn   *grpc.ClientConn // nil when the caller owns the connection
+	state  connState        // the connection's state, when it tells it
+	target string           // for errors
+	rpc    localrouterv1.LocalRouterClient
+	http   *http.Client
 }
 
 // Option configures a Client.
@@ -67,13 +79,17 @@ func Dial(target string, dialOpts []grpc.DialOption, opts ...Option) (*Client, e
 		return nil, fmt.Errorf("local router %s: %w", target, err)
 	}
 	c := New(conn, opts...)
-	c.conn = conn
+	c.conn, c.target = conn, target
 	return c, nil
 }
 
 // New returns a Client over a connection the caller owns.
 func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
 	c := &Client{rpc: localrouterv1.NewLocalRouterClient(conn), http: http.DefaultClient}
+	c.state, _ = conn.(connState)
+	if cc, ok := conn.(*grpc.ClientConn); ok {
+		c.target = cc.Target()
+	}
 	for _, o := range opts {
 		o(c)
 	}
@@ -109,37 +125,43 @@ func HashPrompt(hashes []uint64, blockSize int) Prompt {
 	return Prompt{BlockHashes: hashes, BlockSize: blockSize}
 }
 
+// proto is the wire prompt: the hashes when there are some (the router
+// prefers them), else the tokens.
 func (p Prompt) proto() *localrouterv1.Prompt {
-	return &localrouterv1.Prompt{
-		TokenIds: p.Tokens, BlockHashes: p.BlockHashes, BlockSize: uint32(p.BlockSize),
+	out := &localrouterv1.Prompt{
+		BlockHashes: p.BlockHashes, BlockSize: uint32(p.BlockSize),
 		IslTokens: uint32(p.ISL), LoraName: p.LoRAName,
 	}
+	if len(p.BlockHashes) == 0 {
+		out.TokenIds = p.Tokens
+	}
+	return out
 }
 
-// Selection is a worker chosen for a request and the terms of its cost.
-type Selection struct {
-	Worker localrouter.WorkerKey
-	// Address is the worker's HTTP endpoint, host:port.
-	Address       string
-	OverlapBlocks int
-	RequestBlocks int
-	// PrefillTokens and DecodeBlocks are the worker's potential load with
-	// this request.
-	PrefillTokens int
-	DecodeBlocks  int
-	Cost          float64
-	Candidates    int
-	// BlockSize is the pool's block size.
-	BlockSize int
+// isl is the prompt length the router will assume (see Prompt.ISL).
+func (p Prompt) isl() int {
+	switch {
+	case p.ISL > 0:
+		return p.ISL
+	case len(p.BlockHashes) > 0:
+		return len(p.BlockHashes) * p.BlockSize
+	}
+	return len(p.Tokens)
 }
 
-func selection(s *localrouterv1.Selection) Selection {
-	return Selection{
-		Worker: localrouter.WorkerKey{ID: s.GetWorkerId(), DPRank: s.GetDpRank()}, Address: s.GetAddress(),
+// selection converts the wire answer; isl is the prompt length the caller
+// sent (the answer does not repeat it).
+func selection(s *localrouterv1.Selection, isl int) routing.Selection {
+	out := routing.Selection{
+		WorkerID: s.GetWorkerId(), DPRank: s.GetDpRank(), Address: s.GetAddress(),
 		OverlapBlocks: int(s.GetOverlapBlocks()), RequestBlocks: int(s.GetRequestBlocks()),
 		PrefillTokens: int(s.GetPotentialPrefillTokens()), DecodeBlocks: int(s.GetPotentialDecodeBlocks()),
-		Cost: s.GetCost(), Candidates: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()),
+		Cost: s.GetCost(), Candidates: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()), ISL: isl,
 	}
+	if out.ISL == 0 {
+		out.ISL = out.RequestBlocks * out.BlockSize
+	}
+	return out
 }
 
 // BestWorkerOptions select what BestWorker does besides choosing.
@@ -151,10 +173,10 @@ type BestWorkerOptions struct {
 	// UpdateIndexer records the choice in the approximate index.
 	UpdateIndexer bool
 	// Override changes cost parameters for this request.
-	Override *localrouter.Override
+	Override *routing.Override
 }
 
-func overrideProto(o *localrouter.Override) *localrouterv1.ConfigOverride {
+func overrideProto(o *routing.Override) *localrouterv1.ConfigOverride {
 	if o == nil {
 		return nil
 	}
@@ -164,14 +186,14 @@ func overrideProto(o *localrouter.Override) *localrouterv1.ConfigOverride {
 }
 
 // BestWorker asks the router for the best worker for p.
-func (c *Client) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions) (Selection, error) {
+func (c *Client) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions) (routing.Selection, error) {
 	r, err := c.rpc.BestWorker(ctx, &localrouterv1.BestWorkerRequest{
 		Prompt: p.proto(), ConfigOverride: overrideProto(o.Override), RequestId: o.RequestID, UpdateIndexer: o.UpdateIndexer,
 	})
 	if err != nil {
-		return Selection{}, fromStatus(err)
+		return routing.Selection{}, fromStatus(err)
 	}
-	return selection(r.GetSelection()), nil
+	return selection(r.GetSelection(), p.isl()), nil
 }
 
 // PotentialLoad is one worker rank's load if the prompt were placed there.
@@ -201,13 +223,16 @@ func commitProto(id string, worker localrouter.WorkerKey, p Prompt) *localrouter
 	return &localrouterv1.CommitRequest{RequestId: id, WorkerId: worker.ID, DpRank: worker.DPRank, Prompt: p.proto()}
 }
 
-// Commit records request id, placed by the caller on worker.
-func (c *Client) Commit(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt) (Selection, error) {
+// Commit records request id, placed by the caller on worker, and waits for
+// the router's answer. No stream is opened: the caller frees the request
+// (Free) or it expires. Track is the same commit with a lifecycle stream;
+// CommitAsync the pipelined one.
+func (c *Client) Commit(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt) (routing.Selection, error) {
 	r, err := c.rpc.Commit(ctx, commitProto(id, worker, p))
 	if err != nil {
-		return Selection{}, fromStatus(err)
+		return routing.Selection{}, fromStatus(err)
 	}
-	return selection(r.GetSelection()), nil
+	return selection(r.GetSelection(), p.isl()), nil
 }
 
 // MarkPrefillComplete marks request id's first token.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
 )
 
@@ -45,7 +47,7 @@ func ExampleClient_Generate() {
 		text.WriteString(chunk.Text)
 	}
 	sel := stream.Selection()
-	fmt.Printf("%s (%d of %d blocks cached): %s\n", sel.Worker.ID, sel.OverlapBlocks, sel.RequestBlocks, text.String())
+	fmt.Printf("%s (%d of %d blocks cached): %s\n", sel.WorkerID, sel.OverlapBlocks, sel.RequestBlocks, text.String())
 	// Output: w2 (3 of 4 blocks cached): Hello from w2
 }
 
@@ -70,7 +72,7 @@ func ExampleClient_BestWorker() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("run req-42 on %s: %d blocks cached\n", sel.Worker.ID, sel.OverlapBlocks)
+	fmt.Printf("run req-42 on %s: %d blocks cached\n", sel.WorkerID, sel.OverlapBlocks)
 	// … send the request to sel.Address; at its first token:
 	if err := c.MarkPrefillComplete(ctx, "req-42"); err != nil {
 		panic(err)
@@ -104,7 +106,7 @@ func Example_hierarchicalProbing() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var best *client.Client
-	var bestSel client.Selection
+	var bestSel routing.Selection
 	for _, addr := range []string{a.addr, b.addr} {
 		c, err := client.Dial(addr, nil)
 		if err != nil {
@@ -115,17 +117,17 @@ func Example_hierarchicalProbing() {
 		if err != nil {
 			continue // a pool that fails is skipped
 		}
-		fmt.Printf("probe: %s would hold %d blocks\n", sel.Worker.ID, sel.OverlapBlocks)
+		fmt.Printf("probe: %s would hold %d blocks\n", sel.WorkerID, sel.OverlapBlocks)
 		if best == nil || sel.OverlapBlocks > bestSel.OverlapBlocks {
 			best, bestSel = c, sel
 		}
 	}
 	// Commit on the chosen pool, tracked: closing the tracker frees it.
-	tr, err := best.Track(ctx, "req-7", bestSel.Worker, client.TokenPrompt(tokens))
+	tr, err := best.Track(ctx, "req-7", localrouter.Selected(bestSel), client.TokenPrompt(tokens))
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("committed to %s\n", tr.Selection().Worker.ID)
+	fmt.Printf("committed to %s\n", tr.Selection().WorkerID)
 	_ = tr.PrefillComplete()
 	_ = tr.Free()
 	// Output:

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -22,7 +23,7 @@ type GenerateOptions struct {
 	// Worker forces the worker (custom routing); nil lets the router choose.
 	Worker *localrouter.WorkerKey
 	// Override changes the router's cost parameters for this request.
-	Override *localrouter.Override
+	Override *routing.Override
 	// RequestID names the request in the router (default: random).
 	RequestID string
 	// LoRAName is the adapter the prompt runs with: it is mixed into the
@@ -55,7 +56,7 @@ type Chunk struct {
 //
 // Not safe for concurrent use.
 type Stream struct {
-	sel      Selection
+	sel      routing.Selection
 	tracker  *Tracker
 	body     io.ReadCloser
 	sse      *sseReader
@@ -87,7 +88,8 @@ func (c *Client) Generate(ctx context.Context, tokens []uint32, model string, op
 		if err != nil {
 			return nil, err
 		}
-		worker = &sel.Worker
+		k := localrouter.Selected(sel)
+		worker = &k
 	}
 	// The Track stream owns the request from its commit on: if this
 	// process dies, the router frees it.
@@ -98,7 +100,7 @@ func (c *Client) Generate(ctx context.Context, tokens []uint32, model string, op
 	sel := tr.Selection()
 	if sel.Address == "" {
 		tr.Close()
-		return nil, fmt.Errorf("worker %s has no registered address", sel.Worker)
+		return nil, fmt.Errorf("worker %s has no registered address", localrouter.Selected(sel))
 	}
 	body := map[string]any{"model": model, "prompt": tokens, "stream": true}
 	if opts.MaxTokens > 0 {
@@ -134,17 +136,17 @@ func (c *Client) Generate(ctx context.Context, tokens []uint32, model string, op
 	req.Header.Set("Accept", "text/event-stream")
 	req.Header.Set("X-Request-Id", id)
 	// vLLM's data-parallel rank header (ignored by single-rank workers).
-	req.Header.Set("X-Data-Parallel-Rank", strconv.FormatUint(uint64(sel.Worker.DPRank), 10))
+	req.Header.Set("X-Data-Parallel-Rank", strconv.FormatUint(uint64(sel.DPRank), 10))
 	resp, err := c.http.Do(req)
 	if err != nil {
 		tr.Close()
-		return nil, fmt.Errorf("worker %s at %s: %w", sel.Worker, sel.Address, err)
+		return nil, fmt.Errorf("worker %s at %s: %w", localrouter.Selected(sel), sel.Address, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
 		tr.Close()
-		return nil, fmt.Errorf("worker %s at %s: %s: %s", sel.Worker, sel.Address, resp.Status, bytes.TrimSpace(msg))
+		return nil, fmt.Errorf("worker %s at %s: %s: %s", localrouter.Selected(sel), sel.Address, resp.Status, bytes.TrimSpace(msg))
 	}
 	return &Stream{sel: sel, tracker: tr, body: resp.Body, sse: newSSEReader(resp.Body)}, nil
 }
@@ -156,7 +158,7 @@ func newRequestID() string {
 }
 
 // Selection is the worker the request runs on.
-func (s *Stream) Selection() Selection { return s.sel }
+func (s *Stream) Selection() routing.Selection { return s.sel }
 
 // RequestID is the request's id in the router.
 func (s *Stream) RequestID() string { return s.tracker.RequestID() }
@@ -194,10 +196,10 @@ func (s *Stream) Recv() (Chunk, error) {
 		}
 		var cc completionChunk
 		if err := json.Unmarshal(data, &cc); err != nil {
-			return Chunk{}, s.fail(fmt.Errorf("worker %s: bad completion chunk: %w", s.sel.Worker, err))
+			return Chunk{}, s.fail(fmt.Errorf("worker %s: bad completion chunk: %w", localrouter.Selected(s.sel), err))
 		}
 		if cc.Error != nil {
-			return Chunk{}, s.fail(fmt.Errorf("worker %s: %s", s.sel.Worker, cc.Error.Message))
+			return Chunk{}, s.fail(fmt.Errorf("worker %s: %s", localrouter.Selected(s.sel), cc.Error.Message))
 		}
 		if len(cc.Choices) == 0 {
 			continue // e.g. a usage-only chunk

@@ -59,7 +59,7 @@ func TestGenerateStreamsAndTracks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sel := stream.Selection(); sel.Worker.ID != "w2" || sel.OverlapBlocks != 2 {
+	if sel := stream.Selection(); sel.WorkerID != "w2" || sel.OverlapBlocks != 2 {
 		t.Errorf("selection %+v, want w2 with 2 blocks cached", sel)
 	}
 	if l := p.load("w2"); l.ActiveRequests != 1 || l.PrefillTokens != 32 {

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -18,7 +19,7 @@ import (
 // Safe for concurrent use; calls are serialised.
 type Tracker struct {
 	id     string
-	sel    Selection
+	sel    routing.Selection
 	cancel context.CancelFunc
 
 	mu     sync.Mutex
@@ -29,16 +30,16 @@ type Tracker struct {
 // Track commits request id on worker over a new Track stream. The stream
 // lives as long as ctx: when ctx ends, the request is freed.
 func (c *Client) Track(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt) (*Tracker, error) {
-	return c.track(ctx, id, &localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: commitProto(id, worker, p)}})
+	return c.track(ctx, id, p.isl(), &localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: commitProto(id, worker, p)}})
 }
 
 // Attach takes over request id, already recorded by BestWorker with a
 // request id or by Commit, so that it is freed when the stream ends.
 func (c *Client) Attach(ctx context.Context, id string) (*Tracker, error) {
-	return c.track(ctx, id, &localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Attach{Attach: &localrouterv1.AttachRequest{RequestId: id}}})
+	return c.track(ctx, id, 0, &localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Attach{Attach: &localrouterv1.AttachRequest{RequestId: id}}})
 }
 
-func (c *Client) track(ctx context.Context, id string, first *localrouterv1.TrackRequest) (*Tracker, error) {
+func (c *Client) track(ctx context.Context, id string, isl int, first *localrouterv1.TrackRequest) (*Tracker, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	stream, err := c.rpc.Track(sctx)
 	if err != nil {
@@ -60,14 +61,14 @@ func (c *Client) track(ctx context.Context, id string, first *localrouterv1.Trac
 		cancel()
 		return nil, fmt.Errorf("local router track: unexpected first answer %T", resp.GetMsg())
 	}
-	return &Tracker{id: id, sel: selection(sel.Committed), cancel: cancel, stream: stream}, nil
+	return &Tracker{id: id, sel: selection(sel.Committed, isl), cancel: cancel, stream: stream}, nil
 }
 
 // RequestID is the tracked request's id.
 func (t *Tracker) RequestID() string { return t.id }
 
 // Selection is where the request was committed.
-func (t *Tracker) Selection() Selection { return t.sel }
+func (t *Tracker) Selection() routing.Selection { return t.sel }
 
 func (t *Tracker) event(ev localrouterv1.TrackEvent) error {
 	t.mu.Lock()

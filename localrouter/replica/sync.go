@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 )
@@ -126,9 +127,9 @@ func (s *Sync) Stats() Stats {
 // Added publishes a request recorded on sel.Worker. localHashes are its
 // blocks' local hashes (not retained), isl its prompt tokens; record says
 // whether the blocks also went into the approximate index.
-func (s *Sync) Added(id string, sel localrouter.Selection, localHashes []uint64, isl int, record bool) {
+func (s *Sync) Added(id string, sel routing.Selection, localHashes []uint64, isl int, record bool) {
 	s.publish(Message{
-		Op: OpAdd, RequestID: id, WorkerID: sel.Worker.ID, DPRank: sel.Worker.DPRank,
+		Op: OpAdd, RequestID: id, WorkerID: sel.WorkerID, DPRank: sel.DPRank,
 		LocalHashes: localHashes, ISL: isl, OverlapBlocks: sel.OverlapBlocks, Record: record,
 	})
 }

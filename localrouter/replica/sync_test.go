@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
@@ -44,7 +45,7 @@ func TestSync(t *testing.T) {
 	key := localrouter.WorkerKey{ID: "w1"}
 	local, _ := kvevents.LocalHashes(make([]uint32, 64), 16, "")
 
-	a.Added("r1", localrouter.Selection{Worker: key, OverlapBlocks: 1}, local, 64, true)
+	a.Added("r1", routing.Selection{WorkerID: key.ID, DPRank: key.DPRank, OverlapBlocks: 1}, local, 64, true)
 	testenv.Eventually(t, 30*time.Second, func() (string, bool) {
 		l := rb.Active().Load(key)
 		return fmt.Sprintf("b's load %+v", l), l.ActiveRequests == 1 && l.PrefillTokens == 48

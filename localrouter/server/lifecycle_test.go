@@ -35,7 +35,7 @@ func TestTwoReplicasAgreeOnLoads(t *testing.T) {
 			e.putWorker(pool, worker("w2"), 0)
 			waitWorkers(t, a, "w1", "w2")
 			waitWorkers(t, b, "w1", "w2")
-			ctx := ctxT(t)
+			ctx := testenv.Context(t)
 			p := client.TokenPrompt(seqTokens(0, 96))
 			agree := func(what string) {
 				t.Helper()
@@ -87,7 +87,7 @@ func TestTwoReplicasAgreeOnLoads(t *testing.T) {
 			if !useEvents {
 				// Replica b learnt a's commit in its approximate index.
 				sel, err := cb.BestWorker(ctx, p, client.BestWorkerOptions{})
-				if err != nil || sel.Worker.ID != "w1" || sel.OverlapBlocks != 6 {
+				if err != nil || sel.WorkerID != "w1" || sel.OverlapBlocks != 6 {
 					t.Errorf("replica b BestWorker = %+v, %v; want w1 with overlap 6", sel, err)
 				}
 			}
@@ -115,11 +115,11 @@ func TestTrackLifecycle(t *testing.T) {
 	}
 
 	t.Run("prefill then free", func(t *testing.T) {
-		tr, err := c.Track(ctxT(t), "t1", localrouter.WorkerKey{ID: "w1"}, p)
+		tr, err := c.Track(testenv.Context(t), "t1", localrouter.WorkerKey{ID: "w1"}, p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if sel := tr.Selection(); sel.Worker.ID != "w1" || sel.Address == "" || sel.RequestBlocks != 4 {
+		if sel := tr.Selection(); sel.WorkerID != "w1" || sel.Address == "" || sel.RequestBlocks != 4 {
 			t.Errorf("committed %+v, want w1 with an address and 4 blocks", sel)
 		}
 		if l := load(); l.ActiveRequests != 1 || l.PrefillTokens != 64 {
@@ -142,7 +142,7 @@ func TestTrackLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("stream break frees", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(ctxT(t))
+		ctx, cancel := context.WithCancel(testenv.Context(t))
 		if _, err := c.Track(ctx, "t2", localrouter.WorkerKey{ID: "w1"}, p); err != nil {
 			t.Fatal(err)
 		}
@@ -153,7 +153,7 @@ func TestTrackLifecycle(t *testing.T) {
 		waitIdle()
 	})
 	t.Run("attach then close frees", func(t *testing.T) {
-		ctx := ctxT(t)
+		ctx := testenv.Context(t)
 		if _, err := c.BestWorker(ctx, p, client.BestWorkerOptions{RequestID: "t3"}); err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +169,7 @@ func TestTrackLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c2.Track(ctxT(t), "t4", localrouter.WorkerKey{ID: "w1"}, p); err != nil {
+		if _, err := c2.Track(testenv.Context(t), "t4", localrouter.WorkerKey{ID: "w1"}, p); err != nil {
 			t.Fatal(err)
 		}
 		c2.Close()
@@ -185,7 +185,7 @@ func TestMetricsExposition(t *testing.T) {
 	svc, c, reg := e.start(cfg)
 	e.putWorker("metrics", worker("w1"), 0)
 	waitWorkers(t, svc, "w1")
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	if _, err := c.Commit(ctx, "m1", localrouter.WorkerKey{ID: "w1"}, client.TokenPrompt(seqTokens(0, 40))); err != nil {
 		t.Fatal(err)
 	}

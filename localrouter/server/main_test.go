@@ -149,12 +149,6 @@ func waitWorkers(t *testing.T, svc *Service, ids ...string) {
 	})
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // seqTokens returns n tokens starting at start.
 func seqTokens(start, n int) []uint32 {
 	out := make([]uint32, n)

@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/events"
@@ -38,7 +39,7 @@ type Directory interface {
 // are called on the request path: they must not block, and must not retain
 // localHashes.
 type Observer interface {
-	Added(id string, sel localrouter.Selection, localHashes []uint64, isl int, recorded bool)
+	Added(id string, sel routing.Selection, localHashes []uint64, isl int, recorded bool)
 	PrefillCompleted(id string)
 	Freed(id string)
 }
@@ -131,11 +132,11 @@ func (s *Server) request(p *localrouterv1.Prompt) (localrouter.Request, error) {
 	return req, nil
 }
 
-func override(o *localrouterv1.ConfigOverride) *localrouter.Override {
+func override(o *localrouterv1.ConfigOverride) *routing.Override {
 	if o == nil {
 		return nil
 	}
-	return &localrouter.Override{
+	return &routing.Override{
 		OverlapScoreCredit: o.OverlapScoreCredit,
 		PrefillLoadScale:   o.PrefillLoadScale,
 		RouterTemperature:  o.RouterTemperature,
@@ -150,9 +151,9 @@ func (s *Server) address(id string) string {
 	return info.Address
 }
 
-func (s *Server) selection(sel localrouter.Selection) *localrouterv1.Selection {
+func (s *Server) selection(sel routing.Selection) *localrouterv1.Selection {
 	return &localrouterv1.Selection{
-		WorkerId: sel.Worker.ID, DpRank: sel.Worker.DPRank, Address: s.address(sel.Worker.ID),
+		WorkerId: sel.WorkerID, DpRank: sel.DPRank, Address: s.address(sel.WorkerID),
 		OverlapBlocks: uint32(sel.OverlapBlocks), RequestBlocks: uint32(sel.RequestBlocks),
 		PotentialPrefillTokens: uint32(sel.PrefillTokens), PotentialDecodeBlocks: uint32(sel.DecodeBlocks),
 		Cost: sel.Cost, Candidates: uint32(sel.Candidates), BlockSize: uint32(s.r.Config().BlockSize),
@@ -160,7 +161,7 @@ func (s *Server) selection(sel localrouter.Selection) *localrouterv1.Selection {
 }
 
 // added tells the observer about a request recorded on sel.Worker.
-func (s *Server) added(id string, req localrouter.Request, sel localrouter.Selection, updateIndexer bool) {
+func (s *Server) added(id string, req localrouter.Request, sel routing.Selection, updateIndexer bool) {
 	if s.opts.Observer == nil {
 		return
 	}
@@ -226,20 +227,20 @@ func (s *Server) PotentialLoads(ctx context.Context, in *localrouterv1.Potential
 	return out, nil
 }
 
-func (s *Server) commit(ctx context.Context, in *localrouterv1.CommitRequest) (localrouter.Selection, error) {
+func (s *Server) commit(ctx context.Context, in *localrouterv1.CommitRequest) (routing.Selection, error) {
 	if in.GetRequestId() == "" {
-		return localrouter.Selection{}, localrouter.ErrEmptyRequestID
+		return routing.Selection{}, localrouter.ErrEmptyRequestID
 	}
 	if in.GetWorkerId() == "" {
-		return localrouter.Selection{}, fmt.Errorf("%w: commit needs worker_id", errInvalidArgument)
+		return routing.Selection{}, fmt.Errorf("%w: commit needs worker_id", errInvalidArgument)
 	}
 	req, err := s.request(in.GetPrompt())
 	if err != nil {
-		return localrouter.Selection{}, err
+		return routing.Selection{}, err
 	}
 	sel, err := s.r.Commit(ctx, in.GetRequestId(), localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}, req)
 	if err != nil {
-		return localrouter.Selection{}, err
+		return routing.Selection{}, err
 	}
 	s.added(in.GetRequestId(), req, sel, false)
 	return sel, nil

@@ -12,6 +12,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
@@ -30,7 +31,7 @@ func TestMembershipFollowsEtcd(t *testing.T) {
 	e.putWorker("members", worker("w2"), 0)
 	waitWorkers(t, svc, "w1", "w2")
 
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	ws, err := c.Workers(ctx)
 	if err != nil {
 		t.Fatalf("Workers: %v", err)
@@ -54,7 +55,7 @@ func TestMembershipFollowsEtcd(t *testing.T) {
 		t.Errorf("Free of a request of a removed worker = %v, want ErrUnknownRequest", err)
 	}
 	sel, err := c.BestWorker(ctx, p, client.BestWorkerOptions{})
-	if err != nil || sel.Worker.ID != "w2" || sel.Address != "127.0.0.1:12000" {
+	if err != nil || sel.WorkerID != "w2" || sel.Address != "127.0.0.1:12000" {
 		t.Errorf("BestWorker = %+v, %v; want w2 at 127.0.0.1:12000", sel, err)
 	}
 
@@ -81,7 +82,7 @@ func TestRouterRegistersItself(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config("reg")
 	svc, _, _ := e.start(cfg)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	key := discovery.RouterKey("reg", cfg.RouterID)
 	r, err := e.etcd.Get(ctx, key)
 	if err != nil || len(r.Kvs) != 1 {
@@ -112,7 +113,7 @@ func TestEventsAndGapTriggersDump(t *testing.T) {
 	cfg := e.config("events")
 	svc, c, _ := e.start(cfg)
 	pub := newTestPublisher(t, e.nc, "events", "w1")
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 
 	// Joining triggers a first dump (of nothing yet).
 	e.putWorker("events", worker("w1"), 0)
@@ -177,7 +178,7 @@ func TestMinInitialWorkersGate(t *testing.T) {
 	cfg.Router.UseKVEvents = false
 	cfg.Router.MinInitialWorkers = 2
 	svc, c, _ := e.start(cfg)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 
 	conn, err := grpc.NewClient(svc.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -223,7 +224,7 @@ func TestApproximateModeLearnsFromCommits(t *testing.T) {
 	e.putWorker("approx", worker("w1"), 0)
 	e.putWorker("approx", worker("w2"), 0)
 	waitWorkers(t, svc, "w1", "w2")
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	p := client.TokenPrompt(seqTokens(0, 64))
 	sel, err := c.BestWorker(ctx, p, client.BestWorkerOptions{RequestID: "a"})
 	if err != nil || sel.OverlapBlocks != 0 {
@@ -233,8 +234,8 @@ func TestApproximateModeLearnsFromCommits(t *testing.T) {
 		t.Fatal(err)
 	}
 	again, err := c.BestWorker(ctx, p, client.BestWorkerOptions{})
-	if err != nil || again.Worker != sel.Worker || again.OverlapBlocks != 4 {
-		t.Errorf("second BestWorker = %+v, %v; want %v with overlap 4", again, err, sel.Worker)
+	if err != nil || localrouter.Selected(again) != localrouter.Selected(sel) || again.OverlapBlocks != 4 {
+		t.Errorf("second BestWorker = %+v, %v; want %v with overlap 4", again, err, localrouter.Selected(sel))
 	}
 }
 
@@ -243,7 +244,7 @@ func TestBadRequestsGetTheRightCodes(t *testing.T) {
 	cfg := e.config("bad")
 	cfg.Router.UseKVEvents = false
 	svc, c, _ := e.start(cfg)
-	ctx := ctxT(t)
+	ctx := testenv.Context(t)
 	p := client.TokenPrompt(seqTokens(0, 32))
 
 	// No workers yet.
@@ -278,7 +279,7 @@ func TestBadRequestsGetTheRightCodes(t *testing.T) {
 			return err
 		}, "InvalidArgument", localrouter.ErrBlockSizeMismatch, "64"},
 		{"bad override", func() error {
-			_, err := c.BestWorker(ctx, p, client.BestWorkerOptions{Override: &localrouter.Override{RouterTemperature: &neg}})
+			_, err := c.BestWorker(ctx, p, client.BestWorkerOptions{Override: &routing.Override{RouterTemperature: &neg}})
 			return err
 		}, "InvalidArgument", localrouter.ErrInvalidConfig, "router_temperature"},
 		{"free unknown request", func() error { return c.Free(ctx, "nope") }, "NotFound", localrouter.ErrUnknownRequest, "nope"},
@@ -343,7 +344,7 @@ func TestReflectionListsTheServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctxT(t))
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(testenv.Context(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -27,7 +28,7 @@ func (s *Server) Track(stream localrouterv1.LocalRouter_TrackServer) error {
 	}
 	var (
 		id  string
-		sel localrouter.Selection
+		sel routing.Selection
 	)
 	switch m := first.GetMsg().(type) {
 	case *localrouterv1.TrackRequest_Commit:
@@ -44,7 +45,7 @@ func (s *Server) Track(stream localrouterv1.LocalRouter_TrackServer) error {
 		if !ok {
 			return toStatus(fmt.Errorf("%w: %q", localrouter.ErrUnknownRequest, id))
 		}
-		sel = localrouter.Selection{Worker: key}
+		sel = routing.Selection{WorkerID: key.ID, DPRank: key.DPRank}
 	default:
 		return toStatus(fmt.Errorf("%w: the first Track message must be commit or attach", errInvalidArgument))
 	}

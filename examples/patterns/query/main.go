@@ -16,6 +16,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
 )
 
@@ -64,7 +65,7 @@ func run(addr string, n int, commit bool) error {
 		if err != nil {
 			return fmt.Errorf("BestWorker with a request id: %w", err)
 		}
-		show("recorded query-1 on", sel.Worker)
+		show("recorded query-1 on", localrouter.Selected(sel))
 		if err := c.MarkPrefillComplete(ctx, "query-1"); err != nil {
 			return err
 		}

@@ -1,0 +1,82 @@
+// Package routing holds the vocabulary every floor of the request path
+// shares: the worker a local router chose for a request (Selection) and the
+// per-request change of its cost parameters (Override). It is a leaf: it
+// imports nothing of kvgate, so the local router, its Go client, the pool
+// layer, the policies and the global router all speak these two types; the
+// protobuf messages (api/localrouter/v1 Selection and ConfigOverride) are
+// the wire form, converted only by the local router's gRPC server and its
+// Go client.
+package routing
+
+import (
+	"fmt"
+	"math"
+)
+
+// Selection is the worker a local router chose for a request, and the terms
+// of its cost. A value; it holds no references.
+type Selection struct {
+	WorkerID string
+	DPRank   uint32
+	// Address is the worker's host:port (empty when the router knows no
+	// address for it, e.g. the worker is leaving the pool).
+	Address string
+	// OverlapBlocks are the request's leading blocks the worker holds.
+	OverlapBlocks int
+	// RequestBlocks are the request's complete blocks at BlockSize.
+	RequestBlocks int
+	// BlockSize is the pool's KV block size in tokens.
+	BlockSize int
+	// ISL is the prompt length in tokens (0 when the answer did not say;
+	// the caller that knows it sets it).
+	ISL int
+	// PrefillTokens and DecodeBlocks are the worker's potential load with
+	// the request (the cost terms).
+	PrefillTokens int
+	DecodeBlocks  int
+	// Cost is the local router's cost for the worker, in blocks of
+	// BlockSize.
+	Cost float64
+	// Candidates is how many (worker, dp_rank) the router considered.
+	Candidates int
+	// Router is the address of the local router that answered ("" in
+	// process).
+	Router string
+}
+
+// CachedTokens is the prompt the worker already holds: OverlapBlocks
+// blocks of BlockSize tokens.
+func (s Selection) CachedTokens() int { return s.OverlapBlocks * s.BlockSize }
+
+// UncachedTokens is the prompt the worker would have to prefill: ISL minus
+// the cached tokens, never negative.
+func (s Selection) UncachedTokens() int { return max(0, s.ISL-s.CachedTokens()) }
+
+// Override changes a local router's cost parameters for one request; nil
+// fields keep the router's values.
+type Override struct {
+	OverlapScoreCredit *float64
+	PrefillLoadScale   *float64
+	RouterTemperature  *float64
+}
+
+// Validate refuses a value that is negative, NaN or infinite (a NaN cost
+// orders nothing). A nil Override is valid.
+func (o *Override) Validate() error {
+	if o == nil {
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		v    *float64
+	}{
+		{"overlap_score_credit", o.OverlapScoreCredit},
+		{"prefill_load_scale", o.PrefillLoadScale},
+		{"router_temperature", o.RouterTemperature},
+	} {
+		if f.v != nil && (!(*f.v >= 0) || math.IsInf(*f.v, 0)) { // NaN fails >= 0
+			return fmt.Errorf("override %s %g must be a finite number ≥ 0", f.name, *f.v)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package globalrouter
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvgate/kvgate/policies"
+	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/tokenizer"
+)
+
+// Tokenizer is what the global router needs of a model's tokenizer;
+// *tokenizer.Model implements it. Safe for concurrent use.
+type Tokenizer interface {
+	Encode(text string) ([]uint32, error)
+	EncodeChat(messages []tokenizer.Message, addGenerationPrompt bool) ([]uint32, error)
+}
+
+// Option configures a Router.
+type Option func(*options)
+
+type options struct {
+	logger     *slog.Logger
+	registerer prometheus.Registerer
+	etcd       *clientv3.Client
+	dialer     pool.Dialer
+	registry   *policies.Registry
+	now        func() time.Time
+	tokenizers map[string]Tokenizer
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithRegisterer registers the kvgate_globalrouter_* metrics on reg
+// (default: a private registry, nothing exported).
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(o *options) { o.registerer = reg }
+}
+
+// WithEtcd gives the etcd client that pools with routers.etcd discover
+// their local routers with.
+func WithEtcd(cli *clientv3.Client) Option { return func(o *options) { o.etcd = cli } }
+
+// WithDialer replaces the gRPC dialer of local routers (default
+// pool.GRPCDialer()).
+func WithDialer(d pool.Dialer) Option { return func(o *options) { o.dialer = d } }
+
+// WithPolicies sets the policy registry (default: the built-ins).
+func WithPolicies(reg *policies.Registry) Option { return func(o *options) { o.registry = reg } }
+
+// WithClock sets the clock of latencies and circuits (default time.Now).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithTokenizer uses t for model instead of loading the configured one.
+func WithTokenizer(model string, t Tokenizer) Option {
+	return func(o *options) {
+		if o.tokenizers == nil {
+			o.tokenizers = map[string]Tokenizer{}
+		}
+		o.tokenizers[model] = t
+	}
+}

@@ -1,0 +1,144 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/client"
+)
+
+// Client is a client of one local router: the part of the local-router
+// service the global router uses. The gRPC client (GRPCDialer, over
+// localrouter/client) implements it. Implementations are safe for
+// concurrent use.
+type Client interface {
+	// Probe asks for the best worker for a prompt without changing any
+	// state (BestWorker without request_id). It blocks until the answer or
+	// until ctx ends.
+	Probe(ctx context.Context, p Prompt) (routing.Selection, error)
+	// CommitAsync commits a request on the worker the caller chose and
+	// opens the request's lifecycle stream. It returns once the commit is
+	// sent, without waiting for the router's answer (the commit is
+	// pipelined); committed is called once, from another goroutine, with
+	// the answer: the worker's selection, or why the commit failed (the
+	// router refused it, or the stream ended first; the request is then
+	// not on the router). committed must not block. ctx bounds sending the
+	// commit only: the stream lives until the Tracker is freed (or the
+	// connection breaks, which frees the request on the router too). An
+	// error means nothing was committed and committed is not called.
+	CommitAsync(ctx context.Context, c Commit, committed func(routing.Selection, error)) (Tracker, error)
+	// Close releases the client. Open Trackers break, which frees their
+	// requests on the router.
+	Close() error
+}
+
+// Dialer makes a Client for a local router's gRPC address.
+type Dialer func(addr string) (Client, error)
+
+// GRPCDialer returns a Dialer of gRPC clients (localrouter/client;
+// insecure transport unless opts say otherwise). Connections are made
+// lazily, on the first call. gRPC's reconnection backoff is capped at 5 s
+// (its default, 120 s, would keep a router that came back unreachable long
+// after its circuit let a trial probe through).
+func GRPCDialer(opts ...grpc.DialOption) Dialer {
+	return func(addr string) (Client, error) {
+		all := append([]grpc.DialOption{
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+				MinConnectTimeout: 5 * time.Second,
+			}),
+			// Static flow-control windows turn off gRPC's bandwidth-delay
+			// estimator, whose pings rode along every probe: a frame each
+			// way to write, read and answer. Probes and commits are small;
+			// 1 MiB covers any prompt's hashes many times.
+			grpc.WithInitialWindowSize(1 << 20),
+			grpc.WithInitialConnWindowSize(1 << 20),
+		}, opts...)
+		c, err := client.Dial(addr, all)
+		if err != nil {
+			return nil, err
+		}
+		return &grpcClient{c: c, addr: addr}, nil
+	}
+}
+
+// grpcClient is a Client over localrouter/client.
+type grpcClient struct {
+	c    *client.Client
+	addr string
+}
+
+func (p Prompt) client() client.Prompt {
+	return client.Prompt{Tokens: p.Tokens, BlockHashes: p.Hashes, BlockSize: p.BlockSize, ISL: p.ISL, LoRAName: p.LoRA}
+}
+
+func (g *grpcClient) Probe(ctx context.Context, p Prompt) (routing.Selection, error) {
+	sel, err := g.c.BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override})
+	sel.Router = g.addr
+	return sel, err
+}
+
+func (g *grpcClient) CommitAsync(ctx context.Context, c Commit, committed func(routing.Selection, error)) (Tracker, error) {
+	// Pool.CommitAsync names the router in the answer: no wrapper here.
+	t, err := g.c.CommitAsync(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.client(), committed)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (g *grpcClient) Close() error { return g.c.Close() }
+
+// Tracker is a committed request's lifecycle stream. Its methods are safe
+// for concurrent use and idempotent, and may be called before the router
+// answered the commit (events follow the commit on the stream, in order);
+// PrefillComplete after Free does nothing; Free after any error, a refused
+// commit included, still frees (the stream is closed). ctx bounds the wait
+// for the router's acknowledgement.
+type Tracker interface {
+	PrefillComplete(ctx context.Context) error
+	Free(ctx context.Context) error
+}
+
+// Prompt is what a local router needs of a request: the local block hashes
+// of its complete blocks at the pool's block size (DESIGN.md §3).
+type Prompt struct {
+	Hashes []uint64
+	// Tokens are sent instead of Hashes for a prompt shorter than one
+	// block (it has no complete block to hash); ignored when Hashes is set.
+	Tokens    []uint32
+	BlockSize int
+	// ISL is the prompt length in tokens.
+	ISL int
+	// LoRA is the adapter name ("" for the base model).
+	LoRA string
+	// Override changes the router's cost parameters for this request.
+	Override *routing.Override
+}
+
+// Commit records a request on a worker.
+type Commit struct {
+	RequestID string
+	WorkerID  string
+	DPRank    uint32
+	Prompt    Prompt
+}
+
+// Errors of a Pool.
+var (
+	// ErrCircuitOpen: every local router of the pool is in backoff after
+	// failing; the pool was not probed.
+	ErrCircuitOpen = errors.New("circuit open")
+	// ErrNoRouters: the pool has no local router (none discovered yet).
+	ErrNoRouters = errors.New("no local router")
+	// ErrClosed: the pool or its connections were closed.
+	ErrClosed = errors.New("pool closed")
+)
