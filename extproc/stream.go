@@ -227,7 +227,7 @@ func (x *exchange) route() error {
 	if greq.ID == "" {
 		greq.ID = newRequestID()
 	}
-	if v := x.headers[HeaderExplain]; v == "1" || strings.EqualFold(v, "true") {
+	if v := x.headers[globalrouter.HeaderExplain]; v == "1" || strings.EqualFold(v, "true") {
 		greq.Explain, x.explain = true, true
 	}
 	if _, err := parseBody(x.path, body, greq); err != nil {
@@ -260,14 +260,14 @@ func (x *exchange) route() error {
 	if x.s.cfg.HeaderFallbacks {
 		headerDest = dest
 	}
-	_, hadPrefiller := x.headers[HeaderPrefiller]
+	_, hadPrefiller := x.headers[globalrouter.HeaderPrefiller]
 	common := &extprocv3.CommonResponse{
 		HeaderMutation:  routingHeaders(d, headerDest, x.explain, hadPrefiller),
 		ClearRouteCache: true,
 	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
 		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			HeaderDestination: structpb.NewStringValue(dest),
+			globalrouter.HeaderDestination: structpb.NewStringValue(dest),
 		}}),
 	}}
 	x.log.Debug("routed", "request_id", greq.ID, "pool", d.Primary.Pool, "worker", d.Primary.WorkerID,
@@ -474,7 +474,7 @@ func (x *exchange) count(pool string) {
 // proxy). Routed requests overwrite both instead.
 func passThroughMutation() *extprocv3.CommonResponse {
 	return &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
-		RemoveHeaders: []string{HeaderDestination, HeaderPrefiller},
+		RemoveHeaders: []string{globalrouter.HeaderDestination, globalrouter.HeaderPrefiller},
 	}}
 }
 
