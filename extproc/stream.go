@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/sse"
 )
 
 // exchange is the state machine of one ext_proc stream. It runs on the
@@ -49,7 +50,7 @@ type exchange struct {
 	// Response side.
 	code      string // HTTP status for kvgate_extproc_requests_total
 	counted   bool
-	sse       *sseParser
+	sse       *sse.Parser
 	usageBuf  []byte // non-streamed response, for its usage
 	usageOver bool
 	usage     Usage
@@ -333,7 +334,7 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 	if st, err := strconv.Atoi(x.code); err != nil || st >= 400 || h.GetEndOfStream() {
 		x.free()
 	} else if strings.HasPrefix(strings.ToLower(ctype), "text/event-stream") {
-		x.sse = newSSEParser(x.s.cfg.MaxUsageBytes, x.onSSE)
+		x.sse = sse.NewParser(x.s.cfg.MaxUsageBytes, x.onSSE)
 	}
 	return x.send(headersResponse(true, &extprocv3.CommonResponse{HeaderMutation: responseHeaders(x.decision, x.explain)}))
 }
