@@ -13,7 +13,7 @@ import (
 // failOpen is Envoy's failureModeAllow(): fail-open does not survive body
 // data sent in FULL_DUPLEX_STREAMED, whose original bytes are gone.
 func (s *Stream) failOpen() bool {
-	if (s.req.fds() && s.req.fdsBodySent) || (s.resp.fds() && s.resp.fdsBodySent) {
+	if s.req.body.drained(s.req) || s.resp.body.drained(s.resp) {
 		return false
 	}
 	return s.c.cfg.FailureModeAllow
@@ -46,9 +46,7 @@ func (s *Stream) onGRPCClose() {
 	if s.complete {
 		return
 	}
-	s.complete = true
-	s.closeGRPC()
-	s.clearAsyncState()
+	s.continueUnmodified()
 }
 
 func (s *Stream) onGRPCError(err error) {
@@ -56,28 +54,33 @@ func (s *Stream) onGRPCError(err error) {
 		return
 	}
 	st := status.Convert(err)
-	if s.failOpen() {
-		s.onGRPCClose()
-		return
-	}
-	s.errorReply(fmt.Sprintf("ext_proc_error_gRPC_error_%d{%s}", int(st.Code()), st.Message()), s.c.cfg.statusOnError())
+	s.fail(fmt.Sprintf("ext_proc_error_gRPC_error_%d{%s}", int(st.Code()), st.Message()), s.c.cfg.statusOnError())
 }
 
 func (s *Stream) onMessageTimeout() {
 	if s.complete {
 		return
 	}
-	if s.failOpen() {
-		s.complete = true
-		s.closeGRPC()
-		s.clearAsyncState()
-		return
-	}
-	s.errorReply("ext_proc_error_per-message_timeout_exceeded", 504)
+	s.fail("ext_proc_error_per-message_timeout_exceeded", 504)
 }
 
-func (s *Stream) errorReply(details string, code int) {
+// fail is the one failure path (gRPC error, message timeout, spurious
+// message): fail-open continues unmodified, fail-closed answers the
+// request with a local reply of code and details.
+func (s *Stream) fail(details string, code int) {
+	if s.failOpen() {
+		s.continueUnmodified()
+		return
+	}
 	s.localReply(code, nil, nil, details)
+}
+
+// continueUnmodified ends processing: the gRPC stream is closed and what
+// was held goes on unmodified, as does the rest of the request.
+func (s *Stream) continueUnmodified() {
+	s.complete = true
+	s.closeGRPC()
+	s.clearAsyncState()
 }
 
 // clearAsyncState releases everything held, unmodified, and lets the rest
@@ -90,27 +93,13 @@ func (s *Stream) clearAsyncState() {
 			sd.headersHeld = false
 			s.emit(sd, Frame{Kind: FrameHeaders, Headers: sd.headers, EndStream: sd.noBody})
 		}
-		for _, c := range sd.chunks {
-			s.emit(sd, c)
-		}
-		sd.chunks = nil
-		if sd.bufActive {
-			s.emit(sd, Frame{Kind: FrameData, Data: sd.buf, EndStream: sd.bodySent && !sd.trailersHeld})
-			sd.buf, sd.bufActive = nil, false
-		}
+		sd.streamed.release(s, sd)
+		sd.buffered.release(s, sd)
 		if sd.trailersHeld {
 			sd.trailersHeld = false
 			s.emit(sd, Frame{Kind: FrameTrailers, Headers: sd.trailers})
 		}
-		if sd.fds() && !sd.ended && sd.inputEnded && len(sd.pending) == 0 && sd.headersReleased {
-			// FULL_DUPLEX_STREAMED drained the original body: end the
-			// direction with what is left.
-			if sd.fdsTrailersSent {
-				s.emit(sd, Frame{Kind: FrameTrailers, Headers: sd.trailers})
-			} else {
-				s.emit(sd, Frame{Kind: FrameData, EndStream: true})
-			}
-		}
+		sd.body.finish(s, sd)
 		s.pump(sd)
 	}
 }

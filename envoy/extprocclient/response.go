@@ -2,7 +2,6 @@ package extprocclient
 
 import (
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -72,15 +71,9 @@ func (s *Stream) onResponse(r *extprocv3.ProcessingResponse) {
 	case errors.As(err, &sp):
 		s.updateInfo(func(i *Info) { i.SpuriousMessages++ })
 		s.c.log.Debug("spurious ext_proc message", "error", err)
-		if s.failOpen() {
-			s.complete = true
-			s.closeGRPC()
-			s.clearAsyncState()
-			return
-		}
-		s.errorReply(err.Error(), cfg.statusOnError())
+		s.fail(err.Error(), cfg.statusOnError())
 	default:
-		s.errorReply(err.Error(), cfg.statusOnError())
+		s.localReply(cfg.statusOnError(), nil, nil, err.Error())
 	}
 }
 
@@ -202,7 +195,7 @@ func (s *Stream) handleHeaders(sd *side, c *extprocv3.CommonResponse) error {
 		s.emit(sd, Frame{Kind: FrameHeaders, Headers: sd.headers, EndStream: true})
 		return nil
 	}
-	if sd.bodyMode == extprocfilterv3.ProcessingMode_BUFFERED {
+	if sd.body.holdsHeaders() {
 		return nil // held until the body's reply
 	}
 	sd.headersHeld = false
@@ -211,95 +204,12 @@ func (s *Stream) handleHeaders(sd *side, c *extprocv3.CommonResponse) error {
 }
 
 func (s *Stream) handleBody(sd *side, c *extprocv3.CommonResponse) error {
-	bm := c.GetBodyMutation()
-	_, isStreamed := bm.GetMutation().(*extprocv3.BodyMutation_StreamedResponse)
-	plain := bm.GetMutation() != nil && !isStreamed
 	defer s.pump(sd)
-	switch sd.bodyMode {
-	case extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
-		if sd.cb == cbHeaders || !sd.fdsBodySent || plain {
-			return spuriousError{"spurious message: unexpected " + sd.dir.String() + " body response"}
-		}
-		s.clearRouteCache(sd, c)
-		if sr := bm.GetStreamedResponse(); sr != nil && !sd.replaced {
-			s.emit(sd, Frame{Kind: FrameData, Data: sr.GetBody(), EndStream: sr.GetEndOfStream()})
-		}
-		return nil
-	case extprocfilterv3.ProcessingMode_BUFFERED:
-		if sd.cb != cbBufferedBody || isStreamed {
-			return spuriousError{"spurious message: unexpected " + sd.dir.String() + " body response"}
-		}
-		sd.stopTimer()
-		sd.cb = cbIdle
-		if sd.headersHeld {
-			// header_mutation applies only while the headers are held.
-			if err := s.mutate(sd, &sd.headers, c.GetHeaderMutation(), mutateOptions{skipContentLength: sd.removeContentLength()}); err != nil {
-				return err
-			}
-		}
-		s.clearRouteCache(sd, c)
-		switch m := bm.GetMutation().(type) {
-		case *extprocv3.BodyMutation_Body:
-			sd.buf = m.Body
-		case *extprocv3.BodyMutation_ClearBody:
-			if m.ClearBody {
-				sd.buf = nil
-			}
-		}
-		if sd.headersHeld && sd.headerMode == extprocfilterv3.ProcessingMode_SEND {
-			if cl, ok := sd.headers.Get("content-length"); ok && cl != strconv.Itoa(len(sd.buf)) {
-				return fmt.Errorf("%w: mismatch between content-length %s and the length of the mutated body %d", errMutation, cl, len(sd.buf))
-			}
-		}
-		if sd.headersHeld {
-			sd.headersHeld = false
-			s.emit(sd, Frame{Kind: FrameHeaders, Headers: sd.headers})
-		}
-		s.emit(sd, Frame{Kind: FrameData, Data: sd.buf, EndStream: !sd.trailersHeld})
-		sd.buf, sd.bufActive = nil, false
-		if sd.trailersHeld {
-			if sd.trailerMode == extprocfilterv3.ProcessingMode_SEND {
-				sd.cb = cbTrailers
-				s.startTimer(sd)
-				s.sendTrailers(sd)
-				return nil
-			}
-			sd.trailersHeld = false
-			s.emit(sd, Frame{Kind: FrameTrailers, Headers: sd.trailers})
-		}
-		return nil
-	case extprocfilterv3.ProcessingMode_STREAMED:
-		if len(sd.chunks) == 0 || isStreamed {
-			return spuriousError{"spurious message: unexpected " + sd.dir.String() + " body response"}
-		}
-		chunk := sd.chunks[0]
-		sd.chunks = sd.chunks[1:]
-		// header_mutation in a STREAMED body reply is ignored: the headers
-		// are gone already.
-		s.clearRouteCache(sd, c)
-		data := chunk.Data
-		switch m := bm.GetMutation().(type) {
-		case *extprocv3.BodyMutation_Body:
-			data = m.Body
-		case *extprocv3.BodyMutation_ClearBody:
-			if m.ClearBody {
-				data = nil
-			}
-		}
-		if len(sd.chunks) == 0 {
-			sd.stopTimer()
-			sd.cb = cbIdle
-		} else {
-			s.startTimer(sd)
-		}
-		s.emit(sd, Frame{Kind: FrameData, Data: data, EndStream: chunk.EndStream})
-		return nil
-	}
-	return spuriousError{"spurious message: " + sd.dir.String() + " body response with body mode NONE"}
+	return sd.body.onBodyResponse(s, sd, c)
 }
 
 func (s *Stream) handleTrailers(sd *side, m *extprocv3.HeaderMutation) error {
-	if !(sd.cb == cbTrailers || sd.fds() && sd.fdsTrailersSent && !sd.ended) {
+	if !(sd.cb == cbTrailers || sd.body.trailersPending(sd) && !sd.ended) {
 		return spuriousError{"spurious message: unexpected " + sd.dir.String() + " trailers response"}
 	}
 	sd.stopTimer()

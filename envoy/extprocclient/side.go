@@ -23,7 +23,7 @@ type side struct {
 	dir         direction
 	out         *queue[Frame]
 	headerMode  extprocfilterv3.ProcessingMode_HeaderSendMode
-	bodyMode    extprocfilterv3.ProcessingMode_BodySendMode
+	body        bodyMode // the body send mode's strategy
 	trailerMode extprocfilterv3.ProcessingMode_HeaderSendMode
 
 	pending []Frame // input not yet processed (held by a callback)
@@ -37,25 +37,26 @@ type side struct {
 	headersHeld     bool
 	headersReleased bool
 	noBody          bool
-	buf             []byte
-	bufActive       bool
-	bodySent        bool
-	chunks          []Frame // STREAMED chunks awaiting their reply, FIFO
 	trailers        Headers
 	trailersHeld    bool
-	fdsBodySent     bool
-	fdsTrailersSent bool
 	replaced        bool
 	inputEnded      bool
 	ended           bool
 	localReplied    bool
+
+	// What each body mode holds (bodymode_*.go). Only the current mode's
+	// is in use; all are kept so that a mode_override cannot lose what
+	// an earlier mode held.
+	buffered   bufferedState
+	streamed   streamedState
+	fullDuplex fullDuplexState
 }
 
 func (s *side) setMode(m *extprocfilterv3.ProcessingMode) {
 	if s.dir == dirRequest {
-		s.headerMode, s.bodyMode, s.trailerMode = m.GetRequestHeaderMode(), m.GetRequestBodyMode(), m.GetRequestTrailerMode()
+		s.headerMode, s.body, s.trailerMode = m.GetRequestHeaderMode(), bodyModeOf(m.GetRequestBodyMode()), m.GetRequestTrailerMode()
 	} else {
-		s.headerMode, s.bodyMode, s.trailerMode = m.GetResponseHeaderMode(), m.GetResponseBodyMode(), m.GetResponseTrailerMode()
+		s.headerMode, s.body, s.trailerMode = m.GetResponseHeaderMode(), bodyModeOf(m.GetResponseBodyMode()), m.GetResponseTrailerMode()
 	}
 	if s.headerMode == extprocfilterv3.ProcessingMode_DEFAULT {
 		s.headerMode = extprocfilterv3.ProcessingMode_SEND
@@ -66,17 +67,7 @@ func (s *side) setMode(m *extprocfilterv3.ProcessingMode) {
 }
 
 // removeContentLength is ProcessorState::shouldRemoveContentLength.
-func (s *side) removeContentLength() bool {
-	switch s.bodyMode {
-	case extprocfilterv3.ProcessingMode_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
-		return true
-	case extprocfilterv3.ProcessingMode_BUFFERED:
-		return s.headerMode != extprocfilterv3.ProcessingMode_SEND
-	}
-	return false
-}
-
-func (s *side) fds() bool { return s.bodyMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED }
+func (s *side) removeContentLength() bool { return s.body.removesContentLength(s.headerMode) }
 
 func (s *side) timerC() <-chan time.Time {
 	if !s.timerOn {

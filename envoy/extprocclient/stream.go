@@ -242,13 +242,10 @@ func (s *Stream) onInput(ev inputEvent) {
 // canProcess reports whether the next input frame may be handled now, or
 // must wait for the callback in flight (Envoy's StopIteration + buffering).
 func (s *Stream) canProcess(sd *side, f Frame) bool {
-	switch {
-	case s.complete, sd.fds(), sd.cb == cbIdle:
-		return true
-	case sd.cb == cbStreamedBody && f.Kind == FrameData && sd.bodyMode == extprocfilterv3.ProcessingMode_STREAMED:
+	if s.complete || sd.cb == cbIdle {
 		return true
 	}
-	return false
+	return sd.body.admits(sd, f)
 }
 
 func (s *Stream) pump(sd *side) {
@@ -329,62 +326,24 @@ func (s *Stream) process(sd *side, f Frame) {
 		if sd.replaced {
 			return
 		}
-		switch sd.bodyMode {
-		case extprocfilterv3.ProcessingMode_BUFFERED:
-			sd.buf = append(sd.buf, f.Data...)
-			sd.bufActive = true
-			if len(sd.buf) > s.c.cfg.bufferLimit() {
-				if sd.dir == dirRequest {
-					s.localReply(413, nil, []byte("Payload Too Large"), "request_payload_too_large")
-				} else {
-					s.localReply(500, nil, []byte("Internal Server Error"), "response_payload_too_large")
-				}
-				return
-			}
-			if f.EndStream {
-				sd.bodySent, sd.cb = true, cbBufferedBody
-				s.startTimer(sd)
-				s.sendBody(sd, sd.buf, true)
-			}
-		case extprocfilterv3.ProcessingMode_STREAMED:
-			sd.chunks = append(sd.chunks, f)
-			sd.cb = cbStreamedBody
-			s.startTimer(sd)
-			s.sendBody(sd, f.Data, f.EndStream)
-		case extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
-			// The original bytes are drained: only what the server streams
-			// back reaches the peer.
-			sd.fdsBodySent = true
-			s.sendBody(sd, f.Data, f.EndStream)
-		default:
-			s.emit(sd, f)
-		}
+		sd.body.onData(s, sd, f)
 	case FrameTrailers:
 		sd.trailers = f.Headers
-		switch {
-		case sd.fds():
-			sd.fdsTrailersSent = true
-			s.sendTrailers(sd)
-		case sd.bodyMode == extprocfilterv3.ProcessingMode_BUFFERED && sd.bufActive && !sd.bodySent:
-			// The buffered body goes out when trailers arrive, without
-			// end_of_stream; the trailers follow its reply.
-			sd.bodySent, sd.cb, sd.trailersHeld = true, cbBufferedBody, true
-			s.startTimer(sd)
-			s.sendBody(sd, sd.buf, false)
-		default:
-			if sd.headersHeld {
-				// BUFFERED headers waiting for a body that never came.
-				sd.headersHeld = false
-				s.emit(sd, Frame{Kind: FrameHeaders, Headers: sd.headers})
-			}
-			if sd.trailerMode == extprocfilterv3.ProcessingMode_SEND {
-				sd.cb, sd.trailersHeld = cbTrailers, true
-				s.startTimer(sd)
-				s.sendTrailers(sd)
-				return
-			}
-			s.emit(sd, f)
+		if sd.body.onTrailers(s, sd) {
+			return
 		}
+		if sd.headersHeld {
+			// BUFFERED headers waiting for a body that never came.
+			sd.headersHeld = false
+			s.emit(sd, Frame{Kind: FrameHeaders, Headers: sd.headers})
+		}
+		if sd.trailerMode == extprocfilterv3.ProcessingMode_SEND {
+			sd.cb, sd.trailersHeld = cbTrailers, true
+			s.startTimer(sd)
+			s.sendTrailers(sd)
+			return
+		}
+		s.emit(sd, f)
 	}
 }
 
@@ -408,7 +367,7 @@ func (s *Stream) sendTrailers(sd *side) {
 
 func (s *Stream) startTimer(sd *side) {
 	sd.timeoutOverridden = false
-	if sd.fds() {
+	if !sd.body.runsTimer() {
 		return // FULL_DUPLEX_STREAMED runs no message timer
 	}
 	sd.timer.Reset(s.c.cfg.messageTimeout())
