@@ -51,6 +51,7 @@ import (
 func setHeader(key, value, raw string, app *bool) *corev3.HeaderValueOption {
 	o := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: key, Value: value, RawValue: []byte(raw)}}
 	if app != nil {
+		//lint:ignore SA1019 the legacy append is what Envoy honours (§6.2).
 		o.Append = wrapperspb.Bool(*app)
 	}
 	return o
