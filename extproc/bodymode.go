@@ -56,18 +56,6 @@ func bodyModeOf(m extprocfilterv3.ProcessingMode_BodySendMode) bodyMode {
 	}
 }
 
-// otherMode is a body mode with no implementation of its own: bodies pass
-// with CONTINUE and requests in it cannot be routed.
-type otherMode struct {
-	m extprocfilterv3.ProcessingMode_BodySendMode
-}
-
-func (o otherMode) mode() extprocfilterv3.ProcessingMode_BodySendMode { return o.m }
-
-func (otherMode) pass(x *exchange, _ *extprocv3.HttpBody, request bool) error {
-	return x.send(continueBody(request))
-}
-
 // continueBody is the BodyResponse that leaves the body message as Envoy
 // holds it (every mode but FULL_DUPLEX_STREAMED, where Envoy drained it).
 func continueBody(request bool) *extprocv3.ProcessingResponse {
