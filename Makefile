@@ -2,6 +2,9 @@
 GO      ?= go
 PKGS    ?= ./...
 BENCH   ?= .
+# staticcheck, pinned (a version that builds with the module's Go); `go run`
+# fetches it through the module proxy without adding it to go.mod.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Steps that must run before `go test` (fetching reference data, etc.).
 # Files in mk/ append to it: `TEST_PREP += my-target`.
 TEST_PREP :=
@@ -24,10 +27,12 @@ test: $(TEST_PREP)
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime 2s $(PKGS)
 
-## lint: formatting and vet
+## lint: formatting, vet, staticcheck and consistent import aliases (internal/lint)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
+	$(GO) run ./internal/lint
 
 ## build: the kvgate binary in ./bin
 build:

@@ -14,21 +14,11 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 )
 
-// Headers the server sets.
-const (
-	HeaderDestination   = "x-gateway-destination-endpoint"
-	HeaderPool          = "x-kvgate-pool"
-	HeaderWorkerID      = "x-kvgate-worker-id"
-	HeaderDPRank        = "x-kvgate-dp-rank"
-	HeaderOverlapBlocks = "x-kvgate-overlap-blocks"
-	HeaderEndpoint      = "x-kvgate-endpoint"
-	HeaderPrefiller     = "x-prefiller-host-port"
-	HeaderExplain       = "x-kvgate-explain"
-	HeaderDropped       = "x-kvgate-dropped-reason"
-	// MetadataNamespace is the dynamic metadata namespace Envoy's
-	// override_host LB policy and the Inference Extension read.
-	MetadataNamespace = "envoy.lb"
-)
+// MetadataNamespace is the dynamic metadata namespace Envoy's
+// override_host LB policy and the Inference Extension read. The header
+// names the server reads and sets are globalrouter's (HeaderDestination,
+// HeaderPool, ...), declared once there.
+const MetadataNamespace = "envoy.lb"
 
 // maxExplainBytes keeps the explanation header well under Envoy's header
 // size limit.
@@ -80,7 +70,7 @@ func (e *httpError) immediate() *extprocv3.ProcessingResponse {
 	}})
 	hs := []*corev3.HeaderValueOption{
 		setHeader("content-type", "application/json"),
-		setHeader(HeaderDropped, e.reason),
+		setHeader(globalrouter.HeaderDropped, e.reason),
 	}
 	if e.retryAfter > 0 {
 		secs := int((e.retryAfter + time.Second - 1) / time.Second)
@@ -129,21 +119,21 @@ func destination(d *globalrouter.Decision) string {
 // routingHeaders are the request header mutations of a decision.
 func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPrefiller bool) *extprocv3.HeaderMutation {
 	hs := []*corev3.HeaderValueOption{
-		setHeader(HeaderDestination, dest),
-		setHeader(HeaderPool, d.Primary.Pool),
-		setHeader(HeaderWorkerID, d.Primary.WorkerID),
-		setHeader(HeaderDPRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
-		setHeader(HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
+		setHeader(globalrouter.HeaderDestination, dest),
+		setHeader(globalrouter.HeaderPool, d.Primary.Pool),
+		setHeader(globalrouter.HeaderWorkerID, d.Primary.WorkerID),
+		setHeader(globalrouter.HeaderDPRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
+		setHeader(globalrouter.HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
 	}
 	m := &extprocv3.HeaderMutation{}
 	if d.Prefill != nil {
-		hs = append(hs, setHeader(HeaderPrefiller, d.Prefill.Address))
+		hs = append(hs, setHeader(globalrouter.HeaderPrefiller, d.Prefill.Address))
 	} else if hadPrefiller {
 		// A client must not pick the prefill worker behind the router's back.
-		m.RemoveHeaders = []string{HeaderPrefiller}
+		m.RemoveHeaders = []string{globalrouter.HeaderPrefiller}
 	}
 	if explain && d.Explanation != "" {
-		hs = append(hs, setHeader(HeaderExplain, headerSafe(d.Explanation)))
+		hs = append(hs, setHeader(globalrouter.HeaderExplain, headerSafe(d.Explanation)))
 	}
 	m.SetHeaders = hs
 	return m
@@ -153,17 +143,17 @@ func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPref
 // client sees where its request went.
 func responseHeaders(d *globalrouter.Decision, explain bool) *extprocv3.HeaderMutation {
 	hs := []*corev3.HeaderValueOption{
-		setHeader(HeaderPool, d.Primary.Pool),
-		setHeader(HeaderWorkerID, d.Primary.WorkerID),
-		setHeader(HeaderDPRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
-		setHeader(HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
-		setHeader(HeaderEndpoint, d.Primary.Address),
+		setHeader(globalrouter.HeaderPool, d.Primary.Pool),
+		setHeader(globalrouter.HeaderWorkerID, d.Primary.WorkerID),
+		setHeader(globalrouter.HeaderDPRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
+		setHeader(globalrouter.HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
+		setHeader(globalrouter.HeaderEndpoint, d.Primary.Address),
 	}
 	if d.Prefill != nil {
-		hs = append(hs, setHeader(HeaderPrefiller, d.Prefill.Address))
+		hs = append(hs, setHeader(globalrouter.HeaderPrefiller, d.Prefill.Address))
 	}
 	if explain && d.Explanation != "" {
-		hs = append(hs, setHeader(HeaderExplain, headerSafe(d.Explanation)))
+		hs = append(hs, setHeader(globalrouter.HeaderExplain, headerSafe(d.Explanation)))
 	}
 	return &extprocv3.HeaderMutation{SetHeaders: hs}
 }

@@ -24,9 +24,8 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 )
 
-// DefaultGCPercent is -gc-percent's default: in interleaved runs of
-// BenchmarkDecision/paced-1000rps on a shared 2-core machine it cut the p99
-// two to three times against GOGC=100 (6.6–13 ms against 15–29 ms).
+// DefaultGCPercent is -gc-percent's default: at a paced 1,000 req/s the
+// p99 is GC-bound at GOGC=100 (BENCHMARKS.md gives the figures).
 const DefaultGCPercent = 400
 
 // Options configure the `kvgate extproc` process: the server's Config plus

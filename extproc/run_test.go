@@ -106,6 +106,13 @@ func TestRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if res.Upstream == nil {
+		lr := res.Info.LocalReply
+		if lr == nil {
+			t.Fatal("the request reached neither the upstream nor a local reply")
+		}
+		t.Fatalf("the request did not reach the upstream: local reply %d %s: %s", lr.Status, lr.Details, lr.Body)
+	}
 	if pool, _ := res.Upstream.Headers.Get("x-kvgate-pool"); pool != "pool-a" {
 		t.Errorf("x-kvgate-pool %q, want pool-a (info %+v)", pool, res.Info.LocalReply)
 	}

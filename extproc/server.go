@@ -30,6 +30,9 @@ type Server struct {
 	m       *metrics
 	paths   map[string]bool
 	health  *health.Server
+	// reqMode and respMode are the configured body modes, for streams
+	// whose first message carries no protocol_config.
+	reqMode, respMode bodyMode
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -56,12 +59,14 @@ func New(cfg Config, decider globalrouter.Decider, logger *slog.Logger, reg prom
 		return nil, fmt.Errorf("extproc: metrics: %w", err)
 	}
 	s := &Server{
-		cfg:     cfg,
-		decider: decider,
-		log:     logger.With("component", "extproc"),
-		m:       m,
-		paths:   map[string]bool{},
-		health:  health.NewServer(),
+		cfg:      cfg,
+		decider:  decider,
+		log:      logger.With("component", "extproc"),
+		m:        m,
+		paths:    map[string]bool{},
+		health:   health.NewServer(),
+		reqMode:  bodyModeOf(cfg.RequestBodyMode),
+		respMode: bodyModeOf(cfg.ResponseBodyMode),
 	}
 	for _, p := range cfg.InferencePaths {
 		s.paths[p] = true

@@ -10,13 +10,13 @@ import (
 	"strings"
 	"time"
 
-	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/sse"
 )
 
 // exchange is the state machine of one ext_proc stream. It runs on the
@@ -27,7 +27,8 @@ type exchange struct {
 	ctx    context.Context
 	log    *slog.Logger
 
-	reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode
+	reqMode, respMode bodyMode
+	router            routingMode // reqMode, once the request is to be routed
 	modesKnown        bool
 
 	// Request side.
@@ -49,7 +50,7 @@ type exchange struct {
 	// Response side.
 	code      string // HTTP status for kvgate_extproc_requests_total
 	counted   bool
-	sse       *sseParser
+	sse       *sse.Parser
 	usageBuf  []byte // non-streamed response, for its usage
 	usageOver bool
 	usage     Usage
@@ -62,14 +63,18 @@ func newExchange(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *e
 		stream:   stream,
 		ctx:      stream.Context(),
 		log:      s.log,
-		reqMode:  s.cfg.RequestBodyMode,
-		respMode: s.cfg.ResponseBodyMode,
+		reqMode:  s.reqMode,
+		respMode: s.respMode,
 	}
 }
 
 // errDone ends run without an error: the exchange answered with an
 // immediate response and Envoy will not send more.
 var errDone = errors.New("exchange done")
+
+// errNoHeaders ends a stream whose request body or trailers came before
+// its headers, which Envoy never does.
+var errNoHeaders = status.Error(codes.FailedPrecondition, "ext_proc request body or trailers before the request headers")
 
 func (x *exchange) run() error {
 	for {
@@ -83,7 +88,7 @@ func (x *exchange) run() error {
 		if !x.modesKnown {
 			x.modesKnown = true
 			if pc := req.GetProtocolConfig(); pc != nil {
-				x.reqMode, x.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+				x.reqMode, x.respMode = bodyModeOf(pc.GetRequestBodyMode()), bodyModeOf(pc.GetResponseBodyMode())
 			}
 		}
 		err = x.handle(req)
@@ -169,24 +174,21 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 	if h.GetEndOfStream() {
 		return x.reply(bodyHTTPError(&bodyError{reasonMissingField, "request body is required"}))
 	}
-	switch x.reqMode {
-	case extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
-		// Hold the header reply until the body is complete: the routing
-		// headers go in it.
-		return nil
-	case extprocfilterv3.ProcessingMode_BUFFERED:
-		// Envoy holds the body until the headers are answered; the routing
-		// headers go in the body reply, applied while headers are held.
-		return x.send(headersResponse(false, nil))
-	default:
+	rm, ok := x.reqMode.(routingMode)
+	if !ok {
 		return x.reply(&httpError{500, "server_error", "unsupported_processing_mode", "unsupported_processing_mode",
-			"ext_proc request body mode " + x.reqMode.String() + " cannot route; configure FULL_DUPLEX_STREAMED or BUFFERED", 0})
+			"ext_proc request body mode " + x.reqMode.mode().String() + " cannot route; configure FULL_DUPLEX_STREAMED or BUFFERED", 0})
 	}
+	x.router = rm
+	return rm.requestHeaders(x)
 }
 
 func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 	if x.passThrough || x.decided {
-		return x.passBody(x.reqMode, b, true)
+		return x.reqMode.pass(x, b, true)
+	}
+	if x.router == nil {
+		return errNoHeaders
 	}
 	if len(b.GetBody()) > 0 {
 		x.chunks = append(x.chunks, b.GetBody())
@@ -195,10 +197,7 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 	if x.size > x.s.cfg.MaxBodyBytes {
 		return x.reply(tooLarge(x.s.cfg.MaxBodyBytes))
 	}
-	// BUFFERED sends the whole body in one message (end_of_stream false
-	// when trailers follow); FULL_DUPLEX_STREAMED ends it with
-	// end_of_stream or with the trailers.
-	if b.GetEndOfStream() || x.reqMode == extprocfilterv3.ProcessingMode_BUFFERED {
+	if x.router.bodyComplete(b) {
 		return x.route()
 	}
 	return nil
@@ -209,6 +208,9 @@ func (x *exchange) requestTrailers() error {
 		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 			RequestTrailers: &extprocv3.TrailersResponse{}}})
 	}
+	if x.router == nil {
+		return errNoHeaders
+	}
 	x.trailers = true
 	if err := x.route(); err != nil {
 		return err
@@ -218,7 +220,7 @@ func (x *exchange) requestTrailers() error {
 }
 
 // route parses the complete body, decides, and answers Envoy with the
-// routing headers and metadata, re-emitting the body in FDS.
+// routing headers and metadata as the request body mode says.
 func (x *exchange) route() error {
 	x.decided = true
 	body := joinChunks(x.chunks, x.size)
@@ -227,7 +229,7 @@ func (x *exchange) route() error {
 	if greq.ID == "" {
 		greq.ID = newRequestID()
 	}
-	if v := x.headers[HeaderExplain]; v == "1" || strings.EqualFold(v, "true") {
+	if v := x.headers[globalrouter.HeaderExplain]; v == "1" || strings.EqualFold(v, "true") {
 		greq.Explain, x.explain = true, true
 	}
 	if _, err := parseBody(x.path, body, greq); err != nil {
@@ -260,14 +262,14 @@ func (x *exchange) route() error {
 	if x.s.cfg.HeaderFallbacks {
 		headerDest = dest
 	}
-	_, hadPrefiller := x.headers[HeaderPrefiller]
+	_, hadPrefiller := x.headers[globalrouter.HeaderPrefiller]
 	common := &extprocv3.CommonResponse{
 		HeaderMutation:  routingHeaders(d, headerDest, x.explain, hadPrefiller),
 		ClearRouteCache: true,
 	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
 		MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			HeaderDestination: structpb.NewStringValue(dest),
+			globalrouter.HeaderDestination: structpb.NewStringValue(dest),
 		}}),
 	}}
 	x.log.Debug("routed", "request_id", greq.ID, "pool", d.Primary.Pool, "worker", d.Primary.WorkerID,
@@ -276,37 +278,7 @@ func (x *exchange) route() error {
 		x.log.Info("decision explained", "request_id", greq.ID, "explanation", d.Explanation)
 	}
 
-	if x.reqMode == extprocfilterv3.ProcessingMode_BUFFERED {
-		return x.send(&extprocv3.ProcessingResponse{
-			Response:        &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}},
-			DynamicMetadata: md,
-		})
-	}
-	if err := x.send(&extprocv3.ProcessingResponse{
-		Response:        &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}},
-		DynamicMetadata: md,
-	}); err != nil {
-		return err
-	}
-	// Re-emit the body as it came, splitting only chunks over the limit.
-	// The last chunk ends the stream unless trailers will.
-	n := 0
-	for i, c := range x.chunks {
-		for len(c) > 0 {
-			part := c[:min(len(c), MaxChunkBytes)]
-			c = c[len(part):]
-			n += len(part)
-			last := i == len(x.chunks)-1 && len(c) == 0
-			if err := x.send(streamedBody(true, part, last && !x.trailers)); err != nil {
-				return err
-			}
-		}
-	}
-	if len(x.chunks) == 0 && !x.trailers {
-		return x.send(streamedBody(true, nil, true))
-	}
-	x.chunks = nil
-	return nil
+	return x.router.sendRoute(x, common, md)
 }
 
 // --- response path ---
@@ -333,7 +305,7 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 	if st, err := strconv.Atoi(x.code); err != nil || st >= 400 || h.GetEndOfStream() {
 		x.free()
 	} else if strings.HasPrefix(strings.ToLower(ctype), "text/event-stream") {
-		x.sse = newSSEParser(x.s.cfg.MaxUsageBytes, x.onSSE)
+		x.sse = sse.NewParser(x.s.cfg.MaxUsageBytes, x.onSSE)
 	}
 	return x.send(headersResponse(true, &extprocv3.CommonResponse{HeaderMutation: responseHeaders(x.decision, x.explain)}))
 }
@@ -358,7 +330,7 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 			x.endResponse()
 		}
 	}
-	if err := x.passBody(x.respMode, b, false); err != nil {
+	if err := x.respMode.pass(x, b, false); err != nil {
 		return err
 	}
 	if prefilled {
@@ -414,19 +386,6 @@ func (x *exchange) endResponse() {
 	x.free()
 }
 
-// passBody answers a body message without changing it: an echo of the
-// bytes in FDS (Envoy drained them), CONTINUE otherwise.
-func (x *exchange) passBody(mode extprocfilterv3.ProcessingMode_BodySendMode, b *extprocv3.HttpBody, request bool) error {
-	if mode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		return x.send(streamedBody(request, b.GetBody(), b.GetEndOfStream()))
-	}
-	br := &extprocv3.BodyResponse{}
-	if request {
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}})
-	}
-	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}})
-}
-
 // --- lifecycle ---
 
 // free releases the request on its local router, once.
@@ -474,7 +433,7 @@ func (x *exchange) count(pool string) {
 // proxy). Routed requests overwrite both instead.
 func passThroughMutation() *extprocv3.CommonResponse {
 	return &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
-		RemoveHeaders: []string{HeaderDestination, HeaderPrefiller},
+		RemoveHeaders: []string{globalrouter.HeaderDestination, globalrouter.HeaderPrefiller},
 	}}
 }
 
@@ -484,18 +443,6 @@ func headersResponse(response bool, common *extprocv3.CommonResponse) *extprocv3
 		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr}}
-}
-
-func streamedBody(request bool, b []byte, end bool) *extprocv3.ProcessingResponse {
-	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-		BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: end},
-		}},
-	}}
-	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
-	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
 }
 
 func joinChunks(chunks [][]byte, size int) []byte {

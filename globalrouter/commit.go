@@ -23,7 +23,7 @@ import (
 // refuses after the decision was made (the worker left, say) is counted,
 // logged, and surfaces on the lease (ErrCommitRefused): the request still
 // goes to the worker the probe chose, unaccounted on its local router
-// (docs/perf-decision.md weighs the trade).
+// (BENCHMARKS.md, ext_proc decision section, weighs the trade).
 func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, pinned bool) (*Decision, error) {
 	var refused []string
 	for i, c := range ranked {

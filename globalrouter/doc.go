@@ -11,7 +11,7 @@
 // the local router refuses afterwards leaves the request on the probed
 // worker, unaccounted there, and is counted
 // (kvgate_globalrouter_refused_commits_total), logged, and returned by the
-// lease's PrefillComplete as ErrCommitRefused (docs/perf-decision.md). A
+// lease's PrefillComplete as ErrCommitRefused (BENCHMARKS.md, ext_proc decision section). A
 // pinned worker's commit is still waited for: its answer gives the address.
 //
 // Router implements Decider. Build it with New from a Config (LoadConfig

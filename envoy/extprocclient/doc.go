@@ -29,7 +29,14 @@
 //	// primary), res.Info.DynamicMetadata["envoy.lb"] the whole list, or
 //	// res.Info.LocalReply the error the server answered with.
 //
-// # What it reproduces (Envoy ~1.35–1.37, ../shared/reference/envoy-ext-proc.md)
+// # What it reproduces (Envoy ~1.35–1.37)
+//
+// Read from Envoy's source/extensions/filters/http/ext_proc/ (ext_proc.cc,
+// processor_state.cc and .h, client_impl.cc, mutation_utils.cc, config.cc)
+// and source/extensions/filters/common/mutation_rules/mutation_rules.cc;
+// faithful_test.go lists the behaviours a naive client gets wrong with the
+// function of Envoy's that shows each. Each body mode is one strategy
+// (bodymode_*.go).
 //
 //   - One gRPC stream per HTTP request, opened lazily on the first message
 //     (none at all if nothing is sent); request and response share it; it is
@@ -78,8 +85,9 @@
 //     closed, later messages ignored; after response headers went
 //     downstream: reset (ErrReset); spurious with disable_immediate_response.
 //     Local replies are never sent to ext_proc.
-//   - message_timeout per message awaiting a reply, none for
-//     FULL_DUPLEX_STREAMED; expiry → 504
+//   - message_timeout per message awaiting a reply, none at all in a
+//     FULL_DUPLEX_STREAMED direction, for its headers and trailers too
+//     (ProcessorState::onStartProcessorCall); expiry → 504
 //     ext_proc_error_per-message_timeout_exceeded, or continue when fail-open;
 //     override_message_timeout once per call within max_message_timeout.
 //   - Clean OK close → processing ends, request continues unmodified, even

@@ -1,7 +1,30 @@
 package extprocclient
 
-// One test (or table) per item of ../shared/reference/envoy-ext-proc.md §6,
-// "what a naive fake client gets wrong", then the rest of the reference.
+// One test (or table) per thing a naive fake client gets wrong (§6.1–§6.10
+// below, each with the Envoy source that shows it), then the rest of what
+// the package doc says is reproduced. Sources are Envoy's
+// source/extensions/filters/http/ext_proc/ unless said otherwise:
+//
+//  1. header values in raw_value both ways (mutation_utils.cc);
+//  2. set_headers honours the legacy append only (mutation_utils.cc);
+//  3. clear_route_cache only with a header_mutation, request path only
+//     (processor_state.cc, clearRouteCache);
+//  4. dynamic metadata only for receiving namespaces (ext_proc.cc,
+//     setDynamicMetadata);
+//  5. no message timer and no fail-open in FULL_DUPLEX_STREAMED
+//     (processor_state.cc, onStartProcessorCall; ext_proc.cc,
+//     failureModeAllow);
+//  6. content-length removed, or checked in BUFFERED (processor_state.h,
+//     shouldRemoveContentLength; processor_state.cc, validateContentLength);
+//  7. a clean OK close is no error, a timeout is 504 (client_impl.cc,
+//     onRemoteClose; ext_proc.cc, onMessageTimeout);
+//  8. no body before the header reply (BUFFERED, STREAMED), no
+//     end_of_stream on a BUFFERED body that has trailers (ext_proc.cc,
+//     onData, onTrailers);
+//  9. ':' headers and host not removable nor appendable, :path settable
+//     (source/extensions/filters/common/mutation_rules/mutation_rules.cc);
+//  10. header_mutation ignored in STREAMED body replies (processor_state.cc,
+//     handleStreamedBodyResponse).
 
 import (
 	"context"
@@ -30,6 +53,7 @@ import (
 func setHeader(key, value, raw string, app *bool) *corev3.HeaderValueOption {
 	o := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: key, Value: value, RawValue: []byte(raw)}}
 	if app != nil {
+		//lint:ignore SA1019 the legacy append is what Envoy honours (§6.2).
 		o.Append = wrapperspb.Bool(*app)
 	}
 	return o

@@ -172,6 +172,7 @@ func (c *checker) applyHeaderMutation(h *Headers, m *extprocv3.HeaderMutation, o
 		if o.skipContentLength && name == "content-length" {
 			continue
 		}
+		//lint:ignore SA1019 Envoy honours only the deprecated append (mutation_utils.cc), not append_action.
 		appendValue := o2.GetAppend().GetValue()
 		_, exists := h.Get(name)
 		op := opSet

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/nats-io/nats-server/v2/server"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -97,9 +97,9 @@ func StartNATS(t testing.TB) string {
 
 // StartNATSServer is StartNATS returning the server itself, for tests that
 // stop it or read its state.
-func StartNATSServer(t testing.TB) *server.Server {
+func StartNATSServer(t testing.TB) *natsserver.Server {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{
+	s, err := natsserver.NewServer(&natsserver.Options{
 		Host:   "127.0.0.1",
 		Port:   -1, // random free port
 		NoLog:  true,
