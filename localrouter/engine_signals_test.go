@@ -1,0 +1,143 @@
+package localrouter
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/localrouter/signals"
+)
+
+func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	cfg.SaturationKVUsage = 0.95
+	cfg.SaturationWaiting = 10
+	r := newRouter(t, cfg, "a", "b", "c")
+	prompt := toks(32, 1)
+	// a holds the whole prompt: without engine signals it always wins.
+	storeTokens(t, r, "a", prompt)
+	ctx := testCtx(t)
+	sel, err := r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{})
+	if err != nil || sel.Worker.ID != "a" || len(sel.Skipped) != 0 || sel.HasEngine {
+		t.Fatalf("before signals: %+v, %v; want a, nothing skipped", sel, err)
+	}
+
+	tests := []struct {
+		name     string
+		a        signals.Sample
+		wantID   string
+		wantSkip string // substring of a's skip reason
+	}{
+		{"kv full with a queue", signals.Sample{Engine: "vllm", KVUsage: 0.97, HasKVUsage: true, Waiting: 1}, "", "KV usage 0.970"},
+		{"long queue", signals.Sample{Engine: "vllm", Waiting: 10}, "", "10 requests waiting"},
+		{"kv full, no queue: not saturated", signals.Sample{Engine: "vllm", KVUsage: 0.99, HasKVUsage: true}, "a", ""},
+		{"short queue", signals.Sample{Engine: "sglang", Waiting: 9}, "a", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r.SetEngineSignals("a", map[uint32]signals.Sample{0: tt.a, 5: tt.a}) // rank 5 is not a's: ignored
+			sel, err := r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.wantSkip == "" {
+				if sel.Worker.ID != tt.wantID || len(sel.Skipped) != 0 || !sel.HasEngine || sel.Engine != tt.a {
+					t.Errorf("got %+v, want %s with its engine signals, nothing skipped", sel, tt.wantID)
+				}
+				return
+			}
+			if sel.Worker.ID == "a" {
+				t.Errorf("chose saturated worker a: %+v", sel)
+			}
+			if len(sel.Skipped) != 1 || sel.Skipped[0].Worker != (WorkerKey{"a", 0}) || !strings.Contains(sel.Skipped[0].Reason, tt.wantSkip) {
+				t.Errorf("skipped = %+v, want a with a reason containing %q", sel.Skipped, tt.wantSkip)
+			}
+		})
+	}
+	if _, ok := r.EngineSignals(WorkerKey{"a", 5}); ok {
+		t.Error("signals of a rank beyond dp_size were kept")
+	}
+
+	// A forced worker is never skipped; every worker saturated skips none.
+	sat := signals.Sample{Engine: "vllm", Waiting: 50}
+	r.SetEngineSignals("a", map[uint32]signals.Sample{0: sat})
+	sel, err = r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"a", 0}})
+	if err != nil || sel.Worker.ID != "a" || len(sel.Skipped) != 0 {
+		t.Errorf("forced worker: %+v, %v; want a, nothing skipped", sel, err)
+	}
+	r.SetEngineSignals("b", map[uint32]signals.Sample{0: sat})
+	r.SetEngineSignals("c", map[uint32]signals.Sample{0: sat})
+	sel, err = r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{RequestID: "r1"})
+	if err != nil || sel.Worker.ID != "a" || !sel.AllSaturated || len(sel.Skipped) != 0 {
+		t.Errorf("all saturated: %+v, %v; want a (cheapest), AllSaturated, nothing skipped", sel, err)
+	}
+
+	// Placing a request counts its skips; probes do not.
+	r.SetEngineSignals("b", nil)
+	if _, err := r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{RequestID: "r2"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.SaturationSkips(); got != 2 {
+		t.Errorf("SaturationSkips = %d, want 2 (a and c for r2)", got)
+	}
+
+	// Removing a worker forgets its signals.
+	r.RemoveWorker("c")
+	if _, ok := r.EngineSignals(WorkerKey{"c", 0}); ok {
+		t.Error("signals of a removed worker were kept")
+	}
+}
+
+func TestEngineSignalsInCost(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	prompt := toks(16, 1)
+	// Equal cost without signals; a's engine has a queue and a fuller cache.
+	load := map[uint32]signals.Sample{0: {Engine: "vllm", Waiting: 3, KVUsage: 0.5, HasKVUsage: true}}
+
+	t.Run("weights 0: cost unchanged", func(t *testing.T) {
+		r := newRouter(t, cfg, "a")
+		before, _ := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
+		r.SetEngineSignals("a", load)
+		after, _ := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
+		if before.Cost != after.Cost {
+			t.Errorf("cost %v with signals, %v without; want equal at weights 0", after.Cost, before.Cost)
+		}
+	})
+	t.Run("weights steer away", func(t *testing.T) {
+		c := cfg
+		c.WaitingWeight, c.KVUsageWeight = 2, 10
+		r := newRouter(t, c, "a", "b")
+		r.SetEngineSignals("a", load)
+		for i := range 20 { // ties are broken at random: b must win every time
+			sel, err := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
+			if err != nil || sel.Worker.ID != "b" {
+				t.Fatalf("try %d: %+v, %v; want b", i, sel, err)
+			}
+		}
+		loads, err := r.PotentialLoads(testCtx(t), Request{Tokens: prompt})
+		if err != nil || len(loads) != 2 || !loads[0].HasEngine || loads[0].Engine.Waiting != 3 || loads[1].HasEngine {
+			t.Errorf("PotentialLoads = %+v, %v; want a's engine signals on a only", loads, err)
+		}
+		a, _ := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"a", 0}})
+		b, _ := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"b", 0}})
+		if got, want := a.Cost-b.Cost, 2*3+10*0.5; got != want {
+			t.Errorf("engine term = %v, want waiting_weight*3 + kv_usage_weight*0.5 = %v", got, want)
+		}
+	})
+}
+
+func TestConfigRefusesBadSignalKnobs(t *testing.T) {
+	for _, mut := range []func(*Config){
+		func(c *Config) { c.WaitingWeight = -1 },
+		func(c *Config) { c.KVUsageWeight = -1 },
+		func(c *Config) { c.SaturationKVUsage = 1.5 },
+		func(c *Config) { c.SaturationWaiting = -1 },
+	} {
+		c := DefaultConfig()
+		mut(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil, want an error", c)
+		}
+	}
+}
