@@ -59,10 +59,10 @@ type Options struct {
 	ScrapeStats   func() signals.Stats
 	MetricsPeriod time.Duration
 	// Clock ages engine signals (default time.Now).
-	Clock func() time.Time
-	RouterID   string
-	Pool       string
-	Logger     *slog.Logger
+	Clock    func() time.Time
+	RouterID string
+	Pool     string
+	Logger   *slog.Logger
 }
 
 // Server implements localrouterv1.LocalRouterServer over a Router.
