@@ -150,9 +150,16 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	closers = append(closers, cancel)
 
 	inst = &Instance{WorkerID: cfg.WorkerID, done: make(chan struct{})}
+	dpSize := max(cfg.Server.DPSize, 1)
 	var sink KVSink
+	var sinks []KVSink
 	switch cfg.Events {
 	case EventsZMQ:
+		if dpSize > 1 {
+			// vLLM binds one PUB socket per rank (the port offset by the
+			// rank); the mocker's ZMQ sink is one socket.
+			return nil, fmt.Errorf("mocker: zmq events serve dp_size 1 only (dp_size %d): use nats events", dpSize)
+		}
 		z, err := NewZMQSink(runCtx, cfg.ZMQEndpoint, cfg.ZMQTopic, engCfg.BlockSize, 0)
 		if err != nil {
 			return nil, fmt.Errorf("mocker: %w", err)
@@ -185,12 +192,17 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		}
 		closers = append(closers, func() { pub.Close() })
 		sink = PublisherSink{Publisher: pub}
+		if dpSize > 1 {
+			for r := range dpSize {
+				sinks = append(sinks, PublisherSink{Publisher: pub, DPRank: uint32(r)})
+			}
+		}
 	case EventsNone:
 	default:
 		return nil, fmt.Errorf("mocker: unknown events mode %q (want zmq, nats or none)", cfg.Events)
 	}
 
-	srv, err := NewServer(cfg.Server, ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink})
+	srv, err := NewServer(cfg.Server, ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink, Sinks: sinks})
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +218,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	if cli != nil {
 		role := engCfg.Role
 		reg, err := registry.Register(ctx, cli, cfg.Pool, kvevents.WorkerInfo{
-			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: 1, BlockSize: engCfg.BlockSize,
+			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: dpSize, BlockSize: engCfg.BlockSize,
 			Model: srv.cfg.Model, Role: role, KVCapacityBlocks: engCfg.NumBlocks,
 		}, cfg.LeaseTTL, log)
 		if err != nil {
