@@ -68,8 +68,8 @@ type Server struct {
 	log   *slog.Logger
 	ranks []*live // one per data-parallel rank
 	reg   prometheus.Gatherer
-	mux  *http.ServeMux
-	seq  atomic.Uint64
+	mux   *http.ServeMux
+	seq   atomic.Uint64
 }
 
 // ServerOptions are a Server's dependencies; all optional.
