@@ -88,11 +88,11 @@ type Config struct {
 // with 2, the second of them serving two data-parallel ranks.
 func DefaultConfig() Config {
 	return Config{
-		Host:        "127.0.0.1",
-		GatewayAddr: "127.0.0.1:8080",
-		ExtprocAddr: "127.0.0.1:9002",
-		Model:       "mock-llama",
-		BlockSize:   16,
+		Host:          "127.0.0.1",
+		GatewayAddr:   "127.0.0.1:8080",
+		ExtprocAddr:   "127.0.0.1:9002",
+		Model:         "mock-llama",
+		BlockSize:     16,
 		Pools:         []PoolSpec{{Name: "pool-a", Workers: 3}, {Name: "pool-b", Workers: 2, DPSizes: []int{1, 2}}},
 		Speedup:       1,
 		NumBlocks:     8192,
