@@ -4,8 +4,22 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/localrouter/signals"
 )
+
+// best is BestWorker with its signals report.
+func best(t *testing.T, r *Router, req Request, opts BestWorkerOptions) (routing.Selection, SignalsReport) {
+	t.Helper()
+	var rep SignalsReport
+	opts.Signals = &rep
+	sel, err := r.BestWorker(testenv.Context(t), req, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel, rep
+}
 
 func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 	cfg := DefaultConfig()
@@ -16,10 +30,9 @@ func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 	prompt := toks(32, 1)
 	// a holds the whole prompt: without engine signals it always wins.
 	storeTokens(t, r, "a", prompt)
-	ctx := testCtx(t)
-	sel, err := r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{})
-	if err != nil || sel.Worker.ID != "a" || len(sel.Skipped) != 0 || sel.HasEngine {
-		t.Fatalf("before signals: %+v, %v; want a, nothing skipped", sel, err)
+	sel, rep := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{})
+	if sel.WorkerID != "a" || len(rep.Skipped) != 0 || rep.HasEngine {
+		t.Fatalf("before signals: %+v, %+v; want a, nothing skipped", sel, rep)
 	}
 
 	tests := []struct {
@@ -36,21 +49,18 @@ func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r.SetEngineSignals("a", map[uint32]signals.Sample{0: tt.a, 5: tt.a}) // rank 5 is not a's: ignored
-			sel, err := r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			sel, rep := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{})
 			if tt.wantSkip == "" {
-				if sel.Worker.ID != tt.wantID || len(sel.Skipped) != 0 || !sel.HasEngine || sel.Engine != tt.a {
-					t.Errorf("got %+v, want %s with its engine signals, nothing skipped", sel, tt.wantID)
+				if sel.WorkerID != tt.wantID || len(rep.Skipped) != 0 || !rep.HasEngine || rep.Engine != tt.a {
+					t.Errorf("got %+v, %+v; want %s with its engine signals, nothing skipped", sel, rep, tt.wantID)
 				}
 				return
 			}
-			if sel.Worker.ID == "a" {
+			if sel.WorkerID == "a" {
 				t.Errorf("chose saturated worker a: %+v", sel)
 			}
-			if len(sel.Skipped) != 1 || sel.Skipped[0].Worker != (WorkerKey{"a", 0}) || !strings.Contains(sel.Skipped[0].Reason, tt.wantSkip) {
-				t.Errorf("skipped = %+v, want a with a reason containing %q", sel.Skipped, tt.wantSkip)
+			if len(rep.Skipped) != 1 || rep.Skipped[0].Worker != (WorkerKey{"a", 0}) || !strings.Contains(rep.Skipped[0].Reason, tt.wantSkip) {
+				t.Errorf("skipped = %+v, want a with a reason containing %q", rep.Skipped, tt.wantSkip)
 			}
 		})
 	}
@@ -61,24 +71,26 @@ func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 	// A forced worker is never skipped; every worker saturated skips none.
 	sat := signals.Sample{Engine: "vllm", Waiting: 50}
 	r.SetEngineSignals("a", map[uint32]signals.Sample{0: sat})
-	sel, err = r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"a", 0}})
-	if err != nil || sel.Worker.ID != "a" || len(sel.Skipped) != 0 {
-		t.Errorf("forced worker: %+v, %v; want a, nothing skipped", sel, err)
+	sel, rep = best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"a", 0}})
+	if sel.WorkerID != "a" || len(rep.Skipped) != 0 {
+		t.Errorf("forced worker: %+v, %+v; want a, nothing skipped", sel, rep)
 	}
 	r.SetEngineSignals("b", map[uint32]signals.Sample{0: sat})
 	r.SetEngineSignals("c", map[uint32]signals.Sample{0: sat})
-	sel, err = r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{RequestID: "r1"})
-	if err != nil || sel.Worker.ID != "a" || !sel.AllSaturated || len(sel.Skipped) != 0 {
-		t.Errorf("all saturated: %+v, %v; want a (cheapest), AllSaturated, nothing skipped", sel, err)
+	sel, rep = best(t, r, Request{Tokens: prompt}, BestWorkerOptions{RequestID: "r1"})
+	if sel.WorkerID != "a" || !rep.AllSaturated || len(rep.Skipped) != 0 {
+		t.Errorf("all saturated: %+v, %+v; want a (cheapest), AllSaturated, nothing skipped", sel, rep)
 	}
 
 	// Placing a request counts its skips; probes do not.
 	r.SetEngineSignals("b", nil)
-	if _, err := r.BestWorker(ctx, Request{Tokens: prompt}, BestWorkerOptions{RequestID: "r2"}); err != nil {
-		t.Fatal(err)
-	}
+	best(t, r, Request{Tokens: prompt}, BestWorkerOptions{RequestID: "r2"})
 	if got := r.SaturationSkips(); got != 2 {
 		t.Errorf("SaturationSkips = %d, want 2 (a and c for r2)", got)
+	}
+	// Without a report the choice is the same.
+	if sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt}, BestWorkerOptions{}); err != nil || sel.WorkerID != "b" {
+		t.Errorf("without a report: %+v, %v; want b", sel, err)
 	}
 
 	// Removing a worker forgets its signals.
@@ -97,9 +109,9 @@ func TestEngineSignalsInCost(t *testing.T) {
 
 	t.Run("weights 0: cost unchanged", func(t *testing.T) {
 		r := newRouter(t, cfg, "a")
-		before, _ := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
+		before, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{})
 		r.SetEngineSignals("a", load)
-		after, _ := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
+		after, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{})
 		if before.Cost != after.Cost {
 			t.Errorf("cost %v with signals, %v without; want equal at weights 0", after.Cost, before.Cost)
 		}
@@ -110,17 +122,16 @@ func TestEngineSignalsInCost(t *testing.T) {
 		r := newRouter(t, c, "a", "b")
 		r.SetEngineSignals("a", load)
 		for i := range 20 { // ties are broken at random: b must win every time
-			sel, err := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
-			if err != nil || sel.Worker.ID != "b" {
-				t.Fatalf("try %d: %+v, %v; want b", i, sel, err)
+			if sel, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{}); sel.WorkerID != "b" {
+				t.Fatalf("try %d: %+v; want b", i, sel)
 			}
 		}
-		loads, err := r.PotentialLoads(testCtx(t), Request{Tokens: prompt})
+		loads, err := r.PotentialLoads(testenv.Context(t), Request{Tokens: prompt})
 		if err != nil || len(loads) != 2 || !loads[0].HasEngine || loads[0].Engine.Waiting != 3 || loads[1].HasEngine {
 			t.Errorf("PotentialLoads = %+v, %v; want a's engine signals on a only", loads, err)
 		}
-		a, _ := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"a", 0}})
-		b, _ := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"b", 0}})
+		a, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"a", 0}})
+		b, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"b", 0}})
 		if got, want := a.Cost-b.Cost, 2*3+10*0.5; got != want {
 			t.Errorf("engine term = %v, want waiting_weight*3 + kv_usage_weight*0.5 = %v", got, want)
 		}
