@@ -43,6 +43,25 @@ func TestDataParallelRankReachesEngine(t *testing.T) {
 			t.Errorf("engine served rank %q, want %s (the rank kvgate chose)", got, rank)
 		}
 	}
+	// Rank 1's KV events are its own: a long prompt served there is then
+	// cached on rank 1 in the local router's index, not on rank 0.
+	pinned := func(rank string) reply {
+		r := chat(t, ctx, c, s, chatBody("mock-llama", longPrompt("data-parallel", 0), false, 2),
+			"x-kvgate-pool", "pool-b", "x-kvgate-worker-id", *dp, "x-kvgate-dp-rank", rank)
+		if r.status != 200 || r.header.Get(mocker.HeaderServedDPRank) != rank {
+			t.Fatalf("pinned to rank %s: status %d, served by rank %q", rank, r.status, r.header.Get(mocker.HeaderServedDPRank))
+		}
+		return r
+	}
+	pinned("1")
+	testenv.Eventually(t, 30*time.Second, func() (string, bool) {
+		r := pinned("1")
+		return fmt.Sprintf("rank 1 overlap %d, want its cached prefix", r.overlap), r.overlap > 20
+	})
+	if r := pinned("0"); r.overlap > 0 {
+		t.Errorf("rank 0 overlap %d for a prompt only rank 1 cached, want 0", r.overlap)
+	}
+
 	var w1 int
 	for _, w := range p.Workers {
 		if w.ID == *dp {
