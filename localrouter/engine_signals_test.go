@@ -67,6 +67,13 @@ func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 	if _, ok := r.EngineSignals(WorkerKey{"a", 5}); ok {
 		t.Error("signals of a rank beyond dp_size were kept")
 	}
+	// One rank reported by a one-rank worker is its rank 0, whatever its
+	// label (vLLM's external DP load balancing).
+	r.SetEngineSignals("b", map[uint32]signals.Sample{3: {Engine: "vllm", Waiting: 1}})
+	if got, ok := r.EngineSignals(WorkerKey{"b", 0}); !ok || got.Waiting != 1 {
+		t.Errorf("b rank 0 = %+v, %v; want the one rank its engine reported", got, ok)
+	}
+	r.SetEngineSignals("b", nil)
 
 	// A forced worker is never skipped; every worker saturated skips none.
 	sat := signals.Sample{Engine: "vllm", Waiting: 50}

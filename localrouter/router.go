@@ -248,7 +248,10 @@ func (r *Router) RemoveWorker(id string) []string {
 // SetEngineSignals replaces worker id's engine signals with ranks (the
 // samples of its ranks, as signals.Parse returns them; nil forgets them).
 // Ranks beyond the worker's dp_size, and workers that are not members,
-// are ignored. It implements signals.Sink; ranks is not retained.
+// are ignored, except that a worker of one rank whose engine reports one
+// rank takes it whatever its label (an engine run as one rank of a larger
+// DP deployment labels it with its global rank). It implements
+// signals.Sink; ranks is not retained.
 func (r *Router) SetEngineSignals(id string, ranks map[uint32]signals.Sample) {
 	r.setSignals(id, ranks, true)
 }
@@ -272,6 +275,12 @@ func (r *Router) setSignals(id string, ranks map[uint32]signals.Sample, keep boo
 		next[k] = v
 	}
 	for rank, smp := range ranks {
+		if dp == 1 && len(ranks) == 1 {
+			// One rank per registration (vLLM's external DP load
+			// balancing: each server is one rank, labelled with its
+			// global index): the one reported is the worker's.
+			rank = 0
+		}
 		if int(rank) < dp {
 			next[WorkerKey{id, rank}] = smp
 			changed = true
