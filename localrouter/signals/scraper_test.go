@@ -81,8 +81,13 @@ func TestScraperRound(t *testing.T) {
 	if st := s.Stats(); st.Scrapes != 4 || st.Failures != 3 {
 		t.Errorf("stats = %+v, want 4 scrapes, 3 failures", st)
 	}
-	if got := testutil.ToFloat64(s.results.WithLabelValues("error")); got != 3 {
-		t.Errorf("kvgate_localrouter_engine_scrapes_total{result=error} = %v, want 3", got)
+	const golden = `# HELP kvgate_localrouter_engine_scrapes_total Scrapes of workers' engine metrics endpoints, by result (ok, error).
+# TYPE kvgate_localrouter_engine_scrapes_total counter
+kvgate_localrouter_engine_scrapes_total{result="error"} 3
+kvgate_localrouter_engine_scrapes_total{result="ok"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(golden), "kvgate_localrouter_engine_scrapes_total"); err != nil {
+		t.Error(err)
 	}
 
 	// A target that left gets its samples cleared.
