@@ -72,7 +72,8 @@
 // X-Data-Parallel-Rank header or routed_dp_rank body field names, else to
 // the least loaded; X-Mocker-Dp-Rank in the response names the rank that
 // served it. /metrics carries vLLM's names with its model_name and engine
-// labels, one series per rank.
+// labels, one series per rank. In ZMQ mode each rank has its own PUB
+// socket at the endpoint's port + rank, as vLLM binds them.
 //
 // # What the model does
 //
