@@ -76,7 +76,7 @@ type Sample struct {
 	KVUsage    float64
 	HasKVUsage bool
 	// Preemptions is vLLM's cumulative preemption count, or SGLang's
-	// current retracted requests.
+	// requests retracted since its last stats interval (a gauge).
 	Preemptions float64
 	// PrefixHitRate is the prefix cache hit rate, 0..1: SGLang's gauge, or
 	// vLLM's hits / queries since the engine started (HasPrefixHitRate when

@@ -389,7 +389,8 @@ type EngineSignals struct {
 	WaitingRequests float64 `protobuf:"fixed64,3,opt,name=waiting_requests,json=waitingRequests,proto3" json:"waiting_requests,omitempty"`
 	// KV cache usage, 0..1 (unset when the engine does not report it).
 	KvUsage *float64 `protobuf:"fixed64,4,opt,name=kv_usage,json=kvUsage,proto3,oneof" json:"kv_usage,omitempty"`
-	// vLLM: cumulative preemptions; SGLang: requests retracted now.
+	// vLLM: cumulative preemptions; SGLang: requests retracted in its last
+	// stats interval.
 	Preemptions float64 `protobuf:"fixed64,5,opt,name=preemptions,proto3" json:"preemptions,omitempty"`
 	// Prefix cache hit rate, 0..1 (vLLM: hits / queries since start).
 	PrefixHitRate *float64 `protobuf:"fixed64,6,opt,name=prefix_hit_rate,json=prefixHitRate,proto3,oneof" json:"prefix_hit_rate,omitempty"`
