@@ -31,7 +31,7 @@ func TestEngineSignalsOverGRPC(t *testing.T) {
 	e := newEnv(t)
 	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(vllmBusy)) }))
 	defer busy.Close()
-	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "no", 503) }))
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "no", http.StatusServiceUnavailable) }))
 	defer broken.Close()
 
 	cfg := e.config("signals")
