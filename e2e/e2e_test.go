@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -32,16 +33,17 @@ func TestChat(t *testing.T) {
 				t.Fatalf("x-kvgate-pool %q names no pool", r.pool)
 			}
 			var addr string
+			dpSize := 0
 			for _, w := range p.Workers {
 				if w.ID == r.worker {
-					addr = w.Addr
+					addr, dpSize = w.Addr, w.DPSize
 				}
 			}
 			if addr == "" || r.header.Get("x-kvgate-endpoint") != addr {
 				t.Errorf("x-kvgate-worker-id %q, x-kvgate-endpoint %q: want a worker of %s and its address", r.worker, r.header.Get("x-kvgate-endpoint"), r.pool)
 			}
-			if r.header.Get("x-kvgate-dp-rank") != "0" || r.header.Get("x-kvgate-overlap-blocks") == "" || r.header.Get("x-kvgate-explain") == "" {
-				t.Errorf("headers %v: want dp rank 0, overlap blocks and an explanation", r.header)
+			if rank, err := strconv.Atoi(r.header.Get("x-kvgate-dp-rank")); err != nil || rank < 0 || rank >= dpSize || r.header.Get("x-kvgate-overlap-blocks") == "" || r.header.Get("x-kvgate-explain") == "" {
+				t.Errorf("headers %v: want a dp rank below the worker's %d, overlap blocks and an explanation", r.header, dpSize)
 			}
 			if stream {
 				if n := len(r.events); n < 2 || r.events[n-1] != "[DONE]" {

@@ -34,8 +34,13 @@
 // both accept; Config.HeaderFallbacks appends the distinct fallbacks,
 // comma-separated, for override_host setups that read the list from the
 // header), x-kvgate-pool, x-kvgate-worker-id, x-kvgate-dp-rank,
+// x-data-parallel-rank (the rank for the engine: vLLM and SGLang read it;
+// a client's own is replaced, and removed on pass-through),
 // x-kvgate-overlap-blocks, x-prefiller-host-port (disaggregated; a client's
-// own is removed) and x-kvgate-explain (when asked). The envoy.lb metadata
+// own is removed) and x-kvgate-explain (when asked). For a pool with
+// dp_rank_body_field (Decision.DPRankBodyField) the JSON body is re-emitted
+// with SGLang's routed_dp_rank set to the rank (content-length fixed in
+// BUFFERED mode). The envoy.lb metadata
 // key x-gateway-destination-endpoint always carries the whole list (primary,
 // then distinct fallbacks), where override_host reads it for retries. Set on
 // the response: the same x-kvgate-* plus x-kvgate-endpoint, so clients see

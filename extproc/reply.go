@@ -96,6 +96,17 @@ func setHeader(k, v string) *corev3.HeaderValueOption {
 	}
 }
 
+// withRoutedDPRank returns body (a JSON object) with SGLang's
+// routed_dp_rank field set to rank, a client's own value replaced.
+func withRoutedDPRank(body []byte, rank uint32) ([]byte, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return nil, err
+	}
+	obj["routed_dp_rank"] = json.RawMessage(strconv.FormatUint(uint64(rank), 10))
+	return json.Marshal(obj)
+}
+
 // destination is the x-gateway-destination-endpoint value: the primary's
 // address, then each distinct fallback address in order.
 func destination(d *globalrouter.Decision) string {
@@ -123,6 +134,7 @@ func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPref
 		setHeader(globalrouter.HeaderPool, d.Primary.Pool),
 		setHeader(globalrouter.HeaderWorkerID, d.Primary.WorkerID),
 		setHeader(globalrouter.HeaderDPRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
+		setHeader(globalrouter.HeaderDataParallelRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
 		setHeader(globalrouter.HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
 	}
 	m := &extprocv3.HeaderMutation{}

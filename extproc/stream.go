@@ -278,7 +278,31 @@ func (x *exchange) route() error {
 		x.log.Info("decision explained", "request_id", greq.ID, "explanation", d.Explanation)
 	}
 
+	if d.DPRankBodyField { // SGLang's body field, for pools that ask
+		if err := x.setRoutedDPRank(common, body, d.Primary.DPRank); err != nil {
+			return err
+		}
+	}
 	return x.router.sendRoute(x, common, md)
+}
+
+// setRoutedDPRank rewrites the request body with SGLang's routed_dp_rank
+// set to rank: the body re-emitted in FULL_DUPLEX_STREAMED (x.chunks), or
+// replaced by a body mutation in BUFFERED, where Envoy keeps
+// content-length and it must match.
+func (x *exchange) setRoutedDPRank(common *extprocv3.CommonResponse, body []byte, rank uint32) error {
+	nb, err := withRoutedDPRank(body, rank)
+	if err != nil {
+		return err // parseBody accepted it as an object: cannot happen
+	}
+	x.chunks = [][]byte{nb}
+	if _, ok := x.router.(buffered); ok {
+		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: nb}}
+		if _, ok := x.headers["content-length"]; ok {
+			common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(nb))))
+		}
+	}
+	return nil
 }
 
 // --- response path ---
@@ -433,7 +457,7 @@ func (x *exchange) count(pool string) {
 // proxy). Routed requests overwrite both instead.
 func passThroughMutation() *extprocv3.CommonResponse {
 	return &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
-		RemoveHeaders: []string{globalrouter.HeaderDestination, globalrouter.HeaderPrefiller},
+		RemoveHeaders: []string{globalrouter.HeaderDestination, globalrouter.HeaderPrefiller, globalrouter.HeaderDataParallelRank},
 	}}
 }
 

@@ -48,7 +48,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			continue
 		}
 		l.main = tr
-		d := &Decision{Primary: endpoint(c.Pool, c.Probe), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: l}
+		d := &Decision{Primary: endpoint(c.Pool, c.Probe), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: l, DPRankBodyField: pe.cfg.DPRankBodyField}
 		if c.Prefill != nil {
 			if err := r.commitPrefill(ctx, st, p, c.Prefill, l, d); err != nil {
 				// The decode worker prefills locally rather than failing
@@ -131,7 +131,7 @@ func (r *Router) decidePinnedWorker(ctx context.Context, p *prepared, eligible [
 			sel.BlockSize = pe.cfg.BlockSize
 		}
 		sel.ISL = len(p.tokens)
-		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: &lease{main: tr}}
+		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: &lease{main: tr}, DPRankBodyField: pe.cfg.DPRankBodyField}
 		if p.req.Explain {
 			d.Explanation = fmt.Sprintf("model=%s isl=%d; pinned by %s=%s: pool %s, worker %s rank %d (%s), overlap %d/%d blocks",
 				p.req.Model, len(p.tokens), HeaderWorkerID, worker, pe.cfg.Name, sel.WorkerID, sel.DPRank, sel.Address, sel.OverlapBlocks, sel.RequestBlocks)

@@ -23,4 +23,12 @@ const (
 	HeaderExplain = "x-kvgate-explain"
 	// HeaderDropped is the reason of a refused request, on the local reply.
 	HeaderDropped = "x-kvgate-dropped-reason"
+	// HeaderDataParallelRank delivers the primary's rank to the engine:
+	// vLLM reads X-data-parallel-rank
+	// (vllm/entrypoints/openai/serving_engine.py, _get_data_parallel_rank),
+	// SGLang X-Data-Parallel-Rank; header names are case-insensitive, so
+	// one name serves both. A client's own is overwritten on routed
+	// requests and removed on the others; HeaderDPRank stays the
+	// informational copy.
+	HeaderDataParallelRank = "x-data-parallel-rank"
 )

@@ -56,6 +56,10 @@ type Decision struct {
 	RequestBlocks int
 	// Explanation says why Primary won (set when Request.Explain).
 	Explanation string
+	// DPRankBodyField: Primary's pool sets SGLang's routed_dp_rank body
+	// field (pool.Config.DPRankBodyField); the ext_proc server rewrites
+	// the body.
+	DPRankBodyField bool
 	// Lease drives the request's lifecycle on the chosen local router.
 	Lease Lease
 }

@@ -47,6 +47,18 @@ type WorkerInfo struct {
 	Role string `json:"role,omitempty"`
 	// KVCapacityBlocks is the engine's KV cache size in blocks (0 unknown).
 	KVCapacityBlocks int `json:"kv_capacity_blocks,omitempty"`
+	// MetricsURL is the engine's Prometheus metrics endpoint, scraped by
+	// the local router for engine signals ("": http://<Address>/metrics,
+	// where vLLM, SGLang and the mocker serve it).
+	MetricsURL string `json:"metrics_url,omitempty"`
+}
+
+// MetricsEndpoint is MetricsURL, or the default derived from Address.
+func (w WorkerInfo) MetricsEndpoint() string {
+	if w.MetricsURL != "" {
+		return w.MetricsURL
+	}
+	return "http://" + w.Address + "/metrics"
 }
 
 // Validate checks the fields a router relies on.

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
 // Errors of the lifecycle state.
@@ -351,6 +353,12 @@ type PotentialLoad struct {
 	PotentialDecodeBlocks int
 	OverlapBlocks         int
 	ActiveRequests        int
+	// Engine is the rank's engine signals, when its metrics are scraped
+	// (HasEngine); Saturation says why BestWorker would skip it ("" when
+	// it would not). Router.PotentialLoads fills them in.
+	Engine     signals.Sample
+	HasEngine  bool
+	Saturation string
 }
 
 // Stats of the lifecycle state.

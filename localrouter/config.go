@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
 // Config is a local router's configuration, Dynamo's KvRouterConfig plus the
@@ -38,6 +39,23 @@ type Config struct {
 	// RequestExpiry frees requests still active after this long, in case
 	// their free was lost (300 s).
 	RequestExpiry time.Duration
+
+	// Engine signals (localrouter/signals), read only where a worker's
+	// metrics are scraped; the zero values leave the cost and the choice
+	// exactly as without them.
+
+	// WaitingWeight adds this many blocks of cost per request waiting in
+	// the engine's own queue (0).
+	WaitingWeight float64
+	// KVUsageWeight adds this many blocks of cost at a full KV cache,
+	// proportionally below (0).
+	KVUsageWeight float64
+	// SaturationKVUsage: a rank whose engine reports KV usage ≥ this with
+	// requests waiting is skipped (0 disables; e.g. 0.95).
+	SaturationKVUsage float64
+	// SaturationWaiting: a rank whose engine reports this many waiting
+	// requests or more is skipped (0 disables).
+	SaturationWaiting int
 }
 
 // DefaultConfig returns Dynamo's defaults.
@@ -76,6 +94,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: min_initial_workers %d must be ≥ 0", ErrInvalidConfig, c.MinInitialWorkers)
 	case c.RequestExpiry <= 0:
 		return fmt.Errorf("%w: request_expiry %v must be positive", ErrInvalidConfig, c.RequestExpiry)
+	case !(c.WaitingWeight >= 0) || math.IsInf(c.WaitingWeight, 0):
+		return fmt.Errorf("%w: waiting_weight %g must be ≥ 0", ErrInvalidConfig, c.WaitingWeight)
+	case !(c.KVUsageWeight >= 0) || math.IsInf(c.KVUsageWeight, 0):
+		return fmt.Errorf("%w: kv_usage_weight %g must be ≥ 0", ErrInvalidConfig, c.KVUsageWeight)
+	case !(c.SaturationKVUsage >= 0 && c.SaturationKVUsage <= 1):
+		return fmt.Errorf("%w: saturation_kv_usage %g must be within 0..1", ErrInvalidConfig, c.SaturationKVUsage)
+	case c.SaturationWaiting < 0:
+		return fmt.Errorf("%w: saturation_waiting %d must be ≥ 0", ErrInvalidConfig, c.SaturationWaiting)
 	}
 	return nil
 }
@@ -84,10 +110,11 @@ func (c Config) Validate() error {
 type costParams struct {
 	credit, scale, temperature float64
 	trackBlocks                bool
+	waitingWeight, kvWeight    float64
 }
 
 func (c Config) params(o *routing.Override) (costParams, error) {
-	p := costParams{c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature, c.TrackActiveBlocks}
+	p := costParams{c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature, c.TrackActiveBlocks, c.WaitingWeight, c.KVUsageWeight}
 	if o == nil {
 		return p, nil
 	}
@@ -124,4 +151,14 @@ func (p costParams) cost(activePrefill, isl, blockSize, overlap, decodeBlocks in
 		c += float64(decodeBlocks)
 	}
 	return c
+}
+
+// engineCost is the engine-signal term added to cost when the worker's
+// metrics are scraped:
+//
+//	waiting_weight * engine_waiting_requests + kv_usage_weight * engine_kv_usage
+//
+// Both weights default to 0: the cost is then Dynamo's, unchanged.
+func (p costParams) engineCost(s signals.Sample) float64 {
+	return p.waitingWeight*s.Waiting + p.kvWeight*s.KVUsage
 }

@@ -17,6 +17,12 @@
 //     Commit / MarkPrefillComplete / Free / DumpEvents. BestWorker answers
 //     a routing.Selection (api/routing; Selected gives its WorkerKey) and
 //     takes a routing.Override, the types the whole request path shares.
+//   - Engine signals (package signals): what each rank's engine reports on
+//     its metrics endpoint, handed in by SetEngineSignals. They add
+//     Config.WaitingWeight and KVUsageWeight terms to the cost (0 by
+//     default: Dynamo's cost unchanged) and let BestWorker skip, with a
+//     reason, a rank its engine reports saturated (Config.Saturation;
+//     BestWorkerOptions.Signals receives the skips).
 //
 // # Concurrency
 //
@@ -26,7 +32,9 @@
 // The Router reads its membership from an immutable snapshot through an
 // atomic pointer. Lock order: Router.applyMu (event appliers vs worker
 // removal), then Router.memMu (membership writers), then the Index's or
-// the ActiveSequences' lock; those two are never held together.
+// the ActiveSequences' lock; those two are never held together. The
+// engine signals are an immutable map behind an atomic pointer; their
+// writers' mutex (sigMu) is a leaf, never held with another lock.
 //
 // Several Routers in one process are independent: each owns its sweeper
 // goroutine and Close stops only that one.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
 // Errors of Router methods. The gRPC service maps them to status codes.
@@ -69,7 +70,15 @@ type Router struct {
 
 	scratch sync.Pool
 
+	// sig holds the engine signals of the ranks whose metrics are scraped
+	// (SetEngineSignals), an immutable map replaced whole. sigMu
+	// serialises its writers and is a leaf: nothing else is locked while
+	// it is held.
+	sig   atomic.Pointer[map[WorkerKey]signals.Sample]
+	sigMu sync.Mutex
+
 	unknownWorkerEvents atomic.Uint64
+	saturationSkips     atomic.Uint64
 	closed              atomic.Bool
 	stop                chan struct{}
 	done                chan struct{}
@@ -104,6 +113,9 @@ type scratch struct {
 	loads      []PotentialLoad
 	overlaps   []int
 	costs      []float64
+	// kept and keptCosts: the candidates left after the saturation filter.
+	kept      []int
+	keptCosts []float64
 }
 
 // New returns a Router. Close it to stop its sweeper; closing one Router
@@ -134,6 +146,7 @@ func New(cfg Config, opts Options) (*Router, error) {
 	}
 	r.log = r.log.With("component", "localrouter")
 	r.members.Store(&members{dp: map[string]int{}})
+	r.sig.Store(&map[WorkerKey]signals.Sample{})
 	r.scratch.New = func() any { return &scratch{} }
 	if opts.SweepInterval == 0 {
 		opts.SweepInterval = time.Second
@@ -212,6 +225,7 @@ func (r *Router) AddWorker(id string, dpSize int) {
 	if prev > dpSize {
 		r.index.RemoveRanks(id, uint32(dpSize))
 		r.active.RemoveRanks(id, uint32(dpSize))
+		r.setSignals(id, nil, true)
 	}
 }
 
@@ -227,7 +241,76 @@ func (r *Router) RemoveWorker(id string) []string {
 	}
 	r.memMu.Unlock()
 	r.index.RemoveWorker(id)
+	r.setSignals(id, nil, false)
 	return r.active.RemoveWorker(id)
+}
+
+// SetEngineSignals replaces worker id's engine signals with ranks (the
+// samples of its ranks, as signals.Parse returns them; nil forgets them).
+// Ranks beyond the worker's dp_size, and workers that are not members,
+// are ignored, except that a worker of one rank whose engine reports one
+// rank takes it whatever its label (an engine run as one rank of a larger
+// DP deployment labels it with its global rank). It implements
+// signals.Sink; ranks is not retained.
+func (r *Router) SetEngineSignals(id string, ranks map[uint32]signals.Sample) {
+	r.setSignals(id, ranks, true)
+}
+
+// setSignals replaces id's samples; keep false drops them all.
+func (r *Router) setSignals(id string, ranks map[uint32]signals.Sample, keep bool) {
+	r.sigMu.Lock()
+	defer r.sigMu.Unlock()
+	old := *r.sig.Load()
+	dp := r.members.Load().dp[id] // 0 for a non-member: nothing kept
+	if !keep {
+		dp = 0
+	}
+	next := make(map[WorkerKey]signals.Sample, len(old)+len(ranks))
+	changed := false
+	for k, v := range old {
+		if k.ID == id {
+			changed = true
+			continue
+		}
+		next[k] = v
+	}
+	for rank, smp := range ranks {
+		if dp == 1 && len(ranks) == 1 {
+			// One rank per registration (vLLM's external DP load
+			// balancing: each server is one rank, labelled with its
+			// global index): the one reported is the worker's.
+			rank = 0
+		}
+		if int(rank) < dp {
+			next[WorkerKey{id, rank}] = smp
+			changed = true
+		}
+	}
+	if changed {
+		r.sig.Store(&next)
+	}
+}
+
+// EngineSignals returns the engine signals of rank k, if scraped.
+func (r *Router) EngineSignals(k WorkerKey) (signals.Sample, bool) {
+	s, ok := (*r.sig.Load())[k]
+	return s, ok
+}
+
+// SaturationSkips counts ranks BestWorker left out because their engine
+// reported saturation.
+func (r *Router) SaturationSkips() uint64 { return r.saturationSkips.Load() }
+
+// Saturation returns why a rank with engine signals s is saturated under
+// cfg's thresholds, or "" when it is not (or both thresholds are 0).
+func (c Config) Saturation(s signals.Sample) string {
+	if c.SaturationWaiting > 0 && s.Waiting >= float64(c.SaturationWaiting) {
+		return fmt.Sprintf("engine saturated: %g requests waiting (saturation_waiting %d)", s.Waiting, c.SaturationWaiting)
+	}
+	if c.SaturationKVUsage > 0 && s.HasKVUsage && s.KVUsage >= c.SaturationKVUsage && s.Waiting > 0 {
+		return fmt.Sprintf("engine saturated: KV usage %.3f (saturation_kv_usage %g) with %g requests waiting", s.KVUsage, c.SaturationKVUsage, s.Waiting)
+	}
+	return ""
 }
 
 func (m *members) with(id string, dpSize int, ix *Index) *members {
@@ -307,10 +390,34 @@ type BestWorkerOptions struct {
 	Override *routing.Override
 	// Worker forces the worker (the cost terms are still reported).
 	Worker *WorkerKey
+	// Signals, when set, receives the engine signals of the chosen rank
+	// and the ranks skipped for engine saturation.
+	Signals *SignalsReport
 }
 
 // Selected is the worker key of a selection.
 func Selected(s routing.Selection) WorkerKey { return WorkerKey{ID: s.WorkerID, DPRank: s.DPRank} }
+
+// SignalsReport is the engine-signal side of a BestWorker choice, filled
+// in when BestWorkerOptions.Signals points at one.
+type SignalsReport struct {
+	// Engine is the chosen rank's engine signals, when its metrics are
+	// scraped (HasEngine).
+	Engine    signals.Sample
+	HasEngine bool
+	// Skipped lists the ranks left out because their engine reported
+	// saturation (Config.SaturationWaiting, SaturationKVUsage), with why.
+	// A forced worker is never skipped. AllSaturated: every candidate was
+	// saturated, so none was skipped and the cheapest of all was chosen.
+	Skipped      []Skip
+	AllSaturated bool
+}
+
+// Skip is a rank BestWorker left out, and why.
+type Skip struct {
+	Worker WorkerKey
+	Reason string
+}
 
 // prepare computes the request's local and sequence hashes into s.
 func (r *Router) prepare(req *Request, s *scratch) (isl int, err error) {
@@ -390,7 +497,41 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	for _, l := range s.loads {
 		s.costs = append(s.costs, p.cost(activePrefill(l, isl, r.cfg.BlockSize), isl, r.cfg.BlockSize, l.OverlapBlocks, l.PotentialDecodeBlocks))
 	}
-	i := r.pick(s.costs, p.temperature)
+	var skipped []Skip
+	allSaturated := false
+	sig := *r.sig.Load()
+	var i int
+	if len(sig) == 0 {
+		i = r.pick(s.costs, p.temperature)
+	} else {
+		// Engine signals: their cost term, and the saturation filter
+		// (never on a forced worker).
+		s.kept, s.keptCosts = s.kept[:0], s.keptCosts[:0]
+		for j, l := range s.loads {
+			smp, ok := sig[l.Worker]
+			if !ok {
+				s.kept, s.keptCosts = append(s.kept, j), append(s.keptCosts, s.costs[j])
+				continue
+			}
+			s.costs[j] += p.engineCost(smp)
+			if opts.Worker == nil {
+				if why := r.cfg.Saturation(smp); why != "" {
+					skipped = append(skipped, Skip{l.Worker, why})
+					continue
+				}
+			}
+			s.kept, s.keptCosts = append(s.kept, j), append(s.keptCosts, s.costs[j])
+		}
+		switch {
+		case len(s.kept) == 0: // every one saturated: skip none
+			allSaturated = true
+			i = r.pick(s.costs, p.temperature)
+		case len(skipped) == 0:
+			i = r.pick(s.costs, p.temperature)
+		default:
+			i = s.kept[r.pick(s.keptCosts, p.temperature)]
+		}
+	}
 	l := s.loads[i]
 	// Address and Router are the caller's to fill: it knows them.
 	sel := routing.Selection{
@@ -398,10 +539,20 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		DecodeBlocks: l.PotentialDecodeBlocks, Cost: s.costs[i], RequestBlocks: len(s.local), Candidates: len(workers),
 		BlockSize: r.cfg.BlockSize, ISL: isl,
 	}
+	if allSaturated {
+		skipped = nil
+	}
+	if rep := opts.Signals; rep != nil {
+		*rep = SignalsReport{Skipped: skipped, AllSaturated: allSaturated}
+		rep.Engine, rep.HasEngine = sig[l.Worker]
+	}
 	if opts.RequestID != "" {
 		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, sel.OverlapBlocks, r.cfg.BlockSize); err != nil {
 			return routing.Selection{}, err
 		}
+		// Counted for requests placed, not for probes: a global router
+		// probes every pool for each request.
+		r.saturationSkips.Add(uint64(len(skipped)))
 	}
 	// Only the approximate index learns from decisions: with KV events the
 	// engine's events are the truth, and a recorded entry expiring later
@@ -503,7 +654,16 @@ func (r *Router) PotentialLoads(ctx context.Context, req Request) ([]PotentialLo
 	for i, k := range mem.keys {
 		s.overlaps = append(s.overlaps, s.matches.ofSlot(mem.slots[i], k))
 	}
-	return r.active.PotentialLoads(nil, mem.keys, s.seq, isl, r.cfg.BlockSize, s.overlaps), nil
+	loads := r.active.PotentialLoads(nil, mem.keys, s.seq, isl, r.cfg.BlockSize, s.overlaps)
+	if sig := *r.sig.Load(); len(sig) > 0 {
+		for i := range loads {
+			if smp, ok := sig[loads[i].Worker]; ok {
+				loads[i].Engine, loads[i].HasEngine = smp, true
+				loads[i].Saturation = r.cfg.Saturation(smp)
+			}
+		}
+	}
+	return loads, nil
 }
 
 // Commit records request id on a worker the caller chose.

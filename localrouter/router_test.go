@@ -83,9 +83,9 @@ func TestCostFormula(t *testing.T) {
 		{"idle, no cache", p, 0, 64, 16, 0, 4, 4 + 4},
 		{"fully cached", p, 0, 64, 16, 4, 4, 0 + 4},
 		{"queued prefill", p, 160, 64, 16, 0, 4, 14 + 4},
-		{"credit halves overlap", costParams{0.5, 1, 0, true}, 0, 64, 16, 4, 4, 2 + 4},
-		{"scale doubles prefill", costParams{1, 2, 0, true}, 0, 64, 16, 0, 4, 8 + 4},
-		{"no block tracking", costParams{1, 1, 0, false}, 0, 64, 16, 0, 4, 4},
+		{"credit halves overlap", costParams{credit: 0.5, scale: 1, trackBlocks: true}, 0, 64, 16, 4, 4, 2 + 4},
+		{"scale doubles prefill", costParams{credit: 1, scale: 2, trackBlocks: true}, 0, 64, 16, 0, 4, 8 + 4},
+		{"no block tracking", costParams{credit: 1, scale: 1}, 0, 64, 16, 0, 4, 4},
 		{"overlap beyond prefill clamps to 0", p, 0, 16, 16, 4, 1, 0 + 1},
 	}
 	for _, tt := range tests {

@@ -66,6 +66,15 @@
 // An Engine is not safe for concurrent use; the HTTP server serialises
 // access with a mutex.
 //
+// With ServerConfig.DPSize > 1 a Server runs one Engine per data-parallel
+// rank (each its own cache, scheduler, goroutine and KV sink, events
+// tagged with the rank) and routes each request to the rank its
+// X-Data-Parallel-Rank header or routed_dp_rank body field names, else to
+// the least loaded; X-Mocker-Dp-Rank in the response names the rank that
+// served it. /metrics carries vLLM's names with its model_name and engine
+// labels, one series per rank. In ZMQ mode each rank has its own PUB
+// socket at the endpoint's port + rank, as vLLM binds them.
+//
 // # What the model does
 //
 // The cache is vLLM v1's block pool: NumBlocks blocks of BlockSize tokens,

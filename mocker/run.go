@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,8 +69,11 @@ type Instance struct {
 	// WorkerID is the worker's id in events and in etcd.
 	WorkerID string
 	// ZMQEndpoint is the PUB endpoint a relay should dial (EventsZMQ), and
-	// ZMQReplayEndpoint its replay socket ("" if not served).
-	ZMQEndpoint, ZMQReplayEndpoint string
+	// ZMQReplayEndpoint its replay socket ("" if not served): rank 0's.
+	// ZMQEndpoints and ZMQReplayEndpoints list every rank's, in rank order
+	// (`kvgate relay --zmq` takes them comma-separated).
+	ZMQEndpoint, ZMQReplayEndpoint   string
+	ZMQEndpoints, ZMQReplayEndpoints []string
 
 	done chan struct{}
 	err  error
@@ -80,6 +84,26 @@ type Instance struct {
 func (i *Instance) Wait() error {
 	<-i.done
 	return i.err
+}
+
+// offsetEndpoint is endpoint with its TCP port raised by rank (vLLM's
+// offset_endpoint_port for data-parallel ranks); port 0 stays 0.
+func offsetEndpoint(endpoint string, rank int) (string, error) {
+	if rank == 0 {
+		return endpoint, nil
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	if !strings.HasPrefix(endpoint, "tcp://") || i < len("tcp://") {
+		return "", fmt.Errorf("%q: data-parallel ranks need a tcp://host:port endpoint", endpoint)
+	}
+	port, err := strconv.Atoi(endpoint[i+1:])
+	if err != nil || port < 0 || port+rank > 65535 {
+		return "", fmt.Errorf("%q: bad port for rank %d", endpoint, rank)
+	}
+	if port == 0 {
+		return endpoint, nil
+	}
+	return endpoint[:i+1] + strconv.Itoa(port+rank), nil
 }
 
 // Run starts a mocker and serves until ctx ends.
@@ -150,20 +174,41 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	closers = append(closers, cancel)
 
 	inst = &Instance{WorkerID: cfg.WorkerID, done: make(chan struct{})}
+	dpSize := max(cfg.Server.DPSize, 1)
 	var sink KVSink
+	var sinks []KVSink
 	switch cfg.Events {
 	case EventsZMQ:
-		z, err := NewZMQSink(runCtx, cfg.ZMQEndpoint, cfg.ZMQTopic, engCfg.BlockSize, 0)
-		if err != nil {
-			return nil, fmt.Errorf("mocker: %w", err)
-		}
-		closers = append(closers, func() { z.Close() })
-		if cfg.ZMQReplayEndpoint != "" {
-			if err := z.ServeReplay(runCtx, cfg.ZMQReplayEndpoint, 0); err != nil {
+		// One PUB socket per rank, as vLLM binds one per data-parallel
+		// engine: rank r on the endpoint's port + r (a port of 0 picks
+		// one for each); each batch carries its rank.
+		for r := range dpSize {
+			ep, err := offsetEndpoint(cfg.ZMQEndpoint, r)
+			if err != nil {
+				return nil, fmt.Errorf("mocker: --zmq-endpoint: %w", err)
+			}
+			z, err := NewZMQSink(runCtx, ep, cfg.ZMQTopic, engCfg.BlockSize, uint32(r))
+			if err != nil {
 				return nil, fmt.Errorf("mocker: %w", err)
 			}
+			closers = append(closers, func() { z.Close() })
+			if cfg.ZMQReplayEndpoint != "" {
+				rep, err := offsetEndpoint(cfg.ZMQReplayEndpoint, r)
+				if err != nil {
+					return nil, fmt.Errorf("mocker: --zmq-replay-endpoint: %w", err)
+				}
+				if err := z.ServeReplay(runCtx, rep, 0); err != nil {
+					return nil, fmt.Errorf("mocker: %w", err)
+				}
+			}
+			inst.ZMQEndpoints = append(inst.ZMQEndpoints, z.Endpoint())
+			inst.ZMQReplayEndpoints = append(inst.ZMQReplayEndpoints, z.ReplayEndpoint())
+			sinks = append(sinks, z)
 		}
-		sink, inst.ZMQEndpoint, inst.ZMQReplayEndpoint = z, z.Endpoint(), z.ReplayEndpoint()
+		sink, inst.ZMQEndpoint, inst.ZMQReplayEndpoint = sinks[0], inst.ZMQEndpoints[0], inst.ZMQReplayEndpoints[0]
+		if dpSize == 1 {
+			sinks = nil
+		}
 	case EventsNATS:
 		nc := deps.NATS
 		if nc == nil {
@@ -185,12 +230,17 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		}
 		closers = append(closers, func() { pub.Close() })
 		sink = PublisherSink{Publisher: pub}
+		if dpSize > 1 {
+			for r := range dpSize {
+				sinks = append(sinks, PublisherSink{Publisher: pub, DPRank: uint32(r)})
+			}
+		}
 	case EventsNone:
 	default:
 		return nil, fmt.Errorf("mocker: unknown events mode %q (want zmq, nats or none)", cfg.Events)
 	}
 
-	srv, err := NewServer(cfg.Server, ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink})
+	srv, err := NewServer(cfg.Server, ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink, Sinks: sinks})
 	if err != nil {
 		return nil, err
 	}
@@ -206,7 +256,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	if cli != nil {
 		role := engCfg.Role
 		reg, err := registry.Register(ctx, cli, cfg.Pool, kvevents.WorkerInfo{
-			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: 1, BlockSize: engCfg.BlockSize,
+			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: dpSize, BlockSize: engCfg.BlockSize,
 			Model: srv.cfg.Model, Role: role, KVCapacityBlocks: engCfg.NumBlocks,
 		}, cfg.LeaseTTL, log)
 		if err != nil {

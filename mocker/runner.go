@@ -47,6 +47,7 @@ type live struct {
 	sink  KVSink
 	log   *slog.Logger
 	m     *serverMetrics
+	rank  string // the engine label of its metrics
 
 	mu      sync.Mutex
 	eng     *Engine
@@ -125,7 +126,7 @@ func (l *live) run(ctx context.Context) {
 				st.done <- c
 				delete(l.streams, c.RequestID)
 			}
-			l.m.observe(c)
+			l.m.observe(l.rank, c)
 		}
 		l.mu.Unlock()
 		if len(res.Events) > 0 && l.sink != nil {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,19 +37,39 @@ type ServerConfig struct {
 	// WorkerID and Address are reported by a prefill-role engine as where
 	// the KV is (kv_transfer_params).
 	WorkerID, Address string
+	// DPSize is the number of data-parallel ranks (1): each rank is an
+	// Engine of its own (its own KV cache and scheduler, Engine config
+	// each), its KV events tagged with its rank. A request names its rank
+	// with the X-Data-Parallel-Rank header (vLLM's and SGLang's, any case)
+	// or SGLang's routed_dp_rank body field; without either the least
+	// loaded rank takes it, as an engine's internal load balancer would.
+	// The rank that served it is in the x-mocker-dp-rank response header.
+	DPSize int
 }
+
+// Headers of the data-parallel rank: the request's (HTTP header names are
+// case-insensitive, so this is vLLM's X-data-parallel-rank and SGLang's
+// X-Data-Parallel-Rank) and the mocker's answer naming the rank that
+// served it.
+const (
+	HeaderDPRank       = "X-Data-Parallel-Rank"
+	HeaderServedDPRank = "X-Mocker-Dp-Rank"
+)
+
+// MaxDPSize bounds ServerConfig.DPSize.
+const MaxDPSize = 64
 
 // Server is the mocker's HTTP API around a live engine: /v1/completions,
 // /v1/chat/completions (SSE with stream: true), /v1/models, /tokenize,
 // /health and /metrics. Create with NewServer, start the engine with Run,
 // serve Handler.
 type Server struct {
-	cfg  ServerConfig
-	log  *slog.Logger
-	live *live
-	reg  prometheus.Gatherer
-	mux  *http.ServeMux
-	seq  atomic.Uint64
+	cfg   ServerConfig
+	log   *slog.Logger
+	ranks []*live // one per data-parallel rank
+	reg   prometheus.Gatherer
+	mux   *http.ServeMux
+	seq   atomic.Uint64
 }
 
 // ServerOptions are a Server's dependencies; all optional.
@@ -57,8 +78,10 @@ type ServerOptions struct {
 	// Registry receives the vLLM-named metrics and is what /metrics
 	// serves; nil means a fresh registry.
 	Registry *prometheus.Registry
-	// Sink receives KV events; nil drops them.
+	// Sink receives KV events; nil drops them. With DPSize > 1, Sinks
+	// gives one sink per rank instead (Sink is then unused).
 	Sink  KVSink
+	Sinks []KVSink
 	Clock Clock
 }
 
@@ -76,9 +99,17 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = 4 << 20
 	}
-	eng, err := NewEngine(cfg.Engine)
-	if err != nil {
-		return nil, err
+	if cfg.DPSize == 0 {
+		cfg.DPSize = 1
+	}
+	if cfg.DPSize < 1 || cfg.DPSize > MaxDPSize {
+		return nil, fmt.Errorf("%w: dp_size %d must be within 1..%d", ErrConfig, cfg.DPSize, MaxDPSize)
+	}
+	if len(opts.Sinks) > 0 && len(opts.Sinks) != cfg.DPSize {
+		return nil, fmt.Errorf("%w: %d sinks for dp_size %d", ErrConfig, len(opts.Sinks), cfg.DPSize)
+	}
+	if cfg.DPSize > 1 && opts.Sink != nil && len(opts.Sinks) == 0 {
+		return nil, fmt.Errorf("%w: dp_size %d needs one sink per rank (ServerOptions.Sinks)", ErrConfig, cfg.DPSize)
 	}
 	log := opts.Logger
 	if log == nil {
@@ -94,16 +125,31 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 		clock = RealClock{}
 	}
 	s := &Server{cfg: cfg, log: log, reg: reg, mux: http.NewServeMux()}
-	s.live = newLive(eng, clock, opts.Sink, log, nil)
-	s.live.m = newServerMetrics(reg, cfg.Model, s.live)
+	for r := range cfg.DPSize {
+		eng, err := NewEngine(cfg.Engine)
+		if err != nil {
+			return nil, err
+		}
+		sink := opts.Sink
+		if len(opts.Sinks) > 0 {
+			sink = opts.Sinks[r]
+		}
+		s.ranks = append(s.ranks, newLive(eng, clock, sink, log.With("dp_rank", r), nil))
+	}
+	m := newServerMetrics(reg, cfg.Model, s.ranks)
+	for _, l := range s.ranks {
+		l.m = m
+	}
 	s.mux.HandleFunc("POST /v1/completions", s.completions)
 	s.mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	s.mux.HandleFunc("GET /v1/models", s.models)
 	s.mux.HandleFunc("POST /tokenize", s.tokenize)
 	s.mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.live.resetPrefixCache() {
-			writeError(w, http.StatusConflict, "cache_in_use", "requests are running; the prefix cache cannot be reset now")
-			return
+		for _, l := range s.ranks {
+			if !l.resetPrefixCache() {
+				writeError(w, http.StatusConflict, "cache_in_use", "requests are running; the prefix cache cannot be reset now")
+				return
+			}
 		}
 		w.WriteHeader(http.StatusOK)
 	})
@@ -118,18 +164,56 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 // Handler is the HTTP API.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Run drives the engine in real time until ctx ends. Requests submitted
-// while Run is not running wait.
-func (s *Server) Run(ctx context.Context) { s.live.run(ctx) }
+// Run drives the engines (one per rank) in real time until ctx ends.
+// Requests submitted while Run is not running wait.
+func (s *Server) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, l := range s.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.run(ctx)
+		}()
+	}
+	wg.Wait()
+}
 
-// Stats snapshots the engine.
-func (s *Server) Stats() Stats { return s.live.stats() }
+// DPSize is the number of data-parallel ranks.
+func (s *Server) DPSize() int { return len(s.ranks) }
 
-// CachedBlocks returns the sequence hashes in the engine's prefix cache.
-func (s *Server) CachedBlocks() map[uint64]struct{} {
-	s.live.mu.Lock()
-	defer s.live.mu.Unlock()
-	return s.live.eng.CachedBlocks()
+// Stats snapshots the engines, summed over the ranks (KVUsage is their
+// mean).
+func (s *Server) Stats() Stats {
+	var t Stats
+	for _, l := range s.ranks {
+		st := l.stats()
+		t.Running += st.Running
+		t.Waiting += st.Waiting
+		t.KVUsage += st.KVUsage / float64(len(s.ranks))
+		t.UsedBlocks += st.UsedBlocks
+		t.CachedBlocks += st.CachedBlocks
+		t.TotalBlocks += st.TotalBlocks
+		t.PrefixQueryTokens += st.PrefixQueryTokens
+		t.PrefixHitTokens += st.PrefixHitTokens
+		t.Preemptions += st.Preemptions
+		t.Iterations += st.Iterations
+		t.EvictedBlocks += st.EvictedBlocks
+	}
+	return t
+}
+
+// RankStats snapshots rank r's engine (r < DPSize).
+func (s *Server) RankStats(r int) Stats { return s.ranks[r].stats() }
+
+// CachedBlocks returns the sequence hashes in the prefix cache of rank 0.
+func (s *Server) CachedBlocks() map[uint64]struct{} { return s.RankCachedBlocks(0) }
+
+// RankCachedBlocks returns the sequence hashes in rank r's prefix cache.
+func (s *Server) RankCachedBlocks(r int) map[uint64]struct{} {
+	l := s.ranks[r]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.eng.CachedBlocks()
 }
 
 // --- OpenAI wire types -------------------------------------------------
@@ -144,6 +228,8 @@ type completionRequest struct {
 	MaxTokens     *int            `json:"max_tokens"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+	// RoutedDPRank is SGLang's body field naming the DP rank.
+	RoutedDPRank *int `json:"routed_dp_rank"`
 }
 
 type chatMessage struct {
@@ -158,6 +244,7 @@ type chatRequest struct {
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
+	RoutedDPRank        *int           `json:"routed_dp_rank"`
 }
 
 type usage struct {
@@ -336,6 +423,8 @@ func renderChat(msgs []chatMessage) (string, *httpError) {
 // --- handlers ------------------------------------------------------------
 
 type genRequest struct {
+	// dpRank is the routed_dp_rank body field, nil when absent.
+	dpRank       *int
 	chat         bool
 	model        string
 	lora         string
@@ -371,9 +460,11 @@ func (s *Server) parseCompletion(body []byte) (genRequest, *httpError) {
 	if e := unmarshal(body, &req); e != nil {
 		return genRequest{}, e
 	}
-	return s.prepare(req.Model, req.MaxTokens, req.Stream, req.StreamOptions, func() ([]uint32, *httpError) {
+	g, e := s.prepare(req.Model, req.MaxTokens, req.Stream, req.StreamOptions, func() ([]uint32, *httpError) {
 		return s.promptTokens(req.Prompt)
 	})
+	g.dpRank = req.RoutedDPRank
+	return g, e
 }
 
 // parseChat turns a /v1/chat/completions body into a generation request.
@@ -393,7 +484,7 @@ func (s *Server) parseChat(body []byte) (genRequest, *httpError) {
 		}
 		return s.encode(text)
 	})
-	g.chat = true
+	g.chat, g.dpRank = true, req.RoutedDPRank
 	return g, e
 }
 
@@ -428,7 +519,13 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		LoRAName:      g.lora,
 		RemotePrefill: r.Header.Get("x-prefiller-host-port") != "",
 	}
-	st, err := s.live.submit(req)
+	rank, e := s.rankFor(r, g)
+	if e != nil {
+		writeError(w, e.status, e.code, e.message)
+		return
+	}
+	l := s.ranks[rank]
+	st, err := l.submit(req)
 	if err != nil {
 		code := "invalid_request"
 		if errors.Is(err, ErrTooLong) {
@@ -437,6 +534,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		writeError(w, http.StatusBadRequest, code, err.Error())
 		return
 	}
+	w.Header().Set(HeaderServedDPRank, strconv.Itoa(rank))
 	created := time.Now().Unix()
 	ctx := r.Context()
 	if !g.stream {
@@ -444,7 +542,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		for {
 			select {
 			case <-ctx.Done():
-				s.live.abort(id)
+				l.abort(id)
 				return
 			case tok := <-st.tokens:
 				text.WriteString(tokenText(tok))
@@ -490,7 +588,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 	for {
 		select {
 		case <-ctx.Done():
-			s.live.abort(id)
+			l.abort(id)
 			return
 		case tok := <-st.tokens:
 			send(chunk(tokenText(tok), nil))
@@ -513,6 +611,40 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 			return
 		}
 	}
+}
+
+// rankFor picks the rank that serves a request: the X-Data-Parallel-Rank
+// header (vLLM ignores a value that is not an integer, and so does the
+// mocker), else the routed_dp_rank body field, else the least loaded
+// rank (waiting counted 4 to 1 against running, as vLLM's DP load
+// balancer weighs them). A rank out of range is a 400, as in vLLM.
+func (s *Server) rankFor(r *http.Request, g genRequest) (int, *httpError) {
+	want, set := 0, false
+	if v := r.Header.Get(HeaderDPRank); v != "" {
+		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+			want, set = n, true
+		}
+	}
+	if !set && g.dpRank != nil {
+		want, set = *g.dpRank, true
+	}
+	if set {
+		if want < 0 || want >= len(s.ranks) {
+			return 0, badRequest("invalid_dp_rank", "data_parallel_rank %d is out of range [0, %d)", want, len(s.ranks))
+		}
+		return want, nil
+	}
+	if len(s.ranks) == 1 {
+		return 0, nil
+	}
+	best, bestLoad := 0, -1
+	for i, l := range s.ranks {
+		st := l.stats()
+		if load := 4*st.Waiting + st.Running; bestLoad < 0 || load < bestLoad {
+			best, bestLoad = i, load
+		}
+	}
+	return best, nil
 }
 
 func (s *Server) writeFull(w http.ResponseWriter, g genRequest, id string, created int64, text string, c Completion) {
@@ -586,7 +718,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e.status, e.code, e.message)
 		return
 	}
-	cfg := s.live.eng.Config() // immutable after NewEngine
+	cfg := s.ranks[0].eng.Config() // immutable after NewEngine
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": cfg.NumBlocks * cfg.BlockSize, "tokens": ids})
 }

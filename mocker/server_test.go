@@ -255,7 +255,7 @@ func TestNonStreamingAndInfo(t *testing.T) {
 	metrics := get("/metrics")
 	for _, name := range []string{
 		"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-		`vllm:prefix_cache_queries_total{model_name="m"}`, `vllm:prefix_cache_hits_total{model_name="m"} 32`,
+		`vllm:prefix_cache_queries_total{engine="0",model_name="m"}`, `vllm:prefix_cache_hits_total{engine="0",model_name="m"} 32`,
 		"vllm:time_to_first_token_seconds_bucket",
 	} {
 		if !strings.Contains(metrics, name) {

@@ -25,6 +25,12 @@ type Config struct {
 	BlockSize int `yaml:"block_size"`
 	// Weight is handed to policies (default 1).
 	Weight float64 `yaml:"weight"`
+	// DPRankBodyField also sets SGLang's routed_dp_rank body field to the
+	// chosen data-parallel rank (the ext_proc server rewrites the JSON
+	// body, a client's own value replaced), for SGLang builds that read
+	// the rank from the body rather than the X-Data-Parallel-Rank header
+	// (false: the header alone).
+	DPRankBodyField bool `yaml:"dp_rank_body_field"`
 	// Routers says where the pool's local routers are.
 	Routers Routers `yaml:"routers"`
 	// Policy is the pool's policy section, inline: per-policy arguments

@@ -34,6 +34,7 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.Float64Var(&e.KVBytesPerToken, "kv-bytes-per-token", 131072, "KV bytes per token (decode role transfer time)")
 	fs.Float64Var(&e.KVTransferBandwidth, "kv-transfer-bandwidth", 25e9, "prefill→decode KV bandwidth in bytes/s")
 	fs.IntVar(&cfg.Server.DefaultMaxTokens, "default-max-tokens", 16, "max_tokens of requests that set none")
+	fs.IntVar(&cfg.Server.DPSize, "dp-size", 1, "data-parallel ranks, each with its own KV cache (X-Data-Parallel-Rank or routed_dp_rank picks one); events=zmq binds one PUB socket per rank at --zmq-endpoint's port + rank, as vLLM does")
 	fs.StringVar(&cfg.Events, "events", mocker.EventsZMQ, "KV events: zmq (vLLM format, for kvgate relay), nats (direct), none")
 	fs.StringVar(&cfg.ZMQEndpoint, "zmq-endpoint", "tcp://*:5557", "ZMQ PUB bind endpoint (events=zmq)")
 	fs.StringVar(&cfg.ZMQTopic, "zmq-topic", "kv-events", "ZMQ topic (events=zmq)")

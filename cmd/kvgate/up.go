@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/mocker"
 )
 
 // runUp starts the whole system locally (`make run`): flags → up.Config →
@@ -23,6 +24,8 @@ func runUp(ctx context.Context, args []string) error {
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
 	a := fs.Int("pool-a-workers", 3, "workers in pool-a")
 	b := fs.Int("pool-b-workers", 2, "workers in pool-b")
+	dp := fs.Int("pool-b-dp-size", 2, "data-parallel ranks of pool-b's last worker (each rank its own KV cache)")
+	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (negative: never)")
 	fs.BoolVar(&cfg.Extproc.HeaderFallbacks, "header-fallbacks", false, "put the fallbacks after the primary in x-gateway-destination-endpoint (comma list, for override_host setups that read the header); by default only the primary ip:port, as the shipped bootstrap's ORIGINAL_DST cluster needs (envoy.lb metadata carries the list)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	if err := fs.Parse(args); err != nil {
@@ -38,7 +41,12 @@ func runUp(ctx context.Context, args []string) error {
 	if *a < 1 || *b < 1 {
 		return errors.New("each pool needs at least one worker")
 	}
-	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: *a}, {Name: "pool-b", Workers: *b}}
+	if *dp < 1 || *dp > mocker.MaxDPSize {
+		return fmt.Errorf("-pool-b-dp-size %d: want 1..%d", *dp, mocker.MaxDPSize)
+	}
+	dpSizes := make([]int, *b)
+	dpSizes[*b-1] = *dp
+	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: *a}, {Name: "pool-b", Workers: *b, DPSizes: dpSizes}}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	return up.Run(ctx, cfg, os.Stdout, 15*time.Second)
 }

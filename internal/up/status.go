@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvgate/kvgate/localrouter"
 )
 
 // Status is the status page's data, also served as JSON.
@@ -46,6 +48,21 @@ type WorkerStatus struct {
 	KVUsage        float64 `json:"kv_usage"`
 	CachedBlocks   int     `json:"cached_blocks"`
 	PrefixHitRate  float64 `json:"prefix_hit_rate"`
+	// DPSize is the worker's data-parallel ranks; Ranks what its local
+	// router last scraped of each rank's engine metrics.
+	DPSize int          `json:"dp_size"`
+	Ranks  []RankStatus `json:"ranks"`
+}
+
+// RankStatus is one rank's engine signals as the local router scraped
+// them (localrouter/signals).
+type RankStatus struct {
+	DPRank     uint32  `json:"dp_rank"`
+	Scraped    bool    `json:"scraped"`
+	Running    float64 `json:"running"`
+	Waiting    float64 `json:"waiting"`
+	KVUsage    float64 `json:"kv_usage"`
+	Saturation string  `json:"saturation,omitempty"`
 }
 
 // Status snapshots the system.
@@ -78,7 +95,18 @@ func (s *System) Status() Status {
 		}
 		loads := p.Loads()
 		for _, w := range p.Workers {
-			ws := WorkerStatus{ID: w.ID, Address: w.Addr}
+			ws := WorkerStatus{ID: w.ID, Address: w.Addr, DPSize: w.DPSize}
+			if !ps.RouterIsStopped {
+				r := p.Router.Router()
+				for rank := range w.DPSize {
+					rs := RankStatus{DPRank: uint32(rank)}
+					if smp, ok := r.EngineSignals(localrouter.WorkerKey{ID: w.ID, DPRank: uint32(rank)}); ok {
+						rs.Scraped, rs.Running, rs.Waiting, rs.KVUsage = true, smp.Running, smp.Waiting, smp.KVUsage
+						rs.Saturation = r.Config().Saturation(smp)
+					}
+					ws.Ranks = append(ws.Ranks, rs)
+				}
+			}
 			for k, l := range loads {
 				if k.ID == w.ID {
 					ws.ActiveRequests += l.ActiveRequests
@@ -115,9 +143,10 @@ etcd <code>{{range .Etcd}}{{.}} {{end}}</code> · NATS <code>{{.NATS}}</code> ·
 <p>local router <code>{{.Router}}</code>{{if .RouterIsStopped}} (stopped){{end}} · seen by the global router: {{.RouterState}} ({{.RoutersUp}}/{{.RoutersKnown}} available) ·
 requests in flight {{.RequestsActive}} · blocks indexed {{.IndexBlocks}}</p>
 <table><tr><th>worker</th><th>address</th><th>active requests</th><th>prefill tokens pending</th><th>active blocks</th>
-<th>engine running</th><th>waiting</th><th>KV usage</th><th>cached blocks</th><th>prefix hit rate</th></tr>
+<th>engine running</th><th>waiting</th><th>KV usage</th><th>cached blocks</th><th>prefix hit rate</th><th>DP ranks</th><th>engine signals the router scraped, per rank</th></tr>
 {{range .Workers}}<tr><td>{{.ID}}</td><td>{{.Address}}</td><td>{{.ActiveRequests}}</td><td>{{.PrefillTokens}}</td><td>{{.ActiveBlocks}}</td>
-<td>{{.Running}}</td><td>{{.Waiting}}</td><td>{{printf "%.1f%%" (mul100 .KVUsage)}}</td><td>{{.CachedBlocks}}</td><td>{{printf "%.1f%%" (mul100 .PrefixHitRate)}}</td></tr>
+<td>{{.Running}}</td><td>{{.Waiting}}</td><td>{{printf "%.1f%%" (mul100 .KVUsage)}}</td><td>{{.CachedBlocks}}</td><td>{{printf "%.1f%%" (mul100 .PrefixHitRate)}}</td><td>{{.DPSize}}</td>
+<td>{{range .Ranks}}rank {{.DPRank}}: {{if .Scraped}}running {{.Running}}, waiting {{.Waiting}}, KV {{printf "%.1f%%" (mul100 .KVUsage)}}{{if .Saturation}} ({{.Saturation}}){{end}}{{else}}not scraped{{end}}<br>{{end}}</td></tr>
 {{end}}</table>
 {{end}}
 </body></html>

@@ -42,6 +42,19 @@ import (
 type PoolSpec struct {
 	Name    string
 	Workers int
+	// DPSizes gives the data-parallel ranks of each worker, in order
+	// (missing or 0: 1). A DP worker is one mocker serving that many
+	// ranks, each with its own KV cache, as a vLLM or SGLang engine with
+	// --data-parallel-size does.
+	DPSizes []int
+}
+
+// dpSize is worker i's number of ranks.
+func (p PoolSpec) dpSize(i int) int {
+	if i < len(p.DPSizes) && p.DPSizes[i] > 0 {
+		return p.DPSizes[i]
+	}
+	return 1
 }
 
 // Config shapes a local system. Zero fields take the defaults of
@@ -63,23 +76,27 @@ type Config struct {
 	Speedup float64
 	// NumBlocks is each worker's KV cache size in blocks (8192).
 	NumBlocks int
+	// MetricsPeriod is how often the local routers scrape their workers'
+	// engine metrics (500 ms; negative disables).
+	MetricsPeriod time.Duration
 	// Extproc configures the ext_proc server (its Addr is ExtprocAddr).
 	Extproc extproc.Config
 	Logger  *slog.Logger
 }
 
 // DefaultConfig is `kvgate up`'s system: pool-a with 3 workers, pool-b
-// with 2.
+// with 2, the second of them serving two data-parallel ranks.
 func DefaultConfig() Config {
 	return Config{
-		Host:        "127.0.0.1",
-		GatewayAddr: "127.0.0.1:8080",
-		ExtprocAddr: "127.0.0.1:9002",
-		Model:       "mock-llama",
-		BlockSize:   16,
-		Pools:       []PoolSpec{{"pool-a", 3}, {"pool-b", 2}},
-		Speedup:     1,
-		NumBlocks:   8192,
+		Host:          "127.0.0.1",
+		GatewayAddr:   "127.0.0.1:8080",
+		ExtprocAddr:   "127.0.0.1:9002",
+		Model:         "mock-llama",
+		BlockSize:     16,
+		Pools:         []PoolSpec{{Name: "pool-a", Workers: 3}, {Name: "pool-b", Workers: 2, DPSizes: []int{1, 2}}},
+		Speedup:       1,
+		NumBlocks:     8192,
+		MetricsPeriod: 500 * time.Millisecond,
 	}
 }
 
@@ -108,6 +125,9 @@ func (c *Config) defaults() {
 	}
 	if c.NumBlocks == 0 {
 		c.NumBlocks = d.NumBlocks
+	}
+	if c.MetricsPeriod == 0 {
+		c.MetricsPeriod = d.MetricsPeriod
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -212,12 +232,13 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		rc.NATS = s.nats.ClientURL()
 		rc.RegisterTTL = 5 * time.Second
 		rc.Router.BlockSize = cfg.BlockSize
+		rc.MetricsPeriod = max(cfg.MetricsPeriod, 0)
 		if p.Router, err = server.Start(ctx, rc, server.Deps{Logger: cfg.Logger, Registry: prometheus.NewRegistry()}); err != nil {
 			return nil, fmt.Errorf("pool %s: local router: %w", ps.Name, err)
 		}
 		for i := range ps.Workers {
 			w, err := startWorker(ctx, workerSpec{
-				pool: ps.Name, id: fmt.Sprintf("%s-w%d", ps.Name, i), host: cfg.Host, model: cfg.Model,
+				pool: ps.Name, id: fmt.Sprintf("%s-w%d", ps.Name, i), host: cfg.Host, model: cfg.Model, dpSize: ps.dpSize(i),
 				engine: mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, Speedup: cfg.Speedup},
 				tok:    shared,
 			}, s.nc, s.etcd.cli, cfg.Logger)
@@ -311,8 +332,12 @@ func (s *System) waitReady(ctx context.Context) error {
 
 func (s *System) notReady() string {
 	for _, p := range s.Pools {
-		if got, want := len(p.Router.Router().Workers()), len(p.Workers); got < want {
-			return fmt.Sprintf("pool %s: local router sees %d of %d workers", p.Name, got, want)
+		ranks := 0
+		for _, w := range p.Workers {
+			ranks += w.DPSize
+		}
+		if got := len(p.Router.Router().Workers()); got < ranks {
+			return fmt.Sprintf("pool %s: local router sees %d of %d worker ranks", p.Name, got, ranks)
 		}
 	}
 	for _, h := range s.Global.Health() {
@@ -414,7 +439,11 @@ func (s *System) Summary() string {
 	for _, p := range s.Pools {
 		fmt.Fprintf(&b, "  %-22s %s\n", p.Name+" local router", p.Router.GRPCAddr())
 		for _, w := range p.Workers {
-			fmt.Fprintf(&b, "  %-22s http://%s\n", "  worker "+w.ID, w.Addr)
+			dp := ""
+			if w.DPSize > 1 {
+				dp = fmt.Sprintf(" (%d data-parallel ranks)", w.DPSize)
+			}
+			fmt.Fprintf(&b, "  %-22s http://%s%s\n", "  worker "+w.ID, w.Addr, dp)
 		}
 	}
 	fmt.Fprintf(&b, "  %-22s %s\n", "etcd", strings.Join(s.etcd.endpoints, ","))

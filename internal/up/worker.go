@@ -21,6 +21,8 @@ type Worker struct {
 	ID   string
 	Pool string
 	Addr string // host:port of its HTTP API
+	// DPSize is its number of data-parallel ranks.
+	DPSize int
 
 	inst   *mocker.Instance
 	cancel context.CancelFunc
@@ -28,6 +30,7 @@ type Worker struct {
 
 type workerSpec struct {
 	pool, id, host, model string
+	dpSize                int
 	engine                mocker.Config
 	tok                   mocker.Tokenizer
 }
@@ -36,7 +39,7 @@ func startWorker(ctx context.Context, spec workerSpec, nc *nats.Conn, cli *clien
 	// The instance lives until close, not until the start's ctx ends.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	inst, err := mocker.Start(runCtx, mocker.RunConfig{
-		Server:   mocker.ServerConfig{Engine: spec.engine, Model: spec.model, Tokenizer: spec.tok},
+		Server:   mocker.ServerConfig{Engine: spec.engine, Model: spec.model, Tokenizer: spec.tok, DPSize: spec.dpSize},
 		Listen:   net.JoinHostPort(spec.host, "0"),
 		Pool:     spec.pool,
 		WorkerID: spec.id,
@@ -46,11 +49,14 @@ func startWorker(ctx context.Context, spec workerSpec, nc *nats.Conn, cli *clien
 		cancel()
 		return nil, fmt.Errorf("worker %s: %w", spec.id, err)
 	}
-	return &Worker{ID: inst.WorkerID, Pool: spec.pool, Addr: inst.Addr, inst: inst, cancel: cancel}, nil
+	return &Worker{ID: inst.WorkerID, Pool: spec.pool, Addr: inst.Addr, DPSize: inst.Server.DPSize(), inst: inst, cancel: cancel}, nil
 }
 
-// Stats snapshots the worker's engine.
+// Stats snapshots the worker's engine, summed over its ranks.
 func (w *Worker) Stats() mocker.Stats { return w.inst.Server.Stats() }
+
+// RankStats snapshots rank r's engine.
+func (w *Worker) RankStats(r int) mocker.Stats { return w.inst.Server.RankStats(r) }
 
 // close stops the worker (deregistering it) and waits for it.
 func (w *Worker) close(ctx context.Context) error {

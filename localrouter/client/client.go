@@ -36,6 +36,7 @@ import (
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
 var (
@@ -174,6 +175,10 @@ type BestWorkerOptions struct {
 	UpdateIndexer bool
 	// Override changes cost parameters for this request.
 	Override *routing.Override
+	// Signals, when set, receives the chosen rank's engine signals and the
+	// ranks skipped for engine saturation (when the router scrapes its
+	// workers' metrics).
+	Signals *localrouter.SignalsReport
 }
 
 func overrideProto(o *routing.Override) *localrouterv1.ConfigOverride {
@@ -193,7 +198,33 @@ func (c *Client) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions) 
 	if err != nil {
 		return routing.Selection{}, fromStatus(err)
 	}
+	if o.Signals != nil {
+		*o.Signals = signalsReport(r.GetSelection())
+	}
 	return selection(r.GetSelection(), p.isl()), nil
+}
+
+// signalsReport converts the engine-signal side of a wire answer.
+func signalsReport(s *localrouterv1.Selection) localrouter.SignalsReport {
+	rep := localrouter.SignalsReport{AllSaturated: s.GetAllSaturated()}
+	if e := s.GetEngine(); e != nil {
+		rep.Engine, rep.HasEngine = engineSample(e), true
+	}
+	for _, sk := range s.GetSkipped() {
+		rep.Skipped = append(rep.Skipped, localrouter.Skip{Worker: localrouter.WorkerKey{ID: sk.GetWorkerId(), DPRank: sk.GetDpRank()}, Reason: sk.GetReason()})
+	}
+	return rep
+}
+
+// engineSample converts the wire's engine signals back to a sample (At is
+// now less the reported age).
+func engineSample(e *localrouterv1.EngineSignals) signals.Sample {
+	return signals.Sample{
+		Engine: e.GetEngine(), Running: e.GetRunningRequests(), Waiting: e.GetWaitingRequests(),
+		KVUsage: e.GetKvUsage(), HasKVUsage: e.KvUsage != nil, Preemptions: e.GetPreemptions(),
+		PrefixHitRate: e.GetPrefixHitRate(), HasPrefixHitRate: e.PrefixHitRate != nil,
+		At: time.Now().Add(-time.Duration(e.GetAgeSeconds() * float64(time.Second))),
+	}
 }
 
 // PotentialLoad is one worker rank's load if the prompt were placed there.
@@ -215,6 +246,10 @@ func (c *Client) PotentialLoads(ctx context.Context, p Prompt) ([]PotentialLoad,
 			PotentialPrefillTokens: int(l.GetPotentialPrefillTokens()), PotentialDecodeBlocks: int(l.GetPotentialDecodeBlocks()),
 			OverlapBlocks: int(l.GetOverlapBlocks()), ActiveRequests: int(l.GetActiveRequests()),
 		}})
+		if e := l.GetEngine(); e != nil {
+			last := &out[len(out)-1]
+			last.Engine, last.HasEngine, last.Saturation = engineSample(e), true, e.GetSaturation()
+		}
 	}
 	return out, nil
 }

@@ -35,6 +35,9 @@ type Config struct {
 	NATS string
 	// RegisterTTL is the lease TTL of the router's etcd registration.
 	RegisterTTL time.Duration
+	// MetricsPeriod is how often each worker's engine metrics endpoint is
+	// scraped (localrouter/signals; 0 disables, the default).
+	MetricsPeriod time.Duration
 	// Router is the router's own configuration.
 	Router localrouter.Config
 }
@@ -111,6 +114,11 @@ func settings(c *Config) []*setting {
 		{flags: []string{"router-ttl"}, envs: []string{"KVGATE_ROUTER_TTL"}, usage: "TTL of approximate-index entries (duration, or seconds)", set: dur(&r.TTL), get: func() string { return r.TTL.String() }},
 		{flags: []string{"router-max-tree-size"}, envs: []string{"KVGATE_ROUTER_MAX_TREE_SIZE"}, usage: "bound on approximate-index entries", set: integer(&r.MaxTreeSize, 1), get: func() string { return strconv.Itoa(r.MaxTreeSize) }},
 		{flags: []string{"min-initial-workers", "router-min-initial-workers"}, envs: []string{"DYN_ROUTER_MIN_INITIAL_WORKERS", "KVGATE_ROUTER_MIN_INITIAL_WORKERS"}, usage: "not ready (health NOT_SERVING, UNAVAILABLE) until this many workers joined", set: integer(&r.MinInitialWorkers, 0), get: func() string { return strconv.Itoa(r.MinInitialWorkers) }},
+		{flags: []string{"router-metrics-period"}, envs: []string{"KVGATE_ROUTER_METRICS_PERIOD"}, usage: "scrape each worker's engine metrics (vLLM/SGLang /metrics) this often (duration, or seconds; 0 disables)", set: durOrZero(&c.MetricsPeriod), get: func() string { return c.MetricsPeriod.String() }},
+		{flags: []string{"router-waiting-weight"}, envs: []string{"KVGATE_ROUTER_WAITING_WEIGHT"}, usage: "cost in blocks per request waiting in the engine's queue (engine metrics; 0: unused)", set: float(&r.WaitingWeight), get: func() string { return fmtFloat(r.WaitingWeight) }},
+		{flags: []string{"router-kv-usage-weight"}, envs: []string{"KVGATE_ROUTER_KV_USAGE_WEIGHT"}, usage: "cost in blocks of a full engine KV cache, proportionally below (engine metrics; 0: unused)", set: float(&r.KVUsageWeight), get: func() string { return fmtFloat(r.KVUsageWeight) }},
+		{flags: []string{"router-saturation-kv-usage"}, envs: []string{"KVGATE_ROUTER_SATURATION_KV_USAGE"}, usage: "skip a rank whose engine reports KV usage at least this (0..1) with requests waiting (0 disables)", set: float(&r.SaturationKVUsage), get: func() string { return fmtFloat(r.SaturationKVUsage) }},
+		{flags: []string{"router-saturation-waiting"}, envs: []string{"KVGATE_ROUTER_SATURATION_WAITING"}, usage: "skip a rank whose engine reports this many waiting requests or more (0 disables)", set: integer(&r.SaturationWaiting, 0), get: func() string { return strconv.Itoa(r.SaturationWaiting) }},
 		{flags: []string{"router-request-expiry"}, envs: []string{"KVGATE_ROUTER_REQUEST_EXPIRY"}, usage: "free requests still active after this long (duration, or seconds)", set: dur(&r.RequestExpiry), get: func() string { return r.RequestExpiry.String() }},
 	}
 }
@@ -226,6 +234,22 @@ func boolean(p *bool) func(string) error {
 		}
 		*p = b
 		return nil
+	}
+}
+
+// durOrZero is dur that also accepts 0 (disabled).
+func durOrZero(p *time.Duration) func(string) error {
+	return func(v string) error {
+		t := strings.TrimSpace(v)
+		if d, err := time.ParseDuration(t); err == nil && d == 0 {
+			*p = 0
+			return nil
+		}
+		if f, err := strconv.ParseFloat(t, 64); err == nil && f == 0 {
+			*p = 0
+			return nil
+		}
+		return dur(p)(v)
 	}
 }
 

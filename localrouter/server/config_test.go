@@ -40,6 +40,16 @@ func TestParseFlags(t *testing.T) {
 			r.TTL, r.MaxTreeSize, r.MinInitialWorkers, r.RequestExpiry, r.BlockSize = 30*time.Second, 1000, 3, time.Minute, 64
 			c.GRPCAddr, c.MetricsAddr, c.AdvertiseAddr, c.RegisterTTL = ":1", "", "h:1", 3*time.Second
 		})},
+		{"engine signals", []string{
+			"--router-metrics-period=2s", "--router-waiting-weight=1.5", "--router-kv-usage-weight=20",
+			"--router-saturation-kv-usage=0.95", "--router-saturation-waiting=8",
+		}, nil, want(func(c *Config) {
+			c.MetricsPeriod = 2 * time.Second
+			c.Router.WaitingWeight, c.Router.KVUsageWeight, c.Router.SaturationKVUsage, c.Router.SaturationWaiting = 1.5, 20, 0.95, 8
+		})},
+		{"metrics period from the environment, 0 disables", []string{"--router-metrics-period=0s"}, map[string]string{
+			"KVGATE_ROUTER_METRICS_PERIOD": "5", "KVGATE_ROUTER_SATURATION_WAITING": "3",
+		}, want(func(c *Config) { c.Router.SaturationWaiting = 3 })},
 		{"short names", []string{"--block-size=32", "--min-initial-workers=2"}, nil, want(func(c *Config) {
 			c.Router.BlockSize, c.Router.MinInitialWorkers = 32, 2
 		})},
@@ -91,6 +101,8 @@ func TestParseFlagsErrorsNameTheSource(t *testing.T) {
 		{"missing pool", []string{"--pool="}, nil, "--pool (KVGATE_POOL) is required"},
 		{"missing nats", []string{"--nats="}, nil, "--nats (KVGATE_NATS) is required"},
 		{"stray argument", []string{"extra"}, nil, "unexpected arguments"},
+		{"negative metrics period", []string{"--router-metrics-period=-1s"}, nil, "-router-metrics-period: must be positive"},
+		{"saturation kv usage above 1", []string{"--router-saturation-kv-usage=1.5"}, nil, "saturation_kv_usage 1.5 must be within 0..1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

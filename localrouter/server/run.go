@@ -26,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/localrouter/discovery"
 	"github.com/kvgate/kvgate/localrouter/events"
 	"github.com/kvgate/kvgate/localrouter/replica"
+	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
 // Deps are a Service's injected dependencies; zero values take defaults.
@@ -54,6 +55,7 @@ type Service struct {
 	watcher    *discovery.Watcher
 	sub        *events.Subscriber
 	sync       *replica.Sync
+	scraper    *signals.Scraper
 	reg        *registry.Registration
 	stopWatch  context.CancelFunc
 	wg         sync.WaitGroup
@@ -128,6 +130,15 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	if s.sub != nil {
 		opts.EventStats = s.sub.Stats
 	}
+	if cfg.MetricsPeriod > 0 {
+		if s.scraper, err = signals.NewScraper(signals.ScraperOptions{
+			Period: cfg.MetricsPeriod, Targets: s.scrapeTargets, Sink: s.router,
+			Registerer: reg, Logger: log.With("pool", cfg.Pool),
+		}); err != nil {
+			return nil, err
+		}
+		opts.ScrapeStats, opts.MetricsPeriod = s.scraper.Stats, cfg.MetricsPeriod
+	}
 	if s.srv, err = New(opts); err != nil {
 		return nil, err
 	}
@@ -151,6 +162,13 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	case <-s.watcher.Synced():
 	case <-ctx.Done():
 		return nil, fmt.Errorf("listing workers in etcd %v: %w", cfg.Etcd, ctx.Err())
+	}
+	if s.scraper != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			_ = s.scraper.Run(wctx) // ends with the watch; failures are counted, never fatal
+		}()
 	}
 
 	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
@@ -194,6 +212,17 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		"metrics", s.MetricsAddr(), "ready", s.router.Ready(), "workers", len(s.watcher.Workers()),
 		"use_kv_events", cfg.Router.UseKVEvents, "replica_sync", cfg.Router.ReplicaSync, "block_size", cfg.Router.BlockSize)
 	return s, nil
+}
+
+// scrapeTargets lists the workers' engine metrics endpoints: each one's
+// registered metrics_url, or http://<address>/metrics.
+func (s *Service) scrapeTargets() []signals.Target {
+	ws := s.watcher.Workers()
+	out := make([]signals.Target, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, signals.Target{ID: w.ID, URL: w.MetricsEndpoint()})
+	}
+	return out
 }
 
 // advertise turns a listener address into one other hosts can dial.

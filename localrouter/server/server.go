@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -25,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/events"
+	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
 // Directory resolves worker ids to their registrations
@@ -52,9 +54,15 @@ type Options struct {
 	// EventStats, when set, reports the KV event subscriber's counters
 	// (for Stats and metrics).
 	EventStats func() events.Stats
-	RouterID   string
-	Pool       string
-	Logger     *slog.Logger
+	// ScrapeStats, when set, reports the engine metrics scraper's counters,
+	// and MetricsPeriod is its period (for Stats).
+	ScrapeStats   func() signals.Stats
+	MetricsPeriod time.Duration
+	// Clock ages engine signals (default time.Now).
+	Clock    func() time.Time
+	RouterID string
+	Pool     string
+	Logger   *slog.Logger
 }
 
 // Server implements localrouterv1.LocalRouterServer over a Router.
@@ -85,6 +93,9 @@ func New(opts Options) (*Server, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
 	}
 	s := &Server{
 		r: opts.Router, opts: opts, health: health.NewServer(),
@@ -160,6 +171,36 @@ func (s *Server) selection(sel routing.Selection) *localrouterv1.Selection {
 	}
 }
 
+// withSignals adds a choice's engine signals and saturation skips to out.
+func (s *Server) withSignals(out *localrouterv1.Selection, rep *localrouter.SignalsReport) *localrouterv1.Selection {
+	out.AllSaturated = rep.AllSaturated
+	if rep.HasEngine {
+		out.Engine = s.engineSignals(rep.Engine, s.r.Config().Saturation(rep.Engine))
+	}
+	for _, sk := range rep.Skipped {
+		out.Skipped = append(out.Skipped, &localrouterv1.SkippedWorker{WorkerId: sk.Worker.ID, DpRank: sk.Worker.DPRank, Reason: sk.Reason})
+	}
+	return out
+}
+
+// engineSignals converts a scraped sample to the wire.
+func (s *Server) engineSignals(smp signals.Sample, saturation string) *localrouterv1.EngineSignals {
+	out := &localrouterv1.EngineSignals{
+		Engine: smp.Engine, RunningRequests: smp.Running, WaitingRequests: smp.Waiting,
+		Preemptions: smp.Preemptions, Saturation: saturation,
+	}
+	if smp.HasKVUsage {
+		out.KvUsage = &smp.KVUsage
+	}
+	if smp.HasPrefixHitRate {
+		out.PrefixHitRate = &smp.PrefixHitRate
+	}
+	if !smp.At.IsZero() {
+		out.AgeSeconds = max(0, s.opts.Clock().Sub(smp.At).Seconds())
+	}
+	return out
+}
+
 // added tells the observer about a request recorded on sel.Worker.
 func (s *Server) added(id string, req localrouter.Request, sel routing.Selection, updateIndexer bool) {
 	if s.opts.Observer == nil {
@@ -188,8 +229,10 @@ func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerReq
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	var rep localrouter.SignalsReport
 	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
 		RequestID: in.GetRequestId(), UpdateIndexer: in.GetUpdateIndexer(), Override: override(in.GetConfigOverride()),
+		Signals: &rep,
 	})
 	if err != nil {
 		return nil, toStatus(err)
@@ -197,7 +240,7 @@ func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerReq
 	if in.GetRequestId() != "" {
 		s.added(in.GetRequestId(), req, sel, in.GetUpdateIndexer())
 	}
-	return &localrouterv1.BestWorkerResponse{Selection: s.selection(sel)}, nil
+	return &localrouterv1.BestWorkerResponse{Selection: s.withSignals(s.selection(sel), &rep)}, nil
 }
 
 // PotentialLoads implements localrouterv1.LocalRouterServer.
@@ -218,11 +261,15 @@ func (s *Server) PotentialLoads(ctx context.Context, in *localrouterv1.Potential
 		out.RequestBlocks = uint32(len(req.Tokens) / bs)
 	}
 	for _, l := range loads {
-		out.Loads = append(out.Loads, &localrouterv1.PotentialLoad{
+		pl := &localrouterv1.PotentialLoad{
 			WorkerId: l.Worker.ID, DpRank: l.Worker.DPRank, Address: s.address(l.Worker.ID),
 			PotentialPrefillTokens: uint32(l.PotentialPrefillTokens), PotentialDecodeBlocks: uint32(l.PotentialDecodeBlocks),
 			OverlapBlocks: uint32(l.OverlapBlocks), ActiveRequests: uint32(l.ActiveRequests),
-		})
+		}
+		if l.HasEngine {
+			pl.Engine = s.engineSignals(l.Engine, l.Saturation)
+		}
+		out.Loads = append(out.Loads, pl)
 	}
 	return out, nil
 }
@@ -333,10 +380,14 @@ func (s *Server) Workers(ctx context.Context, _ *localrouterv1.WorkersRequest) (
 		}
 		w.DpSize++
 		l := active.Load(k)
-		w.Ranks = append(w.Ranks, &localrouterv1.RankLoad{
+		rl := &localrouterv1.RankLoad{
 			DpRank: k.DPRank, PrefillTokens: uint32(l.PrefillTokens), ActiveBlocks: uint32(l.ActiveBlocks),
 			ActiveRequests: uint32(l.ActiveRequests), CachedBlocks: uint32(ix.TreeSize(k)),
-		})
+		}
+		if smp, ok := s.r.EngineSignals(k); ok {
+			rl.Engine = s.engineSignals(smp, s.r.Config().Saturation(smp))
+		}
+		w.Ranks = append(w.Ranks, rl)
 	}
 	return out, nil
 }
@@ -361,7 +412,15 @@ func (s *Server) Stats(ctx context.Context, _ *localrouterv1.StatsRequest) (*loc
 			RouterTemperature: cfg.RouterTemperature, UseKvEvents: cfg.UseKVEvents, TrackActiveBlocks: cfg.TrackActiveBlocks,
 			ReplicaSync: cfg.ReplicaSync, TtlSeconds: cfg.TTL.Seconds(), MaxTreeSize: uint64(cfg.MaxTreeSize),
 			MinInitialWorkers: uint32(cfg.MinInitialWorkers), RequestExpirySeconds: cfg.RequestExpiry.Seconds(),
+			WaitingWeight: cfg.WaitingWeight, KvUsageWeight: cfg.KVUsageWeight,
+			SaturationKvUsage: cfg.SaturationKVUsage, SaturationWaiting: uint32(cfg.SaturationWaiting),
+			MetricsPeriodSeconds: s.opts.MetricsPeriod.Seconds(),
 		},
+		SaturationSkips: s.r.SaturationSkips(),
+	}
+	if s.opts.ScrapeStats != nil {
+		ss := s.opts.ScrapeStats()
+		out.MetricsScrapes, out.MetricsScrapeFailures = ss.Scrapes, ss.Failures
 	}
 	if s.opts.EventStats != nil {
 		es := s.opts.EventStats()

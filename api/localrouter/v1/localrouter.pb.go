@@ -246,7 +246,13 @@ type Selection struct {
 	// Number of (worker, dp_rank) candidates considered.
 	Candidates uint32 `protobuf:"varint,9,opt,name=candidates,proto3" json:"candidates,omitempty"`
 	// The pool's block size.
-	BlockSize     uint32 `protobuf:"varint,10,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	BlockSize uint32 `protobuf:"varint,10,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// The chosen rank's engine signals, when its metrics are scraped.
+	Engine *EngineSignals `protobuf:"bytes,11,opt,name=engine,proto3" json:"engine,omitempty"`
+	// Ranks left out because their engine reported saturation, with why.
+	Skipped []*SkippedWorker `protobuf:"bytes,12,rep,name=skipped,proto3" json:"skipped,omitempty"`
+	// Every candidate was saturated, so none was skipped.
+	AllSaturated  bool `protobuf:"varint,13,opt,name=all_saturated,json=allSaturated,proto3" json:"all_saturated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -351,6 +357,198 @@ func (x *Selection) GetBlockSize() uint32 {
 	return 0
 }
 
+func (x *Selection) GetEngine() *EngineSignals {
+	if x != nil {
+		return x.Engine
+	}
+	return nil
+}
+
+func (x *Selection) GetSkipped() []*SkippedWorker {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
+func (x *Selection) GetAllSaturated() bool {
+	if x != nil {
+		return x.AllSaturated
+	}
+	return false
+}
+
+// EngineSignals are what a worker's engine reports about one rank on its
+// Prometheus metrics endpoint (vLLM or SGLang names), as the local router
+// last scraped them (localrouter/signals).
+type EngineSignals struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "vllm" or "sglang".
+	Engine          string  `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	RunningRequests float64 `protobuf:"fixed64,2,opt,name=running_requests,json=runningRequests,proto3" json:"running_requests,omitempty"`
+	WaitingRequests float64 `protobuf:"fixed64,3,opt,name=waiting_requests,json=waitingRequests,proto3" json:"waiting_requests,omitempty"`
+	// KV cache usage, 0..1 (unset when the engine does not report it).
+	KvUsage *float64 `protobuf:"fixed64,4,opt,name=kv_usage,json=kvUsage,proto3,oneof" json:"kv_usage,omitempty"`
+	// vLLM: cumulative preemptions; SGLang: requests retracted in its last
+	// stats interval.
+	Preemptions float64 `protobuf:"fixed64,5,opt,name=preemptions,proto3" json:"preemptions,omitempty"`
+	// Prefix cache hit rate, 0..1 (vLLM: hits / queries since start).
+	PrefixHitRate *float64 `protobuf:"fixed64,6,opt,name=prefix_hit_rate,json=prefixHitRate,proto3,oneof" json:"prefix_hit_rate,omitempty"`
+	// Seconds since the scrape.
+	AgeSeconds float64 `protobuf:"fixed64,7,opt,name=age_seconds,json=ageSeconds,proto3" json:"age_seconds,omitempty"`
+	// Why the router would skip this rank ("" when it would not).
+	Saturation    string `protobuf:"bytes,8,opt,name=saturation,proto3" json:"saturation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineSignals) Reset() {
+	*x = EngineSignals{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineSignals) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineSignals) ProtoMessage() {}
+
+func (x *EngineSignals) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineSignals.ProtoReflect.Descriptor instead.
+func (*EngineSignals) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *EngineSignals) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *EngineSignals) GetRunningRequests() float64 {
+	if x != nil {
+		return x.RunningRequests
+	}
+	return 0
+}
+
+func (x *EngineSignals) GetWaitingRequests() float64 {
+	if x != nil {
+		return x.WaitingRequests
+	}
+	return 0
+}
+
+func (x *EngineSignals) GetKvUsage() float64 {
+	if x != nil && x.KvUsage != nil {
+		return *x.KvUsage
+	}
+	return 0
+}
+
+func (x *EngineSignals) GetPreemptions() float64 {
+	if x != nil {
+		return x.Preemptions
+	}
+	return 0
+}
+
+func (x *EngineSignals) GetPrefixHitRate() float64 {
+	if x != nil && x.PrefixHitRate != nil {
+		return *x.PrefixHitRate
+	}
+	return 0
+}
+
+func (x *EngineSignals) GetAgeSeconds() float64 {
+	if x != nil {
+		return x.AgeSeconds
+	}
+	return 0
+}
+
+func (x *EngineSignals) GetSaturation() string {
+	if x != nil {
+		return x.Saturation
+	}
+	return ""
+}
+
+// SkippedWorker is a rank BestWorker left out, and why.
+type SkippedWorker struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	DpRank        uint32                 `protobuf:"varint,2,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SkippedWorker) Reset() {
+	*x = SkippedWorker{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SkippedWorker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SkippedWorker) ProtoMessage() {}
+
+func (x *SkippedWorker) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SkippedWorker.ProtoReflect.Descriptor instead.
+func (*SkippedWorker) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SkippedWorker) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *SkippedWorker) GetDpRank() uint32 {
+	if x != nil {
+		return x.DpRank
+	}
+	return 0
+}
+
+func (x *SkippedWorker) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type BestWorkerRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Prompt         *Prompt                `protobuf:"bytes,1,opt,name=prompt,proto3" json:"prompt,omitempty"`
@@ -365,7 +563,7 @@ type BestWorkerRequest struct {
 
 func (x *BestWorkerRequest) Reset() {
 	*x = BestWorkerRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[3]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +575,7 @@ func (x *BestWorkerRequest) String() string {
 func (*BestWorkerRequest) ProtoMessage() {}
 
 func (x *BestWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[3]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,7 +588,7 @@ func (x *BestWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BestWorkerRequest.ProtoReflect.Descriptor instead.
 func (*BestWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{3}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BestWorkerRequest) GetPrompt() *Prompt {
@@ -430,7 +628,7 @@ type BestWorkerResponse struct {
 
 func (x *BestWorkerResponse) Reset() {
 	*x = BestWorkerResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[4]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +640,7 @@ func (x *BestWorkerResponse) String() string {
 func (*BestWorkerResponse) ProtoMessage() {}
 
 func (x *BestWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[4]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +653,7 @@ func (x *BestWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BestWorkerResponse.ProtoReflect.Descriptor instead.
 func (*BestWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{4}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BestWorkerResponse) GetSelection() *Selection {
@@ -474,7 +672,7 @@ type PotentialLoadsRequest struct {
 
 func (x *PotentialLoadsRequest) Reset() {
 	*x = PotentialLoadsRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[5]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +684,7 @@ func (x *PotentialLoadsRequest) String() string {
 func (*PotentialLoadsRequest) ProtoMessage() {}
 
 func (x *PotentialLoadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[5]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +697,7 @@ func (x *PotentialLoadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PotentialLoadsRequest.ProtoReflect.Descriptor instead.
 func (*PotentialLoadsRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{5}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PotentialLoadsRequest) GetPrompt() *Prompt {
@@ -518,13 +716,15 @@ type PotentialLoad struct {
 	PotentialDecodeBlocks  uint32                 `protobuf:"varint,5,opt,name=potential_decode_blocks,json=potentialDecodeBlocks,proto3" json:"potential_decode_blocks,omitempty"`
 	OverlapBlocks          uint32                 `protobuf:"varint,6,opt,name=overlap_blocks,json=overlapBlocks,proto3" json:"overlap_blocks,omitempty"`
 	ActiveRequests         uint32                 `protobuf:"varint,7,opt,name=active_requests,json=activeRequests,proto3" json:"active_requests,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The rank's engine signals, when its metrics are scraped.
+	Engine        *EngineSignals `protobuf:"bytes,8,opt,name=engine,proto3" json:"engine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PotentialLoad) Reset() {
 	*x = PotentialLoad{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[6]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +736,7 @@ func (x *PotentialLoad) String() string {
 func (*PotentialLoad) ProtoMessage() {}
 
 func (x *PotentialLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[6]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +749,7 @@ func (x *PotentialLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PotentialLoad.ProtoReflect.Descriptor instead.
 func (*PotentialLoad) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{6}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PotentialLoad) GetWorkerId() string {
@@ -601,6 +801,13 @@ func (x *PotentialLoad) GetActiveRequests() uint32 {
 	return 0
 }
 
+func (x *PotentialLoad) GetEngine() *EngineSignals {
+	if x != nil {
+		return x.Engine
+	}
+	return nil
+}
+
 type PotentialLoadsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Loads         []*PotentialLoad       `protobuf:"bytes,1,rep,name=loads,proto3" json:"loads,omitempty"`
@@ -612,7 +819,7 @@ type PotentialLoadsResponse struct {
 
 func (x *PotentialLoadsResponse) Reset() {
 	*x = PotentialLoadsResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[7]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +831,7 @@ func (x *PotentialLoadsResponse) String() string {
 func (*PotentialLoadsResponse) ProtoMessage() {}
 
 func (x *PotentialLoadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[7]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +844,7 @@ func (x *PotentialLoadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PotentialLoadsResponse.ProtoReflect.Descriptor instead.
 func (*PotentialLoadsResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{7}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PotentialLoadsResponse) GetLoads() []*PotentialLoad {
@@ -673,7 +880,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[8]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +892,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[8]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +905,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{8}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CommitRequest) GetRequestId() string {
@@ -738,7 +945,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[9]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +957,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[9]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +970,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{9}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CommitResponse) GetSelection() *Selection {
@@ -784,7 +991,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[10]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +1003,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[10]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +1016,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{10}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AttachRequest) GetRequestId() string {
@@ -833,7 +1040,7 @@ type TrackRequest struct {
 
 func (x *TrackRequest) Reset() {
 	*x = TrackRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[11]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +1052,7 @@ func (x *TrackRequest) String() string {
 func (*TrackRequest) ProtoMessage() {}
 
 func (x *TrackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[11]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1065,7 @@ func (x *TrackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrackRequest.ProtoReflect.Descriptor instead.
 func (*TrackRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{11}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TrackRequest) GetMsg() isTrackRequest_Msg {
@@ -933,7 +1140,7 @@ type TrackResponse struct {
 
 func (x *TrackResponse) Reset() {
 	*x = TrackResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[12]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1152,7 @@ func (x *TrackResponse) String() string {
 func (*TrackResponse) ProtoMessage() {}
 
 func (x *TrackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[12]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1165,7 @@ func (x *TrackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrackResponse.ProtoReflect.Descriptor instead.
 func (*TrackResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{12}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TrackResponse) GetMsg() isTrackResponse_Msg {
@@ -1013,7 +1220,7 @@ type MarkPrefillCompleteRequest struct {
 
 func (x *MarkPrefillCompleteRequest) Reset() {
 	*x = MarkPrefillCompleteRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[13]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1232,7 @@ func (x *MarkPrefillCompleteRequest) String() string {
 func (*MarkPrefillCompleteRequest) ProtoMessage() {}
 
 func (x *MarkPrefillCompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[13]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1245,7 @@ func (x *MarkPrefillCompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkPrefillCompleteRequest.ProtoReflect.Descriptor instead.
 func (*MarkPrefillCompleteRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{13}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MarkPrefillCompleteRequest) GetRequestId() string {
@@ -1056,7 +1263,7 @@ type MarkPrefillCompleteResponse struct {
 
 func (x *MarkPrefillCompleteResponse) Reset() {
 	*x = MarkPrefillCompleteResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[14]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1275,7 @@ func (x *MarkPrefillCompleteResponse) String() string {
 func (*MarkPrefillCompleteResponse) ProtoMessage() {}
 
 func (x *MarkPrefillCompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[14]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1288,7 @@ func (x *MarkPrefillCompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkPrefillCompleteResponse.ProtoReflect.Descriptor instead.
 func (*MarkPrefillCompleteResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{14}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{16}
 }
 
 type FreeRequest struct {
@@ -1093,7 +1300,7 @@ type FreeRequest struct {
 
 func (x *FreeRequest) Reset() {
 	*x = FreeRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[15]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1312,7 @@ func (x *FreeRequest) String() string {
 func (*FreeRequest) ProtoMessage() {}
 
 func (x *FreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[15]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1325,7 @@ func (x *FreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeRequest.ProtoReflect.Descriptor instead.
 func (*FreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{15}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FreeRequest) GetRequestId() string {
@@ -1136,7 +1343,7 @@ type FreeResponse struct {
 
 func (x *FreeResponse) Reset() {
 	*x = FreeResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[16]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1355,7 @@ func (x *FreeResponse) String() string {
 func (*FreeResponse) ProtoMessage() {}
 
 func (x *FreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[16]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1368,7 @@ func (x *FreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeResponse.ProtoReflect.Descriptor instead.
 func (*FreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{16}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{18}
 }
 
 type DumpEventsRequest struct {
@@ -1172,7 +1379,7 @@ type DumpEventsRequest struct {
 
 func (x *DumpEventsRequest) Reset() {
 	*x = DumpEventsRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[17]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1184,7 +1391,7 @@ func (x *DumpEventsRequest) String() string {
 func (*DumpEventsRequest) ProtoMessage() {}
 
 func (x *DumpEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[17]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1197,7 +1404,7 @@ func (x *DumpEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpEventsRequest.ProtoReflect.Descriptor instead.
 func (*DumpEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{17}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{19}
 }
 
 type DumpEventsResponse struct {
@@ -1212,7 +1419,7 @@ type DumpEventsResponse struct {
 
 func (x *DumpEventsResponse) Reset() {
 	*x = DumpEventsResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[18]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1431,7 @@ func (x *DumpEventsResponse) String() string {
 func (*DumpEventsResponse) ProtoMessage() {}
 
 func (x *DumpEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[18]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1444,7 @@ func (x *DumpEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpEventsResponse.ProtoReflect.Descriptor instead.
 func (*DumpEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{18}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DumpEventsResponse) GetEventsJson() string {
@@ -1262,7 +1469,7 @@ type WorkersRequest struct {
 
 func (x *WorkersRequest) Reset() {
 	*x = WorkersRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[19]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1481,7 @@ func (x *WorkersRequest) String() string {
 func (*WorkersRequest) ProtoMessage() {}
 
 func (x *WorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[19]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1494,7 @@ func (x *WorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkersRequest.ProtoReflect.Descriptor instead.
 func (*WorkersRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{19}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{21}
 }
 
 // RankLoad is one data-parallel rank's current load.
@@ -1298,14 +1505,16 @@ type RankLoad struct {
 	ActiveBlocks   uint32                 `protobuf:"varint,3,opt,name=active_blocks,json=activeBlocks,proto3" json:"active_blocks,omitempty"`
 	ActiveRequests uint32                 `protobuf:"varint,4,opt,name=active_requests,json=activeRequests,proto3" json:"active_requests,omitempty"`
 	// Blocks the rank holds in the KV index.
-	CachedBlocks  uint32 `protobuf:"varint,5,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
+	CachedBlocks uint32 `protobuf:"varint,5,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
+	// The rank's engine signals, when its metrics are scraped.
+	Engine        *EngineSignals `protobuf:"bytes,6,opt,name=engine,proto3" json:"engine,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RankLoad) Reset() {
 	*x = RankLoad{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[20]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1526,7 @@ func (x *RankLoad) String() string {
 func (*RankLoad) ProtoMessage() {}
 
 func (x *RankLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[20]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1539,7 @@ func (x *RankLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankLoad.ProtoReflect.Descriptor instead.
 func (*RankLoad) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{20}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RankLoad) GetDpRank() uint32 {
@@ -1368,6 +1577,13 @@ func (x *RankLoad) GetCachedBlocks() uint32 {
 	return 0
 }
 
+func (x *RankLoad) GetEngine() *EngineSignals {
+	if x != nil {
+		return x.Engine
+	}
+	return nil
+}
+
 // Worker is a member of the pool, as registered in etcd.
 type Worker struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1385,7 +1601,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[21]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1613,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[21]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1626,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{21}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Worker) GetWorkerId() string {
@@ -1479,7 +1695,7 @@ type WorkersResponse struct {
 
 func (x *WorkersResponse) Reset() {
 	*x = WorkersResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[22]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1707,7 @@ func (x *WorkersResponse) String() string {
 func (*WorkersResponse) ProtoMessage() {}
 
 func (x *WorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[22]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1720,7 @@ func (x *WorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkersResponse.ProtoReflect.Descriptor instead.
 func (*WorkersResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{22}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WorkersResponse) GetPool() string {
@@ -1529,7 +1745,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[23]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1757,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[23]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1770,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{23}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{25}
 }
 
 // RouterConfig is the router's effective configuration.
@@ -1571,13 +1787,19 @@ type RouterConfig struct {
 	MaxTreeSize          uint64                 `protobuf:"varint,9,opt,name=max_tree_size,json=maxTreeSize,proto3" json:"max_tree_size,omitempty"`
 	MinInitialWorkers    uint32                 `protobuf:"varint,10,opt,name=min_initial_workers,json=minInitialWorkers,proto3" json:"min_initial_workers,omitempty"`
 	RequestExpirySeconds float64                `protobuf:"fixed64,11,opt,name=request_expiry_seconds,json=requestExpirySeconds,proto3" json:"request_expiry_seconds,omitempty"`
+	WaitingWeight        float64                `protobuf:"fixed64,12,opt,name=waiting_weight,json=waitingWeight,proto3" json:"waiting_weight,omitempty"`
+	KvUsageWeight        float64                `protobuf:"fixed64,13,opt,name=kv_usage_weight,json=kvUsageWeight,proto3" json:"kv_usage_weight,omitempty"`
+	SaturationKvUsage    float64                `protobuf:"fixed64,14,opt,name=saturation_kv_usage,json=saturationKvUsage,proto3" json:"saturation_kv_usage,omitempty"`
+	SaturationWaiting    uint32                 `protobuf:"varint,15,opt,name=saturation_waiting,json=saturationWaiting,proto3" json:"saturation_waiting,omitempty"`
+	// Period of the engine metrics scrapes (0: not scraped).
+	MetricsPeriodSeconds float64 `protobuf:"fixed64,16,opt,name=metrics_period_seconds,json=metricsPeriodSeconds,proto3" json:"metrics_period_seconds,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
 
 func (x *RouterConfig) Reset() {
 	*x = RouterConfig{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1811,7 @@ func (x *RouterConfig) String() string {
 func (*RouterConfig) ProtoMessage() {}
 
 func (x *RouterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1824,7 @@ func (x *RouterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouterConfig.ProtoReflect.Descriptor instead.
 func (*RouterConfig) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{24}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RouterConfig) GetBlockSize() uint32 {
@@ -1682,6 +1904,41 @@ func (x *RouterConfig) GetRequestExpirySeconds() float64 {
 	return 0
 }
 
+func (x *RouterConfig) GetWaitingWeight() float64 {
+	if x != nil {
+		return x.WaitingWeight
+	}
+	return 0
+}
+
+func (x *RouterConfig) GetKvUsageWeight() float64 {
+	if x != nil {
+		return x.KvUsageWeight
+	}
+	return 0
+}
+
+func (x *RouterConfig) GetSaturationKvUsage() float64 {
+	if x != nil {
+		return x.SaturationKvUsage
+	}
+	return 0
+}
+
+func (x *RouterConfig) GetSaturationWaiting() uint32 {
+	if x != nil {
+		return x.SaturationWaiting
+	}
+	return 0
+}
+
+func (x *RouterConfig) GetMetricsPeriodSeconds() float64 {
+	if x != nil {
+		return x.MetricsPeriodSeconds
+	}
+	return 0
+}
+
 type StatsResponse struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	RouterId            string                 `protobuf:"bytes,1,opt,name=router_id,json=routerId,proto3" json:"router_id,omitempty"`
@@ -1700,13 +1957,18 @@ type StatsResponse struct {
 	RequestsExpired     uint64                 `protobuf:"varint,14,opt,name=requests_expired,json=requestsExpired,proto3" json:"requests_expired,omitempty"`
 	UnknownRequestOps   uint64                 `protobuf:"varint,15,opt,name=unknown_request_ops,json=unknownRequestOps,proto3" json:"unknown_request_ops,omitempty"`
 	Config              *RouterConfig          `protobuf:"bytes,16,opt,name=config,proto3" json:"config,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Scrapes of the workers' engine metrics, and those that failed.
+	MetricsScrapes        uint64 `protobuf:"varint,17,opt,name=metrics_scrapes,json=metricsScrapes,proto3" json:"metrics_scrapes,omitempty"`
+	MetricsScrapeFailures uint64 `protobuf:"varint,18,opt,name=metrics_scrape_failures,json=metricsScrapeFailures,proto3" json:"metrics_scrape_failures,omitempty"`
+	// Ranks skipped for engine saturation by BestWorker with a request_id.
+	SaturationSkips uint64 `protobuf:"varint,19,opt,name=saturation_skips,json=saturationSkips,proto3" json:"saturation_skips,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1980,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1993,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{25}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatsResponse) GetRouterId() string {
@@ -1846,6 +2108,27 @@ func (x *StatsResponse) GetConfig() *RouterConfig {
 	return nil
 }
 
+func (x *StatsResponse) GetMetricsScrapes() uint64 {
+	if x != nil {
+		return x.MetricsScrapes
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetMetricsScrapeFailures() uint64 {
+	if x != nil {
+		return x.MetricsScrapeFailures
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetSaturationSkips() uint64 {
+	if x != nil {
+		return x.SaturationSkips
+	}
+	return 0
+}
+
 var File_api_localrouter_v1_localrouter_proto protoreflect.FileDescriptor
 
 const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
@@ -1865,7 +2148,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x12router_temperature\x18\x03 \x01(\x01H\x02R\x11routerTemperature\x88\x01\x01B\x17\n" +
 	"\x15_overlap_score_creditB\x15\n" +
 	"\x13_prefill_load_scaleB\x15\n" +
-	"\x13_router_temperature\"\xee\x02\n" +
+	"\x13_router_temperature\"\x91\x04\n" +
 	"\tSelection\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x18\n" +
@@ -1880,7 +2163,28 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"candidates\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\n" +
-	" \x01(\rR\tblockSize\"\xe0\x01\n" +
+	" \x01(\rR\tblockSize\x12<\n" +
+	"\x06engine\x18\v \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\x12>\n" +
+	"\askipped\x18\f \x03(\v2$.kvgate.localrouter.v1.SkippedWorkerR\askipped\x12#\n" +
+	"\rall_saturated\x18\r \x01(\bR\fallSaturated\"\xce\x02\n" +
+	"\rEngineSignals\x12\x16\n" +
+	"\x06engine\x18\x01 \x01(\tR\x06engine\x12)\n" +
+	"\x10running_requests\x18\x02 \x01(\x01R\x0frunningRequests\x12)\n" +
+	"\x10waiting_requests\x18\x03 \x01(\x01R\x0fwaitingRequests\x12\x1e\n" +
+	"\bkv_usage\x18\x04 \x01(\x01H\x00R\akvUsage\x88\x01\x01\x12 \n" +
+	"\vpreemptions\x18\x05 \x01(\x01R\vpreemptions\x12+\n" +
+	"\x0fprefix_hit_rate\x18\x06 \x01(\x01H\x01R\rprefixHitRate\x88\x01\x01\x12\x1f\n" +
+	"\vage_seconds\x18\a \x01(\x01R\n" +
+	"ageSeconds\x12\x1e\n" +
+	"\n" +
+	"saturation\x18\b \x01(\tR\n" +
+	"saturationB\v\n" +
+	"\t_kv_usageB\x12\n" +
+	"\x10_prefix_hit_rate\"]\n" +
+	"\rSkippedWorker\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x17\n" +
+	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xe0\x01\n" +
 	"\x11BestWorkerRequest\x125\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x1d.kvgate.localrouter.v1.PromptR\x06prompt\x12N\n" +
 	"\x0fconfig_override\x18\x02 \x01(\v2%.kvgate.localrouter.v1.ConfigOverrideR\x0econfigOverride\x12\x1d\n" +
@@ -1890,7 +2194,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x12BestWorkerResponse\x12>\n" +
 	"\tselection\x18\x01 \x01(\v2 .kvgate.localrouter.v1.SelectionR\tselection\"N\n" +
 	"\x15PotentialLoadsRequest\x125\n" +
-	"\x06prompt\x18\x01 \x01(\v2\x1d.kvgate.localrouter.v1.PromptR\x06prompt\"\xa1\x02\n" +
+	"\x06prompt\x18\x01 \x01(\v2\x1d.kvgate.localrouter.v1.PromptR\x06prompt\"\xdf\x02\n" +
 	"\rPotentialLoad\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x18\n" +
@@ -1898,7 +2202,8 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x18potential_prefill_tokens\x18\x04 \x01(\rR\x16potentialPrefillTokens\x126\n" +
 	"\x17potential_decode_blocks\x18\x05 \x01(\rR\x15potentialDecodeBlocks\x12%\n" +
 	"\x0eoverlap_blocks\x18\x06 \x01(\rR\roverlapBlocks\x12'\n" +
-	"\x0factive_requests\x18\a \x01(\rR\x0eactiveRequests\"\x9a\x01\n" +
+	"\x0factive_requests\x18\a \x01(\rR\x0eactiveRequests\x12<\n" +
+	"\x06engine\x18\b \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\"\x9a\x01\n" +
 	"\x16PotentialLoadsResponse\x12:\n" +
 	"\x05loads\x18\x01 \x03(\v2$.kvgate.localrouter.v1.PotentialLoadR\x05loads\x12%\n" +
 	"\x0erequest_blocks\x18\x02 \x01(\rR\rrequestBlocks\x12\x1d\n" +
@@ -1937,13 +2242,14 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\vevents_json\x18\x01 \x01(\tR\n" +
 	"eventsJson\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\"\x10\n" +
-	"\x0eWorkersRequest\"\xbd\x01\n" +
+	"\x0eWorkersRequest\"\xfb\x01\n" +
 	"\bRankLoad\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12%\n" +
 	"\x0eprefill_tokens\x18\x02 \x01(\rR\rprefillTokens\x12#\n" +
 	"\ractive_blocks\x18\x03 \x01(\rR\factiveBlocks\x12'\n" +
 	"\x0factive_requests\x18\x04 \x01(\rR\x0eactiveRequests\x12#\n" +
-	"\rcached_blocks\x18\x05 \x01(\rR\fcachedBlocks\"\x86\x02\n" +
+	"\rcached_blocks\x18\x05 \x01(\rR\fcachedBlocks\x12<\n" +
+	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\"\x86\x02\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x17\n" +
@@ -1957,7 +2263,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x0fWorkersResponse\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x127\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1d.kvgate.localrouter.v1.WorkerR\aworkers\"\x0e\n" +
-	"\fStatsRequest\"\xde\x03\n" +
+	"\fStatsRequest\"\xc2\x05\n" +
 	"\fRouterConfig\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x120\n" +
@@ -1972,7 +2278,12 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\rmax_tree_size\x18\t \x01(\x04R\vmaxTreeSize\x12.\n" +
 	"\x13min_initial_workers\x18\n" +
 	" \x01(\rR\x11minInitialWorkers\x124\n" +
-	"\x16request_expiry_seconds\x18\v \x01(\x01R\x14requestExpirySeconds\"\xc8\x04\n" +
+	"\x16request_expiry_seconds\x18\v \x01(\x01R\x14requestExpirySeconds\x12%\n" +
+	"\x0ewaiting_weight\x18\f \x01(\x01R\rwaitingWeight\x12&\n" +
+	"\x0fkv_usage_weight\x18\r \x01(\x01R\rkvUsageWeight\x12.\n" +
+	"\x13saturation_kv_usage\x18\x0e \x01(\x01R\x11saturationKvUsage\x12-\n" +
+	"\x12saturation_waiting\x18\x0f \x01(\rR\x11saturationWaiting\x124\n" +
+	"\x16metrics_period_seconds\x18\x10 \x01(\x01R\x14metricsPeriodSeconds\"\xd4\x05\n" +
 	"\rStatsResponse\x12\x1b\n" +
 	"\trouter_id\x18\x01 \x01(\tR\brouterId\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x14\n" +
@@ -1991,7 +2302,10 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\rindex_entries\x18\r \x01(\x04R\findexEntries\x12)\n" +
 	"\x10requests_expired\x18\x0e \x01(\x04R\x0frequestsExpired\x12.\n" +
 	"\x13unknown_request_ops\x18\x0f \x01(\x04R\x11unknownRequestOps\x12;\n" +
-	"\x06config\x18\x10 \x01(\v2#.kvgate.localrouter.v1.RouterConfigR\x06config*a\n" +
+	"\x06config\x18\x10 \x01(\v2#.kvgate.localrouter.v1.RouterConfigR\x06config\x12'\n" +
+	"\x0fmetrics_scrapes\x18\x11 \x01(\x04R\x0emetricsScrapes\x126\n" +
+	"\x17metrics_scrape_failures\x18\x12 \x01(\x04R\x15metricsScrapeFailures\x12)\n" +
+	"\x10saturation_skips\x18\x13 \x01(\x04R\x0fsaturationSkips*a\n" +
 	"\n" +
 	"TrackEvent\x12\x1b\n" +
 	"\x17TRACK_EVENT_UNSPECIFIED\x10\x00\x12 \n" +
@@ -2023,75 +2337,81 @@ func file_api_localrouter_v1_localrouter_proto_rawDescGZIP() []byte {
 }
 
 var file_api_localrouter_v1_localrouter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(TrackEvent)(0),                     // 0: kvgate.localrouter.v1.TrackEvent
 	(*Prompt)(nil),                      // 1: kvgate.localrouter.v1.Prompt
 	(*ConfigOverride)(nil),              // 2: kvgate.localrouter.v1.ConfigOverride
 	(*Selection)(nil),                   // 3: kvgate.localrouter.v1.Selection
-	(*BestWorkerRequest)(nil),           // 4: kvgate.localrouter.v1.BestWorkerRequest
-	(*BestWorkerResponse)(nil),          // 5: kvgate.localrouter.v1.BestWorkerResponse
-	(*PotentialLoadsRequest)(nil),       // 6: kvgate.localrouter.v1.PotentialLoadsRequest
-	(*PotentialLoad)(nil),               // 7: kvgate.localrouter.v1.PotentialLoad
-	(*PotentialLoadsResponse)(nil),      // 8: kvgate.localrouter.v1.PotentialLoadsResponse
-	(*CommitRequest)(nil),               // 9: kvgate.localrouter.v1.CommitRequest
-	(*CommitResponse)(nil),              // 10: kvgate.localrouter.v1.CommitResponse
-	(*AttachRequest)(nil),               // 11: kvgate.localrouter.v1.AttachRequest
-	(*TrackRequest)(nil),                // 12: kvgate.localrouter.v1.TrackRequest
-	(*TrackResponse)(nil),               // 13: kvgate.localrouter.v1.TrackResponse
-	(*MarkPrefillCompleteRequest)(nil),  // 14: kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	(*MarkPrefillCompleteResponse)(nil), // 15: kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	(*FreeRequest)(nil),                 // 16: kvgate.localrouter.v1.FreeRequest
-	(*FreeResponse)(nil),                // 17: kvgate.localrouter.v1.FreeResponse
-	(*DumpEventsRequest)(nil),           // 18: kvgate.localrouter.v1.DumpEventsRequest
-	(*DumpEventsResponse)(nil),          // 19: kvgate.localrouter.v1.DumpEventsResponse
-	(*WorkersRequest)(nil),              // 20: kvgate.localrouter.v1.WorkersRequest
-	(*RankLoad)(nil),                    // 21: kvgate.localrouter.v1.RankLoad
-	(*Worker)(nil),                      // 22: kvgate.localrouter.v1.Worker
-	(*WorkersResponse)(nil),             // 23: kvgate.localrouter.v1.WorkersResponse
-	(*StatsRequest)(nil),                // 24: kvgate.localrouter.v1.StatsRequest
-	(*RouterConfig)(nil),                // 25: kvgate.localrouter.v1.RouterConfig
-	(*StatsResponse)(nil),               // 26: kvgate.localrouter.v1.StatsResponse
+	(*EngineSignals)(nil),               // 4: kvgate.localrouter.v1.EngineSignals
+	(*SkippedWorker)(nil),               // 5: kvgate.localrouter.v1.SkippedWorker
+	(*BestWorkerRequest)(nil),           // 6: kvgate.localrouter.v1.BestWorkerRequest
+	(*BestWorkerResponse)(nil),          // 7: kvgate.localrouter.v1.BestWorkerResponse
+	(*PotentialLoadsRequest)(nil),       // 8: kvgate.localrouter.v1.PotentialLoadsRequest
+	(*PotentialLoad)(nil),               // 9: kvgate.localrouter.v1.PotentialLoad
+	(*PotentialLoadsResponse)(nil),      // 10: kvgate.localrouter.v1.PotentialLoadsResponse
+	(*CommitRequest)(nil),               // 11: kvgate.localrouter.v1.CommitRequest
+	(*CommitResponse)(nil),              // 12: kvgate.localrouter.v1.CommitResponse
+	(*AttachRequest)(nil),               // 13: kvgate.localrouter.v1.AttachRequest
+	(*TrackRequest)(nil),                // 14: kvgate.localrouter.v1.TrackRequest
+	(*TrackResponse)(nil),               // 15: kvgate.localrouter.v1.TrackResponse
+	(*MarkPrefillCompleteRequest)(nil),  // 16: kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	(*MarkPrefillCompleteResponse)(nil), // 17: kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	(*FreeRequest)(nil),                 // 18: kvgate.localrouter.v1.FreeRequest
+	(*FreeResponse)(nil),                // 19: kvgate.localrouter.v1.FreeResponse
+	(*DumpEventsRequest)(nil),           // 20: kvgate.localrouter.v1.DumpEventsRequest
+	(*DumpEventsResponse)(nil),          // 21: kvgate.localrouter.v1.DumpEventsResponse
+	(*WorkersRequest)(nil),              // 22: kvgate.localrouter.v1.WorkersRequest
+	(*RankLoad)(nil),                    // 23: kvgate.localrouter.v1.RankLoad
+	(*Worker)(nil),                      // 24: kvgate.localrouter.v1.Worker
+	(*WorkersResponse)(nil),             // 25: kvgate.localrouter.v1.WorkersResponse
+	(*StatsRequest)(nil),                // 26: kvgate.localrouter.v1.StatsRequest
+	(*RouterConfig)(nil),                // 27: kvgate.localrouter.v1.RouterConfig
+	(*StatsResponse)(nil),               // 28: kvgate.localrouter.v1.StatsResponse
 }
 var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
-	1,  // 0: kvgate.localrouter.v1.BestWorkerRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	2,  // 1: kvgate.localrouter.v1.BestWorkerRequest.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
-	3,  // 2: kvgate.localrouter.v1.BestWorkerResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	1,  // 3: kvgate.localrouter.v1.PotentialLoadsRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	7,  // 4: kvgate.localrouter.v1.PotentialLoadsResponse.loads:type_name -> kvgate.localrouter.v1.PotentialLoad
-	1,  // 5: kvgate.localrouter.v1.CommitRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	3,  // 6: kvgate.localrouter.v1.CommitResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	9,  // 7: kvgate.localrouter.v1.TrackRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
-	11, // 8: kvgate.localrouter.v1.TrackRequest.attach:type_name -> kvgate.localrouter.v1.AttachRequest
-	0,  // 9: kvgate.localrouter.v1.TrackRequest.event:type_name -> kvgate.localrouter.v1.TrackEvent
-	3,  // 10: kvgate.localrouter.v1.TrackResponse.committed:type_name -> kvgate.localrouter.v1.Selection
-	0,  // 11: kvgate.localrouter.v1.TrackResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
-	21, // 12: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
-	22, // 13: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
-	25, // 14: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
-	4,  // 15: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
-	6,  // 16: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
-	9,  // 17: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
-	12, // 18: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
-	14, // 19: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	16, // 20: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
-	18, // 21: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
-	20, // 22: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
-	24, // 23: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
-	5,  // 24: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
-	8,  // 25: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
-	10, // 26: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
-	13, // 27: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
-	15, // 28: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	17, // 29: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
-	19, // 30: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
-	23, // 31: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
-	26, // 32: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
-	24, // [24:33] is the sub-list for method output_type
-	15, // [15:24] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	4,  // 0: kvgate.localrouter.v1.Selection.engine:type_name -> kvgate.localrouter.v1.EngineSignals
+	5,  // 1: kvgate.localrouter.v1.Selection.skipped:type_name -> kvgate.localrouter.v1.SkippedWorker
+	1,  // 2: kvgate.localrouter.v1.BestWorkerRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	2,  // 3: kvgate.localrouter.v1.BestWorkerRequest.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	3,  // 4: kvgate.localrouter.v1.BestWorkerResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	1,  // 5: kvgate.localrouter.v1.PotentialLoadsRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	4,  // 6: kvgate.localrouter.v1.PotentialLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
+	9,  // 7: kvgate.localrouter.v1.PotentialLoadsResponse.loads:type_name -> kvgate.localrouter.v1.PotentialLoad
+	1,  // 8: kvgate.localrouter.v1.CommitRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	3,  // 9: kvgate.localrouter.v1.CommitResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	11, // 10: kvgate.localrouter.v1.TrackRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
+	13, // 11: kvgate.localrouter.v1.TrackRequest.attach:type_name -> kvgate.localrouter.v1.AttachRequest
+	0,  // 12: kvgate.localrouter.v1.TrackRequest.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 13: kvgate.localrouter.v1.TrackResponse.committed:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 14: kvgate.localrouter.v1.TrackResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	4,  // 15: kvgate.localrouter.v1.RankLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
+	23, // 16: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
+	24, // 17: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
+	27, // 18: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
+	6,  // 19: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
+	8,  // 20: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
+	11, // 21: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
+	14, // 22: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
+	16, // 23: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	18, // 24: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
+	20, // 25: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
+	22, // 26: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
+	26, // 27: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
+	7,  // 28: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
+	10, // 29: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
+	12, // 30: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
+	15, // 31: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
+	17, // 32: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	19, // 33: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
+	21, // 34: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
+	25, // 35: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
+	28, // 36: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
+	28, // [28:37] is the sub-list for method output_type
+	19, // [19:28] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_api_localrouter_v1_localrouter_proto_init() }
@@ -2100,12 +2420,13 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 		return
 	}
 	file_api_localrouter_v1_localrouter_proto_msgTypes[1].OneofWrappers = []any{}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[11].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[3].OneofWrappers = []any{}
+	file_api_localrouter_v1_localrouter_proto_msgTypes[13].OneofWrappers = []any{
 		(*TrackRequest_Commit)(nil),
 		(*TrackRequest_Attach)(nil),
 		(*TrackRequest_Event)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[12].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[14].OneofWrappers = []any{
 		(*TrackResponse_Committed)(nil),
 		(*TrackResponse_Acked)(nil),
 	}
@@ -2115,7 +2436,7 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_localrouter_v1_localrouter_proto_rawDesc), len(file_api_localrouter_v1_localrouter_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,253 @@
+// Package signals reads what inference engines say about themselves: a
+// local router scrapes each worker's Prometheus metrics endpoint (vLLM's or
+// SGLang's /metrics, or the mocker's, which uses vLLM's names) and turns
+// the exposition into one Sample per data-parallel rank: requests running
+// and waiting, KV cache usage, preemptions and the prefix cache hit rate.
+// The router's cost function and saturation filter read those samples
+// (localrouter.Router.SetEngineSignals), so load that bypasses kvgate,
+// engine queues and preemptions are seen, not only the load kvgate routed.
+//
+// Parse is the parser of outside input (a worker's metrics body): bounded
+// in bytes and in ranks, never a panic, an error for anything it cannot
+// read. Scraper runs the periodic scrapes; a failure is counted and logged,
+// never fatal, and clears the worker's samples so stale numbers never steer
+// routing.
+//
+// The names read, verified against the engines' sources:
+//
+//   - vLLM (vllm/v1/metrics/loggers.py, PrometheusStatLogger; labels
+//     model_name and engine, the engine index being the DP rank):
+//     vllm:num_requests_running, vllm:num_requests_waiting,
+//     vllm:kv_cache_usage_perc (older builds: vllm:gpu_cache_usage_perc),
+//     vllm:num_preemptions_total, vllm:prefix_cache_queries_total and
+//     vllm:prefix_cache_hits_total (older: vllm:gpu_prefix_cache_*).
+//   - SGLang (python/sglang/srt/metrics/collector.py,
+//     SchedulerMetricsCollector; a dp_rank label when DP attention is on,
+//     python/sglang/srt/managers/scheduler_metrics_mixin.py):
+//     sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage,
+//     sglang:cache_hit_rate, sglang:num_retracted_reqs (its preemption).
+package signals
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Engines a Sample can come from.
+const (
+	EngineVLLM   = "vllm"
+	EngineSGLang = "sglang"
+)
+
+// DefaultMaxBytes bounds a metrics body (4 MiB; a vLLM endpoint with all
+// its histograms is tens of KiB per rank).
+const DefaultMaxBytes = 4 << 20
+
+// MaxRanks bounds the distinct DP ranks one body may report.
+const MaxRanks = 1024
+
+// Errors of Parse.
+var (
+	// ErrTooLarge: the body exceeds the byte bound.
+	ErrTooLarge = errors.New("metrics body too large")
+	// ErrNoSignals: the body parsed but holds none of the known names (not
+	// a vLLM or SGLang endpoint, or not yet serving).
+	ErrNoSignals = errors.New("no engine signals in metrics body")
+	// ErrMalformed wraps the text parser's errors and bad label values.
+	ErrMalformed = errors.New("malformed metrics body")
+)
+
+// Sample is one DP rank's signals, as its engine last reported them.
+// Fields the engine did not report are zero and their Has flag false.
+type Sample struct {
+	// Engine is EngineVLLM or EngineSGLang.
+	Engine string
+	// Running and Waiting are requests in the batch and in the queue.
+	Running, Waiting float64
+	// KVUsage is the KV cache usage, 0..1 (HasKVUsage when reported).
+	KVUsage    float64
+	HasKVUsage bool
+	// Preemptions is vLLM's cumulative preemption count, or SGLang's
+	// requests retracted since its last stats interval (a gauge).
+	Preemptions float64
+	// PrefixHitRate is the prefix cache hit rate, 0..1: SGLang's gauge, or
+	// vLLM's hits / queries since the engine started (HasPrefixHitRate when
+	// either is reported).
+	PrefixHitRate    float64
+	HasPrefixHitRate bool
+	// At is when the sample was scraped.
+	At time.Time
+}
+
+// metric names and what they set.
+type field int
+
+const (
+	fRunning field = iota
+	fWaiting
+	fKVUsage
+	fKVUsageOld
+	fPreemptions
+	fPrefixQueries
+	fPrefixHits
+	fPrefixQueriesOld
+	fPrefixHitsOld
+	fHitRate
+	nFields
+)
+
+var names = map[string]struct {
+	engine string
+	f      field
+}{
+	"vllm:num_requests_running":           {EngineVLLM, fRunning},
+	"vllm:num_requests_waiting":           {EngineVLLM, fWaiting},
+	"vllm:kv_cache_usage_perc":            {EngineVLLM, fKVUsage},
+	"vllm:gpu_cache_usage_perc":           {EngineVLLM, fKVUsageOld},
+	"vllm:num_preemptions_total":          {EngineVLLM, fPreemptions},
+	"vllm:prefix_cache_queries_total":     {EngineVLLM, fPrefixQueries},
+	"vllm:prefix_cache_hits_total":        {EngineVLLM, fPrefixHits},
+	"vllm:gpu_prefix_cache_queries_total": {EngineVLLM, fPrefixQueriesOld},
+	"vllm:gpu_prefix_cache_hits_total":    {EngineVLLM, fPrefixHitsOld},
+	"sglang:num_running_reqs":             {EngineSGLang, fRunning},
+	"sglang:num_queue_reqs":               {EngineSGLang, fWaiting},
+	"sglang:token_usage":                  {EngineSGLang, fKVUsage},
+	"sglang:num_retracted_reqs":           {EngineSGLang, fPreemptions},
+	"sglang:cache_hit_rate":               {EngineSGLang, fHitRate},
+}
+
+// rankLabel is the label that carries the DP rank, per engine.
+var rankLabel = map[string]string{EngineVLLM: "engine", EngineSGLang: "dp_rank"}
+
+type acc struct {
+	engine string
+	v      [nFields]float64
+	has    [nFields]bool
+}
+
+// Parse reads a Prometheus text exposition of at most maxBytes bytes
+// (DefaultMaxBytes when ≤ 0) and returns a Sample per DP rank, stamped
+// with at. A series without a rank label is rank 0. Where one rank has
+// several series of a name (SGLang's tp_rank, say) the largest value
+// wins. Values that are NaN, infinite or negative are ignored. The error
+// is ErrTooLarge, ErrMalformed (wrapped) or ErrNoSignals.
+func Parse(r io.Reader, maxBytes int64, at time.Time) (map[uint32]Sample, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	lr := &io.LimitedReader{R: r, N: maxBytes + 1}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(lr)
+	if lr.N <= 0 {
+		return nil, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, maxBytes)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	ranks := map[uint32]*acc{}
+	for name, mf := range fams {
+		n, ok := names[name]
+		if !ok {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			v, ok := value(m)
+			if !ok {
+				continue
+			}
+			rank, err := rankOf(m, rankLabel[n.engine])
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: %v", ErrMalformed, name, err)
+			}
+			a := ranks[rank]
+			if a == nil {
+				if len(ranks) >= MaxRanks {
+					return nil, fmt.Errorf("%w: more than %d data-parallel ranks", ErrMalformed, MaxRanks)
+				}
+				a = &acc{engine: n.engine}
+				ranks[rank] = a
+			}
+			if !a.has[n.f] || v > a.v[n.f] {
+				a.v[n.f], a.has[n.f] = v, true
+			}
+		}
+	}
+	if len(ranks) == 0 {
+		return nil, ErrNoSignals
+	}
+	out := make(map[uint32]Sample, len(ranks))
+	for rank, a := range ranks {
+		out[rank] = a.sample(at)
+	}
+	return out, nil
+}
+
+func (a *acc) sample(at time.Time) Sample {
+	s := Sample{Engine: a.engine, At: at, Running: a.v[fRunning], Waiting: a.v[fWaiting], Preemptions: a.v[fPreemptions]}
+	switch {
+	case a.has[fKVUsage]:
+		s.KVUsage, s.HasKVUsage = a.v[fKVUsage], true
+	case a.has[fKVUsageOld]:
+		s.KVUsage, s.HasKVUsage = a.v[fKVUsageOld], true
+	}
+	if s.KVUsage > 1 {
+		s.KVUsage = 1
+	}
+	switch {
+	case a.has[fHitRate]:
+		s.PrefixHitRate, s.HasPrefixHitRate = min(a.v[fHitRate], 1), true
+	case a.has[fPrefixQueries] || a.has[fPrefixHits]:
+		s.PrefixHitRate, s.HasPrefixHitRate = ratio(a.v[fPrefixHits], a.v[fPrefixQueries]), true
+	case a.has[fPrefixQueriesOld] || a.has[fPrefixHitsOld]:
+		s.PrefixHitRate, s.HasPrefixHitRate = ratio(a.v[fPrefixHitsOld], a.v[fPrefixQueriesOld]), true
+	}
+	return s
+}
+
+func ratio(hits, queries float64) float64 {
+	if queries <= 0 {
+		return 0
+	}
+	return min(hits/queries, 1)
+}
+
+// value is a gauge's, counter's or untyped metric's value, if usable.
+func value(m *dto.Metric) (float64, bool) {
+	var v float64
+	switch {
+	case m.GetGauge() != nil:
+		v = m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		v = m.GetCounter().GetValue()
+	case m.GetUntyped() != nil:
+		v = m.GetUntyped().GetValue()
+	default:
+		return 0, false
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return 0, false
+	}
+	return v, true
+}
+
+func rankOf(m *dto.Metric, label string) (uint32, error) {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() != label {
+			continue
+		}
+		r, err := strconv.ParseUint(lp.GetValue(), 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("label %s=%q is not a rank", label, lp.GetValue())
+		}
+		return uint32(r), nil
+	}
+	return 0, nil
+}
