@@ -277,10 +277,7 @@ func (x *index) checkSelectors() {
 			x.fail(o, "selectors", "selector %v matches no pod", sel)
 		}
 		for _, tp := range list(o.Obj, "spec", "targetPorts") {
-			n, _ := get(tp, "number").(int64)
-			if f, ok := get(tp, "number").(float64); ok {
-				n = int64(f)
-			}
+			n := num(get(tp, "number"))
 			for _, p := range pods {
 				if !slices.ContainsFunc(p.spec.Containers, func(c corev1.Container) bool { return declaredPort(c, intstr.FromInt32(int32(n))) }) {
 					x.fail(o, "selectors", "targetPort %d not declared by %s", n, p.owner)
@@ -518,14 +515,6 @@ func (x *index) checkPatches() {
 					x.fail(o, "positional-patch", "jsonPatches[%d].operation.%s %q indexes a list by position: Envoy Gateway's generated order changes with any other route", i, k, v)
 				}
 			}
-		}
-	}
-	for _, o := range x.objs {
-		if o.Kind() == "Kustomization" {
-			continue
-		}
-		if p, ok := get(o.Obj, "metadata", "annotations", "kustomize.config.k8s.io/patch").(string); ok && positional.MatchString(p) {
-			x.fail(o, "positional-patch", "a positional patch")
 		}
 	}
 }

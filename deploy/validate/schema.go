@@ -185,7 +185,7 @@ func (c *crdVersion) validateCustom(ctx context.Context, obj map[string]any) fie
 	var errs field.ErrorList
 	opts := structuralschema.UnknownFieldPathOptions{TrackUnknownFieldPaths: true}
 	for _, p := range pruning.PruneWithOptions(u, c.structural, true, opts) {
-		errs = append(errs, field.NotSupported(field.NewPath(p), "", []string{"(unknown field: the API server would drop it; " + c.source + ")"}))
+		errs = append(errs, field.Forbidden(field.NewPath(p), "unknown field (the API server would prune it)"))
 	}
 	defaulting.Default(u, c.structural)
 	errs = append(errs, apiservervalidation.ValidateCustomResource(nil, u, c.schema)...)
@@ -195,11 +195,36 @@ func (c *crdVersion) validateCustom(ctx context.Context, obj map[string]any) fie
 	return errs
 }
 
+// deepCopy copies m as the API server holds a decoded object: numbers are
+// int64 when integral, float64 otherwise (CEL tells int from double).
 func deepCopy(m map[string]any) map[string]any {
 	b, _ := json.Marshal(m)
-	var out map[string]any
-	_ = json.Unmarshal(b, &out)
-	return out
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var out any
+	_ = d.Decode(&out)
+	o, _ := numbers(out).(map[string]any)
+	return o
+}
+
+func numbers(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = numbers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = numbers(e)
+		}
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		f, _ := x.Float64()
+		return f
+	}
+	return v
 }
 
 func splitYAML(data []byte) [][]byte {
