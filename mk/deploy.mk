@@ -15,7 +15,7 @@ TEST_PREP += deploy-validate
 .PHONY: deploy-validate image
 
 deploy-validate:
-	cd deploy/validate && $(GO) vet ./... && $(GO) test -timeout 10m ./...
+	cd deploy/validate && $(GO) vet ./... && $(GO) test -timeout 25m ./...
 
 ## image: the kvgate container image (Dockerfile), when docker is present
 image:
