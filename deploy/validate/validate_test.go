@@ -231,6 +231,19 @@ func mutations() []mutation {
 			}, want: "backendRequest timeout cannot be longer than request timeout"},
 		{name: "CEL: InferencePool endpointPickerRef without port", overlay: "overlays/inference-extension", kind: "InferencePool/kvgate",
 			edit: func(o map[string]any) { delete(obj(o, "spec", "endpointPickerRef"), "port") }, want: "port is required when kind is 'Service'"},
+		{name: "CEL sees the schema default: kind unset is Service, so the port is required", overlay: "overlays/inference-extension", kind: "InferencePool/kvgate",
+			edit: func(o map[string]any) {
+				e := obj(o, "spec", "endpointPickerRef")
+				delete(e, "port")
+				delete(e, "kind")
+			}, want: "port is required when kind is 'Service'"},
+		{name: "list-type map keys unique", overlay: "overlays/two-pools", kind: "Gateway/kvgate",
+			edit: func(o map[string]any) {
+				l := list(o, "spec", "listeners")
+				dup := deepCopy(l[0].(map[string]any))
+				dup["port"] = 8080
+				obj(o, "spec")["listeners"] = append(l, dup)
+			}, want: "spec.listeners[1]: Duplicate value"},
 		{name: "cert-manager enum", overlay: "overlays/two-pools", kind: "Certificate/kvgate-extproc",
 			edit: func(o map[string]any) { obj(o, "spec", "privateKey")["algorithm"] = "DSA" }, want: "spec.privateKey.algorithm: Unsupported value"},
 		{name: "namespace missing on a namespaced kind", overlay: "overlays/two-pools", kind: "BackendTrafficPolicy/kvgate-endpoint-override",
@@ -364,4 +377,32 @@ func TestPlantedErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Defaulting runs before validation, as in the API server: fields that
+// are required but have a default (Envoy Gateway's responseOverride
+// statusCodes[].type and body.type) may be left out.
+func TestDefaultingBeforeValidation(t *testing.T) {
+	setup(t)
+	objs, err := Build(overlays(t)["overlays/two-pools"], "overlays/two-pools")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.Kind() != "BackendTrafficPolicy" {
+			continue
+		}
+		var ro []any
+		if err := json.Unmarshal([]byte(`[{"match":{"statusCodes":[{"value":503}]},"response":{"contentType":"application/json","body":{"inline":"{}"}}}]`), &ro); err != nil {
+			t.Fatal(err)
+		}
+		obj(o.Obj, "spec")["responseOverride"] = ro
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if errs := schemas.Schema(ctx, []Object{o}); len(errs) > 0 {
+			t.Errorf("got %v, want none once defaults are applied", errs)
+		}
+		return
+	}
+	t.Fatal("no BackendTrafficPolicy")
 }
