@@ -50,7 +50,7 @@ func ReadBuildLine(dockerfile string) (BuildLine, error) {
 		bl.Env = append(bl.Env, words[i])
 	}
 	if i >= len(words) || words[i] != "go" || i+1 >= len(words) || words[i+1] != "build" {
-		return BuildLine{}, fmt.Errorf("%s: %q: want [VAR=value ...] go build ...", dockerfile, found[0])
+		return BuildLine{}, fmt.Errorf("%s: %q: want [VAR=value]... go build <args>", dockerfile, found[0])
 	}
 	bl.Args = words[i+1:]
 	for j, a := range bl.Args {
