@@ -6,8 +6,10 @@ import (
 	"fmt"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	overridehostv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -21,7 +23,7 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/override_host/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 )
 
@@ -164,4 +166,25 @@ func ClientConfig() (extprocclient.Config, error) {
 		return extprocclient.Config{}, err
 	}
 	return extprocclient.FromFilterConfig(p)
+}
+
+// OverrideHostPolicyName is the extension name of Envoy's override_host
+// load-balancing policy, which reads an endpoint picker's list.
+const OverrideHostPolicyName = "envoy.load_balancing_policies.override_host"
+
+// OverrideHostPolicy returns the override_host policy of cluster c's
+// load_balancing_policy, or an error naming the cluster when it has none.
+func OverrideHostPolicy(c *clusterv3.Cluster) (*overridehostv3.OverrideHost, error) {
+	for _, p := range c.GetLoadBalancingPolicy().GetPolicies() {
+		tc := p.GetTypedExtensionConfig().GetTypedConfig()
+		if tc == nil || !tc.MessageIs(&overridehostv3.OverrideHost{}) {
+			continue
+		}
+		oh := &overridehostv3.OverrideHost{}
+		if err := tc.UnmarshalTo(oh); err != nil {
+			return nil, fmt.Errorf("cluster %s: %s: %w", c.GetName(), OverrideHostPolicyName, err)
+		}
+		return oh, nil
+	}
+	return nil, fmt.Errorf("cluster %s: no %s load_balancing_policy", c.GetName(), OverrideHostPolicyName)
 }

@@ -3,10 +3,10 @@ package envoy
 import (
 	"strings"
 	"testing"
-	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	roundrobinv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/round_robin/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -61,14 +61,64 @@ func TestShippedBootstrap(t *testing.T) {
 	for _, c := range b.GetStaticResources().GetClusters() {
 		clusters[c.GetName()] = c
 	}
-	// The route's cluster is the ORIGINAL_DST one keyed on the header.
-	routeCluster := hcms[0].GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetCluster()
-	w := clusters[routeCluster]
-	if w.GetType() != clusterv3.Cluster_ORIGINAL_DST || w.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
-		t.Errorf("route cluster %q: type %v lb_policy %v, want ORIGINAL_DST CLUSTER_PROVIDED", routeCluster, w.GetType(), w.GetLbPolicy())
+	// The route's cluster picks with override_host: the envoy.lb list first,
+	// then the header, round robin when neither names a host of the
+	// cluster; a connect failure is retried on the next listed host.
+	route := hcms[0].GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRoute()
+	w := clusters[route.GetCluster()]
+	if w == nil {
+		t.Fatalf("route cluster %q missing", route.GetCluster())
 	}
-	if odc := w.GetOriginalDstLbConfig(); !odc.GetUseHttpHeader() || odc.GetHttpHeaderName() != "x-gateway-destination-endpoint" {
-		t.Errorf("original_dst_lb_config: got %v", odc)
+	if w.GetType() == clusterv3.Cluster_ORIGINAL_DST {
+		t.Errorf("route cluster %q is ORIGINAL_DST: it parses one address, the protocol sends a list", w.GetName())
+	}
+	oh, err := OverrideHostPolicy(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sources []string
+	for _, src := range oh.GetOverrideHostSources() {
+		if md := src.GetMetadata(); md != nil {
+			var keys []string
+			for _, seg := range md.GetPath() {
+				keys = append(keys, seg.GetKey())
+			}
+			sources = append(sources, "metadata "+md.GetKey()+"/"+strings.Join(keys, "/"))
+		} else {
+			sources = append(sources, "header "+src.GetHeader())
+		}
+	}
+	wantSources := []string{"metadata envoy.lb/x-gateway-destination-endpoint", "header x-gateway-destination-endpoint"}
+	if diff := cmp.Diff(wantSources, sources); diff != "" {
+		t.Errorf("override_host sources (-want +got):\n%s", diff)
+	}
+	fb := oh.GetFallbackPolicy().GetPolicies()
+	if len(fb) != 1 || !fb[0].GetTypedExtensionConfig().GetTypedConfig().MessageIs(&roundrobinv3.RoundRobin{}) {
+		t.Errorf("override_host fallback: got %v, want round robin", fb)
+	}
+	rp := route.GetRetryPolicy()
+	if !strings.Contains(rp.GetRetryOn(), "connect-failure") || rp.GetNumRetries().GetValue() < 1 {
+		t.Errorf("route retry policy: got %v, want connect-failure retried at least once", rp)
+	}
+	// Circuit breakers sized for long generations on both clusters: every
+	// generation in flight holds one worker request and one ext_proc stream.
+	for _, name := range []string{route.GetCluster(), extprocCluster} {
+		c := clusters[name]
+		if c == nil {
+			t.Fatalf("cluster %q missing", name)
+		}
+		th := c.GetCircuitBreakers().GetThresholds()
+		if len(th) == 0 {
+			t.Errorf("cluster %s: no circuit_breakers (Envoy's default caps it at 1,024 requests)", name)
+			continue
+		}
+		for _, x := range th {
+			for what, v := range map[string]uint32{"max_requests": x.GetMaxRequests().GetValue(), "max_pending_requests": x.GetMaxPendingRequests().GetValue(), "max_connections": x.GetMaxConnections().GetValue()} {
+				if v < minCircuitBreaker {
+					t.Errorf("cluster %s %v: %s %d, want at least %d", name, x.GetPriority(), what, v, minCircuitBreaker)
+				}
+			}
+		}
 	}
 	// The ext_proc cluster speaks HTTP/2 to 127.0.0.1:9002.
 	e := clusters[extprocCluster]
@@ -88,14 +138,44 @@ func TestShippedBootstrap(t *testing.T) {
 	}
 }
 
+// minCircuitBreaker is the least concurrency the shipped clusters admit:
+// Envoy's defaults (1,024) cap concurrent generations per Envoy.
+const minCircuitBreaker = 10000
+
+// No message timer bounds anything under FULL_DUPLEX_STREAMED: Envoy starts
+// none in such a direction, headers and trailers included
+// (ProcessorState::onStartProcessorCall). So the bootstrap must not set
+// message_timeout as if it did, and every direction that sends anything
+// must be full duplex (a BUFFERED or STREAMED direction would run the
+// 200ms default, which kvgate's full-body wait cannot meet).
+func TestNoMessageTimeoutUnderFullDuplex(t *testing.T) {
+	b, err := DecodeBootstrap(BootstrapYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ExtProcFilter(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm := p.GetProcessingMode()
+	for dir, mode := range map[string]extprocfilterv3.ProcessingMode_BodySendMode{"request": pm.GetRequestBodyMode(), "response": pm.GetResponseBodyMode()} {
+		if mode != extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+			t.Errorf("%s body mode %v: a non-full-duplex direction runs a message timer", dir, mode)
+		}
+	}
+	if p.GetMessageTimeout() != nil || p.GetMaxMessageTimeout() != nil {
+		t.Errorf("message_timeout %v max_message_timeout %v set: they bound nothing under FULL_DUPLEX_STREAMED", p.GetMessageTimeout(), p.GetMaxMessageTimeout())
+	}
+}
+
 // The client reproduces every setting the shipped bootstrap uses.
 func TestClientConfigFromBootstrap(t *testing.T) {
 	c, err := ClientConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.MessageTimeout != time.Second || c.FailureModeAllow {
-		t.Errorf("got message timeout %v fail-open %v", c.MessageTimeout, c.FailureModeAllow)
+	if c.MessageTimeout != 0 || c.FailureModeAllow {
+		t.Errorf("got message timeout %v fail-open %v, want unset and false", c.MessageTimeout, c.FailureModeAllow)
 	}
 	if diff := cmp.Diff([]string{"envoy.lb"}, c.ReceivingNamespaces); diff != "" {
 		t.Errorf("receiving namespaces (-want +got):\n%s", diff)

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -21,14 +20,14 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 )
 
-// TestDefaultDestinationFitsBootstrap: the shipped bootstrap's ORIGINAL_DST
-// cluster parses its header as one ip:port (a comma list is a 503 in a real
-// Envoy). kvgate's ext_proc server, in its default configuration and with
-// the bootstrap's filter settings, must put exactly that there, even when
-// the decision has fallbacks; the fallbacks go in envoy.lb metadata, after
-// the header's endpoint.
+// TestDefaultDestinationFitsBootstrap: the shipped bootstrap's override_host
+// policy reads the destination header and the envoy.lb list. kvgate's
+// ext_proc server, in its default configuration and with the bootstrap's
+// filter settings, puts the primary ip:port in the header, even when the
+// decision has fallbacks; the fallbacks go in envoy.lb metadata, after the
+// header's endpoint.
 func TestDefaultDestinationFitsBootstrap(t *testing.T) {
-	header := originalDstHeader(t)
+	header := destinationHeader(t)
 
 	srv, err := extproc.New(extproc.Config{}, fixedDecider{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
@@ -86,9 +85,8 @@ func TestDefaultDestinationFitsBootstrap(t *testing.T) {
 	if !ok {
 		t.Fatalf("no %s header on the upstream request", header)
 	}
-	// What ORIGINAL_DST accepts: one literal ip:port.
 	if _, err := netip.ParseAddrPort(got); err != nil {
-		t.Errorf("%s = %q: ORIGINAL_DST needs one ip:port (%v)", header, got, err)
+		t.Errorf("%s = %q: want one ip:port by default (%v)", header, got, err)
 	}
 	if got != "10.0.0.1:8000" {
 		t.Errorf("%s = %q, want the primary 10.0.0.1:8000", header, got)
@@ -99,10 +97,10 @@ func TestDefaultDestinationFitsBootstrap(t *testing.T) {
 	}
 }
 
-// originalDstHeader returns the header the bootstrap's route cluster takes
-// its destination from, failing unless that cluster is ORIGINAL_DST on a
-// header.
-func originalDstHeader(t *testing.T) string {
+// destinationHeader returns the header the bootstrap's route cluster takes
+// its destination from, failing unless that cluster's override_host policy
+// reads one.
+func destinationHeader(t *testing.T) string {
 	t.Helper()
 	b, err := envoy.DecodeBootstrap(envoy.BootstrapYAML())
 	if err != nil {
@@ -117,11 +115,16 @@ func originalDstHeader(t *testing.T) string {
 		if c.GetName() != route {
 			continue
 		}
-		odc := c.GetOriginalDstLbConfig()
-		if c.GetType() != clusterv3.Cluster_ORIGINAL_DST || !odc.GetUseHttpHeader() || odc.GetHttpHeaderName() == "" {
-			t.Fatalf("route cluster %q: want ORIGINAL_DST on an HTTP header, got %v", route, c)
+		oh, err := envoy.OverrideHostPolicy(c)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return strings.ToLower(odc.GetHttpHeaderName())
+		for _, src := range oh.GetOverrideHostSources() {
+			if h := src.GetHeader(); h != "" {
+				return strings.ToLower(h)
+			}
+		}
+		t.Fatalf("route cluster %q: override_host reads no header", route)
 	}
 	t.Fatalf("route cluster %q not found", route)
 	return ""

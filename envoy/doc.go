@@ -13,6 +13,7 @@
 //   - gateway: an HTTP gateway that uses extprocclient and proxies to the
 //     endpoint kvgate picked; `kvgate up` serves it.
 //
-// The Envoy Gateway manifests in examples/gateway are validated by this
-// package's tests. docs/envoy.md walks through both deployments.
+// The Kubernetes manifests (deploy/, built by examples/gateway) are
+// validated by the deploy/validate module; this package's tests load their
+// pools files. docs/envoy.md and docs/kubernetes.md walk through them.
 package envoy

@@ -1,0 +1,23 @@
+# deploy/: the Kubernetes manifests and their validation, and the image.
+#
+# deploy/validate is its own Go module (Kubernetes, kustomize and the CRD
+# sources stay out of the main module). `make test` runs its tests first:
+# every overlay built with kustomize and checked with the API server's own
+# validation code against the pinned CRDs (read from the Go module cache),
+# plus the planted-error tests. `cd deploy/validate && go test ./...` does
+# the same on its own.
+
+DOCKER ?= docker
+IMAGE  ?= kvgate:dev
+
+TEST_PREP += deploy-validate
+
+.PHONY: deploy-validate image
+
+deploy-validate:
+	cd deploy/validate && $(GO) vet ./... && $(GO) test -timeout 25m ./...
+
+## image: the kvgate container image (Dockerfile), when docker is present
+image:
+	@command -v $(DOCKER) >/dev/null || { echo "image: $(DOCKER) not found; the Dockerfile builds with any OCI builder"; exit 1; }
+	$(DOCKER) build -t $(IMAGE) .
