@@ -95,7 +95,7 @@ func TestNativeChatMatchesJinja(t *testing.T) {
 			native, gonjaFails := 0, 0
 			for i, msgs := range convs {
 				for _, gen := range []bool{false, true} {
-					want, werr := ct.renderJinja(msgs, gen)
+					want, werr := ct.renderJinja(&ChatRequest{Messages: msgs, AddGenerationPrompt: gen})
 					got, ok := ct.native(msgs, gen)
 					if !ok {
 						continue
@@ -146,7 +146,7 @@ func TestNativeQwen3WhereGonjaFails(t *testing.T) {
 		{[]Message{{Role: "user", Content: "q"}, {Role: "assistant", Content: "<think>x</think>  a"}, {Role: "user", Content: "r"}},
 			"<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n  a<|im_end|>\n<|im_start|>user\nr<|im_end|>\n<|im_start|>assistant\n"},
 	} {
-		got, err := ct.render(tc.msgs, true)
+		got, err := ct.render(&ChatRequest{Messages: tc.msgs, AddGenerationPrompt: true})
 		if err != nil {
 			t.Fatalf("render %s: %v", show(tc.msgs), err)
 		}
@@ -210,7 +210,7 @@ func BenchmarkRenderChat(b *testing.B) {
 	b.Run("native", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := ct.render(msgs, true); err != nil {
+			if _, err := ct.render(&ChatRequest{Messages: msgs, AddGenerationPrompt: true}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -218,7 +218,7 @@ func BenchmarkRenderChat(b *testing.B) {
 	b.Run("gonja", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := ct.renderJinja(msgs, true); err != nil {
+			if _, err := ct.renderJinja(&ChatRequest{Messages: msgs, AddGenerationPrompt: true}); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -169,15 +169,15 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 			switch c.Template {
 			case "qwen3":
 				m = referenceModel(t, dir, "qwen3")
-				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
+				got, err = m.RenderChat(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 			case "chatml":
 				m = referenceModel(t, dir, "cl100k_base")
-				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
+				got, err = m.RenderChat(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 			case "llama3":
-				got, err = llama3Tmpl.render(c.Messages, c.AddGenerationPrompt)
+				got, err = llama3Tmpl.render(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 			case "mistral":
 				m = mistral
-				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
+				got, err = m.RenderChat(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 			default:
 				t.Fatalf("unknown template %q in reference.json", c.Template)
 			}
@@ -194,7 +194,7 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 				t.Errorf("rendered chat differs from the reference (-want +got):\n%s", diff)
 			}
 			if c.IDs != nil {
-				ids, err := m.EncodeChat(c.Messages, c.AddGenerationPrompt)
+				ids, err := m.EncodeChat(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 				if err != nil {
 					t.Fatalf("EncodeChat: %v", err)
 				}

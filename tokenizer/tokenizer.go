@@ -42,12 +42,6 @@ type Tokenizer interface {
 	Name() string
 }
 
-// Message is one chat message, as in an OpenAI chat completion request.
-type Message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-}
-
 var (
 	// ErrUnknownID: Decode got an id that is not in the vocabulary.
 	ErrUnknownID = errors.New("tokenizer: unknown token id")

@@ -215,13 +215,13 @@ func TestEncodeChatMatchesEncode(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for turn := 1; turn <= len(msgs); turn++ {
-						text, err := m.RenderChat(msgs[:turn], true)
+						text, err := m.RenderChat(&ChatRequest{Messages: msgs[:turn], AddGenerationPrompt: true})
 						if err != nil {
 							t.Error(err)
 							return
 						}
 						want := withoutPrefix(t, m, text)
-						got, err := m.EncodeChat(msgs[:turn], true)
+						got, err := m.EncodeChat(&ChatRequest{Messages: msgs[:turn], AddGenerationPrompt: true})
 						if err != nil {
 							t.Error(err)
 							return
@@ -252,10 +252,10 @@ func withoutPrefix(t testing.TB, m *Model, text string) []uint32 {
 
 func TestNoChatTemplate(t *testing.T) {
 	m := loadTiny(t, tinySentencePiece(), "")
-	if _, err := m.RenderChat([]Message{{Role: "user", Content: "hi"}}, true); !errors.Is(err, ErrNoChatTemplate) {
+	if _, err := m.RenderChat(&ChatRequest{Messages: []Message{{Role: "user", Content: "hi"}}, AddGenerationPrompt: true}); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("RenderChat error = %v, want ErrNoChatTemplate", err)
 	}
-	if _, err := m.EncodeChat([]Message{{Role: "user", Content: "hi"}}, true); !errors.Is(err, ErrNoChatTemplate) {
+	if _, err := m.EncodeChat(&ChatRequest{Messages: []Message{{Role: "user", Content: "hi"}}, AddGenerationPrompt: true}); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("EncodeChat error = %v, want ErrNoChatTemplate", err)
 	}
 }
@@ -267,7 +267,7 @@ func TestChatTemplateOverride(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := mustLoad(t, Config{Backend: BackendOpenAI, ChatTemplate: p})
-	got, err := m.RenderChat([]Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "yo"}}, false)
+	got, err := m.RenderChat(&ChatRequest{Messages: []Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "yo"}}, AddGenerationPrompt: false})
 	if want := "[user] hi\n[assistant] yo\n"; err != nil || got != want {
 		t.Errorf("RenderChat = %q, %v; want %q", got, err, want)
 	}
@@ -374,7 +374,7 @@ func TestRemote(t *testing.T) {
 	if n := eng.calls.Load(); n != 5 {
 		t.Errorf("engine called %d times, want 5", n)
 	}
-	chat, err := m.EncodeChat([]Message{{Role: "user", Content: "hi"}}, true)
+	chat, err := m.EncodeChat(&ChatRequest{Messages: []Message{{Role: "user", Content: "hi"}}, AddGenerationPrompt: true})
 	if wantChat, _ := (estimate{}).Encode("user: hi\n"); err != nil || !cmp.Equal(chat, wantChat) {
 		t.Errorf("EncodeChat = %v, %v; want %v", chat, err, wantChat)
 	}
@@ -446,7 +446,7 @@ func TestChatCacheBounded(t *testing.T) {
 	m := mustLoad(t, Config{Backend: BackendOpenAI, CacheSize: 8})
 	m.cache.budget = 64 << 10
 	for i := 0; i < 50; i++ {
-		if _, err := m.EncodeChat(conversation(i%7+1), i%2 == 0); err != nil {
+		if _, err := m.EncodeChat(&ChatRequest{Messages: conversation(i%7+1), AddGenerationPrompt: i%2 == 0}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -464,7 +464,7 @@ func TestChatCacheBounded(t *testing.T) {
 	// A chunk bigger than its share is not cached.
 	before := m.cache.cache.Len()
 	big := strings.Repeat("word ", int(m.cache.budget)/40)
-	if _, err := m.EncodeChat([]Message{{Role: "user", Content: big}}, false); err != nil {
+	if _, err := m.EncodeChat(&ChatRequest{Messages: []Message{{Role: "user", Content: big}}, AddGenerationPrompt: false}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range m.cache.cache.Keys() {
