@@ -224,3 +224,46 @@ func BenchmarkRenderChat(b *testing.B) {
 		}
 	})
 }
+
+// TestNativeFallsBackToJinja: a request with anything the native
+// renderers do not mirror (tools, tool calls, reasoning, kwargs, names,
+// continue_final_message) is rendered by gonja; plain ones natively.
+func TestNativeFallsBackToJinja(t *testing.T) {
+	ct, err := newChatTemplate(chatMLTemplate, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := false
+	native := ct.native
+	ct.native = func(m []Message, gen bool) (string, bool) { used = true; return native(m, gen) }
+	user := Message{Role: "user", Content: "hi"}
+	for _, tc := range []struct {
+		name   string
+		req    *ChatRequest
+		native bool
+	}{
+		{"plain", NewChat(user), true},
+		{"null content", NewChat(Message{Role: "assistant", NullContent: true}, user), true},
+		{"tools", &ChatRequest{Messages: []Message{user}, Tools: []byte(`[{"type":"function","function":{"name":"f"}}]`)}, false},
+		{"tool choice", &ChatRequest{Messages: []Message{user}, ToolChoice: []byte(`"auto"`)}, false},
+		{"kwargs", &ChatRequest{Messages: []Message{user}, TemplateKwargs: []byte(`{"enable_thinking":false}`)}, false},
+		{"continue", &ChatRequest{Messages: []Message{user, {Role: "assistant", Content: "he"}}, ContinueFinalMessage: true}, false},
+		{"tool call", NewChat(user, Message{Role: "assistant", ToolCalls: []ToolCall{{Type: "function", Function: FunctionCall{Name: "f", Arguments: []byte(`{}`)}}}}), false},
+		{"tool result", NewChat(user, Message{Role: "tool", ToolCallID: "c1", Content: "x"}), false},
+		{"reasoning", NewChat(user, Message{Role: "assistant", Content: "4", ReasoningContent: "r"}), false},
+		{"name", NewChat(Message{Role: "user", Name: "ann", Content: "hi"}), false},
+	} {
+		used = false
+		got, err := ct.render(tc.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if used != tc.native {
+			t.Errorf("%s: native renderer used = %v, want %v", tc.name, used, tc.native)
+		}
+		want, err := ct.renderJinja(tc.req)
+		if err != nil || got != want {
+			t.Errorf("%s: render = %q, gonja = %q (%v)", tc.name, got, want, err)
+		}
+	}
+}

@@ -205,3 +205,89 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 		})
 	}
 }
+
+// referenceRequests are reference.json's whole chat requests (tools, tool
+// calls, reasoning, content parts, chat_template_kwargs), rendered by the
+// reference as vLLM renders them.
+type referenceRequest struct {
+	Template string          `json:"template"`
+	Name     string          `json:"name"`
+	Request  json.RawMessage `json:"request"`
+	Rendered string          `json:"rendered"`
+	IDs      []uint32        `json:"ids"`
+	Error    string          `json:"error"`
+}
+
+func TestChatRequestMatchesReference(t *testing.T) {
+	dir, _ := loadReference(t)
+	data, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Requests []referenceRequest `json:"requests"`
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	if len(ref.Requests) == 0 {
+		t.Fatal("reference.json has no requests: rerun `make tokenizer-reference`")
+	}
+	llama31, err := os.ReadFile(filepath.Join(dir, "templates", "llama3_1.jinja"))
+	if err != nil {
+		t.Fatalf("%v (rerun `make tokenizer-reference`)", err)
+	}
+	llama31Tmpl, err := newChatTemplate(string(llama31), map[string]any{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+	if err != nil {
+		t.Fatalf("llama3.1 template: %v", err)
+	}
+	mistral := mustLoad(t, Config{Model: "mistral", Backend: BackendHuggingFace, Path: filepath.Join(dir, "models", "llama2"),
+		ChatTemplate: filepath.Join("testdata", "mistral_chat_template.jinja")})
+	for _, c := range ref.Requests {
+		var gen struct {
+			AddGenerationPrompt bool `json:"add_generation_prompt"`
+		}
+		_ = json.Unmarshal(c.Request, &gen)
+		t.Run(c.Template+"/"+c.Name+"/"+map[bool]string{true: "gen", false: "nogen"}[gen.AddGenerationPrompt], func(t *testing.T) {
+			body, err := ParseBody(PathChat, c.Request)
+			if err != nil {
+				t.Fatalf("ParseBody: %v", err)
+			}
+			var m *Model
+			var got string
+			switch c.Template {
+			case "qwen3":
+				m = referenceModel(t, dir, "qwen3")
+				got, err = m.RenderChat(body.Chat)
+			case "llama3_1":
+				got, err = llama31Tmpl.render(body.Chat)
+			case "mistral":
+				m = mistral
+				got, err = m.RenderChat(body.Chat)
+			default:
+				t.Fatalf("unknown template %q", c.Template)
+			}
+			if c.Error != "" {
+				if err == nil || !strings.Contains(err.Error(), c.Error) {
+					t.Fatalf("RenderChat error = %v, want the template's %q", err, c.Error)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("RenderChat: %v", err)
+			}
+			if diff := cmp.Diff(c.Rendered, got); diff != "" {
+				t.Fatalf("rendered request differs from the reference (-want +got):\n%s", diff)
+			}
+			if c.IDs != nil && m != nil {
+				ids, err := m.EncodeChat(body.Chat)
+				if err != nil {
+					t.Fatalf("EncodeChat: %v", err)
+				}
+				if diff := cmp.Diff(c.IDs, ids); diff != "" {
+					t.Errorf("EncodeChat differs from the reference (-want +got):\n%s", firstDiff(m, c.IDs, ids))
+				}
+			}
+		})
+	}
+}

@@ -446,7 +446,7 @@ func TestChatCacheBounded(t *testing.T) {
 	m := mustLoad(t, Config{Backend: BackendOpenAI, CacheSize: 8})
 	m.cache.budget = 64 << 10
 	for i := 0; i < 50; i++ {
-		if _, err := m.EncodeChat(&ChatRequest{Messages: conversation(i%7+1), AddGenerationPrompt: i%2 == 0}); err != nil {
+		if _, err := m.EncodeChat(&ChatRequest{Messages: conversation(i%7 + 1), AddGenerationPrompt: i%2 == 0}); err != nil {
 			t.Fatal(err)
 		}
 	}
