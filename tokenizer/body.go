@@ -75,7 +75,27 @@ type bodyParser struct {
 // Errors are *BodyError. Strings are made valid UTF-8 as encoding/json
 // would; of duplicate keys the first counts. Nothing is allocated by a
 // size the client states.
-func ParseBody(path string, body []byte) (*Body, error) {
+func ParseBody(path string, body []byte) (*Body, error) { return parseBody(path, body, true) }
+
+// ParseBodyNoModel is ParseBody for a body that may leave out the model
+// (Body.Model is then "").
+func ParseBodyNoModel(path string, body []byte) (*Body, error) { return parseBody(path, body, false) }
+
+// ParseChat is ParseBody for a body that must be a chat (chat
+// completions, Responses or Anthropic by path) and may leave out the
+// model: the chat request alone.
+func ParseChat(path string, body []byte) (*ChatRequest, error) {
+	if path != PathResponses && path != PathMessages {
+		path = PathChat
+	}
+	b, err := parseBody(path, body, false)
+	if err != nil {
+		return nil, err
+	}
+	return b.Chat, nil
+}
+
+func parseBody(path string, body []byte, needModel bool) (*Body, error) {
 	if err := fastjson.ValidateBytes(body); err != nil {
 		return nil, &BodyError{ReasonBadJSON, "request body is not valid JSON: " + err.Error()}
 	}
@@ -97,15 +117,17 @@ func ParseBody(path string, body []byte) (*Body, error) {
 	default:
 		return nil, &BodyError{ReasonBadField, "stream must be a boolean"}
 	}
-	model := o.Get("model")
-	if model == nil || model.Type() == fastjson.TypeNull {
+	model := present(o.Get("model"))
+	switch {
+	case model == nil && !needModel:
+	case model == nil:
 		return nil, &BodyError{ReasonMissingField, "missing required field: model"}
-	}
-	if model.Type() != fastjson.TypeString {
+	case model.Type() != fastjson.TypeString:
 		return nil, &BodyError{ReasonBadField, "model must be a string"}
-	}
-	if b.Model = str(model); b.Model == "" {
-		return nil, &BodyError{ReasonMissingField, "missing required field: model"}
+	default:
+		if b.Model = str(model); b.Model == "" && needModel {
+			return nil, &BodyError{ReasonMissingField, "missing required field: model"}
+		}
 	}
 	prompt, messages, input := present(o.Get("prompt")), present(o.Get("messages")), present(o.Get("input"))
 	var bp bodyParser
