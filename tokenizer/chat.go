@@ -53,6 +53,7 @@ func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) 
 	}
 	env := *gonja.DefaultEnvironment
 	env.Filters = chatFilters
+	env.Tests = chatTests
 	env.Context = gonja.DefaultContext.Inherit().Update(exec.NewContext(map[string]any{
 		"raise_exception": func(msg string) (string, error) { return "", errors.New(msg) },
 		"strftime_now":    func(format string) string { return strftime(time.Now(), format) },
@@ -65,12 +66,13 @@ func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) 
 }
 
 // render renders a chat request: natively when the template is a known
-// one and the request carries nothing the native renderer does not mirror
-// (tools, tool calls, reasoning, kwargs, continue_final_message), through
-// gonja otherwise.
+// one and its renderer takes the request, through gonja otherwise.
 func (c *chatTemplate) render(req *ChatRequest) (string, error) {
-	if c.native != nil && req.plain() {
-		if out, ok := c.native(req.Messages, req.AddGenerationPrompt); ok {
+	if c.native != nil {
+		if out, ok := c.native(req); ok {
+			if req.ContinueFinalMessage {
+				return continueFinal(out, req.Messages)
+			}
 			return out, nil
 		}
 	}

@@ -41,6 +41,23 @@ var chatFilters = func() *exec.FilterSet {
 	return fs
 }()
 
+// chatTests are gonja's tests with "true" and "false" as Jinja's: the
+// value is the boolean (gonja tests truthiness, so `enable_thinking is
+// false` would hold for 0, "" or None).
+var chatTests = func() *exec.TestSet {
+	ts := exec.NewTestSet(map[string]exec.TestFunction{}).Update(builtins.Tests)
+	for name, want := range map[string]bool{"true": true, "false": false} {
+		want := want
+		if err := ts.Replace(name, func(_ *exec.Context, in *exec.Value, _ *exec.VarArgs) (bool, error) {
+			b, ok := in.Interface().(bool)
+			return ok && b == want, nil
+		}); err != nil {
+			panic(err)
+		}
+	}
+	return ts
+}()
+
 // jsonValue turns raw JSON into a template value: objects become ordered
 // exec.Dict values, arrays []any, integers int64, other numbers float64.
 func jsonValue(data []byte) any {
@@ -60,14 +77,23 @@ func fromFastJSON(v *fastjson.Value) any {
 	case fastjson.TypeObject:
 		o, _ := v.Object()
 		d := exec.Dict{Pairs: make([]*exec.Pair, 0, o.Len())}
-		seen := map[string]bool{}
+		var seen map[string]int
 		o.Visit(func(k []byte, val *fastjson.Value) {
 			key := sanitizeUTF8(string(k))
-			if seen[key] {
-				return // first of duplicate keys, as everywhere else
+			x := exec.AsValue(fromFastJSON(val))
+			// Of duplicate keys, Python's json.loads (the engine's) keeps
+			// the first one's place and the last one's value.
+			if i, dup := seen[key]; dup {
+				d.Pairs[i].Value = x
+				return
 			}
-			seen[key] = true
-			d.Pairs = append(d.Pairs, &exec.Pair{Key: exec.AsValue(key), Value: exec.AsValue(fromFastJSON(val))})
+			if o.Len() > 1 {
+				if seen == nil {
+					seen = make(map[string]int, o.Len())
+				}
+				seen[key] = len(d.Pairs)
+			}
+			d.Pairs = append(d.Pairs, &exec.Pair{Key: exec.AsValue(key), Value: x})
 		})
 		return d
 	case fastjson.TypeArray:

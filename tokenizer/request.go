@@ -81,21 +81,6 @@ func NewChat(messages ...Message) *ChatRequest {
 	return &ChatRequest{Messages: messages, AddGenerationPrompt: true}
 }
 
-// plain reports whether the request carries nothing but roles and text
-// contents: the native renderers mirror templates for those only.
-func (c *ChatRequest) plain() bool {
-	if len(c.Tools) > 0 || len(c.TemplateKwargs) > 0 || c.ContinueFinalMessage || len(c.ToolChoice) > 0 {
-		return false
-	}
-	for i := range c.Messages {
-		m := &c.Messages[i]
-		if m.Name != "" || len(m.ToolCalls) > 0 || m.ToolCallID != "" || m.ReasoningContent != "" {
-			return false
-		}
-	}
-	return true
-}
-
 // MarshalJSON writes the message as the OpenAI API does (content null
 // when NullContent), for the remote backend's /tokenize.
 func (m Message) MarshalJSON() ([]byte, error) {
