@@ -41,6 +41,10 @@ var chatFilters = func() *exec.FilterSet {
 	return fs
 }()
 
+// bigInt is a JSON integer beyond int64, printed by tojson as written
+// (Python's int is unbounded).
+type bigInt string
+
 // chatTests are gonja's tests with "true" and "false" as Jinja's: the
 // value is the boolean (gonja tests truthiness, so `enable_thinking is
 // false` would hold for 0, "" or None).
@@ -111,6 +115,7 @@ func fromFastJSON(v *fastjson.Value) any {
 			if n, err := strconv.ParseInt(lit, 10, 64); err == nil {
 				return n
 			}
+			return bigInt(strings.TrimPrefix(lit, "-0")) // Python's int has no bound
 		}
 		f, _ := v.Float64()
 		return f
@@ -292,6 +297,9 @@ func (o *pyJSONOpts) write(b *strings.Builder, v any, depth int) error {
 	case float32:
 		b.WriteString(pyFloat(float64(x)))
 		return nil
+	case bigInt:
+		b.WriteString(string(x))
+		return nil
 	case exec.Dict:
 		return o.writePairs(b, x.Pairs, depth)
 	case *exec.Dict:
@@ -425,4 +433,83 @@ func pyFloat(f float64) string {
 		s += ".0"
 	}
 	return s
+}
+
+// writeRaw writes a JSON value as json.dumps writes what json.loads read
+// from it, straight from the parsed JSON (the native renderers' tojson):
+// objects in key order (of duplicates, the first one's place and the last
+// one's value), integers as written, floats as Python prints them.
+func (o *pyJSONOpts) writeRaw(b *strings.Builder, v *fastjson.Value, depth int) error {
+	if depth > maxJSONDepth {
+		return errors.New("tojson: value nested too deeply")
+	}
+	switch v.Type() {
+	case fastjson.TypeObject:
+		obj, _ := v.Object()
+		if obj.Len() == 0 {
+			b.WriteString("{}")
+			return nil
+		}
+		type kv struct {
+			k []byte
+			v *fastjson.Value
+		}
+		var buf [16]kv
+		pairs := buf[:0]
+		obj.Visit(func(k []byte, val *fastjson.Value) {
+			for i := range pairs {
+				if string(pairs[i].k) == string(k) {
+					pairs[i].v = val
+					return
+				}
+			}
+			pairs = append(pairs, kv{k, val})
+		})
+		if o.sortKeys {
+			sort.SliceStable(pairs, func(i, j int) bool { return string(pairs[i].k) < string(pairs[j].k) })
+		}
+		b.WriteByte('{')
+		for i, p := range pairs {
+			if i > 0 {
+				b.WriteString(o.itemSep)
+			}
+			o.newline(b, depth+1)
+			pyQuote(b, sanitizeUTF8(string(p.k)), o.ascii)
+			b.WriteString(o.keySep)
+			if err := o.writeRaw(b, p.v, depth+1); err != nil {
+				return err
+			}
+		}
+		o.newline(b, depth)
+		b.WriteByte('}')
+	case fastjson.TypeArray:
+		arr, _ := v.Array()
+		if len(arr) == 0 {
+			b.WriteString("[]")
+			return nil
+		}
+		b.WriteByte('[')
+		for i, x := range arr {
+			if i > 0 {
+				b.WriteString(o.itemSep)
+			}
+			o.newline(b, depth+1)
+			if err := o.writeRaw(b, x, depth+1); err != nil {
+				return err
+			}
+		}
+		o.newline(b, depth)
+		b.WriteByte(']')
+	case fastjson.TypeString:
+		pyQuote(b, str(v), o.ascii)
+	case fastjson.TypeNumber:
+		return o.write(b, fromFastJSON(v), depth)
+	case fastjson.TypeTrue:
+		b.WriteString("true")
+	case fastjson.TypeFalse:
+		b.WriteString("false")
+	default:
+		b.WriteString("null")
+	}
+	return nil
 }

@@ -157,13 +157,14 @@ func renderQwen3(req *ChatRequest) (string, bool) {
 	if len(messages) == 0 || !kwOK {
 		return "", false // messages[0] on an empty list: gonja's business
 	}
-	var tools []any
+	var tools []*fastjson.Value
+	var p fastjson.Parser
 	if len(req.Tools) > 0 {
-		list, ok := jsonValue(req.Tools).([]any)
-		if !ok {
+		v, err := p.ParseBytes(req.Tools)
+		if err != nil || v.Type() != fastjson.TypeArray {
 			return "", false
 		}
-		tools = list
+		tools, _ = v.Array()
 	}
 	var b strings.Builder
 	b.Grow(contentBytes(messages) + len(req.Tools) + 512*min(len(tools), 1))
@@ -177,7 +178,7 @@ func renderQwen3(req *ChatRequest) (string, bool) {
 		o := pyJSONOpts{itemSep: ", ", keySep: ": ", indent: -1}
 		for _, t := range tools {
 			b.WriteByte('\n')
-			if o.write(&b, t, 0) != nil {
+			if o.writeRaw(&b, t, 0) != nil {
 				return "", false
 			}
 		}
@@ -230,18 +231,15 @@ func renderQwen3(req *ChatRequest) (string, bool) {
 				b.WriteString("<tool_call>\n{\"name\": \"")
 				b.WriteString(c.Function.Name)
 				b.WriteString("\", \"arguments\": ")
-				switch args := jsonValue(c.Function.Arguments).(type) {
-				case string:
-					b.WriteString(args)
-				case nil:
-					if len(c.Function.Arguments) == 0 {
-						b.WriteString("{}")
-					} else {
-						b.WriteString("null")
-					}
-				default:
+				if len(c.Function.Arguments) == 0 {
+					b.WriteString("{}") // as templateMessages gives it
+				} else if args, err := p.ParseBytes(c.Function.Arguments); err != nil {
+					return "", false
+				} else if args.Type() == fastjson.TypeString {
+					b.WriteString(str(args))
+				} else {
 					o := pyJSONOpts{itemSep: ", ", keySep: ": ", indent: -1}
-					if o.write(&b, args, 0) != nil {
+					if o.writeRaw(&b, args, 0) != nil {
 						return "", false
 					}
 				}
