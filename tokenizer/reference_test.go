@@ -291,3 +291,70 @@ func TestChatRequestMatchesReference(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentRequestIDs is issue 12's case: Qwen3, a system prompt, 3 tools
+// and 10 messages with 3 tool calls. The router's ids (ParseBody, then
+// EncodeChat, as extproc and globalrouter call them) equal the
+// reference's exactly; without the tools and tool calls (what kvgate
+// rendered before) they part where the template writes the tools.
+func TestAgentRequestIDs(t *testing.T) {
+	dir, _ := loadReference(t)
+	data, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Requests []referenceRequest `json:"requests"`
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	m := referenceModel(t, dir, "qwen3")
+	found := false
+	for _, c := range ref.Requests {
+		if c.Template != "qwen3" || c.Name != "agent_tools" {
+			continue
+		}
+		found = true
+		body, err := ParseBody(PathChat, c.Request)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		for _, msg := range body.Chat.Messages {
+			calls += len(msg.ToolCalls)
+		}
+		var tools []json.RawMessage
+		_ = json.Unmarshal(body.Chat.Tools, &tools)
+		if len(body.Chat.Messages) != 10 || body.Chat.Messages[0].Role != "system" || len(tools) != 3 || calls != 3 {
+			t.Fatalf("agent request: %d messages, %d tools, %d calls; want 10 (system first), 3, 3", len(body.Chat.Messages), len(tools), calls)
+		}
+		ids, err := m.EncodeChat(body.Chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(c.IDs, ids); diff != "" || len(ids) == 0 {
+			t.Fatalf("router ids differ from the reference's:\n%s", firstDiff(m, c.IDs, ids))
+		}
+		// The old rendering: roles and text only.
+		old := &ChatRequest{AddGenerationPrompt: body.Chat.AddGenerationPrompt}
+		for _, msg := range body.Chat.Messages {
+			old.Messages = append(old.Messages, Message{Role: msg.Role, Content: msg.Content})
+		}
+		oldIDs, err := m.EncodeChat(old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := 0
+		for i < len(oldIDs) && i < len(ids) && oldIDs[i] == ids[i] {
+			i++
+		}
+		t.Logf("add_generation_prompt=%v: %d ids; roles-and-text rendering: %d ids, parting at %d", body.Chat.AddGenerationPrompt, len(ids), len(oldIDs), i)
+		if i > 64 {
+			t.Errorf("the roles-and-text rendering shares %d leading ids; want it to part at the tools", i)
+		}
+	}
+	if !found {
+		t.Fatal("no qwen3 agent_tools request in reference.json: rerun `make tokenizer-reference`")
+	}
+}
