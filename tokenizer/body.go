@@ -212,13 +212,20 @@ func optBool(o *fastjson.Object, key string, def bool) (bool, error) {
 	}
 }
 
-// raw copies a JSON value out of the parser (made valid UTF-8).
+// raw copies a JSON value out of the parser. fastjson re-escapes a string
+// it has decoded and may then write invalid JSON (\x87 for a byte that is
+// not UTF-8); such a value is written anew, strings made valid UTF-8.
 func raw(v *fastjson.Value) []byte {
 	b := v.MarshalTo(nil)
-	if !utf8.Valid(b) {
-		b = []byte(strings.ToValidUTF8(string(b), "\uFFFD"))
+	if utf8.Valid(b) && fastjson.ValidateBytes(b) == nil {
+		return b
 	}
-	return b
+	var sb strings.Builder
+	o := pyJSONOpts{itemSep: ",", keySep: ":", indent: -1}
+	if o.writeRaw(&sb, v, 0) != nil {
+		return []byte("null")
+	}
+	return []byte(sb.String())
 }
 
 // options reads the chat completions fields beside messages that shape
@@ -388,8 +395,12 @@ func arguments(v *fastjson.Value) []byte {
 	if v.Type() == fastjson.TypeString {
 		s := v.GetStringBytes()
 		var jp fastjson.Parser
-		if parsed, err := jp.ParseBytes(s); err == nil && parsed.Type() == fastjson.TypeObject {
-			return raw(parsed)
+		// ParseBytes alone accepts some invalid JSON (a bare "."):
+		// validate first, as the body was.
+		if fastjson.ValidateBytes(s) == nil {
+			if parsed, err := jp.ParseBytes(s); err == nil && parsed.Type() == fastjson.TypeObject {
+				return raw(parsed)
+			}
 		}
 	}
 	return raw(v)

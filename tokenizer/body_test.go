@@ -3,9 +3,11 @@ package tokenizer
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/valyala/fastjson"
 )
 
 func TestParseBodyForms(t *testing.T) {
@@ -147,6 +149,46 @@ func FuzzParseBody(f *testing.F) {
 		}
 		if forms != 1 || b.Model == "" {
 			t.Fatalf("accepted %q with %d forms, model %q", body, forms, b.Model)
+		}
+	})
+}
+
+// FuzzMessageJSON: Message's UnmarshalJSON (ParseBody's message reader)
+// never panics, and what it accepts survives a Marshal round trip.
+func FuzzMessageJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"role":"user","content":"x"}`, `{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{\"a\":1}"}}]}`,
+		`{"role":"tool","tool_call_id":"c","content":[{"type":"text","text":"a"},{"type":"input_audio"}]}`, `{"content":3}`, `[]`, `"x"`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var m Message
+		if json.Unmarshal(data, &m) != nil {
+			return
+		}
+		out, err := json.Marshal(m)
+		if err != nil {
+			t.Fatalf("Marshal(%+v): %v", m, err)
+		}
+		var back Message
+		if err := json.Unmarshal(out, &back); err != nil {
+			t.Fatalf("Unmarshal(Marshal) %s: %v", out, err)
+		}
+		// Marshal escapes HTML characters in the raw arguments (\u0026):
+		// the same JSON value.
+		for _, msg := range []*Message{&m, &back} {
+			for i := range msg.ToolCalls {
+				var sb strings.Builder
+				o := pyJSONOpts{itemSep: ",", keySep: ":", indent: -1}
+				if err := o.writeRaw(&sb, fastjson.MustParseBytes(msg.ToolCalls[i].Function.Arguments), 0); err != nil {
+					t.Fatal(err)
+				}
+				msg.ToolCalls[i].Function.Arguments = []byte(sb.String())
+			}
+		}
+		if diff := cmp.Diff(m, back); diff != "" {
+			t.Fatalf("round trip of %s (-first +second):\n%s", out, diff)
 		}
 	})
 }

@@ -14,7 +14,7 @@ import (
 
 // knownTemplates are the templates with a native renderer, loaded as the
 // tokenizer loads them.
-func knownTemplates(t *testing.T) map[string]*chatTemplate {
+func knownTemplates(t testing.TB) map[string]*chatTemplate {
 	t.Helper()
 	out := map[string]*chatTemplate{}
 	add := func(name, source string, vars map[string]any) {
@@ -386,6 +386,43 @@ func BenchmarkRenderAgent(b *testing.B) {
 			if _, err := m.chat.renderJinja(req); err != nil {
 				b.Fatal(err)
 			}
+		}
+	})
+}
+
+// FuzzNativeQwen3: over fuzzed chat bodies, the native Qwen3 renderer
+// equals gonja wherever gonja renders (it fails on string methods of empty
+// strings, where the native one follows Python's Jinja:
+// TestNativeQwen3WhereGonjaFails).
+func FuzzNativeQwen3(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{\"x\": [1, 2.5, \"é\"]}"}}]},{"role":"tool","tool_call_id":"a","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a","reasoning_content":"r"}],"chat_template_kwargs":{"enable_thinking":false}}`,
+		`{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":"<think>x</think>y"}],"continue_final_message":true}`,
+	} {
+		f.Add([]byte(s))
+	}
+	ct := knownTemplates(f)["qwen3"]
+	if ct == nil {
+		f.Skip("no qwen3 template")
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		b, err := ParseBody(PathChat, body)
+		if err != nil {
+			return
+		}
+		want, werr := ct.renderJinja(b.Chat)
+		got, ok := ct.native(b.Chat)
+		if !ok || werr != nil {
+			return
+		}
+		if b.Chat.ContinueFinalMessage {
+			if got, err = continueFinal(got, b.Chat.Messages); err != nil {
+				t.Fatalf("continue: %v where gonja rendered", err)
+			}
+		}
+		if got != want {
+			t.Fatalf("native differs from gonja on %s:\n%s", body, cmp.Diff(want, got))
 		}
 	})
 }

@@ -85,9 +85,15 @@ func NewChat(messages ...Message) *ChatRequest {
 // when NullContent), for the remote backend's /tokenize.
 func (m Message) MarshalJSON() ([]byte, error) {
 	type plainMessage Message
-	b, err := json.Marshal(plainMessage(m))
-	if err != nil || !m.NullContent {
-		return b, err
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // raw JSON (arguments) stays as the client wrote it
+	if err := enc.Encode(plainMessage(m)); err != nil {
+		return nil, err
+	}
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if !m.NullContent {
+		return b, nil
 	}
 	return bytes.Replace(b, []byte(`"content":""`), []byte(`"content":null`), 1), nil
 }
