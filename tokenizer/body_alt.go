@@ -142,6 +142,9 @@ func (p *bodyParser) anthropic(o *fastjson.Object) (*ChatRequest, error) {
 			return nil, fmt.Errorf("messages[%d]%v", i, err)
 		}
 	}
+	if len(c.Messages) == 0 {
+		return nil, errors.New("messages: no content in them")
+	}
 	if v := present(o.Get("tools")); v != nil {
 		tools, err := v.Array()
 		if err != nil {
