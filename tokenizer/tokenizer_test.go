@@ -473,3 +473,39 @@ func TestChatCacheBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoteSendsWholeChat: the remote backend posts every field that
+// shapes the prompt, so the engine renders what the client sent.
+func TestRemoteSendsWholeChat(t *testing.T) {
+	var got map[string]json.RawMessage
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := json.NewDecoder(r.Body).Decode(&got); err != nil {
+			t.Error(err)
+		}
+		w.Write([]byte(`{"tokens":[1,2,3]}`))
+	}))
+	defer srv.Close()
+	m := mustLoad(t, Config{Model: "m1", Backend: BackendRemote, URL: srv.URL, HTTPClient: srv.Client()})
+	body := `{"model":"m1","messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],
+		"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto","chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true}`
+	b, err := ParseBody(PathChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.EncodeChat(b.Chat); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"messages":               `[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":{"a":1}}}]},{"role":"tool","content":"r","tool_call_id":"c"}]`,
+		"tools":                  `[{"type":"function","function":{"name":"f"}}]`,
+		"tool_choice":            `"auto"`,
+		"chat_template_kwargs":   `{"enable_thinking":false}`,
+		"add_generation_prompt":  `false`,
+		"continue_final_message": `true`,
+	}
+	for k, v := range want {
+		if string(got[k]) != v {
+			t.Errorf("posted %s = %s, want %s", k, got[k], v)
+		}
+	}
+}
