@@ -400,8 +400,8 @@ func TestRenderChat(t *testing.T) {
 
 // TestChatTokenizerMatchesRouter: a mocker given the router's tokenizer
 // (the openai backend, as `kvgate mocker -tokenizer openai` and `kvgate up`
-// configure it) caches a text chat sent twice under the block ids the
-// router hashes for it; with the word tokenizer it did not.
+// configure it) caches a text prompt or chat sent twice under the block
+// ids the router hashes for it; with the word tokenizer it did not.
 func TestChatTokenizerMatchesRouter(t *testing.T) {
 	tok, err := tokenizer.Load(tokenizer.Config{Model: "m", Backend: tokenizer.BackendOpenAI, Encoding: "cl100k_base"})
 	if err != nil {
@@ -409,33 +409,43 @@ func TestChatTokenizerMatchesRouter(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv, hs, _ := startServer(t, ServerConfig{Model: "m", Tokenizer: tok, Engine: Config{BlockSize: 4}})
-	body := `{"model":"m","max_tokens":1,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Tell me about prefix caches and why routers care about them."}]}`
-	for range 2 {
-		resp := post(ctx, t, hs.URL+"/v1/chat/completions", body, nil)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
+	for _, tc := range []struct{ path, body string }{
+		{tokenizer.PathChat, `{"model":"m","max_tokens":1,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Tell me about prefix caches and why routers care about them."}]}`},
+		{tokenizer.PathCompletions, `{"model":"m","max_tokens":1,"prompt":"Prefix caches keep the KV blocks of earlier prompts, so a router that knows them saves prefill."}`},
+	} {
+		srv, hs, _ := startServer(t, ServerConfig{Model: "m", Tokenizer: tok, Engine: Config{BlockSize: 4}})
+		for range 2 {
+			resp := post(ctx, t, hs.URL+tc.path, tc.body, nil)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s: status %d", tc.path, resp.StatusCode)
+			}
 		}
-	}
-	// The router's ids for the same body.
-	parsed, err := tokenizer.ParseBody(tokenizer.PathChat, []byte(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := tok.EncodeChat(parsed.Chat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	local, err := kvevents.LocalHashes(ids, 4, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cached := srv.CachedBlocks()
-	for i, h := range kvevents.SequenceHashes(local) {
-		if _, ok := cached[h]; !ok {
-			t.Fatalf("block %d of the router's hashes (%d of %d) is not in the mocker's cache", i, h, len(local))
+		// The router's ids for the same body (globalrouter: Encode or
+		// EncodeChat of what ParseBody read).
+		parsed, err := tokenizer.ParseBody(tc.path, []byte(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []uint32
+		if parsed.Chat != nil {
+			ids, err = tok.EncodeChat(parsed.Chat)
+		} else {
+			ids, err = tok.Encode(parsed.Prompt)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		local, err := kvevents.LocalHashes(ids, 4, "")
+		if err != nil || len(local) < 4 {
+			t.Fatalf("%d blocks (%v)", len(local), err)
+		}
+		cached := srv.CachedBlocks()
+		for i, h := range kvevents.SequenceHashes(local) {
+			if _, ok := cached[h]; !ok {
+				t.Fatalf("%s: block %d of the router's %d (%d) is not in the mocker's cache", tc.path, i, len(local), h)
+			}
 		}
 	}
 }
