@@ -54,12 +54,17 @@ func TestDataParallelRankReachesEngine(t *testing.T) {
 		return r
 	}
 	pinned("1")
+	rank1 := 0
 	testenv.Eventually(t, 30*time.Second, func() (string, bool) {
 		r := pinned("1")
+		rank1 = r.overlap
 		return fmt.Sprintf("rank 1 overlap %d, want its cached prefix", r.overlap), r.overlap > 20
 	})
-	if r := pinned("0"); r.overlap > 0 {
-		t.Errorf("rank 0 overlap %d for a prompt only rank 1 cached, want 0", r.overlap)
+	// Rank 0 served the pinned requests above, whose rendered chat shares
+	// its first block with this one (the system prompt in ChatML fills a
+	// 16-token block): at most that much, never rank 1's prefix.
+	if r := pinned("0"); r.overlap > 1 || r.overlap >= rank1 {
+		t.Errorf("rank 0 overlap %d for a prompt only rank 1 cached (rank 1: %d), want at most the shared system-prompt block", r.overlap, rank1)
 	}
 
 	var w1 int

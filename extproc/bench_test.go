@@ -135,7 +135,7 @@ func BenchmarkDecision(b *testing.B) {
 		for i := range n {
 			_, m := benchBody(series, i)
 			t0 := time.Now()
-			if _, err := tok.EncodeChat(m, true); err != nil {
+			if _, err := tok.EncodeChat(tokenizer.NewChat(m...)); err != nil {
 				b.Fatal(err)
 			}
 			total += time.Since(t0)
@@ -191,7 +191,10 @@ func BenchmarkDecision(b *testing.B) {
 			_, m := benchBody("decide", i)
 			r := globalrouter.Request{ID: fmt.Sprint("b", i), Path: "/v1/chat/completions", Model: "m"}
 			for _, x := range m {
-				r.Messages = append(r.Messages, globalrouter.Message{Role: x.Role, Content: x.Content})
+				if r.Chat == nil {
+					r.Chat = tokenizer.NewChat()
+				}
+				r.Chat.Messages = append(r.Chat.Messages, x)
 			}
 			t0 := time.Now()
 			d, err := router.Decide(ctx, &r)

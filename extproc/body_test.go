@@ -12,7 +12,16 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/tokenizer"
 )
+
+// chatMessages is req's conversation (nil for a completion).
+func chatMessages(req *globalrouter.Request) []tokenizer.Message {
+	if req.Chat == nil {
+		return nil
+	}
+	return req.Chat.Messages
+}
 
 func TestParseBody(t *testing.T) {
 	for _, tc := range []struct {
@@ -35,9 +44,10 @@ func TestParseBody(t *testing.T) {
 			{"role":"system","content":"s"},
 			{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]},
 			{"role":"assistant","content":null,"tool_calls":[]}]}`,
-			want: globalrouter.Request{Model: "m", Messages: []globalrouter.Message{{Role: "system", Content: "s"}, {Role: "user", Content: "ab"}, {Role: "assistant", Content: ""}}}},
+			want: globalrouter.Request{Model: "m", Chat: &tokenizer.ChatRequest{Messages: []tokenizer.Message{{Role: "system", Content: "s"}, {Role: "user", Content: "<image>\na\nb"}, {Role: "assistant", NullContent: true}},
+				AddGenerationPrompt: true, MMHashes: []string{"2efaefebe93350e3ef11183812b55308549d72d45e3821f39225d3db000b144f"}}}},
 		{name: "custom path with messages", path: "/v2/chat", body: `{"model":"m","messages":[{"role":"user","content":"x"}]}`,
-			want: globalrouter.Request{Model: "m", Messages: []globalrouter.Message{{Role: "user", Content: "x"}}}},
+			want: globalrouter.Request{Model: "m", Chat: tokenizer.NewChat(tokenizer.Message{Role: "user", Content: "x"})}},
 		{name: "custom path with prompt", path: "/v2/gen", body: `{"model":"m","prompt":"x"}`,
 			want: globalrouter.Request{Model: "m", Prompt: "x"}},
 		// A lone surrogate escape stays as written: it only affects routing
@@ -131,7 +141,7 @@ func FuzzParseBody(f *testing.F) {
 		if len(req.PromptTokens) > 0 {
 			forms++
 		}
-		if len(req.Messages) > 0 {
+		if req.Chat != nil && len(req.Chat.Messages) > 0 {
 			forms++
 		}
 		if forms != 1 {
@@ -143,9 +153,9 @@ func FuzzParseBody(f *testing.F) {
 		if !utf8.ValidString(req.Model) || !utf8.ValidString(req.Prompt) {
 			t.Fatalf("model %q or prompt %q is not valid UTF-8", req.Model, req.Prompt)
 		}
-		for _, m := range req.Messages {
+		for _, m := range chatMessages(&req) {
 			if !utf8.ValidString(m.Role) || !utf8.ValidString(m.Content) {
-				t.Fatalf("message %q is not valid UTF-8", m)
+				t.Fatalf("message %+v is not valid UTF-8", m)
 			}
 		}
 	})

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/kvgate/kvgate/tokenizer"
 	"io"
 	"slices"
 	"strings"
@@ -97,7 +98,7 @@ func TestRoutesInEveryMode(t *testing.T) {
 			}
 			wantReq := &globalrouter.Request{
 				ID: "req-1", Path: "/v1/chat/completions", Model: "m1",
-				Messages: []globalrouter.Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "héllo 世界, \"quoted\""}},
+				Chat: tokenizer.NewChat(tokenizer.Message{Role: "system", Content: "Be brief."}, tokenizer.Message{Role: "user", Content: "héllo 世界, \"quoted\""}),
 			}
 			gotReq := *reqs[0]
 			gotReq.Headers = nil
@@ -205,7 +206,7 @@ func TestBodyReemittedUnchanged(t *testing.T) {
 				}
 			}
 			for _, r := range d.requests() {
-				if r.Messages[0].Content != strings.ReplaceAll(long, `\"`, `"`) {
+				if chatMessages(r)[0].Content != strings.ReplaceAll(long, `\"`, `"`) {
 					t.Fatal("decider saw a different prompt")
 				}
 			}
@@ -253,7 +254,7 @@ func TestEverySplitPoint(t *testing.T) {
 		}
 	}
 	for i, r := range d.requests() {
-		if got, want := r.Messages[1].Content, "héllo 世界, \"quoted\""; got != want {
+		if got, want := chatMessages(r)[1].Content, "héllo 世界, \"quoted\""; got != want {
 			t.Fatalf("split at %d: content %q, want %q", i+1, got, want)
 		}
 	}
@@ -707,4 +708,12 @@ func TestReflection(t *testing.T) {
 			t.Errorf("reflection lists %v, want %s among them", names, want)
 		}
 	}
+}
+
+// chatMessages is r's conversation (nil for a completion).
+func chatMessages(r *globalrouter.Request) []tokenizer.Message {
+	if r.Chat == nil {
+		return nil
+	}
+	return r.Chat.Messages
 }

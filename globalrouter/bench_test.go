@@ -19,14 +19,14 @@ import (
 // chat8K is a multi-turn conversation of about 8 KB of JSON text; n varies
 // the last turn so that the tokenizer's chat cache helps only with the
 // earlier turns, as with real traffic.
-func chat8K(n int) []globalrouter.Message {
-	msgs := []globalrouter.Message{{Role: "system", Content: "You are a careful assistant who answers questions about distributed systems. " + strings.Repeat("Be precise and cite sources. ", 20)}}
+func chat8K(n int) []tokenizer.Message {
+	msgs := []tokenizer.Message{{Role: "system", Content: "You are a careful assistant who answers questions about distributed systems. " + strings.Repeat("Be precise and cite sources. ", 20)}}
 	for i := range 6 {
 		msgs = append(msgs,
-			globalrouter.Message{Role: "user", Content: fmt.Sprintf("Question %d: %s", i, longText(60))},
-			globalrouter.Message{Role: "assistant", Content: fmt.Sprintf("Answer %d: %s", i, longText(70))})
+			tokenizer.Message{Role: "user", Content: fmt.Sprintf("Question %d: %s", i, longText(60))},
+			tokenizer.Message{Role: "assistant", Content: fmt.Sprintf("Answer %d: %s", i, longText(70))})
 	}
-	return append(msgs, globalrouter.Message{Role: "user", Content: fmt.Sprintf("Final question number %d: how do KV-cache-aware routers pick a worker?", n)})
+	return append(msgs, tokenizer.Message{Role: "user", Content: fmt.Sprintf("Final question number %d: how do KV-cache-aware routers pick a worker?", n)})
 }
 
 // BenchmarkDecide decides in-process against two pools of 8 workers, each
@@ -59,7 +59,7 @@ func BenchmarkDecide(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		req := &globalrouter.Request{Model: model, Messages: chat8K(i + 1)}
+		req := &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(chat8K(i + 1)...)}
 		t0 := time.Now()
 		d, err := r.Decide(ctx, req)
 		lat = append(lat, time.Since(t0))
@@ -86,7 +86,7 @@ func BenchmarkDecide(b *testing.B) {
 			tm[j] = tokenizer.Message{Role: m.Role, Content: m.Content}
 		}
 		t0 := time.Now()
-		if _, err := tok.EncodeChat(tm, true); err != nil {
+		if _, err := tok.EncodeChat(tokenizer.NewChat(tm...)); err != nil {
 			b.Fatal(err)
 		}
 		tl = append(tl, time.Since(t0))

@@ -184,6 +184,10 @@ func (c *Config) loraOf(model string) string {
 	return ""
 }
 
+// TokenizerFor returns the tokenizer configuration the router uses for
+// model (`kvgate tokenize --config`).
+func (c *Config) TokenizerFor(model string) tokenizer.Config { return c.tokenizerFor(model) }
+
 // tokenizerFor returns the tokenizer configuration of model.
 func (c *Config) tokenizerFor(model string) tokenizer.Config {
 	for _, m := range c.Models {

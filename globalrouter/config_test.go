@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 func builtins(t testing.TB) *policies.Registry {
@@ -135,7 +136,7 @@ func TestHotReload(t *testing.T) {
 
 	// A request in flight on pool-b across the reloads.
 	c.b.Store(t, "b-0", chatTokens(t, chat(longText(100))))
-	inflight, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat(longText(100))})
+	inflight, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(chat(longText(100))...)})
 	if err != nil || inflight.Primary.Pool != "pool-b" {
 		t.Fatalf("Decide: %v, %+v; want pool-b", err, inflight)
 	}
@@ -167,7 +168,7 @@ func TestHotReload(t *testing.T) {
 		t.Fatalf("ReloadFile: %v", err)
 	}
 	for range 3 {
-		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat(longText(100))})
+		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(chat(longText(100))...)})
 		if err != nil {
 			t.Fatalf("Decide after reload: %v", err)
 		}

@@ -160,12 +160,8 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers) (*prepared, 
 	t0 := r.opts.now()
 	var err error
 	switch {
-	case len(req.Messages) > 0:
-		msgs := make([]tokenizer.Message, len(req.Messages))
-		for i, m := range req.Messages {
-			msgs[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
-		}
-		p.tokens, err = me.tok.EncodeChat(msgs, true)
+	case req.Chat != nil && len(req.Chat.Messages) > 0:
+		p.tokens, err = me.tok.EncodeChat(req.Chat)
 	case len(req.PromptTokens) > 0:
 		p.tokens = req.PromptTokens
 	case req.Prompt != "":

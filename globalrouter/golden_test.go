@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -74,9 +75,9 @@ func TestExplainGolden(t *testing.T) {
 		r    *globalrouter.Router
 		req  *globalrouter.Request
 	}{
-		{"cached on pool-b", r, &globalrouter.Request{Model: model, Messages: msgs, Explain: true}},
+		{"cached on pool-b", r, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(msgs...), Explain: true}},
 		{"short prompt", r, &globalrouter.Request{Model: model, Prompt: "Say hello.", Explain: true}},
-		{"pinned worker", r, &globalrouter.Request{Model: model, Messages: msgs, Explain: true, Headers: map[string]string{globalrouter.HeaderWorkerID: "a-0"}}},
+		{"pinned worker", r, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(msgs...), Explain: true, Headers: map[string]string{globalrouter.HeaderWorkerID: "a-0"}}},
 		{"disaggregated", dr, &globalrouter.Request{Model: model, Prompt: longText(1000), Explain: true}},
 	} {
 		d, err := tt.r.Decide(ctx, tt.req)

@@ -24,9 +24,9 @@ func (c *countingTokenizer) Encode(text string) ([]uint32, error) {
 	return c.Tokenizer.Encode(text)
 }
 
-func (c *countingTokenizer) EncodeChat(m []tokenizer.Message, gen bool) ([]uint32, error) {
+func (c *countingTokenizer) EncodeChat(req *tokenizer.ChatRequest) ([]uint32, error) {
 	c.n.Add(1)
-	return c.Tokenizer.EncodeChat(m, gen)
+	return c.Tokenizer.EncodeChat(req)
 }
 
 // TestBadHeaderRefusedBeforeTokenizing: a malformed x-kvgate-* header is
@@ -51,7 +51,7 @@ func TestBadHeaderRefusedBeforeTokenizing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, req := range []*globalrouter.Request{
 				{Model: model, Prompt: longText(50), Headers: tt.headers},
-				{Model: model, Messages: chat(longText(50)), Headers: tt.headers},
+				{Model: model, Chat: tokenizer.NewChat(chat(longText(50))...), Headers: tt.headers},
 			} {
 				if _, err := r.Decide(ctx, req); !errors.Is(err, tt.want) {
 					t.Fatalf("Decide: got %v, want %v", err, tt.want)

@@ -55,8 +55,8 @@ func newRouter(t testing.TB, cfg globalrouter.Config, opts ...globalrouter.Optio
 	return r, reg
 }
 
-func chat(text string) []globalrouter.Message {
-	return []globalrouter.Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: text}}
+func chat(text string) []tokenizer.Message {
+	return []tokenizer.Message{{Role: "system", Content: "You are a helpful assistant."}, {Role: "user", Content: text}}
 }
 
 var (
@@ -82,14 +82,14 @@ func sharedTokenizer(t testing.TB) *tokenizer.Model {
 
 // chatTokens are the tokens the router computes for msgs with the default
 // tokenizer.
-func chatTokens(t testing.TB, msgs []globalrouter.Message) []uint32 {
+func chatTokens(t testing.TB, msgs []tokenizer.Message) []uint32 {
 	t.Helper()
 	tok := sharedTokenizer(t)
 	tm := make([]tokenizer.Message, len(msgs))
 	for i, m := range msgs {
 		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
 	}
-	ids, err := tok.EncodeChat(tm, true)
+	ids, err := tok.EncodeChat(tokenizer.NewChat(tm...))
 	if err != nil {
 		t.Fatal(err)
 	}

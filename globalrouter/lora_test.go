@@ -7,6 +7,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // TestLoRAAdapterHashesWithItsSeed: a model configured as a LoRA adapter
@@ -36,7 +37,7 @@ func TestLoRAAdapterHashesWithItsSeed(t *testing.T) {
 		model       string
 		wantOverlap bool
 	}{{adapter, true}, {model, false}} {
-		d, err := r.Decide(testenv.Context(t), &globalrouter.Request{Model: tc.model, Messages: msgs, Path: "/v1/chat/completions"})
+		d, err := r.Decide(testenv.Context(t), &globalrouter.Request{Model: tc.model, Chat: tokenizer.NewChat(msgs...), Path: "/v1/chat/completions"})
 		if err != nil {
 			t.Fatalf("Decide(%s): %v", tc.model, err)
 		}

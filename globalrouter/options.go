@@ -16,7 +16,7 @@ import (
 // *tokenizer.Model implements it. Safe for concurrent use.
 type Tokenizer interface {
 	Encode(text string) ([]uint32, error)
-	EncodeChat(messages []tokenizer.Message, addGenerationPrompt bool) ([]uint32, error)
+	EncodeChat(req *tokenizer.ChatRequest) ([]uint32, error)
 }
 
 // Option configures a Router.

@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 func TestDecideFollowsTheCache(t *testing.T) {
@@ -23,7 +24,7 @@ func TestDecideFollowsTheCache(t *testing.T) {
 	// b-1 holds the whole conversation's prefix.
 	c.b.Store(t, "b-1", toks)
 
-	d, err := r.Decide(ctx, &globalrouter.Request{ID: "r1", Path: "/v1/chat/completions", Model: model, Messages: msgs, Explain: true})
+	d, err := r.Decide(ctx, &globalrouter.Request{ID: "r1", Path: "/v1/chat/completions", Model: model, Chat: tokenizer.NewChat(msgs...), Explain: true})
 	if err != nil {
 		t.Fatalf("Decide: %v", err)
 	}
@@ -160,7 +161,7 @@ func TestPinning(t *testing.T) {
 	c.b.Store(t, "b-0", chatTokens(t, msgs)) // unpinned, pool-b would win
 
 	pin := func(h map[string]string) (*globalrouter.Decision, error) {
-		return r.Decide(ctx, &globalrouter.Request{Model: model, Messages: msgs, Headers: h})
+		return r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(msgs...), Headers: h})
 	}
 	d, err := pin(map[string]string{globalrouter.HeaderPool: "pool-a"})
 	if err != nil {
@@ -242,7 +243,7 @@ func TestDisaggregation(t *testing.T) {
 	r, _ := newRouter(t, cfg)
 
 	long := chat(longText(300))
-	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: long, Explain: true})
+	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(long...), Explain: true})
 	if err != nil {
 		t.Fatalf("Decide: %v", err)
 	}
@@ -273,7 +274,7 @@ func TestDisaggregation(t *testing.T) {
 
 	// Once the decode worker caches the prompt, it prefills locally.
 	dec.Store(t, d.Primary.WorkerID, chatTokens(t, long))
-	d, err = r.Decide(ctx, &globalrouter.Request{Model: model, Messages: long})
+	d, err = r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(long...)})
 	if err != nil {
 		t.Fatalf("Decide cached: %v", err)
 	}
@@ -292,7 +293,7 @@ func TestDisaggregation(t *testing.T) {
 
 	// A prefill pool that is down: the decode worker prefills.
 	pre.Stop()
-	d, err = r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat(longText(301))})
+	d, err = r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(chat(longText(301))...)})
 	if err != nil {
 		t.Fatalf("Decide with the prefill pool down: %v", err)
 	}

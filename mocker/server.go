@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // ServerConfig shapes the OpenAI-compatible front of a live engine.
@@ -232,14 +233,8 @@ type completionRequest struct {
 	RoutedDPRank *int `json:"routed_dp_rank"`
 }
 
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
 type chatRequest struct {
 	Model               string         `json:"model"`
-	Messages            []chatMessage  `json:"messages"`
 	MaxTokens           *int           `json:"max_tokens"`
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	Stream              bool           `json:"stream"`
@@ -388,36 +383,35 @@ func (s *Server) encode(text string) ([]uint32, *httpError) {
 	return ids, nil
 }
 
-// renderChat reads a request's messages (content as a string or a list of
-// parts, whose text parts are joined) and renders them with RenderChat and
-// the generation prompt, as every chat request is rendered.
-func renderChat(msgs []chatMessage) (string, *httpError) {
-	if len(msgs) == 0 {
-		return "", badRequest("missing_messages", "messages is required")
+// encodeChat reads a chat body's messages and everything else that shapes
+// its prompt (tokenizer.ParseBody) and encodes it: with the Tokenizer's
+// own chat template when it is a ChatTokenizer, otherwise rendered with
+// RenderChat and the generation prompt, as every chat request is.
+func (s *Server) encodeChat(body []byte) ([]uint32, *httpError) {
+	chat, err := tokenizer.ParseChat(tokenizer.PathChat, body)
+	if err != nil {
+		var be *tokenizer.BodyError
+		if errors.As(err, &be) && be.Reason == tokenizer.ReasonMissingField {
+			return nil, badRequest("missing_messages", "messages is required")
+		}
+		return nil, badRequest("invalid_message", "%v", err)
 	}
-	conv := make([]ChatMessage, len(msgs))
-	for i, m := range msgs {
+	for i, m := range chat.Messages {
 		if m.Role == "" {
-			return "", badRequest("invalid_message", "messages[%d]: role is required", i)
+			return nil, badRequest("invalid_message", "messages[%d]: role is required", i)
 		}
-		var text string
-		if err := json.Unmarshal(m.Content, &text); err != nil {
-			var parts []struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			}
-			if err := json.Unmarshal(m.Content, &parts); err != nil {
-				return "", badRequest("invalid_message", "messages[%d]: content must be a string or a list of parts", i)
-			}
-			for _, p := range parts {
-				if p.Type == "text" {
-					text += p.Text
-				}
-			}
-		}
-		conv[i] = ChatMessage{Role: m.Role, Content: text}
 	}
-	return RenderChat(conv, true), nil
+	if ct, ok := s.cfg.Tokenizer.(ChatTokenizer); ok {
+		ids, err := ct.EncodeChat(chat)
+		if err != nil {
+			return nil, badRequest("tokenize", "render or tokenize chat: %v", err)
+		}
+		if len(ids) == 0 {
+			return nil, badRequest("missing_prompt", "prompt has no tokens")
+		}
+		return ids, nil
+	}
+	return s.encode(RenderChat(chat.Messages, true))
 }
 
 // --- handlers ------------------------------------------------------------
@@ -478,11 +472,7 @@ func (s *Server) parseChat(body []byte) (genRequest, *httpError) {
 		mt = req.MaxTokens
 	}
 	g, e := s.prepare(req.Model, mt, req.Stream, req.StreamOptions, func() ([]uint32, *httpError) {
-		text, e := renderChat(req.Messages)
-		if e != nil {
-			return nil, e
-		}
-		return s.encode(text)
+		return s.encodeChat(body)
 	})
 	g.chat, g.dpRank = true, req.RoutedDPRank
 	return g, e
@@ -691,7 +681,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Model    string          `json:"model"`
 		Prompt   json.RawMessage `json:"prompt"`
-		Messages []chatMessage   `json:"messages"`
+		Messages json.RawMessage `json:"messages"`
 	}
 	body, e := s.readBody(w, r)
 	if e == nil {
@@ -707,10 +697,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	var ids []uint32
 	if req.Messages != nil {
-		var text string
-		if text, e = renderChat(req.Messages); e == nil {
-			ids, e = s.encode(text)
-		}
+		ids, e = s.encodeChat(body)
 	} else {
 		ids, e = s.promptTokens(req.Prompt)
 	}

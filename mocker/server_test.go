@@ -16,6 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 func TestMain(m *testing.M) {
@@ -364,7 +366,7 @@ func TestClientGoneFreesRequest(t *testing.T) {
 // with (/tokenize with messages gives the ids of RenderChat's text), so a
 // router using it computes the workers' token ids.
 func TestRenderChat(t *testing.T) {
-	msgs := []ChatMessage{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "héllo, world"}}
+	msgs := []tokenizer.Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "héllo, world"}}
 	if got, want := RenderChat(msgs, true), "<|system|>\nBe brief.\n<|user|>\nhéllo, world\n<|assistant|>\n"; got != want {
 		t.Errorf("RenderChat(…, true) = %q, want %q", got, want)
 	}
@@ -384,11 +386,66 @@ func TestRenderChat(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&tok); err != nil {
 		t.Fatal(err)
 	}
-	want, err := WordTokenizer{}.Encode(RenderChat(msgs, true))
+	// Parts are flattened as vLLM does: the image's placeholder first,
+	// text parts joined with "\n".
+	parts := []tokenizer.Message{msgs[0], {Role: "user", Content: tokenizer.DefaultImagePlaceholder + "\nhéllo, \nworld"}}
+	want, err := WordTokenizer{}.Encode(RenderChat(parts, true))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(want, tok.Tokens); diff != "" {
 		t.Errorf("/tokenize of the messages (-RenderChat's ids +got):\n%s", diff)
+	}
+}
+
+// TestChatTokenizerMatchesRouter: a mocker given the router's tokenizer
+// (the openai backend, as `kvgate mocker -tokenizer openai` and `kvgate up`
+// configure it) caches a text prompt or chat sent twice under the block
+// ids the router hashes for it; with the word tokenizer it did not.
+func TestChatTokenizerMatchesRouter(t *testing.T) {
+	tok, err := tokenizer.Load(tokenizer.Config{Model: "m", Backend: tokenizer.BackendOpenAI, Encoding: "cl100k_base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct{ path, body string }{
+		{tokenizer.PathChat, `{"model":"m","max_tokens":1,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Tell me about prefix caches and why routers care about them."}]}`},
+		{tokenizer.PathCompletions, `{"model":"m","max_tokens":1,"prompt":"Prefix caches keep the KV blocks of earlier prompts, so a router that knows them saves prefill."}`},
+	} {
+		srv, hs, _ := startServer(t, ServerConfig{Model: "m", Tokenizer: tok, Engine: Config{BlockSize: 4}})
+		for range 2 {
+			resp := post(ctx, t, hs.URL+tc.path, tc.body, nil)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s: status %d", tc.path, resp.StatusCode)
+			}
+		}
+		// The router's ids for the same body (globalrouter: Encode or
+		// EncodeChat of what ParseBody read).
+		parsed, err := tokenizer.ParseBody(tc.path, []byte(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []uint32
+		if parsed.Chat != nil {
+			ids, err = tok.EncodeChat(parsed.Chat)
+		} else {
+			ids, err = tok.Encode(parsed.Prompt)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		local, err := kvevents.LocalHashes(ids, 4, "")
+		if err != nil || len(local) < 4 {
+			t.Fatalf("%d blocks (%v)", len(local), err)
+		}
+		cached := srv.CachedBlocks()
+		for i, h := range kvevents.SequenceHashes(local) {
+			if _, ok := cached[h]; !ok {
+				t.Fatalf("%s: block %d of the router's %d (%d) is not in the mocker's cache", tc.path, i, len(local), h)
+			}
+		}
 	}
 }

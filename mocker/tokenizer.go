@@ -3,6 +3,8 @@ package mocker
 import (
 	"strings"
 	"unicode"
+
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // Tokenizer turns prompt text into token ids. Implementations must be safe
@@ -64,22 +66,25 @@ func (w WordTokenizer) Encode(text string) ([]uint32, error) {
 	return out, nil
 }
 
-// ChatMessage is one message of a conversation: a role and its text. Its
-// fields match tokenizer.Message, which converts to it.
-type ChatMessage struct {
-	Role    string
-	Content string
+// ChatTokenizer is a Tokenizer that also renders and encodes chat
+// requests with a model's chat template, as *tokenizer.Model does: a
+// server given one encodes chats with it, so its token ids are those of a
+// router configured with the same tokenizer. Same contract as Tokenizer.
+type ChatTokenizer interface {
+	Tokenizer
+	EncodeChat(req *tokenizer.ChatRequest) ([]uint32, error)
 }
 
-// RenderChat renders a conversation with the mocker's chat template, the
-// text its chat endpoints and /tokenize encode: "<|role|>\ncontent\n" per
+// RenderChat renders a conversation with the mocker's own chat template,
+// the text its chat endpoints and /tokenize encode when its Tokenizer is
+// not a ChatTokenizer: "<|role|>\ncontent\n" per
 // message, then, with addGenerationPrompt (the server always adds it),
 // "<|assistant|>\n". It is no model's template; with the built-in tokenizer
 // only determinism matters (a shared conversation prefix gives a shared
 // token prefix). A router that must compute the same token ids as mock
 // workers (prefix matching depends on it) renders chats with it before
 // encoding with the workers' Tokenizer.
-func RenderChat(messages []ChatMessage, addGenerationPrompt bool) string {
+func RenderChat(messages []tokenizer.Message, addGenerationPrompt bool) string {
 	var b strings.Builder
 	for _, m := range messages {
 		b.WriteString("<|")

@@ -87,7 +87,7 @@ func BenchmarkChat20Turns(b *testing.B) {
 	seg := m.tok.(segmenter)
 	var texts []string
 	for turn := 2; turn <= len(msgs); turn++ {
-		text, err := m.RenderChat(msgs[:turn], true)
+		text, err := m.RenderChat(&ChatRequest{Messages: msgs[:turn], AddGenerationPrompt: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func BenchmarkChat20Turns(b *testing.B) {
 					m.cache = newChatCache(4096)
 				}
 				for turn := 2; turn <= len(msgs); turn++ {
-					if _, err := m.EncodeChat(msgs[:turn], true); err != nil {
+					if _, err := m.EncodeChat(&ChatRequest{Messages: msgs[:turn], AddGenerationPrompt: true}); err != nil {
 						b.Fatal(err)
 					}
 				}

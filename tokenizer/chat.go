@@ -52,6 +52,8 @@ func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) 
 		return nil, err
 	}
 	env := *gonja.DefaultEnvironment
+	env.Filters = chatFilters
+	env.Tests = chatTests
 	env.Context = gonja.DefaultContext.Inherit().Update(exec.NewContext(map[string]any{
 		"raise_exception": func(msg string) (string, error) { return "", errors.New(msg) },
 		"strftime_now":    func(format string) string { return strftime(time.Now(), format) },
@@ -63,28 +65,28 @@ func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) 
 	return &chatTemplate{tmpl: t, vars: vars, native: nativeChat(source, vars)}, nil
 }
 
-func (c *chatTemplate) render(messages []Message, addGenerationPrompt bool) (string, error) {
+// render renders a chat request: natively when the template is a known
+// one and its renderer takes the request, through gonja otherwise.
+func (c *chatTemplate) render(req *ChatRequest) (string, error) {
 	if c.native != nil {
-		if out, ok := c.native(messages, addGenerationPrompt); ok {
+		if out, ok := c.native(req); ok {
+			if req.ContinueFinalMessage {
+				return continueFinal(out, req.Messages)
+			}
 			return out, nil
 		}
 	}
-	return c.renderJinja(messages, addGenerationPrompt)
+	return c.renderJinja(req)
 }
 
 // renderJinja renders through gonja.
-func (c *chatTemplate) renderJinja(messages []Message, addGenerationPrompt bool) (string, error) {
-	msgs := make([]any, len(messages))
-	for i, m := range messages {
-		msgs[i] = map[string]any{"role": m.Role, "content": m.Content}
-	}
-	data := map[string]any{"messages": msgs, "add_generation_prompt": addGenerationPrompt}
-	for k, v := range c.vars {
-		data[k] = v
-	}
-	out, err := c.tmpl.ExecuteToString(exec.NewContext(data))
+func (c *chatTemplate) renderJinja(req *ChatRequest) (string, error) {
+	out, err := c.tmpl.ExecuteToString(exec.NewContext(c.templateData(req)))
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: %w", err)
+	}
+	if req.ContinueFinalMessage {
+		return continueFinal(out, req.Messages)
 	}
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -223,39 +224,39 @@ func (m *Model) Encode(text string) ([]uint32, error) {
 // Decode: see Tokenizer.
 func (m *Model) Decode(ids []uint32) (string, error) { return m.tok.Decode(ids) }
 
-// RenderChat renders messages with the model's chat template, as the
-// engine does before tokenizing a chat completion. With
-// addGenerationPrompt the text ends with the assistant turn's header.
-// Without a template it returns ErrNoChatTemplate.
-func (m *Model) RenderChat(messages []Message, addGenerationPrompt bool) (string, error) {
+// RenderChat renders a chat request with the model's chat template, as
+// the engine does before tokenizing a chat completion (see ChatRequest
+// for what reaches the template). Without a template it returns
+// ErrNoChatTemplate.
+func (m *Model) RenderChat(req *ChatRequest) (string, error) {
 	if m.chat == nil {
 		return "", ErrNoChatTemplate
 	}
-	return m.chat.render(messages, addGenerationPrompt)
+	return m.chat.render(req)
 }
 
-// EncodeChat returns the ids the engine computes for a chat completion:
+// EncodeChat returns the ids the engine computes for a chat request:
 // the rendered template tokenized without the tokens the model adds (the
 // template writes its own BOS), as vLLM does. Local backends reuse the
 // ids of the conversation's earlier turns from a bounded cache. The remote
 // backend asks the engine, which renders its own template. The estimate
 // backend encodes the messages' contents, role-tagged.
-func (m *Model) EncodeChat(messages []Message, addGenerationPrompt bool) ([]uint32, error) {
+func (m *Model) EncodeChat(req *ChatRequest) ([]uint32, error) {
 	var ids []uint32
 	switch tok := m.tok.(type) {
 	case *remote:
 		var err error
-		if ids, err = tok.encodeChat(messages, addGenerationPrompt); err != nil {
+		if ids, err = tok.encodeChat(req); err != nil {
 			return nil, err
 		}
 	case estimate:
-		text := ""
-		for _, msg := range messages {
-			text += msg.Role + ": " + msg.Content + "\n"
+		var text strings.Builder
+		for _, msg := range req.Messages {
+			text.WriteString(msg.Role + ": " + msg.Content + "\n")
 		}
-		ids, _ = tok.Encode(text)
+		ids, _ = tok.Encode(text.String())
 	default:
-		text, err := m.RenderChat(messages, addGenerationPrompt)
+		text, err := m.RenderChat(req)
 		if err != nil {
 			return nil, err
 		}

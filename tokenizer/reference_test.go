@@ -169,15 +169,15 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 			switch c.Template {
 			case "qwen3":
 				m = referenceModel(t, dir, "qwen3")
-				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
+				got, err = m.RenderChat(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 			case "chatml":
 				m = referenceModel(t, dir, "cl100k_base")
-				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
+				got, err = m.RenderChat(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 			case "llama3":
-				got, err = llama3Tmpl.render(c.Messages, c.AddGenerationPrompt)
+				got, err = llama3Tmpl.render(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 			case "mistral":
 				m = mistral
-				got, err = m.RenderChat(c.Messages, c.AddGenerationPrompt)
+				got, err = m.RenderChat(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 			default:
 				t.Fatalf("unknown template %q in reference.json", c.Template)
 			}
@@ -194,7 +194,7 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 				t.Errorf("rendered chat differs from the reference (-want +got):\n%s", diff)
 			}
 			if c.IDs != nil {
-				ids, err := m.EncodeChat(c.Messages, c.AddGenerationPrompt)
+				ids, err := m.EncodeChat(&ChatRequest{Messages: c.Messages, AddGenerationPrompt: c.AddGenerationPrompt})
 				if err != nil {
 					t.Fatalf("EncodeChat: %v", err)
 				}
@@ -203,5 +203,155 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// referenceRequests are reference.json's whole chat requests (tools, tool
+// calls, reasoning, content parts, chat_template_kwargs), rendered by the
+// reference as vLLM renders them.
+type referenceRequest struct {
+	Template string          `json:"template"`
+	Name     string          `json:"name"`
+	Request  json.RawMessage `json:"request"`
+	Rendered string          `json:"rendered"`
+	IDs      []uint32        `json:"ids"`
+	Error    string          `json:"error"`
+}
+
+func TestChatRequestMatchesReference(t *testing.T) {
+	dir, _ := loadReference(t)
+	data, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Requests []referenceRequest `json:"requests"`
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	if len(ref.Requests) == 0 {
+		t.Fatal("reference.json has no requests: rerun `make tokenizer-reference`")
+	}
+	// Llama-3.1's vocabulary with its tool-calling template, as an
+	// operator configures a model whose tokenizer_config.json has another.
+	llama31 := mustLoad(t, Config{Model: "llama3_1", Backend: BackendHuggingFace, Path: filepath.Join(dir, "models", "llama3_1"),
+		ChatTemplate: filepath.Join(dir, "templates", "llama3_1.jinja")})
+	mistral := mustLoad(t, Config{Model: "mistral", Backend: BackendHuggingFace, Path: filepath.Join(dir, "models", "llama2"),
+		ChatTemplate: filepath.Join("testdata", "mistral_chat_template.jinja")})
+	for _, c := range ref.Requests {
+		var gen struct {
+			AddGenerationPrompt bool `json:"add_generation_prompt"`
+		}
+		_ = json.Unmarshal(c.Request, &gen)
+		t.Run(c.Template+"/"+c.Name+"/"+map[bool]string{true: "gen", false: "nogen"}[gen.AddGenerationPrompt], func(t *testing.T) {
+			body, err := ParseBody(PathChat, c.Request)
+			if err != nil {
+				t.Fatalf("ParseBody: %v", err)
+			}
+			var m *Model
+			var got string
+			switch c.Template {
+			case "qwen3":
+				m = referenceModel(t, dir, "qwen3")
+				got, err = m.RenderChat(body.Chat)
+			case "llama3_1":
+				m = llama31
+				got, err = m.RenderChat(body.Chat)
+			case "mistral":
+				m = mistral
+				got, err = m.RenderChat(body.Chat)
+			default:
+				t.Fatalf("unknown template %q", c.Template)
+			}
+			if c.Error != "" {
+				if err == nil || !strings.Contains(err.Error(), c.Error) {
+					t.Fatalf("RenderChat error = %v, want the template's %q", err, c.Error)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("RenderChat: %v", err)
+			}
+			if diff := cmp.Diff(c.Rendered, got); diff != "" {
+				t.Fatalf("rendered request differs from the reference (-want +got):\n%s", diff)
+			}
+			if c.IDs != nil && m != nil {
+				ids, err := m.EncodeChat(body.Chat)
+				if err != nil {
+					t.Fatalf("EncodeChat: %v", err)
+				}
+				if diff := cmp.Diff(c.IDs, ids); diff != "" {
+					t.Errorf("EncodeChat differs from the reference (-want +got):\n%s", firstDiff(m, c.IDs, ids))
+				}
+			}
+		})
+	}
+}
+
+// TestAgentRequestIDs is issue 12's case: Qwen3, a system prompt, 3 tools
+// and 10 messages with 3 tool calls. The router's ids (ParseBody, then
+// EncodeChat, as extproc and globalrouter call them) equal the
+// reference's exactly; without the tools and tool calls (what kvgate
+// rendered before) they part where the template writes the tools.
+func TestAgentRequestIDs(t *testing.T) {
+	dir, _ := loadReference(t)
+	data, err := os.ReadFile(filepath.Join(dir, "reference.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Requests []referenceRequest `json:"requests"`
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	m := referenceModel(t, dir, "qwen3")
+	found := false
+	for _, c := range ref.Requests {
+		if c.Template != "qwen3" || c.Name != "agent_tools" {
+			continue
+		}
+		found = true
+		body, err := ParseBody(PathChat, c.Request)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		for _, msg := range body.Chat.Messages {
+			calls += len(msg.ToolCalls)
+		}
+		var tools []json.RawMessage
+		_ = json.Unmarshal(body.Chat.Tools, &tools)
+		if len(body.Chat.Messages) != 10 || body.Chat.Messages[0].Role != "system" || len(tools) != 3 || calls != 3 {
+			t.Fatalf("agent request: %d messages, %d tools, %d calls; want 10 (system first), 3, 3", len(body.Chat.Messages), len(tools), calls)
+		}
+		ids, err := m.EncodeChat(body.Chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(c.IDs, ids); diff != "" || len(ids) == 0 {
+			t.Fatalf("router ids differ from the reference's:\n%s", firstDiff(m, c.IDs, ids))
+		}
+		// The old rendering: roles and text only.
+		old := &ChatRequest{AddGenerationPrompt: body.Chat.AddGenerationPrompt}
+		for _, msg := range body.Chat.Messages {
+			old.Messages = append(old.Messages, Message{Role: msg.Role, Content: msg.Content})
+		}
+		oldIDs, err := m.EncodeChat(old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := 0
+		for i < len(oldIDs) && i < len(ids) && oldIDs[i] == ids[i] {
+			i++
+		}
+		t.Logf("add_generation_prompt=%v: %d ids; roles-and-text rendering: %d ids, parting at %d", body.Chat.AddGenerationPrompt, len(ids), len(oldIDs), i)
+		if i > 64 {
+			t.Errorf("the roles-and-text rendering shares %d leading ids; want it to part at the tools", i)
+		}
+	}
+	if !found {
+		t.Fatal("no qwen3 agent_tools request in reference.json: rerun `make tokenizer-reference`")
 	}
 }

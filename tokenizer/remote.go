@@ -43,12 +43,18 @@ func newRemote(baseURL, model string, timeout time.Duration, cacheSize int, clie
 
 func (r *remote) Name() string { return "remote:" + r.name }
 
+// tokenizeRequest is vLLM's /tokenize body: a prompt, or a chat with
+// every field that shapes its rendering.
 type tokenizeRequest struct {
-	Model               string    `json:"model,omitempty"`
-	Prompt              *string   `json:"prompt,omitempty"`
-	Messages            []Message `json:"messages,omitempty"`
-	AddGenerationPrompt bool      `json:"add_generation_prompt,omitempty"`
-	AddSpecialTokens    bool      `json:"add_special_tokens"`
+	Model                string          `json:"model,omitempty"`
+	Prompt               *string         `json:"prompt,omitempty"`
+	Messages             []Message       `json:"messages,omitempty"`
+	Tools                json.RawMessage `json:"tools,omitempty"`
+	ToolChoice           json.RawMessage `json:"tool_choice,omitempty"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs,omitempty"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt,omitempty"`
+	ContinueFinalMessage bool            `json:"continue_final_message,omitempty"`
+	AddSpecialTokens     bool            `json:"add_special_tokens"`
 }
 
 func (r *remote) Encode(text string) ([]uint32, error) {
@@ -58,8 +64,10 @@ func (r *remote) Encode(text string) ([]uint32, error) {
 
 // encodeChat asks the engine to apply its own chat template (vLLM's
 // /tokenize with messages), so the ids are the engine's by construction.
-func (r *remote) encodeChat(messages []Message, addGenerationPrompt bool) ([]uint32, error) {
-	return r.tokenize(tokenizeRequest{Model: r.name, Messages: messages, AddGenerationPrompt: addGenerationPrompt})
+func (r *remote) encodeChat(req *ChatRequest) ([]uint32, error) {
+	gen := req.AddGenerationPrompt
+	return r.tokenize(tokenizeRequest{Model: r.name, Messages: req.Messages, Tools: req.Tools, ToolChoice: req.ToolChoice,
+		ChatTemplateKwargs: req.TemplateKwargs, AddGenerationPrompt: &gen, ContinueFinalMessage: req.ContinueFinalMessage})
 }
 
 func (r *remote) tokenize(req tokenizeRequest) ([]uint32, error) {

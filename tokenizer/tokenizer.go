@@ -1,7 +1,13 @@
 // Package tokenizer turns request text into the token ids the inference
 // engine will compute, so that the routers hash the same KV blocks as the
-// engine caches. The global router loads one Model per served model with
-// Load and calls Encode (completions) or EncodeChat (chat completions).
+// engine caches. ParseBody reads an inference request body (completions,
+// chat completions, the Responses API, Anthropic messages) into a prompt
+// or a ChatRequest: every message field, tools, chat_template_kwargs and
+// the rest that shapes the prompt. The global router loads one Model per
+// served model with Load and calls Encode (completions) or EncodeChat
+// (chats), which renders the model's chat template as vLLM does
+// (transformers' apply_chat_template: Python's tojson, JSON objects in
+// the client's key order), natively for well-known templates.
 //
 // Backends, chosen per model in Config.Backend:
 //   - "openai": the cl100k_base and o200k_base encodings, embedded in the
@@ -40,12 +46,6 @@ type Tokenizer interface {
 	Decode(ids []uint32) (string, error)
 	// Name identifies the tokenizer in logs and metrics.
 	Name() string
-}
-
-// Message is one chat message, as in an OpenAI chat completion request.
-type Message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
 }
 
 var (

@@ -215,13 +215,13 @@ func TestEncodeChatMatchesEncode(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for turn := 1; turn <= len(msgs); turn++ {
-						text, err := m.RenderChat(msgs[:turn], true)
+						text, err := m.RenderChat(&ChatRequest{Messages: msgs[:turn], AddGenerationPrompt: true})
 						if err != nil {
 							t.Error(err)
 							return
 						}
 						want := withoutPrefix(t, m, text)
-						got, err := m.EncodeChat(msgs[:turn], true)
+						got, err := m.EncodeChat(&ChatRequest{Messages: msgs[:turn], AddGenerationPrompt: true})
 						if err != nil {
 							t.Error(err)
 							return
@@ -252,10 +252,10 @@ func withoutPrefix(t testing.TB, m *Model, text string) []uint32 {
 
 func TestNoChatTemplate(t *testing.T) {
 	m := loadTiny(t, tinySentencePiece(), "")
-	if _, err := m.RenderChat([]Message{{Role: "user", Content: "hi"}}, true); !errors.Is(err, ErrNoChatTemplate) {
+	if _, err := m.RenderChat(&ChatRequest{Messages: []Message{{Role: "user", Content: "hi"}}, AddGenerationPrompt: true}); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("RenderChat error = %v, want ErrNoChatTemplate", err)
 	}
-	if _, err := m.EncodeChat([]Message{{Role: "user", Content: "hi"}}, true); !errors.Is(err, ErrNoChatTemplate) {
+	if _, err := m.EncodeChat(&ChatRequest{Messages: []Message{{Role: "user", Content: "hi"}}, AddGenerationPrompt: true}); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("EncodeChat error = %v, want ErrNoChatTemplate", err)
 	}
 }
@@ -267,7 +267,7 @@ func TestChatTemplateOverride(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := mustLoad(t, Config{Backend: BackendOpenAI, ChatTemplate: p})
-	got, err := m.RenderChat([]Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "yo"}}, false)
+	got, err := m.RenderChat(&ChatRequest{Messages: []Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "yo"}}, AddGenerationPrompt: false})
 	if want := "[user] hi\n[assistant] yo\n"; err != nil || got != want {
 		t.Errorf("RenderChat = %q, %v; want %q", got, err, want)
 	}
@@ -374,7 +374,7 @@ func TestRemote(t *testing.T) {
 	if n := eng.calls.Load(); n != 5 {
 		t.Errorf("engine called %d times, want 5", n)
 	}
-	chat, err := m.EncodeChat([]Message{{Role: "user", Content: "hi"}}, true)
+	chat, err := m.EncodeChat(&ChatRequest{Messages: []Message{{Role: "user", Content: "hi"}}, AddGenerationPrompt: true})
 	if wantChat, _ := (estimate{}).Encode("user: hi\n"); err != nil || !cmp.Equal(chat, wantChat) {
 		t.Errorf("EncodeChat = %v, %v; want %v", chat, err, wantChat)
 	}
@@ -446,7 +446,7 @@ func TestChatCacheBounded(t *testing.T) {
 	m := mustLoad(t, Config{Backend: BackendOpenAI, CacheSize: 8})
 	m.cache.budget = 64 << 10
 	for i := 0; i < 50; i++ {
-		if _, err := m.EncodeChat(conversation(i%7+1), i%2 == 0); err != nil {
+		if _, err := m.EncodeChat(&ChatRequest{Messages: conversation(i%7 + 1), AddGenerationPrompt: i%2 == 0}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -464,12 +464,48 @@ func TestChatCacheBounded(t *testing.T) {
 	// A chunk bigger than its share is not cached.
 	before := m.cache.cache.Len()
 	big := strings.Repeat("word ", int(m.cache.budget)/40)
-	if _, err := m.EncodeChat([]Message{{Role: "user", Content: big}}, false); err != nil {
+	if _, err := m.EncodeChat(&ChatRequest{Messages: []Message{{Role: "user", Content: big}}, AddGenerationPrompt: false}); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range m.cache.cache.Keys() {
 		if e, _ := m.cache.cache.Peek(k); e.size() > m.cache.budget/16 {
 			t.Errorf("a %d-byte chunk was cached (before: %d entries)", len(e.text), before)
+		}
+	}
+}
+
+// TestRemoteSendsWholeChat: the remote backend posts every field that
+// shapes the prompt, so the engine renders what the client sent.
+func TestRemoteSendsWholeChat(t *testing.T) {
+	var got map[string]json.RawMessage
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := json.NewDecoder(r.Body).Decode(&got); err != nil {
+			t.Error(err)
+		}
+		w.Write([]byte(`{"tokens":[1,2,3]}`))
+	}))
+	defer srv.Close()
+	m := mustLoad(t, Config{Model: "m1", Backend: BackendRemote, URL: srv.URL, HTTPClient: srv.Client()})
+	body := `{"model":"m1","messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],
+		"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto","chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true}`
+	b, err := ParseBody(PathChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.EncodeChat(b.Chat); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"messages":               `[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":{"a":1}}}]},{"role":"tool","content":"r","tool_call_id":"c"}]`,
+		"tools":                  `[{"type":"function","function":{"name":"f"}}]`,
+		"tool_choice":            `"auto"`,
+		"chat_template_kwargs":   `{"enable_thinking":false}`,
+		"add_generation_prompt":  `false`,
+		"continue_final_message": `true`,
+	}
+	for k, v := range want {
+		if string(got[k]) != v {
+			t.Errorf("posted %s = %s, want %s", k, got[k], v)
 		}
 	}
 }

@@ -29,6 +29,7 @@ func commands() []command {
 		{"mocker", "run a simulated inference engine (OpenAI API, KV events)", runMocker},
 		{"relay", "relay a vLLM/SGLang ZMQ KV-event stream to NATS", runRelay},
 		{"replay", "replay a trace against simulated workers and compare policies", runReplay},
+		{"tokenize", "print the token ids and block hashes the router computes for a request body (stdin)", runTokenize},
 		{"bench", "run the built-in micro-benchmarks and print the figures", runBench},
 	}
 }
@@ -41,6 +42,10 @@ func main() {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "kvgate:", err)
+		var ue *usageError
+		if errors.As(err, &ue) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/mocker"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // runMocker is `kvgate mocker`: flags → mocker.RunConfig → mocker.Run.
@@ -44,6 +45,9 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Pool, "pool", "default", "pool the worker belongs to")
 	fs.StringVar(&cfg.WorkerID, "worker-id", "", "worker id (default mocker-<port>)")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 0, "etcd lease TTL (default 10s)")
+	tokBackend := fs.String("tokenizer", tokenizer.BackendOpenAI, "tokenizer: openai (with -encoding), huggingface (with -tokenizer-dir) or word (the built-in word tokenizer); use the router's, so both compute the same token ids")
+	tokDir := fs.String("tokenizer-dir", "", "model folder with tokenizer.json and tokenizer_config.json (-tokenizer huggingface)")
+	encoding := fs.String("encoding", "cl100k_base", "OpenAI encoding (-tokenizer openai): cl100k_base or o200k_base")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -55,10 +59,30 @@ func runMocker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Server.Tokenizer, err = mockerTokenizer(*tokBackend, *tokDir, *encoding, cfg.Server.Model, log); err != nil {
+		return err
+	}
 	cfg.Listen = net.JoinHostPort(*host, strconv.Itoa(*port))
 	cfg.Server.LoRAs = splitCommaList(*loras)
 	cfg.EtcdEndpoints = splitCommaList(*etcd)
 	return mocker.Run(ctx, cfg, mocker.RunDeps{Logger: log})
+}
+
+// mockerTokenizer is the tokenizer the mocker's flags name, configured as
+// the router configures a model's (tokenizer.Config).
+func mockerTokenizer(backend, dir, encoding, model string, log *slog.Logger) (mocker.Tokenizer, error) {
+	switch backend {
+	case "word":
+		return mocker.WordTokenizer{}, nil
+	case tokenizer.BackendOpenAI:
+		return tokenizer.Load(tokenizer.Config{Model: model, Backend: backend, Encoding: encoding, Logger: log})
+	case tokenizer.BackendHuggingFace:
+		if dir == "" {
+			return nil, fmt.Errorf("-tokenizer huggingface needs -tokenizer-dir")
+		}
+		return tokenizer.Load(tokenizer.Config{Model: model, Backend: backend, Path: dir, Logger: log})
+	}
+	return nil, fmt.Errorf("-tokenizer %q: want openai, huggingface or word", backend)
 }
 
 func engineSideLogger(level string) (*slog.Logger, error) {

@@ -217,7 +217,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if err != nil {
 		return nil, err
 	}
-	shared := sharedTokenizer{tok}
+	shared := tok
 
 	var pools []pool.Config
 	for _, ps := range cfg.Pools {

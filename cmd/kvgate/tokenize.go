@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/tokenizer"
+)
+
+// usageError is bad input to a subcommand: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func badInput(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+// tokenizeOutput is what `kvgate tokenize` prints: hashes are uint64,
+// written as unsigned decimal JSON numbers.
+type tokenizeOutput struct {
+	Model          string   `json:"model"`
+	Tokenizer      string   `json:"tokenizer"`
+	BlockSize      int      `json:"block_size"`
+	LoRA           string   `json:"lora,omitempty"`
+	IDs            []uint32 `json:"ids"`
+	LocalHashes    []uint64 `json:"local_hashes"`
+	SequenceHashes []uint64 `json:"sequence_hashes"`
+	MMHashes       []string `json:"mm_hashes,omitempty"`
+	Rendered       string   `json:"rendered"`
+}
+
+// runTokenize is `kvgate tokenize`: a request body on stdin, the ids the
+// router hashes and their block hashes on stdout.
+func runTokenize(_ context.Context, args []string) error {
+	return tokenize(args, os.Stdin, os.Stdout)
+}
+
+func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
+	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: kvgate tokenize [flags] < body.json\n\nReads an OpenAI completions or chat completions body (or, with --path, a Responses API or Anthropic messages body) and prints the token ids the router hashes, Dynamo's local and sequence block hashes (unsigned decimal) and the rendered prompt.")
+		fs.PrintDefaults()
+	}
+	dir := fs.String("tokenizer-dir", "", "model folder with tokenizer.json and tokenizer_config.json")
+	encoding := fs.String("encoding", "", "OpenAI encoding: cl100k_base or o200k_base")
+	config := fs.String("config", "", "global router configuration file (with --model)")
+	model := fs.String("model", "", "model whose tokenizer --config names (default: the body's model)")
+	blockSize := fs.Int("block-size", 16, "KV block size in tokens")
+	lora := fs.String("lora", "", "LoRA adapter name the blocks are hashed for")
+	salt := fs.String("cache-salt", "", "cache_salt the blocks are hashed with")
+	path := fs.String("path", "", "request path deciding the body's form: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages (default: by the body's fields)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return badInput("unexpected arguments %q", fs.Args())
+	}
+	if *blockSize <= 0 {
+		return badInput("--block-size: must be positive, got %d", *blockSize)
+	}
+	if *salt != "" {
+		return badInput("--cache-salt: salted block hashes are not computed by kvevents yet")
+	}
+	chosen := 0
+	for _, s := range []string{*dir, *encoding, *config} {
+		if s != "" {
+			chosen++
+		}
+	}
+	if chosen != 1 {
+		return badInput("choose the tokenizer with exactly one of --tokenizer-dir, --encoding or --config")
+	}
+	data, err := io.ReadAll(io.LimitReader(stdin, 64<<20))
+	if err != nil {
+		return fmt.Errorf("reading stdin: %w", err)
+	}
+	body, err := tokenizer.ParseBodyNoModel(*path, data)
+	if err != nil {
+		return badInput("stdin: %v", err)
+	}
+	name := body.Model
+	if *model != "" {
+		name = *model
+	}
+	var cfg tokenizer.Config
+	switch {
+	case *dir != "":
+		cfg = tokenizer.Config{Model: name, Backend: tokenizer.BackendHuggingFace, Path: *dir}
+	case *encoding != "":
+		cfg = tokenizer.Config{Model: name, Backend: tokenizer.BackendOpenAI, Encoding: *encoding}
+	default:
+		if name == "" {
+			return badInput("--config: no model: set --model or the body's model")
+		}
+		gc, err := globalrouter.LoadConfig(*config, nil)
+		if err != nil {
+			return badInput("--config: %v", err)
+		}
+		cfg = gc.TokenizerFor(name)
+	}
+	cfg.Logger = discardLogger()
+	tok, err := tokenizer.Load(cfg)
+	if err != nil {
+		return badInput("tokenizer: %v", err)
+	}
+	out := tokenizeOutput{Model: name, Tokenizer: tok.Name(), BlockSize: *blockSize, LoRA: *lora}
+	switch {
+	case body.Chat != nil:
+		if out.IDs, err = tok.EncodeChat(body.Chat); err != nil {
+			return badInput("stdin: %v", err)
+		}
+		out.MMHashes = body.Chat.MMHashes
+		if tok.HasChatTemplate() {
+			out.Rendered, _ = tok.RenderChat(body.Chat)
+		}
+	case body.PromptTokens != nil:
+		out.IDs = body.PromptTokens
+		out.Rendered, _ = tok.Decode(body.PromptTokens)
+	default:
+		if out.IDs, err = tok.Encode(body.Prompt); err != nil {
+			return badInput("stdin: %v", err)
+		}
+		out.Rendered = body.Prompt
+	}
+	local, err := kvevents.LocalHashes(out.IDs, *blockSize, *lora)
+	if err != nil {
+		return badInput("--block-size: %v", err)
+	}
+	out.LocalHashes = local
+	out.SequenceHashes = kvevents.SequenceHashes(local)
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(out)
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
