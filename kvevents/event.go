@@ -103,11 +103,45 @@ func TierByName(name string) (Tier, bool) {
 	return TierOf(name)
 }
 
-// Event is exactly one of Stored, Removed or Cleared (all blocks dropped).
+// SkipNotice tells routers that the worker's engine events are being
+// skipped before they reach them (by the relay's decoder), so a worker
+// whose cache is invisible says why. It changes no index state.
+type SkipNotice struct {
+	// Reason is the kvevents.SkipReason, e.g. "block_size".
+	Reason string `json:"reason" msgpack:"reason"`
+	// Events is how many events were skipped so far for that reason.
+	Events uint64 `json:"events" msgpack:"events"`
+	// EngineBlockSize and BlockSize are the engine's block size and the
+	// pool's, for Reason block_size.
+	EngineBlockSize uint32 `json:"engine_block_size,omitempty" msgpack:"engine_block_size,omitempty"`
+	BlockSize       uint32 `json:"block_size,omitempty" msgpack:"block_size,omitempty"`
+}
+
+// Message says what is wrong and which flag fixes it.
+func (n SkipNotice) Message() string {
+	if n.Reason == string(SkipBlockSize) {
+		return BlockSizeAdvice(int(n.EngineBlockSize), int(n.BlockSize))
+	}
+	return fmt.Sprintf("%d engine events skipped (%s)", n.Events, n.Reason)
+}
+
+// BlockSizeAdvice explains a block size mismatch between an engine and its
+// pool and names the flags that fix it.
+func BlockSizeAdvice(engine, pool int) string {
+	msg := fmt.Sprintf("the engine reports blocks of %d tokens but the pool's block size is %d, so nothing it caches is indexed; start the engine with the pool's block size (vLLM --block-size %d, SGLang --page-size %d) or set the pool's to the engine's (kvgate relay --block-size, kvgate localrouter --router-block-size / KVGATE_ROUTER_BLOCK_SIZE, the pools file's block_size)", engine, pool, pool, pool)
+	if engine == 1 {
+		msg += "; a block size of 1 is SGLang's default --page-size"
+	}
+	return msg
+}
+
+// Event is exactly one of Stored, Removed, Cleared (all blocks dropped) or
+// Skipped (a notice that changes nothing in the index).
 type Event struct {
-	Stored  *Stored  `json:"stored,omitempty" msgpack:"stored,omitempty"`
-	Removed *Removed `json:"removed,omitempty" msgpack:"removed,omitempty"`
-	Cleared bool     `json:"cleared,omitempty" msgpack:"cleared,omitempty"`
+	Stored  *Stored     `json:"stored,omitempty" msgpack:"stored,omitempty"`
+	Removed *Removed    `json:"removed,omitempty" msgpack:"removed,omitempty"`
+	Cleared bool        `json:"cleared,omitempty" msgpack:"cleared,omitempty"`
+	Skipped *SkipNotice `json:"skipped,omitempty" msgpack:"skipped,omitempty"`
 }
 
 // RouterEvent is an Event from one (worker, data-parallel rank), with the
@@ -125,8 +159,8 @@ var (
 	ErrInvalidEvent = errors.New("invalid kv event")
 )
 
-// Kind names the event's variant: "stored", "removed", "cleared", or "" if
-// the event is not exactly one of them.
+// Kind names the event's variant: "stored", "removed", "cleared",
+// "skipped", or "" if the event is not exactly one of them.
 func (e Event) Kind() string {
 	n := 0
 	kind := ""
@@ -138,6 +172,9 @@ func (e Event) Kind() string {
 	}
 	if e.Cleared {
 		n, kind = n+1, "cleared"
+	}
+	if e.Skipped != nil {
+		n, kind = n+1, "skipped"
 	}
 	if n != 1 {
 		return ""
@@ -154,7 +191,11 @@ func (e RouterEvent) Validate() error {
 	}
 	switch e.Event.Kind() {
 	case "":
-		return fmt.Errorf("%w: event %d of worker %q must be exactly one of stored, removed, cleared", ErrInvalidEvent, e.EventID, e.WorkerID)
+		return fmt.Errorf("%w: event %d of worker %q must be exactly one of stored, removed, cleared, skipped", ErrInvalidEvent, e.EventID, e.WorkerID)
+	case "skipped":
+		if e.Event.Skipped.Reason == "" {
+			return fmt.Errorf("%w: skip notice %d of worker %q without a reason", ErrInvalidEvent, e.EventID, e.WorkerID)
+		}
 	case "stored":
 		if len(e.Event.Stored.Blocks) == 0 {
 			return fmt.Errorf("%w: stored event %d of worker %q has no blocks", ErrInvalidEvent, e.EventID, e.WorkerID)
