@@ -156,11 +156,11 @@ type Index struct {
 
 // guardInfo is what the configuration guard knows of a worker.
 type guardInfo struct {
-	mismatched    uint64 // stored events rejected for their block size
-	engineTokens  int    // the block size they had
-	notice        *kvevents.SkipNotice
-	warnedAt      time.Time
-	everMismatch  bool
+	mismatched   uint64 // stored events rejected for their block size
+	engineTokens int    // the block size they had
+	notice       *kvevents.SkipNotice
+	warnedAt     time.Time
+	everMismatch bool
 }
 
 // IndexOptions configures an Index. Zero values take the defaults.
