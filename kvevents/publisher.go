@@ -60,6 +60,19 @@ type rankState struct {
 	lower  [NumTiers]map[uint64]pubBlock
 }
 
+// find returns the block held under engine hash h on any tier.
+func (rs *rankState) find(h uint64) (pubBlock, bool) {
+	if b, ok := rs.blocks[h]; ok {
+		return b, true
+	}
+	for _, m := range rs.lower {
+		if b, ok := m[h]; ok {
+			return b, true
+		}
+	}
+	return pubBlock{}, false
+}
+
 // tier returns the block map of tier t, creating it.
 func (rs *rankState) tier(t Tier) map[uint64]pubBlock {
 	if t == TierGPU {
@@ -272,6 +285,14 @@ func (rs *rankState) apply(ev Event) {
 		t, _ := TierOf(st.Medium)
 		m := rs.tier(t)
 		for _, b := range st.Blocks {
+			if len(b.TokenIDs) == 0 && b.LocalHash == nil {
+				// A lower-tier copy by engine hash: it is what another
+				// tier holds under that hash.
+				if src, ok := rs.find(b.EngineHash); ok {
+					m[b.EngineHash] = src
+				}
+				continue
+			}
 			m[b.EngineHash] = pubBlock{parent: parent, hasParent: has, local: b.Hash(seed), lora: st.LoRAName, salt: st.CacheSalt}
 			parent, has = b.EngineHash, true
 		}
