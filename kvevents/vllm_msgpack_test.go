@@ -239,3 +239,33 @@ func BenchmarkDecodeEnginePayload(b *testing.B) {
 		}
 	}
 }
+
+// FuzzVLLMDecoderStream feeds two payloads to one decoder, as a relay
+// does: the state it keeps between messages (salted chains, KV cache group
+// kinds) must not make it panic or emit invalid events.
+func FuzzVLLMDecoderStream(f *testing.F) {
+	m := readManifest(f)
+	for i, name := range m.Cases {
+		f.Add(fixture(f, name), fixture(f, m.Cases[(i+1)%len(m.Cases)]))
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		dec, err := NewVLLMDecoder(EngineDecoderConfig{BlockSize: m.BlockSize, LoRANames: m.LoRANames})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range [][]byte{a, b} {
+			batch, err := dec.Decode(EngineFrames("t", 1, p))
+			if err != nil {
+				if !errors.Is(err, ErrMalformed) {
+					t.Fatalf("error %v is not ErrMalformed", err)
+				}
+				continue
+			}
+			for _, ev := range batch.Events {
+				if err := (RouterEvent{WorkerID: "w", Event: ev}).Validate(); err != nil {
+					t.Fatalf("decoder produced an invalid event: %v", err)
+				}
+			}
+		}
+	})
+}
