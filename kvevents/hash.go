@@ -111,6 +111,12 @@ func AppendRequestHashes(dst []uint64, tokens []uint32, blockSize int, loraName,
 		return dst, fmt.Errorf("%w: got %d", ErrBlockSize, blockSize)
 	}
 	seed := ChainSeed(loraName, salt)
+	if len(mm) == 0 {
+		for i := 0; i+blockSize <= len(tokens); i += blockSize {
+			dst = append(dst, BlockHash(tokens[i:i+blockSize], seed))
+		}
+		return dst, nil
+	}
 	var blockMM []uint64
 	for i := 0; i+blockSize <= len(tokens); i += blockSize {
 		blockMM = blockMM[:0]
