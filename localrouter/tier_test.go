@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 )
 
@@ -141,10 +143,10 @@ func TestTierAwareCost(t *testing.T) {
 			}
 			// Load the CPU holder a little, so that without tier credit the
 			// idle worker is cheaper.
-			if _, err := r.Commit(testCtx(t), "busy", WorkerKey{ID: "cpu-holder"}, Request{Tokens: toks(16, 5000)}); err != nil {
+			if _, err := r.Commit(testenv.Context(t), "busy", WorkerKey{ID: "cpu-holder"}, Request{Tokens: toks(16, 5000)}); err != nil {
 				t.Fatal(err)
 			}
-			sel, err := r.BestWorker(testCtx(t), Request{Tokens: prompt}, BestWorkerOptions{})
+			sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt}, BestWorkerOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
