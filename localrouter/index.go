@@ -160,7 +160,6 @@ type guardInfo struct {
 	engineTokens int    // the block size they had
 	notice       *kvevents.SkipNotice
 	warnedAt     time.Time
-	everMismatch bool
 }
 
 // IndexOptions configures an Index. Zero values take the defaults.
@@ -327,7 +326,6 @@ func (ix *Index) Apply(ev kvevents.RouterEvent) error {
 		if errors.Is(err, ErrBlockSizeMismatch) {
 			g := ix.guardOf(key)
 			g.mismatched++
-			g.everMismatch = true
 			for _, b := range ev.Event.Stored.Blocks {
 				if len(b.TokenIDs) != ix.blockSize && len(b.TokenIDs) > 0 {
 					g.engineTokens = len(b.TokenIDs)
@@ -572,7 +570,7 @@ func (m *Matches) ofSlot(slot int32, key WorkerKey) int {
 		return 0
 	}
 	p := m.pos[slot]
-	if p == 0 || m.Overlaps[p-1].Worker != key {
+	if p == 0 || m.Overlaps[p-1].Worker != key || m.Overlaps[p-1].Tier != kvevents.TierGPU {
 		return 0
 	}
 	return m.Overlaps[p-1].Blocks
