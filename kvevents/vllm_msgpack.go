@@ -809,7 +809,7 @@ func (d *vllmDecoder) applyStored(b *EngineBatch, ev *rawEvent) error {
 			salt := ""
 			for _, s := range x.strs {
 				switch {
-				case s == ev.loraName:
+				case s == ev.loraName || (s == st.LoRAName && s != ""):
 				case i == 0 && ev.parent == nil:
 					if salt != "" {
 						blk.MMHashes = append(blk.MMHashes, MMHash(salt))
