@@ -19,12 +19,14 @@ func TestHashVectors(t *testing.T) {
 	}
 	var file struct {
 		Cases []struct {
-			Name      string   `json:"name"`
-			Tokens    []uint32 `json:"tokens"`
-			BlockSize int      `json:"block_size"`
-			LoRA      string   `json:"lora"`
-			Local     []string `json:"local"`
-			Sequence  []string `json:"sequence"`
+			Name      string           `json:"name"`
+			Tokens    []uint32         `json:"tokens"`
+			BlockSize int              `json:"block_size"`
+			LoRA      string           `json:"lora"`
+			Salt      string           `json:"salt"`
+			MM        [][3]json.Number `json:"mm"`
+			Local     []string         `json:"local"`
+			Sequence  []string         `json:"sequence"`
 		} `json:"cases"`
 	}
 	if err := json.Unmarshal(raw, &file); err != nil {
@@ -46,7 +48,14 @@ func TestHashVectors(t *testing.T) {
 	}
 	for _, c := range file.Cases {
 		t.Run(c.Name, func(t *testing.T) {
-			local, err := LocalHashes(c.Tokens, c.BlockSize, c.LoRA)
+			var mm []MMSpan
+			for _, x := range c.MM {
+				h, _ := strconv.ParseUint(x[0].String(), 10, 64)
+				off, _ := x[1].Int64()
+				n, _ := x[2].Int64()
+				mm = append(mm, MMSpan{Hash: h, Offset: int(off), Length: int(n)})
+			}
+			local, err := RequestHashes(c.Tokens, c.BlockSize, c.LoRA, c.Salt, mm)
 			if err != nil {
 				t.Fatal(err)
 			}

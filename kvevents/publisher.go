@@ -53,7 +53,35 @@ type Publisher struct {
 
 type rankState struct {
 	lastID uint64
+	// blocks are the rank's device (GPU) blocks; lower holds the other
+	// tiers' (an engine that offloads keeps the same engine hash on
+	// several tiers), allocated on first use.
 	blocks map[uint64]pubBlock
+	lower  [NumTiers]map[uint64]pubBlock
+}
+
+// find returns the block held under engine hash h on any tier.
+func (rs *rankState) find(h uint64) (pubBlock, bool) {
+	if b, ok := rs.blocks[h]; ok {
+		return b, true
+	}
+	for _, m := range rs.lower {
+		if b, ok := m[h]; ok {
+			return b, true
+		}
+	}
+	return pubBlock{}, false
+}
+
+// tier returns the block map of tier t, creating it.
+func (rs *rankState) tier(t Tier) map[uint64]pubBlock {
+	if t == TierGPU {
+		return rs.blocks
+	}
+	if rs.lower[t] == nil {
+		rs.lower[t] = make(map[uint64]pubBlock)
+	}
+	return rs.lower[t]
 }
 
 // pubBlock is what a dump needs of a block: where it hangs and its kvgate
@@ -64,6 +92,7 @@ type pubBlock struct {
 	hasParent bool
 	local     uint64
 	lora      string
+	salt      string
 }
 
 type publisherMetrics struct {
@@ -252,23 +281,32 @@ func (rs *rankState) apply(ev Event) {
 		if st.ParentHash != nil {
 			parent, has = *st.ParentHash, true
 		}
-		seed := LoRASeed(st.LoRAName)
+		seed := ChainSeed(st.LoRAName, st.CacheSalt)
+		t, _ := TierOf(st.Medium)
+		m := rs.tier(t)
 		for _, b := range st.Blocks {
-			var local uint64
-			if len(b.TokenIDs) > 0 {
-				local = BlockHash(b.TokenIDs, seed)
-			} else {
-				local = *b.LocalHash
+			if len(b.TokenIDs) == 0 && b.LocalHash == nil {
+				// A lower-tier copy by engine hash: it is what another
+				// tier holds under that hash.
+				if src, ok := rs.find(b.EngineHash); ok {
+					m[b.EngineHash] = src
+				}
+				continue
 			}
-			rs.blocks[b.EngineHash] = pubBlock{parent: parent, hasParent: has, local: local, lora: st.LoRAName}
+			m[b.EngineHash] = pubBlock{parent: parent, hasParent: has, local: b.Hash(seed), lora: st.LoRAName, salt: st.CacheSalt}
 			parent, has = b.EngineHash, true
 		}
 	case ev.Removed != nil:
+		t, _ := TierOf(ev.Removed.Medium)
+		m := rs.tier(t)
 		for _, h := range ev.Removed.EngineHashes {
-			delete(rs.blocks, h)
+			delete(m, h)
 		}
 	case ev.Cleared:
 		clear(rs.blocks)
+		for _, m := range rs.lower {
+			clear(m)
+		}
 	}
 }
 
@@ -358,6 +396,7 @@ type rankSnapshot struct {
 	rank   uint32
 	lastID uint64
 	blocks map[uint64]pubBlock
+	lower  [NumTiers]map[uint64]pubBlock
 }
 
 // copyRanks copies every rank's last id and blocks, in rank order; p.mu
@@ -365,7 +404,13 @@ type rankSnapshot struct {
 func (p *Publisher) copyRanks() []rankSnapshot {
 	out := make([]rankSnapshot, 0, len(p.ranks))
 	for r, rs := range p.ranks {
-		out = append(out, rankSnapshot{rank: r, lastID: rs.lastID, blocks: maps.Clone(rs.blocks)})
+		snap := rankSnapshot{rank: r, lastID: rs.lastID, blocks: maps.Clone(rs.blocks)}
+		for t, m := range rs.lower {
+			if len(m) > 0 {
+				snap.lower[t] = maps.Clone(m)
+			}
+		}
+		out = append(out, snap)
 	}
 	slices.SortFunc(out, func(a, b rankSnapshot) int { return cmp.Compare(a.rank, b.rank) })
 	return out
@@ -378,6 +423,12 @@ func (p *Publisher) snapshot(ranks []rankSnapshot) DumpReply {
 		reply.Ranks = append(reply.Ranks, DumpRank{DPRank: rs.rank, LastEventID: rs.lastID, Blocks: len(rs.blocks)})
 		for _, st := range chains(rs.blocks) {
 			reply.Events = append(reply.Events, RouterEvent{WorkerID: p.cfg.WorkerID, DPRank: rs.rank, EventID: rs.lastID, Event: Event{Stored: st}})
+		}
+		for t, m := range rs.lower {
+			for _, st := range chains(m) {
+				st.Medium = Tier(t).String()
+				reply.Events = append(reply.Events, RouterEvent{WorkerID: p.cfg.WorkerID, DPRank: rs.rank, EventID: rs.lastID, Event: Event{Stored: st}})
+			}
 		}
 	}
 	return reply
@@ -406,7 +457,7 @@ func chains(blocks map[uint64]pubBlock) []*Stored {
 		h := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		b := blocks[h]
-		st := &Stored{LoRAName: b.lora}
+		st := &Stored{LoRAName: b.lora, CacheSalt: b.salt}
 		if b.hasParent {
 			parent := b.parent
 			st.ParentHash = &parent
@@ -415,7 +466,7 @@ func chains(blocks map[uint64]pubBlock) []*Stored {
 			local := b.local
 			st.Blocks = append(st.Blocks, Block{EngineHash: h, LocalHash: &local})
 			kids := children[h]
-			if len(kids) == 1 && blocks[kids[0]].lora == st.LoRAName {
+			if len(kids) == 1 && blocks[kids[0]].lora == st.LoRAName && blocks[kids[0]].salt == st.CacheSalt {
 				h, b = kids[0], blocks[kids[0]]
 				continue
 			}

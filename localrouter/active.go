@@ -48,7 +48,7 @@ type ActiveSequences struct {
 	mu    sync.Mutex
 	byID  map[string]*activeReq
 	slots []activeWorker
-	table slotTable
+	table slotTable[WorkerKey]
 	// blocks maps a block's sequence hash to the workers it is active on,
 	// with a reference count each. A worker's active blocks are prefix
 	// closed: a request holds every block before its last.
@@ -63,7 +63,7 @@ type ActiveSequences struct {
 func NewActiveSequences() *ActiveSequences {
 	return &ActiveSequences{
 		byID:   make(map[string]*activeReq),
-		table:  newSlotTable(),
+		table:  newSlotTable[WorkerKey](),
 		blocks: make(map[uint64][]blockRef),
 	}
 }

@@ -96,15 +96,4 @@ func (w words) intersect(s *workerSet, dropped func(slot int32)) bool {
 	return any
 }
 
-// each calls f for every slot in w.
-func (w words) each(f func(slot int32)) {
-	for i, x := range w {
-		for x != 0 {
-			b := bits.TrailingZeros64(x)
-			x &= x - 1
-			f(int32(i*64 + b))
-		}
-	}
-}
-
 func trailingZeros(x uint64) int { return bits.TrailingZeros64(x) }

@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
@@ -56,6 +59,59 @@ type Config struct {
 	// SaturationWaiting: a rank whose engine reports this many waiting
 	// requests or more is skipped (0 disables).
 	SaturationWaiting int
+	// TierWeights is the credit a cached block earns on each cache tier,
+	// relative to one held on the GPU (TierWeights[TierGPU] is always 1):
+	// reloading a block from host memory or disk is cheaper than computing
+	// it, dearer than finding it on the device. The defaults are llm-d's
+	// (llm-d-kv-cache-manager DefaultKVCacheBackendConfig: gpu 1.0, cpu 0.8,
+	// storage 0.3, object_store 0.2). All zero below the GPU: tiers are
+	// ignored, as before kvgate indexed them.
+	TierWeights [kvevents.NumTiers]float64
+}
+
+// DefaultTierWeights are TierWeights' defaults (llm-d's).
+var DefaultTierWeights = [kvevents.NumTiers]float64{kvevents.TierGPU: 1, kvevents.TierCPU: 0.8, kvevents.TierDisk: 0.3, kvevents.TierExternal: 0.2}
+
+// ParseTierWeights parses "cpu=0.8,disk=0.3,external=0.2" (tier names or
+// engine media; unnamed tiers keep DefaultTierWeights; "none" sets every
+// lower tier to 0).
+func ParseTierWeights(s string) ([kvevents.NumTiers]float64, error) {
+	w := DefaultTierWeights
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return w, nil
+	}
+	if strings.EqualFold(s, "none") || s == "0" {
+		for t := kvevents.TierCPU; t < kvevents.NumTiers; t++ {
+			w[t] = 0
+		}
+		return w, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		name, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		t, known := kvevents.TierByName(strings.TrimSpace(name))
+		if !ok || !known {
+			return w, fmt.Errorf("%w: tier weight %q: want tier=weight with tier one of gpu, cpu, disk, external", ErrInvalidConfig, part)
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			return w, fmt.Errorf("%w: tier weight %q: %v", ErrInvalidConfig, part, err)
+		}
+		w[t] = f
+	}
+	return w, nil
+}
+
+// FormatTierWeights writes w as ParseTierWeights reads it.
+func FormatTierWeights(w [kvevents.NumTiers]float64) string {
+	var b strings.Builder
+	for t := kvevents.TierCPU; t < kvevents.NumTiers; t++ {
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%s=%g", t, w[t])
+	}
+	return b.String()
 }
 
 // DefaultConfig returns Dynamo's defaults.
@@ -69,6 +125,7 @@ func DefaultConfig() Config {
 		TTL:                120 * time.Second,
 		MaxTreeSize:        1 << 20,
 		RequestExpiry:      300 * time.Second,
+		TierWeights:        DefaultTierWeights,
 	}
 }
 
@@ -102,6 +159,13 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: saturation_kv_usage %g must be within 0..1", ErrInvalidConfig, c.SaturationKVUsage)
 	case c.SaturationWaiting < 0:
 		return fmt.Errorf("%w: saturation_waiting %d must be ≥ 0", ErrInvalidConfig, c.SaturationWaiting)
+	case c.TierWeights[kvevents.TierGPU] != 1 && c.TierWeights != [kvevents.NumTiers]float64{}:
+		return fmt.Errorf("%w: tier_weights: the gpu weight is 1, got %g", ErrInvalidConfig, c.TierWeights[kvevents.TierGPU])
+	}
+	for t, w := range c.TierWeights {
+		if !(w >= 0 && w <= 1) {
+			return fmt.Errorf("%w: tier_weights: %s weight %g must be in [0, 1]", ErrInvalidConfig, kvevents.Tier(t), w)
+		}
 	}
 	return nil
 }
@@ -111,6 +175,16 @@ type costParams struct {
 	credit, scale, temperature float64
 	trackBlocks                bool
 	waitingWeight, kvWeight    float64
+}
+
+// tierCredit is the overlap, in GPU-block equivalents, of a worker's
+// per-tier run (Matches.TiersOf): each block weighted by its tier.
+func (c Config) tierCredit(tm TierMatch) float64 {
+	x := float64(tm.Blocks[kvevents.TierGPU])
+	for t := kvevents.TierCPU; t < kvevents.NumTiers; t++ {
+		x += c.TierWeights[t] * float64(tm.Blocks[t])
+	}
+	return x
 }
 
 func (c Config) params(o *routing.Override) (costParams, error) {
@@ -140,9 +214,12 @@ func (c Config) params(o *routing.Override) (costParams, error) {
 //	     + potential_decode_blocks
 //
 // activePrefill excludes this request; decodeBlocks includes it.
-func (p costParams) cost(activePrefill, isl, blockSize, overlap, decodeBlocks int) float64 {
+//
+// overlap is in GPU-block equivalents: blocks on lower tiers count at their
+// tier's weight (Config.TierWeights).
+func (p costParams) cost(activePrefill, isl, blockSize int, overlap float64, decodeBlocks int) float64 {
 	prefillBlocks := float64(activePrefill+isl) / float64(blockSize)
-	pf := prefillBlocks - p.credit*float64(overlap)
+	pf := prefillBlocks - p.credit*overlap
 	if pf < 0 {
 		pf = 0
 	}

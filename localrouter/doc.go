@@ -9,7 +9,12 @@
 //     node records which (worker, dp_rank) hold it in a bitset, so a lookup
 //     intersects one machine word per block for pools of up to 64 ranks. It
 //     is fed by engine KV events (Apply), or, in approximate mode, by the
-//     router's own decisions (Record, with a TTL and a size bound).
+//     router's own decisions (Record, with a TTL and a size bound). Each
+//     cache tier of a worker (GPU, CPU, disk, external: the events'
+//     medium) has its own slot, so FindMatches reports per-tier runs
+//     (Matches.Tiers) and the cost credits lower-tier hits at
+//     Config.TierWeights. The index also keeps the configuration guard
+//     (ConfigWarning): why a worker's stores are all being skipped.
 //   - ActiveSequences: per (worker, dp_rank), the prefill tokens still
 //     pending and the distinct blocks of active requests, keyed by request
 //     id (Add, MarkPrefillComplete, Free, forced expiry).

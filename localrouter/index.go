@@ -79,9 +79,18 @@ func (n *node) removeChild(c *node) {
 
 func (n *node) leaf() bool { return n.c1 == nil && len(n.more) == 0 }
 
-// slotState is what the index keeps per (worker, dp_rank).
+// slotKey names one cache tier of one (worker, dp_rank): the index keeps
+// each tier of a worker in its own slot, so a node's worker set says which
+// tiers hold it.
+type slotKey struct {
+	WorkerKey
+	tier kvevents.Tier
+}
+
+// slotState is what the index keeps per (worker, dp_rank, tier).
 type slotState struct {
 	key  WorkerKey
+	tier kvevents.Tier
 	live bool
 	// engine maps the engine's block hashes to nodes (event mode).
 	engine map[uint64]*node
@@ -104,6 +113,8 @@ type IndexStats struct {
 	EventsApplied      uint64
 	EventsRejected     uint64 // unknown parent, block size mismatch, invalid
 	RemovedUnknown     uint64 // engine hashes in Removed events the worker did not hold
+	RefUnknown         uint64 // lower-tier blocks stored by engine hash alone that the worker held on no tier
+	LowerTierBlocks    int    // (block, worker) pairs held on a tier other than the GPU
 	BlocksStored       uint64
 	Entries            int // (block, worker) pairs held
 	Nodes              int // distinct blocks in the tree
@@ -123,16 +134,32 @@ type Index struct {
 	mu      sync.RWMutex
 	root    node
 	slots   []slotState
-	table   slotTable
+	table   slotTable[slotKey]
 	nodes   int
 	entries int
+	// tiered lists, for each worker holding blocks on a lower tier, its
+	// slot per tier plus one (0: none); FindMatches walks them for the
+	// per-tier overlap. Empty (the common case) costs nothing.
+	tiered map[WorkerKey]*[kvevents.NumTiers]int32
+	lower  int // entries on lower tiers
+	// guard: per worker, what was skipped before or at the index
+	// (configuration guard; see ConfigWarning).
+	guard map[WorkerKey]*guardInfo
 
 	// approximate mode: LRU of (slot, node) with expiry times, oldest first.
 	approx    *simplelru.LRU[approxKey, time.Time]
 	ttl       time.Duration
 	maxApprox int
 
-	applied, rejected, removedUnknown, stored, pruned atomic.Uint64
+	applied, rejected, removedUnknown, refUnknown, stored, pruned atomic.Uint64
+}
+
+// guardInfo is what the configuration guard knows of a worker.
+type guardInfo struct {
+	mismatched   uint64 // stored events rejected for their block size
+	engineTokens int    // the block size they had
+	notice       *kvevents.SkipNotice
+	warnedAt     time.Time
 }
 
 // IndexOptions configures an Index. Zero values take the defaults.
@@ -157,7 +184,7 @@ func NewIndex(blockSize int, opts IndexOptions) (*Index, error) {
 	}
 	ix := &Index{
 		blockSize: blockSize,
-		table:     newSlotTable(),
+		table:     newSlotTable[slotKey](),
 		ttl:       opts.TTL,
 		maxApprox: opts.MaxApproxEntries,
 	}
@@ -168,14 +195,66 @@ func NewIndex(blockSize int, opts IndexOptions) (*Index, error) {
 // BlockSize is the number of tokens per block.
 func (ix *Index) BlockSize() int { return ix.blockSize }
 
-// slotFor returns the slot of key, creating it. Caller holds mu for writing.
-func (ix *Index) slotFor(key WorkerKey) int32 {
-	s, fresh := ix.table.acquire(key)
+// slotFor returns the GPU slot of key, creating it. Caller holds mu for
+// writing.
+func (ix *Index) slotFor(key WorkerKey) int32 { return ix.tierSlotFor(key, kvevents.TierGPU) }
+
+// tierSlotFor returns the slot of key's tier t, creating it. Caller holds
+// mu for writing.
+func (ix *Index) tierSlotFor(key WorkerKey, t kvevents.Tier) int32 {
+	s, fresh := ix.table.acquire(slotKey{key, t})
 	if fresh {
 		ix.slots = grow(ix.slots, s)
-		ix.slots[s] = slotState{key: key, live: true, engine: make(map[uint64]*node)}
+		ix.slots[s] = slotState{key: key, tier: t, live: true, engine: make(map[uint64]*node)}
+		if t != kvevents.TierGPU {
+			if ix.tiered == nil {
+				ix.tiered = make(map[WorkerKey]*[kvevents.NumTiers]int32)
+			}
+			ts := ix.tiered[key]
+			if ts == nil {
+				ts = new([kvevents.NumTiers]int32)
+				ix.tiered[key] = ts
+			}
+			ts[t] = s + 1
+		}
 	}
 	return s
+}
+
+// lookup returns the GPU slot of key. Caller holds mu.
+func (ix *Index) lookup(key WorkerKey) (int32, bool) {
+	return ix.table.lookup(slotKey{key, kvevents.TierGPU})
+}
+
+// findEngine returns the node worker key holds under engine hash eh,
+// looking in tier first, then in its other tiers (an engine keeps a
+// block's hash when it offloads or reloads it). Caller holds mu.
+func (ix *Index) findEngine(key WorkerKey, first kvevents.Tier, eh uint64) *node {
+	if s, ok := ix.table.lookup(slotKey{key, first}); ok {
+		if n := ix.slots[s].engine[eh]; n != nil {
+			return n
+		}
+	}
+	ts := ix.tiered[key]
+	for t := kvevents.Tier(0); t < kvevents.NumTiers; t++ {
+		if t == first {
+			continue
+		}
+		var s int32 = -1
+		if t == kvevents.TierGPU {
+			if g, ok := ix.lookup(key); ok {
+				s = g
+			}
+		} else if ts != nil {
+			s = ts[t] - 1
+		}
+		if s >= 0 {
+			if n := ix.slots[s].engine[eh]; n != nil {
+				return n
+			}
+		}
+	}
+	return nil
 }
 
 // hold marks n as held by slot. Caller holds mu.
@@ -183,6 +262,9 @@ func (ix *Index) hold(n *node, slot int32) bool {
 	if n.workers.add(slot) {
 		ix.slots[slot].size++
 		ix.entries++
+		if ix.slots[slot].tier != kvevents.TierGPU {
+			ix.lower++
+		}
 		return true
 	}
 	return false
@@ -195,6 +277,9 @@ func (ix *Index) release(n *node, slot int32) {
 	}
 	ix.slots[slot].size--
 	ix.entries--
+	if ix.slots[slot].tier != kvevents.TierGPU {
+		ix.lower--
+	}
 	ix.prune(n)
 }
 
@@ -226,12 +311,28 @@ func (ix *Index) Apply(ev kvevents.RouterEvent) error {
 	case ev.Event.Removed != nil:
 		ix.applyRemoved(key, ev.Event.Removed)
 	case ev.Event.Cleared:
-		if s, ok := ix.table.lookup(key); ok {
-			ix.clearSlot(s)
+		for t := kvevents.Tier(0); t < kvevents.NumTiers; t++ {
+			if s, ok := ix.table.lookup(slotKey{key, t}); ok {
+				ix.clearSlot(s)
+			}
 		}
+	case ev.Event.Skipped != nil:
+		g := ix.guardOf(key)
+		n := *ev.Event.Skipped
+		g.notice = &n
 	}
 	if err != nil {
 		ix.rejected.Add(1)
+		if errors.Is(err, ErrBlockSizeMismatch) {
+			g := ix.guardOf(key)
+			g.mismatched++
+			for _, b := range ev.Event.Stored.Blocks {
+				if len(b.TokenIDs) != ix.blockSize && len(b.TokenIDs) > 0 {
+					g.engineTokens = len(b.TokenIDs)
+					break
+				}
+			}
+		}
 		return fmt.Errorf("event %d of worker %s: %w", ev.EventID, key, err)
 	}
 	ix.applied.Add(1)
@@ -240,35 +341,36 @@ func (ix *Index) Apply(ev kvevents.RouterEvent) error {
 
 func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 	// Check everything before touching the tree: never half-applied.
-	seed := kvevents.LoRASeed(st.LoRAName)
+	seed := kvevents.ChainSeed(st.LoRAName, st.CacheSalt)
+	tier, ok := kvevents.TierOf(st.Medium)
+	if !ok {
+		return fmt.Errorf("%w: unknown medium %q", kvevents.ErrInvalidEvent, st.Medium)
+	}
+	byRef := false
 	for i, b := range st.Blocks {
 		if len(b.TokenIDs) > 0 && len(b.TokenIDs) != ix.blockSize {
 			return fmt.Errorf("%w: block %d has %d tokens, block size is %d", ErrBlockSizeMismatch, i, len(b.TokenIDs), ix.blockSize)
 		}
+		if len(b.TokenIDs) == 0 && b.LocalHash == nil {
+			byRef = true
+		}
 	}
-	slot, known := ix.table.lookup(key)
+	if byRef {
+		ix.storeByRef(key, tier, st)
+		return nil
+	}
 	parent := &ix.root
 	if st.ParentHash != nil {
-		var p *node
-		if known {
-			p = ix.slots[slot].engine[*st.ParentHash]
-		}
+		p := ix.findEngine(key, tier, *st.ParentHash)
 		if p == nil {
 			return fmt.Errorf("%w: parent engine hash %d", ErrUnknownParent, *st.ParentHash)
 		}
 		parent = p
 	}
-	if !known {
-		slot = ix.slotFor(key)
-	}
+	slot := ix.tierSlotFor(key, tier)
 	ss := &ix.slots[slot]
 	for _, b := range st.Blocks {
-		var h uint64
-		if len(b.TokenIDs) > 0 {
-			h = kvevents.BlockHash(b.TokenIDs, seed)
-		} else {
-			h = *b.LocalHash
-		}
+		h := b.Hash(seed)
 		c := parent.child(h)
 		if c == nil {
 			c = parent.addChild(h)
@@ -297,6 +399,40 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 	return nil
 }
 
+// storeByRef applies a lower-tier Stored whose blocks carry only engine
+// hashes: each names a block the worker announced on another tier, which
+// now is held on tier as well. Blocks it holds nowhere are counted and
+// skipped. Caller holds mu.
+func (ix *Index) storeByRef(key WorkerKey, tier kvevents.Tier, st *kvevents.Stored) {
+	slot := int32(-1)
+	for _, b := range st.Blocks {
+		n := ix.findEngine(key, tier, b.EngineHash)
+		if n == nil {
+			ix.refUnknown.Add(1)
+			continue
+		}
+		if slot < 0 {
+			slot = ix.tierSlotFor(key, tier)
+		}
+		ss := &ix.slots[slot]
+		old, remap := ss.engine[b.EngineHash]
+		if remap && old == n {
+			continue
+		}
+		ss.engine[b.EngineHash] = n
+		if !ix.hold(n, slot) {
+			if ss.aliases == nil {
+				ss.aliases = make(map[*node]int)
+			}
+			ss.aliases[n]++
+		}
+		if remap {
+			ix.drop(slot, old)
+		}
+		ix.stored.Add(1)
+	}
+}
+
 // unmap removes one engine-hash mapping of slot. Caller holds mu.
 func (ix *Index) unmap(slot int32, eh uint64, n *node) {
 	delete(ix.slots[slot].engine, eh)
@@ -319,7 +455,8 @@ func (ix *Index) drop(slot int32, n *node) {
 }
 
 func (ix *Index) applyRemoved(key WorkerKey, rm *kvevents.Removed) {
-	slot, ok := ix.table.lookup(key)
+	tier, _ := kvevents.TierOf(rm.Medium)
+	slot, ok := ix.table.lookup(slotKey{key, tier})
 	if !ok {
 		ix.removedUnknown.Add(uint64(len(rm.EngineHashes)))
 		return
@@ -366,25 +503,64 @@ func (ix *Index) RemoveRanks(id string, fromRank uint32) {
 		ix.clearSlot(slot)
 		ix.slots[slot] = slotState{}
 		ix.table.release(key)
+		delete(ix.tiered, key.WorkerKey)
+		delete(ix.guard, key.WorkerKey)
 	}
 }
 
-// Overlap is one worker's match for a request.
+// Overlap is one worker's match on one tier for a request.
 type Overlap struct {
 	Worker WorkerKey
-	// Blocks is the number of leading request blocks the worker holds.
+	// Tier is the cache tier (kvevents.TierGPU for the engine's device
+	// memory, the only one without offloading).
+	Tier kvevents.Tier
+	// Blocks is the number of leading request blocks the worker holds on
+	// that tier.
 	Blocks int
-	// TreeSize is the number of blocks the worker holds in all.
+	// TreeSize is the number of blocks the worker holds in all on it.
 	TreeSize int
+}
+
+// TierMatch is, for a worker holding blocks on a lower tier, how its
+// leading run of request blocks held on any tier splits by tier: Blocks[t]
+// counts the blocks of the run whose fastest tier holding them is t.
+type TierMatch struct {
+	Worker WorkerKey
+	Blocks [kvevents.NumTiers]int
+}
+
+// Total is the length of the run.
+func (t TierMatch) Total() int {
+	n := 0
+	for _, b := range t.Blocks {
+		n += b
+	}
+	return n
 }
 
 // Matches is FindMatches' result. Reuse one across calls to avoid
 // allocations; it is not safe for concurrent use.
 type Matches struct {
 	Overlaps []Overlap
-	scratch  words
-	slots    []int32 // index slot of each Overlaps entry
-	pos      []int32 // index slot → 1 + position in Overlaps (0: none)
+	// Tiers holds one entry per worker that holds blocks on a lower tier
+	// and matches at least the first block on some tier; workers without
+	// lower-tier blocks have none (their GPU Overlap says it all).
+	Tiers   []TierMatch
+	scratch words
+	slots   []int32 // index slot of each Overlaps entry
+	pos     []int32 // index slot → 1 + position in Overlaps (0: none)
+	path    []*node
+}
+
+// TiersOf returns worker key's per-tier run (see TierMatch), or ok false
+// if it holds nothing on a lower tier.
+func (m *Matches) TiersOf(key WorkerKey) (TierMatch, bool) {
+	for _, t := range m.Tiers {
+		if t.Worker == key {
+			return t, true
+		}
+	}
+	return TierMatch{}, false
 }
 
 // ofSlot returns the overlap of the worker at index slot, checking that the
@@ -394,32 +570,36 @@ func (m *Matches) ofSlot(slot int32, key WorkerKey) int {
 		return 0
 	}
 	p := m.pos[slot]
-	if p == 0 || m.Overlaps[p-1].Worker != key {
+	if p == 0 || m.Overlaps[p-1].Worker != key || m.Overlaps[p-1].Tier != kvevents.TierGPU {
 		return 0
 	}
 	return m.Overlaps[p-1].Blocks
 }
 
-// Of returns the overlap of worker key, 0 if it matched nothing.
+// Of returns the GPU overlap of worker key, 0 if it matched nothing.
 func (m *Matches) Of(key WorkerKey) int {
 	for _, o := range m.Overlaps {
-		if o.Worker == key {
+		if o.Worker == key && o.Tier == kvevents.TierGPU {
 			return o.Blocks
 		}
 	}
 	return 0
 }
 
-// FindMatches fills m with, for each worker holding at least the first
-// block, the number of leading blocks of localHashes it holds and its tree
-// size. It stops as soon as no worker matches.
+// FindMatches fills m with, for each worker tier holding at least the
+// first block, the number of leading blocks of localHashes it holds and its
+// tree size; it stops as soon as no tier of any worker matches. For workers
+// holding blocks on lower tiers it fills m.Tiers too.
 func (ix *Index) FindMatches(localHashes []uint64, m *Matches) {
 	for _, s := range m.slots {
 		m.pos[s] = 0
 	}
-	m.Overlaps, m.slots = m.Overlaps[:0], m.slots[:0]
+	m.Overlaps, m.slots, m.Tiers = m.Overlaps[:0], m.slots[:0], m.Tiers[:0]
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
+	if len(ix.tiered) > 0 {
+		ix.matchTiers(localHashes, m)
+	}
 	n := &ix.root
 	depth := 0
 	for i, h := range localHashes {
@@ -450,9 +630,51 @@ func (ix *Index) FindMatches(localHashes []uint64, m *Matches) {
 	}
 }
 
+// matchTiers fills m.Tiers: for each worker with lower-tier slots, the
+// leading run of request blocks it holds on any tier, each block counted at
+// the fastest tier holding it. Caller holds mu.
+func (ix *Index) matchTiers(localHashes []uint64, m *Matches) {
+	m.path = m.path[:0]
+	n := &ix.root
+	for _, h := range localHashes {
+		c := n.child(h)
+		if c == nil {
+			break
+		}
+		m.path = append(m.path, c)
+		n = c
+	}
+	if len(m.path) == 0 {
+		return
+	}
+	for key, ts := range ix.tiered {
+		var slots [kvevents.NumTiers]int32
+		for t := range slots {
+			slots[t] = ts[t] - 1
+		}
+		if g, ok := ix.lookup(key); ok {
+			slots[kvevents.TierGPU] = g
+		}
+		tm := TierMatch{Worker: key}
+	walk:
+		for _, c := range m.path {
+			for t, s := range slots {
+				if s >= 0 && c.workers.has(s) {
+					tm.Blocks[t]++
+					continue walk
+				}
+			}
+			break
+		}
+		if tm.Total() > 0 {
+			m.Tiers = append(m.Tiers, tm)
+		}
+	}
+}
+
 func (m *Matches) add(ix *Index, slot int32, blocks int) {
 	ss := &ix.slots[slot]
-	m.Overlaps = append(m.Overlaps, Overlap{Worker: ss.key, Blocks: blocks, TreeSize: ss.size})
+	m.Overlaps = append(m.Overlaps, Overlap{Worker: ss.key, Tier: ss.tier, Blocks: blocks, TreeSize: ss.size})
 	m.slots = append(m.slots, slot)
 	for int(slot) >= len(m.pos) {
 		m.pos = append(m.pos, 0)
@@ -468,11 +690,11 @@ func (ix *Index) ensureSlot(key WorkerKey) int32 {
 	return ix.slotFor(key)
 }
 
-// TreeSize returns the number of blocks worker key holds.
+// TreeSize returns the number of blocks worker key holds on the GPU.
 func (ix *Index) TreeSize(key WorkerKey) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	if s, ok := ix.table.lookup(key); ok {
+	if s, ok := ix.lookup(key); ok {
 		return ix.slots[s].size
 	}
 	return 0
@@ -486,6 +708,8 @@ func (ix *Index) Stats() IndexStats {
 		EventsApplied:      ix.applied.Load(),
 		EventsRejected:     ix.rejected.Load(),
 		RemovedUnknown:     ix.removedUnknown.Load(),
+		RefUnknown:         ix.refUnknown.Load(),
+		LowerTierBlocks:    ix.lower,
 		BlocksStored:       ix.stored.Load(),
 		Entries:            ix.entries,
 		Nodes:              ix.nodes,
@@ -561,7 +785,7 @@ func (ix *Index) Dump() []kvevents.RouterEvent {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	var out []kvevents.RouterEvent
-	keys := make([]WorkerKey, 0, len(ix.table.byKey))
+	keys := make([]slotKey, 0, len(ix.table.byKey))
 	for k := range ix.table.byKey {
 		keys = append(keys, k)
 	}
@@ -569,7 +793,10 @@ func (ix *Index) Dump() []kvevents.RouterEvent {
 		if keys[i].ID != keys[j].ID {
 			return keys[i].ID < keys[j].ID
 		}
-		return keys[i].DPRank < keys[j].DPRank
+		if keys[i].DPRank != keys[j].DPRank {
+			return keys[i].DPRank < keys[j].DPRank
+		}
+		return keys[i].tier < keys[j].tier
 	})
 	for _, key := range keys {
 		out = ix.dumpSlot(out, ix.table.byKey[key])
@@ -626,10 +853,14 @@ func (ix *Index) dumpSlot(out []kvevents.RouterEvent, slot int32) []kvevents.Rou
 	standIn := make(map[*node]uint64)
 	var standIns []uint64
 	var eventID uint64
+	medium := ""
+	if ss.tier != kvevents.TierGPU {
+		medium = ss.tier.String()
+	}
 	emit := func(parent *uint64, blocks []kvevents.Block) {
 		eventID++
 		out = append(out, kvevents.RouterEvent{WorkerID: ss.key.ID, DPRank: ss.key.DPRank, EventID: eventID,
-			Event: kvevents.Event{Stored: &kvevents.Stored{ParentHash: parent, Blocks: blocks}}})
+			Event: kvevents.Event{Stored: &kvevents.Stored{ParentHash: parent, Blocks: blocks, Medium: medium}}})
 	}
 	// parentRef returns the engine hash to store n's children under,
 	// creating stand-ins for ancestors the worker does not hold.
@@ -663,7 +894,63 @@ func (ix *Index) dumpSlot(out []kvevents.RouterEvent, slot int32) []kvevents.Rou
 	if len(standIns) > 0 {
 		eventID++
 		out = append(out, kvevents.RouterEvent{WorkerID: ss.key.ID, DPRank: ss.key.DPRank, EventID: eventID,
-			Event: kvevents.Event{Removed: &kvevents.Removed{EngineHashes: standIns}}})
+			Event: kvevents.Event{Removed: &kvevents.Removed{EngineHashes: standIns, Medium: medium}}})
 	}
 	return out
+}
+
+func (ix *Index) guardOf(key WorkerKey) *guardInfo {
+	if ix.guard == nil {
+		ix.guard = make(map[WorkerKey]*guardInfo)
+	}
+	g := ix.guard[key]
+	if g == nil {
+		g = &guardInfo{}
+		ix.guard[key] = g
+	}
+	return g
+}
+
+// ConfigWarning is the configuration guard: when worker key holds nothing
+// in the index and its stored events are being skipped, it says why and
+// which flag fixes it ("" when nothing is wrong). Its stores are skipped
+// either before the index (the relay's SkipNotice) or at it (blocks of the
+// wrong size, ErrBlockSizeMismatch).
+func (ix *Index) ConfigWarning(key WorkerKey) string {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.configWarning(key)
+}
+
+func (ix *Index) configWarning(key WorkerKey) string {
+	g := ix.guard[key]
+	if g == nil {
+		return ""
+	}
+	if s, ok := ix.lookup(key); ok && ix.slots[s].size > 0 {
+		return ""
+	}
+	switch {
+	case g.mismatched > 0:
+		return fmt.Sprintf("%d stored events refused: %s", g.mismatched, kvevents.BlockSizeAdvice(g.engineTokens, ix.blockSize))
+	case g.notice != nil:
+		return fmt.Sprintf("%d engine events skipped by its relay: %s", g.notice.Events, g.notice.Message())
+	}
+	return ""
+}
+
+// warnOnce returns the worker's configuration warning if it has one and
+// none was returned for it in the last every (the router logs it), else "".
+func (ix *Index) warnOnce(key WorkerKey, now time.Time, every time.Duration) string {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	g := ix.guard[key]
+	if g == nil || (!g.warnedAt.IsZero() && now.Sub(g.warnedAt) < every) {
+		return ""
+	}
+	w := ix.configWarning(key)
+	if w != "" {
+		g.warnedAt = now
+	}
+	return w
 }

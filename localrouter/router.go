@@ -353,12 +353,28 @@ func (r *Router) Ready() bool { return len(r.members.Load().dp) >= r.cfg.MinInit
 func (r *Router) ApplyEvent(ev kvevents.RouterEvent) error {
 	r.applyMu.RLock()
 	defer r.applyMu.RUnlock()
-	if !r.members.Load().has(WorkerKey{ev.WorkerID, ev.DPRank}) {
+	key := WorkerKey{ev.WorkerID, ev.DPRank}
+	if !r.members.Load().has(key) {
 		r.unknownWorkerEvents.Add(1)
 		return fmt.Errorf("%w: %s/%d", ErrUnknownWorker, ev.WorkerID, ev.DPRank)
 	}
-	return r.index.Apply(ev)
+	err := r.index.Apply(ev)
+	if ev.Event.Skipped != nil || errors.Is(err, ErrBlockSizeMismatch) {
+		// The configuration guard: say it once per worker, then rarely.
+		if w := r.index.warnOnce(key, r.clock(), configWarnEvery); w != "" {
+			r.log.Warn("worker's KV events are all skipped; fix its configuration", "worker", key.String(), "why", w)
+		}
+	}
+	return err
 }
+
+// configWarnEvery bounds the configuration guard's log lines per worker.
+const configWarnEvery = 10 * time.Minute
+
+// ConfigWarning is the configuration guard's finding for a worker: why
+// nothing it caches is indexed and which flag fixes it, "" when nothing
+// is wrong (see Index.ConfigWarning).
+func (r *Router) ConfigWarning(key WorkerKey) string { return r.index.ConfigWarning(key) }
 
 // UnknownWorkerEvents counts events refused because their worker was not a
 // member.
@@ -375,6 +391,10 @@ type Request struct {
 	// len(LocalHashes)*BlockSize).
 	ISL      int
 	LoRAName string
+	// CacheSalt and MM, with Tokens, are the request's cache_salt and
+	// multimodal items (see kvevents.AppendRequestHashes).
+	CacheSalt string
+	MM        []kvevents.MMSpan
 }
 
 // BestWorkerOptions select what BestWorker does besides choosing.
@@ -430,7 +450,7 @@ func (r *Router) prepare(req *Request, s *scratch) (isl int, err error) {
 		s.local = append(s.local, req.LocalHashes...)
 		isl = len(req.LocalHashes) * r.cfg.BlockSize
 	case len(req.Tokens) > 0:
-		s.local, err = kvevents.AppendLocalHashes(s.local, req.Tokens, r.cfg.BlockSize, req.LoRAName)
+		s.local, err = kvevents.AppendRequestHashes(s.local, req.Tokens, r.cfg.BlockSize, req.LoRAName, req.CacheSalt, req.MM)
 		if err != nil {
 			return 0, err
 		}
@@ -495,7 +515,13 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	s.loads = r.active.PotentialLoads(s.loads[:0], workers, s.seq, isl, r.cfg.BlockSize, s.overlaps)
 	s.costs = s.costs[:0]
 	for _, l := range s.loads {
-		s.costs = append(s.costs, p.cost(activePrefill(l, isl, r.cfg.BlockSize), isl, r.cfg.BlockSize, l.OverlapBlocks, l.PotentialDecodeBlocks))
+		overlap := float64(l.OverlapBlocks)
+		if len(s.matches.Tiers) > 0 {
+			if tm, ok := s.matches.TiersOf(l.Worker); ok {
+				overlap = max(overlap, r.cfg.tierCredit(tm))
+			}
+		}
+		s.costs = append(s.costs, p.cost(activePrefill(l, isl, r.cfg.BlockSize), isl, r.cfg.BlockSize, overlap, l.PotentialDecodeBlocks))
 	}
 	var skipped []Skip
 	allSaturated := false

@@ -90,7 +90,7 @@ func TestCostFormula(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.p.cost(tt.activePrefill, tt.isl, tt.bs, tt.overlap, tt.decode); got != tt.want {
+			if got := tt.p.cost(tt.activePrefill, tt.isl, tt.bs, float64(tt.overlap), tt.decode); got != tt.want {
 				t.Errorf("cost = %v, want %v", got, tt.want)
 			}
 		})

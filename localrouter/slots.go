@@ -1,17 +1,18 @@
 package localrouter
 
-// slotTable gives each WorkerKey a small dense number, reusing the numbers
-// of released keys, so per-worker state can live in slices and bitsets.
-// Not safe for concurrent use: its owner's lock guards it.
-type slotTable struct {
-	byKey map[WorkerKey]int32
+// slotTable gives each key (a WorkerKey, or a worker's cache tier) a small
+// dense number, reusing the numbers of released keys, so per-worker state
+// can live in slices and bitsets. Not safe for concurrent use: its owner's
+// lock guards it.
+type slotTable[K comparable] struct {
+	byKey map[K]int32
 	free  []int32
 	n     int32 // slots ever handed out
 }
 
-func newSlotTable() slotTable { return slotTable{byKey: make(map[WorkerKey]int32)} }
+func newSlotTable[K comparable]() slotTable[K] { return slotTable[K]{byKey: make(map[K]int32)} }
 
-func (t *slotTable) lookup(k WorkerKey) (int32, bool) {
+func (t *slotTable[K]) lookup(k K) (int32, bool) {
 	s, ok := t.byKey[k]
 	return s, ok
 }
@@ -19,7 +20,7 @@ func (t *slotTable) lookup(k WorkerKey) (int32, bool) {
 // acquire returns k's slot, and fresh = true when k just got it (the
 // caller then initialises its state; a slot == len(state) needs a new
 // element).
-func (t *slotTable) acquire(k WorkerKey) (slot int32, fresh bool) {
+func (t *slotTable[K]) acquire(k K) (slot int32, fresh bool) {
 	if s, ok := t.byKey[k]; ok {
 		return s, false
 	}
@@ -35,7 +36,7 @@ func (t *slotTable) acquire(k WorkerKey) (slot int32, fresh bool) {
 }
 
 // release frees k's slot for reuse.
-func (t *slotTable) release(k WorkerKey) {
+func (t *slotTable[K]) release(k K) {
 	if s, ok := t.byKey[k]; ok {
 		delete(t.byKey, k)
 		t.free = append(t.free, s)

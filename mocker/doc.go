@@ -44,8 +44,10 @@
 //     chains with token ids and a parent hash, Removed) in the order the
 //     cache changed. Engine hashes are kvgate's own chained sequence hashes
 //     (kvevents.SequenceHashes over LocalHashes with the request's LoRA
-//     seed), so a consumer may key on them directly. Applying every event
-//     in order to an empty set yields exactly Engine.CachedBlocks(). To get
+//     seed), so a consumer may key on them directly. Applying every GPU
+//     event (Medium "") in order to an empty set yields exactly
+//     Engine.CachedBlocks(); with a CPU tier (Config.CPUBlocks) the events
+//     of medium CPU describe it the same way. To get
 //     RouterEvents, stamp a worker id, dp rank and event id (or hand them to
 //     kvevents.Publisher).
 //   - Abort(id) drops a request (a client went away); its blocks stay
@@ -83,6 +85,14 @@
 // one token is always computed). Freed blocks keep their contents and join
 // the tail of a free queue; allocation takes the head and evicts what it
 // held (a Removed event). Output tokens fill blocks too and are cached.
+//
+// With Config.CPUBlocks, a block evicted from the GPU is first offloaded to
+// a CPU tier of that many blocks (a Stored of medium CPU naming the block
+// by engine hash, as vLLM's offloading connector does, before the GPU's
+// Removed); the tier evicts least recently used (Removed, medium CPU). A
+// waiting request's prefix that continues on the CPU tier is reloaded, not
+// computed: the iteration takes t × KVBytesPerToken / CPUReloadBandwidth
+// longer for t reloaded tokens, instead of their prefill.
 //
 // The scheduler is vLLM v1's: each iteration first serves running sequences
 // (one decode token each, or the next chunk of a chunked prefill), then

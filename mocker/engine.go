@@ -38,6 +38,16 @@ type Config struct {
 	KVTransferBandwidth float64
 	// Vocab is the range of generated token ids (32000).
 	Vocab int
+	// CPUBlocks is the capacity of a host-memory (CPU) KV tier in blocks
+	// (0: none), as vLLM's CPU offloading or LMCache keeps one: a cached
+	// block evicted from the GPU is offloaded there (Stored with medium CPU,
+	// then Removed from the GPU), the tier evicts least recently used, and
+	// a prefix found there is reloaded instead of recomputed.
+	CPUBlocks int
+	// CPUReloadBandwidth is the CPU → GPU bandwidth of a reload in bytes/s
+	// (25e9, PCIe 4.0 x16): reloading t tokens takes t × KVBytesPerToken /
+	// CPUReloadBandwidth, much less than prefilling them.
+	CPUReloadBandwidth float64
 }
 
 func (c Config) withDefaults() Config {
@@ -66,6 +76,9 @@ func (c Config) withDefaults() Config {
 	if c.KVTransferBandwidth == 0 {
 		c.KVTransferBandwidth = 25e9
 	}
+	if c.CPUReloadBandwidth == 0 {
+		c.CPUReloadBandwidth = 25e9
+	}
 	return c
 }
 
@@ -79,7 +92,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: max batched tokens %d below block size %d", ErrConfig, c.MaxNumBatchedTokens, c.BlockSize)
 	case c.Speedup < 0:
 		return fmt.Errorf("%w: speedup %v must be positive", ErrConfig, c.Speedup)
-	case c.KVBytesPerToken < 0 || c.KVTransferBandwidth < 0:
+	case c.CPUBlocks < 0:
+		return fmt.Errorf("%w: cpu blocks %d must not be negative", ErrConfig, c.CPUBlocks)
+	case c.KVBytesPerToken < 0 || c.KVTransferBandwidth < 0 || c.CPUReloadBandwidth < 0:
 		return fmt.Errorf("%w: kv transfer parameters must be positive", ErrConfig)
 	}
 	switch c.Role {
@@ -187,6 +202,10 @@ type Stats struct {
 	Iterations                         int64
 	// EvictedBlocks counts cached blocks evicted for reuse.
 	EvictedBlocks int64
+	// CPUBlocks are held on the CPU tier; CPUHitTokens (part of
+	// PrefixHitTokens) were reloaded from it; OffloadedBlocks went there.
+	CPUBlocks                     int
+	CPUHitTokens, OffloadedBlocks int64
 }
 
 type seqState int8
@@ -253,6 +272,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 	cfg = cfg.withDefaults()
 	e := &Engine{cfg: cfg, seqs: make(map[string]*seq)}
 	e.cache = newKVCache(cfg.NumBlocks, cfg.BlockSize, &e.events)
+	e.cache.cpuCap = cfg.CPUBlocks
 	return e, nil
 }
 
@@ -374,6 +394,8 @@ func (e *Engine) Stats() Stats {
 	st.CachedBlocks = len(e.cache.cached)
 	st.TotalBlocks = e.cfg.NumBlocks
 	st.EvictedBlocks = e.cache.evictions
+	st.CPUBlocks = e.cache.cpuLen()
+	st.OffloadedBlocks = e.cache.offloads
 	return st
 }
 
@@ -421,6 +443,7 @@ func (e *Engine) schedule(at time.Time) bool {
 	budget := e.cfg.MaxNumBatchedTokens
 	var batch []scheduled
 	preempted := false
+	reload := 0 // tokens reloaded from the CPU tier in this iteration
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		numNew := min(len(s.tokens)-s.numComputed, budget)
@@ -458,13 +481,16 @@ func (e *Engine) schedule(at time.Time) bool {
 			break
 		}
 		s := e.waiting[idx]
-		hits := 0
+		hits, cpuHits := 0, 0
 		if !e.cfg.DisablePrefixCaching {
-			e.hashUpTo(s, (len(s.tokens)-1)/bs)
+			limit := (len(s.tokens) - 1) / bs
+			e.hashUpTo(s, limit)
 			// At least one token is always computed, as in vLLM.
-			hits = e.cache.matchPrefix(s.seqHashes[:(len(s.tokens)-1)/bs])
+			hits = e.cache.matchPrefix(s.seqHashes[:limit])
+			// The prefix continues on the CPU tier: reloaded, not computed.
+			cpuHits = e.cache.matchCPU(s.seqHashes[hits:limit])
 		}
-		start := hits * bs
+		start := (hits + cpuHits) * bs
 		numNew := min(len(s.tokens)-start, budget)
 		if s.remote {
 			// The KV of the prompt arrives whole; only the last token is
@@ -486,6 +512,11 @@ func (e *Engine) schedule(at time.Time) bool {
 			s.cachedTokens = start
 			e.stats.PrefixQueryTokens += int64(s.promptLen)
 			e.stats.PrefixHitTokens += int64(start)
+			e.stats.CPUHitTokens += int64(cpuHits * bs)
+		}
+		if cpuHits > 0 {
+			e.cache.touchCPU(s.seqHashes[hits : hits+cpuHits])
+			reload += cpuHits * bs
 		}
 		s.table = e.cache.acquireCached(s.table[:0], s.seqHashes[:hits])
 		s.table, _ = e.cache.allocate(s.table, need)
@@ -517,7 +548,12 @@ func (e *Engine) schedule(at time.Time) bool {
 	}
 	shape.KVUsage = e.cache.usage()
 	e.stats.Iterations++
-	e.inflight = &iteration{batch: batch, end: at.Add(e.cfg.Timing.IterationTime(shape))}
+	d := e.cfg.Timing.IterationTime(shape)
+	if reload > 0 {
+		secs := float64(reload) * e.cfg.KVBytesPerToken / e.cfg.CPUReloadBandwidth / e.cfg.Speedup
+		d += time.Duration(secs * float64(time.Second))
+	}
+	e.inflight = &iteration{batch: batch, end: at.Add(d)}
 	return true
 }
 

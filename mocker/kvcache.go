@@ -1,6 +1,8 @@
 package mocker
 
 import (
+	"container/list"
+
 	"github.com/kvgate/kvgate/kvevents"
 )
 
@@ -24,6 +26,13 @@ type kvCache struct {
 	evictions          int64
 	// events collects the KV events of the current engine call, in order.
 	events *[]kvevents.Event
+
+	// The CPU tier (cpuCap > 0): sequence hashes offloaded from the GPU,
+	// in an LRU list (front = most recent).
+	cpuCap   int
+	cpu      map[uint64]*list.Element
+	cpuLRU   list.List
+	offloads int64
 }
 
 type block struct {
@@ -130,6 +139,7 @@ func (c *kvCache) allocate(table []int32, n int) ([]int32, bool) {
 		if b.hashed {
 			delete(c.cached, b.hash)
 			c.evictions++
+			c.offload(b.hash)
 			c.emitRemoved(b.hash)
 			b.hashed, b.hash = false, 0
 		}
@@ -175,13 +185,73 @@ func (c *kvCache) reset() bool {
 		c.blocks[i].hashed, c.blocks[i].hash = false, 0
 		delete(c.cached, h)
 	}
+	clear(c.cpu)
+	c.cpuLRU.Init()
 	*c.events = append(*c.events, kvevents.Event{Cleared: true})
 	return true
 }
 
+// offload copies an evicted GPU block to the CPU tier, as vLLM's offloading
+// connector does: Stored with medium CPU and no token ids (the same engine
+// hash), before the GPU's Removed. The tier evicts least recently used.
+func (c *kvCache) offload(h uint64) {
+	if c.cpuCap <= 0 {
+		return
+	}
+	if c.cpu == nil {
+		c.cpu = make(map[uint64]*list.Element)
+	}
+	if el, ok := c.cpu[h]; ok {
+		c.cpuLRU.MoveToFront(el)
+		return
+	}
+	for c.cpuLRU.Len() >= c.cpuCap {
+		old := c.cpuLRU.Back()
+		oh := old.Value.(uint64)
+		c.cpuLRU.Remove(old)
+		delete(c.cpu, oh)
+		c.emit(kvevents.Event{Removed: &kvevents.Removed{EngineHashes: []uint64{oh}, Medium: "CPU"}})
+	}
+	c.cpu[h] = c.cpuLRU.PushFront(h)
+	c.offloads++
+	ev := *c.events
+	if n := len(ev); n > 0 && ev[n-1].Stored != nil && ev[n-1].Stored.Medium == "CPU" {
+		st := ev[n-1].Stored
+		st.Blocks = append(st.Blocks, kvevents.Block{EngineHash: h})
+		return
+	}
+	c.emit(kvevents.Event{Stored: &kvevents.Stored{Medium: "CPU", Blocks: []kvevents.Block{{EngineHash: h}}}})
+}
+
+func (c *kvCache) emit(ev kvevents.Event) { *c.events = append(*c.events, ev) }
+
+// matchCPU returns how many leading hashes the CPU tier holds.
+func (c *kvCache) matchCPU(seqHashes []uint64) int {
+	n := 0
+	for _, h := range seqHashes {
+		if _, ok := c.cpu[h]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// touchCPU marks hashes recently used on the CPU tier (a reload keeps the
+// CPU copy).
+func (c *kvCache) touchCPU(seqHashes []uint64) {
+	for _, h := range seqHashes {
+		if el, ok := c.cpu[h]; ok {
+			c.cpuLRU.MoveToFront(el)
+		}
+	}
+}
+
+func (c *kvCache) cpuLen() int { return len(c.cpu) }
+
 func (c *kvCache) emitRemoved(h uint64) {
 	ev := *c.events
-	if n := len(ev); n > 0 && ev[n-1].Removed != nil {
+	if n := len(ev); n > 0 && ev[n-1].Removed != nil && ev[n-1].Removed.Medium == "" {
 		ev[n-1].Removed.EngineHashes = append(ev[n-1].Removed.EngineHashes, h)
 		return
 	}

@@ -87,6 +87,7 @@ func (r *run) buildPools() error {
 			w.eng, err = mocker.NewEngine(mocker.Config{
 				BlockSize:           cfg.BlockSize,
 				NumBlocks:           cfg.KVTokens / cfg.BlockSize,
+				CPUBlocks:           cfg.CPUKVTokens / cfg.BlockSize,
 				MaxNumSeqs:          cfg.MaxNumSeqs,
 				MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
 				Role:                s.role,

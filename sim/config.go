@@ -98,6 +98,10 @@ type Config struct {
 	// KVTokens is each worker's KV cache capacity in tokens (1,048,576: the
 	// Dynamo mocker's default 16384 blocks of 64).
 	KVTokens int
+	// CPUKVTokens is each worker's CPU (host memory) KV tier in tokens (0:
+	// none): blocks evicted from the GPU cache are offloaded there and
+	// reloaded on a hit (mocker.Config.CPUBlocks), with their KV events.
+	CPUKVTokens int
 	// MaxNumSeqs and MaxNumBatchedTokens bound each worker's batches (the
 	// mocker's defaults: 256 and 8192).
 	MaxNumSeqs, MaxNumBatchedTokens int
@@ -169,6 +173,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: workers %d must be positive", ErrConfig, c.Workers)
 	case c.BlockSize < 1:
 		return fmt.Errorf("%w: block size %d must be positive", ErrConfig, c.BlockSize)
+	case c.CPUKVTokens < 0:
+		return fmt.Errorf("%w: cpu kv capacity %d tokens must not be negative", ErrConfig, c.CPUKVTokens)
 	case c.KVTokens < c.BlockSize:
 		return fmt.Errorf("%w: kv capacity %d tokens is below one block", ErrConfig, c.KVTokens)
 	case c.EventDelay < 0:

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -27,6 +28,10 @@ type Policy struct {
 	// (KindCost only): overlap_score_credit, prefill_load_scale,
 	// router_temperature.
 	Credit, Scale, Temperature float64
+	// NoTiers makes the cost ignore blocks held on lower cache tiers
+	// (tier_weights none); by default they count at
+	// localrouter.DefaultTierWeights.
+	NoTiers bool
 }
 
 // Dynamo returns Dynamo's default cost: credit 1, scale 1, temperature 0.
@@ -66,11 +71,16 @@ func DefaultPolicies() []Policy {
 }
 
 // ParsePolicy parses a policy name: random, round-robin, least-loaded,
-// kv-overlap, dynamo, kvgate, or cost:credit=C,scale=S,temp=T (any subset,
-// the rest Dynamo's defaults).
+// kv-overlap, dynamo, kvgate, kvgate-no-tiers (kvgate's cost blind to
+// offloaded blocks), or cost:credit=C,scale=S,temp=T,tiers=0|1 (any subset,
+// the rest Dynamo's defaults; tiers=0 ignores lower cache tiers).
 func ParsePolicy(s string) (Policy, error) {
 	s = strings.TrimSpace(s)
 	switch s {
+	case "kvgate-no-tiers":
+		p := KVGate()
+		p.Name, p.NoTiers = s, true
+		return p, nil
 	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
 		return Policy{Name: s, Kind: s}, nil
 	case "dynamo":
@@ -100,8 +110,10 @@ func ParsePolicy(s string) (Policy, error) {
 			p.Scale = f
 		case "temp":
 			p.Temperature = f
+		case "tiers":
+			p.NoTiers = f == 0
 		default:
-			return Policy{}, fmt.Errorf("%w: policy %q: unknown parameter %q (want credit, scale or temp)", ErrConfig, s, k)
+			return Policy{}, fmt.Errorf("%w: policy %q: unknown parameter %q (want credit, scale, temp or tiers)", ErrConfig, s, k)
 		}
 	}
 	return p, p.validate()
@@ -126,6 +138,13 @@ func (p Policy) routerConfig(blockSize int) localrouter.Config {
 	c.BlockSize = blockSize
 	if p.Kind == KindCost {
 		c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature = p.Credit, p.Scale, p.Temperature
+	}
+	if p.NoTiers {
+		for t := range c.TierWeights {
+			if t != int(kvevents.TierGPU) {
+				c.TierWeights[t] = 0
+			}
+		}
 	}
 	return c
 }

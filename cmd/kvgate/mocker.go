@@ -27,6 +27,8 @@ func runMocker(ctx context.Context, args []string) error {
 	loras := fs.String("lora", "", "comma-separated LoRA adapter names also served")
 	fs.IntVar(&e.BlockSize, "block-size", 16, "KV block size in tokens")
 	fs.IntVar(&e.NumBlocks, "num-blocks", 8192, "KV cache size in blocks")
+	fs.IntVar(&e.CPUBlocks, "cpu-blocks", 0, "CPU KV tier in blocks (0: none): GPU evictions offload there (medium CPU events), hits reload")
+	fs.Float64Var(&e.CPUReloadBandwidth, "cpu-reload-bandwidth", 25e9, "CPU→GPU reload bandwidth in bytes/s (cpu-blocks)")
 	fs.IntVar(&e.MaxNumSeqs, "max-num-seqs", 256, "maximum running sequences")
 	fs.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "maximum tokens per iteration (chunked prefill)")
 	fs.BoolVar(&e.DisablePrefixCaching, "no-prefix-caching", false, "disable prefix caching (and KV events)")

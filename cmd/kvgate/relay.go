@@ -32,6 +32,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&sc.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server")
 	etcd := fs.String("etcd", "127.0.0.1:2379", "comma-separated etcd endpoints (used with -address)")
 	fs.StringVar(&sc.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address")
+	loraIDs := fs.String("lora-ids", "", "adapter names of engine lora ids, for engines that send lora_id without lora_name: id=name,… (vLLM's integer ids, SGLang's string ids)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -45,6 +46,16 @@ func runRelay(ctx context.Context, args []string) error {
 	log, err := engineSideLogger(*level)
 	if err != nil {
 		return err
+	}
+	for _, kv := range splitCommaList(*loraIDs) {
+		id, name, ok := strings.Cut(kv, "=")
+		if !ok || id == "" || name == "" {
+			return fmt.Errorf("-lora-ids %q: want id=name", kv)
+		}
+		if cfg.LoRANames == nil {
+			cfg.LoRANames = map[string]string{}
+		}
+		cfg.LoRANames[id] = name
 	}
 	cfg.Endpoints = splitCommaList(*zmq)
 	cfg.ReplayEndpoints = strings.Split(*replay, ",")

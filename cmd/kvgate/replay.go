@@ -28,9 +28,10 @@ func runReplay(ctx context.Context, args []string) error {
 		seed        = fs.Uint64("seed", 1, "seed of token expansion and every random choice")
 		workers     = fs.Int("workers", 8, "simulated workers in total")
 		topologies  = fs.String("topology", sim.TopologyFlat, "comma-separated topologies: flat, pools[=P], disagg[=prefill workers]")
-		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, cost:credit=C,scale=S,temp=T")
+		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-no-tiers, cost:credit=C,scale=S,temp=T,tiers=0|1")
 		blockSize   = fs.Int("block-size", 16, "KV block size of workers and routers, in tokens")
 		kvTokens    = fs.Int("kv-tokens", 1<<20, "KV cache capacity of each worker, in tokens")
+		cpuTokens   = fs.Int("cpu-kv-tokens", 0, "CPU KV tier of each worker, in tokens (0: none): GPU evictions offload there, hits reload; compare policies kvgate and kvgate-no-tiers")
 		maxSeqs     = fs.Int("max-num-seqs", 256, "running sequences per worker")
 		maxBatched  = fs.Int("max-num-batched-tokens", 8192, "tokens computed per iteration per worker")
 		speedup     = fs.Float64("speedup", 1, "divide the timing model's durations by this")
@@ -80,7 +81,7 @@ func runReplay(ctx context.Context, args []string) error {
 	}
 	rep, err := sim.Run(ctx, sim.Config{
 		Trace: trace, TraceName: filepath.Base(*tracePath), Rate: r, MaxRequests: *maxRequests, Seed: *seed,
-		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens,
+		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens, CPUKVTokens: *cpuTokens,
 		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay,
 		Parallel: *parallel, Progress: prog,
 	})

@@ -52,6 +52,9 @@ type WorkerStatus struct {
 	// router last scraped of each rank's engine metrics.
 	DPSize int          `json:"dp_size"`
 	Ranks  []RankStatus `json:"ranks"`
+	// Warning is the local router's configuration guard: why nothing this
+	// worker caches is indexed, and the flag that fixes it.
+	Warning string `json:"warning,omitempty"`
 }
 
 // RankStatus is one rank's engine signals as the local router scraped
@@ -112,6 +115,9 @@ func (s *System) Status() Status {
 					ws.ActiveRequests += l.ActiveRequests
 					ws.PrefillTokens += l.PrefillTokens
 					ws.ActiveBlocks += l.ActiveBlocks
+					if ws.Warning == "" && !ps.RouterIsStopped {
+						ws.Warning = p.Router.Router().ConfigWarning(k)
+					}
 				}
 			}
 			es := w.Stats()
@@ -147,6 +153,7 @@ requests in flight {{.RequestsActive}} · blocks indexed {{.IndexBlocks}}</p>
 {{range .Workers}}<tr><td>{{.ID}}</td><td>{{.Address}}</td><td>{{.ActiveRequests}}</td><td>{{.PrefillTokens}}</td><td>{{.ActiveBlocks}}</td>
 <td>{{.Running}}</td><td>{{.Waiting}}</td><td>{{printf "%.1f%%" (mul100 .KVUsage)}}</td><td>{{.CachedBlocks}}</td><td>{{printf "%.1f%%" (mul100 .PrefixHitRate)}}</td><td>{{.DPSize}}</td>
 <td>{{range .Ranks}}rank {{.DPRank}}: {{if .Scraped}}running {{.Running}}, waiting {{.Waiting}}, KV {{printf "%.1f%%" (mul100 .KVUsage)}}{{if .Saturation}} ({{.Saturation}}){{end}}{{else}}not scraped{{end}}<br>{{end}}</td></tr>
+{{if .Warning}}<tr><td colspan="12" style="text-align:left;color:#a00">⚠ {{.ID}}: {{.Warning}}</td></tr>{{end}}
 {{end}}</table>
 {{end}}
 </body></html>

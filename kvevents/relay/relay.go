@@ -7,9 +7,16 @@
 //	kvgate relay --zmq tcp://127.0.0.1:5557 --pool a --worker-id w1 \
 //	      --address 10.0.0.7:8000 --block-size 16 --nats … --etcd …
 //
-// Messages are decoded by kvevents.DecodeEngineFrames and republished
-// through a kvevents.Publisher, which stamps kvgate event ids and answers
-// dump requests. A malformed message is logged, counted and skipped. One
+// Messages are decoded by a kvevents.EngineDecoder (Options.Decoder; the
+// vLLM/SGLang msgpack one by default) and republished through a
+// kvevents.Publisher, which stamps kvgate event ids and answers dump
+// requests. A malformed message is logged, counted and skipped; a malformed
+// event inside a good message is skipped and counted by reason
+// (kvgate_relay_skipped_events_total{reason}), the rest of its batch
+// relayed. When an engine's stores are all skipped for their block size
+// (an engine started with another block size, SGLang's default page_size
+// 1), the relay warns, naming the flags to fix, at most once a minute, and
+// tells the routers (a kvevents.SkipNotice event), whose status shows it. One
 // relay serves one worker: all its data-parallel ranks' sockets
 // (Config.Endpoints), so one publisher answers its dumps. Engine sequence
 // gaps are filled from vLLM's replay socket when one is configured
@@ -65,6 +72,10 @@ type Config struct {
 	Register bool
 	// LeaseTTL is the registration lease (10 s).
 	LeaseTTL time.Duration
+	// LoRANames maps the engine's adapter ids to names (see
+	// kvevents.EngineDecoderConfig.LoRANames), for engines that send only
+	// lora_id.
+	LoRANames map[string]string
 }
 
 // Options are the relay's dependencies.
@@ -74,7 +85,17 @@ type Options struct {
 	Etcd       *clientv3.Client
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Decoder, when set, decodes the engine's messages instead of the
+	// vLLM/SGLang msgpack decoder made from Config (Worker.BlockSize,
+	// LoRANames). The relay calls it from one goroutine.
+	Decoder kvevents.EngineDecoder
+	// Now is the clock of the rate-limited warnings (time.Now).
+	Now func() time.Time
 }
+
+// noticeEvery bounds the configuration warnings (log and SkipNotice) per
+// endpoint.
+const noticeEvery = time.Minute
 
 // Relay is a running engine-to-NATS bridge; create with New, run with Run.
 type Relay struct {
@@ -85,20 +106,29 @@ type Relay struct {
 	m    metrics
 
 	replayFor map[string]string // endpoint → replay endpoint
+	dec       kvevents.EngineDecoder
 
 	// Only the Run goroutine touches these.
 	lastSeq map[string]uint64
 	ranksOf map[string]map[uint32]struct{} // endpoint → dp ranks seen there
+	guard   map[string]*guardState         // endpoint → configuration guard
+}
+
+// guardState follows whether an endpoint's stores are all being skipped.
+type guardState struct {
+	stored, skipped uint64 // stored events relayed, skipped for their block size
+	lastNotice      time.Time
 }
 
 type metrics struct {
-	messages  prometheus.Counter
-	malformed prometheus.Counter
-	skipped   *prometheus.CounterVec
-	gaps      prometheus.Counter
-	replayed  prometheus.Counter
-	restarts  prometheus.Counter
-	pubErrors prometheus.Counter
+	messages      prometheus.Counter
+	malformed     prometheus.Counter
+	skipped       *prometheus.CounterVec
+	skippedBlocks prometheus.Counter
+	gaps          prometheus.Counter
+	replayed      prometheus.Counter
+	restarts      prometheus.Counter
+	pubErrors     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -110,8 +140,11 @@ func newMetrics(reg prometheus.Registerer) metrics {
 			Name: "kvgate_relay_malformed_messages_total", Help: "Engine messages skipped as malformed.",
 		}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvgate_relay_skipped_total", Help: "Engine blocks or events skipped (other block size, medium or KV group; unknown event types).",
-		}, []string{"what"}),
+			Name: "kvgate_relay_skipped_events_total", Help: "Engine events not relayed, by reason: block_size, kv_group, medium, unknown_type, malformed.",
+		}, []string{"reason"}),
+		skippedBlocks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_relay_skipped_blocks_total", Help: "Blocks of the stored events not relayed.",
+		}),
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvgate_relay_sequence_gaps_total", Help: "Engine sequence gaps not recovered by replay (messages lost between the engine and the relay).",
 		}),
@@ -126,7 +159,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.messages, m.malformed, m.skipped, m.gaps, m.replayed, m.restarts, m.pubErrors)
+		reg.MustRegister(m.messages, m.malformed, m.skipped, m.skippedBlocks, m.gaps, m.replayed, m.restarts, m.pubErrors)
 	}
 	return m
 }
@@ -158,6 +191,16 @@ func New(cfg Config, opts Options) (*Relay, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	dec := opts.Decoder
+	if dec == nil {
+		var err error
+		if dec, err = kvevents.NewVLLMDecoder(kvevents.EngineDecoderConfig{BlockSize: cfg.Worker.BlockSize, LoRANames: cfg.LoRANames}); err != nil {
+			return nil, fmt.Errorf("relay: %w", err)
+		}
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	replayFor := map[string]string{}
 	for i, rep := range cfg.ReplayEndpoints {
 		if rep != "" {
@@ -167,11 +210,13 @@ func New(cfg Config, opts Options) (*Relay, error) {
 	return &Relay{
 		cfg:       cfg,
 		replayFor: replayFor,
+		dec:       dec,
 		opts:      opts,
 		log:       log.With("component", "relay", "pool", cfg.Pool, "worker", cfg.Worker.ID),
 		m:         newMetrics(opts.Registerer),
 		lastSeq:   map[string]uint64{},
 		ranksOf:   map[string]map[uint32]struct{}{},
+		guard:     map[string]*guardState{},
 	}, nil
 }
 
@@ -282,7 +327,7 @@ func (r *Relay) receive(ctx context.Context, endpoint string, out chan<- receive
 // handle decodes one engine message and publishes its events.
 func (r *Relay) handle(ctx context.Context, endpoint string, frames [][]byte) {
 	r.m.messages.Inc()
-	b, err := decodeFrames(frames, r.cfg.Worker.BlockSize)
+	b, err := r.dec.Decode(frames)
 	if err != nil {
 		r.m.malformed.Inc()
 		r.log.Warn("skipping malformed engine message", "endpoint", endpoint, "err", err, "frames", len(frames))
@@ -336,28 +381,59 @@ func (r *Relay) clearEndpoint(endpoint string) {
 	}
 }
 
-func decodeFrames(frames [][]byte, blockSize int) (kvevents.EngineBatch, error) {
-	return kvevents.DecodeEngineFrames(frames, blockSize)
-}
-
 // publishBatch counts a decoded batch's skips and publishes its events.
 func (r *Relay) publishBatch(endpoint string, b kvevents.EngineBatch) {
 	if r.ranksOf[endpoint] == nil {
 		r.ranksOf[endpoint] = map[uint32]struct{}{}
 	}
 	r.ranksOf[endpoint][b.DPRank] = struct{}{}
+	for reason, n := range b.Skipped {
+		r.m.skipped.WithLabelValues(string(reason)).Add(float64(n))
+	}
 	if b.SkippedBlocks > 0 {
-		r.m.skipped.WithLabelValues("blocks").Add(float64(b.SkippedBlocks))
-		r.log.Debug("skipped blocks", "count", b.SkippedBlocks, "block_size", r.cfg.Worker.BlockSize)
+		r.m.skippedBlocks.Add(float64(b.SkippedBlocks))
+		r.log.Debug("skipped engine events", "skipped", b.Skipped, "blocks", b.SkippedBlocks, "block_size", r.cfg.Worker.BlockSize)
 	}
-	if b.SkippedEvents > 0 {
-		r.m.skipped.WithLabelValues("events").Add(float64(b.SkippedEvents))
-	}
+	r.checkConfig(endpoint, b)
 	for _, ev := range b.Events {
 		if _, err := r.pub.Publish(b.DPRank, ev); err != nil {
 			r.m.pubErrors.Inc()
 			r.log.Warn("publish", "err", err, "seq", b.Seq, "dp_rank", strconv.FormatUint(uint64(b.DPRank), 10))
 		}
+	}
+}
+
+// checkConfig is the configuration guard: when an endpoint's stores are
+// all skipped for their block size, it warns (naming the flags to fix) and
+// tells the routers, at most once per noticeEvery.
+func (r *Relay) checkConfig(endpoint string, b kvevents.EngineBatch) {
+	g := r.guard[endpoint]
+	if g == nil {
+		g = &guardState{}
+		r.guard[endpoint] = g
+	}
+	for _, ev := range b.Events {
+		if ev.Stored != nil {
+			g.stored++
+		}
+	}
+	n := b.Skipped[kvevents.SkipBlockSize]
+	if n == 0 {
+		return
+	}
+	g.skipped += uint64(n)
+	now := r.opts.Now()
+	if g.stored > 0 || (!g.lastNotice.IsZero() && now.Sub(g.lastNotice) < noticeEvery) {
+		return
+	}
+	g.lastNotice = now
+	notice := kvevents.SkipNotice{Reason: string(kvevents.SkipBlockSize), Events: g.skipped,
+		EngineBlockSize: uint32(max(b.EngineBlockSize, 0)), BlockSize: uint32(r.cfg.Worker.BlockSize)}
+	r.log.Warn("every stored event of this engine is skipped: "+notice.Message(), "endpoint", endpoint,
+		"engine_block_size", b.EngineBlockSize, "block_size", r.cfg.Worker.BlockSize, "skipped_events", g.skipped)
+	if _, err := r.pub.Publish(b.DPRank, kvevents.Event{Skipped: &notice}); err != nil {
+		r.m.pubErrors.Inc()
+		r.log.Warn("publish", "err", err)
 	}
 }
 

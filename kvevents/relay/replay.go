@@ -89,7 +89,7 @@ func (r *Relay) recoverGap(ctx context.Context, endpoint, replay string, last, n
 			r.log.Warn("engine replay buffer no longer holds lost messages", "endpoint", endpoint, "from_seq", want, "to_seq", m.seq-1)
 		}
 		want = m.seq + 1
-		b, err := decodeFrames(m.frames, r.cfg.Worker.BlockSize)
+		b, err := r.dec.Decode(m.frames)
 		if err != nil {
 			r.m.malformed.Inc()
 			r.log.Warn("skipping malformed replayed message", "endpoint", endpoint, "seq", m.seq, "err", err)

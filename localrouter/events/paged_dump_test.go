@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/nats-io/nats-server/v2/server"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvgate/kvgate/internal/testenv"
@@ -24,7 +24,7 @@ import (
 // so a worker of 20k blocks is dumped in many pages.
 func smallPayloadSetup(t *testing.T, pool string, workers ...string) (*nats.Conn, *localrouter.Router, *events.Subscriber) {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: 64 << 10})
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: 64 << 10})
 	if err != nil {
 		t.Fatal(err)
 	}

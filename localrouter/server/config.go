@@ -119,6 +119,13 @@ func settings(c *Config) []*setting {
 		{flags: []string{"router-kv-usage-weight"}, envs: []string{"KVGATE_ROUTER_KV_USAGE_WEIGHT"}, usage: "cost in blocks of a full engine KV cache, proportionally below (engine metrics; 0: unused)", set: float(&r.KVUsageWeight), get: func() string { return fmtFloat(r.KVUsageWeight) }},
 		{flags: []string{"router-saturation-kv-usage"}, envs: []string{"KVGATE_ROUTER_SATURATION_KV_USAGE"}, usage: "skip a rank whose engine reports KV usage at least this (0..1) with requests waiting (0 disables)", set: float(&r.SaturationKVUsage), get: func() string { return fmtFloat(r.SaturationKVUsage) }},
 		{flags: []string{"router-saturation-waiting"}, envs: []string{"KVGATE_ROUTER_SATURATION_WAITING"}, usage: "skip a rank whose engine reports this many waiting requests or more (0 disables)", set: integer(&r.SaturationWaiting, 0), get: func() string { return strconv.Itoa(r.SaturationWaiting) }},
+		{flags: []string{"router-tier-weights"}, envs: []string{"KVGATE_ROUTER_TIER_WEIGHTS"}, usage: "credit of a cached block per lower cache tier, relative to the GPU (tier=weight,…; none: ignore offloaded blocks)", set: func(v string) error {
+			w, err := localrouter.ParseTierWeights(v)
+			if err == nil {
+				r.TierWeights = w
+			}
+			return err
+		}, get: func() string { return localrouter.FormatTierWeights(r.TierWeights) }},
 		{flags: []string{"router-request-expiry"}, envs: []string{"KVGATE_ROUTER_REQUEST_EXPIRY"}, usage: "free requests still active after this long (duration, or seconds)", set: dur(&r.RequestExpiry), get: func() string { return r.RequestExpiry.String() }},
 	}
 }

@@ -379,6 +379,9 @@ func (s *Server) Workers(ctx context.Context, _ *localrouterv1.WorkersRequest) (
 			out.Workers = append(out.Workers, w)
 		}
 		w.DpSize++
+		if w.ConfigWarning == "" {
+			w.ConfigWarning = s.r.ConfigWarning(k)
+		}
 		l := active.Load(k)
 		rl := &localrouterv1.RankLoad{
 			DpRank: k.DPRank, PrefillTokens: uint32(l.PrefillTokens), ActiveBlocks: uint32(l.ActiveBlocks),
@@ -415,6 +418,7 @@ func (s *Server) Stats(ctx context.Context, _ *localrouterv1.StatsRequest) (*loc
 			WaitingWeight: cfg.WaitingWeight, KvUsageWeight: cfg.KVUsageWeight,
 			SaturationKvUsage: cfg.SaturationKVUsage, SaturationWaiting: uint32(cfg.SaturationWaiting),
 			MetricsPeriodSeconds: s.opts.MetricsPeriod.Seconds(),
+			TierWeights:          localrouter.FormatTierWeights(cfg.TierWeights),
 		},
 		SaturationSkips: s.r.SaturationSkips(),
 	}

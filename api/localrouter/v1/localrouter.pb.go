@@ -1595,8 +1595,12 @@ type Worker struct {
 	Role             string                 `protobuf:"bytes,6,opt,name=role,proto3" json:"role,omitempty"`
 	KvCapacityBlocks uint32                 `protobuf:"varint,7,opt,name=kv_capacity_blocks,json=kvCapacityBlocks,proto3" json:"kv_capacity_blocks,omitempty"`
 	Ranks            []*RankLoad            `protobuf:"bytes,8,rep,name=ranks,proto3" json:"ranks,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Why nothing this worker caches is indexed, and the flag that fixes it
+	// (the configuration guard: every stored event skipped for its block
+	// size, e.g. SGLang's default page_size 1); empty when all is well.
+	ConfigWarning string `protobuf:"bytes,20,opt,name=config_warning,json=configWarning,proto3" json:"config_warning,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Worker) Reset() {
@@ -1683,6 +1687,13 @@ func (x *Worker) GetRanks() []*RankLoad {
 		return x.Ranks
 	}
 	return nil
+}
+
+func (x *Worker) GetConfigWarning() string {
+	if x != nil {
+		return x.ConfigWarning
+	}
+	return ""
 }
 
 type WorkersResponse struct {
@@ -1793,8 +1804,11 @@ type RouterConfig struct {
 	SaturationWaiting    uint32                 `protobuf:"varint,15,opt,name=saturation_waiting,json=saturationWaiting,proto3" json:"saturation_waiting,omitempty"`
 	// Period of the engine metrics scrapes (0: not scraped).
 	MetricsPeriodSeconds float64 `protobuf:"fixed64,16,opt,name=metrics_period_seconds,json=metricsPeriodSeconds,proto3" json:"metrics_period_seconds,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Credit of a block cached on a lower tier, relative to the GPU
+	// ("cpu=0.8,disk=0.3,external=0.2").
+	TierWeights   string `protobuf:"bytes,20,opt,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouterConfig) Reset() {
@@ -1937,6 +1951,13 @@ func (x *RouterConfig) GetMetricsPeriodSeconds() float64 {
 		return x.MetricsPeriodSeconds
 	}
 	return 0
+}
+
+func (x *RouterConfig) GetTierWeights() string {
+	if x != nil {
+		return x.TierWeights
+	}
+	return ""
 }
 
 type StatsResponse struct {
@@ -2249,7 +2270,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\ractive_blocks\x18\x03 \x01(\rR\factiveBlocks\x12'\n" +
 	"\x0factive_requests\x18\x04 \x01(\rR\x0eactiveRequests\x12#\n" +
 	"\rcached_blocks\x18\x05 \x01(\rR\fcachedBlocks\x12<\n" +
-	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\"\x86\x02\n" +
+	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\"\xad\x02\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x17\n" +
@@ -2259,11 +2280,12 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x05model\x18\x05 \x01(\tR\x05model\x12\x12\n" +
 	"\x04role\x18\x06 \x01(\tR\x04role\x12,\n" +
 	"\x12kv_capacity_blocks\x18\a \x01(\rR\x10kvCapacityBlocks\x125\n" +
-	"\x05ranks\x18\b \x03(\v2\x1f.kvgate.localrouter.v1.RankLoadR\x05ranks\"^\n" +
+	"\x05ranks\x18\b \x03(\v2\x1f.kvgate.localrouter.v1.RankLoadR\x05ranks\x12%\n" +
+	"\x0econfig_warning\x18\x14 \x01(\tR\rconfigWarning\"^\n" +
 	"\x0fWorkersResponse\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x127\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1d.kvgate.localrouter.v1.WorkerR\aworkers\"\x0e\n" +
-	"\fStatsRequest\"\xc2\x05\n" +
+	"\fStatsRequest\"\xe5\x05\n" +
 	"\fRouterConfig\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x120\n" +
@@ -2283,7 +2305,8 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x0fkv_usage_weight\x18\r \x01(\x01R\rkvUsageWeight\x12.\n" +
 	"\x13saturation_kv_usage\x18\x0e \x01(\x01R\x11saturationKvUsage\x12-\n" +
 	"\x12saturation_waiting\x18\x0f \x01(\rR\x11saturationWaiting\x124\n" +
-	"\x16metrics_period_seconds\x18\x10 \x01(\x01R\x14metricsPeriodSeconds\"\xd4\x05\n" +
+	"\x16metrics_period_seconds\x18\x10 \x01(\x01R\x14metricsPeriodSeconds\x12!\n" +
+	"\ftier_weights\x18\x14 \x01(\tR\vtierWeights\"\xd4\x05\n" +
 	"\rStatsResponse\x12\x1b\n" +
 	"\trouter_id\x18\x01 \x01(\tR\brouterId\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x14\n" +

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -11,7 +12,9 @@ import (
 // EncodeEnginePayload encodes events as a vLLM KV event batch, the way
 // current vLLM does: the batch as an array [ts, events, dp_rank], each event
 // a tagged map ({"type": "BlockStored", …}) with integer block hashes and
-// medium "GPU". blockSize must divide every Stored block. The mocker
+// the event's medium (GPU, CPU, DISK, EXTERNAL); a lower-tier Stored whose
+// blocks carry no token ids is sent with empty token_ids, as vLLM's
+// offloading connector does. blockSize must divide every Stored block. The mocker
 // publishes this on its ZMQ socket so the relay path is the real one.
 func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize int) ([]byte, error) {
 	var buf bytes.Buffer
@@ -29,9 +32,13 @@ func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize in
 			w.do(enc.EncodeString("block_hashes"))
 			w.do(enc.EncodeArrayLen(len(st.Blocks)))
 			n := 0
+			byRef := medium(st.Medium) != "GPU" && len(st.Blocks) > 0 && len(st.Blocks[0].TokenIDs) == 0
 			for _, b := range st.Blocks {
 				w.do(enc.EncodeUint(b.EngineHash))
 				n += len(b.TokenIDs)
+				if byRef && len(b.TokenIDs) == 0 {
+					continue
+				}
 				if len(b.TokenIDs) != blockSize {
 					return nil, fmt.Errorf("%w: event %d: block of %d tokens, block size %d", ErrInvalidEvent, i, len(b.TokenIDs), blockSize)
 				}
@@ -53,7 +60,7 @@ func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize in
 			w.do(enc.EncodeInt(int64(blockSize)))
 			w.do(enc.EncodeString("lora_id"))
 			w.do(enc.EncodeNil())
-			w.str("medium", "GPU")
+			w.str("medium", medium(st.Medium))
 			w.do(enc.EncodeString("lora_name"))
 			if st.LoRAName == "" {
 				w.do(enc.EncodeNil())
@@ -68,7 +75,7 @@ func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize in
 			for _, h := range ev.Removed.EngineHashes {
 				w.do(enc.EncodeUint(h))
 			}
-			w.str("medium", "GPU")
+			w.str("medium", medium(ev.Removed.Medium))
 		case ev.Cleared:
 			w.do(enc.EncodeMapLen(1))
 			w.str("type", "AllBlocksCleared")
@@ -81,6 +88,16 @@ func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize in
 		return nil, w.err
 	}
 	return buf.Bytes(), nil
+}
+
+// medium is the vLLM medium of a kvgate event's medium: GPU for device
+// memory, CPU, DISK or EXTERNAL for the lower tiers.
+func medium(m string) string {
+	t, _ := TierOf(m)
+	if t == TierGPU {
+		return "GPU"
+	}
+	return strings.ToUpper(t.String())
 }
 
 // EngineFrames returns the three ZMQ frames of a vLLM event message.

@@ -6,28 +6,33 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 type engineManifest struct {
-	BlockSize int      `json:"block_size"`
-	Cases     []string `json:"cases"`
-	Malformed []string `json:"malformed"`
+	BlockSize int               `json:"block_size"`
+	LoRANames map[string]string `json:"lora_names"`
+	Cases     []string          `json:"cases"`
+	Malformed []string          `json:"malformed"`
 }
 
 type engineWant struct {
-	TS            float64 `json:"ts"`
-	DPRank        uint32  `json:"dp_rank"`
-	Events        []Event `json:"events"`
-	SkippedBlocks int     `json:"skipped_blocks"`
-	SkippedEvents int     `json:"skipped_events"`
+	TS              float64            `json:"ts"`
+	DPRank          uint32             `json:"dp_rank"`
+	Events          []Event            `json:"events"`
+	LocalHashes     [][]string         `json:"local_hashes"`
+	Skipped         map[SkipReason]int `json:"skipped"`
+	SkippedBlocks   int                `json:"skipped_blocks"`
+	EngineBlockSize int                `json:"engine_block_size"`
 }
 
 func readManifest(t testing.TB) engineManifest {
 	t.Helper()
-	raw, err := os.ReadFile("testdata/vllm_manifest.json")
+	raw, err := os.ReadFile("testdata/engine_manifest.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,9 +52,11 @@ func fixture(t testing.TB, name string) []byte {
 	return b
 }
 
-// TestEngineGolden decodes payloads made by python3-msgpack
-// (testdata/vllm_gen.py) and compares with what the script says kvgate must
-// see.
+// TestEngineGolden decodes payloads built from vLLM's and SGLang's own
+// struct definitions (testdata/vllm_gen.py, python3-msgpack) and compares
+// with what the script says kvgate must see, including the block keys
+// (computed there with python3-xxhash) of every stored block: base,
+// adapter, salted and multimodal blocks.
 func TestEngineGolden(t *testing.T) {
 	m := readManifest(t)
 	if len(m.Cases) == 0 {
@@ -65,16 +72,37 @@ func TestEngineGolden(t *testing.T) {
 			if err := json.Unmarshal(raw, &want); err != nil {
 				t.Fatal(err)
 			}
-			frames := EngineFrames("kv-events", 41, fixture(t, name))
-			got, err := DecodeEngineFrames(frames, m.BlockSize)
+			dec, err := NewVLLMDecoder(EngineDecoderConfig{BlockSize: m.BlockSize, LoRANames: m.LoRANames})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := dec.Decode(EngineFrames("kv-events", 41, fixture(t, name)))
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got.Seq != 41 || got.Topic != "kv-events" {
 				t.Errorf("seq %d topic %q, want 41 kv-events", got.Seq, got.Topic)
 			}
-			gotW := engineWant{TS: got.TS, DPRank: got.DPRank, Events: got.Events, SkippedBlocks: got.SkippedBlocks, SkippedEvents: got.SkippedEvents}
-			if diff := cmp.Diff(want, gotW); diff != "" {
+			gotW := engineWant{TS: got.TS, DPRank: got.DPRank, Events: got.Events, Skipped: got.Skipped,
+				SkippedBlocks: got.SkippedBlocks, EngineBlockSize: got.EngineBlockSize}
+			for _, ev := range got.Events {
+				if ev.Stored == nil {
+					gotW.LocalHashes = append(gotW.LocalHashes, nil)
+					continue
+				}
+				seed := ChainSeed(ev.Stored.LoRAName, ev.Stored.CacheSalt)
+				hs := []string{}
+				for _, b := range ev.Stored.Blocks {
+					if len(b.TokenIDs) > 0 {
+						hs = append(hs, strconv.FormatUint(b.Hash(seed), 10))
+					}
+				}
+				gotW.LocalHashes = append(gotW.LocalHashes, hs)
+			}
+			if gotW.Skipped == nil {
+				gotW.Skipped = map[SkipReason]int{}
+			}
+			if diff := cmp.Diff(want, gotW, cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("decoded (-want +got):\n%s", diff)
 			}
 		})
@@ -156,9 +184,18 @@ func FuzzDecodeEngineFrames(f *testing.F) {
 			}
 			if ev.Stored != nil {
 				for _, blk := range ev.Stored.Blocks {
-					if len(blk.TokenIDs) != m.BlockSize {
+					if len(blk.TokenIDs) != m.BlockSize && (len(blk.TokenIDs) != 0 || ev.Stored.Medium == "") {
 						t.Fatalf("block of %d tokens, want %d", len(blk.TokenIDs), m.BlockSize)
 					}
+				}
+			}
+		}
+		// The encoder writes no extra_keys: compare without what they carry.
+		for _, ev := range b.Events {
+			if ev.Stored != nil {
+				ev.Stored.CacheSalt = ""
+				for i := range ev.Stored.Blocks {
+					ev.Stored.Blocks[i].MMHashes = nil
 				}
 			}
 		}
@@ -201,4 +238,34 @@ func BenchmarkDecodeEnginePayload(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// FuzzVLLMDecoderStream feeds two payloads to one decoder, as a relay
+// does: the state it keeps between messages (salted chains, KV cache group
+// kinds) must not make it panic or emit invalid events.
+func FuzzVLLMDecoderStream(f *testing.F) {
+	m := readManifest(f)
+	for i, name := range m.Cases {
+		f.Add(fixture(f, name), fixture(f, m.Cases[(i+1)%len(m.Cases)]))
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		dec, err := NewVLLMDecoder(EngineDecoderConfig{BlockSize: m.BlockSize, LoRANames: m.LoRANames})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range [][]byte{a, b} {
+			batch, err := dec.Decode(EngineFrames("t", 1, p))
+			if err != nil {
+				if !errors.Is(err, ErrMalformed) {
+					t.Fatalf("error %v is not ErrMalformed", err)
+				}
+				continue
+			}
+			for _, ev := range batch.Events {
+				if err := (RouterEvent{WorkerID: "w", Event: ev}).Validate(); err != nil {
+					t.Fatalf("decoder produced an invalid event: %v", err)
+				}
+			}
+		}
+	})
 }
