@@ -203,4 +203,3 @@ func TestHealthServices(t *testing.T) {
 		t.Error("unknown service: no error")
 	}
 }
-
