@@ -203,3 +203,67 @@ func TestHealthServices(t *testing.T) {
 		t.Error("unknown service: no error")
 	}
 }
+
+// TestServedOnLaterMessage: the served report may first appear on a later
+// response message than the headers (read on every one); a report naming
+// an endpoint the decision did not list moves nothing.
+func TestServedOnLaterMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name, served string
+		want         []string
+		endpoint     string // x-kvgate-endpoint on the response
+	}{
+		{"fallback reported on the body", "10.0.0.2:8000", []string{"move 10.0.0.2:8000", "prefill", "free"}, wantPrimary},
+		{"unknown endpoint reported", "192.0.2.7:1", []string{"prefill", "free"}, wantPrimary},
+	} {
+		for _, m := range allModes {
+			t.Run(tc.name+"/"+m.name, func(t *testing.T) {
+				var lease *leaseDouble
+				d := &deciderDouble{}
+				conn, _ := startServer(t, extproc.Config{}, deciderFunc(func(ctx context.Context, req *globalrouter.Request) (*globalrouter.Decision, error) {
+					dec, err := d.Decide(ctx, req)
+					if err == nil {
+						lease = dec.Lease.(*leaseDouble)
+						dec.Lease = moverLease{lease}
+					}
+					return dec, err
+				}))
+				ctx := testenv.Context(t)
+				s := eppClient(t, conn, m, "envoy.lb").Open(ctx, nil)
+				defer s.Close()
+				if err := s.SendRequestHeaders(ctx, post("/v1/completions"), false); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.SendRequestData(ctx, []byte(`{"model":"m1","prompt":"hi"}`), true); err != nil {
+					t.Fatal(err)
+				}
+				drain(t, ctx, s.ReadUpstream)
+				if err := s.SendResponseHeaders(ctx, extprocclient.Headers{{Key: ":status", Value: "200"}}, false); err != nil {
+					t.Fatal(err)
+				}
+				var hdrs extprocclient.Headers
+				for hdrs == nil { // the response headers have gone downstream
+					f, err := s.ReadDownstream(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if f.Kind == extprocclient.FrameHeaders {
+						hdrs = f.Headers
+					}
+				}
+				s.ReportServed(tc.served)
+				if err := s.SendResponseData(ctx, []byte("ok"), true); err != nil {
+					t.Fatal(err)
+				}
+				drain(t, ctx, s.ReadDownstream)
+				s.Close()
+				if diff := cmp.Diff(tc.want, lease.calls()); diff != "" {
+					t.Errorf("lease calls (-want +got):\n%s", diff)
+				}
+				if got := get(hdrs, "x-kvgate-endpoint"); got != tc.endpoint {
+					t.Errorf("x-kvgate-endpoint %q, want %q (set before the report)", got, tc.endpoint)
+				}
+			})
+		}
+	}
+}
