@@ -3,12 +3,14 @@ package extproc_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -264,6 +266,36 @@ func TestServedOnLaterMessage(t *testing.T) {
 					t.Errorf("x-kvgate-endpoint %q, want %q (set before the report)", got, tc.endpoint)
 				}
 			})
+		}
+	}
+}
+
+// TestRegisterHealthOnItsOwnServer: a health-only gRPC server (a plaintext
+// probe port) answers the same statuses.
+func TestRegisterHealthOnItsOwnServer(t *testing.T) {
+	d := &readyDecider{}
+	d.ok.Store(true)
+	srv, err := extproc.New(extproc.Config{}, d, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	srv.RegisterHealth(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, svc := range []string{extproc.HealthLiveness, extproc.HealthReadiness, "envoy.service.ext_proc.v3.ExternalProcessor"} {
+		r, err := healthpb.NewHealthClient(conn).Check(testenv.Context(t), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("%s: %v %v, want SERVING", svc, r.GetStatus(), err)
 		}
 	}
 }

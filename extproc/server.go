@@ -85,8 +85,17 @@ func (s *Server) Config() Config { return s.cfg }
 // reachable), refreshed every ReadinessInterval by Serve.
 func (s *Server) Register(g *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, s)
-	healthpb.RegisterHealthServer(g, s.health)
 	reflection.Register(g)
+	s.RegisterHealth(g)
+}
+
+// RegisterHealth adds only the gRPC health service, with the statuses
+// Register describes, to g: for a health port of its own (a plaintext one
+// the kubelet's gRPC probe can reach when the ext_proc port runs TLS). The
+// statuses are shared with every server it was registered on; Serve keeps
+// readiness fresh.
+func (s *Server) RegisterHealth(g *grpc.Server) {
+	healthpb.RegisterHealthServer(g, s.health)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
 	s.setHealth()

@@ -261,7 +261,7 @@ func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerReq
 	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
 		RequestID: in.GetRequestId(), UpdateIndexer: in.GetUpdateIndexer(), Override: override(in.GetConfigOverride()),
 		Signals: &rep,
-		Allow: s.allow(in.GetAllowedAddresses()),
+		Allow:   s.allow(in.GetAllowedAddresses()),
 	})
 	if err != nil {
 		return nil, toStatus(err)
