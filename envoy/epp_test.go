@@ -235,3 +235,36 @@ func TestEPPServedFallback(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// Served clause, the data plane's half: the shipped bootstrap's
+// override_host policy records the host it picked under envoy.lb
+// x-gateway-destination-endpoint-served, a namespace the ext_proc filter
+// forwards, so the response's messages carry the report.
+func TestEPPBootstrapReportsServed(t *testing.T) {
+	b, err := envoy.DecodeBootstrap(envoy.BootstrapYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := envoy.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		if c.GetName() != "kvgate_workers" {
+			continue
+		}
+		oh, err := envoy.OverrideHostPolicy(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := oh.GetSelectedHostKey()
+		if k.GetKey() != extprocclient.LBNamespace || len(k.GetPath()) != 1 || k.GetPath()[0].GetKey() != extprocclient.ServedKey {
+			t.Errorf("selected_host_key %v, want %s / %s", k, extprocclient.LBNamespace, extprocclient.ServedKey)
+		}
+		if !slices.Contains(cfg.ForwardingNamespaces, k.GetKey()) {
+			t.Errorf("the served report's namespace %q is not forwarded (%v)", k.GetKey(), cfg.ForwardingNamespaces)
+		}
+		return
+	}
+	t.Fatal("no kvgate_workers cluster")
+}
