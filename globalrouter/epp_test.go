@@ -9,6 +9,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // The endpoint-picker protocol's subset clause: with a subset, the
@@ -23,7 +24,7 @@ func TestSubsetBoundsEveryEndpoint(t *testing.T) {
 	prompt := longText(60)
 	// Without a subset the primary is pool-a's cached worker a-0.
 	c.a.Store(t, "a-0", chatTokens(t, chat(prompt)))
-	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat(prompt)})
+	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(chat(prompt)...)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func TestSubsetBoundsEveryEndpoint(t *testing.T) {
 		{"no worker listed", []string{"192.0.2.1:8000"}, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: chat(prompt), Subset: &globalrouter.Subset{Addresses: tc.subset}})
+			d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(chat(prompt)...), Subset: &globalrouter.Subset{Addresses: tc.subset}})
 			if tc.allowed == nil {
 				if !errors.Is(err, globalrouter.ErrNoEndpointInSubset) {
 					t.Fatalf("got %v, want ErrNoEndpointInSubset", err)
@@ -99,7 +100,7 @@ func TestMoveToServedFallback(t *testing.T) {
 	r, _ := newRouter(t, c.cfg)
 	prompt := longText(60)
 	c.a.Store(t, "a-0", chatTokens(t, chat(prompt)))
-	d, err := r.Decide(ctx, &globalrouter.Request{ID: "req-move", Model: model, Messages: chat(prompt)})
+	d, err := r.Decide(ctx, &globalrouter.Request{ID: "req-move", Model: model, Chat: tokenizer.NewChat(chat(prompt)...)})
 	if err != nil {
 		t.Fatal(err)
 	}
