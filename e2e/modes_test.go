@@ -57,7 +57,8 @@ func TestExtprocModesWithRealRouters(t *testing.T) {
 					Body: [][]byte{body[:100], body[100:101], body[101:]},
 				},
 				Upstream: func(ctx context.Context, req *extprocclient.Message) (*extprocclient.Message, error) {
-					dest, _ := req.Headers.Get("x-gateway-destination-endpoint")
+					list, _ := req.Headers.Get("x-gateway-destination-endpoint")
+					dest, _, _ := strings.Cut(list, ",") // the primary
 					r, err := http.NewRequestWithContext(ctx, "POST", "http://"+dest+"/v1/chat/completions", strings.NewReader(string(req.BodyBytes())))
 					if err != nil {
 						return nil, err
@@ -94,16 +95,16 @@ func TestExtprocModesWithRealRouters(t *testing.T) {
 			if got := string(res.Upstream.BodyBytes()); got != string(body) {
 				t.Errorf("upstream body differs from the request's")
 			}
-			// The header is the primary alone (what the bootstrap's
-			// ORIGINAL_DST cluster parses); envoy.lb lists it first, then
-			// the fallbacks.
-			dest, _ := res.Upstream.Headers.Get("x-gateway-destination-endpoint")
+			// The header and envoy.lb carry the same list (the
+			// endpoint-picker protocol): the primary, then the fallbacks.
+			list, _ := res.Upstream.Headers.Get("x-gateway-destination-endpoint")
+			dest, _, _ := strings.Cut(list, ",")
 			if _, err := netip.ParseAddrPort(dest); err != nil {
-				t.Errorf("header x-gateway-destination-endpoint %q: want one ip:port (%v)", dest, err)
+				t.Errorf("header x-gateway-destination-endpoint %q: want ip:port first (%v)", list, err)
 			}
 			lb := res.Info.DynamicMetadata["envoy.lb"].GetFields()["x-gateway-destination-endpoint"].GetStringValue()
-			if first, _, _ := strings.Cut(lb, ","); first != dest {
-				t.Errorf("envoy.lb %q, header %q: want the header's endpoint first", lb, dest)
+			if lb != list {
+				t.Errorf("envoy.lb %q, header %q: want the same list", lb, list)
 			}
 			pool, _ := res.Upstream.Headers.Get("x-kvgate-pool")
 			worker, _ := res.Upstream.Headers.Get("x-kvgate-worker-id")

@@ -23,9 +23,9 @@ import (
 // TestDefaultDestinationFitsBootstrap: the shipped bootstrap's override_host
 // policy reads the destination header and the envoy.lb list. kvgate's
 // ext_proc server, in its default configuration and with the bootstrap's
-// filter settings, puts the primary ip:port in the header, even when the
-// decision has fallbacks; the fallbacks go in envoy.lb metadata, after the
-// header's endpoint.
+// filter settings, puts the ordered list (primary, then fallbacks) in the
+// header and exactly the same value in envoy.lb metadata (the
+// endpoint-picker protocol forbids different values).
 func TestDefaultDestinationFitsBootstrap(t *testing.T) {
 	header := destinationHeader(t)
 
@@ -85,15 +85,21 @@ func TestDefaultDestinationFitsBootstrap(t *testing.T) {
 	if !ok {
 		t.Fatalf("no %s header on the upstream request", header)
 	}
-	if _, err := netip.ParseAddrPort(got); err != nil {
-		t.Errorf("%s = %q: want one ip:port by default (%v)", header, got, err)
+	// The endpoint-picker protocol: the header and the envoy.lb metadata
+	// carry the same value, the ordered list (primary, then fallbacks),
+	// which Envoy's override_host policy reads.
+	want := "10.0.0.1:8000,10.0.0.2:8000"
+	for _, ep := range strings.Split(got, ",") {
+		if _, err := netip.ParseAddrPort(ep); err != nil {
+			t.Errorf("%s = %q: %q is not an ip:port (%v)", header, got, ep, err)
+		}
 	}
-	if got != "10.0.0.1:8000" {
-		t.Errorf("%s = %q, want the primary 10.0.0.1:8000", header, got)
+	if got != want {
+		t.Errorf("%s = %q, want %q (primary, then fallbacks)", header, got, want)
 	}
 	lb := res.Info.DynamicMetadata["envoy.lb"].GetFields()[header].GetStringValue()
-	if want := "10.0.0.1:8000,10.0.0.2:8000"; lb != want {
-		t.Errorf("envoy.lb %s = %q, want %q (primary, then fallbacks)", header, lb, want)
+	if lb != got {
+		t.Errorf("envoy.lb %s = %q, header %q: must be the same", header, lb, got)
 	}
 }
 

@@ -17,6 +17,8 @@ const (
 	DefaultLeaseTimeout    = 2 * time.Second
 	DefaultMaxUsageBytes   = 1 << 20
 	DefaultShutdownTimeout = 5 * time.Second
+	// DefaultReadinessInterval is how often readiness is refreshed.
+	DefaultReadinessInterval = time.Second
 	// MaxChunkBytes bounds each streamed_response chunk the server sends
 	// in FULL_DUPLEX_STREAMED (Envoy recommends staying under 64 KiB).
 	MaxChunkBytes = 62000
@@ -49,14 +51,16 @@ type Config struct {
 	MaxUsageBytes int
 	// ShutdownTimeout bounds the graceful stop of the gRPC server.
 	ShutdownTimeout time.Duration
-	// HeaderFallbacks puts the whole ordered list (primary ip:port, then
-	// the distinct fallbacks, comma-separated) in the
-	// x-gateway-destination-endpoint header. By default the header carries
-	// only the primary ip:port, the one form both Envoy's ORIGINAL_DST
-	// cluster (which parses a single address and answers 503 for a list)
-	// and the override_host LB policy accept; the envoy.lb metadata always
-	// carries the whole list, where override_host reads it for retries.
-	// Set it for override_host setups that read the list from the header.
+	// ReadinessInterval is how often the readiness health services
+	// ("readiness" and the ExternalProcessor service) are refreshed from
+	// the Decider.
+	ReadinessInterval time.Duration
+	// HeaderFallbacks is ignored: the x-gateway-destination-endpoint
+	// header always carries the same ordered list as the envoy.lb metadata
+	// (the endpoint-picker protocol forbids different values). Kept so old
+	// configurations and the -header-fallbacks flag still parse.
+	//
+	// Deprecated: a no-op.
 	HeaderFallbacks bool
 }
 
@@ -89,6 +93,9 @@ func (c Config) Defaults() Config {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if c.ReadinessInterval == 0 {
+		c.ReadinessInterval = DefaultReadinessInterval
+	}
 	return c
 }
 
@@ -114,7 +121,7 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("response body mode %s: want STREAMED, FULL_DUPLEX_STREAMED or BUFFERED", c.ResponseBodyMode))
 	}
-	if c.RetryAfter < 0 || c.LeaseTimeout < 0 || c.ShutdownTimeout < 0 || c.MaxUsageBytes < 0 {
+	if c.RetryAfter < 0 || c.LeaseTimeout < 0 || c.ShutdownTimeout < 0 || c.MaxUsageBytes < 0 || c.ReadinessInterval < 0 {
 		errs = append(errs, errors.New("durations and sizes must not be negative"))
 	}
 	return errors.Join(errs...)

@@ -29,30 +29,43 @@
 // (pinning with x-kvgate-pool / x-kvgate-worker-id / x-kvgate-dp-rank,
 // sessions, priorities, overrides: see globalrouter).
 //
-// Set on the request: x-gateway-destination-endpoint (the primary ip:port
-// alone, which Envoy's ORIGINAL_DST cluster and the override_host LB policy
-// both accept; Config.HeaderFallbacks appends the distinct fallbacks,
-// comma-separated, for override_host setups that read the list from the
-// header), x-kvgate-pool, x-kvgate-worker-id, x-kvgate-dp-rank,
+// Set on the request: x-gateway-destination-endpoint (the ordered list,
+// primary ip:port then the distinct fallbacks, comma-separated: exactly
+// the value of the envoy.lb metadata key x-gateway-destination-endpoint,
+// as the endpoint-picker protocol requires; Config.HeaderFallbacks is a
+// no-op), x-kvgate-pool, x-kvgate-worker-id, x-kvgate-dp-rank,
 // x-data-parallel-rank (the rank for the engine: vLLM and SGLang read it;
 // a client's own is replaced, and removed on pass-through),
 // x-kvgate-overlap-blocks, x-prefiller-host-port (disaggregated; a client's
 // own is removed) and x-kvgate-explain (when asked). For a pool with
 // dp_rank_body_field (Decision.DPRankBodyField) the JSON body is re-emitted
 // with SGLang's routed_dp_rank set to the rank (content-length fixed in
-// BUFFERED mode). The envoy.lb metadata
-// key x-gateway-destination-endpoint always carries the whole list (primary,
-// then distinct fallbacks), where override_host reads it for retries. Set on
-// the response: the same x-kvgate-* plus x-kvgate-endpoint, so clients see
-// where they went.
+// BUFFERED mode). Set on the response: the same x-kvgate-* plus
+// x-kvgate-endpoint, so clients see where they went (the endpoint that
+// served the request, see below).
+//
+// # Endpoint-picker protocol (epp.go)
+//
+// The Gateway API Inference Extension's protocol v1.0.0: a subset hint in
+// the request's metadata_context (envoy.lb.subset_hint /
+// x-gateway-destination-endpoint-subset) becomes globalrouter.Request.Subset,
+// which bounds the primary and every fallback (none eligible: 503
+// no_endpoint_in_subset). The served report on any response message
+// (envoy.lb / x-gateway-destination-endpoint-served), when it names a
+// fallback, moves the request's lifecycle there (globalrouter.Mover). gRPC
+// health answers for liveness, readiness and
+// envoy.service.ext_proc.v3.ExternalProcessor (the last two follow the
+// Decider's Ready, when it has one). docs/envoy.md maps each clause to its
+// test.
 //
 // # Errors
 //
 // OpenAI-shaped JSON immediate responses ({"error":{"message","type",
 // "code"}}) with x-kvgate-dropped-reason: 400 bad_json / missing_field /
 // bad_field / bad_request / pin_refused, 404 unknown_model, 413
-// body_too_large, 429 saturated (with retry-after), 503 no_pool_reachable,
-// 500 internal_error. The Decider returns the globalrouter sentinels; this
+// body_too_large, 429 saturated, 503 no_pool_reachable /
+// no_endpoint_in_subset (429 and 503 with retry-after), 500
+// internal_error. The Decider returns the globalrouter sentinels; this
 // package is the only place they become statuses.
 //
 // # Metrics

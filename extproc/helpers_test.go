@@ -102,8 +102,8 @@ func fixedDecision() *globalrouter.Decision {
 	}
 }
 
-// wantPrimary is fixedDecision's primary address, the header's default
-// value; wantDestination is its whole list, the envoy.lb metadata's value.
+// wantPrimary is fixedDecision's primary address; wantDestination is its
+// whole list, the value of both the header and the envoy.lb metadata.
 const (
 	wantPrimary     = "10.0.0.1:8000"
 	wantDestination = "10.0.0.1:8000,10.0.0.2:8000,10.0.1.9:8000"

@@ -47,8 +47,10 @@ func (s *Server) errorFor(err error) *httpError {
 		return &httpError{404, "invalid_request_error", "model_not_found", "unknown_model", msg, 0}
 	case errors.Is(err, globalrouter.ErrSaturated):
 		return &httpError{429, "rate_limit_error", "rate_limit_exceeded", "saturated", msg, s.cfg.RetryAfter}
+	case errors.Is(err, globalrouter.ErrNoEndpointInSubset):
+		return &httpError{503, "server_error", "no_endpoint_in_subset", "no_endpoint_in_subset", msg, s.cfg.RetryAfter}
 	case errors.Is(err, globalrouter.ErrNoPool):
-		return &httpError{503, "server_error", "no_pool_available", "no_pool_reachable", msg, 0}
+		return &httpError{503, "server_error", "no_pool_available", "no_pool_reachable", msg, s.cfg.RetryAfter}
 	default:
 		return &httpError{500, "server_error", "internal_error", "internal_error", "internal error routing the request", 0}
 	}
@@ -152,14 +154,15 @@ func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPref
 }
 
 // responseHeaders are the x-kvgate-* headers added to the response so the
-// client sees where its request went.
-func responseHeaders(d *globalrouter.Decision, explain bool) *extprocv3.HeaderMutation {
+// client sees where its request went: ep, the primary or the fallback the
+// data plane reports served it.
+func responseHeaders(d *globalrouter.Decision, ep globalrouter.Endpoint, explain bool) *extprocv3.HeaderMutation {
 	hs := []*corev3.HeaderValueOption{
-		setHeader(globalrouter.HeaderPool, d.Primary.Pool),
-		setHeader(globalrouter.HeaderWorkerID, d.Primary.WorkerID),
-		setHeader(globalrouter.HeaderDPRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
-		setHeader(globalrouter.HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
-		setHeader(globalrouter.HeaderEndpoint, d.Primary.Address),
+		setHeader(globalrouter.HeaderPool, ep.Pool),
+		setHeader(globalrouter.HeaderWorkerID, ep.WorkerID),
+		setHeader(globalrouter.HeaderDPRank, strconv.FormatUint(uint64(ep.DPRank), 10)),
+		setHeader(globalrouter.HeaderOverlapBlocks, strconv.Itoa(ep.OverlapBlocks)),
+		setHeader(globalrouter.HeaderEndpoint, ep.Address),
 	}
 	if d.Prefill != nil {
 		hs = append(hs, setHeader(globalrouter.HeaderPrefiller, d.Prefill.Address))

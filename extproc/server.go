@@ -77,14 +77,28 @@ func New(cfg Config, decider globalrouter.Decider, logger *slog.Logger, reg prom
 // Config returns the server's effective configuration.
 func (s *Server) Config() Config { return s.cfg }
 
-// Register adds the ExternalProcessor service, gRPC health (serving for ""
-// and the ext_proc service name) and reflection to g.
+// Register adds the ExternalProcessor service, gRPC health and reflection
+// to g. Health answers for the endpoint-picker protocol's services:
+// "liveness" (and "") serving while the process serves; "readiness" and
+// envoy.service.ext_proc.v3.ExternalProcessor serving when the Decider is
+// ready (a globalrouter.Router: its configuration loaded and a pool
+// reachable), refreshed every ReadinessInterval by Serve.
 func (s *Server) Register(g *grpc.Server) {
 	extprocv3.RegisterExternalProcessorServer(g, s)
-	healthpb.RegisterHealthServer(g, s.health)
 	reflection.Register(g)
+	s.RegisterHealth(g)
+}
+
+// RegisterHealth adds only the gRPC health service, with the statuses
+// Register describes, to g: for a health port of its own (a plaintext one
+// the kubelet's gRPC probe can reach when the ext_proc port runs TLS). The
+// statuses are shared with every server it was registered on; Serve keeps
+// readiness fresh.
+func (s *Server) RegisterHealth(g *grpc.Server) {
+	healthpb.RegisterHealthServer(g, s.health)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(HealthLiveness, healthpb.HealthCheckResponse_SERVING)
+	s.setHealth()
 }
 
 // Serve runs a gRPC server with the service on lis (receiving messages up
@@ -99,6 +113,10 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serve
 	s.Register(g)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
+	hctx, stopHealth := context.WithCancel(ctx)
+	healthDone := make(chan struct{})
+	go func() { defer close(healthDone); s.watchHealth(hctx) }()
+	defer func() { stopHealth(); <-healthDone }()
 	s.log.Info("ext_proc server listening", "addr", lis.Addr().String())
 	select {
 	case err := <-errc:

@@ -54,7 +54,7 @@ func TestRoutesInEveryMode(t *testing.T) {
 			}
 			up := res.Upstream
 			want := map[string]string{
-				"x-gateway-destination-endpoint": wantPrimary, // the list is in envoy.lb
+				"x-gateway-destination-endpoint": wantDestination, // the same list as envoy.lb
 				"x-kvgate-pool":                  "pool-a",
 				"x-kvgate-worker-id":             "w1",
 				"x-kvgate-dp-rank":               "2",
@@ -367,7 +367,8 @@ func TestErrors(t *testing.T) {
 		{"decider bad request", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(fmt.Errorf("wrap: %w", globalrouter.ErrBadRequest)), 400, "bad_request", "bad_request", ""},
 		{"unknown model", "/v1/completions", `{"model":"nope","prompt":"hi"}`, decideErr(fmt.Errorf("model nope: %w", globalrouter.ErrUnknownModel)), 404, "unknown_model", "model_not_found", ""},
 		{"saturated", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(globalrouter.ErrSaturated), 429, "saturated", "rate_limit_exceeded", "1"},
-		{"no pool", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(globalrouter.ErrNoPool), 503, "no_pool_reachable", "no_pool_available", ""},
+		{"no pool", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(globalrouter.ErrNoPool), 503, "no_pool_reachable", "no_pool_available", "1"},
+		{"no endpoint in the subset", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(fmt.Errorf("pool a: %w", globalrouter.ErrNoEndpointInSubset)), 503, "no_endpoint_in_subset", "no_endpoint_in_subset", "1"},
 		{"pin refused", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(fmt.Errorf("pool pool-z: %w", globalrouter.ErrPinRefused)), 400, "pin_refused", "pin_refused", ""},
 		{"pin refused wins over saturated", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(errors.Join(globalrouter.ErrSaturated, globalrouter.ErrPinRefused)), 400, "pin_refused", "pin_refused", ""},
 		{"internal", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(errors.New("boom")), 500, "internal_error", "internal_error", ""},
@@ -624,17 +625,18 @@ func readUntilData(t *testing.T, ctx context.Context, s *extprocclient.Stream) {
 	}
 }
 
-// TestDestinationHeader: by default the header carries the primary ip:port
-// alone (what Envoy's ORIGINAL_DST cluster parses); HeaderFallbacks puts
-// the list there. The envoy.lb metadata carries the list either way.
+// TestDestinationHeader: the endpoint-picker protocol forbids different
+// values in the header and the envoy.lb metadata: both carry the ordered
+// list (primary, then fallbacks). HeaderFallbacks is a no-op kept for old
+// configurations.
 func TestDestinationHeader(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		cfg        extproc.Config
 		wantHeader string
 	}{
-		{"default: primary only", extproc.Config{}, wantPrimary},
-		{"HeaderFallbacks: the list", extproc.Config{HeaderFallbacks: true}, wantDestination},
+		{"default: the list", extproc.Config{}, wantDestination},
+		{"HeaderFallbacks (no-op): the list", extproc.Config{HeaderFallbacks: true}, wantDestination},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn, _ := startServer(t, tc.cfg, &deciderDouble{})

@@ -39,13 +39,18 @@ type exchange struct {
 	size        int
 	trailers    bool // request trailers arrived (FDS: they end the body)
 	decided     bool
+	subset      *globalrouter.Subset // the gateway's endpoint subset hint (nil: none)
 
-	// Decision and lifecycle.
-	decision  *globalrouter.Decision
-	explain   bool
-	lease     globalrouter.Lease
-	prefilled bool
-	freed     bool
+	// Decision and lifecycle. current is the endpoint the request is
+	// accounted on: the primary, or the fallback the data plane reports
+	// served it (servedSeen once a report was read).
+	decision   *globalrouter.Decision
+	current    globalrouter.Endpoint
+	servedSeen bool
+	explain    bool
+	lease      globalrouter.Lease
+	prefilled  bool
+	freed      bool
 
 	// Response side.
 	code      string // HTTP status for kvgate_extproc_requests_total
@@ -102,6 +107,12 @@ func (x *exchange) run() error {
 }
 
 func (x *exchange) handle(req *extprocv3.ProcessingRequest) error {
+	switch req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders, *extprocv3.ProcessingRequest_RequestBody, *extprocv3.ProcessingRequest_RequestTrailers:
+		x.noteRequestMetadata(req)
+	default:
+		x.noteServed(req)
+	}
 	switch r := req.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		return x.requestHeaders(r.RequestHeaders)
@@ -224,7 +235,7 @@ func (x *exchange) requestTrailers() error {
 func (x *exchange) route() error {
 	x.decided = true
 	body := joinChunks(x.chunks, x.size)
-	greq := &globalrouter.Request{Path: x.path, Headers: x.headers}
+	greq := &globalrouter.Request{Path: x.path, Headers: x.headers, Subset: x.subset}
 	greq.ID = x.headers["x-request-id"]
 	if greq.ID == "" {
 		greq.ID = newRequestID()
@@ -253,18 +264,14 @@ func (x *exchange) route() error {
 		}
 		return x.reply(e)
 	}
-	x.decision, x.lease = d, d.Lease
+	x.decision, x.lease, x.current = d, d.Lease, d.Primary
 	x.s.m.overlap.WithLabelValues(d.Primary.Pool).Observe(float64(d.Primary.OverlapBlocks))
+	// The endpoint-picker protocol: the header and the envoy.lb metadata
+	// carry the same value, the ordered list (primary, then fallbacks).
 	dest := destination(d)
-	// The header carries the primary alone unless asked for the list:
-	// ORIGINAL_DST parses one ip:port. The metadata keeps the list.
-	headerDest := d.Primary.Address
-	if x.s.cfg.HeaderFallbacks {
-		headerDest = dest
-	}
 	_, hadPrefiller := x.headers[globalrouter.HeaderPrefiller]
 	common := &extprocv3.CommonResponse{
-		HeaderMutation:  routingHeaders(d, headerDest, x.explain, hadPrefiller),
+		HeaderMutation:  routingHeaders(d, dest, x.explain, hadPrefiller),
 		ClearRouteCache: true,
 	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -325,13 +332,13 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 			ctype = v
 		}
 	}
-	x.count(x.decision.Primary.Pool)
+	x.count(x.current.Pool)
 	if st, err := strconv.Atoi(x.code); err != nil || st >= 400 || h.GetEndOfStream() {
 		x.free()
 	} else if strings.HasPrefix(strings.ToLower(ctype), "text/event-stream") {
 		x.sse = sse.NewParser(x.s.cfg.MaxUsageBytes, x.onSSE)
 	}
-	return x.send(headersResponse(true, &extprocv3.CommonResponse{HeaderMutation: responseHeaders(x.decision, x.explain)}))
+	return x.send(headersResponse(true, &extprocv3.CommonResponse{HeaderMutation: responseHeaders(x.decision, x.current, x.explain)}))
 }
 
 // responseBody passes the first chunk on before telling the local router
@@ -402,7 +409,7 @@ func (x *exchange) endResponse() {
 		x.usageBuf = nil
 	}
 	if x.hasUsage {
-		pool := x.decision.Primary.Pool
+		pool := x.current.Pool
 		x.s.m.tokens.WithLabelValues(pool, "prompt").Add(float64(max(0, x.usage.PromptTokens)))
 		x.s.m.tokens.WithLabelValues(pool, "completion").Add(float64(max(0, x.usage.CompletionTokens)))
 		x.hasUsage = false
@@ -428,7 +435,7 @@ func (x *exchange) leaseCall(what string, f func(context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), x.s.cfg.LeaseTimeout)
 	defer cancel()
 	if err := f(ctx); err != nil {
-		x.log.Warn("lease "+what+" failed", "pool", x.decision.Primary.Pool, "worker", x.decision.Primary.WorkerID, "err", err)
+		x.log.Warn("lease "+what+" failed", "pool", x.current.Pool, "worker", x.current.WorkerID, "err", err)
 	}
 }
 
@@ -436,7 +443,7 @@ func (x *exchange) leaseCall(what string, f func(context.Context) error) {
 func (x *exchange) finish() {
 	if x.decision != nil && !x.counted {
 		x.code = codeClientClosed
-		x.count(x.decision.Primary.Pool)
+		x.count(x.current.Pool)
 	}
 	x.free()
 }

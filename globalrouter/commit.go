@@ -47,7 +47,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			}
 			continue
 		}
-		l.main = tr
+		l.main = r.movableTracker(p, tr, len(ranked)-i-1)
 		d := &Decision{Primary: endpoint(c.Pool, c.Probe), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: l, DPRankBodyField: pe.cfg.DPRankBodyField}
 		if c.Prefill != nil {
 			if err := r.commitPrefill(ctx, st, p, c.Prefill, l, d); err != nil {
@@ -127,6 +127,11 @@ func (r *Router) decidePinnedWorker(ctx context.Context, p *prepared, eligible [
 			refused = append(refused, err)
 			continue
 		}
+		if !p.req.Subset.allows(sel.Address) {
+			refused = append(refused, fmt.Errorf("pool %q: worker %s at %s: %w", pe.cfg.Name, worker, sel.Address, errSubsetMiss))
+			_ = tr.Free(ctx)
+			continue
+		}
 		if sel.BlockSize == 0 {
 			sel.BlockSize = pe.cfg.BlockSize
 		}
@@ -140,6 +145,9 @@ func (r *Router) decidePinnedWorker(ctx context.Context, p *prepared, eligible [
 	}
 	if len(refused) == 0 {
 		return nil, fmt.Errorf("%w: %s: %q: no eligible pool", ErrPinRefused, HeaderWorkerID, worker)
+	}
+	if subsetMissOnly(refused) {
+		return nil, fmt.Errorf("%s: %q: %w", HeaderWorkerID, worker, errors.Join(refused...))
 	}
 	// The worker may live in a pool that is unreachable: then it is an
 	// outage, whatever the other pools said.

@@ -40,7 +40,7 @@ type prepared struct {
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
-	pr := pool.Prompt{BlockSize: blockSize, ISL: len(p.tokens), Override: p.hdr.override, LoRA: p.me.lora}
+	pr := pool.Prompt{BlockSize: blockSize, ISL: len(p.tokens), Override: p.hdr.override, LoRA: p.me.lora, Allowed: p.req.Subset.addresses()}
 	for i, bs := range p.me.blockSizes {
 		if bs == blockSize {
 			pr.Hashes = p.hashes[i]
@@ -70,6 +70,9 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	if err != nil {
 		return nil, err
 	}
+	if req.Subset != nil && len(req.Subset.Addresses) == 0 {
+		return nil, fmt.Errorf("%w: the subset is empty", ErrNoEndpointInSubset)
+	}
 	pinPool, pinWorker := hdr.pinPool, hdr.pinWorker
 	eligible := me.pools
 	if pinPool != "" {
@@ -93,6 +96,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	misses := filterSubset(req.Subset, results)
 	cands := make([]policies.Candidate, 0, len(results))
 	var failed, saturated int
 	for _, res := range results {
@@ -107,9 +111,11 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	if len(cands) == 0 {
 		switch {
+		case misses > 0 && misses == failed:
+			return nil, fmt.Errorf("%w", errors.Join(errs(results)...))
 		case pinPool != "":
 			return nil, pinError(HeaderPool, pinPool, results[0].err)
-		case saturated == failed && failed > 0:
+		case saturated > 0 && saturated+misses == failed:
 			return nil, fmt.Errorf("%w: %w", ErrSaturated, errors.Join(errs(results)...))
 		}
 		return nil, fmt.Errorf("%w: %w", ErrNoPool, errors.Join(errs(results)...))

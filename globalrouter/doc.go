@@ -40,14 +40,19 @@
 // Files: router.go (Router, New, Decide, Close, Health), options.go,
 // state.go (build, refcount, retire), reload.go (Reload, WatchFile),
 // headers.go (request headers), decide.go (prepare, probe, rank),
-// commit.go (commit, pinned workers, lease, error mapping), explain.go.
+// commit.go (commit, pinned workers, lease, error mapping), explain.go,
+// epp.go (the endpoint-picker protocol: Request.Subset bounds every
+// endpoint of a decision, probes send it as allowed_addresses; a lease is
+// a Mover, so the request follows the fallback that served it; Ready).
 //
 // Error mapping (the ext_proc server translates): ErrBadRequest (no model,
 // no prompt, a malformed x-kvgate-* header), ErrUnknownModel (no pool serves
 // the model), ErrPinRefused (x-kvgate-pool / x-kvgate-worker-id cannot be
 // honoured), ErrSaturated (a policy shed the request), ErrNoPool (no pool
 // answered, the chain left none, or every ranked pool's commit failed to
-// send); ErrCommitRefused (from Lease.PrefillComplete, see above).
+// send); ErrNoEndpointInSubset (the request's subset is empty or names no
+// eligible worker); ErrCommitRefused (from Lease.PrefillComplete, see
+// above).
 // Policies and the request headers they read are described in
 // docs/policies.md.
 package globalrouter

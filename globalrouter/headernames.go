@@ -7,9 +7,9 @@ package globalrouter
 // its response, so a pin and its answer share one name.
 const (
 	// HeaderDestination is the Gateway API Inference Extension header
-	// Envoy's ORIGINAL_DST cluster and override_host LB policy read: the
-	// primary's host:port (or the ordered list); also the key of the list
-	// in the envoy.lb dynamic metadata.
+	// Envoy's override_host LB policy reads: the ordered list (primary
+	// host:port, then fallbacks); also the key of the same list in the
+	// envoy.lb dynamic metadata.
 	HeaderDestination = "x-gateway-destination-endpoint"
 	// HeaderOverlapBlocks is the primary's KV overlap, in blocks.
 	HeaderOverlapBlocks = "x-kvgate-overlap-blocks"

@@ -28,6 +28,10 @@ type Request struct {
 	Headers map[string]string
 	// Explain asks for an explanation of the decision (x-kvgate-explain: 1).
 	Explain bool
+	// Subset, when set, is the endpoint subset the gateway allows (the
+	// Inference Extension's subset hint): every endpoint of the decision
+	// is in it, or Decide returns ErrNoEndpointInSubset (epp.go).
+	Subset *Subset
 }
 
 // Endpoint is one routable target: a worker rank in a pool, as its local

@@ -25,6 +25,9 @@ var (
 	ErrUnknownWorker  = errors.New("unknown worker")
 	ErrEmptyRequest   = errors.New("request has neither token ids nor block hashes")
 	ErrUnknownRequest = errors.New("unknown request id")
+	// ErrNoAllowedWorker: BestWorkerOptions.Allow admitted none of the
+	// pool's workers (an endpoint subset that names none of them).
+	ErrNoAllowedWorker = errors.New("no worker of the pool is in the allowed set")
 )
 
 // Options are a Router's dependencies; zero values take defaults.
@@ -116,6 +119,9 @@ type scratch struct {
 	// kept and keptCosts: the candidates left after the saturation filter.
 	kept      []int
 	keptCosts []float64
+	// allowed holds the workers (and their slots) Allow admitted.
+	allowed      []WorkerKey
+	allowedSlots []int32
 }
 
 // New returns a Router. Close it to stop its sweeper; closing one Router
@@ -413,6 +419,11 @@ type BestWorkerOptions struct {
 	// Signals, when set, receives the engine signals of the chosen rank
 	// and the ranks skipped for engine saturation.
 	Signals *SignalsReport
+	// Allow, when set, restricts the choice to the workers it admits (the
+	// gRPC server builds it from BestWorkerRequest.allowed_addresses). It
+	// is called on the caller's goroutine, once per worker rank, and must
+	// not block. None admitted: ErrNoAllowedWorker.
+	Allow func(WorkerKey) bool
 }
 
 // Selected is the worker key of a selection.
@@ -503,6 +514,18 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	}
 	s := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(s)
+	if opts.Allow != nil {
+		s.allowed, s.allowedSlots = s.allowed[:0], s.allowedSlots[:0]
+		for i, k := range workers {
+			if opts.Allow(k) {
+				s.allowed, s.allowedSlots = append(s.allowed, k), append(s.allowedSlots, slots[i])
+			}
+		}
+		if len(s.allowed) == 0 {
+			return routing.Selection{}, fmt.Errorf("%w (%d workers)", ErrNoAllowedWorker, len(workers))
+		}
+		workers, slots = s.allowed, s.allowedSlots
+	}
 	isl, err := r.prepare(&req, s)
 	if err != nil {
 		return routing.Selection{}, err

@@ -81,7 +81,7 @@ func (p Prompt) client() client.Prompt {
 }
 
 func (g *grpcClient) Probe(ctx context.Context, p Prompt) (routing.Selection, error) {
-	sel, err := g.c.BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override})
+	sel, err := g.c.BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override, AllowedAddresses: p.Allowed})
 	sel.Router = g.addr
 	return sel, err
 }
@@ -122,6 +122,10 @@ type Prompt struct {
 	LoRA string
 	// Override changes the router's cost parameters for this request.
 	Override *routing.Override
+	// Allowed, when not empty, restricts a probe to the workers at these
+	// addresses (an Inference Extension endpoint subset); see
+	// client.BestWorkerOptions.AllowedAddresses. Commits ignore it.
+	Allowed []string
 }
 
 // Commit records a request on a worker.

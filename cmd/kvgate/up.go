@@ -26,7 +26,7 @@ func runUp(ctx context.Context, args []string) error {
 	b := fs.Int("pool-b-workers", 2, "workers in pool-b")
 	dp := fs.Int("pool-b-dp-size", 2, "data-parallel ranks of pool-b's last worker (each rank its own KV cache)")
 	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (negative: never)")
-	fs.BoolVar(&cfg.Extproc.HeaderFallbacks, "header-fallbacks", false, "put the fallbacks after the primary in x-gateway-destination-endpoint (comma list, for override_host setups that read the header); by default only the primary ip:port, as the shipped bootstrap's ORIGINAL_DST cluster needs (envoy.lb metadata carries the list)")
+	fs.BoolVar(&cfg.Extproc.HeaderFallbacks, "header-fallbacks", false, "no-op, accepted for old command lines: x-gateway-destination-endpoint always carries the ordered list (primary, then fallbacks), the same value as the envoy.lb metadata")
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -94,6 +94,13 @@ type Request struct {
 	// through the filter's response path. When nil, Process stops once the
 	// request has gone upstream.
 	Upstream func(ctx context.Context, req *Message) (*Message, error)
+	// Endpoint, when set (and Upstream is not), plays the upstream as
+	// Envoy's override_host policy with connect-failure retries does: it
+	// is called with each endpoint of the picker's destination list
+	// (Destinations) in order until one does not fail with
+	// ErrConnectFailure; that endpoint is reported as served (ReportServed)
+	// before the response goes through the filter.
+	Endpoint func(ctx context.Context, endpoint string, req *Message) (*Message, error)
 }
 
 // Result is what a Process call observed.
@@ -140,12 +147,17 @@ func (c *Client) Process(ctx context.Context, req Request) (*Result, error) {
 	case err != nil:
 		return nil, ctxErr(ctx, err)
 	}
-	if req.Upstream == nil {
+	if req.Upstream == nil && req.Endpoint == nil {
 		s.Close()
 		res.Info = s.Info()
 		return res, nil
 	}
-	resp, err := req.Upstream(ctx, up)
+	var resp *Message
+	if req.Upstream != nil {
+		resp, err = req.Upstream(ctx, up)
+	} else {
+		resp, err = pickEndpoint(ctx, s, up, req.Endpoint)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("upstream: %w", err)
 	}

@@ -25,9 +25,9 @@
 //		Headers: extprocclient.Headers{{":method", "POST"}, {":path", "/v1/completions"}, ...},
 //		Body:    [][]byte{body},
 //	}})
-//	// res.Upstream.Headers carries x-gateway-destination-endpoint (the
-//	// primary), res.Info.DynamicMetadata["envoy.lb"] the whole list, or
-//	// res.Info.LocalReply the error the server answered with.
+//	// res.Upstream.Headers carries x-gateway-destination-endpoint and
+//	// res.Info.DynamicMetadata["envoy.lb"] the same list (Destinations
+//	// reads it), or res.Info.LocalReply the error the server answered with.
 //
 // # What it reproduces (Envoy ~1.35–1.37)
 //

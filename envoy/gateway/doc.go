@@ -21,12 +21,12 @@
 //
 //   - Fallbacks: the endpoints are the header's list, or the dynamic
 //     metadata envoy.lb x-gateway-destination-endpoint list when that is
-//     longer (kvgate's default: the primary alone in the header, the whole
-//     list in the metadata). The first endpoint is used and the next ones
-//     are tried on a connection failure (the Inference Extension's fallback
-//     semantics, as Envoy's override_host policy has them). The bootstrap's
-//     ORIGINAL_DST cluster uses the header's single ip:port and never falls
-//     back; it answers 503 for a list.
+//     longer (kvgate puts the same ordered list in both, as the
+//     endpoint-picker protocol requires). The first endpoint is used and
+//     the next ones are tried on a connection failure (the Inference
+//     Extension's fallback semantics, as Envoy's override_host policy has
+//     them); the one that answered is reported as served (envoy.lb
+//     x-gateway-destination-endpoint-served) on the response path.
 //   - Upstreams are HTTP/1.1 (or what Config.Transport speaks); no retries,
 //     no timeouts other than the client's context and the filter's.
 //   - Only request trailers the client declared (Trailer header) are

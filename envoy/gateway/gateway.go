@@ -316,10 +316,9 @@ func pumpUpstream(ctx context.Context, s *extprocclient.Stream, w io.Writer, tra
 
 // destinations returns the endpoints the ext_proc server chose, in order:
 // the header's list, unless the envoy.lb metadata value is a longer list.
-// kvgate puts only the primary ip:port in the header by default (Envoy's
-// ORIGINAL_DST cluster parses one address) and the whole list (primary,
-// then fallbacks) in the metadata, where Envoy's override_host policy
-// reads it for retries; the gateway tries the fallbacks the same way.
+// kvgate puts the same ordered list (primary, then fallbacks) in both, as
+// the endpoint-picker protocol requires; Envoy's override_host policy
+// reads it for retries and the gateway tries the fallbacks the same way.
 // Without the header the metadata list is used.
 func destinations(h extprocclient.Headers, info extprocclient.Info) []string {
 	v, _ := h.Get(DestinationHeader)

@@ -179,6 +179,12 @@ type BestWorkerOptions struct {
 	// ranks skipped for engine saturation (when the router scrapes its
 	// workers' metrics).
 	Signals *localrouter.SignalsReport
+	// AllowedAddresses, when not empty, restricts the choice to the
+	// workers at these host:port addresses (or hosts, without a port);
+	// none of them in the pool: an error wrapping
+	// localrouter.ErrNoAllowedWorker. A router older than the field
+	// ignores it: callers check the answer's Address.
+	AllowedAddresses []string
 }
 
 func overrideProto(o *routing.Override) *localrouterv1.ConfigOverride {
@@ -194,6 +200,7 @@ func overrideProto(o *routing.Override) *localrouterv1.ConfigOverride {
 func (c *Client) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions) (routing.Selection, error) {
 	r, err := c.rpc.BestWorker(ctx, &localrouterv1.BestWorkerRequest{
 		Prompt: p.proto(), ConfigOverride: overrideProto(o.Override), RequestId: o.RequestID, UpdateIndexer: o.UpdateIndexer,
+		AllowedAddresses: o.AllowedAddresses,
 	})
 	if err != nil {
 		return routing.Selection{}, fromStatus(err)

@@ -36,6 +36,7 @@ var reasons = map[string]error{
 	localrouterv1.ReasonNotReady:          localrouter.ErrNotReady,
 	localrouterv1.ReasonNoWorkers:         localrouter.ErrNoWorkers,
 	localrouterv1.ReasonClosed:            localrouter.ErrClosed,
+	localrouterv1.ReasonNoAllowedWorker:   localrouter.ErrNoAllowedWorker,
 }
 
 // fromStatus converts a gRPC error to *Error.

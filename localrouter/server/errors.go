@@ -35,6 +35,7 @@ var errorCodes = []struct {
 	{localrouter.ErrNotReady, codes.Unavailable, localrouterv1.ReasonNotReady},
 	{localrouter.ErrNoWorkers, codes.Unavailable, localrouterv1.ReasonNoWorkers},
 	{localrouter.ErrClosed, codes.Unavailable, localrouterv1.ReasonClosed},
+	{localrouter.ErrNoAllowedWorker, codes.FailedPrecondition, localrouterv1.ReasonNoAllowedWorker},
 }
 
 // toStatus converts an error of the router to a gRPC status error carrying

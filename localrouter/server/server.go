@@ -14,6 +14,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -162,6 +164,32 @@ func (s *Server) address(id string) string {
 	return info.Address
 }
 
+// allow is the worker filter of BestWorkerRequest.allowed_addresses: a
+// worker is admitted when its registered address is listed, or its host is
+// listed without a port. Nil (no restriction) for an empty list. The set
+// is as large as the list the request carried, which gRPC's message size
+// bounds.
+func (s *Server) allow(addrs []string) func(localrouter.WorkerKey) bool {
+	if len(addrs) == 0 {
+		return nil
+	}
+	set := make(map[string]bool, len(addrs))
+	for _, a := range addrs {
+		set[strings.TrimSpace(a)] = true
+	}
+	return func(k localrouter.WorkerKey) bool {
+		addr := s.address(k.ID)
+		if addr == "" {
+			return false
+		}
+		if set[addr] {
+			return true
+		}
+		host, _, err := net.SplitHostPort(addr)
+		return err == nil && set[host]
+	}
+}
+
 func (s *Server) selection(sel routing.Selection) *localrouterv1.Selection {
 	return &localrouterv1.Selection{
 		WorkerId: sel.WorkerID, DpRank: sel.DPRank, Address: s.address(sel.WorkerID),
@@ -233,6 +261,7 @@ func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerReq
 	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
 		RequestID: in.GetRequestId(), UpdateIndexer: in.GetUpdateIndexer(), Override: override(in.GetConfigOverride()),
 		Signals: &rep,
+		Allow:   s.allow(in.GetAllowedAddresses()),
 	})
 	if err != nil {
 		return nil, toStatus(err)

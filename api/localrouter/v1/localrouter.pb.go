@@ -557,8 +557,15 @@ type BestWorkerRequest struct {
 	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Record the choice in the approximate index.
 	UpdateIndexer bool `protobuf:"varint,4,opt,name=update_indexer,json=updateIndexer,proto3" json:"update_indexer,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// When set, only workers whose address (host:port, as registered) is in
+	// the list may be chosen; an entry without a port allows every worker on
+	// that host. None of them known: FAILED_PRECONDITION, reason
+	// NO_ALLOWED_WORKER. The global router sends the endpoint subset an
+	// Inference Extension gateway names (envoy.lb.subset_hint). Empty: no
+	// restriction.
+	AllowedAddresses []string `protobuf:"bytes,5,rep,name=allowed_addresses,json=allowedAddresses,proto3" json:"allowed_addresses,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *BestWorkerRequest) Reset() {
@@ -617,6 +624,13 @@ func (x *BestWorkerRequest) GetUpdateIndexer() bool {
 		return x.UpdateIndexer
 	}
 	return false
+}
+
+func (x *BestWorkerRequest) GetAllowedAddresses() []string {
+	if x != nil {
+		return x.AllowedAddresses
+	}
+	return nil
 }
 
 type BestWorkerResponse struct {
@@ -2205,13 +2219,14 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\rSkippedWorker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xe0\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8d\x02\n" +
 	"\x11BestWorkerRequest\x125\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x1d.kvgate.localrouter.v1.PromptR\x06prompt\x12N\n" +
 	"\x0fconfig_override\x18\x02 \x01(\v2%.kvgate.localrouter.v1.ConfigOverrideR\x0econfigOverride\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12%\n" +
-	"\x0eupdate_indexer\x18\x04 \x01(\bR\rupdateIndexer\"T\n" +
+	"\x0eupdate_indexer\x18\x04 \x01(\bR\rupdateIndexer\x12+\n" +
+	"\x11allowed_addresses\x18\x05 \x03(\tR\x10allowedAddresses\"T\n" +
 	"\x12BestWorkerResponse\x12>\n" +
 	"\tselection\x18\x01 \x01(\v2 .kvgate.localrouter.v1.SelectionR\tselection\"N\n" +
 	"\x15PotentialLoadsRequest\x125\n" +

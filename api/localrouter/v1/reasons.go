@@ -18,4 +18,7 @@ const (
 	ReasonNotReady          = "NOT_READY"           // UNAVAILABLE
 	ReasonNoWorkers         = "NO_WORKERS"          // UNAVAILABLE
 	ReasonClosed            = "CLOSED"              // UNAVAILABLE
+	// ReasonNoAllowedWorker: allowed_addresses names none of the pool's
+	// workers.
+	ReasonNoAllowedWorker = "NO_ALLOWED_WORKER" // FAILED_PRECONDITION
 )
