@@ -101,7 +101,7 @@ func parseNormalizer(raw json.RawMessage) ([]normalizer, error) {
 			return nil, err
 		}
 		if p.Pattern.String == nil {
-			return nil, fmt.Errorf("Replace with a regex pattern: %w", ErrUnsupported)
+			return nil, fmt.Errorf("normalizer or decoder Replace with a regex pattern: %w", ErrUnsupported)
 		}
 		from := *p.Pattern.String
 		return []normalizer{func(s string) string { return strings.ReplaceAll(s, from, p.Content) }}, nil
@@ -209,7 +209,7 @@ func parsePreTokenizer(raw json.RawMessage) ([]preStep, bool, error) {
 			return nil, false, err
 		}
 		if s.Behavior != "Isolated" || s.Invert {
-			return nil, false, fmt.Errorf("Split behavior %q invert=%v: %w (only Isolated)", s.Behavior, s.Invert, ErrUnsupported)
+			return nil, false, fmt.Errorf("pre-tokenizer Split behavior %q invert=%v: %w (only Isolated)", s.Behavior, s.Invert, ErrUnsupported)
 		}
 		var sp splitter
 		switch {
@@ -221,7 +221,7 @@ func parsePreTokenizer(raw json.RawMessage) ([]preStep, bool, error) {
 		case s.Pattern.String != nil:
 			sp, _ = newSplitter(regexpQuote(*s.Pattern.String))
 		default:
-			return nil, false, fmt.Errorf("Split without a pattern")
+			return nil, false, fmt.Errorf("pre-tokenizer Split without a pattern")
 		}
 		return []preStep{splitStep{sp}}, false, nil
 	case "ByteLevel":
@@ -387,7 +387,7 @@ func parseDecoder(raw json.RawMessage) ([]decoder, error) {
 			return nil, err
 		}
 		if p.Pattern.String == nil {
-			return nil, fmt.Errorf("Replace with a regex pattern: %w", ErrUnsupported)
+			return nil, fmt.Errorf("normalizer or decoder Replace with a regex pattern: %w", ErrUnsupported)
 		}
 		from := *p.Pattern.String
 		return []decoder{func(t []string) []string {

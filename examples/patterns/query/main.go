@@ -47,7 +47,7 @@ func run(addr string, n int, commit bool) error {
 
 	workers, err := c.Workers(ctx)
 	if err != nil {
-		return fmt.Errorf("Workers: %w", err)
+		return fmt.Errorf("workers: %w", err)
 	}
 	show("workers", workers)
 	sel, err := c.BestWorker(ctx, p, client.BestWorkerOptions{})
@@ -75,7 +75,7 @@ func run(addr string, n int, commit bool) error {
 	}
 	stats, err := c.Stats(ctx)
 	if err != nil {
-		return fmt.Errorf("Stats: %w", err)
+		return fmt.Errorf("stats: %w", err)
 	}
 	show("stats", stats)
 	return nil
