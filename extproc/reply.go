@@ -43,6 +43,8 @@ func (s *Server) errorFor(err error) *httpError {
 		return &httpError{400, "invalid_request_error", "pin_refused", "pin_refused", msg, 0}
 	case errors.Is(err, globalrouter.ErrBadRequest):
 		return &httpError{400, "invalid_request_error", "bad_request", "bad_request", msg, 0}
+	case errors.Is(err, globalrouter.ErrBodyTooLarge):
+		return &httpError{413, "invalid_request_error", "request_too_large", "body_too_large", msg, 0}
 	case errors.Is(err, globalrouter.ErrUnknownModel):
 		return &httpError{404, "invalid_request_error", "model_not_found", "unknown_model", msg, 0}
 	case errors.Is(err, globalrouter.ErrSaturated):

@@ -33,13 +33,14 @@ type workerSpec struct {
 	dpSize                int
 	engine                mocker.Config
 	tok                   mocker.Tokenizer
+	maxBody               int64
 }
 
 func startWorker(ctx context.Context, spec workerSpec, nc *nats.Conn, cli *clientv3.Client, log *slog.Logger) (*Worker, error) {
 	// The instance lives until close, not until the start's ctx ends.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	inst, err := mocker.Start(runCtx, mocker.RunConfig{
-		Server:   mocker.ServerConfig{Engine: spec.engine, Model: spec.model, Tokenizer: spec.tok, DPSize: spec.dpSize},
+		Server:   mocker.ServerConfig{Engine: spec.engine, Model: spec.model, Tokenizer: spec.tok, DPSize: spec.dpSize, MaxBodyBytes: spec.maxBody},
 		Listen:   net.JoinHostPort(spec.host, "0"),
 		Pool:     spec.pool,
 		WorkerID: spec.id,
