@@ -29,7 +29,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -38,6 +37,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/gateway"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/embedded"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/mocker"
@@ -162,6 +162,8 @@ type Pool struct {
 	Router  *server.Service
 	Workers []*Worker
 	stopped atomic.Bool // read by the status page while a test stops it
+	rcfg    server.Config
+	log     *slog.Logger
 }
 
 // StopRouter closes the pool's local router (as if its process died or
@@ -189,7 +191,7 @@ type System struct {
 	log      *slog.Logger
 	started  time.Time
 	etcd     *etcdServer
-	nats     *natsserver.Server
+	nats     *embedded.NATS
 	nc       *nats.Conn
 	Pools    []*Pool
 	Global   *globalrouter.Router
@@ -231,10 +233,10 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if s.etcd, err = startEtcd(ctx, cfg.Host); err != nil {
 		return nil, err
 	}
-	if s.nats, err = startNATS(cfg.Host); err != nil {
+	if s.nats, err = embedded.StartNATS(cfg.Host); err != nil {
 		return nil, err
 	}
-	if s.nc, err = nats.Connect(s.nats.ClientURL(), nats.Name("kvgate-up")); err != nil {
+	if s.nc, err = nats.Connect(s.nats.URL(), nats.Name("kvgate-up")); err != nil {
 		return nil, fmt.Errorf("nats: %w", err)
 	}
 
@@ -254,10 +256,11 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		rc.GRPCAddr = net.JoinHostPort(cfg.Host, "0")
 		rc.MetricsAddr = ""
 		rc.Etcd = s.etcd.endpoints
-		rc.NATS = s.nats.ClientURL()
+		rc.NATS = s.nats.URL()
 		rc.RegisterTTL = 5 * time.Second
 		rc.Router.BlockSize = cfg.BlockSize
 		rc.MetricsPeriod = max(cfg.MetricsPeriod, 0)
+		p.rcfg, p.log = rc, cfg.Logger
 		if p.Router, err = server.Start(ctx, rc, server.Deps{Logger: cfg.Logger, Registry: prometheus.NewRegistry()}); err != nil {
 			return nil, fmt.Errorf("pool %s: local router: %w", ps.Name, err)
 		}
@@ -399,7 +402,7 @@ func (s *System) ExtprocAddr() string { return s.extprocAddr }
 func (s *System) EtcdEndpoints() []string { return slices.Clone(s.etcd.endpoints) }
 
 // NATSURL is the embedded NATS server's URL.
-func (s *System) NATSURL() string { return s.nats.ClientURL() }
+func (s *System) NATSURL() string { return s.nats.URL() }
 
 // Pool returns the pool named name, or nil.
 func (s *System) Pool(name string) *Pool {
@@ -466,8 +469,7 @@ func (s *System) Close(ctx context.Context) error {
 		s.nc.Close()
 	}
 	if s.nats != nil {
-		s.nats.Shutdown()
-		s.nats.WaitForShutdown()
+		s.nats.Close()
 	}
 	if s.etcd != nil {
 		errs = append(errs, s.etcd.close())
@@ -496,7 +498,7 @@ func (s *System) Summary() string {
 		}
 	}
 	fmt.Fprintf(&b, "  %-22s %s\n", "etcd", strings.Join(s.etcd.endpoints, ","))
-	fmt.Fprintf(&b, "  %-22s %s\n", "nats", s.nats.ClientURL())
+	fmt.Fprintf(&b, "  %-22s %s\n", "nats", s.nats.URL())
 	fmt.Fprintf(&b, "\nmodel %q; try:\n\n", s.cfg.Model)
 	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
 	fmt.Fprintf(&b, "  curl -sN %s/v1/chat/completions -H 'content-type: application/json' -H 'x-kvgate-explain: 1' -D - \\\n    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
