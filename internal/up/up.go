@@ -94,6 +94,9 @@ type Config struct {
 	// MetricsPeriod is how often the local routers scrape their workers'
 	// engine metrics (500 ms; negative disables).
 	MetricsPeriod time.Duration
+	// ProbeTimeout bounds the global router's probes of the local routers
+	// (0: globalrouter's default).
+	ProbeTimeout time.Duration
 	// Extproc configures the ext_proc server (its Addr is ExtprocAddr).
 	Extproc extproc.Config
 	Logger  *slog.Logger
@@ -281,6 +284,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		pools = append(pools, pc)
 	}
 	gcfg := globalrouter.DefaultConfig(pools...)
+	if cfg.ProbeTimeout > 0 {
+		gcfg.Probe.Timeout = cfg.ProbeTimeout
+	}
 	gcfg.Models = []globalrouter.ModelConfig{{Name: cfg.Model, Tokenizer: globalrouter.DefaultTokenizer, MaxBodyBytes: cfg.MaxBodyBytes}}
 	if s.Global, err = globalrouter.New(gcfg,
 		globalrouter.WithEtcd(s.etcd.cli),
