@@ -311,8 +311,9 @@ func runFaults(ctx context.Context, sys *up.System, c *http.Client, model string
 		// Bring the part back even when the run is over, so Close is clean.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		if err := restart(rctx); err != nil {
-			f.Err = err.Error()
+			f.Err = "restart: " + err.Error()
 		}
+		cancel()
 		f.DownSeconds = time.Since(down).Seconds()
 		back := time.Now()
 		pools := []string{"pool-a"}
@@ -322,17 +323,28 @@ func runFaults(ctx context.Context, sys *up.System, c *http.Client, model string
 				pools = append(pools, p.Name)
 			}
 		}
+		// Recovery is timed until the next fault's slot at most: the
+		// schedule holds whatever a fault does.
+		pctx, cancel := context.WithDeadline(ctx, start.Add(slot*time.Duration(i+2)))
+		recovered := true
 		for _, p := range pools {
-			for rctx.Err() == nil {
-				r := oneRequest(rctx, c, sys.GatewayURL(), model, "recovery probe", 2, 5*time.Second, "x-kvgate-pool", p)
+			for {
+				r := oneRequest(pctx, c, sys.GatewayURL(), model, "recovery probe", 2, 5*time.Second, "x-kvgate-pool", p)
 				if r.reason == "" {
+					break
+				}
+				if pctx.Err() != nil {
+					recovered = false
 					break
 				}
 				time.Sleep(20 * time.Millisecond) // polling interval
 			}
 		}
-		f.RecoverySeconds = time.Since(back).Seconds()
 		cancel()
+		f.RecoverySeconds = time.Since(back).Seconds()
+		if !recovered {
+			f.Err = fmt.Sprintf("not recovered within %.1f s", f.RecoverySeconds)
+		}
 		out = append(out, f)
 	}
 	return out
@@ -498,7 +510,7 @@ func (r *Report) Print(w io.Writer) {
 			errs = append(errs, fmt.Sprintf("%s×%d", k, f.Errors[k]))
 		}
 		if f.Err != "" {
-			errs = append(errs, "restart failed: "+f.Err)
+			errs = append(errs, f.Err)
 		}
 		fmt.Fprintf(w, "%-8s %8.1f %8.1f %9.2fs %9d  %s\n", f.Fault, f.AtSeconds, f.DownSeconds, f.RecoverySeconds, f.Requests, strings.Join(errs, ", "))
 	}
