@@ -28,6 +28,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs.DurationVar(&cc.Hold, "hold", cc.Hold, "chaos: how long each killed part stays down")
 	fs.IntVar(&cc.MaxTokens, "max-tokens", cc.MaxTokens, "chaos: max_tokens of each request")
 	fs.Float64Var(&cc.Up.Speedup, "speedup", cc.Up.Speedup, "chaos: speed-up factor of the mock workers")
+	fs.DurationVar(&cc.ErrorPause, "error-pause", cc.ErrorPause, "chaos: a client's pause after a failed request before its next (0: retry at once)")
 	fs.DurationVar(&cc.Up.ProbeTimeout, "probe-timeout", 0, "chaos: the global router's probe deadline (0: its default)")
 	asJSON := fs.Bool("json", false, "chaos: print the report as JSON")
 	if err := fs.Parse(args); err != nil {

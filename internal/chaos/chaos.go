@@ -52,6 +52,11 @@ type Config struct {
 	// RequestTimeout bounds one request; a request that reaches it counts
 	// as hung.
 	RequestTimeout time.Duration
+	// ErrorPause is how long a client waits after a failed request before
+	// its next one, as OpenAI's client libraries back off before a retry
+	// (they start at 0.5 s); 0 sends the next at once, a retry storm that
+	// measures the storm rather than the fault. Negative means 0.
+	ErrorPause time.Duration
 	// Up is the system; its addresses are forced to free loopback ports.
 	Up     up.Config
 	Logger *slog.Logger
@@ -64,30 +69,32 @@ func DefaultConfig() Config {
 	u.Speedup = 10
 	return Config{
 		Streams: 200, Duration: 60 * time.Second, Kill: []string{FaultRouter, FaultWorker, FaultNATS, FaultEtcd},
-		Hold: 5 * time.Second, MaxTokens: 32, RequestTimeout: 30 * time.Second, Up: u,
+		Hold: 5 * time.Second, MaxTokens: 32, RequestTimeout: 30 * time.Second, ErrorPause: 250 * time.Millisecond, Up: u,
 	}
 }
 
 // Report is what a run measured.
 type Report struct {
-	Streams         int              `json:"streams"`
-	DurationSeconds float64          `json:"duration_seconds"`
-	Requests        int              `json:"requests"`
-	OK              int              `json:"ok"`
-	Errors          map[string]int   `json:"errors"` // by reason
-	Hung            int              `json:"hung"`
-	LatencyP50Ms    float64          `json:"latency_p50_ms"`
-	LatencyP99Ms    float64          `json:"latency_p99_ms"`
-	TTFTP50Ms       float64          `json:"ttft_p50_ms"`
-	TTFTP99Ms       float64          `json:"ttft_p99_ms"`
-	Faults          []FaultReport    `json:"faults"`
-	HeapMaxMiB      float64          `json:"heap_max_mib"`
-	SysMiB          float64          `json:"sys_mib"`
-	Goroutines      int              `json:"goroutines_after"`
-	LoadAverage     string           `json:"load_average"`
-	LeakedLoad      map[string]int   `json:"leaked_load"` // pool → requests still counted
-	ErrorsByPool    map[string]int   `json:"errors_by_pool"`
-	StatusesByPool  map[string]statc `json:"statuses_by_pool"`
+	Streams         int            `json:"streams"`
+	DurationSeconds float64        `json:"duration_seconds"`
+	Requests        int            `json:"requests"`
+	OK              int            `json:"ok"`
+	Errors          map[string]int `json:"errors"` // by reason
+	// Samples holds the first client-facing message of each reason.
+	Samples        map[string]string `json:"samples"`
+	Hung           int               `json:"hung"`
+	LatencyP50Ms   float64           `json:"latency_p50_ms"`
+	LatencyP99Ms   float64           `json:"latency_p99_ms"`
+	TTFTP50Ms      float64           `json:"ttft_p50_ms"`
+	TTFTP99Ms      float64           `json:"ttft_p99_ms"`
+	Faults         []FaultReport     `json:"faults"`
+	HeapMaxMiB     float64           `json:"heap_max_mib"`
+	SysMiB         float64           `json:"sys_mib"`
+	Goroutines     int               `json:"goroutines_after"`
+	LoadAverage    string            `json:"load_average"`
+	LeakedLoad     map[string]int    `json:"leaked_load"` // pool → requests still counted
+	ErrorsByPool   map[string]int    `json:"errors_by_pool"`
+	StatusesByPool map[string]statc  `json:"statuses_by_pool"`
 }
 
 type statc map[string]int
@@ -114,6 +121,7 @@ type result struct {
 	status  int
 	pool    string
 	reason  string // "" when it succeeded
+	message string // the error body's message, for Samples
 }
 
 // Run starts the system, drives the traffic and the faults, stops the
@@ -193,6 +201,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				mu.Lock()
 				results = append(results, res)
 				mu.Unlock()
+				if res.reason != "" && cfg.ErrorPause > 0 {
+					select {
+					case <-trafficCtx.Done():
+					case <-time.After(cfg.ErrorPause):
+					}
+				}
 			}
 		}()
 	}
@@ -203,7 +217,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	traffic := time.Since(start)
 
 	rep := &Report{
-		Streams: cfg.Streams, DurationSeconds: traffic.Seconds(), Errors: map[string]int{},
+		Streams: cfg.Streams, DurationSeconds: traffic.Seconds(), Errors: map[string]int{}, Samples: map[string]string{},
 		Faults: faults, LeakedLoad: map[string]int{}, ErrorsByPool: map[string]int{}, StatusesByPool: map[string]statc{},
 	}
 	var lat, ttft []time.Duration
@@ -221,6 +235,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			ttft = append(ttft, r.ttft)
 		} else {
 			rep.Errors[r.reason]++
+			if _, ok := rep.Samples[r.reason]; !ok && r.message != "" {
+				rep.Samples[r.reason] = r.message
+			}
 			rep.ErrorsByPool[orNone(r.pool)]++
 			if r.reason == "hung" {
 				rep.Hung++
@@ -383,6 +400,7 @@ func oneRequest(ctx context.Context, c *http.Client, base, model, content string
 			why = firstWords(string(b))
 		}
 		res.reason = fmt.Sprintf("%d %s", resp.StatusCode, why)
+		res.message = errorMessage(string(b))
 		res.latency = time.Since(res.start)
 		return res
 	}
@@ -421,6 +439,21 @@ func transportReason(rctx, parent context.Context, err error, where string) stri
 		return "reset " + where
 	}
 	return "transport error " + where
+}
+
+// errorMessage is an error body's message (OpenAI-shaped or plain text),
+// cut to a few hundred bytes.
+func errorMessage(s string) string {
+	var e struct {
+		Error struct{ Message string } `json:"error"`
+	}
+	if json.Unmarshal([]byte(s), &e) == nil && e.Error.Message != "" {
+		s = e.Error.Message
+	}
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
 }
 
 func firstWords(s string) string {
@@ -493,6 +526,9 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintln(w, "errors by reason:")
 		for _, k := range sortedKeys(r.Errors) {
 			fmt.Fprintf(w, "  %-48s %d\n", k, r.Errors[k])
+			if m := r.Samples[k]; m != "" {
+				fmt.Fprintf(w, "    e.g. %q\n", m)
+			}
 		}
 	}
 	fmt.Fprintln(w, "statuses by pool:")
@@ -514,7 +550,7 @@ func (r *Report) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "%-8s %8.1f %8.1f %9.2fs %9d  %s\n", f.Fault, f.AtSeconds, f.DownSeconds, f.RecoverySeconds, f.Requests, strings.Join(errs, ", "))
 	}
-	fmt.Fprintf(w, "memory: heap max %.0f MiB, runtime total %.0f MiB; goroutines after the run %d\n", r.HeapMaxMiB, r.SysMiB, r.Goroutines)
+	fmt.Fprintf(w, "memory: heap max %.0f MiB, runtime total %.0f MiB; goroutines at the end of the traffic (system still up) %d\n", r.HeapMaxMiB, r.SysMiB, r.Goroutines)
 	fmt.Fprintf(w, "leaked load (requests every local router still counts after the run; must be 0): %v\n", r.LeakedLoad)
 }
 
