@@ -3,7 +3,6 @@ package gateway
 import (
 	"bufio"
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -107,21 +106,23 @@ func TestUpstreamResetMidResponse(t *testing.T) {
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
 	req.Header.Set("x-test-pick", upstream.Listener.Addr().String())
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if line, err := br.ReadString('\n'); err != nil || line != "DATA: FIRST\n" {
-		t.Fatalf("first chunk %q, %v", line, err)
-	}
-	_, err = io.ReadAll(br)
+	// What the filter had not yet released when the worker died is lost,
+	// as in Envoy, which resets at once: the client sees the reset before
+	// the headers or after some of the body, never a clean end or a hang.
+	err := func() error {
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.ReadAll(bufio.NewReader(resp.Body))
+		return err
+	}()
 	switch {
+	case ctx.Err() != nil:
+		t.Fatal("the client hung until its own timeout")
 	case err == nil:
 		t.Error("the client's stream ended cleanly; want it reset")
-	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
-		t.Fatal("the client hung until its own timeout")
 	}
 	select {
 	case <-rec.ended:
