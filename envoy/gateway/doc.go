@@ -42,6 +42,8 @@
 //     the ext_proc server sees which worker failed.
 //   - An upstream that breaks mid-response resets the client's stream at
 //     once, as Envoy does (HTTP/1.1: the connection closes before the
-//     terminating chunk), and ends the ext_proc stream, so the router frees
-//     the request; a client never waits for its own timeout.
+//     terminating chunk; before the headers if the filter had not released
+//     them yet, whose pending frames are dropped as Envoy drops them), and
+//     ends the ext_proc stream, so the router frees the request; a client
+//     never waits for its own timeout.
 package gateway
