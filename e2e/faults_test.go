@@ -90,7 +90,7 @@ func twoSmallPools(c *up.Config) {
 // the other pool serves on.
 func TestWorkerKilledMidStream(t *testing.T) {
 	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Speedup = 1 }) // slow decode: streams outlive the kill
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	pa := s.Pool("pool-a")
 	const n = 7
@@ -156,7 +156,7 @@ func TestWorkerKilledMidStream(t *testing.T) {
 // load is left anywhere.
 func TestLocalRouterKilled(t *testing.T) {
 	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Speedup = 5 })
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	pa := s.Pool("pool-a")
 	var streams []func() error
@@ -193,7 +193,7 @@ func TestLocalRouterKilled(t *testing.T) {
 // recovered through dumps).
 func TestNATSDown(t *testing.T) {
 	s := startSystem(t, twoSmallPools)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	s.StopNATS()
 	deadline := time.Now().Add(5 * time.Second) // the outage, not a wait for a condition
@@ -227,7 +227,7 @@ func TestNATSDown(t *testing.T) {
 // everything serves and no load is left.
 func TestEtcdDown(t *testing.T) {
 	s := startSystem(t, twoSmallPools)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	s.StopEtcd()
 	var during []int
@@ -264,7 +264,7 @@ func TestEtcdDown(t *testing.T) {
 // router should count 30 requests while they run.
 func TestDuplicateRequestIDs(t *testing.T) {
 	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Speedup = 5 })
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	const n = 30
 	var wg sync.WaitGroup
@@ -332,7 +332,7 @@ func TestDuplicateRequestIDs(t *testing.T) {
 // item 10: the router took 16 MiB and tokenized it, the worker 4 MiB).
 func TestHostileInput(t *testing.T) {
 	s := startSystem(t, twoSmallPools)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	deep := strings.Repeat("[", 100000) + strings.Repeat("]", 100000)
 	big := chatBody("mock-llama", strings.Repeat("word ", (4<<20)/5+10), false, 2) // just past 4 MiB
@@ -379,7 +379,7 @@ func TestHostileInput(t *testing.T) {
 // tokenized it: issue 13 item 10).
 func TestBodyLimitPerModel(t *testing.T) {
 	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Extproc.MaxBodyBytes = 16 << 20 })
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	big := chatBody("mock-llama", strings.Repeat("word ", (4<<20)/5+10), false, 2)
 	r := chat(t, ctx, httpClient(t), s, big)
 	if r.status != 413 || r.header.Get("x-kvgate-dropped-reason") != "body_too_large" || !strings.Contains(string(r.body), "limit of model") {

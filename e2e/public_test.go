@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 )
 
 // TestPublicSurface: the gateway forwards only the OpenAI paths and
@@ -16,7 +18,7 @@ import (
 // internal address).
 func TestPublicSurface(t *testing.T) {
 	s := startSystem(t)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	do := func(method, base, path, body string) (int, string) {
 		t.Helper()
