@@ -36,6 +36,16 @@ func TestRestartable(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
 		t.Fatalf("get after restart: %v %v, want v", resp, err)
 	}
+	fresh, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	gctx, gcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer gcancel()
+	if resp, err := fresh.Get(gctx, "k"); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("a new client after the restart: %v %v", resp, err)
+	}
 
 	n := StartRestartableNATS(t)
 	nc, err := nats.Connect(n.URL(), nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))

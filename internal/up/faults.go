@@ -46,3 +46,13 @@ func (s *System) StopEtcd() { s.etcd.Stop() }
 
 // RestartEtcd starts the embedded etcd again on the same ports and data.
 func (s *System) RestartEtcd(ctx context.Context) error { return s.etcd.Restart(ctx) }
+
+// NATSClients is the number of clients connected to the embedded NATS
+// server (0 while it is stopped): after RestartNATS, every part is back
+// once it reaches the count before StopNATS.
+func (s *System) NATSClients() int {
+	if srv := s.nats.Server(); srv != nil {
+		return srv.NumClients()
+	}
+	return 0
+}
