@@ -7,8 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...) }
 
 // TestShortRun: a few streams, a worker killed and restarted: the report
 // counts requests, nothing hung, no load leaked, and the fault is timed.
