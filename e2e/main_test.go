@@ -28,7 +28,7 @@ const testTimeout = 60 * time.Second
 func startSystem(t testing.TB, mutate ...func(*up.Config)) *up.System {
 	t.Helper()
 	cfg := up.DefaultConfig()
-	cfg.GatewayAddr, cfg.ExtprocAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Speedup = 20
 	cfg.NumBlocks = 2048
 	cfg.Logger = slog.New(slog.DiscardHandler)

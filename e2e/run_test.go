@@ -18,7 +18,7 @@ import (
 // context ends (Ctrl-C); goleak (TestMain) checks nothing is left running.
 func TestRunStopsCleanly(t *testing.T) {
 	cfg := up.DefaultConfig()
-	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.Speedup = "127.0.0.1:0", "127.0.0.1:0", 20
+	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.AdminAddr, cfg.Speedup = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", 20
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	ctx, cancel := context.WithCancel(testenv.ContextWithTimeout(t, testTimeout))
 	defer cancel()

@@ -12,11 +12,12 @@ import (
 )
 
 // TestStatusAndSummary: what `kvgate up` prints names every part's real
-// address, and the status page and its JSON show the pools and workers.
+// address, and the status page and its JSON (on the admin listener) show
+// the pools and workers.
 func TestStatusAndSummary(t *testing.T) {
 	s := startSystem(t)
 	sum := s.Summary()
-	wants := []string{s.GatewayURL(), s.ExtprocAddr(), s.NATSURL(), s.EtcdEndpoints()[0], "curl -si " + s.GatewayURL() + "/v1/chat/completions"}
+	wants := []string{s.GatewayURL(), s.AdminURL(), s.ExtprocAddr(), s.NATSURL(), s.EtcdEndpoints()[0], "curl -si " + s.GatewayURL() + "/v1/chat/completions"}
 	for _, p := range s.Pools {
 		wants = append(wants, p.Router.GRPCAddr())
 		for _, w := range p.Workers {
@@ -34,7 +35,7 @@ func TestStatusAndSummary(t *testing.T) {
 		t.Fatalf("status %d", r.status)
 	}
 	get := func(path string) (string, string) {
-		req, _ := http.NewRequestWithContext(ctx, "GET", s.GatewayURL()+path, nil)
+		req, _ := http.NewRequestWithContext(ctx, "GET", s.AdminURL()+path, nil)
 		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -3,6 +3,7 @@ package extproc
 import (
 	"encoding/json"
 	"errors"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -37,12 +38,14 @@ type httpError struct {
 // errorFor maps a Decide error to the HTTP answer (the only place the
 // globalrouter sentinels become statuses).
 func (s *Server) errorFor(err error) *httpError {
-	msg := err.Error()
+	msg := redactAddresses(err.Error())
 	switch {
 	case errors.Is(err, globalrouter.ErrPinRefused):
 		return &httpError{400, "invalid_request_error", "pin_refused", "pin_refused", msg, 0}
 	case errors.Is(err, globalrouter.ErrBadRequest):
 		return &httpError{400, "invalid_request_error", "bad_request", "bad_request", msg, 0}
+	case errors.Is(err, globalrouter.ErrBodyTooLarge):
+		return &httpError{413, "invalid_request_error", "request_too_large", "body_too_large", msg, 0}
 	case errors.Is(err, globalrouter.ErrUnknownModel):
 		return &httpError{404, "invalid_request_error", "model_not_found", "unknown_model", msg, 0}
 	case errors.Is(err, globalrouter.ErrSaturated):
@@ -54,6 +57,17 @@ func (s *Server) errorFor(err error) *httpError {
 	default:
 		return &httpError{500, "server_error", "internal_error", "internal_error", "internal error routing the request", 0}
 	}
+}
+
+// addressRE matches what names an internal endpoint in an error text: a
+// URL, a bracketed IPv6 address, a host:port, a bare IPv4 address.
+var addressRE = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"',;)]+|\[[0-9A-Fa-f:.%]+\](:\d+)?|[A-Za-z0-9][A-Za-z0-9.-]*:\d{1,5}\b|\b\d{1,3}(\.\d{1,3}){3}\b`)
+
+// redactAddresses removes internal addresses (workers, local routers,
+// etcd) from a message bound for a client: the reasons stay, where they
+// point does not. Logs keep the full error.
+func redactAddresses(msg string) string {
+	return addressRE.ReplaceAllString(msg, "[address]")
 }
 
 func bodyHTTPError(e *bodyError) *httpError {

@@ -97,7 +97,7 @@ func TestRoutesInEveryMode(t *testing.T) {
 				t.Fatalf("%d decisions, want 1", len(reqs))
 			}
 			wantReq := &globalrouter.Request{
-				ID: "req-1", Path: "/v1/chat/completions", Model: "m1",
+				ID: "req-1", Path: "/v1/chat/completions", Model: "m1", BodyBytes: len(chatBody),
 				Chat: tokenizer.NewChat(tokenizer.Message{Role: "system", Content: "Be brief."}, tokenizer.Message{Role: "user", Content: "héllo 世界, \"quoted\""}),
 			}
 			gotReq := *reqs[0]

@@ -235,7 +235,7 @@ func (x *exchange) requestTrailers() error {
 func (x *exchange) route() error {
 	x.decided = true
 	body := joinChunks(x.chunks, x.size)
-	greq := &globalrouter.Request{Path: x.path, Headers: x.headers, Subset: x.subset}
+	greq := &globalrouter.Request{Path: x.path, Headers: x.headers, Subset: x.subset, BodyBytes: x.size}
 	greq.ID = x.headers["x-request-id"]
 	if greq.ID == "" {
 		greq.ID = newRequestID()

@@ -54,6 +54,11 @@ type ModelConfig struct {
 	// engine's KV events are, so adapters never share blocks with the base
 	// model or each other.
 	LoRAOf string `yaml:"lora_of"`
+	// MaxBodyBytes is the largest request body the model's workers accept
+	// (vLLM's or the mocker's limit; 0: no limit of its own, the ext_proc
+	// server's cap applies). A larger body is refused with 413 before it
+	// is tokenized (ErrBodyTooLarge).
+	MaxBodyBytes int `yaml:"max_body_bytes"`
 }
 
 // DefaultTokenizer is the tokenizer of a served model the configuration
@@ -152,6 +157,8 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 			return nil, fmt.Errorf("%s: %w: models: entry without a name", c.file(), policies.ErrConfig)
 		case seen[m.Name]:
 			return nil, fmt.Errorf("%s: %w: models: %q listed twice", c.file(), policies.ErrConfig, m.Name)
+		case m.MaxBodyBytes < 0:
+			return nil, fmt.Errorf("%s: %w: models: %q: max_body_bytes %d must not be negative", c.file(), policies.ErrConfig, m.Name, m.MaxBodyBytes)
 		case !served[m.Name] && !served["*"]:
 			return nil, fmt.Errorf("%s: %w: models: %q has a tokenizer but no pool serves it", c.file(), policies.ErrConfig, m.Name)
 		}
@@ -187,6 +194,16 @@ func (c *Config) loraOf(model string) string {
 // TokenizerFor returns the tokenizer configuration the router uses for
 // model (`kvgate tokenize --config`).
 func (c *Config) TokenizerFor(model string) tokenizer.Config { return c.tokenizerFor(model) }
+
+// maxBodyBytes returns model's body limit (0: none of its own).
+func (c *Config) maxBodyBytes(model string) int {
+	for _, m := range c.Models {
+		if m.Name == model {
+			return m.MaxBodyBytes
+		}
+	}
+	return 0
+}
 
 // tokenizerFor returns the tokenizer configuration of model.
 func (c *Config) tokenizerFor(model string) tokenizer.Config {

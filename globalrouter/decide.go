@@ -65,6 +65,9 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	if me == nil {
 		return nil, fmt.Errorf("%w: no pool serves model %q", ErrUnknownModel, req.Model)
 	}
+	if limit := st.cfg.maxBodyBytes(req.Model); limit > 0 && req.BodyBytes > limit {
+		return nil, fmt.Errorf("%w: request body exceeds %d bytes, the limit of model %q", ErrBodyTooLarge, limit, req.Model)
+	}
 	// Headers first: a malformed one must not cost a tokenize and a hash.
 	hdr, err := parseHeaders(req.Headers)
 	if err != nil {

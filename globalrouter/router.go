@@ -142,6 +142,8 @@ func errOutcome(err error) string {
 		return "bad_request"
 	case errors.Is(err, ErrUnknownModel):
 		return "unknown_model"
+	case errors.Is(err, ErrBodyTooLarge):
+		return "body_too_large"
 	case errors.Is(err, ErrPinRefused):
 		return "pin_refused"
 	case errors.Is(err, ErrSaturated):

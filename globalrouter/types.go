@@ -32,6 +32,9 @@ type Request struct {
 	// Inference Extension's subset hint): every endpoint of the decision
 	// is in it, or Decide returns ErrNoEndpointInSubset (epp.go).
 	Subset *Subset
+	// BodyBytes is the size of the request body (0: unknown); past the
+	// model's max_body_bytes Decide refuses with ErrBodyTooLarge.
+	BodyBytes int
 }
 
 // Endpoint is one routable target: a worker rank in a pool, as its local
@@ -78,6 +81,9 @@ type Lease interface {
 var (
 	// ErrBadRequest (400): the request cannot be routed as given.
 	ErrBadRequest = errors.New("bad request")
+	// ErrBodyTooLarge (413): the body is larger than the model's workers
+	// accept (ModelConfig.MaxBodyBytes); refused before tokenizing.
+	ErrBodyTooLarge = errors.New("request body too large")
 	// ErrUnknownModel (404): no pool serves the model.
 	ErrUnknownModel = errors.New("unknown model")
 	// ErrSaturated (429): every eligible worker is saturated; retry later.

@@ -77,6 +77,18 @@ type Instance struct {
 
 	done chan struct{}
 	err  error
+	kill func()
+}
+
+// Kill closes the HTTP listener and every connection at once, as a crashed
+// process's are: requests in flight break mid-response and new ones are
+// refused. The engine, the KV events and the etcd registration carry on
+// until the instance's context ends (a crashed worker stays registered
+// until its lease expires). Idempotent.
+func (i *Instance) Kill() {
+	if i.kill != nil {
+		i.kill()
+	}
 }
 
 // Wait blocks until the instance has shut down (after its context ended)
@@ -270,6 +282,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	}
 
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	inst.kill = func() { _ = hs.Close() }
 	var wg sync.WaitGroup
 	serveErr := make(chan error, 1)
 	wg.Add(2)

@@ -33,10 +33,40 @@ type KVSink interface {
 	PublishKV(ctx context.Context, ts time.Time, events []kvevents.Event) error
 }
 
-// stream is one request's output channel from the engine loop.
+// stream is one request's output from the engine loop. Tokens queue in
+// pending (the loop never blocks on a slow reader) and ready is signalled;
+// the queue holds at most the tokens generated and not yet read, never
+// more than the request's max tokens, and no buffer is sized by a number
+// the client sent.
 type stream struct {
-	tokens chan Token      // buffered MaxTokens: the loop never blocks
-	done   chan Completion // buffered 1
+	mu      sync.Mutex
+	pending []Token
+	ready   chan struct{}   // buffered 1: tokens were queued
+	done    chan Completion // buffered 1
+}
+
+func newStream() *stream {
+	return &stream{ready: make(chan struct{}, 1), done: make(chan Completion, 1)}
+}
+
+// push queues t and wakes the reader; it never blocks.
+func (s *stream) push(t Token) {
+	s.mu.Lock()
+	s.pending = append(s.pending, t)
+	s.mu.Unlock()
+	select {
+	case s.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take returns and clears the queued tokens.
+func (s *stream) take() []Token {
+	s.mu.Lock()
+	out := s.pending
+	s.pending = nil
+	s.mu.Unlock()
+	return out
 }
 
 // live runs an Engine in real time: one goroutine steps it at the times it
@@ -62,7 +92,7 @@ func newLive(eng *Engine, clock Clock, sink KVSink, log *slog.Logger, m *serverM
 
 // submit queues r and returns its stream.
 func (l *live) submit(r Request) (*stream, error) {
-	st := &stream{tokens: make(chan Token, max(r.MaxTokens, 1)), done: make(chan Completion, 1)}
+	st := newStream()
 	l.mu.Lock()
 	err := l.eng.Submit(l.clock.Now(), r)
 	if err == nil {
@@ -118,7 +148,7 @@ func (l *live) run(ctx context.Context) {
 		res := l.eng.Step(now)
 		for _, tok := range res.Tokens {
 			if st, ok := l.streams[tok.RequestID]; ok {
-				st.tokens <- tok
+				st.push(tok)
 			}
 		}
 		for _, c := range res.Completed {

@@ -33,8 +33,13 @@ type ServerConfig struct {
 	Tokenizer Tokenizer
 	// DefaultMaxTokens applies when a request sets none (16).
 	DefaultMaxTokens int
-	// MaxBodyBytes bounds request bodies (4 MiB).
+	// MaxBodyBytes bounds request bodies (DefaultMaxBodyBytes); past it
+	// the answer is 413.
 	MaxBodyBytes int64
+	// MaxModelLen is the model's context length in tokens: a prompt plus
+	// max_tokens above it is a 400, as vLLM answers (default: the KV
+	// cache's size, NumBlocks × BlockSize, as /tokenize reports it).
+	MaxModelLen int
 	// WorkerID and Address are reported by a prefill-role engine as where
 	// the KV is (kv_transfer_params).
 	WorkerID, Address string
@@ -98,7 +103,10 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 		cfg.DefaultMaxTokens = 16
 	}
 	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = 4 << 20
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("%w: max body bytes %d must not be negative", ErrConfig, cfg.MaxBodyBytes)
 	}
 	if cfg.DPSize == 0 {
 		cfg.DPSize = 1
@@ -136,6 +144,10 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 			sink = opts.Sinks[r]
 		}
 		s.ranks = append(s.ranks, newLive(eng, clock, sink, log.With("dp_rank", r), nil))
+	}
+	// Every rank has the same engine configuration (a rank's own cache).
+	if ec := s.ranks[0].eng.Config(); s.cfg.MaxModelLen <= 0 || s.cfg.MaxModelLen > ec.NumBlocks*ec.BlockSize {
+		s.cfg.MaxModelLen = ec.NumBlocks * ec.BlockSize
 	}
 	m := newServerMetrics(reg, cfg.Model, s.ranks)
 	for _, l := range s.ranks {
@@ -217,23 +229,49 @@ func (s *Server) RankCachedBlocks(r int) map[uint64]struct{} {
 	return l.eng.CachedBlocks()
 }
 
+// DefaultMaxBodyBytes is the request body bound of a server that sets
+// none; `kvgate up` uses the same value for the ext_proc server's cap and
+// for every model's max_body_bytes, so the router never accepts (and
+// tokenizes) what a worker refuses.
+const DefaultMaxBodyBytes = 4 << 20
+
+// Bounds of the sampling fields the mocker reads; past them a request is a
+// 400 (vLLM's default max_logprobs is 20; OpenAI takes up to 4 stop
+// sequences, the mocker a few more).
+const (
+	MaxLogprobs      = 20
+	MaxStopSequences = 16
+)
+
 // --- OpenAI wire types -------------------------------------------------
 
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
+// sampling are the fields of both request kinds the mocker bounds but
+// does not act on (it generates one choice of max_tokens tokens).
+type sampling struct {
+	N           *int            `json:"n"`
+	Stop        json.RawMessage `json:"stop"`
+	TopLogprobs *int            `json:"top_logprobs"`
+}
+
 type completionRequest struct {
+	sampling
 	Model         string          `json:"model"`
 	Prompt        json.RawMessage `json:"prompt"`
 	MaxTokens     *int            `json:"max_tokens"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+	Logprobs      *int            `json:"logprobs"`
 	// RoutedDPRank is SGLang's body field naming the DP rank.
 	RoutedDPRank *int `json:"routed_dp_rank"`
 }
 
 type chatRequest struct {
+	sampling
+	Logprobs            *bool          `json:"logprobs"`
 	Model               string         `json:"model"`
 	MaxTokens           *int           `json:"max_tokens"`
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
@@ -282,12 +320,50 @@ type httpError struct {
 	status  int
 	code    string
 	message string
+	vllm    bool // vLLM's error shape (writeVLLMError)
 }
 
 func (e *httpError) Error() string { return e.message }
 
+// write sends e as the reply.
+func (e *httpError) write(w http.ResponseWriter) {
+	if e.vllm {
+		writeVLLMError(w, e.status, e.message)
+		return
+	}
+	writeError(w, e.status, e.code, e.message)
+}
+
+// writeVLLMError answers as vLLM's OpenAI server does for a request it
+// validates away (vllm/entrypoints/openai/serving_engine.py,
+// create_error_response: ErrorResponse{error: ErrorInfo{message, type
+// "BadRequestError", param null, code 400}}).
+func writeVLLMError(w http.ResponseWriter, status int, msg string) {
+	typ := "BadRequestError"
+	if status >= 500 {
+		typ = "InternalServerError"
+	}
+	body := map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status}}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(body)
+}
+
+// contextError is vLLM's 400 for a request longer than the model's
+// context (serving_engine.py, _validate_input), word for word.
+func contextError(maxModelLen, promptLen, maxTokens int, explicit bool) *httpError {
+	if promptLen >= maxModelLen || !explicit {
+		return &httpError{status: http.StatusBadRequest, code: "context_length_exceeded", vllm: true, message: fmt.Sprintf(
+			"This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.",
+			maxModelLen, promptLen)}
+	}
+	return &httpError{status: http.StatusBadRequest, code: "context_length_exceeded", vllm: true, message: fmt.Sprintf(
+		"'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
+		maxTokens, maxModelLen, promptLen, maxTokens, maxModelLen, promptLen)}
+}
+
 func badRequest(code, format string, args ...any) *httpError {
-	return &httpError{http.StatusBadRequest, code, fmt.Sprintf(format, args...)}
+	return &httpError{status: http.StatusBadRequest, code: code, message: fmt.Sprintf(format, args...)}
 }
 
 // readBody reads a request body up to the configured bound.
@@ -296,7 +372,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *http
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return nil, &httpError{http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("request body exceeds %d bytes", s.cfg.MaxBodyBytes)}
+			return nil, &httpError{status: http.StatusRequestEntityTooLarge, code: "body_too_large", message: fmt.Sprintf("request body exceeds %d bytes", s.cfg.MaxBodyBytes)}
 		}
 		return nil, badRequest("invalid_body", "read body: %v", err)
 	}
@@ -321,7 +397,7 @@ func (s *Server) resolveModel(model string) (string, *httpError) {
 			return l, nil
 		}
 	}
-	return "", &httpError{http.StatusNotFound, "model_not_found", fmt.Sprintf("the model %q does not exist", model)}
+	return "", &httpError{status: http.StatusNotFound, code: "model_not_found", message: fmt.Sprintf("the model %q does not exist", model)}
 }
 
 func (s *Server) maxTokens(v *int) (int, *httpError) {
@@ -445,7 +521,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, parse fun
 			return
 		}
 	}
-	writeError(w, e.status, e.code, e.message)
+	e.write(w)
 }
 
 // parseCompletion turns a /v1/completions body into a generation request.
@@ -453,6 +529,12 @@ func (s *Server) parseCompletion(body []byte) (genRequest, *httpError) {
 	var req completionRequest
 	if e := unmarshal(body, &req); e != nil {
 		return genRequest{}, e
+	}
+	if e := req.check(); e != nil {
+		return genRequest{}, e
+	}
+	if req.Logprobs != nil && (*req.Logprobs < 0 || *req.Logprobs > MaxLogprobs) {
+		return genRequest{}, badRequest("invalid_logprobs", "logprobs must be between 0 and %d, got %d", MaxLogprobs, *req.Logprobs)
 	}
 	g, e := s.prepare(req.Model, req.MaxTokens, req.Stream, req.StreamOptions, func() ([]uint32, *httpError) {
 		return s.promptTokens(req.Prompt)
@@ -467,6 +549,9 @@ func (s *Server) parseChat(body []byte) (genRequest, *httpError) {
 	if e := unmarshal(body, &req); e != nil {
 		return genRequest{}, e
 	}
+	if e := req.check(); e != nil {
+		return genRequest{}, e
+	}
 	mt := req.MaxCompletionTokens
 	if mt == nil {
 		mt = req.MaxTokens
@@ -476,6 +561,33 @@ func (s *Server) parseChat(body []byte) (genRequest, *httpError) {
 	})
 	g.chat, g.dpRank = true, req.RoutedDPRank
 	return g, e
+}
+
+// check bounds the sampling fields: one choice, at most MaxLogprobs top
+// logprobs, at most MaxStopSequences stop strings.
+func (p *sampling) check() *httpError {
+	if p.N != nil && *p.N != 1 {
+		return badRequest("invalid_n", "n must be 1 (the mocker generates one choice), got %d", *p.N)
+	}
+	if p.TopLogprobs != nil && (*p.TopLogprobs < 0 || *p.TopLogprobs > MaxLogprobs) {
+		return badRequest("invalid_top_logprobs", "top_logprobs must be between 0 and %d, got %d", MaxLogprobs, *p.TopLogprobs)
+	}
+	raw := bytes.TrimSpace(p.Stop)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		return nil
+	}
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return badRequest("invalid_stop", "stop must be a string or a list of strings")
+	}
+	if len(list) > MaxStopSequences {
+		return badRequest("invalid_stop", "stop takes at most %d sequences, got %d", MaxStopSequences, len(list))
+	}
+	return nil
 }
 
 func (s *Server) prepare(model string, maxTokens *int, stream bool, so *streamOptions, tokens func() ([]uint32, *httpError)) (genRequest, *httpError) {
@@ -492,6 +604,18 @@ func (s *Server) prepare(model string, maxTokens *int, stream bool, so *streamOp
 	}
 	if g.maxTokens, e = s.maxTokens(maxTokens); e != nil {
 		return g, e
+	}
+	// vLLM: a prompt that fills the context, or max_tokens past what is
+	// left of it, is a 400; an unset max_tokens is what is left (here the
+	// default, capped at what is left).
+	room := s.cfg.MaxModelLen - len(g.tokens)
+	switch {
+	case room <= 0:
+		return g, contextError(s.cfg.MaxModelLen, len(g.tokens), g.maxTokens, maxTokens != nil)
+	case g.maxTokens > room && maxTokens != nil:
+		return g, contextError(s.cfg.MaxModelLen, len(g.tokens), g.maxTokens, true)
+	case g.maxTokens > room:
+		g.maxTokens = room
 	}
 	return g, nil
 }
@@ -534,11 +658,13 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 			case <-ctx.Done():
 				l.abort(id)
 				return
-			case tok := <-st.tokens:
-				text.WriteString(tokenText(tok))
+			case <-st.ready:
+				for _, tok := range st.take() {
+					text.WriteString(tokenText(tok))
+				}
 			case c := <-st.done:
-				for len(st.tokens) > 0 {
-					text.WriteString(tokenText(<-st.tokens))
+				for _, tok := range st.take() {
+					text.WriteString(tokenText(tok))
 				}
 				s.writeFull(w, g, id, created, text.String(), c)
 				return
@@ -580,11 +706,13 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		case <-ctx.Done():
 			l.abort(id)
 			return
-		case tok := <-st.tokens:
-			send(chunk(tokenText(tok), nil))
+		case <-st.ready:
+			for _, tok := range st.take() {
+				send(chunk(tokenText(tok), nil))
+			}
 		case c := <-st.done:
-			for len(st.tokens) > 0 {
-				send(chunk(tokenText(<-st.tokens), nil))
+			for _, tok := range st.take() {
+				send(chunk(tokenText(tok), nil))
 			}
 			final := chunk("", c.Reason)
 			if s.cfg.Engine.Role == kvevents.RolePrefill {
@@ -705,7 +833,6 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e.status, e.code, e.message)
 		return
 	}
-	cfg := s.ranks[0].eng.Config() // immutable after NewEngine
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": cfg.NumBlocks * cfg.BlockSize, "tokens": ids})
+	json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": s.cfg.MaxModelLen, "tokens": ids})
 }

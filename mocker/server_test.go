@@ -87,7 +87,11 @@ func TestBadRequests(t *testing.T) {
 		{"unknown model", "/v1/completions", `{"model":"gpt-9","prompt":"hi"}`, 404, "model_not_found"},
 		{"chat without messages", "/v1/chat/completions", `{"model":"m"}`, 400, "missing_messages"},
 		{"chat bad content", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":5}]}`, 400, "invalid_message"},
-		{"too long for the cache", "/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":5000}`, 400, "context_length_exceeded"},
+		{"two choices", "/v1/completions", `{"model":"m","prompt":"hi","n":2}`, 400, "invalid_n"},
+		{"too many logprobs", "/v1/completions", `{"model":"m","prompt":"hi","logprobs":1000000}`, 400, "invalid_logprobs"},
+		{"too many top logprobs", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}`, 400, "invalid_top_logprobs"},
+		{"too many stop sequences", "/v1/completions", `{"model":"m","prompt":"hi","stop":[` + strings.Repeat(`"x",`, MaxStopSequences) + `"y"]}`, 400, "invalid_stop"},
+		{"stop of wrong type", "/v1/completions", `{"model":"m","prompt":"hi","stop":5}`, 400, "invalid_stop"},
 		{"body too large", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x ", 1<<10) + `"}`, 413, "body_too_large"},
 		{"tokenize unknown model", "/tokenize", `{"model":"x","prompt":"hi"}`, 404, "model_not_found"},
 	}
@@ -103,6 +107,57 @@ func TestBadRequests(t *testing.T) {
 				t.Errorf("got %d %+v, want %d with code %q and a message and type", resp.StatusCode, e.Error, tt.status, tt.code)
 			}
 		})
+	}
+}
+
+// TestContextLength: a prompt plus max_tokens past the model's context is
+// vLLM's 400, word for word, and never allocates by max_tokens (a 10^12
+// max_tokens used to size a channel and kill the process).
+func TestContextLength(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, hs, _ := startServer(t, ServerConfig{Model: "m", MaxModelLen: 100, Engine: Config{NumBlocks: 64}})
+	prompt := `[1,2,3,4,5,6,7,8,9,10]`
+	tests := []struct {
+		name, path, body, msg string
+	}{
+		{"max_tokens 1e12", "/v1/completions", `{"model":"m","prompt":` + prompt + `,"max_tokens":1000000000000}`,
+			"'max_tokens' or 'max_completion_tokens' is too large: 1000000000000. This model's maximum context length is 100 tokens and your request has 10 input tokens (1000000000000 > 100 - 10)."},
+		{"one past the context", "/v1/completions", `{"model":"m","prompt":` + prompt + `,"max_tokens":91}`,
+			"'max_tokens' or 'max_completion_tokens' is too large: 91. This model's maximum context length is 100 tokens and your request has 10 input tokens (91 > 100 - 10)."},
+		{"chat max_completion_tokens", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1000000000000,"stream":true}`,
+			"'max_tokens' or 'max_completion_tokens' is too large: 1000000000000."},
+		{"prompt fills the context", "/v1/completions", `{"model":"m","prompt":[` + strings.Repeat("1,", 99) + `1]}`,
+			"This model's maximum context length is 100 tokens. However, your request has 100 input tokens. Please reduce the length of the input messages."},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := post(ctx, t, hs.URL+tt.path, tt.body, nil)
+			defer resp.Body.Close()
+			var e struct {
+				Error struct {
+					Message string `json:"message"`
+					Type    string `json:"type"`
+					Param   any    `json:"param"`
+					Code    int    `json:"code"`
+				} `json:"error"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatalf("error body: %v", err)
+			}
+			if resp.StatusCode != 400 || e.Error.Code != 400 || e.Error.Type != "BadRequestError" || !strings.HasPrefix(e.Error.Message, tt.msg) {
+				t.Errorf("got %d %+v, want 400 BadRequestError %q", resp.StatusCode, e.Error, tt.msg)
+			}
+		})
+	}
+	// Exactly the room left is served; an unset max_tokens is capped to it.
+	for _, body := range []string{`{"model":"m","prompt":` + prompt + `,"max_tokens":90}`, `{"model":"m","prompt":[` + strings.Repeat("1,", 95) + `1]}`} {
+		resp := post(ctx, t, hs.URL+"/v1/completions", body, nil)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: got %d, want 200", body, resp.StatusCode)
+		}
 	}
 }
 
@@ -309,10 +364,12 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":2}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`,
 		`{"max_tokens":-1}`, `{`, `[]`, `""`,
+		`{"prompt":[1],"max_tokens":1000000000000}`, `{"prompt":"a","n":1,"stop":["x"],"logprobs":3}`,
+		`{"messages":[{"role":"user","content":"a"}],"n":9,"top_logprobs":99,"stop":"s"}`,
 	} {
 		f.Add([]byte(s))
 	}
-	srv, err := NewServer(ServerConfig{Model: "m", LoRAs: []string{"l"}}, ServerOptions{})
+	srv, err := NewServer(ServerConfig{Model: "m", LoRAs: []string{"l"}, MaxModelLen: 64}, ServerOptions{})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -327,6 +384,9 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			if len(g.tokens) == 0 || g.maxTokens <= 0 {
 				t.Fatalf("accepted request without tokens or max tokens: %+v", g)
+			}
+			if len(g.tokens)+g.maxTokens > 64 {
+				t.Fatalf("accepted %d prompt + %d max tokens past the context of 64", len(g.tokens), g.maxTokens)
 			}
 		}
 		rec := httptest.NewRecorder()

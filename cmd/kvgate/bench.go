@@ -2,23 +2,52 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/benchfig"
+	"github.com/kvgate/kvgate/internal/chaos"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
 // runBench measures the local router's four headline figures without the
-// Go toolchain (the same workload as `make bench`; see BENCHMARKS.md).
+// Go toolchain (the same workload as `make bench`; see BENCHMARKS.md), or,
+// with -chaos, runs the load-and-chaos bench (internal/chaos).
 func runBench(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	n := fs.Int("n", 20000, "calls per latency figure")
 	applyFor := fs.Duration("apply-for", 2*time.Second, "how long to measure event apply throughput")
+	cc := chaos.DefaultConfig()
+	withChaos := fs.Bool("chaos", false, "run the load-and-chaos bench: `kvgate up` in process, -streams concurrent streams for -duration, the -kill faults in turn")
+	fs.IntVar(&cc.Streams, "streams", cc.Streams, "chaos: concurrent streaming clients")
+	fs.DurationVar(&cc.Duration, "duration", cc.Duration, "chaos: how long the clients send")
+	kill := fs.String("kill", "router,worker,nats,etcd", "chaos: faults injected in turn (router, worker, nats, etcd; empty for none)")
+	fs.DurationVar(&cc.Hold, "hold", cc.Hold, "chaos: how long each killed part stays down")
+	fs.IntVar(&cc.MaxTokens, "max-tokens", cc.MaxTokens, "chaos: max_tokens of each request")
+	fs.Float64Var(&cc.Up.Speedup, "speedup", cc.Up.Speedup, "chaos: speed-up factor of the mock workers")
+	fs.DurationVar(&cc.ErrorPause, "error-pause", cc.ErrorPause, "chaos: a client's pause after a failed request before its next (0: retry at once)")
+	fs.DurationVar(&cc.Up.ProbeTimeout, "probe-timeout", 0, "chaos: the global router's probe deadline (0: its default)")
+	asJSON := fs.Bool("json", false, "chaos: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *withChaos {
+		cc.Kill = splitCommaList(*kill)
+		fmt.Fprintf(os.Stderr, "chaos: %d streams for %v, faults %v (%v each)…\n", cc.Streams, cc.Duration, cc.Kill, cc.Hold)
+		rep, err := chaos.Run(ctx, cc)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(rep)
+		}
+		rep.Print(os.Stdout)
+		return nil
 	}
 	if *n < 100 {
 		return fmt.Errorf("-n %d: need at least 100 calls", *n)

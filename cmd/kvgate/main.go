@@ -30,7 +30,7 @@ func commands() []command {
 		{"relay", "relay a vLLM/SGLang ZMQ KV-event stream to NATS", runRelay},
 		{"replay", "replay a trace against simulated workers and compare policies", runReplay},
 		{"tokenize", "print the token ids and block hashes the router computes for a request body (stdin)", runTokenize},
-		{"bench", "run the built-in micro-benchmarks and print the figures", runBench},
+		{"bench", "run the built-in micro-benchmarks and print the figures (-chaos: the load-and-chaos run)", runBench},
 	}
 }
 

@@ -38,6 +38,8 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.Float64Var(&e.KVTransferBandwidth, "kv-transfer-bandwidth", 25e9, "prefill→decode KV bandwidth in bytes/s")
 	fs.IntVar(&cfg.Server.DefaultMaxTokens, "default-max-tokens", 16, "max_tokens of requests that set none")
 	fs.IntVar(&cfg.Server.DPSize, "dp-size", 1, "data-parallel ranks, each with its own KV cache (X-Data-Parallel-Rank or routed_dp_rank picks one); events=zmq binds one PUB socket per rank at --zmq-endpoint's port + rank, as vLLM does")
+	fs.Int64Var(&cfg.Server.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "largest request body accepted (413 past it); keep it equal to the router's max_body_bytes for the model")
+	fs.IntVar(&cfg.Server.MaxModelLen, "max-model-len", 0, "context length in tokens: prompt + max_tokens past it is a 400 (default: num-blocks × block-size)")
 	fs.StringVar(&cfg.Events, "events", mocker.EventsZMQ, "KV events: zmq (vLLM format, for kvgate relay), nats (direct), none")
 	fs.StringVar(&cfg.ZMQEndpoint, "zmq-endpoint", "tcp://*:5557", "ZMQ PUB bind endpoint (events=zmq)")
 	fs.StringVar(&cfg.ZMQTopic, "zmq-topic", "kv-events", "ZMQ topic (events=zmq)")

@@ -34,6 +34,16 @@
 //   - Header handling is the connection manager's in outline only: hop-by-hop
 //     headers dropped, x-forwarded-proto and x-request-id added when absent;
 //     no x-envoy-* headers, no x-forwarded-for.
-//   - Local replies for upstream failures use Envoy's bodies and are, as in
-//     Envoy ≥ 1.34, not sent to ext_proc.
+//   - Local replies for upstream failures use Envoy's bodies and, as in
+//     Envoy ≥ 1.34, the filter does not change them; unlike Envoy, the
+//     gateway first shows the filter response headers with the local
+//     reply's status (503), end of stream, and the endpoint it tried as the
+//     served endpoint (envoy.lb x-gateway-destination-endpoint-served), so
+//     the ext_proc server sees which worker failed.
+//   - An upstream that breaks mid-response resets the client's stream at
+//     once, as Envoy does (HTTP/1.1: the connection closes before the
+//     terminating chunk; before the headers if the filter had not released
+//     them yet, whose pending frames are dropped as Envoy drops them), and
+//     ends the ext_proc stream, so the router frees the request; a client
+//     never waits for its own timeout.
 package gateway

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -120,6 +121,14 @@ var hopByHop = map[string]bool{
 }
 
 // ServeHTTP proxies one request. It blocks until the exchange is over.
+//
+// An upstream that fails is never left hanging on either side: a failure
+// to connect (or a reset before response headers) is answered with
+// Envoy's local reply 503 and reported to the filter as that response's
+// headers with the endpoint tried in the served-endpoint metadata; an
+// upstream that breaks mid-response resets the client's stream at once
+// (as Envoy does) and ends the ext_proc stream, so the router frees the
+// request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	// The ext_proc server may answer while the request body still streams.
@@ -142,7 +151,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g.pumpBody(ctx, r.Body, func() http.Header { return r.Trailer }, s.SendRequestData, s.SendRequestTrailers)
+			_ = g.pumpBody(ctx, r.Body, func() http.Header { return r.Trailer }, s.SendRequestData, s.SendRequestTrailers)
 		}()
 	}
 
@@ -154,7 +163,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	resp, details, err := g.roundTrip(ctx, r, s, first, &wg)
+	resp, details, tried, err := g.roundTrip(ctx, r, s, first, &wg)
 	if err != nil && s.Info().LocalReply != nil {
 		// The filter answered while the body was on its way upstream (the
 		// upstream request was aborted): the client gets that answer.
@@ -162,8 +171,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		g.log.Warn("upstream failed", "path", r.URL.Path, "details", details, "error", err)
-		writeLocalReply(w, http.StatusServiceUnavailable, details)
+		g.log.Warn("upstream failed", "path", r.URL.Path, "endpoint", tried, "details", details, "error", err)
+		g.upstreamFailed(ctx, w, s, tried, details)
 		return
 	}
 	defer resp.Body.Close()
@@ -172,26 +181,68 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := s.SendResponseHeaders(ctx, responseHeaders(resp), respNoBody); err != nil {
 		return
 	}
+	var broken atomic.Bool
 	if !respNoBody {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g.pumpBody(ctx, resp.Body, func() http.Header { return resp.Trailer }, s.SendResponseData, s.SendResponseTrailers)
+			if err := g.pumpBody(ctx, resp.Body, func() http.Header { return resp.Trailer }, s.SendResponseData, s.SendResponseTrailers); err != nil && ctx.Err() == nil {
+				// The upstream broke mid-response: what Envoy calls an
+				// upstream reset after response started. End everything now
+				// rather than wait for the client to give up.
+				g.log.Warn("upstream reset mid-response", "path", r.URL.Path, "error", err)
+				broken.Store(true)
+				cancel()
+			}
 		}()
 	}
 	g.writeDownstream(ctx, w, s)
+	if broken.Load() {
+		// Envoy resets the client's stream (HTTP/1.1: the connection closes
+		// without the terminating chunk); the deferred Close ends the
+		// ext_proc stream, which frees the request on the router.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// upstreamFailed answers a request whose upstream could not be reached as
+// Envoy does: the local reply 503 with Envoy's body, written as is. Unlike
+// Envoy ≥ 1.34 (which sends local replies to no filter), the gateway first
+// tells the filter: response headers with the local reply's status, end of
+// stream, and the endpoint tried as the served endpoint (envoy.lb
+// metadata), so the ext_proc server sees which worker failed rather than a
+// stream that just ends. What the filter does with them is not applied.
+func (g *Gateway) upstreamFailed(ctx context.Context, w http.ResponseWriter, s *extprocclient.Stream, endpoint, details string) {
+	code, _ := localReply(details)
+	if endpoint != "" {
+		s.SetDynamicMetadata("envoy.lb", &structpb.Struct{Fields: map[string]*structpb.Value{
+			ServedHeader: structpb.NewStringValue(endpoint),
+		}})
+	}
+	h := extprocclient.Headers{{Key: ":status", Value: strconv.Itoa(code)}, {Key: "content-type", Value: "text/plain"}}
+	if s.SendResponseHeaders(ctx, h, true) == nil {
+		for {
+			f, err := s.ReadDownstream(ctx)
+			if err != nil || f.EndStream {
+				break
+			}
+		}
+	}
+	writeLocalReply(w, code, details)
 }
 
 // pumpBody feeds a body to the filter, one chunk per read, then trailers or
-// an empty end-of-stream chunk.
+// an empty end-of-stream chunk. It returns the body's read error (the
+// client or upstream went away), nil once the body is fed or the filter
+// stopped taking it.
 func (g *Gateway) pumpBody(ctx context.Context, body io.Reader, trailer func() http.Header,
-	data func(context.Context, []byte, bool) error, trailers func(context.Context, extprocclient.Headers) error) {
+	data func(context.Context, []byte, bool) error, trailers func(context.Context, extprocclient.Headers) error) error {
 	buf := make([]byte, g.chunk)
 	for {
 		n, err := body.Read(buf)
 		eof := errors.Is(err, io.EOF)
 		if err != nil && !eof {
-			return // the client or upstream went away; the stream ends with ctx
+			return err
 		}
 		var t extprocclient.Headers
 		if eof {
@@ -199,35 +250,37 @@ func (g *Gateway) pumpBody(ctx context.Context, body io.Reader, trailer func() h
 		}
 		if n > 0 || (eof && t == nil) {
 			if data(ctx, buf[:n], eof && t == nil) != nil {
-				return
+				return nil
 			}
 		}
 		if eof {
 			if t != nil {
 				_ = trailers(ctx, t)
 			}
-			return
+			return nil
 		}
 	}
 }
 
 // roundTrip sends the request the filter released to the chosen endpoint,
 // trying the next one of the list on a connection failure.
-func (g *Gateway) roundTrip(ctx context.Context, r *http.Request, s *extprocclient.Stream, first extprocclient.Frame, wg *sync.WaitGroup) (*http.Response, string, error) {
+// It returns the response, or Envoy's response details of the failure and
+// the last endpoint tried.
+func (g *Gateway) roundTrip(ctx context.Context, r *http.Request, s *extprocclient.Stream, first extprocclient.Frame, wg *sync.WaitGroup) (*http.Response, string, string, error) {
 	h := first.Headers
 	endpoints := destinations(h, s.Info())
 	if len(endpoints) == 0 && g.fallback != "" {
 		endpoints = []string{g.fallback}
 	}
 	if len(endpoints) == 0 {
-		return nil, "no_healthy_upstream", errors.New("no destination endpoint")
+		return nil, "no_healthy_upstream", "", errors.New("no destination endpoint")
 	}
 	method, _ := h.Get(":method")
 	path, _ := h.Get(":path")
 	authority, _ := h.Get(":authority")
 	base, err := http.NewRequestWithContext(ctx, method, "http://"+endpoints[0]+path, nil)
 	if err != nil {
-		return nil, "invalid_request", err
+		return nil, "invalid_request", "", err
 	}
 	base.Host = authority
 	base.ContentLength = -1
@@ -276,16 +329,16 @@ func (g *Gateway) roundTrip(ctx context.Context, r *http.Request, s *extprocclie
 				ServedHeader: structpb.NewStringValue(ep),
 			}})
 			g.log.Debug("proxied", "path", path, "endpoint", ep, "status", resp.StatusCode)
-			return resp, "", nil
+			return resp, "", ep, nil
 		}
 		lastErr = err
 		var op *net.OpError
 		if !errors.As(err, &op) || op.Op != "dial" {
-			return nil, "upstream_reset_before_response_started{connection_termination}", err
+			return nil, "upstream_reset_before_response_started{connection_termination}", ep, err
 		}
 		g.log.Debug("endpoint unreachable, trying the next", "endpoint", ep, "error", err)
 	}
-	return nil, "upstream_reset_before_response_started{connection_failure}", lastErr
+	return nil, "upstream_reset_before_response_started{connection_failure}", endpoints[len(endpoints)-1], lastErr
 }
 
 // pumpUpstream copies the filter's released request body into the
@@ -387,13 +440,22 @@ func (g *Gateway) writeDownstream(ctx context.Context, w http.ResponseWriter, s 
 	}
 }
 
-// writeLocalReply answers as Envoy's own local replies do (they are not
-// sent to ext_proc).
-func writeLocalReply(w http.ResponseWriter, code int, details string) {
-	body := "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
-	if details == "no_healthy_upstream" {
-		body = "no healthy upstream"
+// localReply is Envoy's local reply for an upstream failure: the status
+// and body (the body names no address).
+func localReply(details string) (int, string) {
+	switch details {
+	case "no_healthy_upstream":
+		return http.StatusServiceUnavailable, "no healthy upstream"
+	case "upstream_reset_before_response_started{connection_termination}":
+		return http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection termination"
 	}
+	return http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
+}
+
+// writeLocalReply answers as Envoy's own local replies do, without the
+// filter (when the ext_proc stream is gone).
+func writeLocalReply(w http.ResponseWriter, code int, details string) {
+	_, body := localReply(details)
 	w.Header().Set("content-type", "text/plain")
 	w.Header().Set("content-length", strconv.Itoa(len(body)))
 	w.WriteHeader(code)

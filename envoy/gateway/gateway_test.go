@@ -135,12 +135,18 @@ func streamedResp(request bool, body []byte, eos bool) *extprocv3.ProcessingResp
 // an unreachable one) and returns its URL and an HTTP client.
 func startGateway(t *testing.T, reachable bool, opts ...func(*Config)) (string, *http.Client) {
 	t.Helper()
+	return startGatewayWith(t, fakeRouter{}, reachable, opts...)
+}
+
+// startGatewayWith is startGateway in front of the ext_proc server impl.
+func startGatewayWith(t *testing.T, impl extprocv3.ExternalProcessorServer, reachable bool, opts ...func(*Config)) (string, *http.Client) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(srv, fakeRouter{})
+	extprocv3.RegisterExternalProcessorServer(srv, impl)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

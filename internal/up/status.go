@@ -72,7 +72,7 @@ type RankStatus struct {
 func (s *System) Status() Status {
 	st := Status{
 		Uptime: time.Since(s.started).Round(time.Second).String(), Gateway: s.GatewayURL(),
-		Extproc: s.extprocAddr, Etcd: s.etcd.endpoints, NATS: s.nats.ClientURL(), Model: s.cfg.Model,
+		Extproc: s.extprocAddr, Etcd: s.etcd.endpoints, NATS: s.nats.URL(), Model: s.cfg.Model,
 	}
 	health := map[string][2]int{}
 	state := map[string]string{}

@@ -4,9 +4,16 @@
 // (globalrouter) behind the ext_proc server (extproc), and the
 // Envoy-faithful gateway (envoy/gateway) in front, with a status page.
 //
-// Everything listens on loopback; every address but the gateway's and the
-// ext_proc server's is picked by the kernel (port 0), and System reports
-// them, so a real Envoy or a gRPC client can be pointed at the parts.
+// Everything listens on loopback; every address but the gateway's, the
+// admin listener's and the ext_proc server's is picked by the kernel (port
+// 0), and System reports them, so a real Envoy or a gRPC client can be
+// pointed at the parts.
+//
+// The gateway is the public surface: it forwards only the OpenAI paths
+// (PublicPaths, plus the ext_proc server's configured inference paths) and
+// answers 404 for anything else, so no client reaches a worker's
+// /reset_prefix_cache or /metrics. The status page, status.json and the
+// metrics are on the admin listener (AdminURL), never on the gateway.
 package up
 
 import (
@@ -22,7 +29,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -31,6 +37,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/gateway"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/embedded"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/mocker"
@@ -67,6 +74,14 @@ type Config struct {
 	// (127.0.0.1:9002, where the shipped Envoy bootstrap looks).
 	GatewayAddr string
 	ExtprocAddr string
+	// AdminAddr serves the status page, status.json and metrics
+	// (127.0.0.1:8081; port 0 picks one). Keep it on loopback: it lists
+	// every internal address.
+	AdminAddr string
+	// MaxBodyBytes is the one request body limit of the system: the
+	// ext_proc server's cap, the model's max_body_bytes (413 before
+	// tokenizing) and every worker's limit (mocker.DefaultMaxBodyBytes).
+	MaxBodyBytes int
 	// Model is the model every worker serves ("mock-llama").
 	Model string
 	// BlockSize is the KV block size of every pool (16).
@@ -79,6 +94,9 @@ type Config struct {
 	// MetricsPeriod is how often the local routers scrape their workers'
 	// engine metrics (500 ms; negative disables).
 	MetricsPeriod time.Duration
+	// ProbeTimeout bounds the global router's probes of the local routers
+	// (0: globalrouter's default).
+	ProbeTimeout time.Duration
 	// Extproc configures the ext_proc server (its Addr is ExtprocAddr).
 	Extproc extproc.Config
 	Logger  *slog.Logger
@@ -91,6 +109,7 @@ func DefaultConfig() Config {
 		Host:          "127.0.0.1",
 		GatewayAddr:   "127.0.0.1:8080",
 		ExtprocAddr:   "127.0.0.1:9002",
+		AdminAddr:     "127.0.0.1:8081",
 		Model:         "mock-llama",
 		BlockSize:     16,
 		Pools:         []PoolSpec{{Name: "pool-a", Workers: 3}, {Name: "pool-b", Workers: 2, DPSizes: []int{1, 2}}},
@@ -110,6 +129,12 @@ func (c *Config) defaults() {
 	}
 	if c.ExtprocAddr == "" {
 		c.ExtprocAddr = d.ExtprocAddr
+	}
+	if c.AdminAddr == "" {
+		c.AdminAddr = d.AdminAddr
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = mocker.DefaultMaxBodyBytes
 	}
 	if c.Model == "" {
 		c.Model = d.Model
@@ -140,6 +165,8 @@ type Pool struct {
 	Router  *server.Service
 	Workers []*Worker
 	stopped atomic.Bool // read by the status page while a test stops it
+	rcfg    server.Config
+	log     *slog.Logger
 }
 
 // StopRouter closes the pool's local router (as if its process died or
@@ -167,7 +194,7 @@ type System struct {
 	log      *slog.Logger
 	started  time.Time
 	etcd     *etcdServer
-	nats     *natsserver.Server
+	nats     *embedded.NATS
 	nc       *nats.Conn
 	Pools    []*Pool
 	Global   *globalrouter.Router
@@ -181,6 +208,9 @@ type System struct {
 	gatewayAddr  string
 	gatewayHTTP  *http.Server
 	gatewayDone  chan error
+	adminAddr    string
+	adminHTTP    *http.Server
+	adminDone    chan error
 	closeStarted bool
 }
 
@@ -206,10 +236,10 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if s.etcd, err = startEtcd(ctx, cfg.Host); err != nil {
 		return nil, err
 	}
-	if s.nats, err = startNATS(cfg.Host); err != nil {
+	if s.nats, err = embedded.StartNATS(cfg.Host); err != nil {
 		return nil, err
 	}
-	if s.nc, err = nats.Connect(s.nats.ClientURL(), nats.Name("kvgate-up")); err != nil {
+	if s.nc, err = nats.Connect(s.nats.URL(), nats.Name("kvgate-up")); err != nil {
 		return nil, fmt.Errorf("nats: %w", err)
 	}
 
@@ -229,18 +259,20 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		rc.GRPCAddr = net.JoinHostPort(cfg.Host, "0")
 		rc.MetricsAddr = ""
 		rc.Etcd = s.etcd.endpoints
-		rc.NATS = s.nats.ClientURL()
+		rc.NATS = s.nats.URL()
 		rc.RegisterTTL = 5 * time.Second
 		rc.Router.BlockSize = cfg.BlockSize
 		rc.MetricsPeriod = max(cfg.MetricsPeriod, 0)
+		p.rcfg, p.log = rc, cfg.Logger
 		if p.Router, err = server.Start(ctx, rc, server.Deps{Logger: cfg.Logger, Registry: prometheus.NewRegistry()}); err != nil {
 			return nil, fmt.Errorf("pool %s: local router: %w", ps.Name, err)
 		}
 		for i := range ps.Workers {
 			w, err := startWorker(ctx, workerSpec{
 				pool: ps.Name, id: fmt.Sprintf("%s-w%d", ps.Name, i), host: cfg.Host, model: cfg.Model, dpSize: ps.dpSize(i),
-				engine: mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, Speedup: cfg.Speedup},
-				tok:    shared,
+				engine:  mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, Speedup: cfg.Speedup},
+				tok:     shared,
+				maxBody: int64(cfg.MaxBodyBytes),
 			}, s.nc, s.etcd.cli, cfg.Logger)
 			if err != nil {
 				return nil, fmt.Errorf("pool %s: %w", ps.Name, err)
@@ -252,6 +284,10 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		pools = append(pools, pc)
 	}
 	gcfg := globalrouter.DefaultConfig(pools...)
+	if cfg.ProbeTimeout > 0 {
+		gcfg.Probe.Timeout = cfg.ProbeTimeout
+	}
+	gcfg.Models = []globalrouter.ModelConfig{{Name: cfg.Model, Tokenizer: globalrouter.DefaultTokenizer, MaxBodyBytes: cfg.MaxBodyBytes}}
 	if s.Global, err = globalrouter.New(gcfg,
 		globalrouter.WithEtcd(s.etcd.cli),
 		globalrouter.WithLogger(cfg.Logger),
@@ -263,6 +299,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 
 	xcfg := cfg.Extproc
 	xcfg.Addr = cfg.ExtprocAddr
+	if xcfg.MaxBodyBytes == 0 {
+		xcfg.MaxBodyBytes = cfg.MaxBodyBytes
+	}
 	xsrv, err := extproc.New(xcfg, s.Global, cfg.Logger, s.Registry)
 	if err != nil {
 		return nil, err
@@ -299,12 +338,18 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.gatewayAddr = glis.Addr().String()
-	mux := http.NewServeMux()
-	mux.Handle("/kvgate/", s.statusHandler())
-	mux.Handle("/", s.gw)
-	s.gatewayHTTP = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.gatewayHTTP = &http.Server{Handler: publicOnly(s.gw, xcfg.Defaults().InferencePaths), ReadHeaderTimeout: 10 * time.Second}
 	s.gatewayDone = make(chan error, 1)
 	go func() { s.gatewayDone <- s.gatewayHTTP.Serve(glis) }()
+
+	alis, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	s.adminAddr = alis.Addr().String()
+	s.adminHTTP = &http.Server{Handler: s.statusHandler(), ReadHeaderTimeout: 10 * time.Second}
+	s.adminDone = make(chan error, 1)
+	go func() { s.adminDone <- s.adminHTTP.Serve(alis) }()
 
 	if err := s.waitReady(ctx); err != nil {
 		return nil, err
@@ -351,6 +396,11 @@ func (s *System) notReady() string {
 // GatewayURL is the gateway's base URL (http://host:port).
 func (s *System) GatewayURL() string { return "http://" + s.gatewayAddr }
 
+// AdminURL is the admin listener's base URL: the status page is at
+// AdminURL()+"/kvgate/", its JSON at /kvgate/status.json, the metrics at
+// /kvgate/metrics.
+func (s *System) AdminURL() string { return "http://" + s.adminAddr }
+
 // ExtprocAddr is the ext_proc server's gRPC address.
 func (s *System) ExtprocAddr() string { return s.extprocAddr }
 
@@ -358,7 +408,7 @@ func (s *System) ExtprocAddr() string { return s.extprocAddr }
 func (s *System) EtcdEndpoints() []string { return slices.Clone(s.etcd.endpoints) }
 
 // NATSURL is the embedded NATS server's URL.
-func (s *System) NATSURL() string { return s.nats.ClientURL() }
+func (s *System) NATSURL() string { return s.nats.URL() }
 
 // Pool returns the pool named name, or nil.
 func (s *System) Pool(name string) *Pool {
@@ -386,6 +436,14 @@ func (s *System) Close(ctx context.Context) error {
 		}
 		if err := <-s.gatewayDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errs = append(errs, fmt.Errorf("gateway: %w", err))
+		}
+	}
+	if s.adminHTTP != nil {
+		if err := s.adminHTTP.Shutdown(ctx); err != nil {
+			s.adminHTTP.Close()
+		}
+		if err := <-s.adminDone; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, fmt.Errorf("admin: %w", err))
 		}
 	}
 	if s.gw != nil {
@@ -417,8 +475,7 @@ func (s *System) Close(ctx context.Context) error {
 		s.nc.Close()
 	}
 	if s.nats != nil {
-		s.nats.Shutdown()
-		s.nats.WaitForShutdown()
+		s.nats.Close()
 	}
 	if s.etcd != nil {
 		errs = append(errs, s.etcd.close())
@@ -433,8 +490,8 @@ func (s *System) Summary() string {
 	gw := s.GatewayURL()
 	fmt.Fprintf(&b, "kvgate is up (%s to start)\n\n", time.Since(s.started).Round(time.Millisecond))
 	fmt.Fprintf(&b, "  %-22s %s\n", "gateway (HTTP)", gw)
-	fmt.Fprintf(&b, "  %-22s %s/kvgate/\n", "status page", gw)
-	fmt.Fprintf(&b, "  %-22s %s/kvgate/metrics\n", "metrics", gw)
+	fmt.Fprintf(&b, "  %-22s %s/kvgate/ (admin, loopback only)\n", "status page", s.AdminURL())
+	fmt.Fprintf(&b, "  %-22s %s/kvgate/metrics\n", "metrics", s.AdminURL())
 	fmt.Fprintf(&b, "  %-22s %s\n", "ext_proc (gRPC)", s.extprocAddr)
 	for _, p := range s.Pools {
 		fmt.Fprintf(&b, "  %-22s %s\n", p.Name+" local router", p.Router.GRPCAddr())
@@ -447,7 +504,7 @@ func (s *System) Summary() string {
 		}
 	}
 	fmt.Fprintf(&b, "  %-22s %s\n", "etcd", strings.Join(s.etcd.endpoints, ","))
-	fmt.Fprintf(&b, "  %-22s %s\n", "nats", s.nats.ClientURL())
+	fmt.Fprintf(&b, "  %-22s %s\n", "nats", s.nats.URL())
 	fmt.Fprintf(&b, "\nmodel %q; try:\n\n", s.cfg.Model)
 	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
 	fmt.Fprintf(&b, "  curl -sN %s/v1/chat/completions -H 'content-type: application/json' -H 'x-kvgate-explain: 1' -D - \\\n    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,11 @@ type Worker struct {
 
 	inst   *mocker.Instance
 	cancel context.CancelFunc
+	// what Restart needs to start it again
+	spec workerSpec
+	nc   *nats.Conn
+	cli  *clientv3.Client
+	log  *slog.Logger
 }
 
 type workerSpec struct {
@@ -33,14 +39,20 @@ type workerSpec struct {
 	dpSize                int
 	engine                mocker.Config
 	tok                   mocker.Tokenizer
+	maxBody               int64
+	listen                string // host:port; "" is host with a free port
 }
 
 func startWorker(ctx context.Context, spec workerSpec, nc *nats.Conn, cli *clientv3.Client, log *slog.Logger) (*Worker, error) {
 	// The instance lives until close, not until the start's ctx ends.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	listen := spec.listen
+	if listen == "" {
+		listen = net.JoinHostPort(spec.host, "0")
+	}
 	inst, err := mocker.Start(runCtx, mocker.RunConfig{
-		Server:   mocker.ServerConfig{Engine: spec.engine, Model: spec.model, Tokenizer: spec.tok, DPSize: spec.dpSize},
-		Listen:   net.JoinHostPort(spec.host, "0"),
+		Server:   mocker.ServerConfig{Engine: spec.engine, Model: spec.model, Tokenizer: spec.tok, DPSize: spec.dpSize, MaxBodyBytes: spec.maxBody},
+		Listen:   listen,
 		Pool:     spec.pool,
 		WorkerID: spec.id,
 		Events:   mocker.EventsNATS,
@@ -49,7 +61,7 @@ func startWorker(ctx context.Context, spec workerSpec, nc *nats.Conn, cli *clien
 		cancel()
 		return nil, fmt.Errorf("worker %s: %w", spec.id, err)
 	}
-	return &Worker{ID: inst.WorkerID, Pool: spec.pool, Addr: inst.Addr, DPSize: inst.Server.DPSize(), inst: inst, cancel: cancel}, nil
+	return &Worker{ID: inst.WorkerID, Pool: spec.pool, Addr: inst.Addr, DPSize: inst.Server.DPSize(), inst: inst, cancel: cancel, spec: spec, nc: nc, cli: cli, log: log}, nil
 }
 
 // Stats snapshots the worker's engine, summed over its ranks.
@@ -71,5 +83,32 @@ func (w *Worker) close(ctx context.Context) error {
 		return err
 	case <-ctx.Done():
 		return fmt.Errorf("worker %s: %w", w.ID, ctx.Err())
+	}
+}
+
+// Kill makes the worker fail as a crashed process does (mocker.Instance.Kill):
+// its listener and connections close at once, streams in flight break;
+// it stays registered until Restart or Close.
+func (w *Worker) Kill() { w.inst.Kill() }
+
+// Restart stops the worker (deregistering it) and starts a fresh engine
+// with the same id on the same address; the cache starts empty.
+func (w *Worker) Restart(ctx context.Context) error {
+	if err := w.close(ctx); err != nil {
+		return err
+	}
+	spec := w.spec
+	spec.listen = w.Addr
+	for {
+		nw, err := startWorker(ctx, spec, w.nc, w.cli, w.log)
+		if err == nil {
+			w.inst, w.cancel = nw.inst, nw.cancel
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond): // the port may still be busy
+		}
 	}
 }
