@@ -37,8 +37,8 @@ type parsedBody struct {
 
 // parseBody decodes an inference request body once (tokenizer.ParseBody:
 // completions, chat completions with everything that shapes the prompt,
-// the Responses API, Anthropic messages) and fills req's Model and
-// exactly one of Prompt, PromptTokens or Chat; every other field is left
+// the Responses API, Anthropic messages) and fills req's Model, CacheSalt
+// and exactly one of Prompt, PromptTokens or Chat; every other field is left
 // alone (the body is re-emitted as it came). Errors are *bodyError.
 func parseBody(path string, body []byte, req *globalrouter.Request) (parsedBody, error) {
 	b, err := tokenizer.ParseBody(path, body)
@@ -49,6 +49,6 @@ func parseBody(path string, body []byte, req *globalrouter.Request) (parsedBody,
 		}
 		return parsedBody{}, &bodyError{reasonBadJSON, err.Error()}
 	}
-	req.Model, req.Prompt, req.PromptTokens, req.Chat = b.Model, b.Prompt, b.PromptTokens, b.Chat
+	req.Model, req.Prompt, req.PromptTokens, req.Chat, req.CacheSalt = b.Model, b.Prompt, b.PromptTokens, b.Chat, b.CacheSalt
 	return parsedBody{stream: b.Stream}, nil
 }

@@ -167,10 +167,13 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers) (*prepared, 
 		p.id = fmt.Sprintf("kvgate-%016x", rand.Uint64())
 	}
 	t0 := r.opts.now()
-	var err error
+	var (
+		err error
+		mm  []kvevents.MMSpan
+	)
 	switch {
 	case req.Chat != nil && len(req.Chat.Messages) > 0:
-		p.tokens, err = me.tok.EncodeChat(req.Chat)
+		p.tokens, mm, err = EncodeChat(me.tok, req.Chat)
 	case len(req.PromptTokens) > 0:
 		p.tokens = req.PromptTokens
 	case req.Prompt != "":
@@ -190,7 +193,7 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers) (*prepared, 
 	}
 	p.hashes = make([][]uint64, len(me.blockSizes))
 	for i, bs := range me.blockSizes {
-		if p.hashes[i], err = kvevents.LocalHashes(p.tokens, bs, me.lora); err != nil {
+		if p.hashes[i], err = BlockKeys(p.tokens, bs, me.lora, req.CacheSalt, mm); err != nil {
 			return nil, fmt.Errorf("hash blocks of %d tokens: %w", bs, err)
 		}
 	}

@@ -40,6 +40,8 @@
 // Files: router.go (Router, New, Decide, Close, Health), options.go,
 // state.go (build, refcount, retire), reload.go (Reload, WatchFile),
 // headers.go (request headers), decide.go (prepare, probe, rank),
+// blockkeys.go (a request's block keys: the ids, seeded by adapter and
+// cache_salt, with the chat's media items as the engines' extra_keys),
 // commit.go (commit, pinned workers, lease, error mapping), explain.go,
 // epp.go (the endpoint-picker protocol: Request.Subset bounds every
 // endpoint of a decision, probes send it as allowed_addresses; a lease is

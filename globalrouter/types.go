@@ -23,6 +23,9 @@ type Request struct {
 	Prompt       string
 	PromptTokens []uint32
 	Chat         *tokenizer.ChatRequest
+	// CacheSalt is the body's cache_salt ("" for none): the request's
+	// blocks are hashed with it, as the engine salts them.
+	CacheSalt string
 	// Headers are the request headers, keys lower-case (policies match on
 	// them; x-kvgate-* pinning and override headers live here).
 	Headers map[string]string

@@ -52,6 +52,14 @@ type Body struct {
 	Prompt       string
 	PromptTokens []uint32
 	Chat         *ChatRequest
+	// CacheSalt is the request's cache_salt ("" for none): vLLM salts the
+	// request's prefix-cache blocks with it, so they are shared only with
+	// requests of the same salt. Read from completions, chat completions
+	// and Responses bodies, the forms whose vLLM request models accept it
+	// (vllm/entrypoints/openai/protocol.py: CompletionRequest,
+	// ChatCompletionRequest, ResponsesRequest); Anthropic bodies have no
+	// such field in vLLM and theirs is ignored.
+	CacheSalt string
 }
 
 // parsers parse request bodies; fastjson validates and parses an 8 KB
@@ -72,6 +80,8 @@ type bodyParser struct {
 // and Anthropic messages (system, messages with content blocks, tools).
 // The latter two become a ChatRequest in the chat completions form, as
 // the engines that serve them render them through the chat template.
+// cache_salt is read into Body.CacheSalt (completions, chat completions,
+// Responses) and media parts' content hashes into ChatRequest.MMHashes.
 // Errors are *BodyError. Strings are made valid UTF-8 as encoding/json
 // would; of duplicate keys the first counts. Nothing is allocated by a
 // size the client states.
@@ -166,7 +176,26 @@ func parseBody(path string, body []byte, needModel bool) (*Body, error) {
 	if b.Chat != nil {
 		b.Chat.MMHashes = bp.mm
 	}
+	if path != PathMessages {
+		if b.CacheSalt, err = cacheSalt(o); err != nil {
+			return nil, err
+		}
+	}
 	return b, nil
+}
+
+// cacheSalt reads cache_salt as vLLM's check_cache_salt_support validates
+// it: absent or null is none; anything else must be a non-empty string
+// (the engine refuses the request otherwise).
+func cacheSalt(o *fastjson.Object) (string, error) {
+	v := present(o.Get("cache_salt"))
+	if v == nil {
+		return "", nil
+	}
+	if v.Type() != fastjson.TypeString || len(v.GetStringBytes()) == 0 {
+		return "", &BodyError{ReasonBadField, "cache_salt: must be a non-empty string if provided"}
+	}
+	return str(v), nil
 }
 
 // present is v, or nil for an absent or null field.
@@ -454,8 +483,14 @@ func (p *bodyParser) content(v *fastjson.Value) (string, error) {
 	return joinParts(append(media, texts...)), nil
 }
 
-// mediaHash is the SHA-256 of a media part's JSON (its URL or data).
+// mediaHash is a media part's content hash: its uuid when the client
+// names the item (vLLM keys a multimodal item by the uuid its content part
+// carries, multi_modal_uuids, instead of hashing the media), otherwise the
+// SHA-256 (hex) of the part's JSON (its URL or data).
 func mediaHash(part *fastjson.Value) string {
+	if u := part.Get("uuid"); u != nil && u.Type() == fastjson.TypeString && len(u.GetStringBytes()) > 0 {
+		return str(u)
+	}
 	sum := sha256.Sum256(part.MarshalTo(nil))
 	return hex.EncodeToString(sum[:])
 }

@@ -199,7 +199,7 @@ func (p *bodyParser) anthropicMessage(v *fastjson.Value, c *ChatRequest) error {
 		return errors.New(".content: must be a string or a list of blocks")
 	}
 	m := Message{Role: role}
-	var texts, media []string
+	var texts, media, hashes []string
 	for j, b := range blocks {
 		bo, err := b.Object()
 		if err != nil {
@@ -214,7 +214,8 @@ func (p *bodyParser) anthropicMessage(v *fastjson.Value, c *ChatRequest) error {
 			texts = append(texts, str(t))
 		case "image", "document":
 			media = append(media, DefaultImagePlaceholder)
-			p.mm = append(p.mm, mediaHash(b))
+			// After the tool results' media: their messages come first.
+			hashes = append(hashes, mediaHash(b))
 		case "thinking":
 			if t := bo.Get("thinking"); t != nil && t.Type() == fastjson.TypeString {
 				m.ReasoningContent = str(t)
@@ -237,6 +238,7 @@ func (p *bodyParser) anthropicMessage(v *fastjson.Value, c *ChatRequest) error {
 			c.Messages = append(c.Messages, Message{Role: "tool", ToolCallID: id, Content: text})
 		}
 	}
+	p.mm = append(p.mm, hashes...)
 	if len(texts)+len(media) == 0 && len(m.ToolCalls) == 0 && m.ReasoningContent == "" {
 		return nil // only tool results
 	}

@@ -109,6 +109,8 @@ func FuzzParseBody(f *testing.F) {
 		`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{\"a\":1.50}"}}]}],"chat_template_kwargs":{"enable_thinking":true}}`,
 		`{"model":"m","input":[{"type":"function_call","name":"f","arguments":"x"},{"type":"function_call_output","output":"y"}],"instructions":"i"}`,
 		`{"model":"m","system":"s","messages":[{"role":"user","content":[{"type":"tool_result","content":"r"},{"type":"image","source":{}}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"},"uuid":"id"},{"type":"text","text":"<image> <audio"}]}],"cache_salt":"s"}`,
+		`{"model":"m","prompt":"x","cache_salt":""}`,
 		`{}`, `[`, ``,
 	} {
 		for _, p := range []string{PathChat, PathCompletions, PathResponses, PathMessages, "/x"} {
@@ -146,6 +148,20 @@ func FuzzParseBody(f *testing.F) {
 				}
 			}
 			_, _ = m.EncodeChat(b.Chat) // a template error is fine; a panic is not
+			// Media spans: one per part, inside the ids.
+			if ids, spans, err := m.EncodeChatMedia(b.Chat); err == nil {
+				if len(spans) != len(b.Chat.MMHashes) {
+					t.Fatalf("%d spans for %d media parts", len(spans), len(b.Chat.MMHashes))
+				}
+				for _, sp := range spans {
+					if sp.Offset < 0 || sp.Length < 0 || sp.Offset+sp.Length > len(ids) {
+						t.Fatalf("span %+v out of %d ids", sp, len(ids))
+					}
+				}
+			}
+		}
+		if b.CacheSalt != "" && path == PathMessages {
+			t.Fatalf("Anthropic body salted %q", b.CacheSalt)
 		}
 		if forms != 1 || b.Model == "" {
 			t.Fatalf("accepted %q with %d forms, model %q", body, forms, b.Model)

@@ -250,11 +250,7 @@ func (m *Model) EncodeChat(req *ChatRequest) ([]uint32, error) {
 			return nil, err
 		}
 	case estimate:
-		var text strings.Builder
-		for _, msg := range req.Messages {
-			text.WriteString(msg.Role + ": " + msg.Content + "\n")
-		}
-		ids, _ = tok.Encode(text.String())
+		ids, _ = tok.Encode(estimateChatText(req))
 	default:
 		text, err := m.RenderChat(req)
 		if err != nil {
@@ -286,4 +282,14 @@ func specialVars(path string) map[string]any {
 	}
 	vars, _, _ := readTokenizerConfig(filepath.Join(dir, "tokenizer_config.json"))
 	return vars
+}
+
+// estimateChatText is the text the estimate backend encodes for a chat:
+// the messages' contents, role-tagged.
+func estimateChatText(req *ChatRequest) string {
+	var text strings.Builder
+	for _, msg := range req.Messages {
+		text.WriteString(msg.Role + ": " + msg.Content + "\n")
+	}
+	return text.String()
 }

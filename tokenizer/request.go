@@ -13,9 +13,9 @@ type Message struct {
 	Role string `json:"role"`
 	// Content is the message's text. A content given as a list of parts
 	// is flattened as vLLM does for string-format templates: text parts
-	// joined with "\n", each image or audio part replaced by the model's
-	// placeholder (Config.ImagePlaceholder, AudioPlaceholder) in front of
-	// the text.
+	// joined with "\n", each image or audio part replaced by a placeholder
+	// (DefaultImagePlaceholder, DefaultAudioPlaceholder) in front of the
+	// text.
 	Content string `json:"content"`
 	// NullContent: content was null or absent (an assistant turn that
 	// only calls tools). Templates see None rather than "".
@@ -68,10 +68,13 @@ type ChatRequest struct {
 	// the model continues it.
 	ContinueFinalMessage bool
 	// MMHashes are the content hashes of the request's image and audio
-	// parts, in order of appearance: SHA-256 (hex) of each part's URL or
-	// data as sent. They distinguish different media behind the same
-	// placeholder tokens; callers hashing blocks put them into the block
-	// keys (vLLM's extra_keys). Nil when the request has no media.
+	// parts, in the order their placeholders appear in the messages: the
+	// part's uuid when the client gave one (vLLM then keys the item by
+	// it), else the SHA-256 (hex) of the part's URL or data as sent. They
+	// distinguish different media behind the same placeholder tokens;
+	// EncodeChatMedia places them in the ids, and callers hashing blocks
+	// put them into the block keys (vLLM's extra_keys). Nil when the
+	// request has no media.
 	MMHashes []string
 }
 

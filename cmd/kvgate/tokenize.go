@@ -32,11 +32,22 @@ type tokenizeOutput struct {
 	Tokenizer      string   `json:"tokenizer"`
 	BlockSize      int      `json:"block_size"`
 	LoRA           string   `json:"lora,omitempty"`
+	CacheSalt      string   `json:"cache_salt,omitempty"`
 	IDs            []uint32 `json:"ids"`
 	LocalHashes    []uint64 `json:"local_hashes"`
 	SequenceHashes []uint64 `json:"sequence_hashes"`
 	MMHashes       []string `json:"mm_hashes,omitempty"`
-	Rendered       string   `json:"rendered"`
+	// MMItems are the media parts as the block keys carry them: content
+	// hash, its uint64 item hash (kvevents.MMHash) and placeholder tokens.
+	MMItems  []mmItem `json:"mm_items,omitempty"`
+	Rendered string   `json:"rendered"`
+}
+
+type mmItem struct {
+	Hash     string `json:"hash"`
+	ItemHash uint64 `json:"item_hash"`
+	Offset   int    `json:"offset"`
+	Length   int    `json:"length"`
 }
 
 // runTokenize is `kvgate tokenize`: a request body on stdin, the ids the
@@ -48,7 +59,7 @@ func runTokenize(_ context.Context, args []string) error {
 func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kvgate tokenize [flags] < body.json\n\nReads an OpenAI completions or chat completions body (or, with --path, a Responses API or Anthropic messages body) and prints the token ids the router hashes, Dynamo's local and sequence block hashes (unsigned decimal) and the rendered prompt.")
+		fmt.Fprintln(fs.Output(), "usage: kvgate tokenize [flags] < body.json\n\nReads an OpenAI completions or chat completions body (or, with --path, a Responses API or Anthropic messages body) and prints the token ids the router hashes, Dynamo's local and sequence block hashes (unsigned decimal; salted with --cache-salt or the body's cache_salt, media items in the blocks they overlap) and the rendered prompt.")
 		fs.PrintDefaults()
 	}
 	dir := fs.String("tokenizer-dir", "", "model folder with tokenizer.json and tokenizer_config.json")
@@ -57,7 +68,7 @@ func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 	model := fs.String("model", "", "model whose tokenizer --config names (default: the body's model)")
 	blockSize := fs.Int("block-size", 16, "KV block size in tokens")
 	lora := fs.String("lora", "", "LoRA adapter name the blocks are hashed for")
-	salt := fs.String("cache-salt", "", "cache_salt the blocks are hashed with")
+	salt := fs.String("cache-salt", "", "cache_salt the blocks are hashed with (default: the body's cache_salt; both set and different is an error)")
 	path := fs.String("path", "", "request path deciding the body's form: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages (default: by the body's fields)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -70,9 +81,6 @@ func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 	}
 	if *blockSize <= 0 {
 		return badInput("--block-size: must be positive, got %d", *blockSize)
-	}
-	if *salt != "" {
-		return badInput("--cache-salt: salted block hashes are not computed by kvevents yet")
 	}
 	chosen := 0
 	for _, s := range []string{*dir, *encoding, *config} {
@@ -90,6 +98,14 @@ func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 	body, err := tokenizer.ParseBodyNoModel(*path, data)
 	if err != nil {
 		return badInput("stdin: %v", err)
+	}
+	// The router hashes with the body's cache_salt; a flag that says
+	// otherwise would print hashes the router never computes for this body.
+	switch {
+	case *salt != "" && body.CacheSalt != "" && *salt != body.CacheSalt:
+		return badInput("--cache-salt %q and the body's cache_salt %q differ; drop one", *salt, body.CacheSalt)
+	case *salt == "":
+		*salt = body.CacheSalt
 	}
 	name := body.Model
 	if *model != "" {
@@ -116,13 +132,18 @@ func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return badInput("tokenizer: %v", err)
 	}
-	out := tokenizeOutput{Model: name, Tokenizer: tok.Name(), BlockSize: *blockSize, LoRA: *lora}
+	out := tokenizeOutput{Model: name, Tokenizer: tok.Name(), BlockSize: *blockSize, LoRA: *lora, CacheSalt: *salt}
+	var mm []kvevents.MMSpan
 	switch {
 	case body.Chat != nil:
-		if out.IDs, err = tok.EncodeChat(body.Chat); err != nil {
+		// As the router encodes a chat: ids and media items.
+		if out.IDs, mm, err = globalrouter.EncodeChat(tok, body.Chat); err != nil {
 			return badInput("stdin: %v", err)
 		}
 		out.MMHashes = body.Chat.MMHashes
+		for i, s := range mm {
+			out.MMItems = append(out.MMItems, mmItem{Hash: body.Chat.MMHashes[i], ItemHash: s.Hash, Offset: s.Offset, Length: s.Length})
+		}
 		if tok.HasChatTemplate() {
 			out.Rendered, _ = tok.RenderChat(body.Chat)
 		}
@@ -135,7 +156,7 @@ func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 		}
 		out.Rendered = body.Prompt
 	}
-	local, err := kvevents.LocalHashes(out.IDs, *blockSize, *lora)
+	local, err := globalrouter.BlockKeys(out.IDs, *blockSize, *lora, *salt, mm)
 	if err != nil {
 		return badInput("--block-size: %v", err)
 	}

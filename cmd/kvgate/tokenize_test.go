@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/tokenizer"
 )
@@ -76,5 +77,96 @@ func TestTokenizeBadInput(t *testing.T) {
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("tokenize(%q, %s) = %v, want a usage error (exit 2) containing %q", tc.args, tc.in, err, tc.want)
 		}
+	}
+}
+
+// TestTokenizeCacheSalt: --cache-salt, or the body's own cache_salt,
+// salts the printed hashes as the router salts the request's; the two
+// set and different is refused.
+func TestTokenizeCacheSalt(t *testing.T) {
+	const prompt = `"prompt":"one two three four five six seven eight nine ten eleven twelve"`
+	run := func(args []string, body string) (tokenizeOutput, error) {
+		t.Helper()
+		var out bytes.Buffer
+		err := tokenize(append([]string{"--encoding", "cl100k_base", "--block-size", "4"}, args...), strings.NewReader(body), &out)
+		var got tokenizeOutput
+		if err == nil {
+			if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+				t.Fatalf("%v: %s", err, out.String())
+			}
+		}
+		return got, err
+	}
+	plain, err := run(nil, `{"model":"m",`+prompt+`}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := kvevents.RequestHashes(plain.IDs, 4, "", "tenant-a", nil)
+	for _, tc := range []struct {
+		name string
+		args []string
+		body string
+	}{
+		{"flag", []string{"--cache-salt", "tenant-a"}, `{"model":"m",` + prompt + `}`},
+		{"body", nil, `{"model":"m",` + prompt + `,"cache_salt":"tenant-a"}`},
+		{"both, equal", []string{"--cache-salt", "tenant-a"}, `{"model":"m",` + prompt + `,"cache_salt":"tenant-a"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := run(tc.args, tc.body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.CacheSalt != "tenant-a" || !slicesEqual(got.LocalHashes, want) || !slicesEqual(got.SequenceHashes, kvevents.SequenceHashes(want)) {
+				t.Errorf("printed salt %q local %v, want tenant-a %v", got.CacheSalt, got.LocalHashes, want)
+			}
+			for i, h := range got.LocalHashes {
+				if i < len(plain.LocalHashes) && h == plain.LocalHashes[i] {
+					t.Errorf("block %d: salted hash equals the unsalted one", i)
+				}
+			}
+		})
+	}
+	_, err = run([]string{"--cache-salt", "tenant-b"}, `{"model":"m",`+prompt+`,"cache_salt":"tenant-a"}`)
+	var ue *usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "differ") {
+		t.Errorf("conflicting salts: %v, want a usage error", err)
+	}
+}
+
+// TestTokenizeMedia: a chat with an image prints the item as the router
+// keys it, and hashes its blocks with it.
+func TestTokenizeMedia(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"system","content":"You describe pictures for people who cannot see them, carefully."},
+		{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"text","text":"What is in it? Say it in a few words."}]}]}`
+	var out bytes.Buffer
+	if err := tokenize([]string{"--encoding", "cl100k_base", "--block-size", "4"}, strings.NewReader(body), &out); err != nil {
+		t.Fatal(err)
+	}
+	var got tokenizeOutput
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	tok, err := tokenizer.Load(tokenizer.Config{Model: "m", Backend: tokenizer.BackendOpenAI, Encoding: "cl100k_base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := tokenizer.ParseBody(tokenizer.PathChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, mm, err := globalrouter.EncodeChat(tok, b.Chat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, _ := globalrouter.BlockKeys(ids, 4, "", "", mm)
+	if len(got.MMItems) != 1 || len(mm) != 1 {
+		t.Fatalf("mm_items = %+v, want one", got.MMItems)
+	}
+	it := got.MMItems[0]
+	if it.Hash != b.Chat.MMHashes[0] || it.ItemHash != kvevents.MMHash(it.Hash) || it.Offset != mm[0].Offset || it.Length != mm[0].Length || it.Offset == 0 {
+		t.Errorf("mm_items[0] = %+v, want the router's item %+v", it, mm[0])
+	}
+	if !slicesEqual(got.IDs, ids) || !slicesEqual(got.LocalHashes, local) {
+		t.Errorf("printed ids/hashes are not the router's")
 	}
 }
