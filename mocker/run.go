@@ -17,7 +17,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/registry"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 )
 
 // KV event modes of a running mocker.
@@ -267,7 +268,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	}
 	if cli != nil {
 		role := engCfg.Role
-		reg, err := registry.Register(ctx, cli, cfg.Pool, kvevents.WorkerInfo{
+		reg, err := registry.Register(ctx, cli, cfg.Pool, membership.WorkerInfo{
 			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: dpSize, BlockSize: engCfg.BlockSize,
 			Model: srv.cfg.Model, Role: role, KVCapacityBlocks: engCfg.NumBlocks,
 		}, cfg.LeaseTTL, log)

@@ -47,7 +47,7 @@ type Config struct {
 }
 
 // Routers locate a pool's local routers: static addresses, or discovery in
-// etcd under kvevents.RoutersPrefix(pool) (the routers register themselves).
+// etcd under membership.RoutersPrefix(pool) (the routers register themselves).
 type Routers struct {
 	// Static lists the local routers' gRPC addresses (host:port).
 	Static []string `yaml:"static"`

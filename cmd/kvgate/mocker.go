@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/tokenizer"
 )
@@ -19,6 +19,7 @@ import (
 func runMocker(ctx context.Context, args []string) error {
 	var cfg mocker.RunConfig
 	e := &cfg.Server.Engine
+	e.Role = membership.RoleAggregated
 	fs := flag.NewFlagSet("mocker", flag.ContinueOnError)
 	host := fs.String("host", "127.0.0.1", "HTTP listen host (0.0.0.0 for every interface)")
 	port := fs.Int("port", 8001, "HTTP listen port")
@@ -33,7 +34,7 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "maximum tokens per iteration (chunked prefill)")
 	fs.BoolVar(&e.DisablePrefixCaching, "no-prefix-caching", false, "disable prefix caching (and KV events)")
 	fs.Float64Var(&e.Speedup, "speedup", 1, "divide the timing model's durations by this factor")
-	fs.StringVar(&e.Role, "role", kvevents.RoleAggregated, "aggregated, prefill or decode")
+	fs.Var(&e.Role, "role", "aggregated, prefill or decode")
 	fs.Float64Var(&e.KVBytesPerToken, "kv-bytes-per-token", 131072, "KV bytes per token (decode role transfer time)")
 	fs.Float64Var(&e.KVTransferBandwidth, "kv-transfer-bandwidth", 25e9, "prefill→decode KV bandwidth in bytes/s")
 	fs.IntVar(&cfg.Server.DefaultMaxTokens, "default-max-tokens", 16, "max_tokens of requests that set none")

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // runRelay is `kvgate relay`: flags → relay.Config → relay.Serve.
@@ -16,6 +16,7 @@ func runRelay(ctx context.Context, args []string) error {
 	var cfg relay.Config
 	var sc relay.ServeConfig
 	w := &cfg.Worker
+	w.Role = membership.RoleAggregated
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	zmq := fs.String("zmq", "tcp://127.0.0.1:5557", "the engine's ZMQ PUB endpoint (vLLM --kv-events-config endpoint); comma-separated, one per data-parallel rank")
 	replay := fs.String("zmq-replay", "", "the engine's replay endpoints (vLLM replay_endpoint), aligned with -zmq: lost messages are fetched from there")
@@ -25,7 +26,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&w.Address, "address", "", "engine HTTP host:port to register in etcd (empty: do not register)")
 	fs.IntVar(&w.BlockSize, "block-size", 16, "the pool's KV block size; blocks of other sizes are skipped")
 	fs.StringVar(&w.Model, "model", "", "model the engine serves (registered)")
-	fs.StringVar(&w.Role, "role", kvevents.RoleAggregated, "aggregated, prefill or decode (registered)")
+	fs.Var(&w.Role, "role", "aggregated, prefill or decode (registered)")
 	fs.IntVar(&w.DPSize, "dp-size", 1, "data-parallel ranks of the engine (registered)")
 	fs.IntVar(&w.KVCapacityBlocks, "kv-capacity-blocks", 0, "engine KV cache size in blocks (registered; 0 unknown)")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 0, "etcd lease TTL (default 10s)")

@@ -22,7 +22,7 @@
 // gaps are filled from vLLM's replay socket when one is configured
 // (Config.ReplayEndpoints); a sequence going back means the engine
 // restarted, and the blocks of that endpoint's ranks are cleared. The etcd
-// registration (Config.Register) is kvevents/registry's.
+// registration (Config.Register) is membership/registry's.
 package relay
 
 import (
@@ -45,7 +45,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/registry"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 )
 
 // Config is what one relay serves: one engine, one worker identity.
@@ -66,7 +67,7 @@ type Config struct {
 	// Worker is the engine as routers see it; Worker.ID names the worker
 	// in events. Worker.BlockSize is the pool's block size: stored blocks
 	// of another size are skipped and counted.
-	Worker kvevents.WorkerInfo
+	Worker membership.WorkerInfo
 	// Register makes the relay register Worker in etcd (Options.Etcd must
 	// be set).
 	Register bool

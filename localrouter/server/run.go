@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,13 +19,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
-	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/registry"
 	"github.com/kvgate/kvgate/localrouter"
-	"github.com/kvgate/kvgate/localrouter/discovery"
 	"github.com/kvgate/kvgate/localrouter/events"
 	"github.com/kvgate/kvgate/localrouter/replica"
 	"github.com/kvgate/kvgate/localrouter/signals"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 )
 
 // Deps are a Service's injected dependencies; zero values take defaults.
@@ -52,7 +50,7 @@ type Service struct {
 	httpLis    net.Listener
 	etcd       *clientv3.Client
 	nc         *nats.Conn
-	watcher    *discovery.Watcher
+	watcher    *registry.Watcher
 	sub        *events.Subscriber
 	sync       *replica.Sync
 	scraper    *signals.Scraper
@@ -125,7 +123,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		}
 		replicaStats, observer = s.sync.Stats, s.sync
 	}
-	s.watcher = discovery.NewWatcher(s.etcd, cfg.Pool, (*membership)(s), discovery.WatcherOptions{BlockSize: cfg.Router.BlockSize, Logger: log})
+	s.watcher = registry.NewWatcher(s.etcd, cfg.Pool, (*workerSet)(s), registry.WatcherOptions{BlockSize: cfg.Router.BlockSize, Logger: log})
 	opts := Options{Router: s.router, Directory: s.watcher, Observer: observer, RouterID: cfg.RouterID, Pool: cfg.Pool, Logger: base}
 	if s.sub != nil {
 		opts.EventStats = s.sub.Stats
@@ -204,8 +202,8 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	if s.advertised == "" {
 		s.advertised = advertise(s.grpcLis.Addr())
 	}
-	info, _ := json.Marshal(discovery.RouterInfo{ID: cfg.RouterID, GRPCAddress: s.advertised, Pool: cfg.Pool, BlockSize: cfg.Router.BlockSize})
-	if s.reg, err = discovery.Register(ctx, s.etcd, discovery.RouterKey(cfg.Pool, cfg.RouterID), info, cfg.RegisterTTL, log.With("pool", cfg.Pool)); err != nil {
+	info := membership.RouterInfo{ID: cfg.RouterID, GRPCAddress: s.advertised, Pool: cfg.Pool, BlockSize: cfg.Router.BlockSize}
+	if s.reg, err = registry.RegisterRouter(ctx, s.etcd, info, cfg.RegisterTTL, log.With("component", "localrouter.registration", "pool", cfg.Pool)); err != nil {
 		return nil, err
 	}
 	s.log.Info("local router serving", "grpc", s.grpcLis.Addr().String(), "advertised", s.advertised,
@@ -239,18 +237,18 @@ func advertise(a net.Addr) string {
 	return net.JoinHostPort(host, port)
 }
 
-// membership applies the Watcher's changes to the router, the event
+// workerSet applies the Watcher's changes to the router, the event
 // subscriber and the health status.
-type membership Service
+type workerSet Service
 
 var (
-	_ discovery.Handler = (*membership)(nil)
-	_ Directory         = (*discovery.Watcher)(nil)
-	_ Observer          = (*replica.Sync)(nil)
-	_ events.Target     = (*localrouter.Router)(nil)
+	_ registry.Handler = (*workerSet)(nil)
+	_ Directory        = (*registry.Watcher)(nil)
+	_ Observer         = (*replica.Sync)(nil)
+	_ events.Target    = (*localrouter.Router)(nil)
 )
 
-func (m *membership) WorkerUp(info kvevents.WorkerInfo) {
+func (m *workerSet) WorkerUp(info membership.WorkerInfo) {
 	m.router.AddWorker(info.ID, info.DPSize)
 	if m.sub != nil {
 		m.sub.WorkerUp(info.ID)
@@ -258,7 +256,7 @@ func (m *membership) WorkerUp(info kvevents.WorkerInfo) {
 	m.srv.UpdateHealth()
 }
 
-func (m *membership) WorkerDown(id string) {
+func (m *workerSet) WorkerDown(id string) {
 	freed := m.router.RemoveWorker(id)
 	if m.sub != nil {
 		m.sub.WorkerDown(id)
