@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/membership"
 )
 
@@ -111,5 +112,5 @@ var (
 	ErrDuplicate = errors.New("duplicate policy")
 	// ErrConfig: a configuration is invalid; the error names file, line,
 	// policy and field.
-	ErrConfig = errors.New("invalid policy configuration")
+	ErrConfig = config.ErrInvalid
 )

@@ -6,19 +6,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/events"
 	"github.com/kvgate/kvgate/localrouter/replica"
@@ -38,16 +37,17 @@ type Deps struct {
 }
 
 // Service is a running local router: the gRPC server, etcd membership and
-// registration, NATS events and replica sync, and the metrics endpoint.
+// registration, NATS events and replica sync, and the admin (metrics)
+// endpoint, run by an internal/runner Group.
 type Service struct {
 	cfg        Config
 	log        *slog.Logger
 	router     *localrouter.Router
 	srv        *Server
-	grpc       *grpc.Server
+	group      *runner.Group
 	grpcLis    net.Listener
-	http       *http.Server
 	httpLis    net.Listener
+	healthLis  net.Listener
 	etcd       *clientv3.Client
 	nc         *nats.Conn
 	watcher    *registry.Watcher
@@ -55,9 +55,6 @@ type Service struct {
 	sync       *replica.Sync
 	scraper    *signals.Scraper
 	reg        *registry.Registration
-	stopWatch  context.CancelFunc
-	wg         sync.WaitGroup
-	errs       chan error
 	closeOnce  sync.Once
 	closeErr   error
 	advertised string
@@ -81,33 +78,35 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	}
-	s := &Service{cfg: cfg, log: log.With("component", "localrouter.service", "pool", cfg.Pool), errs: make(chan error, 4)}
+	s := &Service{cfg: cfg, log: log.With("component", "localrouter.service", "pool", cfg.Pool)}
+	s.group = runner.NewGroup(s.log)
 	defer func() {
 		if err != nil {
 			_ = s.Close(context.WithoutCancel(ctx))
 		}
 	}()
 
+	var creds credentials.TransportCredentials
+	if cfg.TLS.Enabled() {
+		tc, err := cfg.TLS.Config(s.log)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+
 	ropts := deps.RouterOptions
 	ropts.Logger = log.With("pool", cfg.Pool)
 	if s.router, err = localrouter.New(cfg.Router, ropts); err != nil {
 		return nil, err
 	}
-	if s.etcd, err = clientv3.New(clientv3.Config{
-		Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx), Logger: zap.NewNop(),
-	}); err != nil {
-		return nil, fmt.Errorf("etcd %v: %w", cfg.Etcd, err)
+	if s.etcd, err = (runner.Etcd{Endpoints: cfg.Etcd, TLS: cfg.EtcdTLS}).Client(ctx); err != nil {
+		return nil, err
 	}
 	if cfg.NATS != "" {
-		if s.nc, err = nats.Connect(cfg.NATS, nats.Name("kvgate-localrouter-"+cfg.RouterID), nats.MaxReconnects(-1),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				if err != nil { // nil: we closed it
-					s.log.Warn("nats disconnected", "err", err)
-				}
-			}),
-			nats.ReconnectHandler(func(*nats.Conn) { s.log.Info("nats reconnected") }),
-		); err != nil {
-			return nil, fmt.Errorf("nats %s: %w", cfg.NATS, err)
+		natsCfg := runner.NATS{URL: cfg.NATS, TLS: cfg.NATSTLS, CredsFile: cfg.NATSCredsFile}
+		if s.nc, err = natsCfg.Connect("kvgate-localrouter-"+cfg.RouterID, s.log); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.Router.UseKVEvents {
@@ -147,55 +146,44 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 
 	// Membership first, so the router is as ready as it can be when it
 	// starts answering.
-	wctx, stop := context.WithCancel(context.Background())
-	s.stopWatch = stop
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.watcher.Run(wctx); err != nil {
-			s.errs <- err
-		}
-	}()
+	s.group.Go("etcd watch", s.watcher.Run)
 	select {
 	case <-s.watcher.Synced():
 	case <-ctx.Done():
 		return nil, fmt.Errorf("listing workers in etcd %v: %w", cfg.Etcd, ctx.Err())
 	}
 	if s.scraper != nil {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			_ = s.scraper.Run(wctx) // ends with the watch; failures are counted, never fatal
-		}()
+		s.group.Go("engine metrics scraper", func(ctx context.Context) error {
+			_ = s.scraper.Run(ctx) // ends with the group; failures are counted, never fatal
+			return nil
+		})
 	}
 
-	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
-		return nil, fmt.Errorf("--grpc-addr %s: %w", cfg.GRPCAddr, err)
+	if s.grpcLis, err = runner.Listen("grpc-addr", cfg.GRPCAddr); err != nil {
+		return nil, err
 	}
-	s.grpc = grpc.NewServer(GRPCServerOptions(m)...)
-	s.srv.Register(s.grpc)
-	reflection.Register(s.grpc)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.grpc.Serve(s.grpcLis); err != nil {
-			s.errs <- fmt.Errorf("grpc: %w", err)
+	gopts := GRPCServerOptions(m)
+	if creds != nil {
+		gopts = append(gopts, grpc.Creds(creds))
+		if cfg.TLS.MutualTLS() && len(cfg.AuthorizedClients) > 0 {
+			a := authorizer{allowed: cfg.AuthorizedClients}
+			gopts = append(gopts, grpc.ChainUnaryInterceptor(a.unary()), grpc.ChainStreamInterceptor(a.stream()))
 		}
-	}()
-	if cfg.MetricsAddr != "" {
-		if s.httpLis, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
-			return nil, fmt.Errorf("--metrics-addr %s: %w", cfg.MetricsAddr, err)
+	}
+	gs := grpc.NewServer(gopts...)
+	s.srv.Register(gs)
+	reflection.Register(gs)
+	s.group.ServeGRPC("grpc", gs, s.grpcLis)
+	if cfg.HealthAddr != "" {
+		if s.healthLis, err = runner.Listen("health-addr", cfg.HealthAddr); err != nil {
+			return nil, err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.http.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.errs <- fmt.Errorf("metrics: %w", err)
-			}
-		}()
+		hs := grpc.NewServer()
+		s.srv.RegisterHealth(hs)
+		s.group.ServeGRPC("health", hs, s.healthLis)
+	}
+	if s.httpLis, err = s.group.ServeAdmin("admin-addr", cfg.MetricsAddr, runner.AdminHandler(reg, nil)); err != nil {
+		return nil, err
 	}
 
 	s.advertised = cfg.AdvertiseAddr
@@ -207,7 +195,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		return nil, err
 	}
 	s.log.Info("local router serving", "grpc", s.grpcLis.Addr().String(), "advertised", s.advertised,
-		"metrics", s.MetricsAddr(), "ready", s.router.Ready(), "workers", len(s.watcher.Workers()),
+		"admin", s.MetricsAddr(), "tls", cfg.TLS.Enabled(), "mtls", cfg.TLS.MutualTLS(), "ready", s.router.Ready(), "workers", len(s.watcher.Workers()),
 		"use_kv_events", cfg.Router.UseKVEvents, "replica_sync", cfg.Router.ReplicaSync, "block_size", cfg.Router.BlockSize)
 	return s, nil
 }
@@ -284,9 +272,17 @@ func (s *Service) MetricsAddr() string {
 	return s.httpLis.Addr().String()
 }
 
+// HealthAddr is the address of the plaintext health server, "" when off.
+func (s *Service) HealthAddr() string {
+	if s.healthLis == nil {
+		return ""
+	}
+	return s.healthLis.Addr().String()
+}
+
 // Err reports a component that failed while running (the gRPC or metrics
 // server, or the etcd watch).
-func (s *Service) Err() <-chan error { return s.errs }
+func (s *Service) Err() <-chan error { return s.group.Err() }
 
 // Close deregisters the router, drains gRPC (until ctx ends, then stops
 // hard), and stops everything Start started. It is safe to call twice.
@@ -299,23 +295,7 @@ func (s *Service) Close(ctx context.Context) error {
 		if s.srv != nil {
 			s.srv.Shutdown()
 		}
-		if s.grpc != nil {
-			done := make(chan struct{})
-			go func() { s.grpc.GracefulStop(); close(done) }()
-			select {
-			case <-done:
-			case <-ctx.Done():
-				s.grpc.Stop()
-				<-done
-			}
-		}
-		if s.http != nil {
-			errs = append(errs, s.http.Shutdown(ctx))
-		}
-		if s.stopWatch != nil {
-			s.stopWatch()
-		}
-		s.wg.Wait()
+		errs = append(errs, s.group.Stop(ctx))
 		if s.sub != nil {
 			errs = append(errs, s.sub.Close())
 		}
@@ -351,7 +331,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	case <-ctx.Done():
 	case runErr = <-s.Err():
 	}
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runner.DefaultDrain)
 	defer cancel()
 	return errors.Join(runErr, s.Close(closeCtx))
 }

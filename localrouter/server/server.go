@@ -114,6 +114,10 @@ func (s *Server) Register(g *grpc.Server) {
 	healthpb.RegisterHealthServer(g, s.health)
 }
 
+// RegisterHealth registers the standard health service alone on g (the
+// plaintext health listener, for probes that cannot do TLS).
+func (s *Server) RegisterHealth(g *grpc.Server) { healthpb.RegisterHealthServer(g, s.health) }
+
 // UpdateHealth sets the health status from the router's readiness: NOT_SERVING
 // until min_initial_workers workers joined. Call it after membership changes.
 func (s *Server) UpdateHealth() {
