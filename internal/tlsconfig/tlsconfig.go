@@ -171,55 +171,55 @@ func (c Client) Config(log *slog.Logger) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// stamp identifies a file's version.
-type stamp struct {
-	mod  time.Time
-	size int64
-}
-
-func stat(file string) (stamp, error) {
-	fi, err := os.Stat(file)
-	if err != nil {
-		return stamp{}, err
-	}
-	return stamp{fi.ModTime(), fi.Size()}, nil
-}
-
-// keyPair is a certificate and key re-read when either file changes.
+// keyPair is a certificate and key re-read when either file changes. The
+// files are read at each handshake and compared with the last good
+// contents (a few KiB; connections are long-lived, handshakes rare), so a
+// rewrite is seen even when it keeps the size and modification time.
 type keyPair struct {
 	certFile, keyFile string
 	log               *slog.Logger
 
-	mu       sync.Mutex
-	cs, ks   stamp
-	cert     *tls.Certificate
-	lastFail stamp
+	mu         sync.Mutex
+	certPEM    []byte
+	keyPEM     []byte
+	cert       *tls.Certificate
+	lastFailed []byte
 }
 
 func (k *keyPair) get() (*tls.Certificate, error) {
-	cs, cerr := stat(k.certFile)
-	ks, kerr := stat(k.keyFile)
+	c, cerr := os.ReadFile(k.certFile)
+	key, kerr := os.ReadFile(k.keyFile)
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if cerr == nil && kerr == nil && k.cert != nil && cs == k.cs && ks == k.ks {
+	if cerr == nil && kerr == nil && k.cert != nil && bytes.Equal(c, k.certPEM) && bytes.Equal(key, k.keyPEM) {
 		return k.cert, nil
 	}
-	c, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
+	err := errors.Join(cerr, kerr)
+	var pair tls.Certificate
+	if err == nil {
+		pair, err = tls.X509KeyPair(c, key)
+	}
 	if err != nil {
 		err = fmt.Errorf("tls certificate %s, key %s: %w", k.certFile, k.keyFile, err)
 		if k.cert == nil {
 			return nil, err
 		}
-		if cs != k.lastFail { // once per version, not per handshake
-			k.log.Error("keeping the previous certificate", "err", err)
-			k.lastFail = cs
+		// Mid-rotation (the certificate written, not yet its key) or a
+		// broken file: keep serving the last good pair, logged once per
+		// version.
+		if !bytes.Equal(c, k.lastFailed) {
+			k.log.Error("keeping the previous tls certificate", "err", err)
+			k.lastFailed = c
 		}
 		return k.cert, nil
+	}
+	if pair.Leaf == nil && len(pair.Certificate) > 0 {
+		pair.Leaf, _ = x509.ParseCertificate(pair.Certificate[0])
 	}
 	if k.cert != nil {
 		k.log.Info("tls certificate reloaded", "file", k.certFile)
 	}
-	k.cert, k.cs, k.ks = &c, cs, ks
+	k.cert, k.certPEM, k.keyPEM = &pair, c, key
 	return k.cert, nil
 }
 
@@ -229,33 +229,36 @@ type caPool struct {
 	log  *slog.Logger
 
 	mu   sync.Mutex
-	s    stamp
+	pem  []byte
 	pool *x509.CertPool
 }
 
 func (c *caPool) get() (*x509.CertPool, error) {
-	s, serr := stat(c.file)
+	b, rerr := os.ReadFile(c.file)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if serr == nil && c.pool != nil && s == c.s {
+	if rerr == nil && c.pool != nil && bytes.Equal(b, c.pem) {
 		return c.pool, nil
 	}
-	pool, err := LoadCAs(c.file)
+	pool, err := parseCAs(c.file, b, rerr)
 	if err != nil {
 		if c.pool == nil {
 			return nil, err
 		}
 		c.log.Error("keeping the previous CA bundle", "err", err)
-		c.s = s
 		return c.pool, nil
 	}
-	c.pool, c.s = pool, s
+	c.pool, c.pem = pool, b
 	return pool, nil
 }
 
 // LoadCAs reads a PEM CA bundle.
 func LoadCAs(file string) (*x509.CertPool, error) {
 	b, err := os.ReadFile(file)
+	return parseCAs(file, b, err)
+}
+
+func parseCAs(file string, b []byte, err error) (*x509.CertPool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tls CA bundle: %w", err)
 	}
