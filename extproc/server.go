@@ -101,10 +101,6 @@ func (s *Server) RegisterHealth(g *grpc.Server) {
 	s.setHealth()
 }
 
-// RegisterHealth registers the gRPC health service alone on g (the
-// plaintext health listener, for probes that cannot do TLS).
-func (s *Server) RegisterHealth(g *grpc.Server) { healthpb.RegisterHealthServer(g, s.health) }
-
 // Serve runs a gRPC server with the service on lis (receiving messages up
 // to MaxBodyBytes and 1 MiB more) until ctx is done, then
 // marks itself not serving and stops gracefully within ShutdownTimeout

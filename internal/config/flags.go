@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -63,10 +64,15 @@ func (f *FlagSet) Env(canonical string, names ...string) {
 // first: the extra names, then KVGATE_ of each alias, then of c itself.
 func (f *FlagSet) envs(c string) []string {
 	out := append([]string(nil), f.extra[c]...)
+	var aliases []string
 	for a, to := range f.aliases {
 		if to == c {
-			out = append(out, EnvName(a))
+			aliases = append(aliases, a)
 		}
+	}
+	slices.Sort(aliases)
+	for _, a := range aliases {
+		out = append(out, EnvName(a))
 	}
 	return append(out, EnvName(c))
 }
