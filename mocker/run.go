@@ -59,8 +59,8 @@ type RunConfig struct {
 	// EtcdEndpoints enable self-registration (unless RunDeps.Etcd is set).
 	EtcdEndpoints []string
 	// EtcdTLS is the etcd client's TLS.
-	EtcdTLS tlsconfig.Client
-	LeaseTTL      time.Duration
+	EtcdTLS  tlsconfig.Client
+	LeaseTTL time.Duration
 }
 
 // RunDeps are optional ready-made dependencies (tests, `kvgate up`).

@@ -186,4 +186,3 @@ func defaultRouterID() string {
 	h = strings.NewReplacer("/", "-", " ", "-", ".", "-").Replace(h)
 	return fmt.Sprintf("%s-%d-%x", h, os.Getpid(), time.Now().UnixNano()&0xffffff)
 }
-
