@@ -38,6 +38,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/gateway"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/embedded"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
@@ -112,7 +113,7 @@ func DefaultConfig() Config {
 	return Config{
 		Host:          "127.0.0.1",
 		GatewayAddr:   "127.0.0.1:8080",
-		ExtprocAddr:   "127.0.0.1:9002",
+		ExtprocAddr:   config.DefaultExtprocAddr,
 		AdminAddr:     "127.0.0.1:8081",
 		Model:         "mock-llama",
 		BlockSize:     16,
