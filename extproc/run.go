@@ -157,7 +157,6 @@ func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 // run is Run on listeners already open (mlis nil: no admin listener); it
 // closes them.
 func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.Listener) (err error) {
-	g := runner.NewGroup(logger)
 	defer func() {
 		lis.Close()
 		if mlis != nil {
@@ -171,6 +170,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 		}
 		logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
+	g := runner.NewGroup(logger)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
