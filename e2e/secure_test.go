@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"io"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -39,5 +41,26 @@ func TestSecureServing(t *testing.T) {
 	defer conn.Close()
 	if _, err := localrouterv1.NewLocalRouterClient(conn).Free(ctx, &localrouterv1.FreeRequest{RequestId: "x"}); err == nil {
 		t.Error("a plaintext Free reached a local router of a secure system")
+	}
+}
+
+// TestStatusOnlyOnAdminListener: the status page, status.json (internal
+// addresses) and metrics are served on the admin listener, not on the
+// gateway's public port.
+func TestStatusOnlyOnAdminListener(t *testing.T) {
+	s := startSystem(t)
+	c := httpClient(t)
+	ctx := testCtx(t)
+	for _, path := range []string{"/kvgate/", "/kvgate/status.json", "/kvgate/metrics"} {
+		req, _ := http.NewRequestWithContext(ctx, "GET", s.GatewayURL()+path, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 || strings.Contains(string(b), s.EtcdEndpoints()[0]) || strings.Contains(string(b), "kvgate_extproc") {
+			t.Errorf("gateway GET %s: %d %.200s; want it not served there", path, resp.StatusCode, b)
+		}
 	}
 }
