@@ -1,9 +1,11 @@
 // Package runner is the process plumbing kvgate's long-running subcommands
-// (extproc, localrouter, mocker, relay) share: a Group that serves gRPC and
-// admin HTTP listeners and runs background tasks, stops them all when the
-// first one fails or the context ends, and drains gracefully; the admin
-// handler (metrics); and the etcd and NATS clients with their TLS and
-// credential flags.
+// share: a Group that serves gRPC and admin HTTP listeners and runs
+// background tasks, stops them all when the first one fails or the context
+// ends, and drains gracefully; the admin handler (metrics); and the etcd
+// and NATS clients with their TLS and credential settings. The local
+// router's service, `kvgate extproc`, `kvgate relay` and `kvgate up`'s
+// admin listener run on a Group; the mocker uses the clients (its HTTP
+// server and Instance lifecycle are its own).
 package runner
 
 import (
