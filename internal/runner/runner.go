@@ -3,9 +3,8 @@
 // background tasks, stops them all when the first one fails or the context
 // ends, and drains gracefully; the admin handler (metrics); and the etcd
 // and NATS clients with their TLS and credential settings. The local
-// router's service, `kvgate extproc`, `kvgate relay` and `kvgate up`'s
-// admin listener run on a Group; the mocker uses the clients (its HTTP
-// server and Instance lifecycle are its own).
+// router's service, `kvgate extproc`, `kvgate relay`, `kvgate mocker` and
+// `kvgate up`'s admin listener run on a Group.
 package runner
 
 import (
