@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
 )
 
@@ -27,7 +28,7 @@ func TestSecureServing(t *testing.T) {
 	if _, err := os.Stat(s.CAFile); err != nil {
 		t.Fatalf("CA file: %v", err)
 	}
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	r := chat(t, ctx, httpClient(t), s, chatBody("mock-llama", "Tell me about KV caches.", true, 4))
 	if r.status != 200 {
 		t.Fatalf("status %d: %s", r.status, r.body)
@@ -50,7 +51,7 @@ func TestSecureServing(t *testing.T) {
 func TestStatusOnlyOnAdminListener(t *testing.T) {
 	s := startSystem(t)
 	c := httpClient(t)
-	ctx := testCtx(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	for _, path := range []string{"/kvgate/", "/kvgate/status.json", "/kvgate/metrics"} {
 		req, _ := http.NewRequestWithContext(ctx, "GET", s.GatewayURL()+path, nil)
 		resp, err := c.Do(req)
