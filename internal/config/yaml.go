@@ -11,8 +11,10 @@ import (
 )
 
 // ErrInvalid is wrapped by every configuration error of this package: a
-// configuration is invalid; the error names the file, line and field.
-var ErrInvalid = errors.New("invalid configuration")
+// configuration is invalid; the error names the file, line and field. It
+// is policies.ErrConfig too, and keeps that error's text, which operators
+// (and the golden files of config errors) already read.
+var ErrInvalid = errors.New("invalid policy configuration")
 
 // PosError is a configuration error at a position of a file.
 type PosError struct {
