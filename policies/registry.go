@@ -171,10 +171,6 @@ func keyNode(s Section) *yaml.Node { return s.Node }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
-// sortStrings is slices.Sort; policies/yaml.go calls it (that file is
-// moving out of the package: it goes with it).
-func sortStrings(s []string) { slices.Sort(s) }
-
 // RegisterBuiltins registers the built-in policies in r.
 func RegisterBuiltins(r *Registry) error {
 	for _, b := range []struct {
