@@ -3,8 +3,9 @@
 // background tasks, stops them all when the first one fails or the context
 // ends, and drains gracefully; the admin handler (metrics); and the etcd
 // and NATS clients with their TLS and credential settings. The local
-// router's service, `kvgate extproc`, `kvgate relay`, `kvgate mocker` and
-// `kvgate up`'s admin listener run on a Group.
+// router's service, `kvgate extproc` and `kvgate relay` run on a Group;
+// the mocker uses the etcd and NATS clients (its HTTP server and Instance
+// lifecycle, with the fault hooks of internal/up, are its own).
 package runner
 
 import (
