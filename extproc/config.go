@@ -7,11 +7,13 @@ import (
 	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // Defaults of Config.
 const (
-	DefaultAddr            = "127.0.0.1:9002"
+	DefaultAddr            = config.DefaultExtprocAddr
 	DefaultMaxBodyBytes    = 16 << 20
 	DefaultRetryAfter      = time.Second
 	DefaultLeaseTimeout    = 2 * time.Second

@@ -3,7 +3,6 @@ package extproc
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,11 +16,14 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/runner"
+	"github.com/kvgate/kvgate/internal/tlsconfig"
+	"github.com/kvgate/kvgate/pool"
 )
 
 // DefaultGCPercent is -gc-percent's default: at a paced 1,000 req/s the
@@ -40,8 +42,18 @@ type Options struct {
 	WatchInterval time.Duration
 	// Etcd endpoints, for pools whose local routers are discovered in etcd.
 	Etcd []string
-	// MetricsAddr serves /metrics over HTTP ("" disables).
+	// EtcdTLS is the etcd client's TLS.
+	EtcdTLS tlsconfig.Client
+	// MetricsAddr is the admin HTTP address (-admin-addr, alias
+	// -metrics-addr): /metrics ("" disables). Loopback by default.
 	MetricsAddr string
+	// TLS of the ext_proc gRPC server (off unless set).
+	TLS tlsconfig.Server
+	// HealthAddr serves the gRPC health service alone, in plaintext, for
+	// kubelet gRPC probes that cannot do TLS ("" disables).
+	HealthAddr string
+	// RouterTLS is the TLS of the clients of local routers.
+	RouterTLS tlsconfig.Client
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 	// GCPercent is the garbage collector's target (debug.SetGCPercent),
@@ -52,18 +64,26 @@ type Options struct {
 	GCPercent int
 }
 
-// ParseFlags builds Options from the defaults and args. -h returns
+// ParseFlags builds Options from the defaults, the environment (each flag
+// -foo-bar also read from KVGATE_FOO_BAR) and args. -h returns
 // flag.ErrHelp after printing the usage to usage.
 func ParseFlags(name string, args []string, usage io.Writer) (Options, error) {
-	o := Options{Config: Config{}.Defaults(), LogLevel: "info", MetricsAddr: "127.0.0.1:9003"}
-	o.Addr = ":9002"
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(usage)
+	return parseFlags(name, args, os.Getenv, usage)
+}
+
+func parseFlags(name string, args []string, getenv func(string) string, usage io.Writer) (Options, error) {
+	o := Options{Config: Config{}.Defaults(), LogLevel: "info", MetricsAddr: config.DefaultExtprocAdminAddr}
+	fs := config.NewFlagSet(name, usage)
 	fs.StringVar(&o.Addr, "addr", o.Addr, "gRPC listen address of the ext_proc service")
 	fs.StringVar(&o.PoolsFile, "config", "", "global router configuration file: pools, policies, models (required; see examples/pools.yaml)")
 	fs.DurationVar(&o.WatchInterval, "config-watch", 0, "how often to check the configuration file for changes (0: default, <0: never)")
 	etcd := fs.String("etcd", "", "comma-separated etcd endpoints, for pools that discover their local routers in etcd")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, `HTTP listen address of /metrics ("" disables)`)
+	o.EtcdTLS.Flags(fs, "etcd", "etcd", false)
+	fs.StringVar(&o.MetricsAddr, "admin-addr", o.MetricsAddr, `admin HTTP listen address: /metrics ("" disables)`)
+	fs.Alias("metrics-addr", "admin-addr")
+	o.TLS.Flags(fs)
+	fs.StringVar(&o.HealthAddr, "health-addr", "", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
+	o.RouterTLS.Flags(fs, "router-tls", "the local routers", true)
 	paths := fs.String("inference-paths", strings.Join(o.InferencePaths, ","), "comma-separated paths that are routed; others pass through")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body accepted (413 past it)")
 	reqMode := fs.String("request-body-mode", o.RequestBodyMode.String(), "request body mode assumed when Envoy does not say: FULL_DUPLEX_STREAMED or BUFFERED")
@@ -72,16 +92,13 @@ func ParseFlags(name string, args []string, usage io.Writer) (Options, error) {
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "debug, info, warn or error")
 	fs.IntVar(&o.GCPercent, "gc-percent", DefaultGCPercent, "garbage collector target when GOGC is not set (0: the runtime's default)")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args, getenv); err != nil {
 		return Options{}, err
 	}
-	if fs.NArg() > 0 {
-		return Options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
 	if *etcd != "" {
-		o.Etcd = splitList(*etcd)
+		o.Etcd = config.SplitList(*etcd)
 	}
-	o.InferencePaths = splitList(*paths)
+	o.InferencePaths = config.SplitList(*paths)
 	var err error
 	if o.RequestBodyMode, err = parseMode(*reqMode); err != nil {
 		return Options{}, fmt.Errorf("-request-body-mode: %w", err)
@@ -95,17 +112,10 @@ func ParseFlags(name string, args []string, usage io.Writer) (Options, error) {
 	if _, err := parseLevel(o.LogLevel); err != nil {
 		return Options{}, fmt.Errorf("-log-level: %w", err)
 	}
-	return o, o.Config.Validate()
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
+	if err := o.TLS.Validate(); err != nil {
+		return Options{}, err
 	}
-	return out
+	return o, o.Config.Validate()
 }
 
 func parseMode(s string) (extprocfilterv3.ProcessingMode_BodySendMode, error) {
@@ -124,111 +134,106 @@ func parseLevel(s string) (slog.Level, error) {
 
 // Run is the `kvgate extproc` process: it loads the global router's
 // configuration, builds the router (connecting to etcd when given),
-// watches the file for changes, serves /metrics, and serves ext_proc until
-// ctx ends.
+// watches the file for changes, serves the admin listener (/metrics), and
+// serves ext_proc (TLS when configured) until ctx ends.
 func Run(ctx context.Context, o Options, logger *slog.Logger) error {
 	if _, set := os.LookupEnv("GOGC"); !set && o.GCPercent > 0 {
 		debug.SetGCPercent(o.GCPercent)
 	}
-	lis, err := net.Listen("tcp", o.Addr)
+	lis, err := runner.Listen("addr", o.Addr)
 	if err != nil {
 		return fmt.Errorf("extproc: %w", err)
 	}
 	var mlis net.Listener
 	if o.MetricsAddr != "" {
-		if mlis, err = net.Listen("tcp", o.MetricsAddr); err != nil {
+		if mlis, err = runner.Listen("admin-addr", o.MetricsAddr); err != nil {
 			lis.Close()
-			return fmt.Errorf("metrics: %w", err)
+			return err
 		}
 	}
 	return run(ctx, o, logger, lis, mlis)
 }
 
-// run is Run on listeners already open (mlis nil: no metrics); it closes
-// them.
-func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.Listener) error {
-	closeAll := func() {
+// run is Run on listeners already open (mlis nil: no admin listener); it
+// closes them.
+func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.Listener) (err error) {
+	defer func() {
 		lis.Close()
 		if mlis != nil {
 			mlis.Close()
 		}
-	}
+	}()
 	if logger == nil {
 		lvl, err := parseLevel(o.LogLevel)
 		if err != nil {
-			closeAll()
 			return err
 		}
 		logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
+	g := runner.NewGroup(logger)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	var sopts []grpc.ServerOption
+	if o.TLS.Enabled() {
+		tc, err := o.TLS.Config(logger)
+		if err != nil {
+			return err
+		}
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(tc)))
+	}
 	gcfg, err := globalrouter.LoadConfig(o.PoolsFile, nil)
 	if err != nil {
-		closeAll()
 		return err
 	}
 	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg)}
-	if len(o.Etcd) > 0 {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: o.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if o.RouterTLS.Enabled() {
+		tc, err := o.RouterTLS.Config(logger)
 		if err != nil {
-			closeAll()
-			return fmt.Errorf("etcd: %w", err)
+			return fmt.Errorf("-router-tls-*: %w", err)
+		}
+		opts = append(opts, globalrouter.WithDialer(pool.GRPCDialer(grpc.WithTransportCredentials(credentials.NewTLS(tc)))))
+	}
+	if len(o.Etcd) > 0 {
+		cli, err := (runner.Etcd{Endpoints: o.Etcd, TLS: o.EtcdTLS}).Client(ctx)
+		if err != nil {
+			return err
 		}
 		defer cli.Close()
 		opts = append(opts, globalrouter.WithEtcd(cli))
 	}
 	router, err := globalrouter.New(*gcfg, opts...)
 	if err != nil {
-		closeAll()
 		return err
 	}
 	defer router.Close()
 	srv, err := New(o.Config, router, logger, reg)
 	if err != nil {
-		closeAll()
 		return err
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 3)
-	running := 1
-	go func() { errc <- srv.Serve(ctx, lis) }()
+	g.Go("extproc", func(ctx context.Context) error { return srv.Serve(ctx, lis, sopts...) })
+	if o.HealthAddr != "" {
+		hlis, err := runner.Listen("health-addr", o.HealthAddr)
+		if err != nil {
+			_ = g.Stop(context.WithoutCancel(ctx))
+			return err
+		}
+		hs := grpc.NewServer()
+		srv.RegisterHealth(hs)
+		g.ServeGRPC("health", hs, hlis)
+	}
 	if o.WatchInterval >= 0 {
-		running++
-		go func() {
+		g.Go("config watch", func(ctx context.Context) error {
 			// The router logs each reload, taken or refused.
-			errc <- router.WatchFile(ctx, o.PoolsFile, o.WatchInterval, nil)
-		}()
+			return router.WatchFile(ctx, o.PoolsFile, o.WatchInterval, nil)
+		})
 	}
 	if mlis != nil {
-		hs := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		running++
-		go func() {
-			err := hs.Serve(mlis)
-			if errors.Is(err, http.ErrServerClosed) {
-				err = nil
-			}
-			errc <- err
-		}()
-		stopped := make(chan struct{})
-		defer func() { <-stopped }()
-		go func() {
-			defer close(stopped)
-			<-ctx.Done()
-			sctx, scancel := context.WithTimeout(context.Background(), time.Second)
-			defer scancel()
-			_ = hs.Shutdown(sctx)
-		}()
-		logger.Info("metrics listening", "addr", mlis.Addr().String())
+		g.ServeHTTP("admin", &http.Server{Handler: runner.AdminHandler(reg, nil), ReadHeaderTimeout: 5 * time.Second}, mlis)
+		logger.Info("admin listening", "addr", mlis.Addr().String())
 	}
-	// The first part to stop (ctx, or a failure) stops the others.
-	first := <-errc
-	cancel()
-	for range running - 1 {
-		<-errc
-	}
-	return first
+	// The first part to stop (ctx, or a failure) stops the others; the
+	// ext_proc server drains within its own ShutdownTimeout.
+	return g.Run(ctx, o.ShutdownTimeout+time.Second)
 }

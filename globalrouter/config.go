@@ -10,6 +10,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/tokenizer"
@@ -269,12 +270,12 @@ func readConfig(path string) (*Config, error) {
 
 // parseConfig decodes data strictly and applies the defaults.
 func parseConfig(file string, data []byte) (*Config, error) {
-	doc, err := policies.ParseFile(file, data)
+	doc, err := config.ParseFile(file, data)
 	if err != nil {
 		return nil, err
 	}
 	var fc fileConfig
-	if err := policies.DecodeStrict(file, "", doc, &fc); err != nil {
+	if err := config.DecodeStrict(file, "", doc, &fc); err != nil {
 		return nil, err
 	}
 	pools, err := pool.DecodeConfigs(file, &fc.Pools)

@@ -6,7 +6,7 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
-	"github.com/kvgate/kvgate/localrouter/discovery"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
@@ -19,7 +19,7 @@ func TestEtcdDiscoveredPool(t *testing.T) {
 	_, cli := testenv.StartEtcd(t)
 	srv := pooltest.Start(t, "pool-e", 16, pooltest.Workers("e", 2)...)
 	info := fmt.Sprintf(`{"id":"r1","grpc_address":%q,"pool":"pool-e","block_size":16}`, srv.Addr)
-	if _, err := cli.Put(ctx, discovery.RouterKey("pool-e", "r1"), info); err != nil {
+	if _, err := cli.Put(ctx, membership.RouterKey("pool-e", "r1"), info); err != nil {
 		t.Fatal(err)
 	}
 	pc := pool.NewConfig("pool-e", 16, []string{model})

@@ -1,8 +1,11 @@
 // Package kvevents holds what engines tell routers about their KV caches:
 // the event types (Stored, Removed, Cleared, Skipped, wrapped in a
 // RouterEvent), their JSON and msgpack encodings, kvgate's block hashing,
-// the publisher (PublishStored…, dump answers) and the engine decoders
-// that turn an engine's own event stream into kvgate events.
+// the publisher (PublishStored…, dump answers), the engine decoders that
+// turn an engine's own event stream into kvgate events, and the NATS
+// subjects they travel on. The vLLM/SGLang relay is kvevents/relay. Who is
+// alive (etcd keys, worker records, roles) is package membership's, not
+// this one's.
 //
 // # Block hashing
 //

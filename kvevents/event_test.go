@@ -72,27 +72,6 @@ func TestValidateRejects(t *testing.T) {
 	}
 }
 
-func TestWorkerInfo(t *testing.T) {
-	w, err := ParseWorkerInfo([]byte(`{"id":"w1","address":"127.0.0.1:8001","block_size":16,"model":"m"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w.DPSize != 1 {
-		t.Errorf("DPSize = %d, want default 1", w.DPSize)
-	}
-	for _, bad := range []string{
-		`{"id":"a/b","address":"x","block_size":16}`,
-		`{"id":"w","address":"","block_size":16}`,
-		`{"id":"w","address":"x","block_size":0}`,
-		`{"id":"w","address":"x","block_size":16,"role":"boss"}`,
-		`[1,2]`,
-	} {
-		if _, err := ParseWorkerInfo([]byte(bad)); err == nil {
-			t.Errorf("ParseWorkerInfo(%s) = nil error, want one", bad)
-		}
-	}
-}
-
 func FuzzDecode(f *testing.F) {
 	for _, e := range sampleEvents() {
 		j, _ := EncodeJSON(e)

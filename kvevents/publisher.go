@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/membership"
 )
 
 // PublisherConfig names the worker whose events a Publisher sends.
@@ -112,7 +114,7 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Pool == "" || cfg.WorkerID == "" {
 		return nil, fmt.Errorf("publisher: pool %q and worker id %q must be set", cfg.Pool, cfg.WorkerID)
 	}
-	if err := (WorkerInfo{ID: cfg.WorkerID, Address: "-", DPSize: 1, BlockSize: 1}).Validate(); err != nil {
+	if err := membership.ValidateWorkerID(cfg.WorkerID); err != nil {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
 	log := cfg.Logger

@@ -14,6 +14,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 )
 
@@ -42,7 +43,7 @@ func TestZMQDataParallel(t *testing.T) {
 	rctx, stopRelay := context.WithCancel(ctx)
 	defer stopRelay()
 	r, err := relay.New(relay.Config{Endpoints: inst.ZMQEndpoints, Topic: "kv-events", Pool: "p",
-		Worker: kvevents.WorkerInfo{ID: inst.WorkerID, BlockSize: 4, DPSize: 2}},
+		Worker: membership.WorkerInfo{ID: inst.WorkerID, BlockSize: 4, DPSize: 2}},
 		relay.Options{NATS: nc, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 )
 
@@ -98,7 +99,7 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 	rctx, stopRelay := context.WithCancel(ctx)
 	defer stopRelay()
 	r, err := relay.New(relay.Config{Endpoints: []string{inst.ZMQEndpoint}, ReplayEndpoints: []string{inst.ZMQReplayEndpoint}, Topic: "kv-events", Pool: "p",
-		Worker: kvevents.WorkerInfo{ID: inst.WorkerID, BlockSize: bs}},
+		Worker: membership.WorkerInfo{ID: inst.WorkerID, BlockSize: bs}},
 		relay.Options{NATS: nc, Logger: log, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +135,7 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 	defer sub.Unsubscribe()
 
 	// The mocker registered itself.
-	resp, err := cli.Get(ctx, kvevents.WorkersPrefix("p")+inst.WorkerID)
+	resp, err := cli.Get(ctx, membership.WorkersPrefix("p")+inst.WorkerID)
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("mocker registration: %v %v", resp, err)
 	}
@@ -235,7 +236,7 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 	if err := inst.Wait(); err != nil {
 		t.Errorf("mocker: %v", err)
 	}
-	if resp, err := cli.Get(ctx, kvevents.WorkersPrefix("p")+inst.WorkerID); err != nil || len(resp.Kvs) != 0 {
+	if resp, err := cli.Get(ctx, membership.WorkersPrefix("p")+inst.WorkerID); err != nil || len(resp.Kvs) != 0 {
 		t.Errorf("mocker still registered after shutdown: %v %v", resp, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // Config sizes and shapes an Engine. The zero value of each field means its
@@ -22,10 +23,10 @@ type Config struct {
 	MaxNumBatchedTokens int
 	// DisablePrefixCaching turns off prefix reuse and KV events.
 	DisablePrefixCaching bool
-	// Role is kvevents.RoleAggregated (default), RolePrefill (every request
+	// Role is membership.RoleAggregated (default), RolePrefill (every request
 	// stops after its first token) or RoleDecode (requests with
 	// RemotePrefill skip local prefill and pay a KV transfer instead).
-	Role string
+	Role membership.Role
 	// Timing prices iterations; nil means DefaultTiming{Speedup: Speedup}.
 	Timing Timing
 	// Speedup divides the default timing model's durations (1).
@@ -62,7 +63,7 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxNumBatchedTokens, 8192)
 	def(&c.Vocab, 32000)
 	if c.Role == "" {
-		c.Role = kvevents.RoleAggregated
+		c.Role = membership.RoleAggregated
 	}
 	if c.Speedup == 0 {
 		c.Speedup = 1
@@ -98,7 +99,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: kv transfer parameters must be positive", ErrConfig)
 	}
 	switch c.Role {
-	case kvevents.RoleAggregated, kvevents.RolePrefill, kvevents.RoleDecode:
+	case membership.RoleAggregated, membership.RolePrefill, membership.RoleDecode:
 	default:
 		return fmt.Errorf("%w: unknown role %q (want aggregated, prefill or decode)", ErrConfig, c.Role)
 	}
@@ -294,7 +295,7 @@ func (e *Engine) Submit(now time.Time, r Request) error {
 		return fmt.Errorf("%w: request %q already in flight", ErrBadRequest, r.ID)
 	}
 	maxTokens := r.MaxTokens
-	if e.cfg.Role == kvevents.RolePrefill {
+	if e.cfg.Role == membership.RolePrefill {
 		maxTokens = 1
 	}
 	if need := blocksFor(len(r.Tokens)+maxTokens, e.cfg.BlockSize); need > e.cfg.NumBlocks {
@@ -308,7 +309,7 @@ func (e *Engine) Submit(now time.Time, r Request) error {
 		seed:      kvevents.LoRASeed(r.LoRAName),
 		arrival:   now,
 		eligible:  now,
-		remote:    r.RemotePrefill && e.cfg.Role == kvevents.RoleDecode,
+		remote:    r.RemotePrefill && e.cfg.Role == membership.RoleDecode,
 		rng:       seedFromID(r.ID),
 	}
 	if s.remote {

@@ -16,8 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/runner"
+	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/registry"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 )
 
 // KV event modes of a running mocker.
@@ -40,7 +44,8 @@ type RunConfig struct {
 	Pool, WorkerID string
 	// Events is EventsZMQ (default), EventsNATS or EventsNone.
 	Events string
-	// ZMQEndpoint is where the PUB socket binds (tcp://*:5557) and
+	// ZMQEndpoint is where the PUB socket binds (tcp://127.0.0.1:5557;
+	// tcp://*:5557 for every interface) and
 	// ZMQTopic the topic of its messages ("kv-events").
 	ZMQEndpoint, ZMQTopic string
 	// ZMQReplayEndpoint, when set, serves vLLM's replay socket there
@@ -48,9 +53,14 @@ type RunConfig struct {
 	ZMQReplayEndpoint string
 	// NATSURL is dialled for EventsNATS unless RunDeps.NATS is set.
 	NATSURL string
+	// NATSTLS and NATSCredsFile secure that NATS client.
+	NATSTLS       tlsconfig.Client
+	NATSCredsFile string
 	// EtcdEndpoints enable self-registration (unless RunDeps.Etcd is set).
 	EtcdEndpoints []string
-	LeaseTTL      time.Duration
+	// EtcdTLS is the etcd client's TLS.
+	EtcdTLS  tlsconfig.Client
+	LeaseTTL time.Duration
 }
 
 // RunDeps are optional ready-made dependencies (tests, `kvgate up`).
@@ -144,7 +154,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		cfg.Events = EventsZMQ
 	}
 	if cfg.ZMQEndpoint == "" {
-		cfg.ZMQEndpoint = "tcp://*:5557"
+		cfg.ZMQEndpoint = config.DefaultMockerZMQEndpoint
 	}
 	if cfg.ZMQTopic == "" {
 		cfg.ZMQTopic = "kv-events"
@@ -227,7 +237,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 			if cfg.NATSURL == "" {
 				return nil, errors.New("mocker: nats events need a NATS URL")
 			}
-			if nc, err = nats.Connect(cfg.NATSURL, nats.Name("kvgate-mocker-"+cfg.WorkerID)); err != nil {
+			if nc, err = (runner.NATS{URL: cfg.NATSURL, TLS: cfg.NATSTLS, CredsFile: cfg.NATSCredsFile}).Connect("kvgate-mocker-"+cfg.WorkerID, log); err != nil {
 				return nil, fmt.Errorf("mocker: %w", err)
 			}
 			closers = append(closers, nc.Close)
@@ -260,14 +270,14 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 
 	cli := deps.Etcd
 	if cli == nil && len(cfg.EtcdEndpoints) > 0 {
-		if cli, err = clientv3.New(clientv3.Config{Endpoints: cfg.EtcdEndpoints, DialTimeout: 5 * time.Second, Logger: nil}); err != nil {
-			return nil, fmt.Errorf("mocker: etcd: %w", err)
+		if cli, err = (runner.Etcd{Endpoints: cfg.EtcdEndpoints, TLS: cfg.EtcdTLS}).Client(ctx); err != nil {
+			return nil, fmt.Errorf("mocker: %w", err)
 		}
 		closers = append(closers, func() { cli.Close() })
 	}
 	if cli != nil {
 		role := engCfg.Role
-		reg, err := registry.Register(ctx, cli, cfg.Pool, kvevents.WorkerInfo{
+		reg, err := registry.Register(ctx, cli, cfg.Pool, membership.WorkerInfo{
 			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: dpSize, BlockSize: engCfg.BlockSize,
 			Model: srv.cfg.Model, Role: role, KVCapacityBlocks: engCfg.NumBlocks,
 		}, cfg.LeaseTTL, log)

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/tokenizer"
 )
 
@@ -715,7 +715,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 				send(chunk(tokenText(tok), nil))
 			}
 			final := chunk("", c.Reason)
-			if s.cfg.Engine.Role == kvevents.RolePrefill {
+			if s.cfg.Engine.Role == membership.RolePrefill {
 				final["kv_transfer_params"] = s.kvTransferParams()
 			}
 			send(final)
@@ -774,7 +774,7 @@ func (s *Server) writeFull(w http.ResponseWriter, g genRequest, id string, creat
 		resp["object"] = "text_completion"
 		resp["choices"] = []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": c.Reason}}
 	}
-	if s.cfg.Engine.Role == kvevents.RolePrefill {
+	if s.cfg.Engine.Role == membership.RolePrefill {
 		resp["kv_transfer_params"] = s.kvTransferParams()
 	}
 	w.Header().Set("Content-Type", "application/json")

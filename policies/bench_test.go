@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -42,7 +43,7 @@ func BenchmarkSLOChain(b *testing.B) {
 		b.Fatal(err)
 	}
 	args := func(text string) policies.Section {
-		doc, err := policies.ParseFile("bench.yaml", []byte(text))
+		doc, err := config.ParseFile("bench.yaml", []byte(text))
 		if err != nil {
 			b.Fatal(err)
 		}

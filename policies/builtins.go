@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // Built-in policy names.
@@ -81,7 +83,7 @@ func newHeaderMatch(a Args) (Policy, error) {
 	h := &HeaderMatch{rules: make(map[string]map[string][]string, len(pools))}
 	for pool, p := range pools {
 		if len(p.Headers) == 0 {
-			return nil, Errorf(a.Pools[pool].File, a.Pools[pool].Node, fmt.Sprintf("pool %q: policy %q", pool, a.Policy), "headers: at least one header required")
+			return nil, config.Errorf(a.Pools[pool].File, a.Pools[pool].Node, fmt.Sprintf("pool %q: policy %q", pool, a.Policy), "headers: at least one header required")
 		}
 		lower := make(map[string][]string, len(p.Headers))
 		for k, v := range p.Headers {
@@ -168,7 +170,7 @@ func newCost(a Args) (Policy, error) {
 	c := &Cost{scale: make(map[string]float64, len(pools))}
 	for pool, p := range pools {
 		if !(p.Scale > 0) || math.IsInf(p.Scale, 0) {
-			return nil, Errorf(a.Pools[pool].File, a.Pools[pool].Node, fmt.Sprintf("pool %q: policy %q", pool, a.Policy), "scale: got %v, want a positive number", p.Scale)
+			return nil, config.Errorf(a.Pools[pool].File, a.Pools[pool].Node, fmt.Sprintf("pool %q: policy %q", pool, a.Policy), "scale: got %v, want a positive number", p.Scale)
 		}
 		c.scale[pool] = p.Scale
 	}
@@ -220,7 +222,7 @@ func newFailover(a Args) (Policy, error) {
 	f := &Failover{tier: make(map[string]int, len(pools))}
 	for pool, p := range pools {
 		if p.Tier < 0 {
-			return nil, Errorf(a.Pools[pool].File, a.Pools[pool].Node, fmt.Sprintf("pool %q: policy %q", pool, a.Policy), "tier: got %d, want ≥ 0", p.Tier)
+			return nil, config.Errorf(a.Pools[pool].File, a.Pools[pool].Node, fmt.Sprintf("pool %q: policy %q", pool, a.Policy), "tier: got %d, want ≥ 0", p.Tier)
 		}
 		f.tier[pool] = p.Tier
 	}
@@ -261,7 +263,7 @@ func newDisaggregate(a Args) (Policy, error) {
 		return nil, err
 	}
 	if args.ThresholdTokens < 0 {
-		return nil, Errorf(a.Chain.File, a.Chain.Node, what, "threshold_tokens: got %d, want ≥ 0", args.ThresholdTokens)
+		return nil, config.Errorf(a.Chain.File, a.Chain.Node, what, "threshold_tokens: got %d, want ≥ 0", args.ThresholdTokens)
 	}
 	if _, err := DecodePools(a, struct{}{}); err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -43,7 +44,7 @@ func registry(t *testing.T) *policies.Registry {
 // node parses YAML text into a Section of file "test.yaml".
 func section(t *testing.T, text string) policies.Section {
 	t.Helper()
-	doc, err := policies.ParseFile("test.yaml", []byte(text))
+	doc, err := config.ParseFile("test.yaml", []byte(text))
 	if err != nil {
 		t.Fatalf("parse: %v", err)
 	}
@@ -224,10 +225,10 @@ func TestDecodeStrict(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			doc, err := policies.ParseFile("f.yaml", []byte(tt.text))
+			doc, err := config.ParseFile("f.yaml", []byte(tt.text))
 			if err == nil {
 				var out outer
-				err = policies.DecodeStrict("f.yaml", "thing", doc, &out)
+				err = config.DecodeStrict("f.yaml", "thing", doc, &out)
 			}
 			switch {
 			case tt.want == "" && err != nil:
@@ -261,24 +262,24 @@ func TestBuildErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			doc, err := policies.ParseFile("test.yaml", []byte(tt.specs))
+			doc, err := config.ParseFile("test.yaml", []byte(tt.specs))
 			if err != nil {
 				t.Fatal(err)
 			}
 			var specs []policies.Spec
-			err = policies.DecodeStrict("test.yaml", "chain", doc, &specs)
+			err = config.DecodeStrict("test.yaml", "chain", doc, &specs)
 			if err == nil {
 				for i := range specs {
 					specs[i].Args.File = "test.yaml"
 				}
 				secs := map[string]policies.PoolSection{}
 				for p, text := range tt.pools {
-					pdoc, perr := policies.ParseFile("test.yaml", []byte(text))
+					pdoc, perr := config.ParseFile("test.yaml", []byte(text))
 					if perr != nil {
 						t.Fatal(perr)
 					}
 					var sec policies.PoolSection
-					if perr := policies.DecodeStrict("test.yaml", "policy", pdoc, &sec); perr != nil {
+					if perr := config.DecodeStrict("test.yaml", "policy", pdoc, &sec); perr != nil {
 						t.Fatal(perr)
 					}
 					sec.SetFile("test.yaml")

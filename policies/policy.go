@@ -5,27 +5,25 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/membership"
 )
 
-// Role is what a pool's workers do.
-type Role string
+// Role is what a pool's workers do: the one role type of kvgate, declared by
+// package membership (worker records carry it too).
+type Role = membership.Role
 
-// Pool roles.
+// Pool roles (membership's).
 const (
 	// RoleAggregated workers prefill and decode.
-	RoleAggregated Role = "aggregated"
+	RoleAggregated = membership.RoleAggregated
 	// RolePrefill workers only prefill; they serve a request only as the
 	// prefill half of a disaggregated pair (see Disaggregate).
-	RolePrefill Role = "prefill"
+	RolePrefill = membership.RolePrefill
 	// RoleDecode workers decode, and prefill locally when no prefill
 	// worker is used.
-	RoleDecode Role = "decode"
+	RoleDecode = membership.RoleDecode
 )
-
-// Valid reports whether r is one of the roles above.
-func (r Role) Valid() bool {
-	return r == RoleAggregated || r == RolePrefill || r == RoleDecode
-}
 
 // Request is what a policy sees of the request being routed. It is read-only
 // for policies.
@@ -114,5 +112,5 @@ var (
 	ErrDuplicate = errors.New("duplicate policy")
 	// ErrConfig: a configuration is invalid; the error names file, line,
 	// policy and field.
-	ErrConfig = errors.New("invalid policy configuration")
+	ErrConfig = config.ErrInvalid
 )

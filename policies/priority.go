@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // NamePriority is the priority policy's name.
@@ -91,23 +93,23 @@ func newPriority(a Args) (Policy, error) {
 	}
 	root := a.Chain.Node
 	if len(args.Tiers) == 0 && args.Shed == nil {
-		return nil, Errorf(a.Chain.File, root, what, "at least one of tiers, shed required")
+		return nil, config.Errorf(a.Chain.File, root, what, "at least one of tiers, shed required")
 	}
 	p := &Priority{tiers: args.Tiers, shed: args.Shed}
 	for i, t := range args.Tiers {
 		if t.MinPriority != nil && t.MaxPriority != nil && *t.MinPriority > *t.MaxPriority {
-			return nil, Errorf(a.Chain.File, nodeAt(root, "tiers", i, "max_priority"), what, "tiers[%d]: max_priority %d is below min_priority %d", i, *t.MaxPriority, *t.MinPriority)
+			return nil, config.Errorf(a.Chain.File, config.NodeAt(root, "tiers", i, "max_priority"), what, "tiers[%d]: max_priority %d is below min_priority %d", i, *t.MaxPriority, *t.MinPriority)
 		}
 		if len(t.Pools) == 0 {
-			return nil, Errorf(a.Chain.File, nodeAt(root, "tiers", i), what, "tiers[%d].pools: at least one pool required", i)
+			return nil, config.Errorf(a.Chain.File, config.NodeAt(root, "tiers", i), what, "tiers[%d].pools: at least one pool required", i)
 		}
 		for j, pool := range t.Pools {
-			n := nodeAt(root, "tiers", i, "pools", j)
+			n := config.NodeAt(root, "tiers", i, "pools", j)
 			if pool == "" {
-				return nil, Errorf(a.Chain.File, n, what, "tiers[%d].pools[%d]: empty pool name", i, j)
+				return nil, config.Errorf(a.Chain.File, n, what, "tiers[%d].pools[%d]: empty pool name", i, j)
 			}
 			if slices.Contains(t.Pools[:j], pool) {
-				return nil, Errorf(a.Chain.File, n, what, "tiers[%d].pools: pool %q listed twice", i, pool)
+				return nil, config.Errorf(a.Chain.File, n, what, "tiers[%d].pools: pool %q listed twice", i, pool)
 			}
 			if err := a.CheckPool(n, fmt.Sprintf("%s: tiers[%d].pools[%d]", what, i, j), pool); err != nil {
 				return nil, err
@@ -118,16 +120,16 @@ func newPriority(a Args) (Policy, error) {
 		}
 	}
 	if s := args.Shed; s != nil {
-		n := nodeAt(root, "shed")
+		n := config.NodeAt(root, "shed")
 		switch {
 		case s.MaxPriority == nil:
-			return nil, Errorf(a.Chain.File, n, what, "shed.max_priority required (requests of this priority or lower are shed)")
+			return nil, config.Errorf(a.Chain.File, n, what, "shed.max_priority required (requests of this priority or lower are shed)")
 		case s.MaxPrefillTokens < 0:
-			return nil, Errorf(a.Chain.File, nodeAt(root, "shed", "max_prefill_tokens"), what, "shed.max_prefill_tokens: got %d, want ≥ 0", s.MaxPrefillTokens)
+			return nil, config.Errorf(a.Chain.File, config.NodeAt(root, "shed", "max_prefill_tokens"), what, "shed.max_prefill_tokens: got %d, want ≥ 0", s.MaxPrefillTokens)
 		case s.MaxDecodeTokens < 0:
-			return nil, Errorf(a.Chain.File, nodeAt(root, "shed", "max_decode_tokens"), what, "shed.max_decode_tokens: got %d, want ≥ 0", s.MaxDecodeTokens)
+			return nil, config.Errorf(a.Chain.File, config.NodeAt(root, "shed", "max_decode_tokens"), what, "shed.max_decode_tokens: got %d, want ≥ 0", s.MaxDecodeTokens)
 		case s.MaxPrefillTokens == 0 && s.MaxDecodeTokens == 0:
-			return nil, Errorf(a.Chain.File, n, what, "shed: at least one of max_prefill_tokens, max_decode_tokens required")
+			return nil, config.Errorf(a.Chain.File, n, what, "shed: at least one of max_prefill_tokens, max_decode_tokens required")
 		}
 	}
 	return p, nil

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // Args are what a Factory gets to build a policy: its arguments in the
@@ -33,7 +35,7 @@ func (a Args) CheckPool(n *yaml.Node, what, name string) error {
 		return nil
 	}
 	if _, ok := slices.BinarySearch(a.PoolNames, name); !ok {
-		return Errorf(a.Chain.File, n, what, "no pool %q (pools: %s)", name, strings.Join(a.PoolNames, ", "))
+		return config.Errorf(a.Chain.File, n, what, "no pool %q (pools: %s)", name, strings.Join(a.PoolNames, ", "))
 	}
 	return nil
 }
@@ -130,11 +132,11 @@ func (r *Registry) Build(specs []Spec, pools map[string]PoolSection, opts ...Bui
 	for _, s := range specs {
 		f, ok := r.factories[s.Name]
 		if !ok {
-			return nil, &PosError{File: s.Args.File, Line: s.Line, Column: s.Column, What: "chain",
+			return nil, &config.PosError{File: s.Args.File, Line: s.Line, Column: s.Column, What: "chain",
 				Msg: fmt.Sprintf("%v %q (registered: %s)", ErrUnknownPolicy, s.Name, strings.Join(sortedKeys(r.factories), ", "))}
 		}
 		if inChain[s.Name] {
-			return nil, &PosError{File: s.Args.File, Line: s.Line, Column: s.Column, What: "chain",
+			return nil, &config.PosError{File: s.Args.File, Line: s.Line, Column: s.Column, What: "chain",
 				Msg: fmt.Sprintf("policy %q appears twice", s.Name)}
 		}
 		inChain[s.Name] = true
@@ -156,9 +158,9 @@ func (r *Registry) Build(specs []Spec, pools map[string]PoolSection, opts ...Bui
 				sec := pools[pool][name]
 				what := fmt.Sprintf("pool %q", pool)
 				if _, known := r.factories[name]; !known {
-					return nil, Errorf(sec.File, keyNode(sec), what, "%v %q", ErrUnknownPolicy, name)
+					return nil, config.Errorf(sec.File, keyNode(sec), what, "%v %q", ErrUnknownPolicy, name)
 				}
-				return nil, Errorf(sec.File, keyNode(sec), what, "policy %q is configured but not in the chain", name)
+				return nil, config.Errorf(sec.File, keyNode(sec), what, "policy %q is configured but not in the chain", name)
 			}
 		}
 	}
@@ -168,10 +170,6 @@ func (r *Registry) Build(specs []Spec, pools map[string]PoolSection, opts ...Bui
 func keyNode(s Section) *yaml.Node { return s.Node }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
-
-// sortStrings is slices.Sort; policies/yaml.go calls it (that file is
-// moving out of the package: it goes with it).
-func sortStrings(s []string) { slices.Sort(s) }
 
 // RegisterBuiltins registers the built-in policies in r.
 func RegisterBuiltins(r *Registry) error {

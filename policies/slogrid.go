@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // NameSLOGrid is the slo-grid policy's name.
@@ -75,25 +77,25 @@ type Cell []string
 
 // UnmarshalYAML implements yaml.Unmarshaler.
 func (c *Cell) UnmarshalYAML(n *yaml.Node) error {
-	n = deref(n)
+	n = config.Deref(n)
 	switch {
 	case n == nil:
-		return Errorf("", nil, "cell", "empty cell")
+		return config.Errorf("", nil, "cell", "empty cell")
 	case n.Kind == yaml.ScalarNode && n.Tag != "!!null":
 		*c = Cell{n.Value}
 		return nil
 	case n.Kind == yaml.SequenceNode:
 		out := make(Cell, 0, len(n.Content))
 		for _, e := range n.Content {
-			if e = deref(e); e == nil || e.Kind != yaml.ScalarNode || e.Tag == "!!null" {
-				return Errorf("", n, "cell", "a cell lists pool names")
+			if e = config.Deref(e); e == nil || e.Kind != yaml.ScalarNode || e.Tag == "!!null" {
+				return config.Errorf("", n, "cell", "a cell lists pool names")
 			}
 			out = append(out, e.Value)
 		}
 		*c = out
 		return nil
 	default:
-		return Errorf("", n, "cell", "a cell is a pool name or a list of pool names")
+		return config.Errorf("", n, "cell", "a cell is a pool name or a list of pool names")
 	}
 }
 
@@ -133,14 +135,14 @@ func newSLOGrid(a Args) (Policy, error) {
 	}
 	root := a.Chain.Node
 	if args.Prefill == nil && args.Decode == nil {
-		return nil, Errorf(a.Chain.File, root, what, "at least one of prefill, decode required")
+		return nil, config.Errorf(a.Chain.File, root, what, "at least one of prefill, decode required")
 	}
 	for _, d := range []struct {
 		field string
 		v     float64
 	}{{"default_ttft_ms", args.DefaultTTFTMs}, {"default_itl_ms", args.DefaultITLMs}} {
 		if !(d.v >= 0) || d.v > maxMs {
-			return nil, Errorf(a.Chain.File, nodeAt(root, d.field), what, "%s: got %v, want ≥ 0 and ≤ %v", d.field, d.v, maxMs)
+			return nil, config.Errorf(a.Chain.File, config.NodeAt(root, d.field), what, "%s: got %v, want ≥ 0 and ≤ %v", d.field, d.v, maxMs)
 		}
 	}
 	p := &SLOGrid{strict: args.Strict}
@@ -162,9 +164,9 @@ func newSLOGrid(a Args) (Policy, error) {
 const maxMs = 24 * 60 * 60 * 1000
 
 func newGrid(a Args, what, name, rowField, colField string, rows []int, cols []float64, cells [][]Cell, defaultMs float64) (*grid, error) {
-	at := func(path ...any) *yaml.Node { return nodeAt(a.Chain.Node, append([]any{name}, path...)...) }
+	at := func(path ...any) *yaml.Node { return config.NodeAt(a.Chain.Node, append([]any{name}, path...)...) }
 	fail := func(n *yaml.Node, format string, args ...any) error {
-		return Errorf(a.Chain.File, n, what, name+"."+format, args...)
+		return config.Errorf(a.Chain.File, n, what, name+"."+format, args...)
 	}
 	for i, v := range rows {
 		if v <= 0 || (i > 0 && v <= rows[i-1]) {

@@ -10,6 +10,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -47,7 +48,7 @@ type Config struct {
 }
 
 // Routers locate a pool's local routers: static addresses, or discovery in
-// etcd under kvevents.RoutersPrefix(pool) (the routers register themselves).
+// etcd under membership.RoutersPrefix(pool) (the routers register themselves).
 type Routers struct {
 	// Static lists the local routers' gRPC addresses (host:port).
 	Static []string `yaml:"static"`
@@ -137,7 +138,7 @@ func (c *Config) errorf(field, format string, args ...any) error {
 	if file == "" {
 		file = "<go>"
 	}
-	return policies.Errorf(file, n, what, format, args...)
+	return config.Errorf(file, n, what, format, args...)
 }
 
 func firstDup(s []string) string {
@@ -159,13 +160,13 @@ func DecodeConfigs(file string, n *yaml.Node) ([]Config, error) {
 		return nil, nil
 	}
 	if n.Kind != yaml.SequenceNode {
-		return nil, policies.Errorf(file, n, "pools", "must be a list of pools")
+		return nil, config.Errorf(file, n, "pools", "must be a list of pools")
 	}
 	out := make([]Config, 0, len(n.Content))
 	names := map[string]bool{}
 	for i, pn := range n.Content {
 		var c Config
-		if err := policies.DecodeStrict(file, fmt.Sprintf("pools[%d]", i), pn, &c); err != nil {
+		if err := config.DecodeStrict(file, fmt.Sprintf("pools[%d]", i), pn, &c); err != nil {
 			return nil, err
 		}
 		c.File, c.node = file, pn
@@ -204,12 +205,12 @@ func LoadPolicyFile(path string) (policies.PoolSection, error) {
 	if yaml.Unmarshal(data, &empty) == nil && empty.Kind == 0 {
 		return policies.PoolSection{}, nil // only comments: no per-pool arguments
 	}
-	doc, err := policies.ParseFile(path, data)
+	doc, err := config.ParseFile(path, data)
 	if err != nil {
 		return nil, err
 	}
 	var sec policies.PoolSection
-	if err := policies.DecodeStrict(path, "policy", doc, &sec); err != nil {
+	if err := config.DecodeStrict(path, "policy", doc, &sec); err != nil {
 		return nil, err
 	}
 	sec.SetFile(path)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -15,7 +16,7 @@ import (
 func decode(t *testing.T, dir, text string) ([]pool.Config, error) {
 	t.Helper()
 	file := filepath.Join(dir, "pools.yaml")
-	doc, err := policies.ParseFile(file, []byte(text))
+	doc, err := config.ParseFile(file, []byte(text))
 	if err != nil {
 		return nil, err
 	}

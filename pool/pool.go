@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/localrouter/discovery"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -55,7 +55,7 @@ type Pool struct {
 
 // Open returns the pool of cfg (validated by the caller). Static routers are
 // taken at once; with etcd discovery a goroutine follows
-// kvevents.RoutersPrefix(cfg.Name) until Close.
+// membership.RoutersPrefix(cfg.Name) until Close.
 func Open(cfg Config, opts Options) (*Pool, error) {
 	if opts.Conns == nil {
 		return nil, errors.New("pool: Options.Conns is required")
@@ -94,7 +94,7 @@ func Open(cfg Config, opts Options) (*Pool, error) {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		if err := discovery.WatchPrefix(ctx, opts.Etcd, kvevents.RoutersPrefix(cfg.Name), (*sink)(p), p.log); err != nil {
+		if err := registry.WatchPrefix(ctx, opts.Etcd, membership.RoutersPrefix(cfg.Name), (*sink)(p), p.log); err != nil {
 			p.log.Error("local router discovery stopped", "err", err)
 		}
 	}()
@@ -356,7 +356,7 @@ func (p *Pool) Routers() []RouterStatus {
 	return out
 }
 
-// sink follows the pool's routers in etcd (discovery.Sink). Its calls
+// sink follows the pool's routers in etcd (registry.Sink). Its calls
 // come from the watch goroutine, one at a time; disc is theirs alone.
 type sink Pool
 
@@ -397,7 +397,7 @@ func (p *Pool) rediscover() {
 }
 
 func (p *Pool) routerAddr(key string, value []byte) (string, bool) {
-	info, err := discovery.ParseRouterInfo(value)
+	info, err := membership.ParseRouterInfo(value)
 	if err != nil {
 		p.log.Warn("ignoring local router registration", "key", key, "err", err)
 		return "", false

@@ -14,7 +14,7 @@ import (
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/localrouter/discovery"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
@@ -355,9 +355,9 @@ func TestEtcdDiscovery(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	key := discovery.RouterKey("p", "r1")
+	key := membership.RouterKey("p", "r1")
 	// A router of another block size is ignored.
-	put(discovery.RouterKey("p", "r2"), `{"id":"r2","grpc_address":"127.0.0.1:1","pool":"p","block_size":64}`)
+	put(membership.RouterKey("p", "r2"), `{"id":"r2","grpc_address":"127.0.0.1:1","pool":"p","block_size":64}`)
 	put(key, `{"id":"r1","grpc_address":"`+srv.Addr+`","pool":"p","block_size":16}`)
 	testenv.Eventually(t, 10*time.Second, func() (string, bool) {
 		if h := p.Health(); h.Routers != 1 {

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
 )
@@ -28,7 +28,7 @@ type worker struct {
 // pool is a set of workers behind one local router.
 type pool struct {
 	name    string
-	role    string
+	role    membership.Role
 	router  *localrouter.Router
 	workers []*worker
 	byKey   map[localrouter.WorkerKey]*worker
@@ -53,21 +53,22 @@ func (m meteredTiming) IterationTime(b mocker.Batch) time.Duration {
 func (r *run) buildPools() error {
 	cfg, t := r.cfg, r.topo
 	type spec struct {
-		name, role string
-		n          int
+		name string
+		role membership.Role
+		n    int
 	}
 	var specs []spec
 	switch t.Kind {
 	case TopologyFlat:
-		specs = []spec{{"pool", kvevents.RoleAggregated, cfg.Workers}}
+		specs = []spec{{"pool", membership.RoleAggregated, cfg.Workers}}
 	case TopologyPools:
 		for i := range t.Pools {
-			specs = append(specs, spec{fmt.Sprintf("pool-%d", i), kvevents.RoleAggregated, cfg.Workers / t.Pools})
+			specs = append(specs, spec{fmt.Sprintf("pool-%d", i), membership.RoleAggregated, cfg.Workers / t.Pools})
 		}
 	case TopologyDisagg:
 		specs = []spec{
-			{"prefill", kvevents.RolePrefill, t.PrefillWorkers},
-			{"decode", kvevents.RoleDecode, cfg.Workers - t.PrefillWorkers},
+			{"prefill", membership.RolePrefill, t.PrefillWorkers},
+			{"decode", membership.RoleDecode, cfg.Workers - t.PrefillWorkers},
 		}
 	}
 	for _, s := range specs {

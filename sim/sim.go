@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
 )
@@ -332,7 +333,7 @@ func (r *run) complete(ctx context.Context, w *worker, c mocker.Completion) erro
 	rec := &r.recs[idx]
 	rec.preemptions += c.Preemptions
 	switch w.pool.role {
-	case kvevents.RolePrefill:
+	case membership.RolePrefill:
 		// The prompt's KV is computed: hand the request to the decode pool,
 		// which receives the KV and produces the tokens the client sees.
 		rec.cached = c.CachedTokens
@@ -343,7 +344,7 @@ func (r *run) complete(ctx context.Context, w *worker, c mocker.Completion) erro
 		return r.submit(ctx, dw, idx, mocker.Request{
 			ID: c.RequestID, Tokens: r.wl.tokens(idx), MaxTokens: r.wl.reqs[idx].OutputLength, RemotePrefill: true,
 		})
-	case kvevents.RoleAggregated:
+	case membership.RoleAggregated:
 		rec.cached = c.CachedTokens
 	}
 	rec.first, rec.finish, rec.output = c.FirstToken, c.Finished, c.OutputTokens

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/internal/chaos"
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -35,7 +36,7 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	if *withChaos {
-		cc.Kill = splitCommaList(*kill)
+		cc.Kill = config.SplitList(*kill)
 		fmt.Fprintf(os.Stderr, "chaos: %d streams for %v, faults %v (%v each)…\n", cc.Streams, cc.Duration, cc.Kill, cc.Hold)
 		rep, err := chaos.Run(ctx, cc)
 		if err != nil {

@@ -2,15 +2,14 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"strconv"
-	"strings"
 
-	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/tokenizer"
 )
@@ -19,7 +18,8 @@ import (
 func runMocker(ctx context.Context, args []string) error {
 	var cfg mocker.RunConfig
 	e := &cfg.Server.Engine
-	fs := flag.NewFlagSet("mocker", flag.ContinueOnError)
+	e.Role = membership.RoleAggregated
+	fs := config.NewFlagSet("mocker", os.Stderr)
 	host := fs.String("host", "127.0.0.1", "HTTP listen host (0.0.0.0 for every interface)")
 	port := fs.Int("port", 8001, "HTTP listen port")
 	fs.StringVar(&cfg.Advertise, "advertise", "", "host:port registered in etcd (default: the listen address)")
@@ -33,7 +33,7 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.IntVar(&e.MaxNumBatchedTokens, "max-num-batched-tokens", 8192, "maximum tokens per iteration (chunked prefill)")
 	fs.BoolVar(&e.DisablePrefixCaching, "no-prefix-caching", false, "disable prefix caching (and KV events)")
 	fs.Float64Var(&e.Speedup, "speedup", 1, "divide the timing model's durations by this factor")
-	fs.StringVar(&e.Role, "role", kvevents.RoleAggregated, "aggregated, prefill or decode")
+	fs.Var(&e.Role, "role", "aggregated, prefill or decode")
 	fs.Float64Var(&e.KVBytesPerToken, "kv-bytes-per-token", 131072, "KV bytes per token (decode role transfer time)")
 	fs.Float64Var(&e.KVTransferBandwidth, "kv-transfer-bandwidth", 25e9, "prefill→decode KV bandwidth in bytes/s")
 	fs.IntVar(&cfg.Server.DefaultMaxTokens, "default-max-tokens", 16, "max_tokens of requests that set none")
@@ -41,11 +41,14 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.Int64Var(&cfg.Server.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "largest request body accepted (413 past it); keep it equal to the router's max_body_bytes for the model")
 	fs.IntVar(&cfg.Server.MaxModelLen, "max-model-len", 0, "context length in tokens: prompt + max_tokens past it is a 400 (default: num-blocks × block-size)")
 	fs.StringVar(&cfg.Events, "events", mocker.EventsZMQ, "KV events: zmq (vLLM format, for kvgate relay), nats (direct), none")
-	fs.StringVar(&cfg.ZMQEndpoint, "zmq-endpoint", "tcp://*:5557", "ZMQ PUB bind endpoint (events=zmq)")
+	fs.StringVar(&cfg.ZMQEndpoint, "zmq-endpoint", config.DefaultMockerZMQEndpoint, "ZMQ PUB bind endpoint (events=zmq; tcp://*:5557 for every interface)")
 	fs.StringVar(&cfg.ZMQTopic, "zmq-topic", "kv-events", "ZMQ topic (events=zmq)")
 	fs.StringVar(&cfg.ZMQReplayEndpoint, "zmq-replay-endpoint", "", "serve vLLM's replay socket here, e.g. tcp://*:5558 (events=zmq)")
 	fs.StringVar(&cfg.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server (events=nats)")
+	cfg.NATSTLS.Flags(fs, "nats", "the NATS servers", false)
+	fs.StringVar(&cfg.NATSCredsFile, "nats-creds-file", "", "NATS credentials file (JWT and NKey seed)")
 	etcd := fs.String("etcd", "", "comma-separated etcd endpoints: register this worker (empty: do not)")
+	cfg.EtcdTLS.Flags(fs, "etcd", "etcd", false)
 	fs.StringVar(&cfg.Pool, "pool", "default", "pool the worker belongs to")
 	fs.StringVar(&cfg.WorkerID, "worker-id", "", "worker id (default mocker-<port>)")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 0, "etcd lease TTL (default 10s)")
@@ -53,11 +56,8 @@ func runMocker(ctx context.Context, args []string) error {
 	tokDir := fs.String("tokenizer-dir", "", "model folder with tokenizer.json and tokenizer_config.json (-tokenizer huggingface)")
 	encoding := fs.String("encoding", "cl100k_base", "OpenAI encoding (-tokenizer openai): cl100k_base or o200k_base")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	log, err := engineSideLogger(*level)
 	if err != nil {
@@ -67,8 +67,8 @@ func runMocker(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Listen = net.JoinHostPort(*host, strconv.Itoa(*port))
-	cfg.Server.LoRAs = splitCommaList(*loras)
-	cfg.EtcdEndpoints = splitCommaList(*etcd)
+	cfg.Server.LoRAs = config.SplitList(*loras)
+	cfg.EtcdEndpoints = config.SplitList(*etcd)
 	return mocker.Run(ctx, cfg, mocker.RunDeps{Logger: log})
 }
 
@@ -95,14 +95,4 @@ func engineSideLogger(level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("-log-level: %w", err)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
-}
-
-func splitCommaList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }

@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"os"
 	"strings"
 
-	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/kvevents/relay"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // runRelay is `kvgate relay`: flags → relay.Config → relay.Serve.
@@ -16,7 +17,8 @@ func runRelay(ctx context.Context, args []string) error {
 	var cfg relay.Config
 	var sc relay.ServeConfig
 	w := &cfg.Worker
-	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
+	w.Role = membership.RoleAggregated
+	fs := config.NewFlagSet("relay", os.Stderr)
 	zmq := fs.String("zmq", "tcp://127.0.0.1:5557", "the engine's ZMQ PUB endpoint (vLLM --kv-events-config endpoint); comma-separated, one per data-parallel rank")
 	replay := fs.String("zmq-replay", "", "the engine's replay endpoints (vLLM replay_endpoint), aligned with -zmq: lost messages are fetched from there")
 	fs.StringVar(&cfg.Topic, "topic", "", "ZMQ topic prefix to subscribe to (empty: all)")
@@ -25,20 +27,21 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&w.Address, "address", "", "engine HTTP host:port to register in etcd (empty: do not register)")
 	fs.IntVar(&w.BlockSize, "block-size", 16, "the pool's KV block size; blocks of other sizes are skipped")
 	fs.StringVar(&w.Model, "model", "", "model the engine serves (registered)")
-	fs.StringVar(&w.Role, "role", kvevents.RoleAggregated, "aggregated, prefill or decode (registered)")
+	fs.Var(&w.Role, "role", "aggregated, prefill or decode (registered)")
 	fs.IntVar(&w.DPSize, "dp-size", 1, "data-parallel ranks of the engine (registered)")
 	fs.IntVar(&w.KVCapacityBlocks, "kv-capacity-blocks", 0, "engine KV cache size in blocks (registered; 0 unknown)")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 0, "etcd lease TTL (default 10s)")
 	fs.StringVar(&sc.NATSURL, "nats-url", "nats://127.0.0.1:4222", "NATS server")
+	sc.NATSTLS.Flags(fs, "nats", "the NATS servers", false)
+	fs.StringVar(&sc.NATSCredsFile, "nats-creds-file", "", "NATS credentials file (JWT and NKey seed)")
 	etcd := fs.String("etcd", "127.0.0.1:2379", "comma-separated etcd endpoints (used with -address)")
-	fs.StringVar(&sc.MetricsAddr, "metrics-addr", "", "serve Prometheus /metrics on this address")
+	sc.EtcdTLS.Flags(fs, "etcd", "etcd", false)
+	fs.StringVar(&sc.MetricsAddr, "admin-addr", "", "admin HTTP listen address: Prometheus /metrics (empty: none; loopback recommended)")
+	fs.Alias("metrics-addr", "admin-addr")
 	loraIDs := fs.String("lora-ids", "", "adapter names of engine lora ids, for engines that send lora_id without lora_name: id=name,… (vLLM's integer ids, SGLang's string ids)")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if w.ID == "" {
 		return errors.New("-worker-id is required")
@@ -47,7 +50,7 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	for _, kv := range splitCommaList(*loraIDs) {
+	for _, kv := range config.SplitList(*loraIDs) {
 		id, name, ok := strings.Cut(kv, "=")
 		if !ok || id == "" || name == "" {
 			return fmt.Errorf("-lora-ids %q: want id=name", kv)
@@ -57,12 +60,12 @@ func runRelay(ctx context.Context, args []string) error {
 		}
 		cfg.LoRANames[id] = name
 	}
-	cfg.Endpoints = splitCommaList(*zmq)
+	cfg.Endpoints = config.SplitList(*zmq)
 	cfg.ReplayEndpoints = strings.Split(*replay, ",")
 	if *replay == "" {
 		cfg.ReplayEndpoints = nil
 	}
 	cfg.Register = w.Address != ""
-	sc.EtcdEndpoints = splitCommaList(*etcd)
+	sc.EtcdEndpoints = config.SplitList(*etcd)
 	return relay.Serve(ctx, cfg, sc, log)
 }

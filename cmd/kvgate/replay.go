@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,13 +10,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/sim"
 )
 
 // runReplay replays a trace against simulated workers and compares routing
 // policies (sim.Run).
 func runReplay(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs := config.NewFlagSet("replay", os.Stderr)
 	var (
 		tracePath   = fs.String("trace", "", "trace file: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or a JSONL of prompts (text or token_ids)")
 		format      = fs.String("format", sim.FormatAuto, "trace format: auto, mooncake or prompts")
@@ -42,7 +42,7 @@ func runReplay(ctx context.Context, args []string) error {
 		plot        = fs.String("plot", "", "write the TTFT CDF and hit ratio chart to this file: .svg or .png")
 		showProg    = fs.Bool("progress", false, "draw a progress bar on stderr even when it is not a terminal")
 	)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
 	if *tracePath == "" {

@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/up"
 	"github.com/kvgate/kvgate/mocker"
 )
@@ -17,7 +17,7 @@ import (
 // up.Run.
 func runUp(ctx context.Context, args []string) error {
 	cfg := up.DefaultConfig()
-	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	fs := config.NewFlagSet("up", os.Stderr)
 	fs.StringVar(&cfg.GatewayAddr, "gateway-addr", cfg.GatewayAddr, "HTTP address of the gateway (Envoy's place)")
 	fs.StringVar(&cfg.ExtprocAddr, "extproc-addr", cfg.ExtprocAddr, "gRPC address of the ext_proc server")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "HTTP address of the status page, status.json and metrics (keep it on loopback: they list every internal address)")
@@ -29,12 +29,10 @@ func runUp(ctx context.Context, args []string) error {
 	dp := fs.Int("pool-b-dp-size", 2, "data-parallel ranks of pool-b's last worker (each rank its own KV cache)")
 	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (negative: never)")
 	fs.BoolVar(&cfg.Extproc.HeaderFallbacks, "header-fallbacks", false, "no-op, accepted for old command lines: x-gateway-destination-endpoint always carries the ordered list (primary, then fallbacks), the same value as the envoy.lb metadata")
+	fs.BoolVar(&cfg.SecureServing, "secure-serving", false, "TLS on the ext_proc hop and mutual TLS on the local-router hop, with a CA made at start (its file is printed)")
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {

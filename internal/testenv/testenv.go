@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/membership"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -172,7 +172,7 @@ func WaitWorkerKey(ctx context.Context, t testing.TB, cli *clientv3.Client, key 
 		}
 		if (len(resp.Kvs) == 1) == present {
 			if present {
-				w, err := kvevents.ParseWorkerInfo(resp.Kvs[0].Value)
+				w, err := membership.ParseWorkerInfo(resp.Kvs[0].Value)
 				if err != nil || w.Address != wantAddr || resp.Kvs[0].Lease == 0 {
 					t.Fatalf("registered value %s (lease %x): %v", resp.Kvs[0].Value, resp.Kvs[0].Lease, err)
 				}

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -37,6 +38,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/gateway"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/embedded"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
@@ -99,7 +101,10 @@ type Config struct {
 	ProbeTimeout time.Duration
 	// Extproc configures the ext_proc server (its Addr is ExtprocAddr).
 	Extproc extproc.Config
-	Logger  *slog.Logger
+	// SecureServing runs TLS on the ext_proc hop and mutual TLS on the
+	// local-router hop, with a CA made at start (System.CAFile).
+	SecureServing bool
+	Logger        *slog.Logger
 }
 
 // DefaultConfig is `kvgate up`'s system: pool-a with 3 workers, pool-b
@@ -108,7 +113,7 @@ func DefaultConfig() Config {
 	return Config{
 		Host:          "127.0.0.1",
 		GatewayAddr:   "127.0.0.1:8080",
-		ExtprocAddr:   "127.0.0.1:9002",
+		ExtprocAddr:   config.DefaultExtprocAddr,
 		AdminAddr:     "127.0.0.1:8081",
 		Model:         "mock-llama",
 		BlockSize:     16,
@@ -200,7 +205,11 @@ type System struct {
 	Global   *globalrouter.Router
 	Registry *prometheus.Registry // the ext_proc server's and global router's metrics
 
-	extprocAddr  string
+	extprocAddr string
+	// CAFile is the CA to trust for the ext_proc and local-router hops
+	// under SecureServing ("" otherwise); removed by Close.
+	CAFile       string
+	tlsDir       string
 	extprocStop  context.CancelFunc
 	extprocDone  chan error
 	conn         *grpc.ClientConn
@@ -233,6 +242,13 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
 
+	var sec *secure
+	if cfg.SecureServing {
+		if sec, err = newSecure(cfg.Host); err != nil {
+			return nil, err
+		}
+		s.tlsDir, s.CAFile = sec.dir, sec.caFile
+	}
 	if s.etcd, err = startEtcd(ctx, cfg.Host); err != nil {
 		return nil, err
 	}
@@ -263,6 +279,10 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		rc.RegisterTTL = 5 * time.Second
 		rc.Router.BlockSize = cfg.BlockSize
 		rc.MetricsPeriod = max(cfg.MetricsPeriod, 0)
+		if sec != nil {
+			rc.TLS = sec.routerServer
+			rc.AuthorizedClients = []string{secureClientName}
+		}
 		p.rcfg, p.log = rc, cfg.Logger
 		if p.Router, err = server.Start(ctx, rc, server.Deps{Logger: cfg.Logger, Registry: prometheus.NewRegistry()}); err != nil {
 			return nil, fmt.Errorf("pool %s: local router: %w", ps.Name, err)
@@ -288,12 +308,20 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		gcfg.Probe.Timeout = cfg.ProbeTimeout
 	}
 	gcfg.Models = []globalrouter.ModelConfig{{Name: cfg.Model, Tokenizer: globalrouter.DefaultTokenizer, MaxBodyBytes: cfg.MaxBodyBytes}}
-	if s.Global, err = globalrouter.New(gcfg,
+	gopts := []globalrouter.Option{
 		globalrouter.WithEtcd(s.etcd.cli),
 		globalrouter.WithLogger(cfg.Logger),
 		globalrouter.WithRegisterer(s.Registry),
 		globalrouter.WithTokenizer(cfg.Model, shared),
-	); err != nil {
+	}
+	var xopts []grpc.ServerOption
+	xclient := insecure.NewCredentials()
+	if sec != nil {
+		gopts = append(gopts, globalrouter.WithDialer(pool.GRPCDialer(grpc.WithTransportCredentials(sec.routerClient))))
+		xopts = append(xopts, grpc.Creds(sec.extprocServer))
+		xclient = sec.extprocClient
+	}
+	if s.Global, err = globalrouter.New(gcfg, gopts...); err != nil {
 		return nil, err
 	}
 
@@ -313,9 +341,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	s.extprocAddr = xlis.Addr().String()
 	xctx, xstop := context.WithCancel(context.Background())
 	s.extprocStop, s.extprocDone = xstop, make(chan error, 1)
-	go func() { s.extprocDone <- xsrv.Serve(xctx, xlis) }()
+	go func() { s.extprocDone <- xsrv.Serve(xctx, xlis, xopts...) }()
 
-	if s.conn, err = grpc.NewClient(s.extprocAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if s.conn, err = grpc.NewClient(s.extprocAddr, grpc.WithTransportCredentials(xclient)); err != nil {
 		return nil, fmt.Errorf("ext_proc client: %w", err)
 	}
 	gcfgw, err := gateway.DefaultConfig()
@@ -480,6 +508,9 @@ func (s *System) Close(ctx context.Context) error {
 	if s.etcd != nil {
 		errs = append(errs, s.etcd.close())
 	}
+	if s.tlsDir != "" {
+		errs = append(errs, os.RemoveAll(s.tlsDir))
+	}
 	return errors.Join(errs...)
 }
 
@@ -493,6 +524,9 @@ func (s *System) Summary() string {
 	fmt.Fprintf(&b, "  %-22s %s/kvgate/ (admin, loopback only)\n", "status page", s.AdminURL())
 	fmt.Fprintf(&b, "  %-22s %s/kvgate/metrics\n", "metrics", s.AdminURL())
 	fmt.Fprintf(&b, "  %-22s %s\n", "ext_proc (gRPC)", s.extprocAddr)
+	if s.CAFile != "" {
+		fmt.Fprintf(&b, "  %-22s %s (TLS on ext_proc, mutual TLS on local routers)\n", "CA to trust", s.CAFile)
+	}
 	for _, p := range s.Pools {
 		fmt.Fprintf(&b, "  %-22s %s\n", p.Name+" local router", p.Router.GRPCAddr())
 		for _, w := range p.Workers {

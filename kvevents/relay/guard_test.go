@@ -13,6 +13,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // TestRelayConfigGuard: an SGLang engine left at its default page_size 1
@@ -41,7 +42,7 @@ func TestRelayConfigGuard(t *testing.T) {
 	defer sub.Unsubscribe()
 	reg := prometheus.NewRegistry()
 	r, err := relay.New(relay.Config{Endpoints: []string{"tcp://" + pub.Addr().String()}, Pool: "p",
-		Worker: kvevents.WorkerInfo{ID: "sg", BlockSize: 16}},
+		Worker: membership.WorkerInfo{ID: "sg", BlockSize: 16}},
 		relay.Options{NATS: nc, Registerer: reg, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)

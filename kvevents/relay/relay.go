@@ -22,7 +22,7 @@
 // gaps are filled from vLLM's replay socket when one is configured
 // (Config.ReplayEndpoints); a sequence going back means the engine
 // restarted, and the blocks of that endpoint's ranks are cleared. The etcd
-// registration (Config.Register) is kvevents/registry's.
+// registration (Config.Register) is membership/registry's.
 package relay
 
 import (
@@ -31,8 +31,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"sync"
@@ -41,11 +39,13 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvgate/kvgate/internal/runner"
+	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/registry"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 )
 
 // Config is what one relay serves: one engine, one worker identity.
@@ -66,7 +66,7 @@ type Config struct {
 	// Worker is the engine as routers see it; Worker.ID names the worker
 	// in events. Worker.BlockSize is the pool's block size: stored blocks
 	// of another size are skipped and counted.
-	Worker kvevents.WorkerInfo
+	Worker membership.WorkerInfo
 	// Register makes the relay register Worker in etcd (Options.Etcd must
 	// be set).
 	Register bool
@@ -441,9 +441,14 @@ func (r *Relay) checkConfig(endpoint string, b kvevents.EngineBatch) {
 type ServeConfig struct {
 	// NATSURL is the NATS server (nats://127.0.0.1:4222).
 	NATSURL string
+	// NATSTLS and NATSCredsFile secure the NATS client.
+	NATSTLS       tlsconfig.Client
+	NATSCredsFile string
 	// EtcdEndpoints are needed when Config.Register is set.
 	EtcdEndpoints []string
-	// MetricsAddr, when set, serves /metrics there.
+	// EtcdTLS is the etcd client's TLS.
+	EtcdTLS tlsconfig.Client
+	// MetricsAddr, when set, serves the admin listener (/metrics) there.
 	MetricsAddr string
 }
 
@@ -456,9 +461,9 @@ func Serve(ctx context.Context, cfg Config, sc ServeConfig, log *slog.Logger) er
 	if sc.NATSURL == "" {
 		sc.NATSURL = nats.DefaultURL
 	}
-	nc, err := nats.Connect(sc.NATSURL, nats.Name("kvgate-relay-"+cfg.Worker.ID), nats.MaxReconnects(-1))
+	nc, err := (runner.NATS{URL: sc.NATSURL, TLS: sc.NATSTLS, CredsFile: sc.NATSCredsFile}).Connect("kvgate-relay-"+cfg.Worker.ID, log)
 	if err != nil {
-		return fmt.Errorf("relay: nats %s: %w", sc.NATSURL, err)
+		return fmt.Errorf("relay: %w", err)
 	}
 	defer nc.Close()
 	opts := Options{NATS: nc, Logger: log}
@@ -466,30 +471,23 @@ func Serve(ctx context.Context, cfg Config, sc ServeConfig, log *slog.Logger) er
 		if len(sc.EtcdEndpoints) == 0 {
 			return errors.New("relay: registering the engine needs etcd endpoints")
 		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: sc.EtcdEndpoints, DialTimeout: 5 * time.Second})
+		cli, err := (runner.Etcd{Endpoints: sc.EtcdEndpoints, TLS: sc.EtcdTLS}).Client(ctx)
 		if err != nil {
-			return fmt.Errorf("relay: etcd: %w", err)
+			return fmt.Errorf("relay: %w", err)
 		}
 		defer cli.Close()
 		opts.Etcd = cli
 	}
 	reg := prometheus.NewRegistry()
 	opts.Registerer = reg
-	if sc.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		ln, err := net.Listen("tcp", sc.MetricsAddr)
-		if err != nil {
-			return fmt.Errorf("relay: metrics: %w", err)
-		}
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go hs.Serve(ln)
-		defer hs.Close()
-		log.Info("relay metrics", "addr", ln.Addr().String())
-	}
 	r, err := New(cfg, opts)
 	if err != nil {
 		return err
 	}
-	return r.Run(ctx)
+	g := runner.NewGroup(log)
+	if _, err := g.ServeAdmin("admin-addr", sc.MetricsAddr, runner.AdminHandler(reg, nil)); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	g.Go("relay", r.Run)
+	return g.Run(ctx, 0)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
+	"github.com/kvgate/kvgate/membership"
 )
 
 func TestMain(m *testing.M) {
@@ -87,7 +88,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	defer sub.Unsubscribe()
 
 	reg := prometheus.NewRegistry()
-	info := kvevents.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 4, Model: "m"}
+	info := membership.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 4, Model: "m"}
 	r, err := relay.New(relay.Config{Endpoints: []string{endpoint}, Topic: "kv", Pool: "p", Worker: info, Register: true, LeaseTTL: 5 * time.Second},
 		relay.Options{NATS: nc, Etcd: cli, Registerer: reg, Logger: testenv.Logger(t)})
 	if err != nil {
@@ -97,7 +98,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(runCtx) }()
 
-	key := kvevents.WorkersPrefix("p") + "w1"
+	key := membership.WorkersPrefix("p") + "w1"
 	waitKey(ctx, t, cli, key, true)
 
 	next := func() kvevents.RouterEvent { t.Helper(); return nextEvent(ctx, t, events) }
@@ -304,7 +305,7 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
-	r, err := relay.New(relay.Config{Endpoints: endpoints, Pool: "p", Worker: kvevents.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}},
+	r, err := relay.New(relay.Config{Endpoints: endpoints, Pool: "p", Worker: membership.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}},
 		relay.Options{NATS: nc, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -430,7 +431,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r, err := relay.New(relay.Config{
 		Endpoints: []string{"tcp://" + pub.Addr().String()}, ReplayEndpoints: []string{"tcp://" + router.Addr().String()},
-		Pool: "p", Worker: kvevents.WorkerInfo{ID: "w", BlockSize: 2},
+		Pool: "p", Worker: membership.WorkerInfo{ID: "w", BlockSize: 2},
 	}, relay.Options{NATS: nc, Logger: testenv.Logger(t), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -496,7 +497,7 @@ func TestRelayEndpointErrorEndsRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, err := relay.New(relay.Config{Endpoints: []string{"tcp://" + pub.Addr().String(), "bogus://nowhere"}, Pool: "p",
-		Worker: kvevents.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}}, relay.Options{NATS: nc, Logger: testenv.Logger(t)})
+		Worker: membership.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}}, relay.Options{NATS: nc, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // fakeWorker is a small OpenAI-compatible engine for tests and examples: it
@@ -98,11 +99,11 @@ func (w *fakeWorker) serve(rw http.ResponseWriter, r *http.Request) {
 }
 
 // directory is a static server.Directory.
-type directory map[string]kvevents.WorkerInfo
+type directory map[string]membership.WorkerInfo
 
-func (d directory) Worker(id string) (kvevents.WorkerInfo, bool) { w, ok := d[id]; return w, ok }
-func (d directory) Workers() []kvevents.WorkerInfo {
-	var out []kvevents.WorkerInfo
+func (d directory) Worker(id string) (membership.WorkerInfo, bool) { w, ok := d[id]; return w, ok }
+func (d directory) Workers() []membership.WorkerInfo {
+	var out []membership.WorkerInfo
 	for _, id := range slices.Sorted(maps.Keys(d)) {
 		out = append(out, d[id])
 	}
@@ -131,7 +132,7 @@ func startPool(ids ...string) *pool {
 	for _, id := range ids {
 		w := newFakeWorker(id)
 		p.workers[id] = w
-		dir[id] = kvevents.WorkerInfo{ID: id, Address: w.addr(), DPSize: 1, BlockSize: 16, Model: "demo"}
+		dir[id] = membership.WorkerInfo{ID: id, Address: w.addr(), DPSize: 1, BlockSize: 16, Model: "demo"}
 		r.AddWorker(id, 1)
 	}
 	srv, err := server.New(server.Options{Router: r, Directory: dir, Pool: "demo"})

@@ -2,15 +2,14 @@ package server
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"math"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -27,12 +26,28 @@ type Config struct {
 	// listener's address, with the hostname when it listens on all
 	// interfaces).
 	AdvertiseAddr string
-	// MetricsAddr is the HTTP listen address of /metrics ("" disables).
+	// MetricsAddr is the admin HTTP listen address (-admin-addr, alias
+	// -metrics-addr): /metrics ("" disables). Loopback by default.
 	MetricsAddr string
+	// HealthAddr serves the gRPC health service alone, in plaintext, for
+	// kubelet gRPC probes that cannot do TLS ("" disables).
+	HealthAddr string
+	// TLS of the gRPC server (off unless set).
+	TLS tlsconfig.Server
+	// AuthorizedClients, under mutual TLS, are the certificate names (DNS
+	// SANs or CN) allowed to make lifecycle calls (Commit, Track, Free,
+	// MarkPrefillComplete, DumpEvents). Empty: any client whose
+	// certificate the client CA verified.
+	AuthorizedClients []string
 	// Etcd endpoints (required).
 	Etcd []string
+	// EtcdTLS is the etcd client's TLS.
+	EtcdTLS tlsconfig.Client
 	// NATS URL (required when the router uses KV events or replica sync).
 	NATS string
+	// NATSTLS and NATSCredsFile secure the NATS client.
+	NATSTLS       tlsconfig.Client
+	NATSCredsFile string
 	// RegisterTTL is the lease TTL of the router's etcd registration.
 	RegisterTTL time.Duration
 	// MetricsPeriod is how often each worker's engine metrics endpoint is
@@ -42,14 +57,25 @@ type Config struct {
 	Router localrouter.Config
 }
 
-// DefaultConfig returns the defaults of every flag.
-func DefaultConfig() Config {
-	return Config{
-		GRPCAddr:    ":7100",
-		MetricsAddr: ":9100",
-		RegisterTTL: 10 * time.Second,
-		Router:      localrouter.DefaultConfig(),
+// DefaultConfig returns the defaults of every flag: Config{}.Defaults().
+func DefaultConfig() Config { return Config{}.Defaults() }
+
+// Defaults returns c with every unset field set to its default. The
+// listeners bind loopback unless told otherwise.
+func (c Config) Defaults() Config {
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = config.DefaultLocalRouterAddr
 	}
+	if c.MetricsAddr == "" {
+		c.MetricsAddr = config.DefaultLocalRouterAdminAddr
+	}
+	if c.RegisterTTL == 0 {
+		c.RegisterTTL = 10 * time.Second
+	}
+	if c.Router == (localrouter.Config{}) {
+		c.Router = localrouter.DefaultConfig()
+	}
+	return c
 }
 
 // Validate checks what ParseFlags cannot check field by field.
@@ -67,67 +93,69 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--router-id %q: must be non-empty without '/' or ' '", c.RouterID)
 	case c.RegisterTTL < time.Second:
 		return fmt.Errorf("--register-ttl %v: must be at least 1s", c.RegisterTTL)
+	case len(c.AuthorizedClients) > 0 && !c.TLS.MutualTLS():
+		return errors.New("-authorized-clients needs mutual TLS: set -tls-client-ca-file")
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return err
 	}
 	return c.Router.Validate()
 }
 
-// setting is one configuration value: its flag names, its environment
-// variables (lowest precedence first: Dynamo's aliases, then kvgate's), and
-// how to set it from text.
-type setting struct {
-	flags  []string
-	envs   []string
-	usage  string
-	isBool bool
-	set    func(string) error
-	get    func() string
-}
-
-func (s *setting) String() string {
-	if s == nil || s.get == nil {
-		return ""
-	}
-	return s.get()
-}
-func (s *setting) Set(v string) error { return s.set(v) }
-func (s *setting) IsBoolFlag() bool   { return s.isBool }
-
-func settings(c *Config) []*setting {
+// flags defines the configuration's flags on fs, bound to c. Each flag
+// -foo-bar is also read from KVGATE_FOO_BAR (internal/config); the router
+// knobs also take Dynamo's variable names, with a lower precedence.
+func flags(fs *config.FlagSet, c *Config) {
 	r := &c.Router
-	return []*setting{
-		{flags: []string{"pool"}, envs: []string{"KVGATE_POOL"}, usage: "pool this router serves (required)", set: str(&c.Pool), get: func() string { return c.Pool }},
-		{flags: []string{"router-id"}, envs: []string{"KVGATE_ROUTER_ID"}, usage: "this replica's id (default: hostname-random)", set: str(&c.RouterID), get: func() string { return c.RouterID }},
-		{flags: []string{"grpc-addr"}, envs: []string{"KVGATE_GRPC_ADDR"}, usage: "gRPC listen address", set: str(&c.GRPCAddr), get: func() string { return c.GRPCAddr }},
-		{flags: []string{"advertise-addr"}, envs: []string{"KVGATE_ADVERTISE_ADDR"}, usage: "gRPC address registered in etcd (default: the listen address)", set: str(&c.AdvertiseAddr), get: func() string { return c.AdvertiseAddr }},
-		{flags: []string{"metrics-addr"}, envs: []string{"KVGATE_METRICS_ADDR"}, usage: "HTTP listen address of /metrics (empty: none)", set: str(&c.MetricsAddr), get: func() string { return c.MetricsAddr }},
-		{flags: []string{"etcd"}, envs: []string{"KVGATE_ETCD"}, usage: "etcd endpoints, comma-separated (required)", set: list(&c.Etcd), get: func() string { return strings.Join(c.Etcd, ",") }},
-		{flags: []string{"nats"}, envs: []string{"KVGATE_NATS"}, usage: "NATS URL (required with KV events or replica sync)", set: str(&c.NATS), get: func() string { return c.NATS }},
-		{flags: []string{"register-ttl"}, envs: []string{"KVGATE_REGISTER_TTL"}, usage: "lease TTL of the router's etcd registration", set: dur(&c.RegisterTTL), get: func() string { return c.RegisterTTL.String() }},
+	fs.Var(config.String(&c.Pool), "pool", "pool this router serves (required)")
+	fs.Var(config.String(&c.RouterID), "router-id", "this replica's id (default: hostname-random)")
+	fs.Var(config.String(&c.GRPCAddr), "grpc-addr", "gRPC listen address")
+	fs.Var(config.String(&c.AdvertiseAddr), "advertise-addr", "gRPC address registered in etcd (default: the listen address)")
+	fs.Var(config.String(&c.MetricsAddr), "admin-addr", "admin HTTP listen address: /metrics (empty: none)")
+	fs.Alias("metrics-addr", "admin-addr")
+	fs.Var(config.String(&c.HealthAddr), "health-addr", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
+	c.TLS.Flags(fs)
+	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS SANs or CN) allowed lifecycle calls (Commit, Track, Free, MarkPrefillComplete, DumpEvents); empty: any verified client")
+	fs.Var(config.List(&c.Etcd), "etcd", "etcd endpoints, comma-separated (required)")
+	c.EtcdTLS.Flags(fs, "etcd", "etcd", false)
+	fs.Var(config.String(&c.NATS), "nats", "NATS URL (required with KV events or replica sync)")
+	c.NATSTLS.Flags(fs, "nats", "the NATS servers", false)
+	fs.StringVar(&c.NATSCredsFile, "nats-creds-file", c.NATSCredsFile, "NATS credentials file (JWT and NKey seed)")
+	fs.Var(config.Duration(&c.RegisterTTL), "register-ttl", "lease TTL of the router's etcd registration")
 
-		{flags: []string{"block-size", "router-block-size"}, envs: []string{"DYN_KV_CACHE_BLOCK_SIZE", "KVGATE_ROUTER_BLOCK_SIZE"}, usage: "KV block size in tokens", set: integer(&r.BlockSize, 1), get: func() string { return strconv.Itoa(r.BlockSize) }},
-		{flags: []string{"router-overlap-score-credit"}, envs: []string{"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", "KVGATE_ROUTER_OVERLAP_SCORE_CREDIT"}, usage: "weight of cached blocks against prefill work", set: float(&r.OverlapScoreCredit), get: func() string { return fmtFloat(r.OverlapScoreCredit) }},
-		{flags: []string{"router-prefill-load-scale"}, envs: []string{"DYN_ROUTER_PREFILL_LOAD_SCALE", "KVGATE_ROUTER_PREFILL_LOAD_SCALE"}, usage: "weight of prefill work against decode load", set: float(&r.PrefillLoadScale), get: func() string { return fmtFloat(r.PrefillLoadScale) }},
-		{flags: []string{"router-temperature"}, envs: []string{"DYN_ROUTER_TEMPERATURE", "KVGATE_ROUTER_TEMPERATURE"}, usage: "0 picks the cheapest worker; > 0 samples a softmax over costs", set: float(&r.RouterTemperature), get: func() string { return fmtFloat(r.RouterTemperature) }},
-		{flags: []string{"router-use-kv-events"}, envs: []string{"KVGATE_ROUTER_USE_KV_EVENTS"}, usage: "index from engine KV events (false: approximate index from the router's decisions)", isBool: true, set: boolean(&r.UseKVEvents), get: func() string { return strconv.FormatBool(r.UseKVEvents) }},
-		{flags: []string{"router-track-active-blocks"}, envs: []string{"KVGATE_ROUTER_TRACK_ACTIVE_BLOCKS"}, usage: "count active decode blocks in the cost", isBool: true, set: boolean(&r.TrackActiveBlocks), get: func() string { return strconv.FormatBool(r.TrackActiveBlocks) }},
-		{flags: []string{"router-replica-sync"}, envs: []string{"KVGATE_ROUTER_REPLICA_SYNC"}, usage: "share request lifecycle with the pool's other router replicas", isBool: true, set: boolean(&r.ReplicaSync), get: func() string { return strconv.FormatBool(r.ReplicaSync) }},
-		{flags: []string{"router-ttl"}, envs: []string{"KVGATE_ROUTER_TTL"}, usage: "TTL of approximate-index entries (duration, or seconds)", set: dur(&r.TTL), get: func() string { return r.TTL.String() }},
-		{flags: []string{"router-max-tree-size"}, envs: []string{"KVGATE_ROUTER_MAX_TREE_SIZE"}, usage: "bound on approximate-index entries", set: integer(&r.MaxTreeSize, 1), get: func() string { return strconv.Itoa(r.MaxTreeSize) }},
-		{flags: []string{"min-initial-workers", "router-min-initial-workers"}, envs: []string{"DYN_ROUTER_MIN_INITIAL_WORKERS", "KVGATE_ROUTER_MIN_INITIAL_WORKERS"}, usage: "not ready (health NOT_SERVING, UNAVAILABLE) until this many workers joined", set: integer(&r.MinInitialWorkers, 0), get: func() string { return strconv.Itoa(r.MinInitialWorkers) }},
-		{flags: []string{"router-metrics-period"}, envs: []string{"KVGATE_ROUTER_METRICS_PERIOD"}, usage: "scrape each worker's engine metrics (vLLM/SGLang /metrics) this often (duration, or seconds; 0 disables)", set: durOrZero(&c.MetricsPeriod), get: func() string { return c.MetricsPeriod.String() }},
-		{flags: []string{"router-waiting-weight"}, envs: []string{"KVGATE_ROUTER_WAITING_WEIGHT"}, usage: "cost in blocks per request waiting in the engine's queue (engine metrics; 0: unused)", set: float(&r.WaitingWeight), get: func() string { return fmtFloat(r.WaitingWeight) }},
-		{flags: []string{"router-kv-usage-weight"}, envs: []string{"KVGATE_ROUTER_KV_USAGE_WEIGHT"}, usage: "cost in blocks of a full engine KV cache, proportionally below (engine metrics; 0: unused)", set: float(&r.KVUsageWeight), get: func() string { return fmtFloat(r.KVUsageWeight) }},
-		{flags: []string{"router-saturation-kv-usage"}, envs: []string{"KVGATE_ROUTER_SATURATION_KV_USAGE"}, usage: "skip a rank whose engine reports KV usage at least this (0..1) with requests waiting (0 disables)", set: float(&r.SaturationKVUsage), get: func() string { return fmtFloat(r.SaturationKVUsage) }},
-		{flags: []string{"router-saturation-waiting"}, envs: []string{"KVGATE_ROUTER_SATURATION_WAITING"}, usage: "skip a rank whose engine reports this many waiting requests or more (0 disables)", set: integer(&r.SaturationWaiting, 0), get: func() string { return strconv.Itoa(r.SaturationWaiting) }},
-		{flags: []string{"router-tier-weights"}, envs: []string{"KVGATE_ROUTER_TIER_WEIGHTS"}, usage: "credit of a cached block per lower cache tier, relative to the GPU (tier=weight,…; none: ignore offloaded blocks)", set: func(v string) error {
+	fs.Var(config.Int(&r.BlockSize, 1), "block-size", "KV block size in tokens")
+	fs.Alias("router-block-size", "block-size")
+	fs.Env("block-size", "DYN_KV_CACHE_BLOCK_SIZE")
+	fs.Var(config.Float(&r.OverlapScoreCredit), "router-overlap-score-credit", "weight of cached blocks against prefill work")
+	fs.Env("router-overlap-score-credit", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT")
+	fs.Var(config.Float(&r.PrefillLoadScale), "router-prefill-load-scale", "weight of prefill work against decode load")
+	fs.Env("router-prefill-load-scale", "DYN_ROUTER_PREFILL_LOAD_SCALE")
+	fs.Var(config.Float(&r.RouterTemperature), "router-temperature", "0 picks the cheapest worker; > 0 samples a softmax over costs")
+	fs.Env("router-temperature", "DYN_ROUTER_TEMPERATURE")
+	fs.Var(config.Bool(&r.UseKVEvents), "router-use-kv-events", "index from engine KV events (false: approximate index from the router's decisions)")
+	fs.Var(config.Bool(&r.TrackActiveBlocks), "router-track-active-blocks", "count active decode blocks in the cost")
+	fs.Var(config.Bool(&r.ReplicaSync), "router-replica-sync", "share request lifecycle with the pool's other router replicas")
+	fs.Var(config.Duration(&r.TTL), "router-ttl", "TTL of approximate-index entries (duration, or seconds)")
+	fs.Var(config.Int(&r.MaxTreeSize, 1), "router-max-tree-size", "bound on approximate-index entries")
+	fs.Var(config.Int(&r.MinInitialWorkers, 0), "min-initial-workers", "not ready (health NOT_SERVING, UNAVAILABLE) until this many workers joined")
+	fs.Alias("router-min-initial-workers", "min-initial-workers")
+	fs.Env("min-initial-workers", "DYN_ROUTER_MIN_INITIAL_WORKERS")
+	fs.Var(config.DurationOrZero(&c.MetricsPeriod), "router-metrics-period", "scrape each worker's engine metrics (vLLM/SGLang /metrics) this often (duration, or seconds; 0 disables)")
+	fs.Var(config.Float(&r.WaitingWeight), "router-waiting-weight", "cost in blocks per request waiting in the engine's queue (engine metrics; 0: unused)")
+	fs.Var(config.Float(&r.KVUsageWeight), "router-kv-usage-weight", "cost in blocks of a full engine KV cache, proportionally below (engine metrics; 0: unused)")
+	fs.Var(config.Float(&r.SaturationKVUsage), "router-saturation-kv-usage", "skip a rank whose engine reports KV usage at least this (0..1) with requests waiting (0 disables)")
+	fs.Var(config.Int(&r.SaturationWaiting, 0), "router-saturation-waiting", "skip a rank whose engine reports this many waiting requests or more (0 disables)")
+	fs.Var(&config.Value{
+		SetFunc: func(v string) error {
 			w, err := localrouter.ParseTierWeights(v)
 			if err == nil {
 				r.TierWeights = w
 			}
 			return err
-		}, get: func() string { return localrouter.FormatTierWeights(r.TierWeights) }},
-		{flags: []string{"router-request-expiry"}, envs: []string{"KVGATE_ROUTER_REQUEST_EXPIRY"}, usage: "free requests still active after this long (duration, or seconds)", set: dur(&r.RequestExpiry), get: func() string { return r.RequestExpiry.String() }},
-	}
+		},
+		GetFunc: func() string { return localrouter.FormatTierWeights(r.TierWeights) },
+	}, "router-tier-weights", "credit of a cached block per lower cache tier, relative to the GPU (tier=weight,…; none: ignore offloaded blocks)")
+	fs.Var(config.Duration(&r.RequestExpiry), "router-request-expiry", "free requests still active after this long (duration, or seconds)")
 }
 
 // ParseFlags builds a Config from the defaults, then the environment (read
@@ -136,40 +164,10 @@ func settings(c *Config) []*setting {
 // -h returns flag.ErrHelp after printing the usage to usage.
 func ParseFlags(name string, args []string, getenv func(string) string, usage io.Writer) (Config, error) {
 	c := DefaultConfig()
-	ss := settings(&c)
-	for _, s := range ss {
-		for _, env := range s.envs {
-			if v := getenv(env); v != "" {
-				if err := s.set(v); err != nil {
-					return Config{}, fmt.Errorf("environment variable %s=%q: %w", env, v, err)
-				}
-			}
-		}
-	}
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	for _, s := range ss {
-		for i, f := range s.flags {
-			u := s.usage
-			if i > 0 {
-				u = "alias of --" + s.flags[0]
-			} else if len(s.envs) > 0 {
-				u += " [env " + strings.Join(s.envs, ", ") + "]"
-			}
-			fs.Var(s, f, u)
-		}
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(usage)
-			fmt.Fprintf(usage, "usage: kvgate %s [flags]\n\nflags (the environment variable in brackets sets the default):\n", name)
-			fs.PrintDefaults()
-			return Config{}, err
-		}
+	fs := config.NewFlagSet(name, usage)
+	flags(fs, &c)
+	if err := fs.Parse(args, getenv); err != nil {
 		return Config{}, err
-	}
-	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	if c.RouterID == "" {
 		c.RouterID = defaultRouterID()
@@ -188,96 +186,3 @@ func defaultRouterID() string {
 	h = strings.NewReplacer("/", "-", " ", "-", ".", "-").Replace(h)
 	return fmt.Sprintf("%s-%d-%x", h, os.Getpid(), time.Now().UnixNano()&0xffffff)
 }
-
-func str(p *string) func(string) error {
-	return func(v string) error { *p = strings.TrimSpace(v); return nil }
-}
-
-func list(p *[]string) func(string) error {
-	return func(v string) error {
-		*p = (*p)[:0]
-		for _, e := range strings.Split(v, ",") {
-			if e = strings.TrimSpace(e); e != "" {
-				*p = append(*p, e)
-			}
-		}
-		return nil
-	}
-}
-
-func integer(p *int, minimum int) func(string) error {
-	return func(v string) error {
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil {
-			return fmt.Errorf("not an integer")
-		}
-		if n < minimum {
-			return fmt.Errorf("must be ≥ %d", minimum)
-		}
-		*p = n
-		return nil
-	}
-}
-
-func float(p *float64) func(string) error {
-	return func(v string) error {
-		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-			return fmt.Errorf("not a finite number")
-		}
-		if f < 0 {
-			return fmt.Errorf("must be ≥ 0")
-		}
-		*p = f
-		return nil
-	}
-}
-
-func boolean(p *bool) func(string) error {
-	return func(v string) error {
-		b, err := strconv.ParseBool(strings.TrimSpace(v))
-		if err != nil {
-			return fmt.Errorf("not a boolean (true or false)")
-		}
-		*p = b
-		return nil
-	}
-}
-
-// durOrZero is dur that also accepts 0 (disabled).
-func durOrZero(p *time.Duration) func(string) error {
-	return func(v string) error {
-		t := strings.TrimSpace(v)
-		if d, err := time.ParseDuration(t); err == nil && d == 0 {
-			*p = 0
-			return nil
-		}
-		if f, err := strconv.ParseFloat(t, 64); err == nil && f == 0 {
-			*p = 0
-			return nil
-		}
-		return dur(p)(v)
-	}
-}
-
-// dur accepts a Go duration ("90s", "2m") or a number of seconds ("120").
-func dur(p *time.Duration) func(string) error {
-	return func(v string) error {
-		v = strings.TrimSpace(v)
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			f, ferr := strconv.ParseFloat(v, 64)
-			if ferr != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-				return fmt.Errorf("not a duration (like 120s) or a number of seconds")
-			}
-			d = time.Duration(f * float64(time.Second))
-		}
-		if d <= 0 {
-			return fmt.Errorf("must be positive")
-		}
-		*p = d
-		return nil
-	}
-}
-
-func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

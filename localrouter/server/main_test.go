@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter/client"
+	"github.com/kvgate/kvgate/membership"
 )
 
 func TestMain(m *testing.M) {
@@ -95,7 +96,7 @@ func (e *env) start(cfg Config) (*Service, *client.Client, *prometheus.Registry)
 }
 
 // putWorker registers a worker in etcd, under a lease of ttl when positive.
-func (e *env) putWorker(pool string, w kvevents.WorkerInfo, ttl int64) clientv3.LeaseID {
+func (e *env) putWorker(pool string, w membership.WorkerInfo, ttl int64) clientv3.LeaseID {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
@@ -110,7 +111,7 @@ func (e *env) putWorker(pool string, w kvevents.WorkerInfo, ttl int64) clientv3.
 		lease = g.ID
 		opts = append(opts, clientv3.WithLease(g.ID))
 	}
-	if _, err := e.etcd.Put(ctx, kvevents.WorkersPrefix(pool)+w.ID, string(b), opts...); err != nil {
+	if _, err := e.etcd.Put(ctx, membership.WorkersPrefix(pool)+w.ID, string(b), opts...); err != nil {
 		e.t.Fatalf("put worker: %v", err)
 	}
 	return lease
@@ -120,13 +121,13 @@ func (e *env) deleteWorker(pool, id string) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
-	if _, err := e.etcd.Delete(ctx, kvevents.WorkersPrefix(pool)+id); err != nil {
+	if _, err := e.etcd.Delete(ctx, membership.WorkersPrefix(pool)+id); err != nil {
 		e.t.Fatalf("delete worker: %v", err)
 	}
 }
 
-func worker(id string) kvevents.WorkerInfo {
-	return kvevents.WorkerInfo{ID: id, Address: "127.0.0.1:1" + id[len(id)-1:] + "000", DPSize: 1, BlockSize: 16, Model: "m"}
+func worker(id string) membership.WorkerInfo {
+	return membership.WorkerInfo{ID: id, Address: "127.0.0.1:1" + id[len(id)-1:] + "000", DPSize: 1, BlockSize: 16, Model: "m"}
 }
 
 // waitWorkers polls until the service's router has exactly ids.

@@ -2,31 +2,29 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/reflection"
 
-	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/registry"
+	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/localrouter"
-	"github.com/kvgate/kvgate/localrouter/discovery"
 	"github.com/kvgate/kvgate/localrouter/events"
 	"github.com/kvgate/kvgate/localrouter/replica"
 	"github.com/kvgate/kvgate/localrouter/signals"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 )
 
 // Deps are a Service's injected dependencies; zero values take defaults.
@@ -40,26 +38,24 @@ type Deps struct {
 }
 
 // Service is a running local router: the gRPC server, etcd membership and
-// registration, NATS events and replica sync, and the metrics endpoint.
+// registration, NATS events and replica sync, and the admin (metrics)
+// endpoint, run by an internal/runner Group.
 type Service struct {
 	cfg        Config
 	log        *slog.Logger
 	router     *localrouter.Router
 	srv        *Server
-	grpc       *grpc.Server
+	group      *runner.Group
 	grpcLis    net.Listener
-	http       *http.Server
 	httpLis    net.Listener
+	healthLis  net.Listener
 	etcd       *clientv3.Client
 	nc         *nats.Conn
-	watcher    *discovery.Watcher
+	watcher    *registry.Watcher
 	sub        *events.Subscriber
 	sync       *replica.Sync
 	scraper    *signals.Scraper
 	reg        *registry.Registration
-	stopWatch  context.CancelFunc
-	wg         sync.WaitGroup
-	errs       chan error
 	closeOnce  sync.Once
 	closeErr   error
 	advertised string
@@ -81,35 +77,37 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	reg := deps.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
-		reg.MustRegister(prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	s := &Service{cfg: cfg, log: log.With("component", "localrouter.service", "pool", cfg.Pool), errs: make(chan error, 4)}
+	s := &Service{cfg: cfg, log: log.With("component", "localrouter.service", "pool", cfg.Pool)}
+	s.group = runner.NewGroup(s.log)
 	defer func() {
 		if err != nil {
 			_ = s.Close(context.WithoutCancel(ctx))
 		}
 	}()
 
+	var creds credentials.TransportCredentials
+	if cfg.TLS.Enabled() {
+		tc, err := cfg.TLS.Config(s.log)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+
 	ropts := deps.RouterOptions
 	ropts.Logger = log.With("pool", cfg.Pool)
 	if s.router, err = localrouter.New(cfg.Router, ropts); err != nil {
 		return nil, err
 	}
-	if s.etcd, err = clientv3.New(clientv3.Config{
-		Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Context: context.WithoutCancel(ctx), Logger: zap.NewNop(),
-	}); err != nil {
-		return nil, fmt.Errorf("etcd %v: %w", cfg.Etcd, err)
+	if s.etcd, err = (runner.Etcd{Endpoints: cfg.Etcd, TLS: cfg.EtcdTLS}).Client(ctx); err != nil {
+		return nil, err
 	}
 	if cfg.NATS != "" {
-		if s.nc, err = nats.Connect(cfg.NATS, nats.Name("kvgate-localrouter-"+cfg.RouterID), nats.MaxReconnects(-1),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				if err != nil { // nil: we closed it
-					s.log.Warn("nats disconnected", "err", err)
-				}
-			}),
-			nats.ReconnectHandler(func(*nats.Conn) { s.log.Info("nats reconnected") }),
-		); err != nil {
-			return nil, fmt.Errorf("nats %s: %w", cfg.NATS, err)
+		natsCfg := runner.NATS{URL: cfg.NATS, TLS: cfg.NATSTLS, CredsFile: cfg.NATSCredsFile}
+		if s.nc, err = natsCfg.Connect("kvgate-localrouter-"+cfg.RouterID, s.log); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.Router.UseKVEvents {
@@ -125,7 +123,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		}
 		replicaStats, observer = s.sync.Stats, s.sync
 	}
-	s.watcher = discovery.NewWatcher(s.etcd, cfg.Pool, (*membership)(s), discovery.WatcherOptions{BlockSize: cfg.Router.BlockSize, Logger: log})
+	s.watcher = registry.NewWatcher(s.etcd, cfg.Pool, (*workerSet)(s), registry.WatcherOptions{BlockSize: cfg.Router.BlockSize, Logger: log})
 	opts := Options{Router: s.router, Directory: s.watcher, Observer: observer, RouterID: cfg.RouterID, Pool: cfg.Pool, Logger: base}
 	if s.sub != nil {
 		opts.EventStats = s.sub.Stats
@@ -149,67 +147,56 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 
 	// Membership first, so the router is as ready as it can be when it
 	// starts answering.
-	wctx, stop := context.WithCancel(context.Background())
-	s.stopWatch = stop
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.watcher.Run(wctx); err != nil {
-			s.errs <- err
-		}
-	}()
+	s.group.Go("etcd watch", s.watcher.Run)
 	select {
 	case <-s.watcher.Synced():
 	case <-ctx.Done():
 		return nil, fmt.Errorf("listing workers in etcd %v: %w", cfg.Etcd, ctx.Err())
 	}
 	if s.scraper != nil {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			_ = s.scraper.Run(wctx) // ends with the watch; failures are counted, never fatal
-		}()
+		s.group.Go("engine metrics scraper", func(ctx context.Context) error {
+			_ = s.scraper.Run(ctx) // ends with the group; failures are counted, never fatal
+			return nil
+		})
 	}
 
-	if s.grpcLis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
-		return nil, fmt.Errorf("--grpc-addr %s: %w", cfg.GRPCAddr, err)
+	if s.grpcLis, err = runner.Listen("grpc-addr", cfg.GRPCAddr); err != nil {
+		return nil, err
 	}
-	s.grpc = grpc.NewServer(GRPCServerOptions(m)...)
-	s.srv.Register(s.grpc)
-	reflection.Register(s.grpc)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		if err := s.grpc.Serve(s.grpcLis); err != nil {
-			s.errs <- fmt.Errorf("grpc: %w", err)
+	gopts := GRPCServerOptions(m)
+	if creds != nil {
+		gopts = append(gopts, grpc.Creds(creds))
+		if cfg.TLS.MutualTLS() && len(cfg.AuthorizedClients) > 0 {
+			a := authorizer{allowed: cfg.AuthorizedClients}
+			gopts = append(gopts, grpc.ChainUnaryInterceptor(a.unary()), grpc.ChainStreamInterceptor(a.stream()))
 		}
-	}()
-	if cfg.MetricsAddr != "" {
-		if s.httpLis, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
-			return nil, fmt.Errorf("--metrics-addr %s: %w", cfg.MetricsAddr, err)
+	}
+	gs := grpc.NewServer(gopts...)
+	s.srv.Register(gs)
+	reflection.Register(gs)
+	s.group.ServeGRPC("grpc", gs, s.grpcLis)
+	if cfg.HealthAddr != "" {
+		if s.healthLis, err = runner.Listen("health-addr", cfg.HealthAddr); err != nil {
+			return nil, err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			if err := s.http.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.errs <- fmt.Errorf("metrics: %w", err)
-			}
-		}()
+		hs := grpc.NewServer()
+		s.srv.RegisterHealth(hs)
+		s.group.ServeGRPC("health", hs, s.healthLis)
+	}
+	if s.httpLis, err = s.group.ServeAdmin("admin-addr", cfg.MetricsAddr, runner.AdminHandler(reg, nil)); err != nil {
+		return nil, err
 	}
 
 	s.advertised = cfg.AdvertiseAddr
 	if s.advertised == "" {
 		s.advertised = advertise(s.grpcLis.Addr())
 	}
-	info, _ := json.Marshal(discovery.RouterInfo{ID: cfg.RouterID, GRPCAddress: s.advertised, Pool: cfg.Pool, BlockSize: cfg.Router.BlockSize})
-	if s.reg, err = discovery.Register(ctx, s.etcd, discovery.RouterKey(cfg.Pool, cfg.RouterID), info, cfg.RegisterTTL, log.With("pool", cfg.Pool)); err != nil {
+	info := membership.RouterInfo{ID: cfg.RouterID, GRPCAddress: s.advertised, Pool: cfg.Pool, BlockSize: cfg.Router.BlockSize}
+	if s.reg, err = registry.RegisterRouter(ctx, s.etcd, info, cfg.RegisterTTL, log.With("component", "localrouter.registration", "pool", cfg.Pool)); err != nil {
 		return nil, err
 	}
 	s.log.Info("local router serving", "grpc", s.grpcLis.Addr().String(), "advertised", s.advertised,
-		"metrics", s.MetricsAddr(), "ready", s.router.Ready(), "workers", len(s.watcher.Workers()),
+		"admin", s.MetricsAddr(), "tls", cfg.TLS.Enabled(), "mtls", cfg.TLS.MutualTLS(), "ready", s.router.Ready(), "workers", len(s.watcher.Workers()),
 		"use_kv_events", cfg.Router.UseKVEvents, "replica_sync", cfg.Router.ReplicaSync, "block_size", cfg.Router.BlockSize)
 	return s, nil
 }
@@ -239,18 +226,18 @@ func advertise(a net.Addr) string {
 	return net.JoinHostPort(host, port)
 }
 
-// membership applies the Watcher's changes to the router, the event
+// workerSet applies the Watcher's changes to the router, the event
 // subscriber and the health status.
-type membership Service
+type workerSet Service
 
 var (
-	_ discovery.Handler = (*membership)(nil)
-	_ Directory         = (*discovery.Watcher)(nil)
-	_ Observer          = (*replica.Sync)(nil)
-	_ events.Target     = (*localrouter.Router)(nil)
+	_ registry.Handler = (*workerSet)(nil)
+	_ Directory        = (*registry.Watcher)(nil)
+	_ Observer         = (*replica.Sync)(nil)
+	_ events.Target    = (*localrouter.Router)(nil)
 )
 
-func (m *membership) WorkerUp(info kvevents.WorkerInfo) {
+func (m *workerSet) WorkerUp(info membership.WorkerInfo) {
 	m.router.AddWorker(info.ID, info.DPSize)
 	if m.sub != nil {
 		m.sub.WorkerUp(info.ID)
@@ -258,7 +245,7 @@ func (m *membership) WorkerUp(info kvevents.WorkerInfo) {
 	m.srv.UpdateHealth()
 }
 
-func (m *membership) WorkerDown(id string) {
+func (m *workerSet) WorkerDown(id string) {
 	freed := m.router.RemoveWorker(id)
 	if m.sub != nil {
 		m.sub.WorkerDown(id)
@@ -286,9 +273,17 @@ func (s *Service) MetricsAddr() string {
 	return s.httpLis.Addr().String()
 }
 
+// HealthAddr is the address of the plaintext health server, "" when off.
+func (s *Service) HealthAddr() string {
+	if s.healthLis == nil {
+		return ""
+	}
+	return s.healthLis.Addr().String()
+}
+
 // Err reports a component that failed while running (the gRPC or metrics
 // server, or the etcd watch).
-func (s *Service) Err() <-chan error { return s.errs }
+func (s *Service) Err() <-chan error { return s.group.Err() }
 
 // Close deregisters the router, drains gRPC (until ctx ends, then stops
 // hard), and stops everything Start started. It is safe to call twice.
@@ -301,23 +296,7 @@ func (s *Service) Close(ctx context.Context) error {
 		if s.srv != nil {
 			s.srv.Shutdown()
 		}
-		if s.grpc != nil {
-			done := make(chan struct{})
-			go func() { s.grpc.GracefulStop(); close(done) }()
-			select {
-			case <-done:
-			case <-ctx.Done():
-				s.grpc.Stop()
-				<-done
-			}
-		}
-		if s.http != nil {
-			errs = append(errs, s.http.Shutdown(ctx))
-		}
-		if s.stopWatch != nil {
-			s.stopWatch()
-		}
-		s.wg.Wait()
+		errs = append(errs, s.group.Stop(ctx))
 		if s.sub != nil {
 			errs = append(errs, s.sub.Close())
 		}
@@ -353,7 +332,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	case <-ctx.Done():
 	case runErr = <-s.Err():
 	}
-	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runner.DefaultDrain)
 	defer cancel()
 	return errors.Join(runErr, s.Close(closeCtx))
 }

@@ -29,13 +29,14 @@ import (
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/events"
 	"github.com/kvgate/kvgate/localrouter/signals"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // Directory resolves worker ids to their registrations
-// (discovery.Watcher). Safe for concurrent use; never blocks.
+// (registry.Watcher). Safe for concurrent use; never blocks.
 type Directory interface {
-	Worker(id string) (kvevents.WorkerInfo, bool)
-	Workers() []kvevents.WorkerInfo
+	Worker(id string) (membership.WorkerInfo, bool)
+	Workers() []membership.WorkerInfo
 }
 
 // Observer is told about the lifecycle changes the service made, after they
@@ -112,6 +113,10 @@ func (s *Server) Register(g *grpc.Server) {
 	localrouterv1.RegisterLocalRouterServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
 }
+
+// RegisterHealth registers the standard health service alone on g (the
+// plaintext health listener, for probes that cannot do TLS).
+func (s *Server) RegisterHealth(g *grpc.Server) { healthpb.RegisterHealthServer(g, s.health) }
 
 // UpdateHealth sets the health status from the router's readiness: NOT_SERVING
 // until min_initial_workers workers joined. Call it after membership changes.
@@ -400,7 +405,7 @@ func (s *Server) Workers(ctx context.Context, _ *localrouterv1.WorkersRequest) (
 			w = &localrouterv1.Worker{WorkerId: k.ID, BlockSize: uint32(s.r.Config().BlockSize)}
 			if s.opts.Directory != nil {
 				if info, ok := s.opts.Directory.Worker(k.ID); ok {
-					w.Address, w.BlockSize, w.Model, w.Role = info.Address, uint32(info.BlockSize), info.Model, info.Role
+					w.Address, w.BlockSize, w.Model, w.Role = info.Address, uint32(info.BlockSize), info.Model, string(info.Role)
 					w.KvCapacityBlocks = uint32(info.KVCapacityBlocks)
 				}
 			}

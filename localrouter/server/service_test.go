@@ -16,7 +16,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
-	"github.com/kvgate/kvgate/localrouter/discovery"
+	"github.com/kvgate/kvgate/membership"
 )
 
 func TestMembershipFollowsEtcd(t *testing.T) {
@@ -83,16 +83,16 @@ func TestRouterRegistersItself(t *testing.T) {
 	cfg := e.config("reg")
 	svc, _, _ := e.start(cfg)
 	ctx := testenv.Context(t)
-	key := discovery.RouterKey("reg", cfg.RouterID)
+	key := membership.RouterKey("reg", cfg.RouterID)
 	r, err := e.etcd.Get(ctx, key)
 	if err != nil || len(r.Kvs) != 1 {
 		t.Fatalf("get %s = %v, %v; want one key", key, r, err)
 	}
-	info, err := discovery.ParseRouterInfo(r.Kvs[0].Value)
+	info, err := membership.ParseRouterInfo(r.Kvs[0].Value)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := discovery.RouterInfo{ID: cfg.RouterID, GRPCAddress: svc.GRPCAddr(), Pool: "reg", BlockSize: 16}
+	want := membership.RouterInfo{ID: cfg.RouterID, GRPCAddress: svc.GRPCAddr(), Pool: "reg", BlockSize: 16}
 	if diff := cmp.Diff(want, info); diff != "" {
 		t.Errorf("registration (-want +got):\n%s", diff)
 	}

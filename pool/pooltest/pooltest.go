@@ -20,6 +20,7 @@ import (
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // Worker is a pool member: its id and the HTTP address requests go to.
@@ -74,7 +75,7 @@ func StartOn(t testing.TB, addr, pool string, blockSize int, workers ...Worker) 
 	dir := directory{}
 	for _, w := range workers {
 		r.AddWorker(w.ID, 1)
-		dir[w.ID] = kvevents.WorkerInfo{ID: w.ID, Address: w.Address, DPSize: 1, BlockSize: blockSize, Model: "*"}
+		dir[w.ID] = membership.WorkerInfo{ID: w.ID, Address: w.Address, DPSize: 1, BlockSize: blockSize, Model: "*"}
 	}
 	srv, err := server.New(server.Options{Router: r, Directory: dir, Pool: pool, RouterID: pool + "-router"})
 	if err != nil {
@@ -166,12 +167,12 @@ func (s *Server) WaitActive(ctx context.Context, n int) error {
 }
 
 // directory is the static worker directory (server.Directory).
-type directory map[string]kvevents.WorkerInfo
+type directory map[string]membership.WorkerInfo
 
-func (d directory) Worker(id string) (kvevents.WorkerInfo, bool) { w, ok := d[id]; return w, ok }
+func (d directory) Worker(id string) (membership.WorkerInfo, bool) { w, ok := d[id]; return w, ok }
 
-func (d directory) Workers() []kvevents.WorkerInfo {
-	out := make([]kvevents.WorkerInfo, 0, len(d))
+func (d directory) Workers() []membership.WorkerInfo {
+	out := make([]membership.WorkerInfo, 0, len(d))
 	for _, w := range d {
 		out = append(out, w)
 	}

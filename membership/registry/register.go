@@ -1,11 +1,18 @@
-// Package registry registers an engine worker in etcd, where local routers
-// discover their pool's workers: one key, kvevents.WorkersPrefix(pool) + the
-// worker id, whose value is the JSON kvevents.WorkerInfo, kept alive under a
-// lease. `kvgate relay` registers the vLLM or SGLang engine it relays for;
-// `kvgate mocker` registers itself.
+// Package registry is membership's etcd half (DESIGN.md §7): registering a
+// worker or a local router under a lease, and following a pool's workers or
+// routers live.
 //
-// It is a package of its own so that kvevents, which the local router's
-// core imports, does not pull in the etcd client.
+// Workers register with Register under membership.WorkerKey(pool, id), a
+// JSON membership.WorkerInfo value (`kvgate relay` for the vLLM or SGLang
+// engine it relays for; `kvgate mocker` for itself). Local routers register
+// with RegisterRouter under membership.RouterKey. A Watcher follows a
+// pool's workers and tells its Handler; WatchPrefix is the revision-correct
+// get+watch it rests on, also used by the global router to follow a pool's
+// local routers.
+//
+// It is a package apart from membership so that the records and the Role
+// type, which policies and the KV-event code import, do not pull in the
+// etcd client.
 package registry
 
 import (
@@ -20,12 +27,11 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/membership"
 )
 
-// Registration keeps one worker's etcd key (kvevents.WorkersPrefix(pool) +
-// id, value a JSON kvevents.WorkerInfo) alive under a lease, the way
-// routers discover workers. If the lease is lost (etcd unreachable longer
+// Registration keeps one etcd key (a worker's or a local router's) alive
+// under a lease. If the lease is lost (etcd unreachable longer
 // than the TTL) it registers again with a new lease.
 type Registration struct {
 	cli    *clientv3.Client
@@ -43,7 +49,7 @@ type Registration struct {
 // Register writes info under its pool's workers prefix with a lease of ttl
 // (rounded up to whole seconds, at least 1 s; 0 means 10 s) and keeps it
 // alive until Close. It returns once the key is written.
-func Register(ctx context.Context, cli *clientv3.Client, pool string, info kvevents.WorkerInfo, ttl time.Duration, log *slog.Logger) (*Registration, error) {
+func Register(ctx context.Context, cli *clientv3.Client, pool string, info membership.WorkerInfo, ttl time.Duration, log *slog.Logger) (*Registration, error) {
 	if info.DPSize == 0 {
 		info.DPSize = 1
 	}
@@ -54,13 +60,26 @@ func Register(ctx context.Context, cli *clientv3.Client, pool string, info kveve
 	if err != nil {
 		return nil, fmt.Errorf("register: %w", err)
 	}
-	return RegisterKey(ctx, cli, kvevents.WorkersPrefix(pool)+info.ID, value, ttl, log)
+	return RegisterKey(ctx, cli, membership.WorkerKey(pool, info.ID), value, ttl, log)
+}
+
+// RegisterRouter writes a local router's info under
+// membership.RouterKey(info.Pool, info.ID) with a lease of ttl (as
+// Register) and keeps it alive until Close.
+func RegisterRouter(ctx context.Context, cli *clientv3.Client, info membership.RouterInfo, ttl time.Duration, log *slog.Logger) (*Registration, error) {
+	if err := info.Validate(); err != nil {
+		return nil, fmt.Errorf("register: %w", err)
+	}
+	value, err := json.Marshal(info)
+	if err != nil {
+		return nil, fmt.Errorf("register: %w", err)
+	}
+	return RegisterKey(ctx, cli, membership.RouterKey(info.Pool, info.ID), value, ttl, log)
 }
 
 // RegisterKey writes key = value under a lease of ttl (rounded up to whole
 // seconds, at least 1 s; 0 means 10 s) and keeps it alive until Close,
 // registering again if the lease is lost. ctx bounds the first write only.
-// Local routers register themselves with it too.
 func RegisterKey(ctx context.Context, cli *clientv3.Client, key string, value []byte, ttl time.Duration, log *slog.Logger) (*Registration, error) {
 	if ttl == 0 {
 		ttl = 10 * time.Second

@@ -9,8 +9,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvgate/kvgate/internal/testenv"
-	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/kvevents/registry"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 )
 
 func TestMain(m *testing.M) {
@@ -24,12 +24,12 @@ func TestRegistrationSurvivesLeaseLoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, cli := testenv.StartEtcd(t)
-	info := kvevents.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 16}
+	info := membership.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 16}
 	reg, err := registry.Register(ctx, cli, "p", info, 5*time.Second, testenv.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := kvevents.WorkersPrefix("p") + "w1"
+	key := membership.WorkersPrefix("p") + "w1"
 	if reg.Key() != key {
 		t.Errorf("Key() = %q, want %q", reg.Key(), key)
 	}
@@ -66,7 +66,7 @@ func TestRegisterRejectsBadInfo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, cli := testenv.StartEtcd(t)
-	for _, info := range []kvevents.WorkerInfo{
+	for _, info := range []membership.WorkerInfo{
 		{ID: "a/b", Address: "x", BlockSize: 16},
 		{ID: "w", BlockSize: 16},
 		{ID: "w", Address: "x"},
@@ -84,7 +84,7 @@ func TestCloseAfterLeaseLoss(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, cli := testenv.StartEtcd(t)
-	info := kvevents.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 16}
+	info := membership.WorkerInfo{ID: "w1", Address: "10.0.0.7:8000", BlockSize: 16}
 	for range 5 {
 		reg, err := registry.Register(ctx, cli, "p", info, 5*time.Second, testenv.Logger(t))
 		if err != nil {

@@ -1,4 +1,4 @@
-package discovery
+package registry
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // Handler is told about workers joining and leaving.
@@ -19,7 +19,7 @@ import (
 // order; they must not block for long.
 type Handler interface {
 	// WorkerUp: the worker joined, or its registration changed.
-	WorkerUp(info kvevents.WorkerInfo)
+	WorkerUp(info membership.WorkerInfo)
 	// WorkerDown: the worker's key was deleted or its lease expired.
 	WorkerDown(id string)
 }
@@ -42,7 +42,7 @@ type Watcher struct {
 	h      Handler
 	log    *slog.Logger
 
-	snap     atomic.Pointer[map[string]kvevents.WorkerInfo]
+	snap     atomic.Pointer[map[string]membership.WorkerInfo]
 	syncOnce sync.Once
 	synced   chan struct{}
 }
@@ -54,11 +54,11 @@ func NewWatcher(cli *clientv3.Client, pool string, h Handler, opts WatcherOption
 		log = slog.Default()
 	}
 	w := &Watcher{
-		cli: cli, prefix: kvevents.WorkersPrefix(pool), opts: opts, h: h,
-		log:    log.With("component", "localrouter.discovery", "pool", pool),
+		cli: cli, prefix: membership.WorkersPrefix(pool), opts: opts, h: h,
+		log:    log.With("component", "membership", "pool", pool),
 		synced: make(chan struct{}),
 	}
-	empty := map[string]kvevents.WorkerInfo{}
+	empty := map[string]membership.WorkerInfo{}
 	w.snap.Store(&empty)
 	return w
 }
@@ -72,15 +72,15 @@ func (w *Watcher) Run(ctx context.Context) error {
 func (w *Watcher) Synced() <-chan struct{} { return w.synced }
 
 // Worker returns the registration of worker id.
-func (w *Watcher) Worker(id string) (kvevents.WorkerInfo, bool) {
+func (w *Watcher) Worker(id string) (membership.WorkerInfo, bool) {
 	info, ok := (*w.snap.Load())[id]
 	return info, ok
 }
 
 // Workers returns the current registrations, sorted by id.
-func (w *Watcher) Workers() []kvevents.WorkerInfo {
+func (w *Watcher) Workers() []membership.WorkerInfo {
 	m := *w.snap.Load()
-	out := make([]kvevents.WorkerInfo, 0, len(m))
+	out := make([]membership.WorkerInfo, 0, len(m))
 	for _, id := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, m[id])
 	}
@@ -90,13 +90,13 @@ func (w *Watcher) Workers() []kvevents.WorkerInfo {
 // workerSink turns key changes into Handler calls and snapshot updates.
 type workerSink Watcher
 
-func (s *workerSink) parse(key string, value []byte) (kvevents.WorkerInfo, bool) {
+func (s *workerSink) parse(key string, value []byte) (membership.WorkerInfo, bool) {
 	id, ok := keyID(s.prefix, key)
 	if !ok {
 		s.log.Warn("ignoring key that is not a worker id", "key", key)
-		return kvevents.WorkerInfo{}, false
+		return membership.WorkerInfo{}, false
 	}
-	info, err := kvevents.ParseWorkerInfo(value)
+	info, err := membership.ParseWorkerInfo(value)
 	switch {
 	case err != nil:
 		s.log.Warn("ignoring worker with an invalid registration", "key", key, "err", err)
@@ -107,12 +107,12 @@ func (s *workerSink) parse(key string, value []byte) (kvevents.WorkerInfo, bool)
 	default:
 		return info, true
 	}
-	return kvevents.WorkerInfo{}, false
+	return membership.WorkerInfo{}, false
 }
 
 func (s *workerSink) Reset(kvs map[string][]byte) {
 	old := *s.snap.Load()
-	next := make(map[string]kvevents.WorkerInfo, len(kvs))
+	next := make(map[string]membership.WorkerInfo, len(kvs))
 	for k, v := range kvs {
 		if info, ok := s.parse(k, v); ok {
 			next[info.ID] = info

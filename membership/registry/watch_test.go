@@ -1,4 +1,4 @@
-package discovery_test
+package registry_test
 
 import (
 	"context"
@@ -12,16 +12,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 
 	"github.com/kvgate/kvgate/internal/testenv"
-	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/localrouter/discovery"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...)
-}
 
 const timeout = 30 * time.Second
 
@@ -33,7 +28,7 @@ type recorder struct {
 	calls []string
 }
 
-func (r *recorder) WorkerUp(info kvevents.WorkerInfo) {
+func (r *recorder) WorkerUp(info membership.WorkerInfo) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls = append(r.calls, fmt.Sprintf("up %s %s", info.ID, info.Address))
@@ -67,17 +62,17 @@ func put(t *testing.T, cli *clientv3.Client, key, value string) {
 }
 
 func info(id, addr string) string {
-	b, _ := json.Marshal(kvevents.WorkerInfo{ID: id, Address: addr, DPSize: 1, BlockSize: 16})
+	b, _ := json.Marshal(membership.WorkerInfo{ID: id, Address: addr, DPSize: 1, BlockSize: 16})
 	return string(b)
 }
 
 func TestWatcher(t *testing.T) {
 	_, cli := testenv.StartEtcd(t)
-	prefix := kvevents.WorkersPrefix("p")
+	prefix := membership.WorkersPrefix("p")
 	put(t, cli, prefix+"w1", info("w1", "a:1"))
-	put(t, cli, kvevents.WorkersPrefix("other")+"x", info("x", "x:1")) // another pool
+	put(t, cli, membership.WorkersPrefix("other")+"x", info("x", "x:1")) // another pool
 	rec := &recorder{}
-	w := discovery.NewWatcher(cli, "p", rec, discovery.WatcherOptions{BlockSize: 16, Logger: quiet})
+	w := registry.NewWatcher(cli, "p", rec, registry.WatcherOptions{BlockSize: 16, Logger: quiet})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- w.Run(ctx) }()
@@ -99,7 +94,7 @@ func TestWatcher(t *testing.T) {
 	put(t, cli, prefix+"w1", info("w1", "a:2")) // moved
 	put(t, cli, prefix+"w3", `{"id":"w3"}`)     // invalid: ignored
 	put(t, cli, prefix+"w4", info("w5", "c:1")) // id differs from key: ignored
-	b, _ := json.Marshal(kvevents.WorkerInfo{ID: "w6", Address: "d:1", DPSize: 1, BlockSize: 32})
+	b, _ := json.Marshal(membership.WorkerInfo{ID: "w6", Address: "d:1", DPSize: 1, BlockSize: 32})
 	put(t, cli, prefix+"w6", string(b))         // other block size: ignored
 	put(t, cli, prefix+"w2", `not json`)        // became invalid: gone
 	put(t, cli, prefix+"w1", info("w1", "a:2")) // unchanged
@@ -114,13 +109,12 @@ func TestWatcher(t *testing.T) {
 	}
 }
 
-func TestRegistrationSurvivesLeaseLoss(t *testing.T) {
+func TestRouterRegistrationSurvivesLeaseLoss(t *testing.T) {
 	_, cli := testenv.StartEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	key := discovery.RouterKey("p", "r1")
-	val, _ := json.Marshal(discovery.RouterInfo{ID: "r1", GRPCAddress: "h:1", Pool: "p", BlockSize: 16})
-	reg, err := discovery.Register(ctx, cli, key, val, 2*time.Second, quiet)
+	key := membership.RouterKey("p", "r1")
+	reg, err := registry.RegisterRouter(ctx, cli, membership.RouterInfo{ID: "r1", GRPCAddress: "h:1", Pool: "p", BlockSize: 16}, 2*time.Second, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,19 +146,5 @@ func TestRegistrationSurvivesLeaseLoss(t *testing.T) {
 	}
 	if err := reg.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
-	}
-}
-
-func TestRouterInfo(t *testing.T) {
-	good := discovery.RouterInfo{ID: "r", GRPCAddress: "h:1", Pool: "p", BlockSize: 16}
-	b, _ := json.Marshal(good)
-	got, err := discovery.ParseRouterInfo(b)
-	if err != nil || got != good {
-		t.Errorf("ParseRouterInfo = %+v, %v", got, err)
-	}
-	for _, bad := range []string{`{}`, `{"id":"r","grpc_address":"h:1","pool":"p"}`, `{"id":"a/b","grpc_address":"h:1","pool":"p","block_size":1}`, `[`} {
-		if _, err := discovery.ParseRouterInfo([]byte(bad)); err == nil {
-			t.Errorf("ParseRouterInfo(%s) succeeded", bad)
-		}
 	}
 }

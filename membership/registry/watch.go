@@ -1,13 +1,4 @@
-// Package discovery is the etcd side of a pool (DESIGN.md §7): who the
-// pool's workers are, and where its local routers listen.
-//
-// Workers register under kvevents.WorkersPrefix(pool)+id with a lease and a
-// kvevents.WorkerInfo value; a Watcher follows them live and tells its
-// Handler. Local routers register themselves under
-// kvevents.RoutersPrefix(pool)+id with a RouterInfo value through Register.
-// WatchPrefix is the revision-correct get+watch both rest on, exported for
-// other followers (the global router's discovery of local routers).
-package discovery
+package registry
 
 import (
 	"context"

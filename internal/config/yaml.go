@@ -1,52 +1,20 @@
-package policies
+package config
 
 import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
 )
 
-// Section is one piece of configuration text — a policy's arguments in the
-// chain or in a pool's policy section — with the file it came from, so that
-// errors can name file and line. A zero Section means "no arguments".
-type Section struct {
-	File string
-	Node *yaml.Node
-}
-
-// SectionOf encodes v (a struct or map of a policy's arguments) as a
-// Section, for configurations built in Go rather than read from YAML.
-func SectionOf(v any) Section {
-	var n yaml.Node
-	if err := n.Encode(v); err != nil {
-		// Encode fails only for values YAML cannot represent (channels,
-		// functions): a programming error in the caller.
-		panic(fmt.Sprintf("policies: SectionOf(%T): %v", v, err))
-	}
-	return Section{File: "<go>", Node: &n}
-}
-
-// Empty reports whether the section holds nothing.
-func (s Section) Empty() bool {
-	n := s.Node
-	for n != nil && n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
-		n = n.Content[0]
-	}
-	return n == nil || n.Kind == 0 || (n.Kind == yaml.ScalarNode && n.Tag == "!!null")
-}
-
-// Decode decodes the section into out strictly: an unknown field is an
-// error. Errors read "file:line:col: what: message"; what names the policy
-// (or pool) for the reader.
-func (s Section) Decode(what string, out any) error {
-	if s.Empty() {
-		return nil
-	}
-	return DecodeStrict(s.File, what, s.Node, out)
-}
+// ErrInvalid is wrapped by every configuration error of this package: a
+// configuration is invalid; the error names the file, line and field. It
+// is policies.ErrConfig too, and keeps that error's text, which operators
+// (and the golden files of config errors) already read.
+var ErrInvalid = errors.New("invalid policy configuration")
 
 // PosError is a configuration error at a position of a file.
 type PosError struct {
@@ -76,8 +44,8 @@ func (e *PosError) Error() string {
 	return b.String()
 }
 
-// Unwrap makes every PosError an ErrConfig.
-func (e *PosError) Unwrap() error { return ErrConfig }
+// Unwrap makes every PosError an ErrInvalid.
+func (e *PosError) Unwrap() error { return ErrInvalid }
 
 // Errorf returns a PosError at node n of file.
 func Errorf(file string, n *yaml.Node, what, format string, args ...any) error {
@@ -251,84 +219,8 @@ func knownList(fields map[string]reflect.Type) string {
 	for k := range fields {
 		names = append(names, k)
 	}
-	sortStrings(names)
+	slices.Sort(names)
 	return strings.Join(names, ", ")
-}
-
-// Spec is one entry of a policy chain: a policy name and its global
-// arguments. In YAML it is either the bare name ("cost") or a mapping
-// {name: ..., args: {...}}.
-type Spec struct {
-	Name string
-	Args Section
-	// Line and Column locate the entry in Args.File (0 when built in Go).
-	Line, Column int
-}
-
-// UnmarshalYAML implements yaml.Unmarshaler.
-func (s *Spec) UnmarshalYAML(n *yaml.Node) error {
-	s.Line, s.Column = n.Line, n.Column
-	switch n.Kind {
-	case yaml.ScalarNode:
-		s.Name = n.Value
-		return nil
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			switch k.Value {
-			case "name":
-				if v.Kind != yaml.ScalarNode {
-					return Errorf("", v, "chain", "policy name must be a string")
-				}
-				s.Name = v.Value
-			case "args":
-				s.Args.Node = v
-			default:
-				return Errorf("", k, "chain", "unknown field %q in policy entry (known: name, args)", k.Value)
-			}
-		}
-		if s.Name == "" {
-			return Errorf("", n, "chain", "policy entry has no name")
-		}
-		return nil
-	default:
-		return Errorf("", n, "chain", "policy entry must be a name or {name, args}")
-	}
-}
-
-// PoolSection is one pool's policy section: per-policy arguments keyed by
-// policy name (`cost: {scale: 2}`).
-type PoolSection map[string]Section
-
-// UnmarshalYAML implements yaml.Unmarshaler. File names are filled in by
-// SetFile.
-func (p *PoolSection) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
-		return nil
-	}
-	if n.Kind != yaml.MappingNode {
-		return Errorf("", n, "policy", "pool policy section must be a mapping of policy name to arguments")
-	}
-	m := make(PoolSection, len(n.Content)/2)
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k := n.Content[i]
-		if _, dup := m[k.Value]; dup {
-			return Errorf("", k, "policy", "policy %q configured twice", k.Value)
-		}
-		m[k.Value] = Section{Node: n.Content[i+1]}
-	}
-	*p = m
-	return nil
-}
-
-// SetFile records file as the origin of every section that has none.
-func (p PoolSection) SetFile(file string) {
-	for k, s := range p {
-		if s.File == "" {
-			s.File = file
-			p[k] = s
-		}
-	}
 }
 
 // FixFile fills in the file name of a PosError raised before the file was
@@ -341,11 +233,11 @@ func FixFile(err error, file string) error {
 	return err
 }
 
-// nodeAt follows path (mapping keys as strings, sequence indexes as ints)
+// NodeAt follows path (mapping keys as strings, sequence indexes as ints)
 // from n and returns the deepest node reached, so that a validation error
 // points as close to the offending value as the text allows.
-func nodeAt(n *yaml.Node, path ...any) *yaml.Node {
-	n = deref(n)
+func NodeAt(n *yaml.Node, path ...any) *yaml.Node {
+	n = Deref(n)
 	for _, step := range path {
 		var next *yaml.Node
 		switch s := step.(type) {
@@ -363,7 +255,7 @@ func nodeAt(n *yaml.Node, path ...any) *yaml.Node {
 				next = n.Content[s]
 			}
 		}
-		if next = deref(next); next == nil {
+		if next = Deref(next); next == nil {
 			return n
 		}
 		n = next
@@ -371,8 +263,8 @@ func nodeAt(n *yaml.Node, path ...any) *yaml.Node {
 	return n
 }
 
-// deref skips document and alias nodes.
-func deref(n *yaml.Node) *yaml.Node {
+// Deref skips document and alias nodes.
+func Deref(n *yaml.Node) *yaml.Node {
 	for n != nil {
 		switch {
 		case n.Kind == yaml.AliasNode:

@@ -1,0 +1,93 @@
+package config_test
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/config"
+)
+
+func TestFlagSetEnv(t *testing.T) {
+	type cfg struct {
+		addr  string
+		n     int
+		d     time.Duration
+		list  []string
+		alias int
+	}
+	parse := func(args []string, env map[string]string) (cfg, error) {
+		var c cfg
+		fs := config.NewFlagSet("t", io.Discard)
+		fs.StringVar(&c.addr, "listen-addr", "127.0.0.1:1", "")
+		fs.Var(config.Int(&c.n, 0), "max-things", "")
+		fs.Var(config.Duration(&c.d), "wait", "")
+		fs.Var(config.List(&c.list), "peers", "")
+		fs.Var(config.Int(&c.alias, 1), "block-size", "")
+		fs.Alias("router-block-size", "block-size")
+		fs.Env("block-size", "DYN_KV_CACHE_BLOCK_SIZE")
+		return c, fs.Parse(args, func(k string) string { return env[k] })
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want cfg
+	}{
+		{"defaults", nil, nil, cfg{addr: "127.0.0.1:1"}},
+		{"env", nil, map[string]string{"KVGATE_LISTEN_ADDR": ":2", "KVGATE_MAX_THINGS": "3", "KVGATE_WAIT": "5", "KVGATE_PEERS": "a, b"},
+			cfg{addr: ":2", n: 3, d: 5 * time.Second, list: []string{"a", "b"}}},
+		{"flag beats env", []string{"-listen-addr", ":9"}, map[string]string{"KVGATE_LISTEN_ADDR": ":2"}, cfg{addr: ":9"}},
+		{"kvgate env beats alias env beats dynamo env", nil, map[string]string{"DYN_KV_CACHE_BLOCK_SIZE": "16", "KVGATE_ROUTER_BLOCK_SIZE": "32", "KVGATE_BLOCK_SIZE": "64"},
+			cfg{addr: "127.0.0.1:1", alias: 64}},
+		{"alias flag beats every env", []string{"-router-block-size=8"}, map[string]string{"KVGATE_BLOCK_SIZE": "64"}, cfg{addr: "127.0.0.1:1", alias: 8}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parse(tt.args, tt.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.addr != tt.want.addr || got.n != tt.want.n || got.d != tt.want.d || strings.Join(got.list, ",") != strings.Join(tt.want.list, ",") || got.alias != tt.want.alias {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	if _, err := parse(nil, map[string]string{"KVGATE_MAX_THINGS": "-1"}); err == nil || !strings.Contains(err.Error(), `KVGATE_MAX_THINGS="-1": must be ≥ 0 (flag -max-things)`) {
+		t.Errorf("bad env: got %v", err)
+	}
+	if _, err := parse([]string{"stray"}, nil); err == nil || !strings.Contains(err.Error(), "unexpected arguments") {
+		t.Errorf("stray argument: got %v", err)
+	}
+	if _, err := parse([]string{"-h"}, nil); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: got %v, want flag.ErrHelp", err)
+	}
+}
+
+func TestYAMLErrorsNameFileAndLine(t *testing.T) {
+	type inner struct {
+		Size int `yaml:"size"`
+	}
+	type doc struct {
+		Name  string `yaml:"name"`
+		Inner inner  `yaml:"inner"`
+	}
+	n, err := config.ParseFile("f.yaml", []byte("name: x\ninner:\n  sise: 3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d doc
+	err = config.DecodeStrict("f.yaml", "pool", n, &d)
+	if got, want := err.Error(), `f.yaml:3:3: pool.inner: unknown field "sise" (known: size)`; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if !errors.Is(err, config.ErrInvalid) {
+		t.Errorf("%v does not wrap ErrInvalid", err)
+	}
+	if _, err := config.ParseFile("g.yaml", []byte("a: [\n")); err == nil || !strings.HasPrefix(err.Error(), "g.yaml:") {
+		t.Errorf("syntax error: got %v", err)
+	}
+}

@@ -1,0 +1,102 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/tlsconfig"
+)
+
+// Etcd is an etcd client's configuration: endpoints and TLS (flags -etcd,
+// -etcd-ca-file, -etcd-cert-file, -etcd-key-file).
+type Etcd struct {
+	Endpoints []string
+	TLS       tlsconfig.Client
+}
+
+// TLSFlags defines the -etcd-*-file flags on fs (the endpoints flag is the
+// subcommand's own: its default differs).
+func (e *Etcd) TLSFlags(fs *config.FlagSet) {
+	e.TLS.Flags(fs, "etcd", "etcd", false)
+}
+
+// Client connects to etcd. ctx bounds nothing but is the client's parent
+// context's values (the client lives until Close).
+func (e Etcd) Client(ctx context.Context) (*clientv3.Client, error) {
+	tc, err := e.TLS.Config(nil)
+	if err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: e.Endpoints, DialTimeout: 5 * time.Second, TLS: tc,
+		Context: context.WithoutCancel(ctx), Logger: zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %v: %w", e.Endpoints, err)
+	}
+	return cli, nil
+}
+
+// NATS is a NATS client's configuration: URL, TLS and credentials (flags
+// -nats-ca-file, -nats-cert-file, -nats-key-file, -nats-creds-file; the URL
+// flag is the subcommand's own).
+type NATS struct {
+	URL       string
+	TLS       tlsconfig.Client
+	CredsFile string
+}
+
+// TLSFlags defines the NATS TLS and credentials flags on fs.
+func (n *NATS) TLSFlags(fs *config.FlagSet) {
+	n.TLS.Flags(fs, "nats", "the NATS servers", false)
+	fs.StringVar(&n.CredsFile, "nats-creds-file", n.CredsFile, "NATS credentials file (JWT and NKey seed)")
+}
+
+// Options are the nats.Options of this configuration: TLS, credentials,
+// and reconnection forever (a router or worker outlives any NATS outage).
+func (n NATS) Options() ([]nats.Option, error) {
+	opts := []nats.Option{nats.MaxReconnects(-1)}
+	tc, err := n.TLS.Config(nil)
+	if err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	if n.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(n.CredsFile))
+	}
+	return opts, nil
+}
+
+// Connect connects to NATS as name, logging disconnections and
+// reconnections on log; extra options come last.
+func (n NATS) Connect(name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	opts, err := n.Options()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, nats.Name(name),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: we closed it
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("nats reconnected") }),
+	)
+	nc, err := nats.Connect(n.URL, append(opts, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("nats %s: %w", n.URL, err)
+	}
+	return nc, nil
+}

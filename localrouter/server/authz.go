@@ -1,0 +1,77 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/internal/tlsconfig"
+)
+
+// lifecycleMethods change a router's state on a caller's word: under mutual
+// TLS they are authorised by the caller's certificate. Probes (BestWorker,
+// PotentialLoads, Workers, Stats) and health stay open to any client the
+// TLS layer let in.
+var lifecycleMethods = map[string]bool{
+	localrouterv1.LocalRouter_Commit_FullMethodName:              true,
+	localrouterv1.LocalRouter_Track_FullMethodName:               true,
+	localrouterv1.LocalRouter_MarkPrefillComplete_FullMethodName: true,
+	localrouterv1.LocalRouter_Free_FullMethodName:                true,
+	localrouterv1.LocalRouter_DumpEvents_FullMethodName:          true,
+}
+
+// authorizer allows lifecycle calls from peers whose verified client
+// certificate carries one of the allowed names (a DNS SAN or the common
+// name).
+type authorizer struct{ allowed []string }
+
+func (a authorizer) check(ctx context.Context, method string) error {
+	if !lifecycleMethods[method] {
+		return nil
+	}
+	for _, n := range peerNames(ctx) {
+		if slices.Contains(a.allowed, n) {
+			return nil
+		}
+	}
+	// The rule, never the router's state nor the peer's details.
+	return status.Error(codes.PermissionDenied, fmt.Sprintf("%s: caller not authorised: lifecycle calls need a client certificate named in -authorized-clients", method))
+}
+
+func (a authorizer) unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := a.check(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	}
+}
+
+func (a authorizer) stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := a.check(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
+		return h(srv, ss)
+	}
+}
+
+// peerNames are the names of the caller's verified certificate.
+func peerNames(ctx context.Context) []string {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	return tlsconfig.PeerNames(ti.State.VerifiedChains[0][0])
+}
