@@ -21,16 +21,11 @@ import (
 // Flags are the flags of each kvgate subcommand (from `kvgate <sub> -h`).
 type Flags map[string]map[string]bool
 
-// Pending are flags the manifests use that issue 11 adds to kvgate (TLS,
-// the plaintext health port); until they land, a missing one is reported
-// by Check's caller as pending, not as an error.
-var Pending = map[string]bool{
-	"tls-cert-file": true, "tls-key-file": true, "tls-client-ca-file": true, "secure-serving": true,
-	"health-addr": true, "admin-addr": true, "authorized-clients": true,
-	"router-tls-ca-file": true, "router-tls-cert-file": true, "router-tls-key-file": true, "router-tls-server-name": true,
-	"etcd-ca-file": true, "etcd-cert-file": true, "etcd-key-file": true,
-	"nats-ca-file": true, "nats-cert-file": true, "nats-key-file": true, "nats-creds-file": true,
-}
+// Pending are flags the manifests may use before kvgate has them; a
+// missing one is reported by Check's caller as pending, not as an error.
+// Empty now that the TLS, health and admin flags exist: every flag a
+// manifest passes must be one kvgate defines.
+var Pending = map[string]bool{}
 
 // Thresholds the checks hold the manifests to.
 const (
