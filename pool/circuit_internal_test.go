@@ -172,12 +172,14 @@ func TestEjector(t *testing.T) {
 	if e.Ejected("w:1") {
 		t.Fatal("ejected before any report")
 	}
-	if d := e.Report("w:1"); d != time.Second {
-		t.Errorf("first report: %v, want 1s", d)
+	if d, ok := e.Report("w:1"); d != time.Second || !ok {
+		t.Errorf("first report: %v %v, want 1s, ejected", d, ok)
 	}
 	// Many requests saw the same failure: one ejection.
 	for range 50 {
-		e.Report("w:1")
+		if _, ok := e.Report("w:1"); ok {
+			t.Fatal("a report while ejected ejected again")
+		}
 	}
 	if !e.Ejected("w:1") || e.Ejected("w:2") {
 		t.Error("w:1 should be ejected, w:2 not")
@@ -186,7 +188,7 @@ func TestEjector(t *testing.T) {
 	if e.Ejected("w:1") {
 		t.Error("still ejected after its 1s")
 	}
-	if d := e.Report("w:1"); d != 2*time.Second {
+	if d, _ := e.Report("w:1"); d != 2*time.Second {
 		t.Errorf("report soon after re-admission: %v, want 2s", d)
 	}
 	e.Readmit("w:1")
@@ -194,7 +196,7 @@ func TestEjector(t *testing.T) {
 		t.Error("ejected after Readmit")
 	}
 	now = now.Add(time.Minute)
-	if d := e.Report("w:1"); d != time.Second {
+	if d, _ := e.Report("w:1"); d != time.Second {
 		t.Errorf("report long after: %v, want 1s again", d)
 	}
 }

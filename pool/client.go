@@ -165,6 +165,9 @@ var (
 	// ErrAllEjected: passive health ejected every worker the pool's
 	// local router knows (their connections fail).
 	ErrAllEjected = errors.New("every worker ejected")
+	// ErrUnknownWorker: the local router knows no such worker (or rank):
+	// the router's own sentinel, matched across the wire.
+	ErrUnknownWorker = localrouter.ErrUnknownWorker
 	// ErrClosed: the pool or its connections were closed.
 	ErrClosed = errors.New("pool closed")
 )

@@ -64,12 +64,13 @@ func maxDur(a, b time.Duration) time.Duration {
 }
 
 // Report records a connection failure to the worker at addr and returns
-// how long it is ejected for. A report that comes while addr is already
-// ejected only extends it when the new duration ends later: reports of
-// the many requests that saw one failure double once.
-func (e *Ejector) Report(addr string) time.Duration {
+// how long it is ejected for, and whether this report ejected it (false:
+// it already was). A report that comes while addr is ejected changes
+// nothing: the reports of the many requests that saw one failure eject
+// once.
+func (e *Ejector) Report(addr string) (time.Duration, bool) {
 	if e == nil || addr == "" {
-		return 0
+		return 0, false
 	}
 	now := e.now()
 	e.mu.Lock()
@@ -81,19 +82,19 @@ func (e *Ejector) Report(addr string) time.Duration {
 			e.prune(now)
 		}
 		if len(e.m) >= maxEjections {
-			return 0 // full of live ejections: nothing more is learnt
+			return 0, false // full of live ejections: nothing more is learnt
 		}
 		j = &ejection{last: e.base}
 		e.m[addr] = j
 	case now.Before(j.until):
-		return j.until.Sub(now) // one failure, many reporters
+		return j.until.Sub(now), false // one failure, many reporters
 	case now.Sub(j.until) < e.max:
 		j.last = min(2*j.last, e.max)
 	default:
 		j.last = e.base
 	}
 	j.until = now.Add(j.last)
-	return j.last
+	return j.last, true
 }
 
 // Readmit ends addr's ejection (a request it served succeeded).
