@@ -140,6 +140,17 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	return d, err
 }
 
+// TrustHeader is the header that carries a caller's trust token
+// (trust.header): the front door removes it before requests go upstream.
+func (r *Router) TrustHeader() string {
+	st := r.acquire()
+	if st == nil {
+		return DefaultTrustHeader
+	}
+	defer st.release()
+	return st.cfg.Trust.Header
+}
+
 // HealthReporter takes passive health reports from the response path
 // (the ext_proc server). Router implements it. Methods are safe for
 // concurrent use and do not block.
