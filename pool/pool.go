@@ -53,12 +53,18 @@ type Pool struct {
 	routers atomic.Pointer[[]*conn] // immutable snapshot
 	next    atomic.Uint32           // round robin over routers
 
-	mu     sync.Mutex // guards the routers' references against Close
-	closed bool
-	stop   context.CancelFunc
-	wg     sync.WaitGroup
-	synced chan struct{}
-	disc   map[string][]byte // etcd key → value, owned by the sink
+	mu      sync.Mutex // guards the routers' references against Close
+	closed  bool
+	closing bool // Close began: no more background work
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	// life ends at Close: background refreshes of the known workers.
+	life       context.Context
+	endLife    context.CancelFunc
+	refreshing atomic.Bool
+	refreshed  atomic.Int64 // unix nanos of the last refresh
+	synced     chan struct{}
+	disc       map[string][]byte // etcd key → value, owned by the sink
 }
 
 // Open returns the pool of cfg (validated by the caller). Static routers are
@@ -82,6 +88,7 @@ func Open(cfg Config, opts Options) (*Pool, error) {
 		log: opts.Logger.With("component", "pool", "pool", cfg.Name)}
 	empty := []*conn{}
 	p.routers.Store(&empty)
+	p.life, p.endLife = context.WithCancel(context.Background())
 	if !cfg.Routers.Etcd {
 		cs := make([]*conn, 0, len(cfg.Routers.Static))
 		for _, a := range cfg.Routers.Static {
@@ -126,9 +133,13 @@ func (p *Pool) Synced() <-chan struct{} { return p.synced }
 // Close stops discovery and releases the pool's clients (Trackers keep
 // theirs until freed).
 func (p *Pool) Close() {
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
 	if p.stop != nil {
 		p.stop()
 	}
+	p.endLife()
 	p.wg.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -259,6 +270,7 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (routing.Selection, error) 
 			Err: fmt.Errorf("worker %s/%d has no address (leaving the pool)", sel.WorkerID, sel.DPRank)}
 	}
 	p.known.add(sel.WorkerID, sel.DPRank, sel.Address, time.Now())
+	p.refreshKnown(c, pr)
 	if p.ej.Ejected(sel.Address) {
 		return p.alternative(ctx, c, pr, sel, timeout)
 	}
@@ -293,6 +305,45 @@ func (p *Pool) alternative(ctx context.Context, c *conn, pr Prompt, sel routing.
 	best.Router = c.addr
 	best.RequestBlocks, best.BlockSize, best.Candidates = sel.RequestBlocks, sel.BlockSize, sel.Candidates
 	return best, nil
+}
+
+// refreshInterval is how often a pool asks a router for all its workers
+// (PotentialLoads, in the background) so the known workers — same-pool
+// fallbacks, best-effort targets — are the whole pool, not only the
+// probes' winners.
+const refreshInterval = 10 * time.Second
+
+// refreshKnown starts a background refresh of the known workers through
+// c when the last one is older than refreshInterval; one at a time, never
+// on the request's path.
+func (p *Pool) refreshKnown(c *conn, pr Prompt) {
+	if time.Since(time.Unix(0, p.refreshed.Load())) < refreshInterval || !p.refreshing.CompareAndSwap(false, true) {
+		return
+	}
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		p.refreshing.Store(false)
+		return
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	pr.Override = nil
+	go func() {
+		defer p.wg.Done()
+		defer p.refreshing.Store(false)
+		ctx, cancel := context.WithTimeout(p.life, p.timeout)
+		defer cancel()
+		loads, err := c.r.Loads(ctx, pr)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		for _, l := range loads {
+			p.known.add(l.WorkerID, l.DPRank, l.Address, now)
+		}
+		p.refreshed.Store(now.UnixNano())
+	}()
 }
 
 // better orders a router's workers for a request: most cached blocks,
