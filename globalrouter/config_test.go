@@ -42,7 +42,7 @@ func TestExampleConfigs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Probe.Timeout != 20*time.Millisecond || len(cfg.Chain) != 6 || cfg.Pools[0].Policy["cost"].File != filepath.Join("..", "examples", "policies", "pool-a.yaml") {
+	if cfg.Probe.Timeout != 250*time.Millisecond || cfg.Probe.MinTimeout != 25*time.Millisecond || cfg.Trust.Steering != globalrouter.AccessTrusted || len(cfg.Chain) != 6 || cfg.Pools[0].Policy["cost"].File != filepath.Join("..", "examples", "policies", "pool-a.yaml") {
 		t.Errorf("examples/pools.yaml read as %+v", cfg)
 	}
 }
