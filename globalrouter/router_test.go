@@ -38,8 +38,8 @@ func TestDecideFollowsTheCache(t *testing.T) {
 	if d.Primary.Address == "" {
 		t.Error("primary has no address")
 	}
-	if len(d.Fallbacks) != 1 || d.Fallbacks[0].Pool != "pool-a" {
-		t.Errorf("fallbacks = %+v, want pool-a's best worker", d.Fallbacks)
+	if o := otherPools(d); len(o) != 1 || len(d.Fallbacks) == 0 || d.Fallbacks[0].Pool != "pool-a" {
+		t.Errorf("fallbacks = %+v, want pool-a's best worker first (then pool-b's others)", d.Fallbacks)
 	}
 	if d.Prefill != nil {
 		t.Errorf("aggregated pools gave a prefill endpoint %+v", d.Prefill)
