@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvgate/kvgate/envoy/extprocclient"
+	"github.com/kvgate/kvgate/envoy/gateway"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
@@ -253,5 +257,90 @@ func respond(t *testing.T, ctx context.Context, s *extprocclient.Stream, status,
 		if _, err := s.ReadDownstream(ctx); err != nil {
 			return
 		}
+	}
+}
+
+// TestWorkerRefusingConnections runs the bundled gateway (Envoy's part)
+// in front of the ext_proc server and the real routers, with a worker
+// that refuses connections and caches the prompt (so the router prefers
+// it): the first request is served by a fallback of the same pool, and
+// the report of that ejects the dead worker: the next requests go
+// straight to live workers.
+func TestWorkerRefusingConnections(t *testing.T) {
+	ctx := testenv.Context(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close() // connections to it are refused from now on
+	ok := func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[],"usage":{"prompt_tokens":64,"completion_tokens":1}}`)
+	}
+	live1, live2 := httptest.NewServer(http.HandlerFunc(ok)), httptest.NewServer(http.HandlerFunc(ok))
+	defer live1.Close()
+	defer live2.Close()
+	lr := pooltest.Start(t, "pool-a", 16,
+		pooltest.Worker{ID: "w-dead", Address: dead},
+		pooltest.Worker{ID: "w-1", Address: live1.Listener.Addr().String()},
+		pooltest.Worker{ID: "w-2", Address: live2.Listener.Addr().String()})
+	prompt := tokenIDs(64, 7)
+	lr.Store(t, "w-dead", prompt)
+	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{"m"}, lr.Addr))
+	cfg.Probe.Timeout = 10 * time.Second
+	cfg.Trust.RoutingHeaders = globalrouter.AccessOn
+	r, err := globalrouter.New(cfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	// The pool learns its other workers (same-pool fallbacks) in the
+	// background.
+	testenv.Eventually(t, 10*time.Second, func() (string, bool) {
+		d, err := r.Decide(ctx, &globalrouter.Request{Model: "m", PromptTokens: prompt})
+		if err != nil {
+			return err.Error(), false
+		}
+		_ = d.Lease.Free(ctx)
+		return "no same-pool fallback yet", d.Primary.Address == dead && len(d.Fallbacks) > 0
+	})
+
+	conn, _ := startServer(t, extproc.Config{}, r)
+	gcfg, err := gateway.DefaultConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(conn, gcfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	front := httptest.NewServer(gw)
+	defer front.Close()
+	client := front.Client()
+	defer client.CloseIdleConnections()
+	for i := range 4 {
+		req, _ := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/completions", strings.NewReader(tokenBody(64, 7)))
+		req.Header.Set("content-type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ep := resp.Header.Get("x-kvgate-endpoint")
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d %s", i, resp.StatusCode, body)
+		}
+		if i == 0 && ep != dead {
+			t.Fatalf("request %d: routed to %s first, want the dead worker (it caches the prompt)", i, ep)
+		}
+		if i > 0 && ep == dead {
+			t.Errorf("request %d: routed to the dead worker again after its connection failure", i)
+		}
+	}
+	if err := lr.WaitIdle(ctx); err != nil {
+		t.Error(err)
 	}
 }
