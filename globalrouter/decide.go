@@ -174,6 +174,19 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 			return nil, &Refusal{Kind: ErrForbidden, Reason: "policy_refused",
 				Public: fmt.Sprintf("%s: pool %q is not allowed for this request: %v", HeaderPool, pinPool, err)}
 		}
+		// The chain dropped the pools that answered; one that did not may
+		// be the request's (its tenant's, say): best effort there.
+		var down []probeResult
+		for _, res := range results {
+			if res.err != nil && outage(res.err) {
+				down = append(down, res)
+			}
+		}
+		if len(down) > 0 {
+			if d := r.bestEffort(ctx, st, p, down, trace); d != nil {
+				return d, nil
+			}
+		}
 		return nil, r.noPool(st, p, results, err)
 	}
 	return r.commit(ctx, st, p, results, ranked, trace, pinPool != "")

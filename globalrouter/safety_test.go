@@ -238,3 +238,50 @@ func TestPassiveHealthEjectsWorker(t *testing.T) {
 		t.Errorf("after the ejection: %+v %v, want b-1 again", d, err)
 	}
 }
+
+// TestNoPoolNamesTheRealCause: the tenant's only pool is down and the
+// other pool is reserved for another tenant; the answer is an outage of
+// that pool (503 no_pool_reachable naming it), not "policy header-match
+// dropped all candidates"; once its workers are known, best effort routes
+// there instead (header-match still applies).
+func TestNoPoolNamesTheRealCause(t *testing.T) {
+	ctx := testenv.Context(t)
+	c := newCluster(t)
+	cfg := c.cfg
+	cfg.Pools = slices.Clone(c.cfg.Pools)
+	cfg.Chain = []policies.Spec{{Name: "model-match"}, {Name: "header-match"}, {Name: "cost"}}
+	cfg.Pools[0].Policy = policies.PoolSection{"header-match": section(policies.HeaderMatchPool{Headers: map[string][]string{"x-tenant": {"beta"}}})}
+	cfg.Pools[1].Policy = policies.PoolSection{"header-match": section(policies.HeaderMatchPool{Headers: map[string][]string{"x-tenant": {"acme"}}})}
+	acme := &globalrouter.Request{Model: model, Prompt: longText(40), Headers: map[string]string{"x-tenant": "acme"}}
+
+	cold, _ := newRouter(t, cfg)
+	warm, _ := newRouter(t, cfg)
+	d, err := warm.Decide(ctx, acme) // warm learns pool-b's workers
+	if err != nil {
+		t.Fatal(err)
+	}
+	free(t, d)
+	c.b.Stop()
+
+	_, err = cold.Decide(ctx, acme)
+	var ref *globalrouter.Refusal
+	if !errors.Is(err, globalrouter.ErrNoPool) || !errors.As(err, &ref) || ref.Reason != "no_pool_reachable" {
+		t.Fatalf("acme with pool-b down: got %v, want 503 no_pool_reachable", err)
+	}
+	if msg := globalrouter.ClientMessage(err); !strings.Contains(msg, "pool-b is unreachable") || strings.Contains(msg, "header-match") {
+		t.Errorf("client message %q: want pool-b named unreachable, not the policy", msg)
+	}
+	d, err = warm.Decide(ctx, acme)
+	if err != nil {
+		t.Fatalf("acme with pool-b down, its workers known: %v, want best effort", err)
+	}
+	if !d.BestEffort || d.Primary.Pool != "pool-b" {
+		t.Errorf("acme with pool-b down: %+v, want best effort on pool-b", d.Primary)
+	}
+	free(t, d)
+	// A tenant no pool serves is refused by the policy, with its name.
+	_, err = cold.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi", Headers: map[string]string{"x-tenant": "zed"}})
+	if !errors.As(err, &ref) || ref.Reason != "no_pool_allowed" || !strings.Contains(globalrouter.ClientMessage(err), "header-match") {
+		t.Errorf("tenant zed: got %v, want no_pool_allowed naming header-match", err)
+	}
+}
