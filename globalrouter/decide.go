@@ -285,6 +285,9 @@ func (r *Router) bestEffort(ctx context.Context, st *state, p *prepared, results
 	}
 	c := ranked[0]
 	d := &Decision{Primary: endpoint(c.Pool, c.Probe), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: &lease{}, BestEffort: true}
+	if pe := st.byName[c.Pool]; pe != nil {
+		d.DPRankBodyField = pe.cfg.DPRankBodyField
+	}
 	d.Fallbacks = r.fallbacks(st, p, d.Primary, ranked[1:])
 	r.m.bestEffort.WithLabelValues(c.Pool).Inc()
 	r.log.Warn("no local router reachable; routing best-effort on the last known workers", "request_id", p.id, "client_request_id", p.req.ClientID, "pool", c.Pool, "worker_id", c.Probe.WorkerID)

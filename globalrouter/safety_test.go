@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/policies"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // TestPinsRunTheChain is issue 13's case: x-kvgate-worker-id of a worker in
@@ -159,9 +160,9 @@ func TestOverlapOracleIsClosed(t *testing.T) {
 	for _, w := range []string{"b-0", "b-1"} {
 		c.b.Store(t, w, chatTokens(t, secret))
 	}
-	guess := func(r *globalrouter.Router, msgs []globalrouter.Message) int {
+	guess := func(r *globalrouter.Router, msgs []tokenizer.Message) int {
 		t.Helper()
-		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: msgs, Headers: map[string]string{"x-tenant": "mallory"}})
+		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(msgs...), Headers: map[string]string{"x-tenant": "mallory"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,7 +196,7 @@ func TestPassiveHealthEjectsWorker(t *testing.T) {
 	msgs := chat(longText(100))
 	c.b.Store(t, "b-1", chatTokens(t, msgs))
 	decide := func(h map[string]string) (*globalrouter.Decision, error) {
-		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Messages: msgs, Headers: h})
+		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(msgs...), Headers: h})
 		if d != nil {
 			free(t, d)
 		}
