@@ -377,9 +377,14 @@ func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) 
 		sel.ISL = len(p.tokens)
 		results[i] = probeResult{pe: pe, sel: sel, err: err, dur: d}
 		outcome := "ok"
+		var perr *pool.ProbeError
 		switch {
 		case errors.Is(err, pool.ErrCircuitOpen):
 			outcome = "circuit_open"
+		case errors.As(err, &perr) && perr.Local:
+			outcome = "starved" // our deadline fired late: CPU pressure here
+		case errors.As(err, &perr) && perr.Timeout:
+			outcome = "timeout"
 		case err != nil:
 			outcome = "error"
 		}

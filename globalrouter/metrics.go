@@ -37,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		probe: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvgate_globalrouter_probe_duration_seconds",
-			Help:    "Time of one pool probe (state-free BestWorker), by pool and outcome.",
+			Help:    "Time of one pool probe (state-free BestWorker), by pool and outcome (ok, error, timeout, starved: the deadline fired late because the global router was starved of CPU, circuit_open).",
 			Buckets: latencyBuckets,
 		}, []string{"pool", "outcome"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
