@@ -156,26 +156,15 @@ func (r *Refusal) Unwrap() []error {
 }
 
 // ClientMessage is the message of a Decide error for the client: a
-// Refusal's Public message, the error itself for ErrBadRequest and
-// ErrUnknownModel (made of the client's own input), or a fixed text for
-// the others.
+// Refusal's Public message (the cause, without internal addresses or the
+// local routers' own words), else the error's text, which may name
+// internal endpoints: the ext_proc server redacts addresses from it.
 func ClientMessage(err error) string {
 	var r *Refusal
-	switch {
-	case errors.As(err, &r):
+	if errors.As(err, &r) {
 		return r.Public
-	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrUnknownModel):
-		return err.Error()
-	case errors.Is(err, ErrPinRefused):
-		return "the pinned target cannot take the request"
-	case errors.Is(err, ErrForbidden):
-		return "the request is not allowed"
-	case errors.Is(err, ErrSaturated):
-		return "every eligible worker is saturated; retry later"
-	case errors.Is(err, ErrNoPool):
-		return "no pool is reachable; retry later"
 	}
-	return "internal error routing the request"
+	return err.Error()
 }
 
 // Decider makes routing decisions. Implementations are safe for concurrent
