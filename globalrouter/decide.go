@@ -269,8 +269,8 @@ func retryAfter(st *state, pools []string) time.Duration {
 func (r *Router) bestEffort(ctx context.Context, st *state, p *prepared, results []probeResult, trace *policies.Trace) *Decision {
 	var cands []policies.Candidate
 	for _, res := range results {
-		sel, ok := res.pe.p.LastKnown()
-		if !ok || !p.req.Subset.allows(sel.Address) {
+		sel, ok := res.pe.p.LastKnown(p.req.Subset.allows)
+		if !ok {
 			continue
 		}
 		sel.ISL = len(p.tokens)

@@ -381,11 +381,11 @@ func (p *Pool) Others(except string, n int) []routing.Selection {
 }
 
 // LastKnown is the best-effort choice when none of the pool's local
-// routers can be reached: one of the workers recently seen and not
-// ejected, round robin, with no cost terms and no router. ok is false
-// when the pool knows none.
-func (p *Pool) LastKnown() (sel routing.Selection, ok bool) {
-	ws := p.known.list(time.Now(), true, func(a string) bool { return !p.ej.Ejected(a) })
+// routers can be reached: one of the workers recently seen, not ejected
+// and whose address allow accepts (nil: any), round robin, with no cost
+// terms and no router. ok is false when the pool knows none.
+func (p *Pool) LastKnown(allow func(addr string) bool) (sel routing.Selection, ok bool) {
+	ws := p.known.list(time.Now(), true, func(a string) bool { return !p.ej.Ejected(a) && (allow == nil || allow(a)) })
 	if len(ws) == 0 {
 		return routing.Selection{}, false
 	}
