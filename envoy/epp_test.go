@@ -44,6 +44,12 @@ func startEPPStack(t *testing.T) *eppStack {
 		pool.NewConfig("pool-b", 16, []string{"m"}, s.b.Addr),
 	)
 	cfg.Probe.Timeout = 10 * time.Second
+	// The tests read the routing headers on the response: an operator's
+	// caller (globalrouter trust.routing_headers, off by default).
+	cfg.Trust.RoutingHeaders = globalrouter.AccessOn
+	// One fallback per other pool, none of the same pool's: the lists the
+	// tests compare stay what the two pools' probes name.
+	cfg.Probe.SamePoolFallbacks = -1
 	tok, err := tokenizer.Load(tokenizer.Config{Backend: tokenizer.BackendEstimate})
 	if err != nil {
 		t.Fatal(err)

@@ -65,8 +65,8 @@ func benchRouter(b *testing.B) *globalrouter.Router {
 		pool.NewConfig("pool-a", 16, []string{"m"}, a.Addr),
 		pool.NewConfig("pool-b", 16, []string{"m"}, c.Addr),
 	)
-	// A starved CPU (shared machines, -race) stretches probes past the
-	// 20 ms default; a refused request would not measure a decision.
+	// A starved CPU (shared machines, -race) stretches probes; a refused
+	// request would not measure a decision.
 	cfg.Probe.Timeout = time.Second
 	router, err := globalrouter.New(cfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {

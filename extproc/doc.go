@@ -25,9 +25,13 @@
 //
 // Read: :path (routed when it is one of Config.InferencePaths, and the
 // method is not GET or HEAD; anything else passes through untouched),
-// x-request-id, x-kvgate-explain: 1, and every header for the policies
+// x-request-id (for logs only: the request's lifecycle on the local
+// routers is keyed by an id the server makes per stream, as clients reuse
+// theirs), x-kvgate-explain: 1, and every header for the policies
 // (pinning with x-kvgate-pool / x-kvgate-worker-id / x-kvgate-dp-rank,
-// sessions, priorities, overrides: see globalrouter).
+// sessions, priorities, overrides, the trust token: see globalrouter). The
+// trust token's header is removed from every request before it goes
+// upstream.
 //
 // Set on the request: x-gateway-destination-endpoint (the ordered list,
 // primary ip:port then the distinct fallbacks, comma-separated: exactly
@@ -40,8 +44,9 @@
 // own is removed) and x-kvgate-explain (when asked). For a pool with
 // dp_rank_body_field (Decision.DPRankBodyField) the JSON body is re-emitted
 // with SGLang's routed_dp_rank set to the rank (content-length fixed in
-// BUFFERED mode). Set on the response: the same x-kvgate-* plus
-// x-kvgate-endpoint, so clients see where they went (the endpoint that
+// BUFFERED mode). Set on the response, only when the decision says the
+// caller may see them (globalrouter's trust.routing_headers; off by
+// default): the same x-kvgate-* plus x-kvgate-endpoint (the endpoint that
 // served the request, see below).
 //
 // # Endpoint-picker protocol (epp.go)
@@ -58,15 +63,22 @@
 // Decider's Ready, when it has one). docs/envoy.md maps each clause to its
 // test.
 //
+// Passive health: a served report naming a fallback means the endpoints
+// before it refused connections, and Envoy's local reply "503 upstream
+// connect error" means the primary did: both are reported to the Decider
+// when it is a globalrouter.HealthReporter.
+//
 // # Errors
 //
 // OpenAI-shaped JSON immediate responses ({"error":{"message","type",
 // "code"}}) with x-kvgate-dropped-reason: 400 bad_json / missing_field /
-// bad_field / bad_request / pin_refused, 404 unknown_model, 413
-// body_too_large, 429 saturated, 503 no_pool_reachable /
-// no_endpoint_in_subset (429 and 503 with retry-after), 500
-// internal_error. The Decider returns the globalrouter sentinels; this
-// package is the only place they become statuses.
+// bad_field / bad_request / pin_refused, 403 untrusted_header /
+// policy_refused, 404 unknown_model, 413 body_too_large, 429 saturated,
+// 503 no_pool_reachable / no_pool_allowed / no_endpoint_in_subset (429 and
+// 503 with retry-after), 500 internal_error. The Decider returns the
+// globalrouter sentinels; this package is the only place they become
+// statuses. Messages are globalrouter.ClientMessage's (no internal
+// addresses); the whole error goes to the debug log.
 //
 // # Metrics
 //

@@ -106,6 +106,7 @@ func (x *exchange) noteServed(req *extprocv3.ProcessingRequest) {
 		return
 	}
 	x.servedSeen = true
+	x.connectFailures(served)
 	if served == x.current.Address {
 		return
 	}

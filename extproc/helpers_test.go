@@ -99,6 +99,7 @@ func fixedDecision() *globalrouter.Decision {
 		},
 		ISL:         42,
 		Explanation: "pool-a: overlap 7 blocks\npool-b: overlap 0 blocks",
+		Expose:      true, // an operator's own caller: routing headers on the response
 	}
 }
 

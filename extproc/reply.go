@@ -33,30 +33,46 @@ type httpError struct {
 	reason     string // x-kvgate-dropped-reason
 	msg        string
 	retryAfter time.Duration
+	// detail is the whole error, for logs only (never to the client).
+	detail error
 }
 
 // errorFor maps a Decide error to the HTTP answer (the only place the
-// globalrouter sentinels become statuses).
+// globalrouter sentinels become statuses). The client's message is
+// globalrouter.ClientMessage's: the cause without internal addresses.
 func (s *Server) errorFor(err error) *httpError {
-	msg := redactAddresses(err.Error())
+	msg := redactAddresses(globalrouter.ClientMessage(err))
+	var e *httpError
 	switch {
+	case errors.Is(err, globalrouter.ErrForbidden):
+		e = &httpError{403, "permission_error", "forbidden", "forbidden", msg, 0, err}
 	case errors.Is(err, globalrouter.ErrPinRefused):
-		return &httpError{400, "invalid_request_error", "pin_refused", "pin_refused", msg, 0}
+		e = &httpError{400, "invalid_request_error", "pin_refused", "pin_refused", msg, 0, err}
 	case errors.Is(err, globalrouter.ErrBadRequest):
-		return &httpError{400, "invalid_request_error", "bad_request", "bad_request", msg, 0}
+		e = &httpError{400, "invalid_request_error", "bad_request", "bad_request", msg, 0, err}
 	case errors.Is(err, globalrouter.ErrBodyTooLarge):
-		return &httpError{413, "invalid_request_error", "request_too_large", "body_too_large", msg, 0}
+		e = &httpError{413, "invalid_request_error", "request_too_large", "body_too_large", msg, 0, err}
 	case errors.Is(err, globalrouter.ErrUnknownModel):
-		return &httpError{404, "invalid_request_error", "model_not_found", "unknown_model", msg, 0}
+		e = &httpError{404, "invalid_request_error", "model_not_found", "unknown_model", msg, 0, err}
 	case errors.Is(err, globalrouter.ErrSaturated):
-		return &httpError{429, "rate_limit_error", "rate_limit_exceeded", "saturated", msg, s.cfg.RetryAfter}
+		e = &httpError{429, "rate_limit_error", "rate_limit_exceeded", "saturated", msg, s.cfg.RetryAfter, err}
 	case errors.Is(err, globalrouter.ErrNoEndpointInSubset):
-		return &httpError{503, "server_error", "no_endpoint_in_subset", "no_endpoint_in_subset", msg, s.cfg.RetryAfter}
+		e = &httpError{503, "server_error", "no_endpoint_in_subset", "no_endpoint_in_subset", msg, s.cfg.RetryAfter, err}
 	case errors.Is(err, globalrouter.ErrNoPool):
-		return &httpError{503, "server_error", "no_pool_available", "no_pool_reachable", msg, s.cfg.RetryAfter}
+		e = &httpError{503, "server_error", "no_pool_available", "no_pool_reachable", msg, s.cfg.RetryAfter, err}
 	default:
-		return &httpError{500, "server_error", "internal_error", "internal_error", "internal error routing the request", 0}
+		return &httpError{500, "server_error", "internal_error", "internal_error", "internal error routing the request", 0, err}
 	}
+	var r *globalrouter.Refusal
+	if errors.As(err, &r) {
+		if r.Reason != "" {
+			e.reason = r.Reason
+		}
+		if r.RetryAfter > 0 && e.retryAfter > 0 {
+			e.retryAfter = r.RetryAfter
+		}
+	}
+	return e
 }
 
 // addressRE matches what names an internal endpoint in an error text: a
@@ -71,12 +87,12 @@ func redactAddresses(msg string) string {
 }
 
 func bodyHTTPError(e *bodyError) *httpError {
-	return &httpError{400, "invalid_request_error", e.reason, e.reason, e.msg, 0}
+	return &httpError{400, "invalid_request_error", e.reason, e.reason, e.msg, 0, nil}
 }
 
 func tooLarge(limit int) *httpError {
 	return &httpError{413, "invalid_request_error", "request_too_large", "body_too_large",
-		"request body exceeds " + strconv.Itoa(limit) + " bytes", 0}
+		"request body exceeds " + strconv.Itoa(limit) + " bytes", 0, nil}
 }
 
 // immediate builds the OpenAI-shaped local reply for e.
@@ -144,7 +160,9 @@ func destination(d *globalrouter.Decision) string {
 }
 
 // routingHeaders are the request header mutations of a decision.
-func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPrefiller bool) *extprocv3.HeaderMutation {
+// The trust header never goes upstream (the worker has no use for a
+// caller's token).
+func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPrefiller bool, trustHeader string) *extprocv3.HeaderMutation {
 	hs := []*corev3.HeaderValueOption{
 		setHeader(globalrouter.HeaderDestination, dest),
 		setHeader(globalrouter.HeaderPool, d.Primary.Pool),
@@ -153,12 +171,12 @@ func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPref
 		setHeader(globalrouter.HeaderDataParallelRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
 		setHeader(globalrouter.HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
 	}
-	m := &extprocv3.HeaderMutation{}
+	m := &extprocv3.HeaderMutation{RemoveHeaders: []string{trustHeader}}
 	if d.Prefill != nil {
 		hs = append(hs, setHeader(globalrouter.HeaderPrefiller, d.Prefill.Address))
 	} else if hadPrefiller {
 		// A client must not pick the prefill worker behind the router's back.
-		m.RemoveHeaders = []string{globalrouter.HeaderPrefiller}
+		m.RemoveHeaders = append(m.RemoveHeaders, globalrouter.HeaderPrefiller)
 	}
 	if explain && d.Explanation != "" {
 		hs = append(hs, setHeader(globalrouter.HeaderExplain, headerSafe(d.Explanation)))
@@ -169,7 +187,8 @@ func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPref
 
 // responseHeaders are the x-kvgate-* headers added to the response so the
 // client sees where its request went: ep, the primary or the fallback the
-// data plane reports served it.
+// data plane reports served it. Only when the Decision says they may go
+// to this caller (Decision.Expose), as they reveal what the cache holds.
 func responseHeaders(d *globalrouter.Decision, ep globalrouter.Endpoint, explain bool) *extprocv3.HeaderMutation {
 	hs := []*corev3.HeaderValueOption{
 		setHeader(globalrouter.HeaderPool, ep.Pool),

@@ -147,6 +147,18 @@ func (s *Server) ListenAndServe(ctx context.Context, opts ...grpc.ServerOption) 
 	return s.Serve(ctx, lis, opts...)
 }
 
+// trustHeader is the header that carries a caller's trust token, removed
+// from every request before it goes upstream: the Decider's when it says
+// (globalrouter.Router does), globalrouter.DefaultTrustHeader otherwise.
+func (s *Server) trustHeader() string {
+	if t, ok := s.decider.(interface{ TrustHeader() string }); ok {
+		if h := t.TrustHeader(); h != "" {
+			return h
+		}
+	}
+	return globalrouter.DefaultTrustHeader
+}
+
 // Process runs one ext_proc stream: one HTTP request and its response.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s.m.streams.Inc()

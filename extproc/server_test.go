@@ -96,12 +96,17 @@ func TestRoutesInEveryMode(t *testing.T) {
 			if len(reqs) != 1 {
 				t.Fatalf("%d decisions, want 1", len(reqs))
 			}
+			// The lifecycle id is the server's own; the client's is kept
+			// for logs.
+			if !strings.HasPrefix(reqs[0].ID, "kvgate-") {
+				t.Errorf("request id %q, want one the server made", reqs[0].ID)
+			}
 			wantReq := &globalrouter.Request{
-				ID: "req-1", Path: "/v1/chat/completions", Model: "m1", BodyBytes: len(chatBody),
+				ClientID: "req-1", Path: "/v1/chat/completions", Model: "m1", BodyBytes: len(chatBody),
 				Chat: tokenizer.NewChat(tokenizer.Message{Role: "system", Content: "Be brief."}, tokenizer.Message{Role: "user", Content: "héllo 世界, \"quoted\""}),
 			}
 			gotReq := *reqs[0]
-			gotReq.Headers = nil
+			gotReq.Headers, gotReq.ID = nil, ""
 			if diff := cmp.Diff(wantReq, &gotReq); diff != "" {
 				t.Errorf("decider request (-want +got):\n%s", diff)
 			}
@@ -368,6 +373,11 @@ func TestErrors(t *testing.T) {
 		{"unknown model", "/v1/completions", `{"model":"nope","prompt":"hi"}`, decideErr(fmt.Errorf("model nope: %w", globalrouter.ErrUnknownModel)), 404, "unknown_model", "model_not_found", ""},
 		{"saturated", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(globalrouter.ErrSaturated), 429, "saturated", "rate_limit_exceeded", "1"},
 		{"no pool", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(globalrouter.ErrNoPool), 503, "no_pool_reachable", "no_pool_available", "1"},
+		{"no pool, retry when the circuit closes", "/v1/completions", `{"model":"m1","prompt":"hi"}`,
+			decideErr(&globalrouter.Refusal{Kind: globalrouter.ErrNoPool, Reason: "no_pool_reachable", Public: "pool-a is unreachable", RetryAfter: 2500 * time.Millisecond,
+				Err: errors.New("probe 10.1.2.3:7100: connection refused")}), 503, "no_pool_reachable", "no_pool_available", "3"},
+		{"forbidden", "/v1/completions", `{"model":"m1","prompt":"hi"}`,
+			decideErr(&globalrouter.Refusal{Kind: globalrouter.ErrForbidden, Reason: "policy_refused", Public: "x-kvgate-pool: \"b\" is not allowed"}), 403, "policy_refused", "forbidden", ""},
 		{"no endpoint in the subset", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(fmt.Errorf("pool a: %w", globalrouter.ErrNoEndpointInSubset)), 503, "no_endpoint_in_subset", "no_endpoint_in_subset", "1"},
 		{"pin refused", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(fmt.Errorf("pool pool-z: %w", globalrouter.ErrPinRefused)), 400, "pin_refused", "pin_refused", ""},
 		{"pin refused wins over saturated", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(errors.Join(globalrouter.ErrSaturated, globalrouter.ErrPinRefused)), 400, "pin_refused", "pin_refused", ""},
@@ -416,6 +426,9 @@ func TestErrors(t *testing.T) {
 				}
 				if e.Error.Code != tc.code || e.Error.Message == "" || e.Error.Type == "" {
 					t.Errorf("error body %+v, want code %q and a message and type", e.Error, tc.code)
+				}
+				if strings.Contains(string(lr.Body), "10.1.2.3") {
+					t.Errorf("error body %s names an internal address", lr.Body)
 				}
 				if got := counterValue(t, reg, "kvgate_extproc_requests_total", fmt.Sprint(tc.status)); got != 1 {
 					t.Errorf("requests_total{code=%d} = %v, want 1", tc.status, got)

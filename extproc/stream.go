@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -51,6 +52,12 @@ type exchange struct {
 	lease      globalrouter.Lease
 	prefilled  bool
 	freed      bool
+	// id is the request's id on the local routers (made here, one per
+	// stream); clientID the client's x-request-id, for logs only.
+	id, clientID string
+	// localReply503: the response is a 503 that may be Envoy's own
+	// "upstream connect error" reply; its first body chunk says.
+	localReply503 bool
 
 	// Response side.
 	code      string // HTTP status for kvgate_extproc_requests_total
@@ -145,7 +152,7 @@ func (x *exchange) send(r *extprocv3.ProcessingResponse) error {
 func (x *exchange) reply(e *httpError) error {
 	x.code = strconv.Itoa(e.status)
 	x.count("")
-	x.log.Debug("request refused", "path", x.path, "status", e.status, "reason", e.reason, "msg", e.msg)
+	x.log.Debug("request refused", "path", x.path, "request_id", x.id, "client_request_id", x.clientID, "status", e.status, "reason", e.reason, "msg", e.msg, "err", e.detail)
 	if err := x.send(e.immediate()); err != nil {
 		return err
 	}
@@ -180,7 +187,7 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 	x.path = path
 	if !x.s.paths[path] || method == "GET" || method == "HEAD" {
 		x.passThrough = true
-		return x.send(headersResponse(false, passThroughMutation()))
+		return x.send(headersResponse(false, passThroughMutation(x.s.trustHeader())))
 	}
 	if h.GetEndOfStream() {
 		return x.reply(bodyHTTPError(&bodyError{reasonMissingField, "request body is required"}))
@@ -188,7 +195,7 @@ func (x *exchange) requestHeaders(h *extprocv3.HttpHeaders) error {
 	rm, ok := x.reqMode.(routingMode)
 	if !ok {
 		return x.reply(&httpError{500, "server_error", "unsupported_processing_mode", "unsupported_processing_mode",
-			"ext_proc request body mode " + x.reqMode.mode().String() + " cannot route; configure FULL_DUPLEX_STREAMED or BUFFERED", 0})
+			"ext_proc request body mode " + x.reqMode.mode().String() + " cannot route; configure FULL_DUPLEX_STREAMED or BUFFERED", 0, nil})
 	}
 	x.router = rm
 	return rm.requestHeaders(x)
@@ -235,11 +242,11 @@ func (x *exchange) requestTrailers() error {
 func (x *exchange) route() error {
 	x.decided = true
 	body := joinChunks(x.chunks, x.size)
-	greq := &globalrouter.Request{Path: x.path, Headers: x.headers, Subset: x.subset, BodyBytes: x.size}
-	greq.ID = x.headers["x-request-id"]
-	if greq.ID == "" {
-		greq.ID = newRequestID()
-	}
+	// The lifecycle on the local routers is keyed by an id of the
+	// server's own, one per stream: clients reuse x-request-id, and two
+	// requests sharing one must count as two (issue 13).
+	x.id, x.clientID = newRequestID(), x.headers["x-request-id"]
+	greq := &globalrouter.Request{Path: x.path, Headers: x.headers, Subset: x.subset, BodyBytes: x.size, ID: x.id, ClientID: x.clientID}
 	if v := x.headers[globalrouter.HeaderExplain]; v == "1" || strings.EqualFold(v, "true") {
 		greq.Explain, x.explain = true, true
 	}
@@ -260,7 +267,7 @@ func (x *exchange) route() error {
 		}
 		e := x.s.errorFor(err)
 		if e.status == 500 {
-			x.log.Error("decision failed", "request_id", greq.ID, "err", err)
+			x.log.Error("decision failed", "request_id", greq.ID, "client_request_id", x.clientID, "err", err)
 		}
 		return x.reply(e)
 	}
@@ -270,8 +277,9 @@ func (x *exchange) route() error {
 	// carry the same value, the ordered list (primary, then fallbacks).
 	dest := destination(d)
 	_, hadPrefiller := x.headers[globalrouter.HeaderPrefiller]
+	x.explain = x.explain && d.Expose
 	common := &extprocv3.CommonResponse{
-		HeaderMutation:  routingHeaders(d, dest, x.explain, hadPrefiller),
+		HeaderMutation:  routingHeaders(d, dest, x.explain, hadPrefiller, x.s.trustHeader()),
 		ClearRouteCache: true,
 	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -279,10 +287,10 @@ func (x *exchange) route() error {
 			globalrouter.HeaderDestination: structpb.NewStringValue(dest),
 		}}),
 	}}
-	x.log.Debug("routed", "request_id", greq.ID, "pool", d.Primary.Pool, "worker", d.Primary.WorkerID,
+	x.log.Debug("routed", "request_id", greq.ID, "client_request_id", x.clientID, "best_effort", d.BestEffort, "pool", d.Primary.Pool, "worker", d.Primary.WorkerID,
 		"dp_rank", d.Primary.DPRank, "overlap_blocks", d.Primary.OverlapBlocks, "destination", dest)
 	if x.explain && d.Explanation != "" {
-		x.log.Info("decision explained", "request_id", greq.ID, "explanation", d.Explanation)
+		x.log.Info("decision explained", "request_id", greq.ID, "client_request_id", x.clientID, "explanation", d.Explanation)
 	}
 
 	if d.DPRankBodyField { // SGLang's body field, for pools that ask
@@ -333,12 +341,54 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 		}
 	}
 	x.count(x.current.Pool)
+	if x.code == "503" && !h.GetEndOfStream() && !x.servedSeen {
+		x.localReply503 = true
+	}
 	if st, err := strconv.Atoi(x.code); err != nil || st >= 400 || h.GetEndOfStream() {
 		x.free()
 	} else if strings.HasPrefix(strings.ToLower(ctype), "text/event-stream") {
 		x.sse = sse.NewParser(x.s.cfg.MaxUsageBytes, x.onSSE)
 	}
-	return x.send(headersResponse(true, &extprocv3.CommonResponse{HeaderMutation: responseHeaders(x.decision, x.current, x.explain)}))
+	var mut *extprocv3.HeaderMutation
+	if x.decision.Expose {
+		mut = responseHeaders(x.decision, x.current, x.explain)
+	}
+	return x.send(headersResponse(true, &extprocv3.CommonResponse{HeaderMutation: mut}))
+}
+
+// connectFailures reports to the Decider's passive health (when it is a
+// globalrouter.HealthReporter) what the served endpoint says: the
+// endpoints of the list tried before it refused connections; the primary
+// serving re-admits it.
+func (x *exchange) connectFailures(served string) {
+	hr, ok := x.s.decider.(globalrouter.HealthReporter)
+	if !ok {
+		return
+	}
+	d := x.decision
+	if served == d.Primary.Address {
+		hr.Served(d.Primary.Pool, served)
+		return
+	}
+	for _, e := range append([]globalrouter.Endpoint{d.Primary}, d.Fallbacks...) {
+		if e.Address == served {
+			return
+		}
+		hr.ConnectFailed(e.Pool, e.Address)
+	}
+}
+
+// localReplyConnectFailure reports the primary when a 503's body is
+// Envoy's local reply to a connection failure (the upstream never
+// answered, so the worker is at fault, not the request).
+func (x *exchange) localReplyConnectFailure(body []byte) {
+	x.localReply503 = false
+	if !bytes.HasPrefix(body, []byte("upstream connect error")) {
+		return
+	}
+	if hr, ok := x.s.decider.(globalrouter.HealthReporter); ok {
+		hr.ConnectFailed(x.decision.Primary.Pool, x.decision.Primary.Address)
+	}
 }
 
 // responseBody passes the first chunk on before telling the local router
@@ -347,6 +397,9 @@ func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
 // before its last bytes go out: a client that sends its next request at
 // once finds the load already released.
 func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
+	if x.localReply503 && x.decision != nil {
+		x.localReplyConnectFailure(b.GetBody())
+	}
 	var prefilled bool
 	if x.decision != nil && !x.freed {
 		if !x.prefilled && (len(b.GetBody()) > 0 || b.GetEndOfStream()) {
@@ -462,9 +515,9 @@ func (x *exchange) count(pool string) {
 // Envoy's ORIGINAL_DST cluster reads x-gateway-destination-endpoint
 // unsanitised, so a client could otherwise pick any upstream (an open
 // proxy). Routed requests overwrite both instead.
-func passThroughMutation() *extprocv3.CommonResponse {
+func passThroughMutation(trustHeader string) *extprocv3.CommonResponse {
 	return &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
-		RemoveHeaders: []string{globalrouter.HeaderDestination, globalrouter.HeaderPrefiller, globalrouter.HeaderDataParallelRank},
+		RemoveHeaders: []string{globalrouter.HeaderDestination, globalrouter.HeaderPrefiller, globalrouter.HeaderDataParallelRank, trustHeader},
 	}}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
@@ -47,8 +49,9 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			}
 			continue
 		}
-		l.main = r.movableTracker(p, tr, len(ranked)-i-1)
 		d := &Decision{Primary: endpoint(c.Pool, c.Probe), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: l, DPRankBodyField: pe.cfg.DPRankBodyField}
+		d.Fallbacks = r.fallbacks(st, p, d.Primary, ranked[i+1:])
+		l.main = r.movableTracker(p, tr, len(d.Fallbacks))
 		if c.Prefill != nil {
 			if err := r.commitPrefill(ctx, st, p, c.Prefill, l, d); err != nil {
 				// The decode worker prefills locally rather than failing
@@ -58,16 +61,45 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 				refused = append(refused, fmt.Sprintf("prefill %s/%s: %v", c.Prefill.Pool, c.Prefill.Probe.WorkerID, err))
 			}
 		}
-		for _, f := range ranked[i+1:] {
-			d.Fallbacks = append(d.Fallbacks, endpoint(f.Pool, f.Probe))
-		}
 		if trace != nil {
 			d.Explanation = explain(p, results, ranked[i:], trace, refused)
 			r.log.Debug("decision", "request_id", p.id, "explanation", d.Explanation)
 		}
 		return d, nil
 	}
-	return nil, fmt.Errorf("%w: every ranked pool refused the commit: %v", ErrNoPool, refused)
+	return nil, &Refusal{Kind: ErrNoPool, Reason: "no_pool_reachable", Public: "no pool took the request; retry later",
+		Err: fmt.Errorf("every ranked pool refused the commit: %v", refused)}
+}
+
+// fallbacks are where Envoy may retry when primary refuses connections:
+// the other ranked candidates, in order, then up to
+// Probe.SamePoolFallbacks other recently seen workers of primary's pool
+// (passive health's ejected workers and those outside the request's
+// subset left out), each address once.
+func (r *Router) fallbacks(st *state, p *prepared, primary Endpoint, rest []policies.Candidate) []Endpoint {
+	var out []Endpoint
+	seen := map[string]bool{primary.Address: true}
+	for _, f := range rest {
+		out = append(out, endpoint(f.Pool, f.Probe))
+		seen[f.Probe.Address] = true
+	}
+	if n := st.cfg.Probe.SamePoolFallbacks; n > 0 {
+		if pe := st.byName[primary.Pool]; pe != nil {
+			for _, o := range pe.p.Others(primary.Address, n+len(rest)) {
+				if n == 0 {
+					break
+				}
+				if seen[o.Address] || !p.req.Subset.allows(o.Address) {
+					continue
+				}
+				seen[o.Address] = true
+				o.ISL = primary.ISL
+				out = append(out, endpoint(primary.Pool, o))
+				n--
+			}
+		}
+	}
+	return out
 }
 
 // commitPrefill commits the request on the prefill candidate c and sets
@@ -111,12 +143,42 @@ func (r *Router) committed(id, poolName, worker string, into *atomic.Pointer[err
 }
 
 // decidePinnedWorker commits the request on the pinned worker, in the
-// pinned pool or in the first eligible pool that knows the worker.
-func (r *Router) decidePinnedWorker(ctx context.Context, p *prepared, eligible []*poolEntry, worker string) (*Decision, error) {
+// pinned pool or in the first eligible pool that knows the worker. The
+// chain runs first over the eligible pools (the worker is given, no
+// probe): its filters apply to pins as to any request (tenancy, reserved
+// priority tiers, strict SLO cells), and a pool it drops is never tried.
+func (r *Router) decidePinnedWorker(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, worker string) (*Decision, error) {
 	rank := p.hdr.pinRank
-	var refused []error
+	var cands []policies.Candidate
 	for _, pe := range eligible {
 		if pe.cfg.Role == policies.RolePrefill {
+			continue
+		}
+		sel := routing.Selection{WorkerID: worker, DPRank: rank, BlockSize: pe.cfg.BlockSize, ISL: len(p.tokens)}
+		cands = append(cands, candidate(probeResult{pe: pe, sel: sel}))
+	}
+	if len(cands) == 0 {
+		return nil, fmt.Errorf("%w: %s: %q: no eligible pool", ErrPinRefused, HeaderWorkerID, worker)
+	}
+	trace := &policies.Trace{}
+	ranked, err := st.chain.Rank(&p.view, cands, trace)
+	if err != nil {
+		if errors.Is(err, policies.ErrSaturated) {
+			return nil, &Refusal{Kind: ErrSaturated, Public: "shed for load: " + err.Error(), Err: err}
+		}
+		return nil, &Refusal{Kind: ErrForbidden, Reason: "policy_refused",
+			Public: fmt.Sprintf("%s: %q is not allowed for this request: %v", HeaderWorkerID, worker, err)}
+	}
+	var dropped []string
+	for _, c := range cands {
+		if !slices.ContainsFunc(ranked, func(k policies.Candidate) bool { return k.Pool == c.Pool }) {
+			dropped = append(dropped, fmt.Sprintf("pool %q dropped by policy %q", c.Pool, droppedBy(trace, c.Pool)))
+		}
+	}
+	var refused []error
+	for _, c := range ranked {
+		pe := st.byName[c.Pool]
+		if pe == nil {
 			continue
 		}
 		tr, sel, err := pe.p.Commit(ctx, "", pool.Commit{RequestID: p.id, WorkerID: worker, DPRank: rank, Prompt: p.prompt(pe.cfg.BlockSize)})
@@ -132,19 +194,21 @@ func (r *Router) decidePinnedWorker(ctx context.Context, p *prepared, eligible [
 			_ = tr.Free(ctx)
 			continue
 		}
+		if pe.p.Ejected(sel.Address) {
+			_ = tr.Free(ctx)
+			refused = append(refused, fmt.Errorf("pool %q: worker %s: its connections fail: %w", pe.cfg.Name, worker, pool.ErrAllEjected))
+			continue
+		}
 		if sel.BlockSize == 0 {
 			sel.BlockSize = pe.cfg.BlockSize
 		}
 		sel.ISL = len(p.tokens)
 		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: &lease{main: tr}, DPRankBodyField: pe.cfg.DPRankBodyField}
-		if p.req.Explain {
-			d.Explanation = fmt.Sprintf("model=%s isl=%d; pinned by %s=%s: pool %s, worker %s rank %d (%s), overlap %d/%d blocks",
-				p.req.Model, len(p.tokens), HeaderWorkerID, worker, pe.cfg.Name, sel.WorkerID, sel.DPRank, sel.Address, sel.OverlapBlocks, sel.RequestBlocks)
+		if p.explain {
+			d.Explanation = fmt.Sprintf("model=%s isl=%d; pinned by %s=%s: pool %s, worker %s rank %d (%s), overlap %d/%d blocks; chain: %s",
+				p.req.Model, len(p.tokens), HeaderWorkerID, worker, pe.cfg.Name, sel.WorkerID, sel.DPRank, sel.Address, sel.OverlapBlocks, sel.RequestBlocks, trace.String())
 		}
 		return d, nil
-	}
-	if len(refused) == 0 {
-		return nil, fmt.Errorf("%w: %s: %q: no eligible pool", ErrPinRefused, HeaderWorkerID, worker)
 	}
 	if subsetMissOnly(refused) {
 		return nil, fmt.Errorf("%s: %q: %w", HeaderWorkerID, worker, errors.Join(refused...))
@@ -156,22 +220,47 @@ func (r *Router) decidePinnedWorker(ctx context.Context, p *prepared, eligible [
 			return nil, pinError(HeaderWorkerID, worker, err)
 		}
 	}
+	if len(dropped) > 0 {
+		// The worker is in none of the pools the request may use; maybe in
+		// one the chain dropped (which is not said: a refusal must not tell
+		// a caller where another tenant's workers are).
+		return nil, &Refusal{Kind: ErrForbidden, Reason: "policy_refused",
+			Public: fmt.Sprintf("%s: %q is not in a pool allowed for this request (%s)", HeaderWorkerID, worker, strings.Join(dropped, "; ")),
+			Err:    errors.Join(refused...)}
+	}
 	return nil, pinError(HeaderWorkerID, worker, errors.Join(refused...))
+}
+
+// droppedBy names the chain step after which pool no longer was a
+// candidate.
+func droppedBy(t *policies.Trace, poolName string) string {
+	for _, s := range t.Steps {
+		if !slices.ContainsFunc(s.Pools, func(n string) bool { return n == poolName || strings.HasPrefix(n, poolName+"+") }) {
+			return s.Policy
+		}
+	}
+	return "the chain's end (a prefill pool alone)"
 }
 
 // pinError is the error of a pinned request that cannot go where it is
 // pinned: ErrNoPool (503, retry later) when the target's local routers are
-// unreachable, ErrPinRefused (400) when the target refuses the request
-// (unknown worker, wrong model, dropped by a policy). Never re-routed.
+// unreachable or its workers' connections fail, ErrPinRefused (400) when
+// the target refuses the request (unknown worker or rank, wrong model).
+// Never re-routed.
 func pinError(header, target string, err error) error {
 	if outage(err) {
-		return fmt.Errorf("%w: %s: %q is unreachable: %w", ErrNoPool, header, target, err)
+		return &Refusal{Kind: ErrNoPool, Reason: "no_pool_reachable", Public: fmt.Sprintf("%s: %q is unreachable; retry later", header, target), Err: err}
 	}
-	return fmt.Errorf("%w: %s: %q: %w", ErrPinRefused, header, target, err)
+	why := "it refused the request"
+	if errors.Is(err, pool.ErrUnknownWorker) {
+		why = "no such worker (or rank)"
+	}
+	return &Refusal{Kind: ErrPinRefused, Public: fmt.Sprintf("%s: %q cannot take the request: %s", header, target, why), Err: err}
 }
 
 // outage reports whether every error in err is a router outage (circuit
-// open, no routers, unreachable, timed out), not a refusal.
+// open, no routers, unreachable, timed out, every worker ejected), not a
+// refusal.
 func outage(err error) bool {
 	if err == nil {
 		return false
@@ -186,12 +275,24 @@ func outage(err error) bool {
 	}
 	var pe *pool.ProbeError
 	switch {
-	case errors.Is(err, pool.ErrCircuitOpen), errors.Is(err, pool.ErrNoRouters),
-		errors.As(err, &pe) && pe.Backoff > 0, errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, pool.ErrCircuitOpen), errors.Is(err, pool.ErrNoRouters), errors.Is(err, pool.ErrAllEjected):
+		return true
+	case errors.As(err, &pe):
+		return pe.Outage() && !errors.Is(pe.Err, pool.ErrUnknownWorker) && !requestFault(pe.Err)
+	case errors.Is(err, context.DeadlineExceeded):
 		return true
 	}
 	switch status.Code(err) {
 	case codes.Unavailable, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// requestFault: the router answered and refused this request.
+func requestFault(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.ResourceExhausted, codes.OutOfRange, codes.FailedPrecondition, codes.NotFound:
 		return true
 	}
 	return false
@@ -212,7 +313,10 @@ var _ Lease = (*lease)(nil)
 // prefill worker's part is over. A refused commit surfaces here as
 // ErrCommitRefused.
 func (l *lease) PrefillComplete(ctx context.Context) error {
-	err := l.main.PrefillComplete(ctx)
+	var err error
+	if l.main != nil { // nil: best effort, nothing committed
+		err = l.main.PrefillComplete(ctx)
+	}
 	if refused := l.mainRefused.Load(); refused != nil {
 		err = *refused
 	}
@@ -225,7 +329,10 @@ func (l *lease) PrefillComplete(ctx context.Context) error {
 // Free implements Lease. A refused commit has nothing to free: the stream
 // is closed and nil returned.
 func (l *lease) Free(ctx context.Context) error {
-	err := l.main.Free(ctx)
+	var err error
+	if l.main != nil {
+		err = l.main.Free(ctx)
+	}
 	if l.prefill != nil {
 		err = errors.Join(err, l.prefill.Free(ctx))
 	}

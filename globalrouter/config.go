@@ -22,6 +22,11 @@ import (
 // pool.NewConfig.
 type Config struct {
 	Probe ProbeConfig `yaml:"probe"`
+	// Trust says which callers may steer routing and see how they were
+	// routed.
+	Trust TrustConfig `yaml:"trust"`
+	// Tenancy separates tenants' caches.
+	Tenancy TenancyConfig `yaml:"tenancy"`
 	// Chain is the pool selection chain, run in order (policies package).
 	Chain []policies.Spec `yaml:"chain"`
 	// Models configure tokenizers; a served model without an entry uses
@@ -35,14 +40,45 @@ type Config struct {
 	sum [32]byte
 }
 
-// ProbeConfig bounds the probes of the pools' local routers.
+// ProbeConfig bounds the probes of the pools' local routers, says when a
+// local router's circuit opens (package pool, CircuitOptions), and how
+// passive health ejects workers whose connections fail.
 type ProbeConfig struct {
-	// Timeout bounds one probe (default 20 ms).
-	Timeout time.Duration `yaml:"timeout"`
+	// Timeout is the longest a probe may take (default 250 ms);
+	// MinTimeout the shortest deadline a probe is given (default 25 ms).
+	// Between the two the deadline adapts to each router's observed probe
+	// latency (4 × its p99); set both equal for a fixed deadline.
+	Timeout    time.Duration `yaml:"timeout"`
+	MinTimeout time.Duration `yaml:"min_timeout"`
 	// BackoffBase and BackoffMax bound how long a failing local router's
-	// circuit stays open (defaults 100 ms, 10 s; doubling per failure).
+	// circuit stays open (defaults 100 ms, 10 s; doubled by each failed
+	// trial, at most once per open period).
 	BackoffBase time.Duration `yaml:"backoff_base"`
 	BackoffMax  time.Duration `yaml:"backoff_max"`
+	// OpenAfterFailures hard failures in a row (default 3), or
+	// OpenAfterTimeouts probes past their deadline in a row (default 10),
+	// or a share of failed calls of at least FailureRatio (default 0.5)
+	// over RatioWindow (default 10 s) once RatioMinCalls (default 20)
+	// were made, open a router's circuit.
+	OpenAfterFailures int           `yaml:"open_after_failures"`
+	OpenAfterTimeouts int           `yaml:"open_after_timeouts"`
+	FailureRatio      float64       `yaml:"failure_ratio"`
+	RatioWindow       time.Duration `yaml:"ratio_window"`
+	RatioMinCalls     int           `yaml:"ratio_min_calls"`
+	// EjectBase and EjectMax bound how long passive health keeps a worker
+	// whose connections fail out of the candidates (defaults 1 s, 30 s).
+	EjectBase time.Duration `yaml:"eject_base"`
+	EjectMax  time.Duration `yaml:"eject_max"`
+	// SamePoolFallbacks is how many other recently seen workers of the
+	// primary's pool are added to the fallbacks, after the other pools'
+	// (default 1; -1: none).
+	SamePoolFallbacks int `yaml:"same_pool_fallbacks"`
+}
+
+// circuit is the probe configuration's circuit options.
+func (p *ProbeConfig) circuit() pool.CircuitOptions {
+	return pool.CircuitOptions{Base: p.BackoffBase, Max: p.BackoffMax, Failures: p.OpenAfterFailures, Timeouts: p.OpenAfterTimeouts,
+		Ratio: p.FailureRatio, Window: p.RatioWindow, MinCalls: p.RatioMinCalls}
 }
 
 // ModelConfig names a model's tokenizer.
@@ -85,6 +121,13 @@ func (c *Config) Defaults() {
 	if c.Probe.Timeout <= 0 {
 		c.Probe.Timeout = pool.DefaultProbeTimeout
 	}
+	if c.Probe.MinTimeout <= 0 {
+		c.Probe.MinTimeout = min(pool.DefaultProbeMinTimeout, c.Probe.Timeout)
+	}
+	if c.Probe.SamePoolFallbacks == 0 {
+		c.Probe.SamePoolFallbacks = 1
+	}
+	c.Trust.defaults()
 	if c.Probe.BackoffBase <= 0 {
 		c.Probe.BackoffBase = pool.DefaultBackoffBase
 	}
@@ -132,6 +175,21 @@ func (c *Config) Validate(reg *policies.Registry) error {
 func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 	if len(c.Pools) == 0 {
 		return nil, fmt.Errorf("%s: %w: no pools", c.file(), policies.ErrConfig)
+	}
+	if c.Probe.MinTimeout > c.Probe.Timeout {
+		return nil, fmt.Errorf("%s: %w: probe.min_timeout %v is above probe.timeout %v", c.file(), policies.ErrConfig, c.Probe.MinTimeout, c.Probe.Timeout)
+	}
+	if r := c.Probe.FailureRatio; r < 0 || r > 1 {
+		return nil, fmt.Errorf("%s: %w: probe.failure_ratio %v: want a share between 0 and 1", c.file(), policies.ErrConfig, r)
+	}
+	if c.Probe.OpenAfterFailures < 0 || c.Probe.OpenAfterTimeouts < 0 || c.Probe.RatioMinCalls < 0 || c.Probe.SamePoolFallbacks < -1 {
+		return nil, fmt.Errorf("%s: %w: probe: counts must not be negative", c.file(), policies.ErrConfig)
+	}
+	if err := c.Trust.validate(c.file()); err != nil {
+		return nil, err
+	}
+	if err := c.Tenancy.validate(c.file()); err != nil {
+		return nil, err
 	}
 	if c.Probe.BackoffMax < c.Probe.BackoffBase {
 		return nil, fmt.Errorf("%s: %w: probe.backoff_max %v is below probe.backoff_base %v", c.file(), policies.ErrConfig, c.Probe.BackoffMax, c.Probe.BackoffBase)
@@ -230,10 +288,12 @@ func sameTokenizer(a, b tokenizer.Config) bool {
 
 // fileConfig is Config as it is read, the pools left for pool.DecodeConfigs.
 type fileConfig struct {
-	Probe  ProbeConfig     `yaml:"probe"`
-	Chain  []policies.Spec `yaml:"chain"`
-	Models []ModelConfig   `yaml:"models"`
-	Pools  yaml.Node       `yaml:"pools"`
+	Probe   ProbeConfig     `yaml:"probe"`
+	Trust   TrustConfig     `yaml:"trust"`
+	Tenancy TenancyConfig   `yaml:"tenancy"`
+	Chain   []policies.Spec `yaml:"chain"`
+	Models  []ModelConfig   `yaml:"models"`
+	Pools   yaml.Node       `yaml:"pools"`
 }
 
 // LoadConfig reads, decodes strictly and validates a configuration file,
@@ -282,7 +342,7 @@ func parseConfig(file string, data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{Probe: fc.Probe, Chain: fc.Chain, Models: fc.Models, Pools: pools, File: file, sum: sha256.Sum256(data)}
+	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, File: file, sum: sha256.Sum256(data)}
 	for i := range c.Chain {
 		c.Chain[i].Args.File = file
 	}

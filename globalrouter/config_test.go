@@ -42,7 +42,7 @@ func TestExampleConfigs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Probe.Timeout != 20*time.Millisecond || len(cfg.Chain) != 6 || cfg.Pools[0].Policy["cost"].File != filepath.Join("..", "examples", "policies", "pool-a.yaml") {
+	if cfg.Probe.Timeout != 250*time.Millisecond || cfg.Probe.MinTimeout != 25*time.Millisecond || cfg.Trust.Steering != globalrouter.AccessTrusted || len(cfg.Chain) != 6 || cfg.Pools[0].Policy["cost"].File != filepath.Join("..", "examples", "policies", "pool-a.yaml") {
 		t.Errorf("examples/pools.yaml read as %+v", cfg)
 	}
 }
@@ -85,6 +85,10 @@ func TestConfigErrors(t *testing.T) {
 		{"pool policy not in chain", map[string]string{"c.yaml": "chain: [cost]\n" + goodPools, "a.yaml": "failover: {tier: 1}\n"}, `a.yaml:1:11: pool "pool-a": policy "failover" is configured but not in the chain`},
 		{"unknown tokenizer field", map[string]string{"c.yaml": "models:\n  - name: m\n    tokenizer: {backend: openai, encodin: x}\n" + goodPools, "a.yaml": ""}, `c.yaml:3:34: models[0].tokenizer: unknown field "encodin"`},
 		{"tokenizer for no pool", map[string]string{"c.yaml": "models:\n  - name: z\n    tokenizer: {backend: openai}\n" + goodPools, "a.yaml": ""}, `models: "z" has a tokenizer but no pool serves it`},
+		{"bad steering access", map[string]string{"c.yaml": "trust: {steering: maybe}\n" + goodPools, "a.yaml": ""}, `trust.steering "maybe": want off, trusted or on`},
+		{"bad token digest", map[string]string{"c.yaml": "trust: {tokens_sha256: [abc]}\n" + goodPools, "a.yaml": ""}, `trust.tokens_sha256[0]: want 64 hex digits`},
+		{"salt without tenant header", map[string]string{"c.yaml": "tenancy: {salt: true}\n" + goodPools, "a.yaml": ""}, `tenancy.salt needs tenancy.header`},
+		{"min timeout above timeout", map[string]string{"c.yaml": "probe: {timeout: 10ms, min_timeout: 20ms}\n" + goodPools, "a.yaml": ""}, `probe.min_timeout 20ms is above probe.timeout 10ms`},
 		{"no pools", map[string]string{"c.yaml": "chain: [cost]\n"}, `no pools`},
 		{"syntax", map[string]string{"c.yaml": "chain: [cost\n"}, `c.yaml:`},
 		{"empty", map[string]string{"c.yaml": ""}, `c.yaml: empty document`},
@@ -155,8 +159,8 @@ func TestHotReload(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Decide after a refused reload: %v", err)
 	}
-	if len(d.Fallbacks) != 1 {
-		t.Errorf("after a refused reload: %d fallbacks, want 1 (both pools)", len(d.Fallbacks))
+	if len(otherPools(d)) != 1 {
+		t.Errorf("after a refused reload: %d fallbacks in the other pool, want 1 (both pools)", len(otherPools(d)))
 	}
 	free(t, d)
 
@@ -172,8 +176,8 @@ func TestHotReload(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Decide after reload: %v", err)
 		}
-		if d.Primary.Pool != "pool-a" || len(d.Fallbacks) != 0 {
-			t.Errorf("after reload: primary %s, %d fallbacks; want pool-a alone", d.Primary.Pool, len(d.Fallbacks))
+		if d.Primary.Pool != "pool-a" || len(otherPools(d)) != 0 {
+			t.Errorf("after reload: primary %s, fallbacks %+v; want pool-a alone", d.Primary.Pool, d.Fallbacks)
 		}
 		free(t, d)
 	}

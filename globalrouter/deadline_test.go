@@ -45,20 +45,25 @@ func TestProbeDeadline(t *testing.T) {
 	)
 	// The hung router never answers, so any deadline expires; one long
 	// enough for the live router on a busy machine.
-	cfg.Probe.Timeout = 1e9
+	cfg.Probe.Timeout, cfg.Probe.MinTimeout = 1e9, 1e9
+	// One slow probe is no evidence of failure: the circuit opens on the
+	// second timeout in a row here (10 by default).
+	cfg.Probe.OpenAfterTimeouts = 2
 	r, _ := newRouter(t, cfg)
-	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: longText(30), Explain: true})
-	if err != nil {
-		t.Fatalf("Decide with a hung pool: %v", err)
-	}
-	defer free(t, d)
-	if d.Primary.Pool != "pool-b" || len(d.Fallbacks) != 0 {
-		t.Errorf("primary %s, %d fallbacks; want pool-b alone", d.Primary.Pool, len(d.Fallbacks))
-	}
-	if !strings.Contains(d.Explanation, "DeadlineExceeded") {
-		t.Errorf("explanation does not show pool-a's probe deadline:\n%s", d.Explanation)
-	}
-	if h := r.Health(); h[0].Routers[0].State != pool.CircuitOpen {
-		t.Errorf("pool-a circuit = %v, want open", h[0].Routers[0].State)
+	for i, want := range []pool.CircuitState{pool.CircuitClosed, pool.CircuitOpen} {
+		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: longText(30), Explain: true})
+		if err != nil {
+			t.Fatalf("Decide %d with a hung pool: %v", i, err)
+		}
+		free(t, d)
+		if d.Primary.Pool != "pool-b" || len(otherPools(d)) != 0 {
+			t.Errorf("Decide %d: primary %s, fallbacks %+v; want pool-b alone", i, d.Primary.Pool, d.Fallbacks)
+		}
+		if !strings.Contains(d.Explanation, "DeadlineExceeded") {
+			t.Errorf("Decide %d: explanation does not show pool-a's probe deadline:\n%s", i, d.Explanation)
+		}
+		if h := r.Health(); h[0].Routers[0].State != want {
+			t.Errorf("after %d timeouts: pool-a circuit = %v, want %v", i+1, h[0].Routers[0].State, want)
+		}
 	}
 }

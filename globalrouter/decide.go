@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +38,12 @@ type prepared struct {
 	hdr    headers
 	view   policies.Request
 	id     string
+	// explain: the decision is to be explained to the caller.
+	explain bool
+	// salted: the hashes carry the tenant's salt. (A prompt shorter than
+	// a block sends its tokens: it has no complete block to hash, salted
+	// or not.)
+	salted bool
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
@@ -68,14 +75,25 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	if limit := st.cfg.maxBodyBytes(req.Model); limit > 0 && req.BodyBytes > limit {
 		return nil, fmt.Errorf("%w: request body exceeds %d bytes, the limit of model %q", ErrBodyTooLarge, limit, req.Model)
 	}
-	// Headers first: a malformed one must not cost a tokenize and a hash.
+	// Headers first: a malformed one must not cost a tokenize and a hash;
+	// a steering one from a caller who may not steer is refused before
+	// its value is looked at.
 	hdr, err := parseHeaders(req.Headers)
+	trusted := st.cfg.Trust.trusted(req.Headers)
+	if hdr.steering != "" && !st.cfg.Trust.Steering.allows(trusted) {
+		msg := hdr.steering + " is honoured for trusted callers only"
+		if st.cfg.Trust.Steering == AccessOff {
+			msg = hdr.steering + " is disabled"
+		}
+		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: msg}
+	}
 	if err != nil {
 		return nil, err
 	}
 	if req.Subset != nil && len(req.Subset.Addresses) == 0 {
 		return nil, fmt.Errorf("%w: the subset is empty", ErrNoEndpointInSubset)
 	}
+	expose := st.cfg.Trust.RoutingHeaders.allows(trusted)
 	pinPool, pinWorker := hdr.pinPool, hdr.pinWorker
 	eligible := me.pools
 	if pinPool != "" {
@@ -88,18 +106,33 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		eligible = []*poolEntry{pe}
 	}
-	p, err := r.prepare(req, me, hdr)
+	p, err := r.prepare(req, me, hdr, &st.cfg.Tenancy)
 	if err != nil {
 		return nil, err
 	}
+	p.explain = req.Explain && expose
+	var d *Decision
 	if pinWorker != "" {
-		return r.decidePinnedWorker(ctx, p, eligible, pinWorker)
+		d, err = r.decidePinnedWorker(ctx, st, p, eligible, pinWorker)
+	} else {
+		d, err = r.decideProbed(ctx, st, p, eligible, pinPool)
 	}
+	if d != nil {
+		d.Expose = expose
+		if !expose {
+			d.Explanation = ""
+		}
+	}
+	return d, err
+}
+
+// decideProbed probes the eligible pools, ranks them and commits.
+func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, pinPool string) (*Decision, error) {
 	results := r.probe(ctx, p, eligible)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	misses := filterSubset(req.Subset, results)
+	misses := filterSubset(p.req.Subset, results)
 	cands := make([]policies.Candidate, 0, len(results))
 	var failed, saturated int
 	for _, res := range results {
@@ -112,6 +145,10 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		cands = append(cands, candidate(res))
 	}
+	var trace *policies.Trace
+	if p.explain || r.log.Enabled(ctx, slog.LevelDebug) {
+		trace = &policies.Trace{}
+	}
 	if len(cands) == 0 {
 		switch {
 		case misses > 0 && misses == failed:
@@ -119,25 +156,145 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		case pinPool != "":
 			return nil, pinError(HeaderPool, pinPool, results[0].err)
 		case saturated > 0 && saturated+misses == failed:
-			return nil, fmt.Errorf("%w: %w", ErrSaturated, errors.Join(errs(results)...))
+			return nil, &Refusal{Kind: ErrSaturated, Public: "every eligible pool is saturated; retry later", Err: errors.Join(errs(results)...)}
 		}
-		return nil, fmt.Errorf("%w: %w", ErrNoPool, errors.Join(errs(results)...))
-	}
-	var trace *policies.Trace
-	if req.Explain || r.log.Enabled(ctx, slog.LevelDebug) {
-		trace = &policies.Trace{}
+		if outage(errors.Join(errs(results)...)) {
+			if d := r.bestEffort(ctx, st, p, results, trace); d != nil {
+				return d, nil
+			}
+		}
+		return nil, r.noPool(st, p, results, nil)
 	}
 	ranked, err := st.chain.Rank(&p.view, cands, trace)
 	if err != nil {
-		if errors.Is(err, policies.ErrSaturated) {
-			return nil, fmt.Errorf("%w: %w", ErrSaturated, err)
+		switch {
+		case errors.Is(err, policies.ErrSaturated):
+			return nil, &Refusal{Kind: ErrSaturated, Public: "shed for load: " + err.Error(), Err: err}
+		case pinPool != "":
+			return nil, &Refusal{Kind: ErrForbidden, Reason: "policy_refused",
+				Public: fmt.Sprintf("%s: pool %q is not allowed for this request: %v", HeaderPool, pinPool, err)}
 		}
-		if pinPool != "" {
-			return nil, fmt.Errorf("%w: %s: pool %q: %w", ErrPinRefused, HeaderPool, pinPool, err)
+		// The chain dropped the pools that answered; one that did not may
+		// be the request's (its tenant's, say): best effort there.
+		var down []probeResult
+		for _, res := range results {
+			if res.err != nil && outage(res.err) {
+				down = append(down, res)
+			}
 		}
-		return nil, fmt.Errorf("%w: %w", ErrNoPool, err)
+		if len(down) > 0 {
+			if d := r.bestEffort(ctx, st, p, down, trace); d != nil {
+				return d, nil
+			}
+		}
+		return nil, r.noPool(st, p, results, err)
 	}
 	return r.commit(ctx, st, p, results, ranked, trace, pinPool != "")
+}
+
+// noPool is the error of a request no pool can take: when a pool the chain
+// would have accepted could not be reached, the cause is that outage (503
+// naming the unreachable pools), not the policy that dropped the pools that
+// answered; otherwise the chain's reason.
+func (r *Router) noPool(st *state, p *prepared, results []probeResult, chainErr error) error {
+	var down []policies.Candidate
+	var names []string
+	for _, res := range results {
+		if res.err != nil && outage(res.err) {
+			down = append(down, candidate(probeResult{pe: res.pe, sel: res.sel}))
+		}
+	}
+	if chainErr != nil && len(down) > 0 {
+		// Would the chain have taken a pool that was down?
+		if ranked, err := st.chain.Rank(&p.view, down, nil); err == nil {
+			for _, c := range ranked {
+				names = append(names, c.Pool)
+			}
+		}
+	} else if chainErr == nil {
+		for _, c := range down {
+			names = append(names, c.Pool)
+		}
+	}
+	joined := errors.Join(errs(results)...)
+	if len(names) > 0 {
+		return &Refusal{Kind: ErrNoPool, Reason: "no_pool_reachable", RetryAfter: retryAfter(st, names),
+			Public: fmt.Sprintf("no pool is reachable: %s %s unreachable; retry later", strings.Join(names, ", "), plural(len(names), "is", "are")),
+			Err:    errors.Join(chainErr, joined)}
+	}
+	if chainErr == nil {
+		chainErr = errors.New("no eligible pool")
+	}
+	return &Refusal{Kind: ErrNoPool, Reason: "no_pool_allowed", Public: "no pool accepts the request: " + chainErr.Error(), Err: errors.Join(chainErr, joined)}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// retryAfter is when the soonest circuit of the named pools lets a trial
+// through (at least a second), 0 when none is open.
+func retryAfter(st *state, pools []string) time.Duration {
+	var soonest time.Duration
+	now := time.Now()
+	for _, name := range pools {
+		pe := st.byName[name]
+		if pe == nil {
+			continue
+		}
+		for _, rs := range pe.p.Routers() {
+			if rs.State != pool.CircuitOpen {
+				continue
+			}
+			if d := rs.OpenUntil.Sub(now); d > 0 && (soonest == 0 || d < soonest) {
+				soonest = d
+			}
+		}
+	}
+	if soonest > 0 && soonest < time.Second {
+		soonest = time.Second
+	}
+	return soonest
+}
+
+// bestEffort decides on the last known state when no eligible pool's local
+// router could be reached: each pool offers a worker a recent probe named
+// (round robin, ejected workers left out), the chain ranks them as usual
+// (its filters still apply), and the request goes to the first, with no
+// commit (no router to commit on). nil when no pool knows a worker or the
+// chain takes none.
+func (r *Router) bestEffort(ctx context.Context, st *state, p *prepared, results []probeResult, trace *policies.Trace) *Decision {
+	var cands []policies.Candidate
+	for _, res := range results {
+		sel, ok := res.pe.p.LastKnown(p.req.Subset.allows)
+		if !ok {
+			continue
+		}
+		sel.ISL = len(p.tokens)
+		cands = append(cands, candidate(probeResult{pe: res.pe, sel: sel}))
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	ranked, err := st.chain.Rank(&p.view, cands, trace)
+	if err != nil {
+		return nil
+	}
+	c := ranked[0]
+	d := &Decision{Primary: endpoint(c.Pool, c.Probe), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: &lease{}, BestEffort: true}
+	if pe := st.byName[c.Pool]; pe != nil {
+		d.DPRankBodyField = pe.cfg.DPRankBodyField
+	}
+	d.Fallbacks = r.fallbacks(st, p, d.Primary, ranked[1:])
+	r.m.bestEffort.WithLabelValues(c.Pool).Inc()
+	r.log.Warn("no local router reachable; routing best-effort on the last known workers", "request_id", p.id, "client_request_id", p.req.ClientID, "pool", c.Pool, "worker_id", c.Probe.WorkerID)
+	if trace != nil {
+		d.Explanation = explain(p, results, ranked, trace, nil) + "; best effort: no local router reachable, last known worker, not accounted"
+	}
+	return d
 }
 
 func errs(results []probeResult) []error {
@@ -161,7 +318,7 @@ func candidate(res probeResult) policies.Candidate {
 
 // prepare tokenizes the request once and hashes it once per distinct block
 // size of the model's pools.
-func (r *Router) prepare(req *Request, me *modelEntry, hdr headers) (*prepared, error) {
+func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *TenancyConfig) (*prepared, error) {
 	p := &prepared{req: req, me: me, id: req.ID, hdr: hdr}
 	if p.id == "" {
 		p.id = fmt.Sprintf("kvgate-%016x", rand.Uint64())
@@ -192,8 +349,10 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers) (*prepared, 
 		return nil, fmt.Errorf("%w: the prompt is empty", ErrBadRequest)
 	}
 	p.hashes = make([][]uint64, len(me.blockSizes))
+	salt, salted := ten.salt(req.Headers, req.CacheSalt)
+	p.salted = salted
 	for i, bs := range me.blockSizes {
-		if p.hashes[i], err = BlockKeys(p.tokens, bs, me.lora, req.CacheSalt, mm); err != nil {
+		if p.hashes[i], err = BlockKeys(p.tokens, bs, me.lora, salt, mm); err != nil {
 			return nil, fmt.Errorf("hash blocks of %d tokens: %w", bs, err)
 		}
 	}
@@ -218,9 +377,14 @@ func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) 
 		sel.ISL = len(p.tokens)
 		results[i] = probeResult{pe: pe, sel: sel, err: err, dur: d}
 		outcome := "ok"
+		var perr *pool.ProbeError
 		switch {
 		case errors.Is(err, pool.ErrCircuitOpen):
 			outcome = "circuit_open"
+		case errors.As(err, &perr) && perr.Local:
+			outcome = "starved" // our deadline fired late: CPU pressure here
+		case errors.As(err, &perr) && perr.Timeout:
+			outcome = "timeout"
 		case err != nil:
 			outcome = "error"
 		}

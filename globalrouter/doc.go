@@ -39,22 +39,43 @@
 //
 // Files: router.go (Router, New, Decide, Close, Health), options.go,
 // state.go (build, refcount, retire), reload.go (Reload, WatchFile),
-// headers.go (request headers), decide.go (prepare, probe, rank),
-// blockkeys.go (a request's block keys: the ids, seeded by adapter and
-// cache_salt, with the chat's media items as the engines' extra_keys),
-// commit.go (commit, pinned workers, lease, error mapping), explain.go,
+// headers.go (request headers), decide.go (prepare, probe, rank, best
+// effort, the cause of no pool), blockkeys.go (a request's block keys: the
+// ids, seeded by adapter and cache_salt, with the chat's media items as
+// the engines' extra_keys), commit.go (commit, fallbacks, pinned workers,
+// lease, error mapping), trust.go (trust, tenancy), explain.go,
 // epp.go (the endpoint-picker protocol: Request.Subset bounds every
 // endpoint of a decision, probes send it as allowed_addresses; a lease is
 // a Mover, so the request follows the fallback that served it; Ready).
 //
+// Trust (trust.go, TrustConfig): the headers that steer routing (pins,
+// priority, SLO targets, cost overrides) are honoured for the callers
+// trust.steering allows (default: trusted ones, a token in trust.header
+// whose SHA-256 is listed), and the routing headers go back to the callers
+// trust.routing_headers allows (Decision.Expose; default nobody: they are
+// an oracle of what the cache holds). Pins run the chain's filters like any
+// request; a pinned target they drop is refused, never re-routed.
+// TenancyConfig salts each tenant's block hashes with its own seed.
+//
+// Failure (pool package for the circuits): when no eligible pool's local
+// router can be reached the decision is made best effort on the last known
+// workers (Decision.BestEffort, no commit); fallbacks include other
+// workers of the primary's pool; HealthReporter takes the response path's
+// connection failures and ejects the worker (passive health).
+//
 // Error mapping (the ext_proc server translates): ErrBadRequest (no model,
 // no prompt, a malformed x-kvgate-* header), ErrUnknownModel (no pool serves
 // the model), ErrPinRefused (x-kvgate-pool / x-kvgate-worker-id cannot be
-// honoured), ErrSaturated (a policy shed the request), ErrNoPool (no pool
-// answered, the chain left none, or every ranked pool's commit failed to
-// send); ErrNoEndpointInSubset (the request's subset is empty or names no
+// honoured: unknown, wrong model), ErrForbidden (a steering header from an
+// untrusted caller, or a pinned target a policy filters out), ErrSaturated
+// (a policy shed the request), ErrNoPool (no pool answered and none is
+// known, the chain left none, or every ranked pool's commit failed to
+// send; a pinned target that is unreachable or ejected);
+// ErrNoEndpointInSubset (the request's subset is empty or names no
 // eligible worker); ErrCommitRefused (from Lease.PrefillComplete, see
-// above).
+// above). Most come as a *Refusal, whose Public message (ClientMessage)
+// names the cause without internal addresses, with the dropped-reason and
+// a retry-after.
 // Policies and the request headers they read are described in
 // docs/policies.md.
 package globalrouter

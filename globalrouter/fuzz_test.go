@@ -3,6 +3,7 @@ package globalrouter_test
 import (
 	"errors"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/globalrouter"
@@ -29,6 +30,8 @@ func FuzzParseConfig(f *testing.F) {
 		"chain: [{name: slo-grid, args: {default_ttft_ms: 5, prefill: {isl_buckets: [10], ttft_ms_buckets: [1.5], pools: [[a, [a, b]], [b, b]]}}}]\npools: [{name: a, role: prefill, models: [m], routers: {etcd: true}}]\n",
 		"chain: [{name: slo-grid, args: {strict: true, decode: {context_length_buckets: [9, 3], pools: [[a], [], [a]]}}}]\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
 		"chain: [{name: priority, args: {tiers: [{min_priority: 1, max_priority: 0, pools: [a], exclusive: true}], shed: {max_priority: 0, max_decode_tokens: 9}}}]\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
+		"trust: {header: X-T, steering: on, routing_headers: trusted, tokens_sha256: [" + strings.Repeat("ab", 32) + "]}\ntenancy: {header: X-Tenant, salt: true}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
+		"probe: {min_timeout: 5ms, timeout: 1ms, failure_ratio: 2, same_pool_fallbacks: -2}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
 		"- 1\n", "{}", "pools: 3", "chain: {a: b}",
 	} {
 		f.Add([]byte(s))

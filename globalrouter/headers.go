@@ -42,12 +42,26 @@ type headers struct {
 	priority int
 	slo      policies.SLO
 	override *routing.Override
+	// steering is the first steering header the request carries ("" none):
+	// pins, priority, SLO targets, overrides (TrustConfig.Steering).
+	steering string
 }
+
+// steeringHeaders are the headers that steer routing, honoured for the
+// callers TrustConfig.Steering allows.
+var steeringHeaders = []string{HeaderPool, HeaderWorkerID, HeaderDPRank, HeaderPriority, HeaderTTFT, HeaderITL,
+	HeaderOverlapScoreCredit, HeaderPrefillLoadScale, HeaderRouterTemperature}
 
 // parseHeaders reads h; a malformed value is ErrBadRequest (ErrPinRefused
 // for HeaderDPRank of a pinned worker), naming the header and the value.
 func parseHeaders(h map[string]string) (headers, error) {
 	out := headers{pinPool: h[HeaderPool], pinWorker: h[HeaderWorkerID], session: h[HeaderSession]}
+	for _, name := range steeringHeaders {
+		if _, ok := h[name]; ok {
+			out.steering = name
+			break
+		}
+	}
 	var err error
 	if s := h[HeaderPriority]; s != "" {
 		if out.priority, err = strconv.Atoi(s); err != nil {

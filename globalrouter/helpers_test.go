@@ -44,7 +44,17 @@ func newCluster(t testing.TB) *cluster {
 	return c
 }
 
+// newRouter builds a Router of cfg run as an operator's own deployment:
+// trust.steering and trust.routing_headers on, every caller trusted (the
+// tests about trust use newRouterAsConfigured).
 func newRouter(t testing.TB, cfg globalrouter.Config, opts ...globalrouter.Option) (*globalrouter.Router, *prometheus.Registry) {
+	t.Helper()
+	cfg.Trust.Steering, cfg.Trust.RoutingHeaders = globalrouter.AccessOn, globalrouter.AccessOn
+	return newRouterAsConfigured(t, cfg, opts...)
+}
+
+// newRouterAsConfigured builds a Router of cfg, its trust as configured.
+func newRouterAsConfigured(t testing.TB, cfg globalrouter.Config, opts ...globalrouter.Option) (*globalrouter.Router, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	r, err := globalrouter.New(cfg, append([]globalrouter.Option{globalrouter.WithLogger(quiet()), globalrouter.WithRegisterer(reg), globalrouter.WithTokenizer(model, sharedTokenizer(t))}, opts...)...)
@@ -113,3 +123,15 @@ func longText(words int) string {
 }
 
 func section(v any) policies.Section { return policies.SectionOf(v) }
+
+// otherPools are d's fallbacks outside the primary's pool (the same pool's
+// other workers come after them).
+func otherPools(d *globalrouter.Decision) []globalrouter.Endpoint {
+	var out []globalrouter.Endpoint
+	for _, f := range d.Fallbacks {
+		if f.Pool != d.Primary.Pool {
+			out = append(out, f)
+		}
+	}
+	return out
+}

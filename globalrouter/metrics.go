@@ -13,6 +13,10 @@ type metrics struct {
 	reloads   *prometheus.CounterVec   // result
 	// refusedCommits counts commits local routers refused, by pool.
 	refusedCommits *prometheus.CounterVec
+	// bestEffort counts decisions made on the last known state, by pool.
+	bestEffort *prometheus.CounterVec
+	// ejections counts passive-health ejections of workers, by pool.
+	ejections *prometheus.CounterVec
 }
 
 // Latency buckets from 50 µs (an in-process decision) to the probe
@@ -33,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		probe: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kvgate_globalrouter_probe_duration_seconds",
-			Help:    "Time of one pool probe (state-free BestWorker), by pool and outcome.",
+			Help:    "Time of one pool probe (state-free BestWorker), by pool and outcome (ok, error, timeout, starved: the deadline fired late because the global router was starved of CPU, circuit_open).",
 			Buckets: latencyBuckets,
 		}, []string{"pool", "outcome"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -48,8 +52,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_globalrouter_refused_commits_total",
 			Help: "Commits a local router refused, by pool: before the decision (the next candidate was tried) or after it (pipelined; the request went to the probed worker unaccounted).",
 		}, []string{"pool"}),
+		bestEffort: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_best_effort_total",
+			Help: "Decisions made on the last known state because no local router of any eligible pool could be reached, by pool (the request is not accounted on any router).",
+		}, []string{"pool"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_worker_ejections_total",
+			Help: "Connection failures to workers reported by the response path (passive health), by pool.",
+		}, []string{"pool"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.bestEffort, m.ejections} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

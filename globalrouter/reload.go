@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"github.com/kvgate/kvgate/pool"
 	"os"
 	"time"
 )
@@ -30,7 +29,7 @@ func (r *Router) Reload(cfg Config) error {
 		r.log.Error("configuration refused; keeping the current one", "file", cfg.File, "err", err)
 		return err
 	}
-	r.conns.SetCircuitOptions(pool.CircuitOptions{Base: cfg.Probe.BackoffBase, Max: cfg.Probe.BackoffMax})
+	r.conns.SetCircuitOptions(cfg.Probe.circuit())
 	r.st.Store(st)
 	old.retire()
 	r.m.reloads.WithLabelValues("ok").Inc()

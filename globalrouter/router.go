@@ -30,6 +30,9 @@ type Router struct {
 	log   *slog.Logger
 	m     *metrics
 	conns *pool.Conns
+	// ejector is the workers' passive health, shared by every state's
+	// pools (its durations are the first configuration's).
+	ejector *pool.Ejector
 
 	reloadMu sync.Mutex // serialises Reload and Close
 	st       atomic.Pointer[state]
@@ -68,7 +71,8 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		return nil, err
 	}
 	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"),
-		conns: pool.NewConns(o.dialer, pool.CircuitOptions{Base: cfg.Probe.BackoffBase, Max: cfg.Probe.BackoffMax}, o.now)}
+		conns:   pool.NewConns(o.dialer, cfg.Probe.circuit(), o.now),
+		ejector: pool.NewEjector(cfg.Probe.EjectBase, cfg.Probe.EjectMax, o.now)}
 	st, err := r.build(&cfg, chain, nil)
 	if err != nil {
 		_ = r.conns.Close()
@@ -136,8 +140,49 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	return d, err
 }
 
+// TrustHeader is the header that carries a caller's trust token
+// (trust.header): the front door removes it before requests go upstream.
+func (r *Router) TrustHeader() string {
+	st := r.acquire()
+	if st == nil {
+		return DefaultTrustHeader
+	}
+	defer st.release()
+	return st.cfg.Trust.Header
+}
+
+// HealthReporter takes passive health reports from the response path
+// (the ext_proc server). Router implements it. Methods are safe for
+// concurrent use and do not block.
+type HealthReporter interface {
+	// ConnectFailed reports that connecting to the worker at address (a
+	// Decision endpoint's, of pool) failed: Envoy's local reply "upstream
+	// connect error", or another endpoint of the list served instead. The
+	// worker leaves the candidates for a bounded time (probe.eject_base,
+	// doubling to probe.eject_max), long before its lease would expire.
+	ConnectFailed(pool, address string)
+	// Served reports that the worker at address answered: an ejected
+	// worker is re-admitted at once.
+	Served(pool, address string)
+}
+
+var _ HealthReporter = (*Router)(nil)
+
+// ConnectFailed implements HealthReporter.
+func (r *Router) ConnectFailed(poolName, address string) {
+	if d, ejected := r.ejector.Report(address); ejected {
+		r.m.ejections.WithLabelValues(poolName).Inc()
+		r.log.Warn("worker connections fail; ejected from the candidates", "pool", poolName, "address", address, "for", d)
+	}
+}
+
+// Served implements HealthReporter.
+func (r *Router) Served(_, address string) { r.ejector.Readmit(address) }
+
 func errOutcome(err error) string {
 	switch {
+	case errors.Is(err, ErrForbidden):
+		return "forbidden"
 	case errors.Is(err, ErrBadRequest):
 		return "bad_request"
 	case errors.Is(err, ErrUnknownModel):

@@ -38,8 +38,8 @@ func TestDecideFollowsTheCache(t *testing.T) {
 	if d.Primary.Address == "" {
 		t.Error("primary has no address")
 	}
-	if len(d.Fallbacks) != 1 || d.Fallbacks[0].Pool != "pool-a" {
-		t.Errorf("fallbacks = %+v, want pool-a's best worker", d.Fallbacks)
+	if o := otherPools(d); len(o) != 1 || len(d.Fallbacks) == 0 || d.Fallbacks[0].Pool != "pool-a" {
+		t.Errorf("fallbacks = %+v, want pool-a's best worker first (then pool-b's others)", d.Fallbacks)
 	}
 	if d.Prefill != nil {
 		t.Errorf("aggregated pools gave a prefill endpoint %+v", d.Prefill)
@@ -123,17 +123,33 @@ func TestStoppedPoolIsSkipped(t *testing.T) {
 	// machine's speed.
 	now := time.Unix(1000, 0)
 	r, _ := newRouter(t, c.cfg, globalrouter.WithClock(func() time.Time { return now }))
+	// Both pools answer once: the router knows a worker of each.
+	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: longText(50)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	free(t, d)
 	c.a.Stop()
-	for i := range 3 {
+	// pool-a's circuit opens on its third failure in a row
+	// (probe.open_after_failures), not on the first.
+	for i := range pool.DefaultCircuitFailures + 1 {
 		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: longText(50), Explain: true})
 		if err != nil {
 			t.Fatalf("Decide %d with pool-a stopped: %v", i, err)
 		}
-		if d.Primary.Pool != "pool-b" || len(d.Fallbacks) != 0 {
-			t.Errorf("Decide %d: primary %s fallbacks %+v, want pool-b alone", i, d.Primary.Pool, d.Fallbacks)
+		if d.Primary.Pool != "pool-b" {
+			t.Errorf("Decide %d: primary %s, want pool-b", i, d.Primary.Pool)
 		}
-		if !strings.Contains(d.Explanation, "pool-a skipped") || !strings.Contains(d.Explanation, "circuit open") {
-			t.Errorf("Decide %d: explanation does not show pool-a skipped with its circuit open:\n%s", i, d.Explanation)
+		for _, f := range d.Fallbacks {
+			if f.Pool != "pool-b" {
+				t.Errorf("Decide %d: fallback %+v in a stopped pool", i, f)
+			}
+		}
+		if !strings.Contains(d.Explanation, "pool-a skipped") {
+			t.Errorf("Decide %d: explanation does not show pool-a skipped:\n%s", i, d.Explanation)
+		}
+		if open := strings.Contains(d.Explanation, "circuit open"); open != (i >= pool.DefaultCircuitFailures-1) {
+			t.Errorf("Decide %d: explanation says circuit open = %v:\n%s", i, open, d.Explanation)
 		}
 		free(t, d)
 	}
@@ -144,9 +160,30 @@ func TestStoppedPoolIsSkipped(t *testing.T) {
 	if h[1].Health.Available != 1 {
 		t.Errorf("pool-b health = %+v, want available", h[1])
 	}
+
+	// Every pool down: best effort on the workers the probes named, not a
+	// blanket 503; nothing is committed anywhere.
 	c.b.Stop()
-	if _, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "x"}); !errors.Is(err, globalrouter.ErrNoPool) {
-		t.Errorf("Decide with every pool stopped: got %v, want ErrNoPool", err)
+	d, err = r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "x"})
+	if err != nil {
+		t.Fatalf("Decide with every pool stopped: %v, want a best-effort decision", err)
+	}
+	if !d.BestEffort || d.Primary.Address == "" || d.Primary.WorkerID == "" {
+		t.Errorf("every pool stopped: %+v, want a best-effort decision on a known worker", d)
+	}
+	free(t, d)
+
+	// A router that never saw a worker has no last known state: 503, the
+	// reason names the unreachable pools and no address.
+	r2, _ := newRouter(t, c.cfg)
+	_, err = r2.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "x"})
+	var ref *globalrouter.Refusal
+	if !errors.Is(err, globalrouter.ErrNoPool) || !errors.As(err, &ref) {
+		t.Fatalf("fresh router, every pool stopped: got %v, want a Refusal of ErrNoPool", err)
+	}
+	msg := globalrouter.ClientMessage(err)
+	if !strings.Contains(msg, "pool-a, pool-b are unreachable") || strings.Contains(msg, "127.0.0.1") || ref.Reason != "no_pool_reachable" {
+		t.Errorf("client message %q (reason %q): want the unreachable pools named, no address", msg, ref.Reason)
 	}
 }
 
@@ -167,7 +204,7 @@ func TestPinning(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pinned to pool-a: %v", err)
 	}
-	if d.Primary.Pool != "pool-a" || len(d.Fallbacks) != 0 {
+	if d.Primary.Pool != "pool-a" || len(otherPools(d)) != 0 {
 		t.Errorf("pinned to pool-a: primary %+v fallbacks %+v, want pool-a alone", d.Primary, d.Fallbacks)
 	}
 	free(t, d)
@@ -316,16 +353,16 @@ func TestHeaderMatchAndFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Primary.Pool != "pool-b" || len(d.Fallbacks) != 1 {
-		t.Errorf("acme: primary %s fallbacks %d, want pool-b (tier 0) then pool-a", d.Primary.Pool, len(d.Fallbacks))
+	if d.Primary.Pool != "pool-b" || len(otherPools(d)) != 1 {
+		t.Errorf("acme: primary %s fallbacks %+v, want pool-b (tier 0) then pool-a", d.Primary.Pool, d.Fallbacks)
 	}
 	free(t, d)
 	d, err = r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Primary.Pool != "pool-a" || len(d.Fallbacks) != 0 {
-		t.Errorf("no tenant: primary %s fallbacks %d, want pool-a alone", d.Primary.Pool, len(d.Fallbacks))
+	if d.Primary.Pool != "pool-a" || len(otherPools(d)) != 0 {
+		t.Errorf("no tenant: primary %s fallbacks %+v, want pool-a alone", d.Primary.Pool, d.Fallbacks)
 	}
 	free(t, d)
 	cfg.Pools[0].Policy = policies.PoolSection{"header-match": section(policies.HeaderMatchPool{Headers: map[string][]string{"x-tenant": {"beta"}}})}

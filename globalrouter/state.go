@@ -55,7 +55,8 @@ func (r *Router) build(cfg *Config, chain *policies.Chain, old *state) (_ *state
 		}
 	}()
 	for _, pc := range cfg.Pools {
-		p, err := pool.Open(pc, pool.Options{Conns: r.conns, ProbeTimeout: cfg.Probe.Timeout, Etcd: r.opts.etcd, Logger: r.opts.logger})
+		p, err := pool.Open(pc, pool.Options{Conns: r.conns, ProbeTimeout: cfg.Probe.Timeout,
+			ProbeMinTimeout: cfg.Probe.MinTimeout, Ejector: r.ejector, Etcd: r.opts.etcd, Logger: r.opts.logger})
 		if err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package globalrouter
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/tokenizer"
@@ -11,8 +12,15 @@ import (
 // Request is what the ext_proc server hands the global router for one
 // inference request, after parsing the body once.
 type Request struct {
-	// ID is the request id (x-request-id, or one the server made).
+	// ID is the request's id on the local routers: the lifecycle (commit,
+	// prefill complete, free) is keyed by it, so it must be unique among
+	// the requests in flight. The ext_proc server makes one per ext_proc
+	// stream; "" makes the router make one.
 	ID string
+	// ClientID is the client's x-request-id, for logs and traces only:
+	// clients reuse ids, and two requests sharing one must still count
+	// as two.
+	ClientID string
 	// Path is the HTTP path (/v1/completions, /v1/chat/completions, ...).
 	Path  string
 	Model string
@@ -66,6 +74,13 @@ type Decision struct {
 	// field (pool.Config.DPRankBodyField); the ext_proc server rewrites
 	// the body.
 	DPRankBodyField bool
+	// Expose says the routing headers (pool, worker, overlap, endpoint,
+	// explanation) may go back to the client (TrustConfig.RoutingHeaders).
+	Expose bool
+	// BestEffort: no local router of any eligible pool could be reached,
+	// and Primary is a worker from the last known state (a recent probe's
+	// answer, round robin); the request is not accounted on any router.
+	BestEffort bool
 	// Lease drives the request's lifecycle on the chosen local router.
 	Lease Lease
 }
@@ -96,12 +111,61 @@ var (
 	// ErrPinRefused (400): pinning headers name a pool or worker that cannot
 	// take the request; never silently re-routed.
 	ErrPinRefused = errors.New("pinned target refused")
+	// ErrForbidden (403): the caller may not do what the request asks: a
+	// steering header from a caller that is not trusted, or a pinned
+	// target that a policy of the chain filters out (tenancy, a reserved
+	// priority tier, a strict SLO cell). The error names the header or
+	// the policy.
+	ErrForbidden = errors.New("forbidden")
 	// ErrCommitRefused: the local router refused a commit the decision had
 	// already sent (commits are pipelined, not waited for); the request
 	// went to the worker the probe chose, unaccounted on its local router.
 	// Lease.PrefillComplete returns it.
 	ErrCommitRefused = errors.New("commit refused")
 )
+
+// Refusal is an error of Decide that carries a message fit for the
+// client: the cause, named without internal addresses or the local
+// routers' own words (Err keeps those, for logs). errors.Is matches its
+// Kind (one of the sentinels above) and Err.
+type Refusal struct {
+	Kind error
+	// Reason, when set, is the x-kvgate-dropped-reason (the ext_proc
+	// server's default for the Kind otherwise).
+	Reason string
+	// Public is the message for the client.
+	Public string
+	// RetryAfter, when set, is when a retry may succeed (429, 503).
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (r *Refusal) Error() string {
+	s := r.Kind.Error() + ": " + r.Public
+	if r.Err != nil {
+		s += ": " + r.Err.Error()
+	}
+	return s
+}
+
+func (r *Refusal) Unwrap() []error {
+	if r.Err == nil {
+		return []error{r.Kind}
+	}
+	return []error{r.Kind, r.Err}
+}
+
+// ClientMessage is the message of a Decide error for the client: a
+// Refusal's Public message (the cause, without internal addresses or the
+// local routers' own words), else the error's text, which may name
+// internal endpoints: the ext_proc server redacts addresses from it.
+func ClientMessage(err error) string {
+	var r *Refusal
+	if errors.As(err, &r) {
+		return r.Public
+	}
+	return err.Error()
+}
 
 // Decider makes routing decisions. Implementations are safe for concurrent
 // use; Decide may block up to its probe deadline.

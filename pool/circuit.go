@@ -6,19 +6,43 @@ import (
 	"time"
 )
 
-// CircuitOptions configure the circuit of each local router: after a
-// failure the router is not probed for a backoff that starts at Base and
-// doubles with each failure in a row up to Max; then one probe is let
-// through (half-open), and its success closes the circuit.
+// CircuitOptions configure the circuit of each local router. A circuit
+// opens on evidence of failure, never on one slow probe: Failures hard
+// failures in a row (refused connection, reset, unavailable), Timeouts
+// probes in a row that ran past their deadline (a slow answer is weaker
+// evidence: under CPU pressure it is often the caller that was slow), or a
+// failure ratio of at least Ratio over a window of Window once MinCalls
+// calls were made in it. An open circuit skips the router for a backoff
+// that starts at Base; then one trial call is let through (half-open):
+// its success closes the circuit, its failure reopens it with the backoff
+// doubled, up to Max. The backoff is doubled at most once per open period,
+// however many calls that were in flight fail meanwhile.
 type CircuitOptions struct {
 	Base time.Duration
 	Max  time.Duration
+	// Failures is the number of consecutive hard failures that open the
+	// circuit (default 3).
+	Failures int
+	// Timeouts is the number of consecutive deadline-exceeded calls that
+	// open the circuit (default 10).
+	Timeouts int
+	// Ratio, Window and MinCalls: the circuit opens when at least Ratio of
+	// the calls of the current Window failed (hard failures and timeouts),
+	// once MinCalls calls were made in it (defaults 0.5, 10 s, 20).
+	Ratio    float64
+	Window   time.Duration
+	MinCalls int
 }
 
 // Circuit defaults.
 const (
-	DefaultBackoffBase = 100 * time.Millisecond
-	DefaultBackoffMax  = 10 * time.Second
+	DefaultBackoffBase     = 100 * time.Millisecond
+	DefaultBackoffMax      = 10 * time.Second
+	DefaultCircuitFailures = 3
+	DefaultCircuitTimeouts = 10
+	DefaultCircuitRatio    = 0.5
+	DefaultCircuitWindow   = 10 * time.Second
+	DefaultCircuitMinCalls = 20
 )
 
 func (o *CircuitOptions) defaults() {
@@ -27,6 +51,21 @@ func (o *CircuitOptions) defaults() {
 	}
 	if o.Max < o.Base {
 		o.Max = max(DefaultBackoffMax, o.Base)
+	}
+	if o.Failures <= 0 {
+		o.Failures = DefaultCircuitFailures
+	}
+	if o.Timeouts <= 0 {
+		o.Timeouts = DefaultCircuitTimeouts
+	}
+	if !(o.Ratio > 0) || o.Ratio > 1 {
+		o.Ratio = DefaultCircuitRatio
+	}
+	if o.Window <= 0 {
+		o.Window = DefaultCircuitWindow
+	}
+	if o.MinCalls <= 0 {
+		o.MinCalls = DefaultCircuitMinCalls
 	}
 }
 
@@ -53,16 +92,30 @@ func (s CircuitState) String() string {
 	return "closed"
 }
 
+// outcome is how a call through a circuit went.
+type outcome int
+
+const (
+	// outcomeFailure: the router failed (unreachable, reset, unavailable).
+	outcomeFailure outcome = iota
+	// outcomeTimeout: the call ran past its deadline.
+	outcomeTimeout
+)
+
 type circuit struct {
 	opts *atomic.Pointer[CircuitOptions] // shared by the Conns' circuits
 	now  func() time.Time
 
 	mu        sync.Mutex
 	state     CircuitState
-	failures  int
+	failures  int // consecutive hard failures
+	timeouts  int // consecutive timeouts
 	backoff   time.Duration
 	openUntil time.Time
 	trial     bool // half-open: the trial probe is in flight
+	// The ratio window (tumbling).
+	winStart     time.Time
+	calls, fails int
 }
 
 // allow reports whether a call may go to the router now, and moves an
@@ -102,30 +155,78 @@ func (c *circuit) available() bool {
 	return true
 }
 
+// success records a call the router answered. It closes a half-open
+// circuit; a late answer to a call made before the circuit opened leaves
+// an open one open (its backoff runs its course).
 func (c *circuit) success() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.state, c.failures, c.backoff, c.trial = CircuitClosed, 0, 0, false
+	c.window()
+	c.calls++
+	switch c.state {
+	case CircuitOpen:
+		return
+	case CircuitHalfOpen:
+		c.backoff = 0
+	}
+	c.state, c.failures, c.timeouts, c.trial = CircuitClosed, 0, 0, false
 }
 
-// failure opens the circuit; it returns the backoff.
-func (c *circuit) failure() time.Duration {
+// failure records a failed call; it returns the backoff when this call
+// opened the circuit, 0 when the circuit stays as it was (closed below its
+// thresholds, or already open: concurrent failures of one open period
+// double nothing).
+func (c *circuit) failure(kind outcome) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.failures++
 	o := c.opts.Load()
-	if c.backoff == 0 {
-		c.backoff = o.Base
-	} else {
-		c.backoff = min(2*c.backoff, o.Max)
+	c.window()
+	c.calls++
+	c.fails++
+	switch c.state {
+	case CircuitOpen:
+		return 0
+	case CircuitHalfOpen:
+		// The trial (or a call that bypassed the circuit while half-open)
+		// failed: the router is still down.
+		c.backoff = min(2*max(c.backoff, o.Base/2), o.Max)
+		c.open()
+		return c.backoff
 	}
-	c.state, c.trial = CircuitOpen, false
-	c.openUntil = c.now().Add(c.backoff)
+	if kind == outcomeTimeout {
+		c.timeouts++
+	} else {
+		c.failures++
+	}
+	if c.failures < o.Failures && c.timeouts < o.Timeouts &&
+		(c.calls < o.MinCalls || float64(c.fails) < o.Ratio*float64(c.calls)) {
+		return 0
+	}
+	c.backoff = o.Base
+	c.open()
 	return c.backoff
 }
 
-// release gives back an allowed call that was not made (the caller's
-// context ended first): a half-open trial may be retried.
+// open opens the circuit for the current backoff; c.mu is held.
+func (c *circuit) open() {
+	c.state, c.trial = CircuitOpen, false
+	c.openUntil = c.now().Add(c.backoff)
+	c.winStart, c.calls, c.fails = c.now(), 0, 0
+}
+
+// window starts a new ratio window when the current one is over; c.mu is
+// held.
+func (c *circuit) window() {
+	now := c.now()
+	if now.Sub(c.winStart) >= c.opts.Load().Window {
+		c.winStart, c.calls, c.fails = now, 0, 0
+	}
+}
+
+// release gives back an allowed call that was not made, or whose outcome
+// says nothing of the router (the caller's context ended first, or the
+// caller itself was too slow to read the answer): a half-open trial may be
+// retried.
 func (c *circuit) release() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -141,5 +242,5 @@ func (c *circuit) snapshot() (CircuitState, int, time.Time) {
 	if s == CircuitOpen && !c.now().Before(c.openUntil) {
 		s = CircuitHalfOpen
 	}
-	return s, c.failures, c.openUntil
+	return s, c.failures + c.timeouts, c.openUntil
 }

@@ -23,6 +23,11 @@ type Client interface {
 	// state (BestWorker without request_id). It blocks until the answer or
 	// until ctx ends.
 	Probe(ctx context.Context, p Prompt) (routing.Selection, error)
+	// Loads returns every worker rank's potential load for a prompt, as
+	// Selections (worker, address, overlap, potential prefill tokens and
+	// decode blocks; no cost), without changing any state
+	// (PotentialLoads). It blocks until the answer or until ctx ends.
+	Loads(ctx context.Context, p Prompt) ([]routing.Selection, error)
 	// CommitAsync commits a request on the worker the caller chose and
 	// opens the request's lifecycle stream. It returns once the commit is
 	// sent, without waiting for the router's answer (the commit is
@@ -86,6 +91,20 @@ func (g *grpcClient) Probe(ctx context.Context, p Prompt) (routing.Selection, er
 	return sel, err
 }
 
+func (g *grpcClient) Loads(ctx context.Context, p Prompt) ([]routing.Selection, error) {
+	ls, err := g.c.PotentialLoads(ctx, p.client())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]routing.Selection, len(ls))
+	for i, l := range ls {
+		out[i] = routing.Selection{WorkerID: l.Worker.ID, DPRank: l.Worker.DPRank, Address: l.Address,
+			OverlapBlocks: l.OverlapBlocks, PrefillTokens: l.PotentialPrefillTokens, DecodeBlocks: l.PotentialDecodeBlocks,
+			BlockSize: p.BlockSize, Router: g.addr}
+	}
+	return out, nil
+}
+
 func (g *grpcClient) CommitAsync(ctx context.Context, c Commit, committed func(routing.Selection, error)) (Tracker, error) {
 	// Pool.CommitAsync names the router in the answer: no wrapper here.
 	t, err := g.c.CommitAsync(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.client(), committed)
@@ -143,6 +162,12 @@ var (
 	ErrCircuitOpen = errors.New("circuit open")
 	// ErrNoRouters: the pool has no local router (none discovered yet).
 	ErrNoRouters = errors.New("no local router")
+	// ErrAllEjected: passive health ejected every worker the pool's
+	// local router knows (their connections fail).
+	ErrAllEjected = errors.New("every worker ejected")
+	// ErrUnknownWorker: the local router knows no such worker (or rank):
+	// the router's own sentinel, matched across the wire.
+	ErrUnknownWorker = localrouter.ErrUnknownWorker
 	// ErrClosed: the pool or its connections were closed.
 	ErrClosed = errors.New("pool closed")
 )

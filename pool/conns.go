@@ -26,7 +26,8 @@ type conn struct {
 	addr    string
 	r       Client
 	circuit *circuit
-	refs    int // guarded by Conns.mu
+	lat     latency // probe latencies: the adaptive deadline
+	refs    int     // guarded by Conns.mu
 }
 
 // NewConns returns an empty set of clients made with dial. now (nil:

@@ -3,7 +3,22 @@
 // routers are, its policy section), the clients to each pool's local
 // routers, the state-free probes under a deadline, the commits and Track
 // streams of requests placed in the pool, local-router discovery in etcd,
-// and health with a circuit per local router.
+// health with a circuit per local router, and the workers' passive health.
+//
+// # Failure, not slowness
+//
+// A probe's deadline adapts to the router's observed probe latency
+// (DeadlineFactor × its p99, within Options.ProbeMinTimeout and
+// ProbeTimeout). A circuit opens on evidence of failure (CircuitOptions):
+// hard failures in a row, timeouts in a row (a higher count), or a failure
+// ratio over a window; a timeout whose deadline fired far later than set
+// (this process was starved) counts against nothing. Its backoff doubles
+// once per open period. An Ejector (passive health, fed by the response
+// path) takes a worker whose connections fail out of the candidates for a
+// bounded time: a probe whose best worker is ejected is answered with the
+// router's best other worker (PotentialLoads). The pool keeps the workers
+// its probes and a background refresh named (Others: same-pool fallbacks;
+// LastKnown: the best-effort target when no router can be reached).
 //
 // A Client is one local router's client (GRPCDialer wraps
 // localrouter/client, the project's one client of that service): Probe,
@@ -23,5 +38,6 @@
 // global router, across configuration reloads: each Pool and each open
 // Tracker holds a reference, and a connection closes when the last one is
 // released, so a reload never breaks the Track streams of requests in
-// flight. Lock order: Conns.mu before circuit.mu; nothing else nests.
+// flight. Lock order: Conns.mu before circuit.mu; nothing else nests
+// (latency, known and Ejector locks are leaves).
 package pool

@@ -20,15 +20,20 @@ import (
 	"github.com/kvgate/kvgate/policies"
 )
 
-// DefaultProbeTimeout bounds a probe when Options.ProbeTimeout is zero.
-const DefaultProbeTimeout = 20 * time.Millisecond
-
 // Options are a Pool's dependencies.
 type Options struct {
 	// Conns holds the clients (required; shared by the pools).
 	Conns *Conns
-	// ProbeTimeout bounds each probe (default 20 ms).
-	ProbeTimeout time.Duration
+	// ProbeTimeout is the longest a probe may take (default 250 ms);
+	// ProbeMinTimeout the shortest deadline it is given (default 25 ms,
+	// at most ProbeTimeout). Between the two the deadline adapts to the
+	// router's observed probe latency (DeadlineFactor × its p99); equal
+	// bounds make it fixed.
+	ProbeTimeout    time.Duration
+	ProbeMinTimeout time.Duration
+	// Ejector is the passive health of the workers (nil: none; shared by
+	// the pools of a global router).
+	Ejector *Ejector
 	// Etcd is required by pools that discover their local routers.
 	Etcd   *clientv3.Client
 	Logger *slog.Logger
@@ -37,20 +42,29 @@ type Options struct {
 // Pool is one pool's clients: probes, commits and health. Safe for
 // concurrent use.
 type Pool struct {
-	cfg     Config
-	conns   *Conns
-	timeout time.Duration
-	log     *slog.Logger
+	cfg        Config
+	conns      *Conns
+	timeout    time.Duration
+	minTimeout time.Duration
+	ej         *Ejector
+	log        *slog.Logger
+	known      known
 
 	routers atomic.Pointer[[]*conn] // immutable snapshot
 	next    atomic.Uint32           // round robin over routers
 
-	mu     sync.Mutex // guards the routers' references against Close
-	closed bool
-	stop   context.CancelFunc
-	wg     sync.WaitGroup
-	synced chan struct{}
-	disc   map[string][]byte // etcd key → value, owned by the sink
+	mu      sync.Mutex // guards the routers' references against Close
+	closed  bool
+	closing bool // Close began: no more background work
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	// life ends at Close: background refreshes of the known workers.
+	life       context.Context
+	endLife    context.CancelFunc
+	refreshing atomic.Bool
+	refreshed  atomic.Int64 // unix nanos of the last refresh
+	synced     chan struct{}
+	disc       map[string][]byte // etcd key → value, owned by the sink
 }
 
 // Open returns the pool of cfg (validated by the caller). Static routers are
@@ -63,13 +77,18 @@ func Open(cfg Config, opts Options) (*Pool, error) {
 	if opts.ProbeTimeout <= 0 {
 		opts.ProbeTimeout = DefaultProbeTimeout
 	}
+	if opts.ProbeMinTimeout <= 0 {
+		opts.ProbeMinTimeout = DefaultProbeMinTimeout
+	}
+	opts.ProbeMinTimeout = min(opts.ProbeMinTimeout, opts.ProbeTimeout)
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	p := &Pool{cfg: cfg, conns: opts.Conns, timeout: opts.ProbeTimeout, synced: make(chan struct{}),
+	p := &Pool{cfg: cfg, conns: opts.Conns, timeout: opts.ProbeTimeout, minTimeout: opts.ProbeMinTimeout, ej: opts.Ejector, synced: make(chan struct{}),
 		log: opts.Logger.With("component", "pool", "pool", cfg.Name)}
 	empty := []*conn{}
 	p.routers.Store(&empty)
+	p.life, p.endLife = context.WithCancel(context.Background())
 	if !cfg.Routers.Etcd {
 		cs := make([]*conn, 0, len(cfg.Routers.Static))
 		for _, a := range cfg.Routers.Static {
@@ -114,9 +133,13 @@ func (p *Pool) Synced() <-chan struct{} { return p.synced }
 // Close stops discovery and releases the pool's clients (Trackers keep
 // theirs until freed).
 func (p *Pool) Close() {
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
 	if p.stop != nil {
 		p.stop()
 	}
+	p.endLife()
 	p.wg.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -154,19 +177,31 @@ func (p *Pool) pick(prefer string) (*conn, error) {
 	return nil, ErrCircuitOpen
 }
 
-// ProbeError is a failed probe: which router, and whether its circuit was
-// opened.
+// ProbeError is a failed probe: which router, what kind of failure, and
+// whether its circuit was opened.
 type ProbeError struct {
 	Pool   string
 	Router string
-	// Backoff is how long the router's circuit stays open (0: not
-	// opened, e.g. the caller's context ended).
+	// Backoff is how long the router's circuit stays open when this probe
+	// opened it (0: the circuit was not opened by it: below its
+	// thresholds, already open, or the failure was not the router's).
 	Backoff time.Duration
+	// Timeout: the probe ran past its deadline. Local: it did so because
+	// the global router itself was starved (the deadline fired much later
+	// than set), which says nothing of the router and counts against no
+	// circuit.
+	Timeout, Local bool
+	// Request: the router refused this request (malformed, too large);
+	// the router is up.
+	Request bool
 	Err     error
 }
 
 func (e *ProbeError) Error() string {
 	s := fmt.Sprintf("pool %q: probe %s: %v", e.Pool, e.Router, e.Err)
+	if e.Local {
+		s += " (the global router was starved of CPU)"
+	}
 	if e.Backoff > 0 {
 		s += fmt.Sprintf(" (circuit open for %v)", e.Backoff)
 	}
@@ -175,18 +210,28 @@ func (e *ProbeError) Error() string {
 
 func (e *ProbeError) Unwrap() error { return e.Err }
 
+// Outage reports whether the probe failed because the pool could not be
+// reached (not because it refused the request).
+func (e *ProbeError) Outage() bool { return !e.Request }
+
 // Probe asks one of the pool's local routers for its best worker, under the
-// probe timeout. A router that fails or times out has its circuit opened;
-// when every circuit is open the error wraps ErrCircuitOpen and nothing is
-// sent.
+// probe deadline. A router that fails or times out counts against its
+// circuit (CircuitOptions say when it opens); when every circuit is open
+// the error wraps ErrCircuitOpen and nothing is sent. A best worker that
+// passive health ejected is replaced by the router's best other worker
+// (PotentialLoads); when the router knows no other, the error wraps
+// ErrAllEjected.
 func (p *Pool) Probe(ctx context.Context, pr Prompt) (routing.Selection, error) {
 	c, err := p.pick("")
 	if err != nil {
 		return routing.Selection{}, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, p.timeout)
+	timeout := c.lat.deadline(p.minTimeout, p.timeout)
+	t0 := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	sel, err := c.r.Probe(pctx, pr)
 	cancel()
+	took := time.Since(t0)
 	if err != nil {
 		pe := &ProbeError{Pool: p.cfg.Name, Router: c.addr, Err: err}
 		switch {
@@ -194,13 +239,28 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (routing.Selection, error) 
 			c.circuit.release()
 		case requestFault(err):
 			// The router answered: it is up; this request is at fault.
+			pe.Request = true
 			c.circuit.success()
+		case timedOut(err):
+			pe.Timeout = true
+			c.lat.observe(took)
+			if took-timeout > timeout/2 {
+				// The deadline fired far later than set: this process was
+				// not scheduled, the router may well have answered in time.
+				pe.Local = true
+				c.circuit.release()
+				break
+			}
+			pe.Backoff = c.circuit.failure(outcomeTimeout)
 		default:
-			pe.Backoff = c.circuit.failure()
+			pe.Backoff = c.circuit.failure(outcomeFailure)
+		}
+		if pe.Backoff > 0 {
 			p.log.Warn("local router probe failed; circuit opened", "router", c.addr, "backoff", pe.Backoff, "err", err)
 		}
 		return routing.Selection{}, pe
 	}
+	c.lat.observe(took)
 	c.circuit.success()
 	sel.Router = c.addr
 	if sel.Address == "" {
@@ -209,8 +269,132 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (routing.Selection, error) 
 		return routing.Selection{}, &ProbeError{Pool: p.cfg.Name, Router: c.addr,
 			Err: fmt.Errorf("worker %s/%d has no address (leaving the pool)", sel.WorkerID, sel.DPRank)}
 	}
+	p.known.add(sel.WorkerID, sel.DPRank, sel.Address, time.Now())
+	p.refreshKnown(c, pr)
+	if p.ej.Ejected(sel.Address) {
+		return p.alternative(ctx, c, pr, sel, timeout)
+	}
 	return sel, nil
 }
+
+// alternative replaces sel, whose worker is ejected, with the router's
+// best worker that is not (most cached blocks, then least potential load).
+func (p *Pool) alternative(ctx context.Context, c *conn, pr Prompt, sel routing.Selection, timeout time.Duration) (routing.Selection, error) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	loads, err := c.r.Loads(pctx, pr)
+	cancel()
+	if err != nil {
+		return routing.Selection{}, &ProbeError{Pool: p.cfg.Name, Router: c.addr, Timeout: timedOut(err),
+			Err: fmt.Errorf("worker %s is ejected; asking for another: %w", sel.WorkerID, err)}
+	}
+	best, found := routing.Selection{}, false
+	now := time.Now()
+	for _, l := range loads {
+		p.known.add(l.WorkerID, l.DPRank, l.Address, now)
+		if l.Address == "" || p.ej.Ejected(l.Address) {
+			continue
+		}
+		if !found || better(l, best) {
+			best, found = l, true
+		}
+	}
+	if !found {
+		return routing.Selection{}, &ProbeError{Pool: p.cfg.Name, Router: c.addr,
+			Err: fmt.Errorf("%w: %d workers", ErrAllEjected, len(loads))}
+	}
+	best.Router = c.addr
+	best.RequestBlocks, best.BlockSize, best.Candidates = sel.RequestBlocks, sel.BlockSize, sel.Candidates
+	return best, nil
+}
+
+// refreshInterval is how often a pool asks a router for all its workers
+// (PotentialLoads, in the background) so the known workers — same-pool
+// fallbacks, best-effort targets — are the whole pool, not only the
+// probes' winners.
+const refreshInterval = 10 * time.Second
+
+// refreshKnown starts a background refresh of the known workers through
+// c when the last one is older than refreshInterval; one at a time, never
+// on the request's path.
+func (p *Pool) refreshKnown(c *conn, pr Prompt) {
+	if time.Since(time.Unix(0, p.refreshed.Load())) < refreshInterval || !p.refreshing.CompareAndSwap(false, true) {
+		return
+	}
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		p.refreshing.Store(false)
+		return
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	pr.Override = nil
+	go func() {
+		defer p.wg.Done()
+		defer p.refreshing.Store(false)
+		ctx, cancel := context.WithTimeout(p.life, p.timeout)
+		defer cancel()
+		loads, err := c.r.Loads(ctx, pr)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		for _, l := range loads {
+			p.known.add(l.WorkerID, l.DPRank, l.Address, now)
+		}
+		p.refreshed.Store(now.UnixNano())
+	}()
+}
+
+// better orders a router's workers for a request: most cached blocks,
+// then least potential prefill, then least decode load.
+func better(a, b routing.Selection) bool {
+	if a.OverlapBlocks != b.OverlapBlocks {
+		return a.OverlapBlocks > b.OverlapBlocks
+	}
+	if a.PrefillTokens != b.PrefillTokens {
+		return a.PrefillTokens < b.PrefillTokens
+	}
+	return a.DecodeBlocks < b.DecodeBlocks
+}
+
+// timedOut reports whether err is a deadline that ran out.
+func timedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded
+}
+
+// Others returns up to n of the pool's recently seen workers other than
+// except and not ejected, as fallbacks: where Envoy may retry within the
+// pool when the primary refuses connections.
+func (p *Pool) Others(except string, n int) []routing.Selection {
+	if n <= 0 {
+		return nil
+	}
+	var out []routing.Selection
+	for _, w := range p.known.list(time.Now(), true, func(a string) bool { return a != except && !p.ej.Ejected(a) }) {
+		if len(out) == n {
+			break
+		}
+		out = append(out, routing.Selection{WorkerID: w.id, DPRank: w.rank, Address: w.addr, BlockSize: p.cfg.BlockSize})
+	}
+	return out
+}
+
+// LastKnown is the best-effort choice when none of the pool's local
+// routers can be reached: one of the workers recently seen, not ejected
+// and whose address allow accepts (nil: any), round robin, with no cost
+// terms and no router. ok is false when the pool knows none.
+func (p *Pool) LastKnown(allow func(addr string) bool) (sel routing.Selection, ok bool) {
+	ws := p.known.list(time.Now(), true, func(a string) bool { return !p.ej.Ejected(a) && (allow == nil || allow(a)) })
+	if len(ws) == 0 {
+		return routing.Selection{}, false
+	}
+	w := ws[0]
+	return routing.Selection{WorkerID: w.id, DPRank: w.rank, Address: w.addr, BlockSize: p.cfg.BlockSize}, true
+}
+
+// Ejected reports whether passive health ejected the worker at addr.
+func (p *Pool) Ejected(addr string) bool { return p.ej.Ejected(addr) }
 
 // requestFault reports whether a router's answer blames the request, not
 // the router (a malformed or oversized prompt): no reason to stop probing
@@ -249,10 +433,13 @@ func (p *Pool) CommitAsync(ctx context.Context, routerAddr string, cm Commit, co
 	})
 	if err != nil {
 		if picked { // the call went through the circuit: report how it went
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				c.circuit.release()
-			} else {
-				c.circuit.failure()
+			case timedOut(err):
+				c.circuit.failure(outcomeTimeout)
+			default:
+				c.circuit.failure(outcomeFailure)
 			}
 		}
 		p.conns.release(c)

@@ -66,14 +66,21 @@ func open(t *testing.T, conns *pool.Conns, name string, addrs ...string) *pool.P
 	return p
 }
 
-func newConns(t *testing.T, clk *clock) *pool.Conns {
+// newConns returns clients whose circuits open on the first failure
+// (Failures: 1) with a 1 s backoff doubling to 4 s, unless opts say
+// otherwise.
+func newConns(t *testing.T, clk *clock, opts ...pool.CircuitOptions) *pool.Conns {
 	var now func() time.Time
 	if clk != nil {
 		now = clk.Now
 	}
 	// Reconnect fast: the circuit test brings a router back.
 	dial := pool.GRPCDialer(grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1, MaxDelay: 5 * time.Millisecond}, MinConnectTimeout: time.Second}))
-	c := pool.NewConns(dial, pool.CircuitOptions{Base: time.Second, Max: 4 * time.Second}, now)
+	o := pool.CircuitOptions{Base: time.Second, Max: 4 * time.Second, Failures: 1}
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	c := pool.NewConns(dial, o, now)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

@@ -305,9 +305,13 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}
 	gcfg := globalrouter.DefaultConfig(pools...)
 	if cfg.ProbeTimeout > 0 {
-		gcfg.Probe.Timeout = cfg.ProbeTimeout
+		// A fixed deadline, as asked (the default adapts).
+		gcfg.Probe.Timeout, gcfg.Probe.MinTimeout = cfg.ProbeTimeout, cfg.ProbeTimeout
 	}
 	gcfg.Models = []globalrouter.ModelConfig{{Name: cfg.Model, Tokenizer: globalrouter.DefaultTokenizer, MaxBodyBytes: cfg.MaxBodyBytes}}
+	// A local demo: its one user is the operator, who pins and reads the
+	// routing headers (production configurations default to neither).
+	gcfg.Trust.Steering, gcfg.Trust.RoutingHeaders = globalrouter.AccessOn, globalrouter.AccessOn
 	gopts := []globalrouter.Option{
 		globalrouter.WithEtcd(s.etcd.cli),
 		globalrouter.WithLogger(cfg.Logger),

@@ -1,0 +1,151 @@
+package globalrouter
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/kvgate/kvgate/policies"
+)
+
+// Access says which callers get a capability.
+type Access string
+
+// Access levels.
+const (
+	// AccessOff: nobody.
+	AccessOff Access = "off"
+	// AccessTrusted: trusted callers only (TrustConfig).
+	AccessTrusted Access = "trusted"
+	// AccessOn: every caller (a closed deployment, a local demo).
+	AccessOn Access = "on"
+)
+
+func (a Access) valid() bool { return a == AccessOff || a == AccessTrusted || a == AccessOn }
+
+// allows reports whether a caller of the given trust has the capability.
+func (a Access) allows(trusted bool) bool {
+	return a == AccessOn || a == AccessTrusted && trusted
+}
+
+// DefaultTrustHeader carries a caller's trust token.
+const DefaultTrustHeader = "x-kvgate-trust"
+
+// TrustConfig says which callers are trusted, and what they may do that
+// others may not. A caller is trusted when its request carries
+// Header with a token whose SHA-256 is one of TokensSHA256 (compared in
+// constant time). The token is a shared secret of the callers that steer
+// routing (an internal service, an operator's tooling, a gateway route of
+// authenticated admins that adds it); the ext_proc server removes the
+// header from every request before it goes upstream, so workers never see
+// it. Clients that do not hold a token cannot forge trust, whatever the
+// gateway in front lets through.
+type TrustConfig struct {
+	// Header is the trust token's header (default x-kvgate-trust).
+	Header string `yaml:"header"`
+	// TokensSHA256 are the hex SHA-256 digests of the trusted tokens
+	// (`printf %s "$TOKEN" | sha256sum`): the file holds no secret.
+	TokensSHA256 []string `yaml:"tokens_sha256"`
+	// Steering: who may send the headers that steer routing: pins
+	// (x-kvgate-pool, x-kvgate-worker-id, x-kvgate-dp-rank), priority,
+	// SLO targets and cost overrides. Others get 403. Default trusted.
+	Steering Access `yaml:"steering"`
+	// RoutingHeaders: who gets the routing headers on the response
+	// (x-kvgate-pool, -worker-id, -dp-rank, -overlap-blocks, -endpoint,
+	// x-prefiller-host-port, x-kvgate-explain): they tell a client what
+	// the cache holds, an oracle for other tenants' prompts. Default off.
+	RoutingHeaders Access `yaml:"routing_headers"`
+
+	digests [][]byte
+}
+
+func (t *TrustConfig) defaults() {
+	if t.Header == "" {
+		t.Header = DefaultTrustHeader
+	}
+	t.Header = strings.ToLower(t.Header)
+	if t.Steering == "" {
+		t.Steering = AccessTrusted
+	}
+	if t.RoutingHeaders == "" {
+		t.RoutingHeaders = AccessOff
+	}
+}
+
+func (t *TrustConfig) validate(file string) error {
+	if !t.Steering.valid() {
+		return fmt.Errorf("%s: %w: trust.steering %q: want off, trusted or on", file, policies.ErrConfig, t.Steering)
+	}
+	if !t.RoutingHeaders.valid() {
+		return fmt.Errorf("%s: %w: trust.routing_headers %q: want off, trusted or on", file, policies.ErrConfig, t.RoutingHeaders)
+	}
+	t.digests = nil
+	for i, d := range t.TokensSHA256 {
+		b, err := hex.DecodeString(strings.TrimSpace(d))
+		if err != nil || len(b) != sha256.Size {
+			return fmt.Errorf("%s: %w: trust.tokens_sha256[%d]: want 64 hex digits (a SHA-256)", file, policies.ErrConfig, i)
+		}
+		t.digests = append(t.digests, b)
+	}
+	return nil
+}
+
+// trusted reports whether the request's headers carry a trusted token.
+func (t *TrustConfig) trusted(h map[string]string) bool {
+	tok, ok := h[t.Header]
+	if !ok || tok == "" || len(t.digests) == 0 {
+		return false
+	}
+	sum := sha256.Sum256([]byte(tok))
+	found := 0
+	for _, d := range t.digests {
+		found |= subtle.ConstantTimeCompare(sum[:], d)
+	}
+	return found == 1
+}
+
+// TenancyConfig separates tenants' caches: with Salt, the blocks of a
+// request are hashed with a seed of its tenant's own (the value of
+// Header), so requests of different tenants never share a block in the
+// index, and no tenant can learn from the routing (or its latency)
+// whether another tenant's prompt is cached. Requests without the header
+// are hashed as before (the shared namespace).
+//
+// The local routers index what the engines report: salted hashes match
+// the index when the blocks were learnt from the router's own decisions
+// (approximate mode) or the engine's events carry the same salt (the
+// tenant key as the request's cache_salt); against unsalted KV events a
+// salted tenant gets no overlap, which is the price of isolation.
+type TenancyConfig struct {
+	// Header names the tenant (e.g. x-tenant, set by the gateway after it
+	// authenticated the caller).
+	Header string `yaml:"header"`
+	// Salt hashes each tenant's blocks with its own seed.
+	Salt bool `yaml:"salt"`
+}
+
+func (t *TenancyConfig) validate(file string) error {
+	t.Header = strings.ToLower(t.Header)
+	if t.Salt && t.Header == "" {
+		return fmt.Errorf("%s: %w: tenancy.salt needs tenancy.header", file, policies.ErrConfig)
+	}
+	return nil
+}
+
+// salt is the cache salt a request's blocks are hashed with
+// (kvevents.ChainSeed: Dynamo's salt seed): the request's own cache_salt
+// when salting is off or its headers name no tenant; otherwise the tenant
+// key, prefixed so that no client's cache_salt can spell it, with the
+// request's cache_salt after it. salted reports the tenant's part.
+func (t *TenancyConfig) salt(h map[string]string, cacheSalt string) (salt string, salted bool) {
+	if !t.Salt || h[t.Header] == "" {
+		return cacheSalt, false
+	}
+	s := "kvgate-tenant:" + h[t.Header]
+	if cacheSalt != "" {
+		s += "\x00" + cacheSalt
+	}
+	return s, true
+}
