@@ -300,7 +300,9 @@ func TestEtcdDown(t *testing.T) {
 // one client x-request-id. Every one completes and no load is left; the
 // router should count 30 requests while they run.
 func TestDuplicateRequestIDs(t *testing.T) {
-	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Speedup = 5 })
+	// Slow, long streams: each must still be running when the last one
+	// opens, or the count below would miss the ones already finished.
+	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Speedup = 1 })
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	const n = 30
@@ -314,7 +316,7 @@ func TestDuplicateRequestIDs(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			req, _ := http.NewRequestWithContext(ctx, "POST", s.GatewayURL()+"/v1/chat/completions",
-				strings.NewReader(chatBody("mock-llama", fmt.Sprintf("duplicate id %d", i), true, 200)))
+				strings.NewReader(chatBody("mock-llama", fmt.Sprintf("duplicate id %d", i), true, 500)))
 			req.Header.Set("content-type", "application/json")
 			req.Header.Set("x-request-id", "same-id-for-everyone")
 			resp, err := c.Do(req)

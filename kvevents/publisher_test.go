@@ -458,7 +458,10 @@ func TestPagedDumpLostPage(t *testing.T) {
 			rctx := ctx
 			if tc.deadline {
 				var cancel context.CancelFunc
-				rctx, cancel = context.WithTimeout(ctx, time.Second)
+				// Long enough for every other page to arrive on a loaded
+				// machine: the loss must show as a missing page, not as
+				// a dump that never started.
+				rctx, cancel = context.WithTimeout(ctx, 4*time.Second)
 				defer cancel()
 			}
 			d, err := kvevents.RequestDump(rctx, nc, "a", "big")
