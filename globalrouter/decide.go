@@ -189,6 +189,7 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 		}
 		return nil, r.noPool(st, p, results, err)
 	}
+	r.shadow(st, p, cands, ranked[0]) // never waited for, never commits
 	return r.commit(ctx, st, p, results, ranked, trace, pinPool != "")
 }
 

@@ -39,6 +39,7 @@
 //
 // Files: router.go (Router, New, Decide, Close, Health), options.go,
 // state.go (build, refcount, retire), reload.go (Reload, WatchFile),
+// watchfiles.go (what WatchFile looks at), shadow.go (shadow mode),
 // headers.go (request headers), decide.go (prepare, probe, rank, best
 // effort, the cause of no pool), blockkeys.go (a request's block keys: the
 // ids, seeded by adapter and cache_salt, with the chat's media items as

@@ -30,6 +30,7 @@ type options struct {
 	registry   *policies.Registry
 	now        func() time.Time
 	tokenizers map[string]Tokenizer
+	shadowFile string // WithShadowFile (shadow.go)
 }
 
 // WithLogger sets the logger (default slog.Default()).

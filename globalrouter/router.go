@@ -36,6 +36,8 @@ type Router struct {
 
 	reloadMu sync.Mutex // serialises Reload and Close
 	st       atomic.Pointer[state]
+
+	shadowRun *shadowRunner // shadow.go
 }
 
 var _ Decider = (*Router)(nil)
@@ -65,12 +67,19 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
 	}
+	sm, err := newShadowMetrics(o.registerer)
+	if err != nil {
+		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
+	}
 	cfg.Defaults()
+	if err := applyShadowFile(&cfg, o.shadowFile); err != nil {
+		return nil, err
+	}
 	chain, err := cfg.validate(o.registry)
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"),
+	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), shadowRun: &shadowRunner{m: sm},
 		conns:   pool.NewConns(o.dialer, cfg.Probe.circuit(), o.now),
 		ejector: pool.NewEjector(cfg.Probe.EjectBase, cfg.Probe.EjectMax, o.now)}
 	st, err := r.build(&cfg, chain, nil)
