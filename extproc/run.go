@@ -40,6 +40,10 @@ type Options struct {
 	// WatchInterval is how often PoolsFile is checked for changes (0: the
 	// globalrouter default; negative: no hot reload).
 	WatchInterval time.Duration
+	// ShadowFile is a candidate chain run alongside the live one
+	// (globalrouter.WithShadowFile; "" none beyond the configuration's own
+	// shadow block).
+	ShadowFile string
 	// Etcd endpoints, for pools whose local routers are discovered in etcd.
 	Etcd []string
 	// EtcdTLS is the etcd client's TLS.
@@ -77,6 +81,7 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	fs.StringVar(&o.Addr, "addr", o.Addr, "gRPC listen address of the ext_proc service")
 	fs.StringVar(&o.PoolsFile, "config", "", "global router configuration file: pools, policies, models (required; see examples/pools.yaml)")
 	fs.DurationVar(&o.WatchInterval, "config-watch", 0, "how often to check the configuration file for changes (0: default, <0: never)")
+	fs.StringVar(&o.ShadowFile, "shadow-config", "", "a shadow file: a candidate policy chain that ranks alongside the live one on every request, never committing (metrics kvgate_shadow_*; watched like -config)")
 	etcd := fs.String("etcd", "", "comma-separated etcd endpoints, for pools that discover their local routers in etcd")
 	o.EtcdTLS.Flags(fs, "etcd", "etcd", false)
 	fs.StringVar(&o.MetricsAddr, "admin-addr", o.MetricsAddr, `admin HTTP listen address: /metrics ("" disables)`)
@@ -186,7 +191,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	if err != nil {
 		return err
 	}
-	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg)}
+	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg), globalrouter.WithShadowFile(o.ShadowFile)}
 	if o.RouterTLS.Enabled() {
 		tc, err := o.RouterTLS.Config(logger)
 		if err != nil {

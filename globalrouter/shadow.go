@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -56,12 +57,12 @@ func LoadShadowFile(path string) (*ShadowConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shadow config: %w", err)
 	}
-	doc, err := policies.ParseFile(path, data)
+	doc, err := config.ParseFile(path, data)
 	if err != nil {
 		return nil, err
 	}
 	var sc ShadowConfig
-	if err := policies.DecodeStrict(path, "shadow", doc, &sc); err != nil {
+	if err := config.DecodeStrict(path, "shadow", doc, &sc); err != nil {
 		return nil, err
 	}
 	sc.setFile(path)
