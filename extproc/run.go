@@ -24,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/internal/status"
 )
 
 // DefaultGCPercent is -gc-percent's default: at a paced 1,000 req/s the
@@ -49,7 +50,8 @@ type Options struct {
 	// EtcdTLS is the etcd client's TLS.
 	EtcdTLS tlsconfig.Client
 	// MetricsAddr is the admin HTTP address (-admin-addr, alias
-	// -metrics-addr): /metrics ("" disables). Loopback by default.
+	// -metrics-addr): /metrics and the live status page (/kvgate/status/)
+	// ("" disables both). Loopback by default.
 	MetricsAddr string
 	// TLS of the ext_proc gRPC server (off unless set).
 	TLS tlsconfig.Server
@@ -191,7 +193,11 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	if err != nil {
 		return err
 	}
+	decisions := status.NewRecorder(20) // the status page's last decisions
 	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg), globalrouter.WithShadowFile(o.ShadowFile)}
+	if mlis != nil {
+		opts = append(opts, globalrouter.WithObserver(decisions.Observe))
+	}
 	if o.RouterTLS.Enabled() {
 		tc, err := o.RouterTLS.Config(logger)
 		if err != nil {
@@ -235,7 +241,12 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 		})
 	}
 	if mlis != nil {
-		g.ServeHTTP("admin", &http.Server{Handler: runner.AdminHandler(reg, nil), ReadHeaderTimeout: 5 * time.Second}, mlis)
+		page := status.New(status.Options{Recorder: decisions, Source: func(context.Context) status.Snapshot {
+			return status.Snapshot{Title: "kvgate extproc — live status", Info: []status.Fact{{Label: "ext_proc", Value: lis.Addr().String()}},
+				Pools: status.RouterPools(router, reg), Config: status.RouterConfig(router)}
+		}})
+		g.Go("status page", func(ctx context.Context) error { page.Run(ctx); return nil })
+		g.ServeHTTP("admin", &http.Server{Handler: runner.AdminHandler(reg, map[string]http.Handler{"/kvgate/status/": page.Handler("/kvgate/status")}), ReadHeaderTimeout: 5 * time.Second}, mlis)
 		logger.Info("admin listening", "addr", mlis.Addr().String())
 	}
 	// The first part to stop (ctx, or a failure) stops the others; the

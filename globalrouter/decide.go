@@ -119,6 +119,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	if d != nil {
 		d.Expose = expose
+		d.explained = d.Explanation
 		if !expose {
 			d.Explanation = ""
 		}
@@ -146,7 +147,7 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 		cands = append(cands, candidate(res))
 	}
 	var trace *policies.Trace
-	if p.explain || r.log.Enabled(ctx, slog.LevelDebug) {
+	if p.explain || r.opts.observe != nil || r.log.Enabled(ctx, slog.LevelDebug) {
 		trace = &policies.Trace{}
 	}
 	if len(cands) == 0 {

@@ -31,6 +31,7 @@ type options struct {
 	now        func() time.Time
 	tokenizers map[string]Tokenizer
 	shadowFile string // WithShadowFile (shadow.go)
+	observe    func(Observation)
 }
 
 // WithLogger sets the logger (default slog.Default()).

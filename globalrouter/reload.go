@@ -30,6 +30,7 @@ func (r *Router) Reload(cfg Config) error {
 	}
 	if err != nil {
 		r.m.reloads.WithLabelValues("refused").Inc()
+		r.noteReload(cfg.File, err)
 		r.log.Error("configuration refused; keeping the current one", "file", cfg.File, "err", err)
 		return err
 	}
@@ -37,6 +38,7 @@ func (r *Router) Reload(cfg Config) error {
 	r.st.Store(st)
 	old.retire()
 	r.m.reloads.WithLabelValues("ok").Inc()
+	r.noteReload(cfg.File, nil)
 	r.log.Info("configuration reloaded", "file", cfg.File, "pools", len(st.pools), "chain", chainNames(st.chain))
 	return nil
 }
@@ -48,6 +50,7 @@ func (r *Router) ReloadFile(path string) error {
 	cfg, err := readConfig(path)
 	if err != nil {
 		r.m.reloads.WithLabelValues("refused").Inc()
+		r.noteReload(path, err)
 		r.log.Error("configuration refused; keeping the current one", "file", path, "err", err)
 		return err
 	}

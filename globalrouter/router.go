@@ -37,7 +37,8 @@ type Router struct {
 	reloadMu sync.Mutex // serialises Reload and Close
 	st       atomic.Pointer[state]
 
-	shadowRun *shadowRunner // shadow.go
+	shadowRun  *shadowRunner                // shadow.go
+	lastReload atomic.Pointer[ReloadStatus] // observe.go
 }
 
 var _ Decider = (*Router)(nil)
@@ -88,6 +89,7 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		return nil, err
 	}
 	r.st.Store(st)
+	r.noteReload(cfg.File, nil)
 	r.log.Info("global router configured", "pools", len(st.pools), "models", len(st.models), "chain", chainNames(st.chain), "file", cfg.File)
 	return r, nil
 }
@@ -144,8 +146,16 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	} else {
 		poolName = d.Primary.Pool
 	}
-	r.m.decision.WithLabelValues(outcome).Observe(r.opts.now().Sub(start).Seconds())
+	dur := r.opts.now().Sub(start)
+	r.m.decision.WithLabelValues(outcome).Observe(dur.Seconds())
 	r.m.decisions.WithLabelValues(poolName, outcome).Inc()
+	if r.opts.observe != nil {
+		o := Observation{Time: start, RequestID: req.GetID(), Model: req.GetModel(), Outcome: outcome, Err: err, Duration: dur, Decision: d}
+		if d != nil {
+			o.Explanation = d.explained
+		}
+		r.opts.observe(o)
+	}
 	return d, err
 }
 
