@@ -22,9 +22,10 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/runner"
-	"github.com/kvgate/kvgate/internal/tlsconfig"
-	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/internal/status"
+	"github.com/kvgate/kvgate/internal/tlsconfig"
+	"github.com/kvgate/kvgate/internal/tracing"
+	"github.com/kvgate/kvgate/pool"
 )
 
 // DefaultGCPercent is -gc-percent's default: at a paced 1,000 req/s the
@@ -60,6 +61,10 @@ type Options struct {
 	HealthAddr string
 	// RouterTLS is the TLS of the clients of local routers.
 	RouterTLS tlsconfig.Client
+	// OTLPEndpoint is the OTLP/gRPC collector decisions are traced to
+	// ("" : tracing off); OTLPInsecure sends without TLS.
+	OTLPEndpoint string
+	OTLPInsecure bool
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 	// GCPercent is the garbage collector's target (debug.SetGCPercent),
@@ -84,6 +89,8 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	fs.StringVar(&o.PoolsFile, "config", "", "global router configuration file: pools, policies, models (required; see examples/pools.yaml)")
 	fs.DurationVar(&o.WatchInterval, "config-watch", 0, "how often to check the configuration file for changes (0: default, <0: never)")
 	fs.StringVar(&o.ShadowFile, "shadow-config", "", "a shadow file: a candidate policy chain that ranks alongside the live one on every request, never committing (metrics kvgate_shadow_*; watched like -config)")
+	fs.StringVar(&o.OTLPEndpoint, "otlp-endpoint", "", `OTLP/gRPC collector host:port to trace decisions to (spans decide, tokenize, probe, commit, continuing Envoy's traceparent; "" : off)`)
+	fs.BoolVar(&o.OTLPInsecure, "otlp-insecure", true, "send traces without TLS")
 	etcd := fs.String("etcd", "", "comma-separated etcd endpoints, for pools that discover their local routers in etcd")
 	o.EtcdTLS.Flags(fs, "etcd", "etcd", false)
 	fs.StringVar(&o.MetricsAddr, "admin-addr", o.MetricsAddr, `admin HTTP listen address: /metrics ("" disables)`)
@@ -197,6 +204,18 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg), globalrouter.WithShadowFile(o.ShadowFile)}
 	if mlis != nil {
 		opts = append(opts, globalrouter.WithObserver(decisions.Observe))
+	}
+	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: o.OTLPEndpoint, Insecure: o.OTLPInsecure, Service: "kvgate-extproc"})
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		defer func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			_ = tp.Shutdown(sctx) // spans still batched are flushed or dropped
+		}()
+		opts = append(opts, globalrouter.WithTracerProvider(tp))
 	}
 	if o.RouterTLS.Enabled() {
 		tc, err := o.RouterTLS.Config(logger)

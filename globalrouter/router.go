@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
@@ -38,6 +39,7 @@ type Router struct {
 	st       atomic.Pointer[state]
 
 	shadowRun  *shadowRunner                // shadow.go
+	tracer     trace.Tracer                 // nil: tracing off (tracing.go)
 	lastReload atomic.Pointer[ReloadStatus] // observe.go
 }
 
@@ -84,6 +86,9 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		conns:   pool.NewConns(o.dialer, cfg.Probe.circuit(), o.now),
 		ejector: pool.NewEjector(cfg.Probe.EjectBase, cfg.Probe.EjectMax, o.now)}
 	st, err := r.build(&cfg, chain, nil)
+	if o.tracer != nil {
+		r.tracer = o.tracer.Tracer(tracerName)
+	}
 	if err != nil {
 		_ = r.conns.Close()
 		return nil, err
@@ -139,6 +144,7 @@ func (r *Router) Close() error {
 // Decide implements Decider.
 func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	start := r.opts.now()
+	ctx, sp := r.startDecide(ctx, req)
 	d, err := r.decide(ctx, req)
 	outcome, poolName := "ok", ""
 	if err != nil {
@@ -147,7 +153,8 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		poolName = d.Primary.Pool
 	}
 	dur := r.opts.now().Sub(start)
-	r.m.decision.WithLabelValues(outcome).Observe(dur.Seconds())
+	r.observeDecision(outcome, dur.Seconds(), sp)
+	endDecide(sp, d, outcome, err)
 	r.m.decisions.WithLabelValues(poolName, outcome).Inc()
 	if r.opts.observe != nil {
 		o := Observation{Time: start, RequestID: req.GetID(), Model: req.GetModel(), Outcome: outcome, Err: err, Duration: dur, Decision: d}

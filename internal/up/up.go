@@ -32,6 +32,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -106,6 +107,8 @@ type Config struct {
 	// local-router hop, with a CA made at start (System.CAFile).
 	SecureServing bool
 	Logger        *slog.Logger
+	// TracerProvider traces the global router's decisions (nil: off).
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig is `kvgate up`'s system: pool-a with 3 workers, pool-b
@@ -322,6 +325,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	s.Decisions = status.NewRecorder(20)
 	gopts := []globalrouter.Option{
 		globalrouter.WithObserver(s.Decisions.Observe),
+		globalrouter.WithTracerProvider(cfg.TracerProvider),
 		globalrouter.WithEtcd(s.etcd.cli),
 		globalrouter.WithLogger(cfg.Logger),
 		globalrouter.WithRegisterer(s.Registry),
