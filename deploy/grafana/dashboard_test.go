@@ -132,7 +132,7 @@ func TestDashboardQueriesNameExposedMetrics(t *testing.T) {
 
 	ctx := testenv.ContextWithTimeout(t, time.Minute)
 	cfg := up.DefaultConfig()
-	cfg.GatewayAddr, cfg.ExtprocAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Speedup, cfg.NumBlocks = 50, 1024
 	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: 1}, {Name: "pool-b", Workers: 1}}
 	cfg.Logger = slog.New(slog.DiscardHandler)

@@ -2,7 +2,8 @@
 // run`) and for the end-to-end tests: an embedded etcd and NATS, pools of
 // mock workers (mocker) each with its local router, the global router
 // (globalrouter) behind the ext_proc server (extproc), and the
-// Envoy-faithful gateway (envoy/gateway) in front, with a status page.
+// Envoy-faithful gateway (envoy/gateway) in front, with a status page
+// (/kvgate/) and the live one (internal/status, /kvgate/status/).
 //
 // Everything listens on loopback; every address but the gateway's, the
 // admin listener's and the ext_proc server's is picked by the kernel (port
