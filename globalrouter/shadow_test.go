@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/tokenizer"
 )
 
@@ -265,5 +266,30 @@ func TestWatchReferencedFiles(t *testing.T) {
 	}
 	if err := next("the deleted policy file"); err == nil {
 		t.Fatal("reload without the policy file was taken")
+	}
+}
+
+// BenchmarkDecideShadow is a decision with and without a shadow chain: the
+// live path pays for starting the shadow's goroutine only.
+func BenchmarkDecideShadow(b *testing.B) {
+	ctx := testenv.Context(b)
+	c := newCluster(b)
+	for _, shadow := range []bool{false, true} {
+		b.Run(map[bool]string{false: "off", true: "on"}[shadow], func(b *testing.B) {
+			cfg := c.cfg
+			if shadow {
+				cfg.Shadow = &globalrouter.ShadowConfig{Chain: []policies.Spec{{Name: "model-match"}, {Name: "kv-overlap"}}}
+			}
+			r, _ := newRouter(b, cfg)
+			msgs := chat(longText(100))
+			b.ReportAllocs()
+			for b.Loop() {
+				d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(msgs...)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = d.Lease.Free(ctx)
+			}
+		})
 	}
 }
