@@ -293,3 +293,41 @@ func BenchmarkDecideShadow(b *testing.B) {
 		})
 	}
 }
+
+// TestWatchTokenizerFiles: a model's chat template is watched too.
+func TestWatchTokenizerFiles(t *testing.T) {
+	ctx := testenv.Context(t)
+	c := newCluster(t)
+	models := "models:\n  - name: " + model + "\n    tokenizer: {backend: openai, encoding: cl100k_base, chat_template: t.jinja}\n"
+	dir := write(t, map[string]string{
+		"pools.yaml": strings.Replace(shadowConfigText(c, ""), "pools:\n", models+"pools:\n", 1),
+		"b.yaml":     "failover: {tier: 1}\n",
+		"t.jinja":    "{% for m in messages %}{{ m.content }}{% endfor %}",
+	})
+	path := filepath.Join(dir, "pools.yaml")
+	if got := globalrouter.ReferencedFiles(path, []byte(strings.Replace(shadowConfigText(c, ""), "pools:\n", models+"pools:\n", 1))); len(got) != 2 {
+		t.Fatalf("referenced files %v, want b.yaml and t.jinja", got)
+	}
+	cfg, err := globalrouter.LoadConfig(path, builtins(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := newRouter(t, *cfg)
+	wctx, cancel := context.WithCancel(ctx)
+	results := make(chan error, 4)
+	done := make(chan error, 1)
+	go func() { done <- r.WatchFile(wctx, path, 5*time.Millisecond, func(err error) { results <- err }) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	replace(t, filepath.Join(dir, "t.jinja"), "{% for m in messages %}[{{ m.content }}]{% endfor %}")
+	select {
+	case err := <-results:
+		if err != nil {
+			t.Fatalf("reload after the template changed: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("WatchFile did not notice the chat template change")
+	}
+}

@@ -2,6 +2,8 @@ package globalrouter
 
 import (
 	"crypto/sha256"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -61,7 +63,7 @@ func ReferencedFiles(file string, data []byte) []string {
 
 // watchSum is the SHA-256 of data (file's content) and of the content of
 // every file it references (a missing one, or a folder, by its error or
-// its name only).
+// its name only; one past 1 MiB by its size and modification time).
 func watchSum(file string, data []byte) [32]byte {
 	h := sha256.New()
 	h.Write(data)
@@ -76,12 +78,22 @@ func watchSum(file string, data []byte) [32]byte {
 	return sum
 }
 
-func writeFile(h interface{ Write([]byte) (int, error) }, path string) {
-	if fi, err := os.Stat(path); err != nil {
+// bigFile is the size past which a referenced file (a tokenizer.json of
+// many megabytes) is known by its size and modification time rather than
+// hashed at every look.
+const bigFile = 1 << 20
+
+func writeFile(h io.Writer, path string) {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
 		h.Write([]byte("error: " + err.Error()))
 		return
-	} else if !fi.Mode().IsRegular() {
+	case !fi.Mode().IsRegular():
 		h.Write([]byte("not a regular file"))
+		return
+	case fi.Size() > bigFile:
+		fmt.Fprintf(h, "size %d modified %d", fi.Size(), fi.ModTime().UnixNano())
 		return
 	}
 	b, err := os.ReadFile(path)
