@@ -58,7 +58,7 @@ func TestTracing(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range dec.Attributes {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	if attrs["kvgate.outcome"] != "ok" || attrs["kvgate.pool"] != d.Primary.Pool || attrs["kvgate.request_id"] != "traced" {
 		t.Errorf("decide span attributes %v", attrs)

@@ -32,7 +32,7 @@ func runPolicy(_ context.Context, args []string) error {
 
 func policyCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{errors.New("usage: kvgate policy check [-shadow-config FILE] CONFIG...")}
+		return &usageError{errors.New("usage: kvgate policy check [-shadow-config FILE] CONFIG (one or more)")}
 	}
 	switch args[0] {
 	case "check":
