@@ -22,7 +22,9 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/runner"
+	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
+	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -40,12 +42,17 @@ type Options struct {
 	// WatchInterval is how often PoolsFile is checked for changes (0: the
 	// globalrouter default; negative: no hot reload).
 	WatchInterval time.Duration
+	// ShadowFile is a candidate chain run alongside the live one
+	// (globalrouter.WithShadowFile; "" none beyond the configuration's own
+	// shadow block).
+	ShadowFile string
 	// Etcd endpoints, for pools whose local routers are discovered in etcd.
 	Etcd []string
 	// EtcdTLS is the etcd client's TLS.
 	EtcdTLS tlsconfig.Client
 	// MetricsAddr is the admin HTTP address (-admin-addr, alias
-	// -metrics-addr): /metrics ("" disables). Loopback by default.
+	// -metrics-addr): /metrics and the live status page (/kvgate/status/)
+	// ("" disables both). Loopback by default.
 	MetricsAddr string
 	// TLS of the ext_proc gRPC server (off unless set).
 	TLS tlsconfig.Server
@@ -54,6 +61,10 @@ type Options struct {
 	HealthAddr string
 	// RouterTLS is the TLS of the clients of local routers.
 	RouterTLS tlsconfig.Client
+	// OTLPEndpoint is the OTLP/gRPC collector decisions are traced to
+	// ("" : tracing off); OTLPInsecure sends without TLS.
+	OTLPEndpoint string
+	OTLPInsecure bool
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 	// GCPercent is the garbage collector's target (debug.SetGCPercent),
@@ -77,6 +88,9 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	fs.StringVar(&o.Addr, "addr", o.Addr, "gRPC listen address of the ext_proc service")
 	fs.StringVar(&o.PoolsFile, "config", "", "global router configuration file: pools, policies, models (required; see examples/pools.yaml)")
 	fs.DurationVar(&o.WatchInterval, "config-watch", 0, "how often to check the configuration file for changes (0: default, <0: never)")
+	fs.StringVar(&o.ShadowFile, "shadow-config", "", "a shadow file: a candidate policy chain that ranks alongside the live one on every request, never committing (metrics kvgate_shadow_*; watched like -config)")
+	fs.StringVar(&o.OTLPEndpoint, "otlp-endpoint", "", `OTLP/gRPC collector host:port to trace decisions to (spans decide, tokenize, probe, commit, continuing Envoy's traceparent; "" : off)`)
+	fs.BoolVar(&o.OTLPInsecure, "otlp-insecure", true, "send traces without TLS")
 	etcd := fs.String("etcd", "", "comma-separated etcd endpoints, for pools that discover their local routers in etcd")
 	o.EtcdTLS.Flags(fs, "etcd", "etcd", false)
 	fs.StringVar(&o.MetricsAddr, "admin-addr", o.MetricsAddr, `admin HTTP listen address: /metrics ("" disables)`)
@@ -186,7 +200,23 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	if err != nil {
 		return err
 	}
-	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg)}
+	decisions := status.NewRecorder(20) // the status page's last decisions
+	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg), globalrouter.WithShadowFile(o.ShadowFile)}
+	if mlis != nil {
+		opts = append(opts, globalrouter.WithObserver(decisions.Observe))
+	}
+	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: o.OTLPEndpoint, Insecure: o.OTLPInsecure, Service: "kvgate-extproc"})
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		defer func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			_ = tp.Shutdown(sctx) // spans still batched are flushed or dropped
+		}()
+		opts = append(opts, globalrouter.WithTracerProvider(tp))
+	}
 	if o.RouterTLS.Enabled() {
 		tc, err := o.RouterTLS.Config(logger)
 		if err != nil {
@@ -230,7 +260,12 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 		})
 	}
 	if mlis != nil {
-		g.ServeHTTP("admin", &http.Server{Handler: runner.AdminHandler(reg, nil), ReadHeaderTimeout: 5 * time.Second}, mlis)
+		page := status.New(status.Options{Recorder: decisions, Source: func(context.Context) status.Snapshot {
+			return status.Snapshot{Title: "kvgate extproc — live status", Info: []status.Fact{{Label: "ext_proc", Value: lis.Addr().String()}},
+				Pools: status.RouterPools(router, reg), Config: status.RouterConfig(router)}
+		}})
+		g.Go("status page", func(ctx context.Context) error { page.Run(ctx); return nil })
+		g.ServeHTTP("admin", &http.Server{Handler: runner.AdminHandler(reg, map[string]http.Handler{"/kvgate/status/": page.Handler("/kvgate/status")}), ReadHeaderTimeout: 5 * time.Second}, mlis)
 		logger.Info("admin listening", "addr", mlis.Addr().String())
 	}
 	// The first part to stop (ctx, or a failure) stops the others; the

@@ -26,13 +26,14 @@ import (
 
 func TestParseFlags(t *testing.T) {
 	o, err := ParseFlags("extproc", []string{"-config", "p.yaml", "-addr", ":1234", "-etcd", "http://a:2379, http://b:2379",
-		"-request-body-mode", "buffered", "-inference-paths", "/v1/completions,/v2/generate", "-header-fallbacks"}, io.Discard)
+		"-request-body-mode", "buffered", "-inference-paths", "/v1/completions,/v2/generate", "-header-fallbacks",
+		"-shadow-config", "s.yaml", "-otlp-endpoint", "otel:4317", "-otlp-insecure=false"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.PoolsFile != "p.yaml" || o.Addr != ":1234" || len(o.Etcd) != 2 || o.Etcd[1] != "http://b:2379" ||
 		o.RequestBodyMode != extprocfilterv3.ProcessingMode_BUFFERED || len(o.InferencePaths) != 2 || !o.HeaderFallbacks ||
-		o.MaxBodyBytes != DefaultMaxBodyBytes {
+		o.MaxBodyBytes != DefaultMaxBodyBytes || o.ShadowFile != "s.yaml" || o.OTLPEndpoint != "otel:4317" || o.OTLPInsecure {
 		t.Errorf("options %+v", o)
 	}
 	for _, args := range [][]string{
@@ -62,7 +63,12 @@ func TestRun(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	o, err := ParseFlags("extproc", []string{"-config", cfgFile, "-config-watch", "-1s"}, io.Discard)
+	// A shadow chain runs alongside.
+	shadowFile := filepath.Join(t.TempDir(), "shadow.yaml")
+	if err := os.WriteFile(shadowFile, []byte("chain: [model-match, kv-overlap]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o, err := ParseFlags("extproc", []string{"-config", cfgFile, "-config-watch", "-1s", "-shadow-config", shadowFile}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,6 +134,20 @@ func TestRun(t *testing.T) {
 	for _, want := range []string{"kvgate_extproc_requests_total", "kvgate_globalrouter_", "go_goroutines"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// The live status page on the same listener: the pool, its router,
+	// the decision explained, the configuration file.
+	req, _ = http.NewRequestWithContext(ctx, "GET", "http://"+mlis.Addr().String()+"/kvgate/status/", nil)
+	resp, err = (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`id="pool-pool-a"`, lr.Addr, "winner pool-a", cfgFile} {
+		if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("/kvgate/status/ (status %d) lacks %q", resp.StatusCode, want)
 		}
 	}
 	stop()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -34,10 +35,12 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			return nil, fmt.Errorf("%w: the chain ranked pool %q, which the configuration lacks", ErrNoPool, c.Pool)
 		}
 		l := &lease{}
+		_, csp := r.span(ctx, "kvgate.commit", attribute.String("kvgate.pool", c.Pool), attribute.String("kvgate.worker_id", c.Probe.WorkerID))
 		tr, err := pe.p.CommitAsync(ctx, c.Probe.Router, pool.Commit{
 			RequestID: p.id, WorkerID: c.Probe.WorkerID, DPRank: c.Probe.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
-		}, r.committed(p.id, c.Pool, c.Probe.WorkerID, &l.mainRefused))
+		}, traced(csp, r.committed(p.id, c.Pool, c.Probe.WorkerID, &l.mainRefused)))
 		if err != nil {
+			endSpan(csp, err)
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}

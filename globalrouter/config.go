@@ -1,7 +1,6 @@
 package globalrouter
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,11 +32,15 @@ type Config struct {
 	// DefaultTokenizer.
 	Models []ModelConfig `yaml:"models"`
 	Pools  []pool.Config `yaml:"pools"`
+	// Shadow is a candidate chain run alongside the live one (shadow.go).
+	Shadow *ShadowConfig `yaml:"shadow"`
 
 	// File is where the configuration was read from ("" when built in Go).
 	File string `yaml:"-"`
 	// sum is the SHA-256 of the file's content (WatchFile's baseline).
 	sum [32]byte
+	// shadowChain is Shadow's chain, built by validate.
+	shadowChain *policies.Chain
 }
 
 // ProbeConfig bounds the probes of the pools' local routers, says when a
@@ -223,7 +226,14 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		}
 		seen[m.Name] = true
 	}
-	return c.buildChain(reg)
+	chain, err := c.buildChain(reg)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.buildShadow(reg); err != nil {
+		return nil, err
+	}
+	return chain, nil
 }
 
 func (c *Config) buildChain(reg *policies.Registry) (*policies.Chain, error) {
@@ -294,6 +304,7 @@ type fileConfig struct {
 	Chain   []policies.Spec `yaml:"chain"`
 	Models  []ModelConfig   `yaml:"models"`
 	Pools   yaml.Node       `yaml:"pools"`
+	Shadow  *ShadowConfig   `yaml:"shadow"`
 }
 
 // LoadConfig reads, decodes strictly and validates a configuration file,
@@ -342,7 +353,10 @@ func parseConfig(file string, data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, File: file, sum: sha256.Sum256(data)}
+	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, File: file, sum: watchSum(file, data)}
+	if c.Shadow != nil {
+		c.Shadow.setFile(file)
+	}
 	for i := range c.Chain {
 		c.Chain[i].Args.File = file
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -106,7 +107,13 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		eligible = []*poolEntry{pe}
 	}
+	_, tsp := r.span(ctx, "kvgate.tokenize")
 	p, err := r.prepare(req, me, hdr, &st.cfg.Tenancy)
+	if p != nil {
+		endSpan(tsp, err, attribute.Int("kvgate.isl", len(p.tokens)))
+	} else {
+		endSpan(tsp, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +126,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	if d != nil {
 		d.Expose = expose
+		d.explained = d.Explanation
 		if !expose {
 			d.Explanation = ""
 		}
@@ -146,7 +154,7 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 		cands = append(cands, candidate(res))
 	}
 	var trace *policies.Trace
-	if p.explain || r.log.Enabled(ctx, slog.LevelDebug) {
+	if p.explain || r.opts.observe != nil || r.log.Enabled(ctx, slog.LevelDebug) {
 		trace = &policies.Trace{}
 	}
 	if len(cands) == 0 {
@@ -189,6 +197,7 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 		}
 		return nil, r.noPool(st, p, results, err)
 	}
+	r.shadow(st, p, cands, ranked[0]) // never waited for, never commits
 	return r.commit(ctx, st, p, results, ranked, trace, pinPool != "")
 }
 
@@ -367,7 +376,8 @@ func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) 
 	one := func(i int) {
 		pe := eligible[i]
 		t0 := r.opts.now()
-		sel, err := pe.p.Probe(ctx, p.prompt(pe.cfg.BlockSize))
+		pctx, psp := r.span(ctx, "kvgate.probe", attribute.String("kvgate.pool", pe.cfg.Name))
+		sel, err := pe.p.Probe(pctx, p.prompt(pe.cfg.BlockSize))
 		d := r.opts.now().Sub(t0)
 		// The answer, completed with what the router knows, is the
 		// candidate's probe, the Endpoint's selection and the explanation's.
@@ -389,6 +399,7 @@ func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) 
 			outcome = "error"
 		}
 		r.m.probe.WithLabelValues(pe.cfg.Name, outcome).Observe(d.Seconds())
+		endSpan(psp, err, attribute.String("kvgate.outcome", outcome), attribute.String("kvgate.worker_id", sel.WorkerID), attribute.Int("kvgate.overlap_blocks", sel.OverlapBlocks))
 	}
 	if len(eligible) == 0 {
 		return results

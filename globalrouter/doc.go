@@ -39,6 +39,10 @@
 //
 // Files: router.go (Router, New, Decide, Close, Health), options.go,
 // state.go (build, refcount, retire), reload.go (Reload, WatchFile),
+// watchfiles.go (what WatchFile looks at), shadow.go (shadow mode: a
+// candidate chain ranking alongside the live one, never committing),
+// observe.go (WithObserver, LastReload: what a status page reads),
+// tracing.go (OpenTelemetry spans and exemplars, WithTracerProvider),
 // headers.go (request headers), decide.go (prepare, probe, rank, best
 // effort, the cause of no pool), blockkeys.go (a request's block keys: the
 // ids, seeded by adapter and cache_salt, with the chat's media items as

@@ -32,7 +32,9 @@ func FuzzParseConfig(f *testing.F) {
 		"chain: [{name: priority, args: {tiers: [{min_priority: 1, max_priority: 0, pools: [a], exclusive: true}], shed: {max_priority: 0, max_decode_tokens: 9}}}]\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
 		"trust: {header: X-T, steering: on, routing_headers: trusted, tokens_sha256: [" + strings.Repeat("ab", 32) + "]}\ntenancy: {header: X-Tenant, salt: true}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
 		"probe: {min_timeout: 5ms, timeout: 1ms, failure_ratio: 2, same_pool_fallbacks: -2}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
-		"- 1\n", "{}", "pools: 3", "chain: {a: b}",
+		"shadow: {chain: [model-match, kv-overlap], log_interval: 1s, max_in_flight: 2}\npools: [{name: a, models: [m], routers: {etcd: true}, policy: {cost: {scale: 2}}}]\nchain: [cost]\n",
+		"shadow: {chain: [], max_in_flight: -1}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
+		"- 1\n", "{}", "pools: 3", "chain: {a: b}", "shadow: 3",
 	} {
 		f.Add([]byte(s))
 	}
@@ -51,6 +53,21 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		if err := cfg.Validate(reg); err != nil {
 			t.Fatalf("accepted configuration does not validate again: %v", err)
+		}
+	})
+}
+
+// FuzzReferencedFiles: whatever a configuration file holds, the list of
+// files WatchFile watches is read without a panic.
+func FuzzReferencedFiles(f *testing.F) {
+	f.Add([]byte("pools: [{policy_file: a.yaml}, {policy_file: /abs.yaml}]\nmodels: [{tokenizer: {path: t.json, chat_template: c.jinja}}]\n"))
+	f.Add([]byte("pools: 3"))
+	f.Add([]byte("models: [{tokenizer: 1}]"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, p := range globalrouter.ReferencedFiles("dir/c.yaml", data) {
+			if p == "" {
+				t.Fatal("an empty path")
+			}
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
@@ -30,6 +31,9 @@ type options struct {
 	registry   *policies.Registry
 	now        func() time.Time
 	tokenizers map[string]Tokenizer
+	shadowFile string // WithShadowFile (shadow.go)
+	observe    func(Observation)
+	tracer     trace.TracerProvider // WithTracerProvider (tracing.go)
 }
 
 // WithLogger sets the logger (default slog.Default()).

@@ -2,10 +2,10 @@ package globalrouter
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
-	"os"
 	"time"
+
+	"github.com/kvgate/kvgate/policies"
 )
 
 // Reload replaces the configuration with cfg. A configuration that does not
@@ -19,13 +19,18 @@ func (r *Router) Reload(cfg Config) error {
 		return errors.New("globalrouter: closed")
 	}
 	cfg.Defaults()
-	chain, err := cfg.validate(r.opts.registry)
+	err := applyShadowFile(&cfg, r.opts.shadowFile)
+	var chain *policies.Chain
+	if err == nil {
+		chain, err = cfg.validate(r.opts.registry)
+	}
 	var st *state
 	if err == nil {
 		st, err = r.build(&cfg, chain, old)
 	}
 	if err != nil {
 		r.m.reloads.WithLabelValues("refused").Inc()
+		r.noteReload(cfg.File, err)
 		r.log.Error("configuration refused; keeping the current one", "file", cfg.File, "err", err)
 		return err
 	}
@@ -33,6 +38,7 @@ func (r *Router) Reload(cfg Config) error {
 	r.st.Store(st)
 	old.retire()
 	r.m.reloads.WithLabelValues("ok").Inc()
+	r.noteReload(cfg.File, nil)
 	r.log.Info("configuration reloaded", "file", cfg.File, "pools", len(st.pools), "chain", chainNames(st.chain))
 	return nil
 }
@@ -44,6 +50,7 @@ func (r *Router) ReloadFile(path string) error {
 	cfg, err := readConfig(path)
 	if err != nil {
 		r.m.reloads.WithLabelValues("refused").Inc()
+		r.noteReload(path, err)
 		r.log.Error("configuration refused; keeping the current one", "file", path, "err", err)
 		return err
 	}
@@ -53,7 +60,9 @@ func (r *Router) ReloadFile(path string) error {
 // DefaultWatchInterval is how often WatchFile looks at the file.
 const DefaultWatchInterval = 2 * time.Second
 
-// WatchFile reloads the configuration from path whenever the file's content
+// WatchFile reloads the configuration from path whenever the content of
+// the file, of a file it references (pool policy files, tokenizer files,
+// chat templates; watchfiles.go) or of the shadow file (WithShadowFile)
 // changes, looking every interval (default DefaultWatchInterval), until ctx
 // ends. Polling the content rather than watching events survives editors
 // that replace files and Kubernetes ConfigMaps that swap symlinks. A bad new
@@ -71,7 +80,7 @@ func (r *Router) WatchFile(ctx context.Context, path string, interval time.Durat
 	// from: a change made before this call is still picked up.
 	var last [32]byte
 	if cfg := r.Config(); cfg.File == path {
-		last = cfg.sum
+		last = r.withShadowSum(cfg.sum)
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -81,7 +90,7 @@ func (r *Router) WatchFile(ctx context.Context, path string, interval time.Durat
 			return nil
 		case <-t.C:
 		}
-		sum, err := fileSum(path)
+		sum, err := r.fileSum(path)
 		if err != nil {
 			r.log.Warn("cannot read the configuration file; keeping the current configuration", "file", path, "err", err)
 			continue
@@ -95,12 +104,4 @@ func (r *Router) WatchFile(ctx context.Context, path string, interval time.Durat
 			changed(err)
 		}
 	}
-}
-
-func fileSum(path string) ([32]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return [32]byte{}, err
-	}
-	return sha256.Sum256(b), nil
 }

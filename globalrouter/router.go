@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
@@ -36,6 +37,10 @@ type Router struct {
 
 	reloadMu sync.Mutex // serialises Reload and Close
 	st       atomic.Pointer[state]
+
+	shadowRun  *shadowRunner                // shadow.go
+	tracer     trace.Tracer                 // nil: tracing off (tracing.go)
+	lastReload atomic.Pointer[ReloadStatus] // observe.go
 }
 
 var _ Decider = (*Router)(nil)
@@ -65,20 +70,31 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
 	}
+	sm, err := newShadowMetrics(o.registerer)
+	if err != nil {
+		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
+	}
 	cfg.Defaults()
+	if err := applyShadowFile(&cfg, o.shadowFile); err != nil {
+		return nil, err
+	}
 	chain, err := cfg.validate(o.registry)
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"),
+	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), shadowRun: &shadowRunner{m: sm},
 		conns:   pool.NewConns(o.dialer, cfg.Probe.circuit(), o.now),
 		ejector: pool.NewEjector(cfg.Probe.EjectBase, cfg.Probe.EjectMax, o.now)}
 	st, err := r.build(&cfg, chain, nil)
+	if o.tracer != nil {
+		r.tracer = o.tracer.Tracer(tracerName)
+	}
 	if err != nil {
 		_ = r.conns.Close()
 		return nil, err
 	}
 	r.st.Store(st)
+	r.noteReload(cfg.File, nil)
 	r.log.Info("global router configured", "pools", len(st.pools), "models", len(st.models), "chain", chainNames(st.chain), "file", cfg.File)
 	return r, nil
 }
@@ -128,6 +144,7 @@ func (r *Router) Close() error {
 // Decide implements Decider.
 func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	start := r.opts.now()
+	ctx, sp := r.startDecide(ctx, req)
 	d, err := r.decide(ctx, req)
 	outcome, poolName := "ok", ""
 	if err != nil {
@@ -135,8 +152,17 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	} else {
 		poolName = d.Primary.Pool
 	}
-	r.m.decision.WithLabelValues(outcome).Observe(r.opts.now().Sub(start).Seconds())
+	dur := r.opts.now().Sub(start)
+	r.observeDecision(outcome, dur.Seconds(), sp)
+	endDecide(sp, d, outcome, err)
 	r.m.decisions.WithLabelValues(poolName, outcome).Inc()
+	if r.opts.observe != nil {
+		o := Observation{Time: start, RequestID: req.GetID(), Model: req.GetModel(), Outcome: outcome, Err: err, Duration: dur, Decision: d}
+		if d != nil {
+			o.Explanation = d.explained
+		}
+		r.opts.observe(o)
+	}
 	return d, err
 }
 

@@ -77,6 +77,9 @@ type Decision struct {
 	// Expose says the routing headers (pool, worker, overlap, endpoint,
 	// explanation) may go back to the client (TrustConfig.RoutingHeaders).
 	Expose bool
+	// explained is the explanation, kept for observers (a status page)
+	// when Explanation is withheld from the client (observe.go).
+	explained string
 	// BestEffort: no local router of any eligible pool could be reached,
 	// and Primary is a worker from the last known state (a recent probe's
 	// answer, round robin); the request is not accounted on any router.

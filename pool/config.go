@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -178,6 +179,9 @@ func DecodeConfigs(file string, n *yaml.Node) ([]Config, error) {
 		if c.PolicyFile != "" {
 			sec, err := LoadPolicyFile(resolve(file, c.PolicyFile))
 			if err != nil {
+				if _, positioned := errors.AsType[*policies.PosError](err); !positioned {
+					return nil, c.errorf("policy_file", "%v", err) // unreadable: point at the reference
+				}
 				return nil, err
 			}
 			c.Policy = sec

@@ -31,23 +31,31 @@ func commands() []command {
 		{"replay", "replay a trace against simulated workers and compare policies", runReplay},
 		{"tokenize", "print the token ids and block hashes the router computes for a request body (stdin)", runTokenize},
 		{"bench", "run the built-in micro-benchmarks and print the figures (-chaos: the load-and-chaos run)", runBench},
+		{"policy", "check a global router configuration: the chain it builds, each pool's policy section (exit status 0/1/2)", runPolicy},
 	}
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
+	err := run(ctx, os.Args[1:])
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "kvgate:", err)
-		var ue *usageError
-		if errors.As(err, &ue) {
-			os.Exit(2)
-		}
-		os.Exit(1)
 	}
+	os.Exit(exitStatus(err))
+}
+
+// exitStatus is the process's exit status after err: 0 success or -h, 2
+// bad usage, 1 any other failure.
+func exitStatus(err error) int {
+	var ue *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	}
+	return 1
 }
 
 func run(ctx context.Context, args []string) error {

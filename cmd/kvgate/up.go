@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/up"
 	"github.com/kvgate/kvgate/mocker"
 )
@@ -30,6 +31,7 @@ func runUp(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (negative: never)")
 	fs.Bool("header-fallbacks", false, "no-op, accepted for old command lines: x-gateway-destination-endpoint always carries the ordered list (primary, then fallbacks), the same value as the envoy.lb metadata")
 	fs.BoolVar(&cfg.SecureServing, "secure-serving", false, "TLS on the ext_proc hop and mutual TLS on the local-router hop, with a CA made at start (its file is printed)")
+	otlp := fs.String("otlp-endpoint", "", `OTLP/gRPC collector host:port to trace the global router's decisions to, without TLS ("" : off)`)
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
@@ -48,5 +50,17 @@ func runUp(ctx context.Context, args []string) error {
 	dpSizes[*b-1] = *dp
 	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: *a}, {Name: "pool-b", Workers: *b, DPSizes: dpSizes}}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: *otlp, Insecure: true, Service: "kvgate-up"})
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = tp.Shutdown(sctx) // flushes what is batched, or gives up
+		}()
+		cfg.TracerProvider = tp
+	}
 	return up.Run(ctx, cfg, os.Stdout, 15*time.Second)
 }

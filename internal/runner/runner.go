@@ -186,7 +186,7 @@ func Listen(flagName, addr string) (net.Listener, error) {
 // admin listener, never on a public one.
 func AdminHandler(reg *prometheus.Registry, extra map[string]http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}))
 	for p, h := range extra {
 		mux.Handle(p, h)
 	}

@@ -20,11 +20,12 @@ func (p *Pool) RestartRouter(ctx context.Context) error {
 	if err := p.StopRouter(ctx); err != nil {
 		return err
 	}
-	r, err := server.Start(ctx, p.rcfg, server.Deps{Logger: p.log, Registry: prometheus.NewRegistry()})
+	reg := prometheus.NewRegistry()
+	r, err := server.Start(ctx, p.rcfg, server.Deps{Logger: p.log, Registry: reg})
 	if err != nil {
 		return fmt.Errorf("pool %s: local router: %w", p.Name, err)
 	}
-	p.Router = r
+	p.Router, p.Registry = r, reg
 	p.stopped.Store(false)
 	return nil
 }

@@ -143,7 +143,7 @@ code{background:#f4f4f4;padding:0 .3em}</style></head><body>
 <h1>kvgate up</h1>
 <p>up {{.Uptime}} · model <code>{{.Model}}</code> · gateway <code>{{.Gateway}}</code> · ext_proc <code>{{.Extproc}}</code> ·
 etcd <code>{{range .Etcd}}{{.}} {{end}}</code> · NATS <code>{{.NATS}}</code> ·
-<a href="/kvgate/metrics">metrics</a> · <a href="/kvgate/status.json">json</a></p>
+<a href="/kvgate/metrics">metrics</a> · <a href="/kvgate/status.json">json</a> · <a href="/kvgate/status/">live status</a></p>
 {{range .Pools}}
 <h2>{{.Name}}</h2>
 <p>local router <code>{{.Router}}</code>{{if .RouterIsStopped}} (stopped){{end}} · seen by the global router: {{.RouterState}} ({{.RoutersUp}}/{{.RoutersKnown}} available) ·
@@ -172,6 +172,7 @@ func (s *System) statusHandler() http.Handler {
 		w.Header().Set("content-type", "text/html; charset=utf-8")
 		_ = statusPage.Execute(w, s.Status())
 	})
+	mux.Handle("/kvgate/status/", s.Live.Handler("/kvgate/status"))
 	mux.HandleFunc("/kvgate/", func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) })
 	return mux
 }

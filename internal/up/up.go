@@ -2,7 +2,8 @@
 // run`) and for the end-to-end tests: an embedded etcd and NATS, pools of
 // mock workers (mocker) each with its local router, the global router
 // (globalrouter) behind the ext_proc server (extproc), and the
-// Envoy-faithful gateway (envoy/gateway) in front, with a status page.
+// Envoy-faithful gateway (envoy/gateway) in front, with a status page
+// (/kvgate/) and the live one (internal/status, /kvgate/status/).
 //
 // Everything listens on loopback; every address but the gateway's, the
 // admin listener's and the ext_proc server's is picked by the kernel (port
@@ -32,6 +33,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -40,6 +42,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/embedded"
+	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/mocker"
@@ -105,6 +108,8 @@ type Config struct {
 	// local-router hop, with a CA made at start (System.CAFile).
 	SecureServing bool
 	Logger        *slog.Logger
+	// TracerProvider traces the global router's decisions (nil: off).
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultConfig is `kvgate up`'s system: pool-a with 3 workers, pool-b
@@ -172,6 +177,8 @@ type Pool struct {
 	stopped atomic.Bool // read by the status page while a test stops it
 	rcfg    server.Config
 	log     *slog.Logger
+	// Registry holds the local router's metrics (kvgate_localrouter_*).
+	Registry *prometheus.Registry
 }
 
 // StopRouter closes the pool's local router (as if its process died or
@@ -204,6 +211,10 @@ type System struct {
 	Pools    []*Pool
 	Global   *globalrouter.Router
 	Registry *prometheus.Registry // the ext_proc server's and global router's metrics
+	// Live is the live status page (/kvgate/status/); Decisions its last
+	// decisions.
+	Live      *status.Page
+	Decisions *status.Recorder
 
 	extprocAddr string
 	// CAFile is the CA to trust for the ext_proc and local-router hops
@@ -267,7 +278,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 
 	var pools []pool.Config
 	for _, ps := range cfg.Pools {
-		p := &Pool{Name: ps.Name}
+		p := &Pool{Name: ps.Name, Registry: prometheus.NewRegistry()}
 		s.Pools = append(s.Pools, p)
 		rc := server.DefaultConfig()
 		rc.Pool = ps.Name
@@ -284,7 +295,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			rc.AuthorizedClients = []string{secureClientName}
 		}
 		p.rcfg, p.log = rc, cfg.Logger
-		if p.Router, err = server.Start(ctx, rc, server.Deps{Logger: cfg.Logger, Registry: prometheus.NewRegistry()}); err != nil {
+		if p.Router, err = server.Start(ctx, rc, server.Deps{Logger: cfg.Logger, Registry: p.Registry}); err != nil {
 			return nil, fmt.Errorf("pool %s: local router: %w", ps.Name, err)
 		}
 		for i := range ps.Workers {
@@ -312,7 +323,10 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	// A local demo: its one user is the operator, who pins and reads the
 	// routing headers (production configurations default to neither).
 	gcfg.Trust.Steering, gcfg.Trust.RoutingHeaders = globalrouter.AccessOn, globalrouter.AccessOn
+	s.Decisions = status.NewRecorder(20)
 	gopts := []globalrouter.Option{
+		globalrouter.WithObserver(s.Decisions.Observe),
+		globalrouter.WithTracerProvider(cfg.TracerProvider),
 		globalrouter.WithEtcd(s.etcd.cli),
 		globalrouter.WithLogger(cfg.Logger),
 		globalrouter.WithRegisterer(s.Registry),
@@ -346,6 +360,8 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	xctx, xstop := context.WithCancel(context.Background())
 	s.extprocStop, s.extprocDone = xstop, make(chan error, 1)
 	go func() { s.extprocDone <- xsrv.Serve(xctx, xlis, xopts...) }()
+	s.Live = status.New(status.Options{Source: s.liveSnapshot, Recorder: s.Decisions})
+	go s.Live.Run(xctx) // samples the hit rates until Close
 
 	if s.conn, err = grpc.NewClient(s.extprocAddr, grpc.WithTransportCredentials(xclient)); err != nil {
 		return nil, fmt.Errorf("ext_proc client: %w", err)
@@ -526,6 +542,7 @@ func (s *System) Summary() string {
 	fmt.Fprintf(&b, "kvgate is up (%s to start)\n\n", time.Since(s.started).Round(time.Millisecond))
 	fmt.Fprintf(&b, "  %-22s %s\n", "gateway (HTTP)", gw)
 	fmt.Fprintf(&b, "  %-22s %s/kvgate/ (admin, loopback only)\n", "status page", s.AdminURL())
+	fmt.Fprintf(&b, "  %-22s %s/kvgate/status/ (admin)\n", "live status page", s.AdminURL())
 	fmt.Fprintf(&b, "  %-22s %s/kvgate/metrics\n", "metrics", s.AdminURL())
 	fmt.Fprintf(&b, "  %-22s %s\n", "ext_proc (gRPC)", s.extprocAddr)
 	if s.CAFile != "" {

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/policies"
+)
+
+// errCheckFailed is `kvgate policy check` finding a bad file (exit status
+// 1; the errors are printed already).
+var errCheckFailed = errors.New("check failed")
+
+// runPolicy is `kvgate policy SUBCOMMAND`: check (validate a global router
+// configuration and show what it builds). Exit status: 0 valid, 1 invalid,
+// 2 bad usage.
+func runPolicy(_ context.Context, args []string) error {
+	return policyCmd(args, os.Stdout, os.Stderr)
+}
+
+func policyCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return &usageError{errors.New("usage: kvgate policy check [-shadow-config FILE] CONFIG (one or more)")}
+	}
+	switch args[0] {
+	case "check":
+		return policyCheck(args[1:], stdout, stderr)
+	case "replay":
+		// The replay (kvgate replay) runs its own policy sets over
+		// simulated workers; it cannot run a configuration file yet.
+		return &usageError{errors.New("replay: not available: kvgate replay cannot run a global router configuration yet; use kvgate replay's own policy sets")}
+	}
+	return &usageError{fmt.Errorf("unknown policy subcommand %q (want check)", args[0])}
+}
+
+func policyCheck(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("policy check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	shadow := fs.String("shadow-config", "", "a shadow file (the candidate chain, as kvgate extproc -shadow-config reads it) to check with each configuration")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kvgate policy check [-shadow-config FILE] CONFIG...\n\nValidates each global router configuration strictly (errors as file:line:column)\nand prints the chain it builds and what each pool's policy section resolves to.\nExit status: 0 all valid, 1 one is not, 2 bad usage.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err}
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return &usageError{errors.New("check: no configuration file given")}
+	}
+	failed := false
+	for i, path := range fs.Args() {
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		if err := checkConfig(path, *shadow, stdout); err != nil {
+			failed = true
+			fmt.Fprintf(stdout, "%s: INVALID\n", path)
+			fmt.Fprintf(stderr, "%v\n", err)
+		}
+	}
+	if failed {
+		return errCheckFailed
+	}
+	return nil
+}
+
+// checkConfig validates path (with shadowPath's candidate chain when set)
+// and prints what it builds.
+func checkConfig(path, shadowPath string, w io.Writer) error {
+	cfg, err := globalrouter.LoadConfig(path, nil)
+	if err != nil {
+		return err
+	}
+	if shadowPath != "" {
+		sc, err := globalrouter.LoadShadowFile(shadowPath)
+		if err != nil {
+			return err
+		}
+		cfg.Shadow = sc
+		if err := cfg.Validate(nil); err != nil {
+			return err
+		}
+	}
+	// Files the router would read at start: refused there, refused here.
+	for _, m := range cfg.Models {
+		for _, f := range []string{m.Tokenizer.Path, m.Tokenizer.ChatTemplate} {
+			if f == "" {
+				continue
+			}
+			if _, err := os.Stat(f); err != nil {
+				return fmt.Errorf("%s: %w: model %q: tokenizer: %w", path, policies.ErrConfig, m.Name, err)
+			}
+		}
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%s: ok\n", path)
+	fmt.Fprintf(&b, "probe: timeout %v, backoff %v..%v\n", cfg.Probe.Timeout, cfg.Probe.BackoffBase, cfg.Probe.BackoffMax)
+	fmt.Fprintf(&b, "chain (%d policies, run in order; the last sorts with the strongest key):\n", len(cfg.Chain))
+	writeChain(&b, cfg.Chain)
+	if len(cfg.Models) > 0 {
+		b.WriteString("models:\n")
+		for _, m := range cfg.Models {
+			tc := cfg.TokenizerFor(m.Name)
+			fmt.Fprintf(&b, "  %s: tokenizer %s", m.Name, tc.Backend)
+			if tc.Encoding != "" {
+				fmt.Fprintf(&b, " %s", tc.Encoding)
+			}
+			if tc.Path != "" {
+				fmt.Fprintf(&b, " %s", tc.Path)
+			}
+			if m.LoRAOf != "" {
+				fmt.Fprintf(&b, " (LoRA adapter of %s)", m.LoRAOf)
+			}
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString("pools:\n")
+	inChain := map[string]bool{}
+	for _, s := range cfg.Chain {
+		inChain[s.Name] = true
+	}
+	for _, p := range cfg.Pools {
+		fmt.Fprintf(&b, "  %s: role %s, models [%s], block size %d, weight %v\n", p.Name, p.Role, strings.Join(p.Models, " "), p.BlockSize, p.Weight)
+		switch {
+		case p.PolicyFile != "":
+			fmt.Fprintf(&b, "    policy file %s → %s\n", p.PolicyFile, resolvedPolicyFile(path, p.PolicyFile))
+		case len(p.Policy) > 0:
+			b.WriteString("    policy inline\n")
+		default:
+			b.WriteString("    no policy section: every policy's defaults\n")
+		}
+		for _, name := range slices.Sorted(maps.Keys(p.Policy)) {
+			sec := p.Policy[name]
+			line := ""
+			if sec.Node != nil {
+				line = fmt.Sprintf(" (%s:%d)", sec.File, sec.Node.Line)
+			}
+			fmt.Fprintf(&b, "      %s: %s%s\n", name, flow(sec.Node), line)
+		}
+	}
+	if sc := cfg.ShadowChain(); sc != nil {
+		fmt.Fprintf(&b, "shadow chain (%d policies; ranks alongside the live chain, never commits):\n", len(sc))
+		writeChain(&b, cfg.Shadow.Chain)
+	} else {
+		b.WriteString("shadow chain: none\n")
+	}
+	_, err = w.Write(b.Bytes())
+	return err
+}
+
+func writeChain(b *bytes.Buffer, specs []policies.Spec) {
+	for i, s := range specs {
+		fmt.Fprintf(b, "  %d. %s", i+1, s.Name)
+		if !s.Args.Empty() {
+			fmt.Fprintf(b, " %s", flow(s.Args.Node))
+		}
+		b.WriteString("\n")
+	}
+}
+
+func resolvedPolicyFile(config, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(config), p)
+}
+
+// flow renders a YAML node on one line, comments dropped.
+func flow(n *yaml.Node) string {
+	if n == nil {
+		return "{}"
+	}
+	c := flowCopy(n)
+	out, err := yaml.Marshal(c)
+	if err != nil {
+		return "<" + err.Error() + ">"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func flowCopy(n *yaml.Node) *yaml.Node {
+	c := *n
+	c.HeadComment, c.LineComment, c.FootComment = "", "", ""
+	if c.Kind == yaml.MappingNode || c.Kind == yaml.SequenceNode {
+		c.Style |= yaml.FlowStyle
+	}
+	c.Content = make([]*yaml.Node, len(n.Content))
+	for i, k := range n.Content {
+		c.Content[i] = flowCopy(k)
+	}
+	return &c
+}
