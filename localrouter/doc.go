@@ -37,7 +37,10 @@
 // The Router reads its membership from an immutable snapshot through an
 // atomic pointer. Lock order: Router.applyMu (event appliers vs worker
 // removal), then Router.memMu (membership writers), then the Index's or
-// the ActiveSequences' lock; those two are never held together. The
+// the ActiveSequences' lock; those two are never held together.
+// Router.placeMu serialises placing decisions (BestWorker with a request
+// id, Commit) so each sees the ones before it; it is taken before the
+// Index's and ActiveSequences' locks and never with applyMu or memMu. The
 // engine signals are an immutable map behind an atomic pointer; their
 // writers' mutex (sigMu) is a leaf, never held with another lock.
 //
