@@ -20,25 +20,34 @@ import (
 // the replay's kvgate row (credit 8, scale 8), under which predicted blocks
 // weighed like cached ones would draw the burst onto the first worker.
 //
-// Two paths: decide-and-commit (BestWorker with a request id, one call) must
-// spread exactly by capacity; the global router's current path (a
-// state-free probe, then the commit pipelined on a Track stream) lets
-// probes race ahead of commits, so it is only checked not to herd onto one
-// worker (docs/localrouter.md, predicted entries, says by how much it
-// skews).
+// Three paths. Decide-and-commit — a BestWorker with a request id, or a
+// commit without a worker on the Track stream, what the global router sends
+// when one pool is eligible — must spread exactly by capacity. A
+// state-free probe, then the commit of the probed worker pipelined on a
+// Track stream (the global router's path across several pools) lets probes
+// race ahead of commits, so it is only checked not to herd onto one worker
+// (docs/localrouter.md, predicted entries, says by how much it skews).
 func TestNoHerding(t *testing.T) {
 	for _, tc := range []struct{ credit, scale float64 }{{1, 1}, {8, 8}} {
-		for _, path := range []string{"decide-and-commit", "probe-then-commit"} {
+		for _, path := range []string{pathBestWorker, pathTrackCommit, pathProbeThenCommit} {
 			t.Run(fmt.Sprintf("credit=%g,scale=%g/%s", tc.credit, tc.scale, path), func(t *testing.T) {
 				cfg := localrouter.DefaultConfig()
 				cfg.OverlapScoreCredit, cfg.PrefillLoadScale = tc.credit, tc.scale
-				testNoHerding(t, cfg, path == "decide-and-commit")
+				testNoHerding(t, cfg, path)
 			})
 		}
 	}
 }
 
-func testNoHerding(t *testing.T, cfg localrouter.Config, decideAndCommit bool) {
+// The placement paths of TestNoHerding.
+const (
+	pathBestWorker      = "best-worker-with-id"
+	pathTrackCommit     = "track-commit-without-worker"
+	pathProbeThenCommit = "probe-then-commit"
+)
+
+func testNoHerding(t *testing.T, cfg localrouter.Config, path string) {
+	decideAndCommit := path != pathProbeThenCommit
 	const (
 		burst   = 64
 		workers = 4
@@ -70,7 +79,7 @@ func testNoHerding(t *testing.T, cfg localrouter.Config, decideAndCommit bool) {
 		go func() {
 			defer wg.Done()
 			<-start
-			if decideAndCommit {
+			if path == pathBestWorker {
 				sel, err := c.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: fmt.Sprint("r", i)})
 				if err != nil {
 					fail(err)
@@ -82,13 +91,17 @@ func testNoHerding(t *testing.T, cfg localrouter.Config, decideAndCommit bool) {
 				mu.Unlock()
 				return
 			}
-			sel, err := c.BestWorker(ctx, pr, client.BestWorkerOptions{})
-			if err != nil {
-				fail(err)
-				return
+			var worker localrouter.WorkerKey // none: the router chooses
+			if path == pathProbeThenCommit {
+				sel, err := c.BestWorker(ctx, pr, client.BestWorkerOptions{})
+				if err != nil {
+					fail(err)
+					return
+				}
+				worker = localrouter.Selected(sel)
 			}
 			answered.Add(1)
-			tr, err := c.CommitAsync(ctx, fmt.Sprint("r", i), localrouter.Selected(sel), pr, func(got routing.Selection, err error) {
+			tr, err := c.CommitAsync(ctx, fmt.Sprint("r", i), worker, pr, func(got routing.Selection, err error) {
 				defer answered.Done()
 				if err != nil {
 					fail(err)
