@@ -27,6 +27,8 @@ type Report struct {
 	Seed      uint64  `json:"seed"`
 	// EventDelayMS is the KV event delay between workers and routers.
 	EventDelayMS float64 `json:"event_delay_ms"`
+	// PredictedTTLMS is the routers' predicted-entry TTL (0: none).
+	PredictedTTLMS float64 `json:"predicted_ttl_ms"`
 	// OracleHitRatio is the hit ratio of an infinite shared cache.
 	OracleHitRatio float64 `json:"oracle_hit_ratio"`
 	// CapacityOracleHitRatio is the hit ratio of one LRU cache holding the
@@ -100,6 +102,7 @@ func newReport(cfg Config, wl *workload) *Report {
 		Trace: cfg.TraceName, Requests: len(wl.reqs), Skipped: len(cfg.Trace.Skipped), Rate: cfg.Rate,
 		Workers: cfg.Workers, BlockSize: cfg.BlockSize, KVTokens: cfg.KVTokens, Seed: cfg.Seed,
 		EventDelayMS:   ms(cfg.EventDelay),
+		PredictedTTLMS: ms(max(0, cfg.routerConfig().PredictedTTL)),
 		OracleHitRatio: oracleHitRatio(wl),
 	}
 	rep.CapacityOracleHitRatio = capacityOracleHitRatio(wl, cfg.Workers*(cfg.KVTokens/cfg.BlockSize))
@@ -192,8 +195,8 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the report as a terminal table.
 func (rep *Report) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "trace %s: %d requests (%d malformed lines skipped), rate %gx, %d workers, block %d, %d KV tokens/worker, seed %d, event delay %gms\n",
-		orDash(rep.Trace), rep.Requests, rep.Skipped, rep.Rate, rep.Workers, rep.BlockSize, rep.KVTokens, rep.Seed, rep.EventDelayMS)
+	fmt.Fprintf(w, "trace %s: %d requests (%d malformed lines skipped), rate %gx, %d workers, block %d, %d KV tokens/worker, seed %d, event delay %gms, predicted TTL %gms\n",
+		orDash(rep.Trace), rep.Requests, rep.Skipped, rep.Rate, rep.Workers, rep.BlockSize, rep.KVTokens, rep.Seed, rep.EventDelayMS, rep.PredictedTTLMS)
 	fmt.Fprintf(w, "oracle hit ratio %.3f (infinite cache), capacity oracle %.3f (one LRU cache of the pool's KV capacity); unloaded TTFT (idle worker, cold cache) mean %.0f p50 %.0f p99 %.0f ms\n\n",
 		rep.OracleHitRatio, rep.CapacityOracleHitRatio, rep.UnloadedTTFTMS.Mean, rep.UnloadedTTFTMS.P50, rep.UnloadedTTFTMS.P99)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/sim"
@@ -38,6 +39,7 @@ func runReplay(ctx context.Context, args []string) error {
 		maxBatched  = fs.Int("max-num-batched-tokens", 8192, "tokens computed per iteration per worker")
 		speedup     = fs.Float64("speedup", 1, "divide the timing model's durations by this")
 		eventDelay  = fs.Duration("event-delay", 0, "delay of KV events between a worker and its router")
+		predTTL     = fs.Duration("predicted-ttl", 10*time.Second, "TTL of the routers' predicted index entries (0: none)")
 		parallel    = fs.Int("parallel", 1, "simulations run at once")
 		asJSON      = fs.Bool("json", false, "print the report as JSON instead of a table")
 		jsonOut     = fs.String("json-out", "", "also write the report as JSON to this file")
@@ -104,10 +106,17 @@ func runReplay(ctx context.Context, args []string) error {
 	if *showProg || isTerminal(os.Stderr) {
 		prog = os.Stderr
 	}
+	if *predTTL < 0 {
+		return fmt.Errorf("--predicted-ttl %v: want ≥ 0", *predTTL)
+	}
+	pttl := *predTTL
+	if pttl == 0 {
+		pttl = -1
+	}
 	rep, err := sim.Run(ctx, sim.Config{
 		Trace: trace, TraceName: name, Rate: r, MaxRequests: *maxRequests, Seed: *seed,
 		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens, CPUKVTokens: *cpuTokens,
-		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay,
+		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay, PredictedTTL: pttl,
 		Parallel: *parallel, Progress: prog,
 	})
 	if err != nil {
