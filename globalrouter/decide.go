@@ -128,6 +128,11 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 
 // decideProbed probes the eligible pools, ranks them and commits.
 func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, pinPool string) (*Decision, error) {
+	if len(eligible) == 1 && eligible[0].cfg.Role != policies.RolePrefill {
+		if d, fallback := r.decideAndCommit(ctx, st, p, eligible[0]); !fallback {
+			return d, nil
+		}
+	}
 	results := r.probe(ctx, p, eligible)
 	if err := ctx.Err(); err != nil {
 		return nil, err
