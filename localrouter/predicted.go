@@ -35,8 +35,22 @@ type predictions struct {
 	lru *simplelru.LRU[approxKey, time.Time]
 	ttl time.Duration
 	max int
+	// perSlot counts each slot's entries, so that a worker without any is
+	// skipped at once.
+	perSlot []int32
 
 	recorded, confirmed, expired atomic.Uint64
+}
+
+func (p *predictions) count(slot int32, d int32) {
+	for int(slot) >= len(p.perSlot) {
+		p.perSlot = append(p.perSlot, 0)
+	}
+	p.perSlot[slot] += d
+}
+
+func (p *predictions) has(slot int32) bool {
+	return int(slot) < len(p.perSlot) && p.perSlot[slot] > 0
 }
 
 func (p *predictions) init(ttl time.Duration, max int) {
@@ -97,6 +111,7 @@ func (ix *Index) Predict(now time.Time, key WorkerKey, localHashes []uint64) {
 		case !c.workers.has(slot):
 			ix.hold(c, slot)
 			p.lru.Add(k, exp)
+			p.count(slot, 1)
 			p.recorded.Add(1)
 		}
 		n = c
@@ -116,6 +131,7 @@ func (ix *Index) dropOldestPredicted() {
 	if !ok {
 		return
 	}
+	ix.pred.count(k.slot, -1)
 	ix.pred.expired.Add(1)
 	if k.n.parent == nil && k.n != &ix.root { // detached with its worker
 		return
@@ -139,9 +155,10 @@ func (ix *Index) expirePredictedLocked(now time.Time) {
 // nothing at all, leaving n unheld by slot but never pruned, so that the
 // caller (a Stored event) holds it at once as the engine's. Caller holds mu.
 func (ix *Index) confirmPredicted(slot int32, n *node) {
-	if ix.pred.lru.Len() == 0 || !ix.pred.lru.Remove(approxKey{slot, n}) {
+	if !ix.pred.has(slot) || !ix.pred.lru.Remove(approxKey{slot, n}) {
 		return
 	}
+	ix.pred.count(slot, -1)
 	ix.pred.confirmed.Add(1)
 	if n.workers.remove(slot) {
 		ix.slots[slot].size--
@@ -151,7 +168,7 @@ func (ix *Index) confirmPredicted(slot int32, n *node) {
 
 // clearPredicted drops every predicted entry of slot. Caller holds mu.
 func (ix *Index) clearPredicted(slot int32) {
-	if ix.pred.lru.Len() == 0 {
+	if !ix.pred.has(slot) {
 		return
 	}
 	for _, k := range ix.pred.lru.Keys() {
@@ -159,6 +176,7 @@ func (ix *Index) clearPredicted(slot int32) {
 			continue
 		}
 		ix.pred.lru.Remove(k)
+		ix.pred.count(slot, -1)
 		if k.n.parent == nil && k.n != &ix.root {
 			continue
 		}
@@ -180,10 +198,11 @@ func (ix *Index) ConfirmedPrefix(key WorkerKey, localHashes []uint64, upTo int) 
 	if !ok {
 		return 0
 	}
+	predicted := ix.pred.has(slot)
 	n := &ix.root
 	for i := 0; i < upTo; i++ {
 		c := n.child(localHashes[i])
-		if c == nil || !c.workers.has(slot) || (ix.pred.lru.Len() > 0 && ix.pred.lru.Contains(approxKey{slot, c})) {
+		if c == nil || !c.workers.has(slot) || (predicted && ix.pred.lru.Contains(approxKey{slot, c})) {
 			return i
 		}
 		n = c
@@ -206,7 +225,8 @@ func (r *Router) predicting() bool { return r.cfg.UseKVEvents && r.cfg.Predicted
 // for another request, so it saves this one its own prefill (credit 1) but
 // earns none of the extra weight overlap_score_credit > 1 gives blocks the
 // engine holds, which would otherwise draw a burst of identical prompts
-// onto one worker before any of them is cached.
+// onto one worker before any of them is cached. With a credit ≤ 1 it
+// changes no cost, and is not called (it walks each candidate's prefix).
 func (r *Router) creditPredicted(p costParams, s *scratch, isl int) {
 	s.confirmed = s.confirmed[:0]
 	bs := r.cfg.BlockSize

@@ -563,7 +563,8 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		s.costs = append(s.costs, p.cost(activePrefill(l, isl, r.cfg.BlockSize), isl, r.cfg.BlockSize, overlap, l.PotentialDecodeBlocks))
 	}
 	predictions := r.predicting() && r.index.hasPredicted()
-	if predictions {
+	recosted := predictions && p.credit > 1
+	if recosted {
 		r.creditPredicted(p, s, isl)
 	}
 	var skipped []Skip
@@ -623,8 +624,11 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		// overlap, but are not cached yet, so a burst of identical prompts
 		// weighs on the worker it lands on and spreads by load.
 		charged := sel.OverlapBlocks
-		if predictions {
+		switch {
+		case recosted:
 			charged = s.confirmed[i]
+		case predictions && charged > 0:
+			charged = r.index.ConfirmedPrefix(l.Worker, s.local, charged)
 		}
 		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
 			return routing.Selection{}, err
