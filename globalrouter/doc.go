@@ -21,7 +21,8 @@
 // burst of identical prompts then spreads by load instead of every probe
 // finding the same cheapest worker before any commit lands (issue 14). A
 // local router that refuses the request itself (not an outage) falls back
-// to probe, then commit.
+// to probe, then commit; so do requests with an endpoint subset or a cost
+// override, which a commit does not carry.
 //
 // Router implements Decider. Build it with New from a Config (LoadConfig
 // reads one from YAML, e.g. examples/pools.yaml; DefaultConfig and

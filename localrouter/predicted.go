@@ -237,7 +237,15 @@ func (r *Router) creditPredicted(p costParams, s *scratch, isl int) {
 		}
 		s.confirmed = append(s.confirmed, conf)
 		if conf < l.OverlapBlocks {
-			s.costs[j] = p.costPredicted(activePrefill(l, isl, bs), isl, bs, conf, l.OverlapBlocks-conf, l.PotentialDecodeBlocks)
+			// Lower cache tiers' credit beyond the GPU overlap (as BestWorker
+			// counts it) stays the engine's: only GPU blocks are predicted.
+			held := float64(conf)
+			if len(s.matches.Tiers) > 0 {
+				if tm, ok := s.matches.TiersOf(l.Worker); ok {
+					held += max(0, r.cfg.tierCredit(tm)-float64(l.OverlapBlocks))
+				}
+			}
+			s.costs[j] = p.costPredicted(activePrefill(l, isl, bs), isl, bs, held, l.OverlapBlocks-conf, l.PotentialDecodeBlocks)
 		}
 	}
 }
@@ -245,9 +253,9 @@ func (r *Router) creditPredicted(p costParams, s *scratch, isl int) {
 // costPredicted is cost with the overlap split into blocks the worker
 // holds (confirmed, weighed by overlap_score_credit) and blocks only
 // predicted there (weighed by min(credit, 1)).
-func (p costParams) costPredicted(activePrefill, isl, blockSize, confirmed, predicted, decodeBlocks int) float64 {
+func (p costParams) costPredicted(activePrefill, isl, blockSize int, confirmed float64, predicted, decodeBlocks int) float64 {
 	prefillBlocks := float64(activePrefill+isl) / float64(blockSize)
-	pf := prefillBlocks - p.credit*float64(confirmed) - min(p.credit, 1)*float64(predicted)
+	pf := prefillBlocks - p.credit*confirmed - min(p.credit, 1)*float64(predicted)
 	if pf < 0 {
 		pf = 0
 	}
