@@ -128,14 +128,6 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 
 // decideProbed probes the eligible pools, ranks them and commits.
 func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, pinPool string) (*Decision, error) {
-	// One pool: decide and commit in one call. Not with an endpoint subset
-	// or a cost override: a commit carries neither (pool.Prompt), so those
-	// requests are probed.
-	if len(eligible) == 1 && eligible[0].cfg.Role != policies.RolePrefill && p.req.Subset == nil && p.hdr.override == nil {
-		if d, fallback := r.decideAndCommit(ctx, st, p, eligible[0]); !fallback {
-			return d, nil
-		}
-	}
 	results := r.probe(ctx, p, eligible)
 	if err := ctx.Err(); err != nil {
 		return nil, err

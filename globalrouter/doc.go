@@ -14,16 +14,6 @@
 // lease's PrefillComplete as ErrCommitRefused (BENCHMARKS.md, ext_proc decision section). A
 // pinned worker's commit is still waited for: its answer gives the address.
 //
-// When exactly one pool is eligible there is nothing to compare across
-// pools, so the probe and the commit are one call (decide-and-commit,
-// decideone.go): a commit without a worker on the Track stream, which the
-// local router answers with the worker it chose and recorded at once. A
-// burst of identical prompts then spreads by load instead of every probe
-// finding the same cheapest worker before any commit lands (issue 14). A
-// local router that refuses the request itself (not an outage) falls back
-// to probe, then commit; so do requests with an endpoint subset or a cost
-// override, which a commit does not carry.
-//
 // Router implements Decider. Build it with New from a Config (LoadConfig
 // reads one from YAML, e.g. examples/pools.yaml; DefaultConfig and
 // pool.NewConfig build one in Go) and Options (logger, Prometheus
@@ -50,8 +40,7 @@
 // Files: router.go (Router, New, Decide, Close, Health), options.go,
 // state.go (build, refcount, retire), reload.go (Reload, WatchFile),
 // headers.go (request headers), decide.go (prepare, probe, rank, best
-// effort, the cause of no pool), decideone.go (decide-and-commit for one
-// eligible pool), blockkeys.go (a request's block keys: the
+// effort, the cause of no pool), blockkeys.go (a request's block keys: the
 // ids, seeded by adapter and cache_salt, with the chat's media items as
 // the engines' extra_keys), commit.go (commit, fallbacks, pinned workers,
 // lease, error mapping), trust.go (trust, tenancy), explain.go,

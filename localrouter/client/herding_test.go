@@ -21,11 +21,10 @@ import (
 // weighed like cached ones would draw the burst onto the first worker.
 //
 // Three paths. Decide-and-commit — a BestWorker with a request id, or a
-// commit without a worker on the Track stream, what the global router sends
-// when one pool is eligible — must spread exactly by capacity. A
-// state-free probe, then the commit of the probed worker pipelined on a
-// Track stream (the global router's path across several pools) lets probes
-// race ahead of commits, so it is only checked not to herd onto one worker
+// commit without a worker on the Track stream — must spread exactly by
+// capacity. A state-free probe, then the commit of the probed worker
+// pipelined on a Track stream (the global router's path) lets probes race
+// ahead of commits, so it is only checked not to herd onto one worker
 // (docs/localrouter.md, predicted entries, says by how much it skews).
 func TestNoHerding(t *testing.T) {
 	for _, tc := range []struct{ credit, scale float64 }{{1, 1}, {8, 8}} {
