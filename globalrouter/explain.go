@@ -44,6 +44,9 @@ func explain(p *prepared, results []probeResult, ranked []policies.Candidate, tr
 	if w.Prefill != nil {
 		fmt.Fprintf(&b, ", prefill on %s/%s (uncached %d tokens)", w.Prefill.Pool, w.Prefill.Probe.WorkerID, w.Probe.UncachedTokens())
 	}
+	if w.Disaggregation != "" {
+		fmt.Fprintf(&b, "; disaggregation: %s", w.Disaggregation)
+	}
 	if len(refused) > 0 {
 		fmt.Fprintf(&b, "; refused commits: %s", strings.Join(refused, "; "))
 	}

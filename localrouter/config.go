@@ -35,6 +35,11 @@ type Config struct {
 	ReplicaSync bool
 	// TTL of approximate-mode index entries (120 s).
 	TTL time.Duration
+	// PredictedTTL: with KV events, the blocks of each request placed on a
+	// worker are recorded there as predicted entries for this long, unless
+	// the engine's Stored events confirm them first, so the next decision
+	// sees them (10 s; 0 records none: the index is the events' alone).
+	PredictedTTL time.Duration
 	// MaxTreeSize bounds approximate-mode index entries (2^20).
 	MaxTreeSize int
 	// MinInitialWorkers: not ready until this many workers joined (0).
@@ -123,6 +128,7 @@ func DefaultConfig() Config {
 		UseKVEvents:        true,
 		TrackActiveBlocks:  true,
 		TTL:                120 * time.Second,
+		PredictedTTL:       10 * time.Second,
 		MaxTreeSize:        1 << 20,
 		RequestExpiry:      300 * time.Second,
 		TierWeights:        DefaultTierWeights,
@@ -145,6 +151,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: router_temperature %g must be ≥ 0", ErrInvalidConfig, c.RouterTemperature)
 	case c.TTL <= 0:
 		return fmt.Errorf("%w: ttl %v must be positive", ErrInvalidConfig, c.TTL)
+	case c.PredictedTTL < 0:
+		return fmt.Errorf("%w: predicted_ttl %v must be ≥ 0", ErrInvalidConfig, c.PredictedTTL)
 	case c.MaxTreeSize <= 0:
 		return fmt.Errorf("%w: max_tree_size %d must be positive", ErrInvalidConfig, c.MaxTreeSize)
 	case c.MinInitialWorkers < 0:

@@ -9,7 +9,11 @@
 //     node records which (worker, dp_rank) hold it in a bitset, so a lookup
 //     intersects one machine word per block for pools of up to 64 ranks. It
 //     is fed by engine KV events (Apply), or, in approximate mode, by the
-//     router's own decisions (Record, with a TTL and a size bound). Each
+//     router's own decisions (Record, with a TTL and a size bound). With
+//     events, each placed request's blocks are also recorded as predicted
+//     entries on its worker (Predict, predicted.go: a short TTL, confirmed
+//     by the engine's Stored, never over a block the engine holds, dropped
+//     by Cleared), so the next decision sees them. Each
 //     cache tier of a worker (GPU, CPU, disk, external: the events'
 //     medium) has its own slot, so FindMatches reports per-tier runs
 //     (Matches.Tiers) and the cost credits lower-tier hits at
@@ -37,7 +41,10 @@
 // The Router reads its membership from an immutable snapshot through an
 // atomic pointer. Lock order: Router.applyMu (event appliers vs worker
 // removal), then Router.memMu (membership writers), then the Index's or
-// the ActiveSequences' lock; those two are never held together. The
+// the ActiveSequences' lock; those two are never held together.
+// Router.placeMu serialises placing decisions (BestWorker with a request
+// id, Commit) so each sees the ones before it; it is taken before the
+// Index's and ActiveSequences' locks and never with applyMu or memMu. The
 // engine signals are an immutable map behind an atomic pointer; their
 // writers' mutex (sigMu) is a leaf, never held with another lock.
 //

@@ -151,6 +151,9 @@ type Index struct {
 	ttl       time.Duration
 	maxApprox int
 
+	// pred: event mode's predicted entries (predicted.go).
+	pred predictions
+
 	applied, rejected, removedUnknown, refUnknown, stored, pruned atomic.Uint64
 }
 
@@ -167,8 +170,12 @@ type IndexOptions struct {
 	// TTL of approximate-mode entries (default 120 s), refreshed on reuse.
 	TTL time.Duration
 	// MaxApproxEntries bounds approximate-mode entries (default 2^20); past
-	// it the oldest are pruned down to 80 %.
+	// it the oldest are pruned down to 80 %. It bounds predicted entries
+	// too.
 	MaxApproxEntries int
+	// PredictedTTL is the lifetime of predicted entries (Predict; default
+	// 10 s).
+	PredictedTTL time.Duration
 }
 
 // NewIndex returns an empty index for blocks of blockSize tokens.
@@ -189,6 +196,7 @@ func NewIndex(blockSize int, opts IndexOptions) (*Index, error) {
 		maxApprox: opts.MaxApproxEntries,
 	}
 	ix.approx, _ = simplelru.NewLRU[approxKey, time.Time](opts.MaxApproxEntries+1, ix.onApproxEvict)
+	ix.pred.init(opts.PredictedTTL, opts.MaxApproxEntries)
 	return ix, nil
 }
 
@@ -382,6 +390,7 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 			continue
 		}
 		ss.engine[b.EngineHash] = c
+		ix.confirmPredicted(slot, c)
 		if !ix.hold(c, slot) {
 			if ss.aliases == nil {
 				ss.aliases = make(map[*node]int)
@@ -473,6 +482,7 @@ func (ix *Index) applyRemoved(key WorkerKey, rm *kvevents.Removed) {
 
 // clearSlot drops every block of slot, keeping the slot. Caller holds mu.
 func (ix *Index) clearSlot(slot int32) {
+	ix.clearPredicted(slot)
 	ss := &ix.slots[slot]
 	for _, n := range ss.engine {
 		ix.release(n, slot)
@@ -749,11 +759,12 @@ func (ix *Index) Record(now time.Time, key WorkerKey, localHashes []uint64) {
 	ix.expireLocked(now)
 }
 
-// Expire drops approximate-mode entries whose TTL passed.
+// Expire drops approximate-mode and predicted entries whose TTL passed.
 func (ix *Index) Expire(now time.Time) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	ix.expireLocked(now)
+	ix.expirePredictedLocked(now)
 }
 
 func (ix *Index) expireLocked(now time.Time) {

@@ -52,7 +52,9 @@ type Options struct {
 // PotentialLoads) reads the membership snapshot through an atomic pointer,
 // the index under its read lock, and the lifecycle state under its mutex.
 // Lock order: applyMu, then memMu, then Index.mu or ActiveSequences.mu;
-// the last two are never held together.
+// the last two are never held together. placeMu (placing decisions) is
+// taken before the Index's and ActiveSequences' locks, never with applyMu
+// or memMu.
 type Router struct {
 	cfg     Config
 	index   *Index
@@ -65,6 +67,12 @@ type Router struct {
 	// Lock order: applyMu, then memMu, then the Index's and
 	// ActiveSequences' own locks.
 	applyMu sync.RWMutex
+	// placeMu serialises placing decisions (BestWorker with a request id,
+	// Commit): each sees every placement before it, so a burst of
+	// decide-and-commit calls cannot all choose from the same state. Pure
+	// probes never take it. Lock order: placeMu first, before the Index's
+	// and ActiveSequences' locks (never with applyMu or memMu).
+	placeMu sync.Mutex
 
 	clock  func() time.Time
 	randMu sync.Mutex
@@ -116,6 +124,9 @@ type scratch struct {
 	loads      []PotentialLoad
 	overlaps   []int
 	costs      []float64
+	// confirmed: each candidate's overlap held for real, not predicted
+	// (filled only while predicted entries exist).
+	confirmed []int
 	// kept and keptCosts: the candidates left after the saturation filter.
 	kept      []int
 	keptCosts []float64
@@ -130,7 +141,7 @@ func New(cfg Config, opts Options) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	ix, err := NewIndex(cfg.BlockSize, IndexOptions{TTL: cfg.TTL, MaxApproxEntries: cfg.MaxTreeSize})
+	ix, err := NewIndex(cfg.BlockSize, IndexOptions{TTL: cfg.TTL, MaxApproxEntries: cfg.MaxTreeSize, PredictedTTL: cfg.PredictedTTL})
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +191,7 @@ func (r *Router) sweeper(every time.Duration) {
 }
 
 // Sweep frees requests older than the request expiry and drops expired
-// approximate-mode entries. It returns the ids of the freed requests.
+// approximate-mode and predicted entries. It returns the ids of the freed requests.
 func (r *Router) Sweep() []string {
 	now := r.clock()
 	r.index.Expire(now)
@@ -409,8 +420,9 @@ type BestWorkerOptions struct {
 	// caller must later call MarkPrefillComplete and Free. Empty: a pure
 	// query, nothing changes.
 	RequestID string
-	// UpdateIndexer records the choice in the approximate index (without a
-	// request id too). Ignored when the router runs on KV events.
+	// UpdateIndexer records the choice in the index without a request id
+	// too: in the approximate index, or, with KV events, as predicted
+	// entries (Config.PredictedTTL).
 	UpdateIndexer bool
 	// Override changes cost parameters for this request.
 	Override *routing.Override
@@ -530,6 +542,10 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	if err != nil {
 		return routing.Selection{}, err
 	}
+	if opts.RequestID != "" {
+		r.placeMu.Lock()
+		defer r.placeMu.Unlock()
+	}
 	r.index.FindMatches(s.local, &s.matches)
 	s.overlaps = s.overlaps[:0]
 	for i, k := range workers {
@@ -545,6 +561,11 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			}
 		}
 		s.costs = append(s.costs, p.cost(activePrefill(l, isl, r.cfg.BlockSize), isl, r.cfg.BlockSize, overlap, l.PotentialDecodeBlocks))
+	}
+	predictions := r.predicting() && r.index.hasPredicted()
+	recosted := predictions && p.credit > 1
+	if recosted {
+		r.creditPredicted(p, s, isl)
 	}
 	var skipped []Skip
 	allSaturated := false
@@ -595,18 +616,34 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		*rep = SignalsReport{Skipped: skipped, AllSaturated: allSaturated}
 		rep.Engine, rep.HasEngine = sig[l.Worker]
 	}
+	predict := r.predicting() && (opts.UpdateIndexer || opts.RequestID != "")
 	if opts.RequestID != "" {
-		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, sel.OverlapBlocks, r.cfg.BlockSize); err != nil {
+		// The request is charged the prefill of the blocks its worker does
+		// not hold for real: blocks only predicted there (another
+		// request's, still being computed) attract it through the
+		// overlap, but are not cached yet, so a burst of identical prompts
+		// weighs on the worker it lands on and spreads by load.
+		charged := sel.OverlapBlocks
+		switch {
+		case recosted:
+			charged = s.confirmed[i]
+		case predictions && charged > 0:
+			charged = r.index.ConfirmedPrefix(l.Worker, s.local, charged)
+		}
+		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
 			return routing.Selection{}, err
 		}
 		// Counted for requests placed, not for probes: a global router
 		// probes every pool for each request.
 		r.saturationSkips.Add(uint64(len(skipped)))
 	}
-	// Only the approximate index learns from decisions: with KV events the
-	// engine's events are the truth, and a recorded entry expiring later
-	// would drop a block the engine still holds.
-	if !r.cfg.UseKVEvents && (opts.UpdateIndexer || opts.RequestID != "") {
+	// The approximate index learns from decisions; with KV events the
+	// engine's events are the truth, and the decision only adds predicted
+	// entries, which never touch a block the engine holds (predicted.go).
+	switch {
+	case predict:
+		r.index.Predict(r.clock(), l.Worker, s.local)
+	case !r.cfg.UseKVEvents && (opts.UpdateIndexer || opts.RequestID != ""):
 		r.index.Record(r.clock(), l.Worker, s.local)
 	}
 	return sel, nil

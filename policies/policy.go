@@ -80,6 +80,9 @@ type Candidate struct {
 	// Prefill is the prefill pool's candidate when the request is served
 	// disaggregated (set by Disaggregate), nil otherwise.
 	Prefill *Candidate
+	// Disaggregation says why a decode candidate is, or is not, paired
+	// with a prefill pool ("" when Disaggregate did not see it).
+	Disaggregation string
 }
 
 // Policy ranks candidates.

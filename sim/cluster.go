@@ -72,7 +72,7 @@ func (r *run) buildPools() error {
 		}
 	}
 	for _, s := range specs {
-		rt, err := localrouter.New(r.policy.routerConfig(cfg.BlockSize), localrouter.Options{
+		rt, err := localrouter.New(r.policy.routerConfig(cfg.BlockSize, cfg.PredictedTTL), localrouter.Options{
 			Clock:         func() time.Time { return r.now },
 			Rand:          r.routerRand,
 			Logger:        discardLogger,

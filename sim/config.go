@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/localrouter"
 )
 
 // ErrConfig wraps every configuration error.
@@ -109,10 +111,20 @@ type Config struct {
 	Speedup float64
 	// EventDelay delays KV events between a worker and its router (0).
 	EventDelay time.Duration
+	// PredictedTTL is the routers' predicted-entry TTL (0: the router's
+	// default, 10 s; negative: no predicted entries, the index is the KV
+	// events' alone).
+	PredictedTTL time.Duration
 	// Parallel is how many simulations run at once (1).
 	Parallel int
 	// Progress, when set, receives a progress bar.
 	Progress io.Writer
+}
+
+// routerConfig is the routers' configuration under a policy with Dynamo's
+// cost, for the report's header.
+func (c Config) routerConfig() localrouter.Config {
+	return Policy{}.routerConfig(c.BlockSize, c.PredictedTTL)
 }
 
 func (c Config) withDefaults() Config {

@@ -12,6 +12,9 @@
 //     ms, input_length, output_length, hash_ids of 512-token blocks) and a
 //     simple JSONL of raw prompts (text or token ids). Malformed lines are
 //     reported with their line numbers, and either skipped or refused.
+//   - Generated traces (agentic.go): agent sessions with shared tool
+//     preambles, growing multi-turn contexts and bursts of sub-agents,
+//     deterministic by seed (GenerateAgentic, ParseAgentic).
 //   - Expansion (expand.go): each trace block id becomes the same tokens
 //     wherever it appears, so the routers hash real token ids at any block
 //     size, exactly as in production.
@@ -27,8 +30,10 @@
 //   - Policies (policy.go): random, round-robin, least-loaded, kv-overlap,
 //     Dynamo's default cost, kvgate's default cost, and any cost
 //     configuration given as "cost:credit=…,scale=…,temp=…".
-//   - The oracle (oracle.go): the hit ratio of an infinite cache shared by
-//     all workers, the physical limit of prefix reuse.
+//   - The oracles (oracle.go): the hit ratio of an infinite cache shared by
+//     all workers, the physical limit of prefix reuse, and of one LRU
+//     cache holding the pool's total KV capacity, what perfect routing
+//     without duplication could keep.
 //   - Reporting (report.go, plot.go): a terminal table, JSON, and an SVG or PNG
 //     with each policy's TTFT CDF and hit ratio.
 //

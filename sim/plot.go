@@ -328,7 +328,7 @@ func (rep *Report) layout() *figure {
 	}
 
 	// Hit ratio bars, with the oracle as a dashed line.
-	add(text{X: bars.X + bars.W/2, Y: bars.Y - 10, S: fmt.Sprintf("prefix hit ratio (dashed: oracle %.3f)", rep.OracleHitRatio), Size: labelSize, Bold: true, Fill: black, Anchor: anchorMiddle})
+	add(text{X: bars.X + bars.W/2, Y: bars.Y - 10, S: fmt.Sprintf("prefix hit ratio (dashed: oracle %.3f; capacity oracle %.3f)", rep.OracleHitRatio, rep.CapacityOracleHitRatio), Size: labelSize, Bold: true, Fill: black, Anchor: anchorMiddle})
 	// The axis ends at a round number above every bar and the oracle, so
 	// small ratios are not flat lines at the bottom.
 	hiRatio := rep.OracleHitRatio

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
@@ -133,9 +134,16 @@ func (p Policy) validate() error {
 }
 
 // routerConfig is the local router configuration of every pool under p.
-func (p Policy) routerConfig(blockSize int) localrouter.Config {
+// predictedTTL < 0 records no predicted entries; 0 keeps the default.
+func (p Policy) routerConfig(blockSize int, predictedTTL time.Duration) localrouter.Config {
 	c := localrouter.DefaultConfig()
 	c.BlockSize = blockSize
+	switch {
+	case predictedTTL < 0:
+		c.PredictedTTL = 0
+	case predictedTTL > 0:
+		c.PredictedTTL = predictedTTL
+	}
 	if p.Kind == KindCost {
 		c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature = p.Credit, p.Scale, p.Temperature
 	}

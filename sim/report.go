@@ -27,8 +27,14 @@ type Report struct {
 	Seed      uint64  `json:"seed"`
 	// EventDelayMS is the KV event delay between workers and routers.
 	EventDelayMS float64 `json:"event_delay_ms"`
+	// PredictedTTLMS is the routers' predicted-entry TTL (0: none).
+	PredictedTTLMS float64 `json:"predicted_ttl_ms"`
 	// OracleHitRatio is the hit ratio of an infinite shared cache.
 	OracleHitRatio float64 `json:"oracle_hit_ratio"`
+	// CapacityOracleHitRatio is the hit ratio of one LRU cache holding the
+	// pool's total KV capacity (workers × KV tokens per worker) serving
+	// every request: perfect routing without duplication.
+	CapacityOracleHitRatio float64 `json:"capacity_oracle_hit_ratio"`
 	// UnloadedTTFTMS is the TTFT of each request alone on an idle worker
 	// with a cold cache: the floor a loaded system is compared with.
 	UnloadedTTFTMS Dist        `json:"unloaded_ttft_ms"`
@@ -72,6 +78,8 @@ type Result struct {
 	// HitRatio is prompt tokens served from cache / prompt tokens.
 	HitRatio    float64 `json:"hit_ratio"`
 	HitVsOracle float64 `json:"hit_vs_oracle"`
+	// HitVsCapacityOracle is HitRatio over the capacity oracle's.
+	HitVsCapacityOracle float64 `json:"hit_vs_capacity_oracle"`
 	// LoadImbalance is the busiest worker's busy time over the mean (the
 	// worst pool's, when pools have roles).
 	LoadImbalance  float64   `json:"load_imbalance"`
@@ -94,8 +102,10 @@ func newReport(cfg Config, wl *workload) *Report {
 		Trace: cfg.TraceName, Requests: len(wl.reqs), Skipped: len(cfg.Trace.Skipped), Rate: cfg.Rate,
 		Workers: cfg.Workers, BlockSize: cfg.BlockSize, KVTokens: cfg.KVTokens, Seed: cfg.Seed,
 		EventDelayMS:   ms(cfg.EventDelay),
+		PredictedTTLMS: ms(max(0, cfg.routerConfig().PredictedTTL)),
 		OracleHitRatio: oracleHitRatio(wl),
 	}
+	rep.CapacityOracleHitRatio = capacityOracleHitRatio(wl, cfg.Workers*(cfg.KVTokens/cfg.BlockSize))
 	timing := mocker.DefaultTiming{Speedup: cfg.Speedup}
 	var un []float64
 	for _, r := range wl.reqs {
@@ -185,17 +195,17 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the report as a terminal table.
 func (rep *Report) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "trace %s: %d requests (%d malformed lines skipped), rate %gx, %d workers, block %d, %d KV tokens/worker, seed %d, event delay %gms\n",
-		orDash(rep.Trace), rep.Requests, rep.Skipped, rep.Rate, rep.Workers, rep.BlockSize, rep.KVTokens, rep.Seed, rep.EventDelayMS)
-	fmt.Fprintf(w, "oracle hit ratio %.3f; unloaded TTFT (idle worker, cold cache) mean %.0f p50 %.0f p99 %.0f ms\n\n",
-		rep.OracleHitRatio, rep.UnloadedTTFTMS.Mean, rep.UnloadedTTFTMS.P50, rep.UnloadedTTFTMS.P99)
+	fmt.Fprintf(w, "trace %s: %d requests (%d malformed lines skipped), rate %gx, %d workers, block %d, %d KV tokens/worker, seed %d, event delay %gms, predicted TTL %gms\n",
+		orDash(rep.Trace), rep.Requests, rep.Skipped, rep.Rate, rep.Workers, rep.BlockSize, rep.KVTokens, rep.Seed, rep.EventDelayMS, rep.PredictedTTLMS)
+	fmt.Fprintf(w, "oracle hit ratio %.3f (infinite cache), capacity oracle %.3f (one LRU cache of the pool's KV capacity); unloaded TTFT (idle worker, cold cache) mean %.0f p50 %.0f p99 %.0f ms\n\n",
+		rep.OracleHitRatio, rep.CapacityOracleHitRatio, rep.UnloadedTTFTMS.Mean, rep.UnloadedTTFTMS.P50, rep.UnloadedTTFTMS.P99)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "topology\tpolicy\tTTFT mean\tp50\tp90\tp99 ms\tITL ms\tE2E mean\tp99 s\ttok/s\thit\t/oracle\timbalance\tpreempt\trejected\t")
+	fmt.Fprintln(tw, "topology\tpolicy\tTTFT mean\tp50\tp90\tp99 ms\tITL ms\tE2E mean\tp99 s\ttok/s\thit\t/oracle\t/capacity\timbalance\tpreempt\trejected\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.2f\t%.2f\t%.0f\t%.3f\t%.3f\t%.2f\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.2f\t%.2f\t%.0f\t%.3f\t%.3f\t%.3f\t%.2f\t%d\t%d\t\n",
 			r.Topology, r.Policy, f0(r.TTFTMS.Mean), f0(r.TTFTMS.P50), f0(r.TTFTMS.P90), f0(r.TTFTMS.P99),
 			r.ITLMS.Mean, r.E2EMS.Mean/1000, r.E2EMS.P99/1000, r.OutputTokensPerS,
-			r.HitRatio, r.HitVsOracle, r.LoadImbalance, r.Preemptions, r.Rejected)
+			r.HitRatio, r.HitVsOracle, r.HitVsCapacityOracle, r.LoadImbalance, r.Preemptions, r.Rejected)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

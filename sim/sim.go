@@ -101,6 +101,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Results = results
 	for _, r := range results {
 		r.HitVsOracle = ratio(r.HitRatio, rep.OracleHitRatio)
+		r.HitVsCapacityOracle = ratio(r.HitRatio, rep.CapacityOracleHitRatio)
 	}
 	rep.Replay.WallSeconds = time.Since(start).Seconds()
 	rep.Replay.SimulatedRequests = len(jobs) * len(wl.reqs)

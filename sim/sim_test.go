@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -288,5 +289,44 @@ func TestReportRenders(t *testing.T) {
 	s := svg.String()
 	if !strings.HasPrefix(s, "<svg") || !strings.HasSuffix(s, "</svg>\n") || strings.Count(s, "<polyline") != len(rep.Results) || !strings.Contains(s, "t&lt;1&gt;") {
 		t.Errorf("SVG malformed:\n%s", s)
+	}
+}
+
+// TestCapacityOracle checks the capacity oracle by hand on a tiny workload,
+// and against the infinite oracle: equal with room for everything, lower
+// with less.
+func TestCapacityOracle(t *testing.T) {
+	// Three prompts of 4 blocks (bs 1, so 5 tokens: 4 usable blocks):
+	// A, B (no shared block), A again.
+	wl := &workload{blockSize: 1, reqs: []Request{{InputLength: 5}, {InputLength: 5}, {InputLength: 5}},
+		hashes: [][]uint64{{1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}, {1, 2, 3, 4, 5}}}
+	for _, tc := range []struct {
+		capacity int
+		want     float64
+	}{
+		{100, 4.0 / 15}, // the third hits 4 blocks, as the infinite oracle
+		{10, 4.0 / 15},  // both prompts fit
+		{7, 2.0 / 15},   // B pushed out A's tail: A's first 2 blocks left
+		{5, 0},          // B pushed out all of A
+		{0, 0},
+	} {
+		if got := capacityOracleHitRatio(wl, tc.capacity); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("capacity %d: got %.4f, want %.4f", tc.capacity, got, tc.want)
+		}
+	}
+	if got, want := capacityOracleHitRatio(wl, 100), oracleHitRatio(wl); got != want {
+		t.Errorf("with room for all: got %.4f, want the infinite oracle's %.4f", got, want)
+	}
+	tr := randomTrace(t, 120, 7)
+	rep, err := Run(testContext(t), Config{Trace: tr, Seed: 3, Workers: 2, BlockSize: 16, KVTokens: 4096, Policies: []Policy{{Name: "rr", Kind: KindRoundRobin}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.CapacityOracleHitRatio > rep.OracleHitRatio || rep.CapacityOracleHitRatio <= 0 {
+		t.Errorf("capacity oracle %.4f: want within (0, oracle %.4f]", rep.CapacityOracleHitRatio, rep.OracleHitRatio)
+	}
+	r := rep.Results[0]
+	if got, want := r.HitVsCapacityOracle, r.HitRatio/rep.CapacityOracleHitRatio; math.Abs(got-want) > 1e-12 {
+		t.Errorf("hit_vs_capacity_oracle %.4f, want %.4f", got, want)
 	}
 }

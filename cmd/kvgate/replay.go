@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/sim"
@@ -20,6 +21,8 @@ func runReplay(ctx context.Context, args []string) error {
 	fs := config.NewFlagSet("replay", os.Stderr)
 	var (
 		tracePath   = fs.String("trace", "", "trace file: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or a JSONL of prompts (text or token_ids)")
+		generate    = fs.String("generate", "", "replay a generated trace instead of --trace: agentic or agentic:key=value,... (docs/replay.md)")
+		generateOut = fs.String("generate-out", "", "also write the generated trace to this file as Mooncake JSONL")
 		format      = fs.String("format", sim.FormatAuto, "trace format: auto, mooncake or prompts")
 		strict      = fs.Bool("strict", false, "refuse the trace at the first malformed line (default: skip and report them)")
 		traceBlock  = fs.Int("trace-block-size", sim.DefaultTraceBlockSize, "tokens per trace hash id")
@@ -36,6 +39,7 @@ func runReplay(ctx context.Context, args []string) error {
 		maxBatched  = fs.Int("max-num-batched-tokens", 8192, "tokens computed per iteration per worker")
 		speedup     = fs.Float64("speedup", 1, "divide the timing model's durations by this")
 		eventDelay  = fs.Duration("event-delay", 0, "delay of KV events between a worker and its router")
+		predTTL     = fs.Duration("predicted-ttl", 10*time.Second, "TTL of the routers' predicted index entries (0: none)")
 		parallel    = fs.Int("parallel", 1, "simulations run at once")
 		asJSON      = fs.Bool("json", false, "print the report as JSON instead of a table")
 		jsonOut     = fs.String("json-out", "", "also write the report as JSON to this file")
@@ -45,8 +49,13 @@ func runReplay(ctx context.Context, args []string) error {
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
-	if *tracePath == "" {
-		return errors.New("--trace is required")
+	switch {
+	case *tracePath == "" && *generate == "":
+		return errors.New("--trace or --generate is required")
+	case *tracePath != "" && *generate != "":
+		return errors.New("--trace and --generate are exclusive")
+	case *generateOut != "" && *generate == "":
+		return errors.New("--generate-out needs --generate")
 	}
 	var plotFormat sim.PlotFormat
 	if *plot != "" {
@@ -68,21 +77,46 @@ func runReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	trace, err := sim.LoadTraceFile(*tracePath, sim.LoadOptions{Format: *format, Strict: *strict, BlockSize: *traceBlock})
-	if err != nil {
-		return err
-	}
-	for _, le := range trace.Skipped {
-		fmt.Fprintf(os.Stderr, "kvgate replay: %s: skipped %v\n", *tracePath, le)
+	var trace *sim.Trace
+	name := filepath.Base(*tracePath)
+	if *generate != "" {
+		ac, err := sim.ParseAgentic(*generate)
+		if err != nil {
+			return fmt.Errorf("--generate: %w", err)
+		}
+		if trace, err = sim.GenerateAgentic(ac); err != nil {
+			return fmt.Errorf("--generate: %w", err)
+		}
+		name = *generate
+		if *generateOut != "" {
+			if err := writeFile(*generateOut, trace.WriteMooncake); err != nil {
+				return err
+			}
+		}
+	} else {
+		trace, err = sim.LoadTraceFile(*tracePath, sim.LoadOptions{Format: *format, Strict: *strict, BlockSize: *traceBlock})
+		if err != nil {
+			return err
+		}
+		for _, le := range trace.Skipped {
+			fmt.Fprintf(os.Stderr, "kvgate replay: %s: skipped %v\n", *tracePath, le)
+		}
 	}
 	var prog io.Writer
 	if *showProg || isTerminal(os.Stderr) {
 		prog = os.Stderr
 	}
+	if *predTTL < 0 {
+		return fmt.Errorf("--predicted-ttl %v: want ≥ 0", *predTTL)
+	}
+	pttl := *predTTL
+	if pttl == 0 {
+		pttl = -1
+	}
 	rep, err := sim.Run(ctx, sim.Config{
-		Trace: trace, TraceName: filepath.Base(*tracePath), Rate: r, MaxRequests: *maxRequests, Seed: *seed,
+		Trace: trace, TraceName: name, Rate: r, MaxRequests: *maxRequests, Seed: *seed,
 		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens, CPUKVTokens: *cpuTokens,
-		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay,
+		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay, PredictedTTL: pttl,
 		Parallel: *parallel, Progress: prog,
 	})
 	if err != nil {

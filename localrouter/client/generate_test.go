@@ -25,7 +25,13 @@ const testTimeout = 30 * time.Second
 
 func setup(t *testing.T, ids ...string) (*pool, *client.Client, context.Context) {
 	t.Helper()
-	p := startPool(ids...)
+	return setupWith(t, localrouter.DefaultConfig(), ids...)
+}
+
+// setupWith is setup with the router configuration cfg.
+func setupWith(t *testing.T, cfg localrouter.Config, ids ...string) (*pool, *client.Client, context.Context) {
+	t.Helper()
+	p := startPoolWith(cfg, ids...)
 	t.Cleanup(p.stop)
 	c, err := client.Dial(p.addr, nil)
 	if err != nil {

@@ -121,8 +121,10 @@ type pool struct {
 
 // startPool starts a router with block size 16 and one fake worker per
 // id. Call stop when done.
-func startPool(ids ...string) *pool {
-	cfg := localrouter.DefaultConfig()
+func startPool(ids ...string) *pool { return startPoolWith(localrouter.DefaultConfig(), ids...) }
+
+// startPoolWith is startPool with the router configuration cfg.
+func startPoolWith(cfg localrouter.Config, ids ...string) *pool {
 	r, err := localrouter.New(cfg, localrouter.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		panic(err)

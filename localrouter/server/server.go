@@ -308,18 +308,27 @@ func (s *Server) PotentialLoads(ctx context.Context, in *localrouterv1.Potential
 	return out, nil
 }
 
+// commit records the request on the worker it names or, with no worker_id
+// (decide-and-commit), on the worker the router chooses as BestWorker with
+// a request id does: one call, so no other placement can come between the
+// choice and the record.
 func (s *Server) commit(ctx context.Context, in *localrouterv1.CommitRequest) (routing.Selection, error) {
 	if in.GetRequestId() == "" {
 		return routing.Selection{}, localrouter.ErrEmptyRequestID
 	}
-	if in.GetWorkerId() == "" {
-		return routing.Selection{}, fmt.Errorf("%w: commit needs worker_id", errInvalidArgument)
+	if in.GetWorkerId() == "" && in.GetDpRank() != 0 {
+		return routing.Selection{}, fmt.Errorf("%w: commit names dp_rank %d but no worker_id", errInvalidArgument, in.GetDpRank())
 	}
 	req, err := s.request(in.GetPrompt())
 	if err != nil {
 		return routing.Selection{}, err
 	}
-	sel, err := s.r.Commit(ctx, in.GetRequestId(), localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}, req)
+	var sel routing.Selection
+	if in.GetWorkerId() == "" {
+		sel, err = s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{RequestID: in.GetRequestId()})
+	} else {
+		sel, err = s.r.Commit(ctx, in.GetRequestId(), localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}, req)
+	}
 	if err != nil {
 		return routing.Selection{}, err
 	}

@@ -883,11 +883,12 @@ func (x *PotentialLoadsResponse) GetBlockSize() uint32 {
 }
 
 type CommitRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	WorkerId      string                 `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	DpRank        uint32                 `protobuf:"varint,3,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
-	Prompt        *Prompt                `protobuf:"bytes,4,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// worker_id empty: the router chooses the worker (dp_rank must be 0).
+	WorkerId      string  `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	DpRank        uint32  `protobuf:"varint,3,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	Prompt        *Prompt `protobuf:"bytes,4,opt,name=prompt,proto3" json:"prompt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

@@ -48,7 +48,9 @@ type LocalRouterClient interface {
 	// PotentialLoads reports, per (worker, dp_rank), its load if the prompt
 	// were placed there.
 	PotentialLoads(ctx context.Context, in *PotentialLoadsRequest, opts ...grpc.CallOption) (*PotentialLoadsResponse, error)
-	// Commit records a request on a worker the caller chose.
+	// Commit records a request on a worker the caller chose, or, without a
+	// worker_id, on the worker the router chooses as BestWorker would, in the
+	// same call (decide-and-commit).
 	Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*CommitResponse, error)
 	// Track is a request's lifecycle as a stream: the first message commits
 	// (or attaches to) the request, TRACK_EVENT_PREFILL_COMPLETE marks its
@@ -180,7 +182,9 @@ type LocalRouterServer interface {
 	// PotentialLoads reports, per (worker, dp_rank), its load if the prompt
 	// were placed there.
 	PotentialLoads(context.Context, *PotentialLoadsRequest) (*PotentialLoadsResponse, error)
-	// Commit records a request on a worker the caller chose.
+	// Commit records a request on a worker the caller chose, or, without a
+	// worker_id, on the worker the router chooses as BestWorker would, in the
+	// same call (decide-and-commit).
 	Commit(context.Context, *CommitRequest) (*CommitResponse, error)
 	// Track is a request's lifecycle as a stream: the first message commits
 	// (or attaches to) the request, TRACK_EVENT_PREFILL_COMPLETE marks its
