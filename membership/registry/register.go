@@ -31,8 +31,10 @@ import (
 )
 
 // Registration keeps one etcd key (a worker's or a local router's) alive
-// under a lease. If the lease is lost (etcd unreachable longer
-// than the TTL) it registers again with a new lease.
+// under a lease. When the keep-alive breaks (etcd unreachable, restarted)
+// it is re-armed on the same lease, which an etcd restart keeps (etcd
+// renews every lease's TTL when it comes back); only when etcd reports the
+// lease gone does it register again under a new lease.
 type Registration struct {
 	cli    *clientv3.Client
 	key    string
@@ -119,9 +121,16 @@ func (r *Registration) put(ctx, keepCtx context.Context) (<-chan *clientv3.Lease
 	// this lease, Close must revoke this lease, even if Close stops the
 	// keep-alive before it starts.
 	r.mu.Lock()
+	prev := r.lease
 	r.lease = lease.ID
 	r.mu.Unlock()
 	if _, err := r.cli.Put(ctx, r.key, r.value, clientv3.WithLease(lease.ID)); err != nil {
+		// The key is not under the new lease: the lease a re-arm should
+		// try (and Close revoke) is still the previous one. The new one
+		// expires on its own.
+		r.mu.Lock()
+		r.lease = prev
+		r.mu.Unlock()
 		return nil, fmt.Errorf("register %s: put: %w", r.key, err)
 	}
 	ka, err := r.cli.KeepAlive(keepCtx, lease.ID)
@@ -131,35 +140,95 @@ func (r *Registration) put(ctx, keepCtx context.Context) (<-chan *clientv3.Lease
 	return ka, nil
 }
 
+// Lease is the id of the lease the key is held under now (it changes only
+// when etcd reports the previous one gone).
+func (r *Registration) Lease() clientv3.LeaseID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lease
+}
+
+// callTimeout bounds each etcd call of a re-arm: a third of the TTL, at
+// least 500 ms, so that several attempts fit in one TTL.
+func (r *Registration) callTimeout() time.Duration {
+	return max(time.Duration(r.ttl)*time.Second/3, 500*time.Millisecond)
+}
+
+// maxRetryWait caps the wait between re-arm attempts: a quarter of the TTL,
+// at most 1 s, so a lease is re-armed well inside its TTL once etcd is back
+// (etcd restarts leases' TTL clocks when it comes back; a prompt re-arm is
+// what keeps the key).
+func (r *Registration) maxRetryWait() time.Duration {
+	return min(max(time.Duration(r.ttl)*time.Second/4, 100*time.Millisecond), time.Second)
+}
+
+// keep holds the lease until ctx ends. etcd's KeepAlive channel closes on
+// errors (no answer within the TTL, a broken stream); keep then re-arms the
+// keep-alive on the same lease, and only when etcd answers that the lease
+// is gone grants a new one and writes the key again. While etcd cannot be
+// reached there is nothing better to do than to retry: each attempt is
+// bounded by callTimeout and the waits between them by maxRetryWait.
 func (r *Registration) keep(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
 	defer close(r.done)
-	backoff := 100 * time.Millisecond
 	for {
 		for range ka {
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.Warn("lease lost; registering again")
-		for {
-			var err error
-			ka, err = r.put(ctx, ctx)
-			if err == nil {
-				backoff = 100 * time.Millisecond
-				break
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			r.log.Warn("register again", "err", err, "retry_in", backoff)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 5*time.Second)
+		var ok bool
+		if ka, ok = r.rearm(ctx); !ok {
+			return
 		}
 	}
+}
+
+// rearm restores the keep-alive after its channel closed: on the same lease
+// while etcd still holds it, on a new lease (with the key written again)
+// once etcd says it expired. It returns false when ctx ended first.
+func (r *Registration) rearm(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, bool) {
+	wait := 50 * time.Millisecond
+	r.log.Warn("lease keep-alive stopped; re-arming", "lease", int64(r.Lease()))
+	for attempt := 1; ; attempt++ {
+		lease := r.Lease()
+		ka, err := r.rearmOnce(ctx, lease)
+		if err == nil {
+			if attempt > 1 {
+				r.log.Info("lease keep-alive re-armed", "lease", int64(r.Lease()), "attempts", attempt)
+			}
+			return ka, true
+		}
+		if ctx.Err() != nil {
+			return nil, false
+		}
+		if attempt == 1 || attempt%20 == 0 {
+			r.log.Warn("re-arm lease keep-alive", "lease", int64(lease), "attempt", attempt, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, r.maxRetryWait())
+	}
+}
+
+func (r *Registration) rearmOnce(ctx context.Context, lease clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	cctx, cancel := context.WithTimeout(ctx, r.callTimeout())
+	defer cancel()
+	resp, err := r.cli.KeepAliveOnce(cctx, lease)
+	if err == nil && resp.TTL > 0 {
+		return r.cli.KeepAlive(ctx, lease)
+	}
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return nil, err
+	}
+	r.log.Warn("lease expired in etcd; registering under a new lease", "lease", int64(lease))
+	ka, err := r.put(cctx, ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ka, nil
 }
 
 // Close stops the keep-alive and revokes the lease, deleting the key at
