@@ -85,10 +85,29 @@ func (n *NATS) TLSFlags(fs *config.FlagSet) {
 	fs.StringVar(&n.CredsFile, "nats-creds-file", n.CredsFile, "NATS credentials file (JWT and NKey seed)")
 }
 
+// NATS reconnection, the same for every kvgate client.
+const (
+	// NATSReconnectWait is the wait between reconnection attempts (with
+	// NATSReconnectJitter added at random).
+	NATSReconnectWait   = 250 * time.Millisecond
+	NATSReconnectJitter = 100 * time.Millisecond
+	// NATSReconnectBufSize is how many bytes of publishes a disconnected
+	// client buffers (nats.go's default, made explicit); past it publishes
+	// fail, which a Publisher counts towards marking its worker stale.
+	NATSReconnectBufSize = 8 << 20
+)
+
 // Options are the nats.Options of this configuration: TLS, credentials,
-// and reconnection forever (a router or worker outlives any NATS outage).
+// and reconnection forever (nats.MaxReconnects(-1): a router or worker
+// outlives any NATS outage; nats.go's default gives up after 60 attempts,
+// about 2 minutes) every NATSReconnectWait, buffering NATSReconnectBufSize.
 func (n NATS) Options() ([]nats.Option, error) {
-	opts := []nats.Option{nats.MaxReconnects(-1)}
+	opts := []nats.Option{
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(NATSReconnectWait),
+		nats.ReconnectJitter(NATSReconnectJitter, NATSReconnectJitter),
+		nats.ReconnectBufSize(NATSReconnectBufSize),
+	}
 	tc, err := n.TLS.Config(nil)
 	if err != nil {
 		return nil, fmt.Errorf("nats: %w", err)

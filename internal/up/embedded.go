@@ -3,7 +3,6 @@ package up
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -25,10 +24,10 @@ func startEtcd(ctx context.Context, host string) (*etcdServer, error) {
 		return nil, err
 	}
 	s := &etcdServer{Etcd: e, endpoints: e.Endpoints()}
-	s.cli, err = clientv3.New(runner.EtcdConfig(ctx, s.endpoints, nil))
+	s.cli, err = (runner.Etcd{Endpoints: s.endpoints}).Client(ctx)
 	if err != nil {
 		e.Close()
-		return nil, fmt.Errorf("etcd client: %w", err)
+		return nil, err
 	}
 	return s, nil
 }
