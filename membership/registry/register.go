@@ -38,7 +38,7 @@ import (
 type Registration struct {
 	cli    *clientv3.Client
 	key    string
-	value  string
+	value  string // guarded by mu
 	ttl    int64
 	log    *slog.Logger
 	cancel context.CancelFunc
@@ -46,6 +46,12 @@ type Registration struct {
 
 	mu    sync.Mutex
 	lease clientv3.LeaseID
+	// value is the key's value (guarded by mu: SetStale changes it);
+	// info is the worker record it encodes (nil for a router's key);
+	// dirty: value changed but could not be written yet (the next re-arm
+	// writes it).
+	info  *membership.WorkerInfo
+	dirty bool
 }
 
 // Register writes info under its pool's workers prefix with a lease of ttl
@@ -62,7 +68,58 @@ func Register(ctx context.Context, cli *clientv3.Client, pool string, info membe
 	if err != nil {
 		return nil, fmt.Errorf("register: %w", err)
 	}
-	return RegisterKey(ctx, cli, membership.WorkerKey(pool, info.ID), value, ttl, log)
+	r, err := RegisterKey(ctx, cli, membership.WorkerKey(pool, info.ID), value, ttl, log)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.info = &info
+	r.mu.Unlock()
+	return r, nil
+}
+
+// SetStale marks the worker's record stale or not (membership.WorkerInfo.
+// Stale) and writes it under the current lease, each write bounded by a
+// third of the TTL. When etcd cannot be reached the change is kept and
+// written once the keep-alive is re-armed; the error says so. Only for a
+// worker registration (Register).
+func (r *Registration) SetStale(ctx context.Context, stale bool) error {
+	r.mu.Lock()
+	if r.info == nil {
+		r.mu.Unlock()
+		return fmt.Errorf("mark %s stale: not a worker registration", r.key)
+	}
+	if r.info.Stale == stale && !r.dirty {
+		r.mu.Unlock()
+		return nil
+	}
+	r.info.Stale = stale
+	b, err := json.Marshal(*r.info)
+	if err != nil {
+		r.mu.Unlock()
+		return fmt.Errorf("mark %s stale: %w", r.key, err)
+	}
+	r.value, r.dirty = string(b), true
+	r.mu.Unlock()
+	return r.write(ctx)
+}
+
+// write puts the current value under the current lease, clearing dirty.
+func (r *Registration) write(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.callTimeout())
+	defer cancel()
+	r.mu.Lock()
+	value, lease := r.value, r.lease
+	r.mu.Unlock()
+	if _, err := r.cli.Put(ctx, r.key, value, clientv3.WithLease(lease)); err != nil {
+		return fmt.Errorf("update %s (written when etcd is back): %w", r.key, err)
+	}
+	r.mu.Lock()
+	if r.value == value {
+		r.dirty = false
+	}
+	r.mu.Unlock()
+	return nil
 }
 
 // RegisterRouter writes a local router's info under
@@ -123,8 +180,9 @@ func (r *Registration) put(ctx, keepCtx context.Context) (<-chan *clientv3.Lease
 	r.mu.Lock()
 	prev := r.lease
 	r.lease = lease.ID
+	value := r.value
 	r.mu.Unlock()
-	if _, err := r.cli.Put(ctx, r.key, r.value, clientv3.WithLease(lease.ID)); err != nil {
+	if _, err := r.cli.Put(ctx, r.key, value, clientv3.WithLease(lease.ID)); err != nil {
 		// The key is not under the new lease: the lease a re-arm should
 		// try (and Close revoke) is still the previous one. The new one
 		// expires on its own.
@@ -133,6 +191,11 @@ func (r *Registration) put(ctx, keepCtx context.Context) (<-chan *clientv3.Lease
 		r.mu.Unlock()
 		return nil, fmt.Errorf("register %s: put: %w", r.key, err)
 	}
+	r.mu.Lock()
+	if r.value == value {
+		r.dirty = false
+	}
+	r.mu.Unlock()
 	ka, err := r.cli.KeepAlive(keepCtx, lease.ID)
 	if err != nil {
 		return nil, fmt.Errorf("register %s: keep alive: %w", r.key, err)
@@ -218,6 +281,14 @@ func (r *Registration) rearmOnce(ctx context.Context, lease clientv3.LeaseID) (<
 	defer cancel()
 	resp, err := r.cli.KeepAliveOnce(cctx, lease)
 	if err == nil && resp.TTL > 0 {
+		r.mu.Lock()
+		dirty := r.dirty
+		r.mu.Unlock()
+		if dirty {
+			if err := r.write(ctx); err != nil {
+				return nil, err
+			}
+		}
 		return r.cli.KeepAlive(ctx, lease)
 	}
 	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
