@@ -50,8 +50,9 @@ type Registration struct {
 	// info is the worker record it encodes (nil for a router's key);
 	// dirty: value changed but could not be written yet (the next re-arm
 	// writes it).
-	info  *membership.WorkerInfo
-	dirty bool
+	info   *membership.WorkerInfo
+	dirty  bool
+	closed bool
 }
 
 // Register writes info under its pool's workers prefix with a lease of ttl
@@ -88,6 +89,10 @@ func (r *Registration) SetStale(ctx context.Context, stale bool) error {
 	if r.info == nil {
 		r.mu.Unlock()
 		return fmt.Errorf("mark %s stale: not a worker registration", r.key)
+	}
+	if r.closed {
+		r.mu.Unlock()
+		return nil // deregistered: nothing to mark
 	}
 	if r.info.Stale == stale && !r.dirty {
 		r.mu.Unlock()
@@ -307,6 +312,9 @@ func (r *Registration) rearmOnce(ctx context.Context, lease clientv3.LeaseID) (<
 // already gone (lost and not yet replaced) took the key with it: not an
 // error. Close is idempotent.
 func (r *Registration) Close() error {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
 	r.cancel()
 	<-r.done
 	r.mu.Lock()
