@@ -2,6 +2,12 @@
 // worker or a local router under a lease, and following a pool's workers or
 // routers live.
 //
+// A Registration outlives etcd outages: its keep-alive is re-armed on the
+// same lease, each attempt bounded by a timeout, and a new lease is granted
+// only when etcd says the old one is gone. A worker that cannot publish its
+// KV events marks its record stale (Registration.SetStale, fed by a
+// StaleMarker from the publisher).
+//
 // Workers register with Register under membership.WorkerKey(pool, id), a
 // JSON membership.WorkerInfo value (`kvgate relay` for the vLLM or SGLang
 // engine it relays for; `kvgate mocker` for itself). Local routers register
