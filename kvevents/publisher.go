@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,17 @@ type PublisherConfig struct {
 	Logger *slog.Logger
 	// Registerer receives the publisher's metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// OnStale, when set, is told (from the publisher's own goroutine, one
+	// call at a time) when the worker becomes stale, true, and fresh
+	// again, false: stale once its NATS connection has been down, or its
+	// publishes have failed without a success, for StaleAfter (routers
+	// can then no longer follow its cache); fresh once the connection is
+	// up and a flush goes through. The relay and the mocker mark their
+	// registration stale with it (registry.Registration.SetStale).
+	OnStale func(stale bool)
+	// StaleAfter bounds how long publishing may fail before the worker
+	// is stale (default 5 s).
+	StaleAfter time.Duration
 }
 
 // Publisher sends one worker's KV events to its pool's NATS subject, the
@@ -48,9 +60,15 @@ type Publisher struct {
 	sub     *nats.Subscription
 	m       publisherMetrics
 
-	mu       sync.Mutex // guards ranks, dropPage and the order of ids on the wire
+	mu       sync.Mutex // guards ranks, dropPage, failingSince and the order of ids on the wire
 	ranks    map[uint32]*rankState
 	dropPage func(page int) bool // test hook: pages of dump answers not sent
+	// failingSince is the first publish failure since the last success
+	// (zero: the last publish succeeded).
+	failingSince time.Time
+
+	stop chan struct{} // closed by Close: ends watchStale
+	done chan struct{} // closed when watchStale returns
 }
 
 type rankState struct {
@@ -103,6 +121,7 @@ type publisherMetrics struct {
 	dumps     prometheus.Counter
 	dumpPages prometheus.Counter
 	dumpBytes prometheus.Histogram
+	stale     prometheus.Gauge
 }
 
 // ErrPublisherClosed is returned by a closed Publisher.
@@ -134,7 +153,73 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 		return nil, fmt.Errorf("publisher: subscribe to dump requests: %w", err)
 	}
 	p.sub = sub
+	p.stop, p.done = make(chan struct{}), make(chan struct{})
+	if cfg.OnStale != nil {
+		if p.cfg.StaleAfter <= 0 {
+			p.cfg.StaleAfter = 5 * time.Second
+		}
+		go p.watchStale()
+	} else {
+		close(p.done)
+	}
 	return p, nil
+}
+
+// watchStale checks the connection and the publishes every quarter of
+// StaleAfter and tells OnStale when the worker's staleness changes.
+func (p *Publisher) watchStale() {
+	defer close(p.done)
+	every := max(p.cfg.StaleAfter/4, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var downSince time.Time
+	stale := false
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		connected := p.nc.IsConnected()
+		if connected {
+			downSince = time.Time{}
+		} else if downSince.IsZero() {
+			downSince = now
+		}
+		p.mu.Lock()
+		failingSince := p.failingSince
+		p.mu.Unlock()
+		if connected && !failingSince.IsZero() {
+			// Failures with the connection up (a full buffer drained
+			// since): the connection carries publishes again if a
+			// flush goes through.
+			if err := p.nc.FlushTimeout(every); err == nil {
+				p.mu.Lock()
+				if p.failingSince.Equal(failingSince) {
+					p.failingSince = time.Time{}
+				}
+				p.mu.Unlock()
+				failingSince = time.Time{}
+			}
+		}
+		next := (!downSince.IsZero() && now.Sub(downSince) >= p.cfg.StaleAfter) ||
+			(!failingSince.IsZero() && now.Sub(failingSince) >= p.cfg.StaleAfter)
+		if !next && stale && !connected {
+			next = true // fresh again only once connected
+		}
+		if next != stale {
+			stale = next
+			if stale {
+				p.m.stale.Set(1)
+				p.log.Warn("cannot publish KV events; marking the worker stale", "nats_connected", connected, "failing_since", failingSince, "down_since", downSince)
+			} else {
+				p.m.stale.Set(0)
+				p.log.Info("publishing KV events again; the worker is fresh")
+			}
+			p.cfg.OnStale(stale)
+		}
+	}
 }
 
 func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
@@ -160,9 +245,13 @@ func newPublisherMetrics(reg prometheus.Registerer) publisherMetrics {
 			Help:    "Size of dump answers, all pages together.",
 			Buckets: prometheus.ExponentialBuckets(256, 4, 10),
 		}),
+		stale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvgate_publisher_stale",
+			Help: "1 while the worker cannot publish its KV events (PublisherConfig.OnStale), else 0.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.errors, m.dumps, m.dumpPages, m.dumpBytes)
+		reg.MustRegister(m.events, m.errors, m.dumps, m.dumpPages, m.dumpBytes, m.stale)
 	}
 	return m
 }
@@ -225,8 +314,12 @@ func (p *Publisher) Publish(dpRank uint32, ev Event) (RouterEvent, error) {
 	}
 	if err != nil {
 		p.m.errors.Inc()
+		if p.failingSince.IsZero() {
+			p.failingSince = time.Now()
+		}
 		return re, fmt.Errorf("publish %s event %d: %w", kind, re.EventID, err)
 	}
+	p.failingSince = time.Time{}
 	p.m.events.WithLabelValues(kind).Inc()
 	return re, nil
 }
@@ -254,12 +347,18 @@ func (p *Publisher) Blocks(dpRank uint32) map[uint64]struct{} {
 	return out
 }
 
-// Close stops answering dump requests; later publishes fail with
+// Close stops answering dump requests and watching for staleness (OnStale
+// is not called after it returns); later publishes fail with
 // ErrPublisherClosed. It does not close the NATS connection.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
+	closed := p.ranks == nil
 	p.ranks = nil
 	p.mu.Unlock()
+	if !closed {
+		close(p.stop)
+	}
+	<-p.done
 	if err := p.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
 		return fmt.Errorf("publisher: unsubscribe: %w", err)
 	}

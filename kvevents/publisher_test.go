@@ -585,3 +585,53 @@ func BenchmarkDump100k(b *testing.B) {
 	b.ReportMetric(pages/dumps, "pages/op")
 	b.ReportMetric(bytes/dumps/blocks, "wire-B/block")
 }
+
+// TestPublisherStaleWhileNATSDown (issue 13 item 5): a publisher whose
+// connection stays down past StaleAfter reports the worker stale, and fresh
+// again once NATS is back.
+func TestPublisherStaleWhileNATSDown(t *testing.T) {
+	ctx := testenv.Context(t)
+	srv := testenv.StartRestartableNATS(t)
+	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	changes := make(chan bool, 16)
+	pub, err := kvevents.NewPublisher(nc, kvevents.PublisherConfig{
+		Pool: "p", WorkerID: "w1", StaleAfter: 100 * time.Millisecond,
+		OnStale: func(stale bool) { changes <- stale },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.PublishCleared(); err != nil {
+		t.Fatal(err)
+	}
+	want := func(stale bool) {
+		t.Helper()
+		select {
+		case got := <-changes:
+			if got != stale {
+				t.Fatalf("OnStale(%v), want OnStale(%v)", got, stale)
+			}
+		case <-ctx.Done():
+			t.Fatalf("no OnStale(%v)", stale)
+		}
+	}
+	srv.Stop()
+	want(true)
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want(false)
+	if err := pub.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-changes:
+		t.Errorf("OnStale(%v) with nothing changed", got)
+	default:
+	}
+}

@@ -88,6 +88,12 @@ type Router struct {
 	sig   atomic.Pointer[map[WorkerKey]signals.Sample]
 	sigMu sync.Mutex
 
+	// stale holds the workers marked stale (SetWorkerStale): their
+	// events cannot reach the router. An immutable set replaced whole
+	// under staleMu, a leaf lock.
+	stale   atomic.Pointer[map[string]bool]
+	staleMu sync.Mutex
+
 	unknownWorkerEvents atomic.Uint64
 	saturationSkips     atomic.Uint64
 	closed              atomic.Bool
@@ -133,6 +139,9 @@ type scratch struct {
 	// allowed holds the workers (and their slots) Allow admitted.
 	allowed      []WorkerKey
 	allowedSlots []int32
+	// fresh holds the candidates that are not stale.
+	fresh      []WorkerKey
+	freshSlots []int32
 }
 
 // New returns a Router. Close it to stop its sweeper; closing one Router
@@ -164,6 +173,7 @@ func New(cfg Config, opts Options) (*Router, error) {
 	r.log = r.log.With("component", "localrouter")
 	r.members.Store(&members{dp: map[string]int{}})
 	r.sig.Store(&map[WorkerKey]signals.Sample{})
+	r.stale.Store(&map[string]bool{})
 	r.scratch.New = func() any { return &scratch{} }
 	if opts.SweepInterval == 0 {
 		opts.SweepInterval = time.Second
@@ -246,6 +256,33 @@ func (r *Router) AddWorker(id string, dpSize int) {
 	}
 }
 
+// SetWorkerStale marks worker id stale or not. A stale worker stays a
+// member (its requests stay counted, its index part is kept) but BestWorker
+// does not choose it while a fresh candidate is left. The mark is the
+// worker's own (membership.WorkerInfo.Stale: its KV events cannot be
+// published); RemoveWorker clears it.
+func (r *Router) SetWorkerStale(id string, stale bool) {
+	r.staleMu.Lock()
+	defer r.staleMu.Unlock()
+	old := *r.stale.Load()
+	if old[id] == stale {
+		return
+	}
+	next := make(map[string]bool, len(old)+1)
+	for k := range old {
+		next[k] = true
+	}
+	if stale {
+		next[id] = true
+	} else {
+		delete(next, id)
+	}
+	r.stale.Store(&next)
+}
+
+// WorkerStale reports whether worker id is marked stale.
+func (r *Router) WorkerStale(id string) bool { return (*r.stale.Load())[id] }
+
 // RemoveWorker removes worker id: its index entries and active requests are
 // dropped. It returns the ids of the requests it freed.
 func (r *Router) RemoveWorker(id string) []string {
@@ -259,6 +296,7 @@ func (r *Router) RemoveWorker(id string) []string {
 	r.memMu.Unlock()
 	r.index.RemoveWorker(id)
 	r.setSignals(id, nil, false)
+	r.SetWorkerStale(id, false)
 	return r.active.RemoveWorker(id)
 }
 
@@ -537,6 +575,21 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			return routing.Selection{}, fmt.Errorf("%w (%d workers)", ErrNoAllowedWorker, len(workers))
 		}
 		workers, slots = s.allowed, s.allowedSlots
+	}
+	// Stale workers (their KV events cannot reach the router, so their
+	// index part is frozen) are no candidates, unless every candidate is
+	// stale (NATS itself is down): then routing goes on by load rather
+	// than refusing. A pinned worker is taken as asked.
+	if st := *r.stale.Load(); len(st) > 0 && opts.Worker == nil {
+		s.fresh, s.freshSlots = s.fresh[:0], s.freshSlots[:0]
+		for i, k := range workers {
+			if !st[k.ID] {
+				s.fresh, s.freshSlots = append(s.fresh, k), append(s.freshSlots, slots[i])
+			}
+		}
+		if len(s.fresh) > 0 {
+			workers, slots = s.fresh, s.freshSlots
+		}
 	}
 	isl, err := r.prepare(&req, s)
 	if err != nil {

@@ -70,6 +70,11 @@ type WorkerInfo struct {
 	// the local router for engine signals ("": http://<Address>/metrics,
 	// where vLLM, SGLang and the mocker serve it).
 	MetricsURL string `json:"metrics_url,omitempty"`
+	// Stale is set by the worker while it cannot publish its KV events
+	// (NATS unreachable, publishes failing): routers keep it a member
+	// (its in-flight requests stay counted) but send it no new requests
+	// while a fresh worker is left, and ask it for a dump when it clears.
+	Stale bool `json:"stale,omitempty"`
 }
 
 // MetricsEndpoint is MetricsURL, or the default derived from Address.

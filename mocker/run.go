@@ -61,6 +61,9 @@ type RunConfig struct {
 	// EtcdTLS is the etcd client's TLS.
 	EtcdTLS  tlsconfig.Client
 	LeaseTTL time.Duration
+	// StaleAfter is how long publishing KV events over NATS may fail
+	// before the registration is marked stale (default 5 s).
+	StaleAfter time.Duration
 }
 
 // RunDeps are optional ready-made dependencies (tests, `kvgate up`).
@@ -199,6 +202,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	dpSize := max(cfg.Server.DPSize, 1)
 	var sink KVSink
 	var sinks []KVSink
+	stale := &registry.StaleMarker{Logger: log}
 	switch cfg.Events {
 	case EventsZMQ:
 		// One PUB socket per rank, as vLLM binds one per data-parallel
@@ -242,7 +246,9 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 			}
 			closers = append(closers, nc.Close)
 		}
-		pcfg := kvevents.PublisherConfig{Pool: cfg.Pool, WorkerID: cfg.WorkerID, Logger: log}
+		// A worker that cannot publish marks its registration stale
+		// (attached below), so routers stop sending it requests.
+		pcfg := kvevents.PublisherConfig{Pool: cfg.Pool, WorkerID: cfg.WorkerID, Logger: log, StaleAfter: cfg.StaleAfter, OnStale: stale.OnStale}
 		if deps.Registry != nil { // a typed nil in the interface would be "a registry"
 			pcfg.Registerer = deps.Registry
 		}
@@ -289,6 +295,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 				log.Warn("deregister", "err", err)
 			}
 		})
+		stale.Attach(reg)
 	}
 
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}

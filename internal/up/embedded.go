@@ -3,13 +3,11 @@ package up
 import (
 	"context"
 	"errors"
-	"fmt"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/kvgate/kvgate/internal/embedded"
+	"github.com/kvgate/kvgate/internal/runner"
 )
 
 // etcdServer is the embedded etcd (restartable on the same port and data)
@@ -26,10 +24,10 @@ func startEtcd(ctx context.Context, host string) (*etcdServer, error) {
 		return nil, err
 	}
 	s := &etcdServer{Etcd: e, endpoints: e.Endpoints()}
-	s.cli, err = clientv3.New(clientv3.Config{Endpoints: s.endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	s.cli, err = (runner.Etcd{Endpoints: s.endpoints}).Client(ctx)
 	if err != nil {
 		e.Close()
-		return nil, fmt.Errorf("etcd client: %w", err)
+		return nil, err
 	}
 	return s, nil
 }

@@ -42,6 +42,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/embedded"
+	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
@@ -266,8 +267,8 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if s.nats, err = embedded.StartNATS(cfg.Host); err != nil {
 		return nil, err
 	}
-	if s.nc, err = nats.Connect(s.nats.URL(), nats.Name("kvgate-up")); err != nil {
-		return nil, fmt.Errorf("nats: %w", err)
+	if s.nc, err = (runner.NATS{URL: s.nats.URL()}).Connect("kvgate-up", cfg.Logger); err != nil {
+		return nil, err
 	}
 
 	tok, err := tokenizer.Load(tokenizer.Config{Model: cfg.Model, Backend: tokenizer.BackendOpenAI, Encoding: "cl100k_base", Logger: cfg.Logger})

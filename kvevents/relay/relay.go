@@ -72,6 +72,9 @@ type Config struct {
 	Register bool
 	// LeaseTTL is the registration lease (10 s).
 	LeaseTTL time.Duration
+	// StaleAfter is how long publishing may fail before the registration
+	// is marked stale (kvevents.PublisherConfig.StaleAfter, default 5 s).
+	StaleAfter time.Duration
 	// LoRANames maps the engine's adapter ids to names (see
 	// kvevents.EngineDecoderConfig.LoRANames), for engines that send only
 	// lora_id.
@@ -225,9 +228,17 @@ func New(cfg Config, opts Options) (*Relay, error) {
 // The engine need not be up yet: the subscriber dials until it is, and
 // reconnects when it restarts.
 func (r *Relay) Run(ctx context.Context) error {
-	pub, err := kvevents.NewPublisher(r.opts.NATS, kvevents.PublisherConfig{
+	// A relay that cannot publish marks its registration stale, so
+	// routers stop sending it requests they could not follow.
+	stale := &registry.StaleMarker{Logger: r.log}
+	pcfg := kvevents.PublisherConfig{
 		Pool: r.cfg.Pool, WorkerID: r.cfg.Worker.ID, Logger: r.opts.Logger, Registerer: r.opts.Registerer,
-	})
+		StaleAfter: r.cfg.StaleAfter,
+	}
+	if r.cfg.Register {
+		pcfg.OnStale = stale.OnStale
+	}
+	pub, err := kvevents.NewPublisher(r.opts.NATS, pcfg)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
@@ -240,10 +251,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			return fmt.Errorf("relay: %w", err)
 		}
 		defer func() {
+			pub.Close() // no staleness write races the deregistration
 			if err := reg.Close(); err != nil {
 				r.log.Warn("deregister", "err", err)
 			}
 		}()
+		stale.Attach(reg)
 	}
 
 	// One subscriber per endpoint feeds a single handling loop, so events

@@ -10,7 +10,9 @@
 // max_payload bounds one message); RequestDump hands over only a whole
 // dump, so a lost page is a failed dump like any other. A worker without a
 // dump responder, or whose dump failed, is followed from the live stream as
-// it is, and asked again later with backoff.
+// it is, and asked again later with backoff. When the NATS connection comes
+// back after an outage every worker is asked for a dump (Resync): what was
+// published meanwhile is lost, and an idle worker would never reveal it.
 //
 // An id 1 on a rank that has seen events is taken for a restart. The dump
 // reply and the live events travel on different subjects, so an event the
@@ -67,6 +69,7 @@ type Stats struct {
 	Dumps       uint64 // dumps applied
 	DumpErrors  uint64 // dump requests that failed
 	HeldDropped uint64 // held events dropped past MaxHeld
+	Reconnects  uint64 // NATS reconnections, each followed by a Resync
 }
 
 // Subscriber applies a pool's KV events to a Target.
@@ -80,6 +83,7 @@ type Subscriber struct {
 	opts   Options
 	log    *slog.Logger
 	sub    *nats.Subscription
+	status chan nats.Status // reconnections (see watchReconnects)
 
 	ctx    context.Context // cancelled by Close; bounds dump requests
 	cancel context.CancelFunc
@@ -90,7 +94,7 @@ type Subscriber struct {
 	gen     uint64 // last dump generation handed out (see startDump)
 	closed  bool
 
-	received, applied, rejected, invalid, stale, gaps, dumps, dumpErrors, heldDropped atomic.Uint64
+	received, applied, rejected, invalid, stale, gaps, dumps, dumpErrors, heldDropped, reconnects atomic.Uint64
 }
 
 type workerState struct {
@@ -153,7 +157,62 @@ func New(nc *nats.Conn, target Target, opts Options) (*Subscriber, error) {
 		return nil, fmt.Errorf("events: %w", err)
 	}
 	s.sub = sub
+	s.status = nc.StatusChanged(nats.CONNECTED)
+	s.wg.Add(1)
+	go s.watchReconnects()
 	return s, nil
+}
+
+// watchReconnects resynchronises every worker after the connection comes
+// back: nats.go resubscribes by itself, but the events published while the
+// router was away are lost, and an idle worker's next event (the gap that
+// would reveal the loss) may never come.
+func (s *Subscriber) watchReconnects() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case st, ok := <-s.status:
+			if !ok {
+				return
+			}
+			if st == nats.CONNECTED {
+				s.reconnects.Add(1)
+				s.log.Info("nats reconnected; asking every worker for a dump")
+				s.Resync()
+			}
+		}
+	}
+}
+
+// Resync asks workers ids (none: every worker followed) for a dump and
+// rebuilds their index parts from it; a worker whose dump is in flight is
+// asked again once it ends (the answer may predate what was lost).
+func (s *Subscriber) Resync(ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	resync := func(w *workerState) {
+		if w.dumping {
+			w.redump = true
+			return
+		}
+		s.startDump(w)
+	}
+	if len(ids) == 0 {
+		for _, w := range s.workers {
+			resync(w)
+		}
+		return
+	}
+	for _, id := range ids {
+		if w := s.workers[id]; w != nil {
+			resync(w)
+		}
+	}
 }
 
 // Close unsubscribes, cancels dumps in flight and waits for them.
@@ -170,6 +229,7 @@ func (s *Subscriber) Close() error {
 		}
 	}
 	s.mu.Unlock()
+	s.nc.RemoveStatusListener(s.status)
 	err := s.sub.Unsubscribe()
 	if errors.Is(err, nats.ErrConnectionClosed) {
 		err = nil
@@ -184,7 +244,7 @@ func (s *Subscriber) Stats() Stats {
 	return Stats{
 		Received: s.received.Load(), Applied: s.applied.Load(), Rejected: s.rejected.Load(),
 		Invalid: s.invalid.Load(), Stale: s.stale.Load(), Gaps: s.gaps.Load(), Dumps: s.dumps.Load(),
-		DumpErrors: s.dumpErrors.Load(), HeldDropped: s.heldDropped.Load(),
+		DumpErrors: s.dumpErrors.Load(), HeldDropped: s.heldDropped.Load(), Reconnects: s.reconnects.Load(),
 	}
 }
 

@@ -239,8 +239,17 @@ var (
 
 func (m *workerSet) WorkerUp(info membership.WorkerInfo) {
 	m.router.AddWorker(info.ID, info.DPSize)
+	wasStale := m.router.WorkerStale(info.ID)
+	m.router.SetWorkerStale(info.ID, info.Stale)
+	if wasStale != info.Stale {
+		m.log.Warn("worker staleness changed (it cannot publish KV events while stale)", "worker", info.ID, "stale", info.Stale)
+	}
 	if m.sub != nil {
 		m.sub.WorkerUp(info.ID)
+		if wasStale && !info.Stale {
+			// What it published while stale may be lost.
+			m.sub.Resync(info.ID)
+		}
 	}
 	m.srv.UpdateHealth()
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
@@ -365,4 +366,43 @@ func TestReflectionListsTheServices(t *testing.T) {
 		}
 	}
 	_ = stream.CloseSend()
+}
+
+// TestStaleWorkerGetsNoRequests (issue 13 item 5): a worker whose record is
+// marked stale (it cannot publish KV events) stays a member, its requests
+// still counted, but is not chosen while a fresh worker is left; cleared,
+// it is chosen again.
+func TestStaleWorkerGetsNoRequests(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config("stale")
+	cfg.Router.UseKVEvents = false
+	svc, c, _ := e.start(cfg)
+	e.putWorker("stale", worker("w1"), 0)
+	e.putWorker("stale", worker("w2"), 0)
+	waitWorkers(t, svc, "w1", "w2")
+	ctx := testenv.Context(t)
+	p := client.TokenPrompt(seqTokens(0, 64))
+	if _, err := c.Commit(ctx, "req-1", localrouter.WorkerKey{ID: "w1"}, p); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	stale := worker("w1")
+	stale.Stale = true
+	e.putWorker("stale", stale, 0)
+	testenv.Eventually(t, 30*time.Second, func() (string, bool) {
+		return "w1 not marked stale", svc.Router().WorkerStale("w1")
+	})
+	for i := range 10 {
+		sel, err := c.BestWorker(ctx, client.TokenPrompt(seqTokens(i*1000, 64)), client.BestWorkerOptions{})
+		if err != nil || sel.WorkerID != "w2" {
+			t.Fatalf("BestWorker with w1 stale = %+v, %v; want w2", sel, err)
+		}
+	}
+	if err := c.Free(ctx, "req-1"); err != nil {
+		t.Errorf("Free of a stale worker's request: %v, want nil (still counted)", err)
+	}
+	e.putWorker("stale", worker("w1"), 0)
+	testenv.Eventually(t, 30*time.Second, func() (string, bool) {
+		return "w1 still stale", !svc.Router().WorkerStale("w1")
+	})
+	waitWorkers(t, svc, "w1", "w2")
 }
