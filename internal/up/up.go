@@ -362,7 +362,6 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	s.extprocStop, s.extprocDone = xstop, make(chan error, 1)
 	go func() { s.extprocDone <- xsrv.Serve(xctx, xlis, xopts...) }()
 	s.Live = status.New(status.Options{Source: s.liveSnapshot, Recorder: s.Decisions})
-	go s.Live.Run(xctx) // samples the hit rates until Close
 
 	if s.conn, err = grpc.NewClient(s.extprocAddr, grpc.WithTransportCredentials(xclient)); err != nil {
 		return nil, fmt.Errorf("ext_proc client: %w", err)
@@ -396,6 +395,8 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
 	s.adminAddr = alis.Addr().String()
+	// The sampler reads the addresses above: it starts once they are set.
+	go s.Live.Run(xctx) // samples the hit rates until Close
 	s.adminHTTP = &http.Server{Handler: s.statusHandler(), ReadHeaderTimeout: 10 * time.Second}
 	s.adminDone = make(chan error, 1)
 	go func() { s.adminDone <- s.adminHTTP.Serve(alis) }()
