@@ -193,11 +193,20 @@ func (r *Router) mover(p *prepared) func(ctx context.Context, to Endpoint, refus
 		if pe == nil {
 			return nil, fmt.Errorf("pool %q is no longer configured", to.Pool)
 		}
+		// The moved request has an id of its own: a fallback in the
+		// primary's pool is usually on the same local router, which still
+		// holds p.id until the primary's tracker is freed and would refuse
+		// it as already active (the request then counted nowhere).
+		id := p.id + movedSuffix
 		return pe.p.CommitAsync(ctx, to.Router, pool.Commit{
-			RequestID: p.id, WorkerID: to.WorkerID, DPRank: to.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
-		}, r.committed(p.id, to.Pool, to.WorkerID, refused))
+			RequestID: id, WorkerID: to.WorkerID, DPRank: to.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
+		}, r.committed(id, to.Pool, to.WorkerID, refused))
 	}
 }
+
+// movedSuffix marks the id of a request committed again on the worker that
+// served it (a request moves at most once).
+const movedSuffix = "~served"
 
 // movableTracker wraps a decision's main tracker so the request can move
 // to a fallback; decisions without fallbacks keep the tracker as it is.
