@@ -16,9 +16,10 @@ import (
 )
 
 // lifecycleMethods change a router's state on a caller's word: under mutual
-// TLS they are authorised by the caller's certificate. Probes (BestWorker,
-// PotentialLoads, Workers, Stats) and health stay open to any client the
-// TLS layer let in.
+// TLS they are authorised by the caller's certificate, as is a BestWorker
+// that records its request or the approximate index (changesState). Pure
+// probes (BestWorker without either, PotentialLoads, Workers, Stats) and
+// health stay open to any client the TLS layer let in.
 var lifecycleMethods = map[string]bool{
 	localrouterv1.LocalRouter_Commit_FullMethodName:              true,
 	localrouterv1.LocalRouter_Track_FullMethodName:               true,
@@ -32,8 +33,21 @@ var lifecycleMethods = map[string]bool{
 // name).
 type authorizer struct{ allowed []string }
 
-func (a authorizer) check(ctx context.Context, method string) error {
-	if !lifecycleMethods[method] {
+// changesState reports whether a call changes the router's state: a
+// lifecycle method, or a BestWorker that records its request (request_id)
+// or writes the approximate index (update_indexer) — a probe in name only.
+func changesState(method string, req any) bool {
+	if lifecycleMethods[method] {
+		return true
+	}
+	if bw, ok := req.(*localrouterv1.BestWorkerRequest); ok && method == localrouterv1.LocalRouter_BestWorker_FullMethodName {
+		return bw.GetRequestId() != "" || bw.GetUpdateIndexer()
+	}
+	return false
+}
+
+func (a authorizer) check(ctx context.Context, method string, req any) error {
+	if !changesState(method, req) {
 		return nil
 	}
 	for _, n := range peerNames(ctx) {
@@ -47,7 +61,7 @@ func (a authorizer) check(ctx context.Context, method string) error {
 
 func (a authorizer) unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if err := a.check(ctx, info.FullMethod); err != nil {
+		if err := a.check(ctx, info.FullMethod, req); err != nil {
 			return nil, err
 		}
 		return h(ctx, req)
@@ -56,7 +70,7 @@ func (a authorizer) unary() grpc.UnaryServerInterceptor {
 
 func (a authorizer) stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if err := a.check(ss.Context(), info.FullMethod); err != nil {
+		if err := a.check(ss.Context(), info.FullMethod, nil); err != nil {
 			return err
 		}
 		return h(srv, ss)

@@ -119,6 +119,15 @@ func TestMutualTLSAuthorisesLifecycleCalls(t *testing.T) {
 		_, err = tr.Recv()
 		refused("Track", err)
 	}
+	// A BestWorker that records its request or the approximate index is a
+	// commit in a probe's clothing.
+	_, err = intruder.BestWorker(ctx, &localrouterv1.BestWorkerRequest{Prompt: &localrouterv1.Prompt{TokenIds: []uint32{1, 2, 3}}, RequestId: "phantom"})
+	refused("BestWorker with a request id", err)
+	_, err = intruder.BestWorker(ctx, &localrouterv1.BestWorkerRequest{Prompt: &localrouterv1.Prompt{TokenIds: []uint32{1, 2, 3}}, UpdateIndexer: true})
+	refused("BestWorker updating the indexer", err)
+	if _, err := intruder.BestWorker(ctx, &localrouterv1.BestWorkerRequest{Prompt: &localrouterv1.Prompt{TokenIds: []uint32{1, 2, 3}}}); status.Code(err) == codes.PermissionDenied {
+		t.Errorf("intruder BestWorker (a pure probe): %v, want it past authorisation", err)
+	}
 	if _, err := intruder.Workers(ctx, &localrouterv1.WorkersRequest{}); err != nil {
 		t.Errorf("intruder Workers (a probe): %v", err)
 	}
