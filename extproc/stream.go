@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -370,12 +371,34 @@ func (x *exchange) connectFailures(served string) {
 		hr.Served(d.Primary.Pool, served)
 		return
 	}
-	for _, e := range append([]globalrouter.Endpoint{d.Primary}, d.Fallbacks...) {
-		if e.Address == served {
-			return
-		}
+	tried := append([]globalrouter.Endpoint{d.Primary}, d.Fallbacks...)
+	i := slices.IndexFunc(tried, func(e globalrouter.Endpoint) bool { return e.Address == served })
+	if i < 0 {
+		// Served from outside the list (override_host fell back to its
+		// round robin, e.g. while the cluster's hosts lag the workers'):
+		// nothing says the listed endpoints refused anything.
+		return
+	}
+	for _, e := range tried[:i] {
 		hr.ConnectFailed(e.Pool, e.Address)
 	}
+}
+
+// workerConnectFailure reports whether a local reply's body blames the
+// upstream worker: Envoy's "upstream connect error ... reset reason: X"
+// with X a connection failure, timeout or termination. An overflow is
+// Envoy's own circuit breaker, a local reset Envoy's own doing: neither
+// says anything about the worker's health.
+func workerConnectFailure(body []byte) bool {
+	if !bytes.HasPrefix(body, []byte("upstream connect error")) {
+		return false
+	}
+	for _, reason := range []string{"connection failure", "connection timeout", "connection termination"} {
+		if bytes.Contains(body, []byte("reset reason: "+reason)) {
+			return true
+		}
+	}
+	return false
 }
 
 // localReplyConnectFailure reports the primary when a 503's body is
@@ -383,7 +406,7 @@ func (x *exchange) connectFailures(served string) {
 // answered, so the worker is at fault, not the request).
 func (x *exchange) localReplyConnectFailure(body []byte) {
 	x.localReply503 = false
-	if !bytes.HasPrefix(body, []byte("upstream connect error")) {
+	if !workerConnectFailure(body) {
 		return
 	}
 	if hr, ok := x.s.decider.(globalrouter.HealthReporter); ok {
