@@ -165,12 +165,9 @@ func (cs *chanStream) runProbe(p *chanProbe) {
 func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe) (*localrouterv1.Selection, error) {
 	prompt := in.GetPrompt()
 	if packed := in.GetPackedHashes(); len(packed) > 0 {
-		if len(packed)%8 != 0 {
-			return nil, fmt.Errorf("%w: packed_hashes is %d bytes, not a multiple of 8", errInvalidArgument, len(packed))
-		}
-		hashes := make([]uint64, len(packed)/8)
-		for i := range hashes {
-			hashes[i] = binary.LittleEndian.Uint64(packed[i*8:])
+		hashes, err := unpackHashes(packed)
+		if err != nil {
+			return nil, err
 		}
 		cp := &localrouterv1.Prompt{
 			BlockHashes: hashes, BlockSize: prompt.GetBlockSize(),
@@ -188,6 +185,18 @@ func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe) (*lo
 		return nil, err
 	}
 	return s.withSignals(s.selection(sel), &rep), nil
+}
+
+// unpackHashes decodes packed_hashes: little-endian u64s, 8 bytes each.
+func unpackHashes(packed []byte) ([]uint64, error) {
+	if len(packed)%8 != 0 {
+		return nil, fmt.Errorf("%w: packed_hashes is %d bytes, not a multiple of 8", errInvalidArgument, len(packed))
+	}
+	hashes := make([]uint64, len(packed)/8)
+	for i := range hashes {
+		hashes[i] = binary.LittleEndian.Uint64(packed[i*8:])
+	}
+	return hashes, nil
 }
 
 // commit records a request on the stream's behalf.
