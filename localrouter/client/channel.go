@@ -409,18 +409,18 @@ func (ch *Channel) CommitAsync(ctx context.Context, id string, worker localroute
 		// The receiver told committed of the break: a tracker of a
 		// broken stream, which frees nothing more.
 	}
-	return &ChannelTracker{s: s, id: id}, nil
+	return &ChannelTracker{s: s, commitID: mid}, nil
 }
 
 // event sends a lifecycle event and waits, within ctx, for its ack.
-func (s *chanSession) event(ctx context.Context, rid string, ev localrouterv1.TrackEvent) error {
+func (s *chanSession) event(ctx context.Context, commitID uint64, ev localrouterv1.TrackEvent) error {
 	c := callPool.Get().(*chanCall)
 	id, err := s.register(c)
 	if err != nil {
 		callPool.Put(c)
 		return err
 	}
-	if err := s.send(&localrouterv1.ChannelRequest{Id: id, Msg: &localrouterv1.ChannelRequest_Event{Event: &localrouterv1.ChannelEvent{RequestId: rid, Event: ev}}}); err != nil {
+	if err := s.send(&localrouterv1.ChannelRequest{Id: id, Msg: &localrouterv1.ChannelRequest_Event{Event: &localrouterv1.ChannelEvent{CommitId: commitID, Event: ev}}}); err != nil {
 		if _, ok := s.take(id); ok {
 			callPool.Put(c)
 		}
@@ -450,8 +450,8 @@ func (s *chanSession) event(ctx context.Context, rid string, ev localrouterv1.Tr
 // or the stream's end freed it). ctx bounds the wait for the router's
 // acknowledgement.
 type ChannelTracker struct {
-	s  *chanSession
-	id string
+	s        *chanSession
+	commitID uint64 // the commit's message id, which events name
 
 	mu          sync.Mutex
 	prefillSent bool
@@ -471,7 +471,7 @@ func (t *ChannelTracker) PrefillComplete(ctx context.Context) error {
 	}
 	t.prefillSent = true
 	t.mu.Unlock()
-	if err := t.s.event(ctx, t.id, localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE); err != nil {
+	if err := t.s.event(ctx, t.commitID, localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE); err != nil {
 		return fmt.Errorf("prefill complete: %w", err)
 	}
 	return nil
@@ -483,7 +483,7 @@ func (t *ChannelTracker) Free(ctx context.Context) error {
 		t.mu.Lock()
 		t.freeSent = true
 		t.mu.Unlock()
-		err := t.s.event(ctx, t.id, localrouterv1.TrackEvent_TRACK_EVENT_FREE)
+		err := t.s.event(ctx, t.commitID, localrouterv1.TrackEvent_TRACK_EVENT_FREE)
 		switch {
 		case err == nil, errors.Is(err, errStreamEnded), errors.Is(err, localrouter.ErrUnknownRequest):
 			// Freed; or by the stream's end; or never committed.

@@ -201,6 +201,33 @@ func TestChannelCommitLifecycle(t *testing.T) {
 	if err := tr.Free(ctx); err != nil {
 		t.Errorf("Free of a refused commit: %v", err)
 	}
+
+	// A refused duplicate's events leave the request it duplicated alone.
+	first, err := ch.CommitAsync(ctx, "dup", localrouter.WorkerKey{ID: "w1"}, client.TokenPrompt(prompt(0, 64)), func(_ routing.Selection, err error) { answers <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-answers; err != nil {
+		t.Fatal(err)
+	}
+	dup, err := ch.CommitAsync(ctx, "dup", localrouter.WorkerKey{ID: "w2"}, client.TokenPrompt(prompt(0, 64)), func(_ routing.Selection, err error) { answers <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-answers; !errors.Is(err, localrouter.ErrDuplicateRequest) {
+		t.Errorf("duplicate commit: answer %v, want ErrDuplicateRequest", err)
+	}
+	if err := dup.PrefillComplete(ctx); err == nil {
+		t.Error("PrefillComplete of a refused duplicate succeeded")
+	}
+	if err := dup.Free(ctx); err != nil {
+		t.Errorf("Free of a refused duplicate: %v", err)
+	}
+	waitActive(t, p.router, 1)
+	if err := first.Free(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitActive(t, p.router, 0)
 }
 
 // Break means free: every request committed on a channel and not freed is
@@ -350,7 +377,7 @@ func TestChannelServerErrors(t *testing.T) {
 		t.Errorf("probe of 3 packed bytes: answer %v, want id 7, INVALID_ARGUMENT", r)
 	}
 	r = send(&localrouterv1.ChannelRequest{Id: 8, Msg: &localrouterv1.ChannelRequest_Event{Event: &localrouterv1.ChannelEvent{
-		RequestId: "nobody", Event: localrouterv1.TrackEvent_TRACK_EVENT_FREE}}})
+		CommitId: 3, Event: localrouterv1.TrackEvent_TRACK_EVENT_FREE}}})
 	if r.GetId() != 8 || r.GetError().GetReason() != localrouterv1.ReasonUnknownRequest {
 		t.Errorf("free of an unknown request: answer %v, want id 8, reason %s", r, localrouterv1.ReasonUnknownRequest)
 	}

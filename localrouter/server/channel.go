@@ -52,8 +52,9 @@ type chanStream struct {
 	queued map[uint64]*chanProbe // probes read and not yet started
 
 	// committed are the requests committed on this stream and not yet
-	// freed: the reader's own (commits and events run on it, in order).
-	committed map[string]struct{}
+	// freed, by the id of the message that committed them: the reader's
+	// own (commits and events run on it, in order).
+	committed map[uint64]string
 	// pruneAt is the size of committed at which the requests the router
 	// expired (or freed by a call outside the stream) are dropped from it.
 	pruneAt int
@@ -70,7 +71,7 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 	defer s.channelStreams.Add(-1)
 	cs := &chanStream{
 		s: s, stream: stream, ctx: stream.Context(),
-		queued: make(map[uint64]*chanProbe), committed: make(map[string]struct{}), pruneAt: channelPruneMin,
+		queued: make(map[uint64]*chanProbe), committed: make(map[uint64]string), pruneAt: channelPruneMin,
 	}
 	// Freed however the stream ends; its context may be gone already.
 	defer cs.freeAll()
@@ -205,11 +206,11 @@ func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
 	if err != nil {
 		return cs.fail(id, err)
 	}
-	cs.committed[in.GetRequestId()] = struct{}{}
+	cs.committed[id] = in.GetRequestId()
 	if len(cs.committed) >= cs.pruneAt {
-		for rid := range cs.committed {
+		for cid, rid := range cs.committed {
 			if _, ok := cs.s.r.Active().Has(rid); !ok {
-				delete(cs.committed, rid)
+				delete(cs.committed, cid)
 			}
 		}
 		cs.pruneAt = 2*len(cs.committed) + channelPruneMin
@@ -217,15 +218,18 @@ func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
 	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Selection{Selection: cs.s.selection(sel)}})
 }
 
-// event applies a lifecycle event.
+// event applies a lifecycle event to a request committed on the stream.
 func (cs *chanStream) event(id uint64, in *localrouterv1.ChannelEvent) error {
-	rid := in.GetRequestId()
+	rid, ok := cs.committed[in.GetCommitId()]
+	if !ok {
+		return cs.fail(id, fmt.Errorf("%w: no request committed by message %d on this stream", localrouter.ErrUnknownRequest, in.GetCommitId()))
+	}
 	var err error
 	switch in.GetEvent() {
 	case localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE:
 		err = cs.s.markPrefillComplete(cs.ctx, rid)
 	case localrouterv1.TrackEvent_TRACK_EVENT_FREE:
-		delete(cs.committed, rid)
+		delete(cs.committed, in.GetCommitId())
 		err = cs.s.free(cs.ctx, rid)
 	default:
 		err = fmt.Errorf("%w: unknown channel event %v", errInvalidArgument, in.GetEvent())
@@ -240,7 +244,7 @@ func (cs *chanStream) event(id uint64, in *localrouterv1.ChannelEvent) error {
 func (cs *chanStream) freeAll() {
 	ctx := context.WithoutCancel(cs.ctx)
 	n := 0
-	for rid := range cs.committed {
+	for _, rid := range cs.committed {
 		if err := cs.s.free(ctx, rid); err == nil {
 			n++
 		}

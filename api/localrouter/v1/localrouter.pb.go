@@ -2276,7 +2276,7 @@ type ChannelRequest_Commit struct {
 }
 
 type ChannelRequest_Event struct {
-	// PREFILL_COMPLETE or FREE of a request (committed on any stream).
+	// PREFILL_COMPLETE or FREE of a request committed on this stream.
 	Event *ChannelEvent `protobuf:"bytes,4,opt,name=event,proto3,oneof"`
 }
 
@@ -2370,8 +2370,12 @@ func (x *ChannelProbe) GetTimeoutUs() uint32 {
 }
 
 type ChannelEvent struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The id of the ChannelRequest that committed the request on this
+	// stream (a commit the server refused, or one of another stream, is
+	// NOT_FOUND: nothing changes, so a refused duplicate never frees the
+	// request it duplicated).
+	CommitId uint64 `protobuf:"varint,1,opt,name=commit_id,json=commitId,proto3" json:"commit_id,omitempty"`
 	// TRACK_EVENT_PREFILL_COMPLETE or TRACK_EVENT_FREE.
 	Event         TrackEvent `protobuf:"varint,2,opt,name=event,proto3,enum=kvgate.localrouter.v1.TrackEvent" json:"event,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2408,11 +2412,11 @@ func (*ChannelEvent) Descriptor() ([]byte, []int) {
 	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{30}
 }
 
-func (x *ChannelEvent) GetRequestId() string {
+func (x *ChannelEvent) GetCommitId() uint64 {
 	if x != nil {
-		return x.RequestId
+		return x.CommitId
 	}
-	return ""
+	return 0
 }
 
 func (x *ChannelEvent) GetEvent() TrackEvent {
@@ -2892,10 +2896,9 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x0fconfig_override\x18\x02 \x01(\v2%.kvgate.localrouter.v1.ConfigOverrideR\x0econfigOverride\x12#\n" +
 	"\rpacked_hashes\x18\x03 \x01(\fR\fpackedHashes\x12\x1d\n" +
 	"\n" +
-	"timeout_us\x18\x04 \x01(\rR\ttimeoutUs\"f\n" +
-	"\fChannelEvent\x12\x1d\n" +
-	"\n" +
-	"request_id\x18\x01 \x01(\tR\trequestId\x127\n" +
+	"timeout_us\x18\x04 \x01(\rR\ttimeoutUs\"d\n" +
+	"\fChannelEvent\x12\x1b\n" +
+	"\tcommit_id\x18\x01 \x01(\x04R\bcommitId\x127\n" +
 	"\x05event\x18\x02 \x01(\x0e2!.kvgate.localrouter.v1.TrackEventR\x05event\"\x1f\n" +
 	"\rChannelCancel\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"T\n" +
