@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -308,11 +309,7 @@ func ctxError(ctx context.Context) error {
 func (s *chanSession) probeProto(ctx context.Context, p Prompt, o BestWorkerOptions) *localrouterv1.ChannelProbe {
 	out := &localrouterv1.ChannelProbe{ConfigOverride: overrideProto(o.Override)}
 	if s.packed && len(p.BlockHashes) > 0 {
-		buf := make([]byte, 8*len(p.BlockHashes))
-		for i, h := range p.BlockHashes {
-			binary.LittleEndian.PutUint64(buf[8*i:], h)
-		}
-		out.PackedHashes = buf
+		out.PackedHashes = packHashes(p.BlockHashes)
 		out.Prompt = &localrouterv1.Prompt{BlockSize: uint32(p.BlockSize), IslTokens: uint32(p.ISL), LoraName: p.LoRAName}
 	} else {
 		out.Prompt = p.proto()
@@ -322,6 +319,23 @@ func (s *chanSession) probeProto(ctx context.Context, p Prompt, o BestWorkerOpti
 		out.TimeoutUs = uint32(min(max(us, 1), math.MaxUint32))
 	}
 	return out
+}
+
+// littleEndian: the host's u64s are laid out as packed_hashes is.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// packHashes is hashes as packed_hashes. On a little-endian host it is a
+// view of hashes, without copying: the send only reads it, within the
+// call, and the caller's prompt does not change during it.
+func packHashes(hashes []uint64) []byte {
+	if littleEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(hashes))), 8*len(hashes))
+	}
+	buf := make([]byte, 8*len(hashes))
+	for i, h := range hashes {
+		binary.LittleEndian.PutUint64(buf[8*i:], h)
+	}
+	return buf
 }
 
 // BestWorker is a state-free probe over the channel: Client.BestWorker

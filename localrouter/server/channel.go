@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
@@ -188,10 +189,21 @@ func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe) (*lo
 	return s.withSignals(s.selection(sel), &rep), nil
 }
 
-// unpackHashes decodes packed_hashes: little-endian u64s, 8 bytes each.
+// littleEndian: the host's u64s are laid out as packed_hashes is.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// unpackHashes decodes packed_hashes: little-endian u64s, 8 bytes each. On
+// a little-endian host it returns a view of packed, without copying
+// (packed is the unmarshalled message's own copy; nothing else writes it).
 func unpackHashes(packed []byte) ([]uint64, error) {
 	if len(packed)%8 != 0 {
 		return nil, fmt.Errorf("%w: packed_hashes is %d bytes, not a multiple of 8", errInvalidArgument, len(packed))
+	}
+	if len(packed) == 0 {
+		return nil, nil
+	}
+	if p := unsafe.SliceData(packed); littleEndian && uintptr(unsafe.Pointer(p))%8 == 0 {
+		return unsafe.Slice((*uint64)(unsafe.Pointer(p)), len(packed)/8), nil
 	}
 	hashes := make([]uint64, len(packed)/8)
 	for i := range hashes {
