@@ -36,9 +36,10 @@ func runBench(ctx context.Context, args []string) error {
 	probe := fs.Bool("probe", false, "side-by-side probe benchmark: the local-router channel against unary BestWorker on the same index")
 	rate := fs.Int("rate", 5000, "probe: probes per second offered")
 	probes := fs.Int("probes", 20000, "probe: probes per mode")
-	repeated := fs.Bool("repeated-hashes", false, "probe: send the channel's hashes as the repeated field, not packed bytes")
+	packed := fs.Bool("packed-hashes", false, "probe: send the channel's hashes as packed bytes, not the repeated field")
 	soak := fs.Int("soak", 0, "soak benchmark: this many concurrent streaming requests through ext_proc to mock workers")
 	soakHold := fs.Duration("soak-hold", 30*time.Second, "soak: how long the streams are held")
+	soakSpeedup := fs.Float64("soak-speedup", 0.002, "soak: the mock workers' timing speedup (below 1: slower than a GPU, so thousands of held streams decode a token every few seconds)")
 	soakChannel := fs.Bool("soak-channel", true, "soak: the global router uses the local-router channel (false: unary probes and Track streams)")
 	asJSON := fs.Bool("json", false, "chaos, probe, soak: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
@@ -48,10 +49,10 @@ func runBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("-probe and -soak: choose one")
 	}
 	if *probe {
-		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, RepeatedHashes: *repeated}, *asJSON)
+		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed}, *asJSON)
 	}
 	if *soak > 0 {
-		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel}, *asJSON)
+		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel, Speedup: *soakSpeedup}, *asJSON)
 	}
 	if *withChaos {
 		cc.Kill = config.SplitList(*kill)

@@ -33,11 +33,12 @@ type ProbeConfig struct {
 	// Rounds alternates the modes this many times (each round N/Rounds
 	// probes of each), so both see the same machine noise.
 	Rounds int
-	// Callers are the goroutines offering the probes.
+	// Callers are the goroutines offering the probes (default 64: enough
+	// that a slow answer does not hold the offered rate back).
 	Callers int
-	// RepeatedHashes sends the channel's hashes as the repeated field
-	// instead of packed bytes.
-	RepeatedHashes bool
+	// PackedHashes sends the channel's hashes as packed bytes instead of
+	// the repeated field.
+	PackedHashes bool
 	// Only runs one mode ("channel" or "unary"; "": both), for profiles.
 	Only string
 }
@@ -78,7 +79,7 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 		cfg.Rounds = 4
 	}
 	if cfg.Callers <= 0 {
-		cfg.Callers = 16
+		cfg.Callers = 64
 	}
 	w, err := benchfig.BuildWorld()
 	if err != nil {
@@ -109,7 +110,7 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 		return ProbeResult{}, err
 	}
 	defer c.Close()
-	ch := c.Channel(client.ChannelOptions{RepeatedHashes: cfg.RepeatedHashes})
+	ch := c.Channel(client.ChannelOptions{PackedHashes: cfg.PackedHashes})
 	defer ch.Close()
 
 	prompts := make([]client.Prompt, len(w.Prompts))

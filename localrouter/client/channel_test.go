@@ -66,16 +66,16 @@ func TestChannelProbeMatchesUnary(t *testing.T) {
 	ctx := testenv.Context(t)
 	c := dialT(t, p.addr)
 	for _, tc := range []struct {
-		name     string
-		repeated bool
-		pr       client.Prompt
+		name   string
+		packed bool
+		pr     client.Prompt
 	}{
-		{"packed", false, hashPrompt(t, tokens)},
-		{"repeated", true, hashPrompt(t, tokens)},
-		{"tokens", false, client.TokenPrompt(tokens)},
+		{"packed", true, hashPrompt(t, tokens)},
+		{"repeated", false, hashPrompt(t, tokens)},
+		{"tokens", true, client.TokenPrompt(tokens)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ch := c.Channel(client.ChannelOptions{RepeatedHashes: tc.repeated})
+			ch := c.Channel(client.ChannelOptions{PackedHashes: tc.packed})
 			defer ch.Close()
 			want, err := c.BestWorker(ctx, tc.pr, client.BestWorkerOptions{})
 			if err != nil {
