@@ -38,9 +38,13 @@ type SoakConfig struct {
 	// Speedup of the mock workers' timing model (default 0.02: slow
 	// enough that thousands of streams decode a few tokens a second).
 	Speedup float64
-	// Ramp bounds how long opening the streams may take (default 2 min).
-	Ramp   time.Duration
-	Logger *slog.Logger
+	// Ramp bounds how long opening the streams may take (default 3 min).
+	Ramp time.Duration
+	// ProbeTimeout is the global router's probe deadline (default 1 s:
+	// the soak measures concurrency, and on a loaded machine the 20 ms
+	// default turns CPU starvation into refused requests).
+	ProbeTimeout time.Duration
+	Logger       *slog.Logger
 }
 
 // SoakResult is the soak's figures.
@@ -95,7 +99,10 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 		cfg.Speedup = 0.02
 	}
 	if cfg.Ramp <= 0 {
-		cfg.Ramp = 2 * time.Minute
+		cfg.Ramp = 3 * time.Minute
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -111,6 +118,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 		ucfg.Pools = append(ucfg.Pools, up.PoolSpec{Name: fmt.Sprintf("pool-%d", i), Workers: cfg.Workers})
 	}
 	ucfg.Speedup = cfg.Speedup
+	ucfg.ProbeTimeout = cfg.ProbeTimeout
 	ucfg.NumBlocks = 1 << 16
 	ucfg.MetricsPeriod = -1
 	ucfg.Logger = cfg.Logger
@@ -151,7 +159,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	)
 	ready := make(chan struct{}, cfg.Streams)
 	// Open at a bounded pace so the ramp itself is not a connect storm.
-	sem := make(chan struct{}, 32)
+	sem := make(chan struct{}, 256)
 	for i := range cfg.Streams {
 		wg.Add(1)
 		go func() {
