@@ -1,7 +1,6 @@
 package loadbench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -35,8 +34,9 @@ type SoakConfig struct {
 	Channel bool
 	// Pools × Workers mock workers (default 2 × 8).
 	Pools, Workers int
-	// Speedup of the mock workers' timing model (default 0.02: slow
-	// enough that thousands of streams decode a few tokens a second).
+	// Speedup of the mock workers' timing model (default 0.002: slow
+	// enough that thousands of held streams decode a token every few
+	// seconds, so the machine measures holding them, not decoding).
 	Speedup float64
 	// Ramp bounds how long opening the streams may take (default 3 min).
 	Ramp time.Duration
@@ -49,7 +49,7 @@ type SoakConfig struct {
 
 // SoakResult is the soak's figures.
 type SoakResult struct {
-	// Streams were streaming at once (had their first token).
+	// Streams were in flight at once (response headers received).
 	Streams int `json:"streams"`
 	// HeapBytesPerStream is the live heap growth per stream, while they
 	// were held, of allocations made by kvgate's router code (ext_proc,
@@ -96,7 +96,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 		cfg.Workers = 8
 	}
 	if cfg.Speedup <= 0 {
-		cfg.Speedup = 0.02
+		cfg.Speedup = 0.002
 	}
 	if cfg.Ramp <= 0 {
 		cfg.Ramp = 3 * time.Minute
@@ -268,9 +268,10 @@ func oneRequest(ctx context.Context, hc *http.Client, url, model string) error {
 	return err
 }
 
-// stream opens streaming completion i, calls first at its first token,
-// and reads it until ctx ends.
-func stream(ctx context.Context, hc *http.Client, url, model string, i int, first func()) error {
+// stream opens streaming completion i, calls open once its response
+// headers came (the decision is made and the worker has it), and reads it
+// until ctx ends. A stream that ends before is an error.
+func stream(ctx context.Context, hc *http.Client, url, model string, i int, open func()) error {
 	// Prompts share a prefix by family, as chat traffic does.
 	prompt := fmt.Sprintf("system prompt of family %d: you are a helpful assistant. ", i%32) + strings.Repeat("context ", 40) + fmt.Sprintf("question %d", i)
 	body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":4096,"stream":true}`, model, prompt)
@@ -288,24 +289,12 @@ func stream(ctx context.Context, hc *http.Client, url, model string, i int, firs
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
 	}
-	br := bufio.NewReader(resp.Body)
-	told := false
-	for {
-		line, err := br.ReadSlice('\n')
-		if err != nil {
-			if errors.Is(err, bufio.ErrBufferFull) {
-				continue
-			}
-			if !told {
-				return fmt.Errorf("stream ended before its first token: %w", err)
-			}
-			return nil
-		}
-		if !told && bytes.HasPrefix(line, []byte("data: {")) {
-			told = true
-			first()
-		}
+	open()
+	_, err = io.Copy(io.Discard, resp.Body)
+	if ctx.Err() == nil {
+		return fmt.Errorf("stream ended during the hold: %v", err)
 	}
+	return nil
 }
 
 // routerFrames mark a goroutine, or an allocation, of kvgate's router
