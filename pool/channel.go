@@ -57,7 +57,7 @@ func (c *channelClient) Probe(ctx context.Context, p Prompt) (routing.Selection,
 	if c.unary.Load() {
 		return c.grpcClient.Probe(ctx, p)
 	}
-	sel, err := c.ch.BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override})
+	sel, err := c.ch.BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override, AllowedAddresses: p.Allowed})
 	if err != nil && c.unimplemented(err) {
 		return c.grpcClient.Probe(ctx, p)
 	}

@@ -38,7 +38,7 @@ type SoakConfig struct {
 	// enough that thousands of held streams decode a token every few
 	// seconds, so the machine measures holding them, not decoding).
 	Speedup float64
-	// Ramp bounds how long opening the streams may take (default 3 min).
+	// Ramp bounds how long opening the streams may take (default 4 min).
 	Ramp time.Duration
 	// ProbeTimeout is the global router's probe deadline (default 1 s:
 	// the soak measures concurrency, and on a loaded machine the 20 ms
@@ -99,7 +99,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 		cfg.Speedup = 0.002
 	}
 	if cfg.Ramp <= 0 {
-		cfg.Ramp = 3 * time.Minute
+		cfg.Ramp = 4 * time.Minute
 	}
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = time.Second
@@ -159,7 +159,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	)
 	ready := make(chan struct{}, cfg.Streams)
 	// Open at a bounded pace so the ramp itself is not a connect storm.
-	sem := make(chan struct{}, 256)
+	sem := make(chan struct{}, 1024)
 	for i := range cfg.Streams {
 		wg.Add(1)
 		go func() {

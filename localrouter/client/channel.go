@@ -309,7 +309,7 @@ func ctxError(ctx context.Context) error {
 
 // probeProto is p as a channel probe carries it, with ctx's deadline.
 func (s *chanSession) probeProto(ctx context.Context, p Prompt, o BestWorkerOptions) *localrouterv1.ChannelProbe {
-	out := &localrouterv1.ChannelProbe{ConfigOverride: overrideProto(o.Override)}
+	out := &localrouterv1.ChannelProbe{ConfigOverride: overrideProto(o.Override), AllowedAddresses: o.AllowedAddresses}
 	if s.packed && len(p.BlockHashes) > 0 {
 		out.PackedHashes = packHashes(p.BlockHashes)
 		out.Prompt = &localrouterv1.Prompt{BlockSize: uint32(p.BlockSize), IslTokens: uint32(p.ISL), LoraName: p.LoRAName}

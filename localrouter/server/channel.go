@@ -182,7 +182,9 @@ func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe) (*lo
 		return nil, err
 	}
 	var rep localrouter.SignalsReport
-	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{Override: override(in.GetConfigOverride()), Signals: &rep})
+	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
+		Override: override(in.GetConfigOverride()), Signals: &rep, Allow: s.allow(in.GetAllowedAddresses()),
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -2306,9 +2306,12 @@ type ChannelProbe struct {
 	// How long the caller waits, from when the server reads the probe; a
 	// probe still queued past it is answered DEADLINE_EXCEEDED without being
 	// run. 0: no deadline.
-	TimeoutUs     uint32 `protobuf:"varint,4,opt,name=timeout_us,json=timeoutUs,proto3" json:"timeout_us,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TimeoutUs uint32 `protobuf:"varint,4,opt,name=timeout_us,json=timeoutUs,proto3" json:"timeout_us,omitempty"`
+	// BestWorkerRequest.allowed_addresses: only workers at these addresses
+	// may be chosen (empty: no restriction).
+	AllowedAddresses []string `protobuf:"bytes,5,rep,name=allowed_addresses,json=allowedAddresses,proto3" json:"allowed_addresses,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ChannelProbe) Reset() {
@@ -2367,6 +2370,13 @@ func (x *ChannelProbe) GetTimeoutUs() uint32 {
 		return x.TimeoutUs
 	}
 	return 0
+}
+
+func (x *ChannelProbe) GetAllowedAddresses() []string {
+	if x != nil {
+		return x.AllowedAddresses
+	}
+	return nil
 }
 
 type ChannelEvent struct {
@@ -2890,13 +2900,14 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x06commit\x18\x03 \x01(\v2$.kvgate.localrouter.v1.CommitRequestH\x00R\x06commit\x12;\n" +
 	"\x05event\x18\x04 \x01(\v2#.kvgate.localrouter.v1.ChannelEventH\x00R\x05event\x12>\n" +
 	"\x06cancel\x18\x05 \x01(\v2$.kvgate.localrouter.v1.ChannelCancelH\x00R\x06cancelB\x05\n" +
-	"\x03msg\"\xd9\x01\n" +
+	"\x03msg\"\x86\x02\n" +
 	"\fChannelProbe\x125\n" +
 	"\x06prompt\x18\x01 \x01(\v2\x1d.kvgate.localrouter.v1.PromptR\x06prompt\x12N\n" +
 	"\x0fconfig_override\x18\x02 \x01(\v2%.kvgate.localrouter.v1.ConfigOverrideR\x0econfigOverride\x12#\n" +
 	"\rpacked_hashes\x18\x03 \x01(\fR\fpackedHashes\x12\x1d\n" +
 	"\n" +
-	"timeout_us\x18\x04 \x01(\rR\ttimeoutUs\"d\n" +
+	"timeout_us\x18\x04 \x01(\rR\ttimeoutUs\x12+\n" +
+	"\x11allowed_addresses\x18\x05 \x03(\tR\x10allowedAddresses\"d\n" +
 	"\fChannelEvent\x12\x1b\n" +
 	"\tcommit_id\x18\x01 \x01(\x04R\bcommitId\x127\n" +
 	"\x05event\x18\x02 \x01(\x0e2!.kvgate.localrouter.v1.TrackEventR\x05event\"\x1f\n" +
