@@ -93,6 +93,15 @@ func TestChannelProbeMatchesUnary(t *testing.T) {
 			}
 		})
 	}
+	// An allowed-address subset restricts the channel's probe as the
+	// unary one's.
+	ch := c.Channel(client.ChannelOptions{})
+	defer ch.Close()
+	only := client.BestWorkerOptions{AllowedAddresses: []string{p.workers["w1"].addr()}}
+	got, err := ch.BestWorker(ctx, hashPrompt(t, tokens), only)
+	if err != nil || got.WorkerID != "w1" {
+		t.Errorf("probe allowed only w1's address chose %q, %v; want w1", got.WorkerID, err)
+	}
 	if n := p.router.Active().Stats().Requests; n != 0 {
 		t.Errorf("probes recorded %d requests, want none", n)
 	}
