@@ -390,6 +390,16 @@ func TestChannelServerErrors(t *testing.T) {
 	if r.GetId() != 8 || r.GetError().GetReason() != localrouterv1.ReasonUnknownRequest {
 		t.Errorf("free of an unknown request: answer %v, want id 8, reason %s", r, localrouterv1.ReasonUnknownRequest)
 	}
+	commit := func(id uint64, rid string) *localrouterv1.ChannelResponse {
+		return send(&localrouterv1.ChannelRequest{Id: id, Msg: &localrouterv1.ChannelRequest_Commit{Commit: &localrouterv1.CommitRequest{
+			RequestId: rid, WorkerId: "w1", Prompt: &localrouterv1.Prompt{TokenIds: prompt(0, 32)}}}})
+	}
+	if r = commit(20, "c1"); r.GetSelection().GetWorkerId() != "w1" {
+		t.Fatalf("commit: answer %v, want w1", r)
+	}
+	if r = commit(20, "c2"); codes.Code(r.GetError().GetCode()) != codes.InvalidArgument {
+		t.Errorf("commit reusing message id 20: answer %v, want INVALID_ARGUMENT", r)
+	}
 	r = send(&localrouterv1.ChannelRequest{Id: 9})
 	if r.GetId() != 9 || codes.Code(r.GetError().GetCode()) != codes.InvalidArgument {
 		t.Errorf("empty message: answer %v, want id 9, INVALID_ARGUMENT", r)
@@ -399,4 +409,14 @@ func TestChannelServerErrors(t *testing.T) {
 	if r.GetId() != 10 || r.GetSelection().GetWorkerId() != "w1" {
 		t.Errorf("probe after errors: answer %v, want w1", r)
 	}
+	// Closing the stream frees c1 (and c2 was never committed).
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			break
+		}
+	}
+	waitActive(t, p.router, 0)
 }

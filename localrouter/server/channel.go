@@ -216,6 +216,10 @@ func unpackHashes(packed []byte) ([]uint64, error) {
 
 // commit records a request on the stream's behalf.
 func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
+	if _, dup := cs.committed[id]; dup {
+		// Events name commits by id: a reused id would orphan a request.
+		return cs.fail(id, fmt.Errorf("%w: message id %d already names a request committed on this stream", errInvalidArgument, id))
+	}
 	sel, err := cs.s.commit(cs.ctx, in)
 	if err != nil {
 		return cs.fail(id, err)
