@@ -32,7 +32,10 @@ func ChannelDialer(opts ...grpc.DialOption) Dialer {
 		if err != nil {
 			return nil, err
 		}
-		g := c.(*grpcClient)
+		g, ok := c.(*grpcClient)
+		if !ok {
+			return c, nil // not a client the channel can share: unary
+		}
 		return &channelClient{grpcClient: g, ch: g.c.Channel(client.ChannelOptions{})}, nil
 	}
 }
