@@ -222,7 +222,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 		if err != nil {
 			return fmt.Errorf("-router-tls-*: %w", err)
 		}
-		opts = append(opts, globalrouter.WithDialer(pool.GRPCDialer(grpc.WithTransportCredentials(credentials.NewTLS(tc)))))
+		opts = append(opts, globalrouter.WithDialer(pool.ChannelDialer(grpc.WithTransportCredentials(credentials.NewTLS(tc)))))
 	}
 	if len(o.Etcd) > 0 {
 		cli, err := (runner.Etcd{Endpoints: o.Etcd, TLS: o.EtcdTLS}).Client(ctx)

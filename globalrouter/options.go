@@ -49,8 +49,10 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 // their local routers with.
 func WithEtcd(cli *clientv3.Client) Option { return func(o *options) { o.etcd = cli } }
 
-// WithDialer replaces the gRPC dialer of local routers (default
-// pool.GRPCDialer()).
+// WithDialer replaces the dialer of local routers (default
+// pool.ChannelDialer(): probes and commits multiplexed on one stream per
+// router; pool.GRPCDialer() is a unary call per probe and a Track stream
+// per request).
 func WithDialer(d pool.Dialer) Option { return func(o *options) { o.dialer = d } }
 
 // WithPolicies sets the policy registry (default: the built-ins).

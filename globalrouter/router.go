@@ -60,7 +60,7 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		o.registerer = prometheus.NewRegistry()
 	}
 	if o.dialer == nil {
-		o.dialer = pool.GRPCDialer()
+		o.dialer = pool.ChannelDialer()
 	}
 	if o.now == nil {
 		o.now = time.Now

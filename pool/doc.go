@@ -21,8 +21,10 @@
 // LastKnown: the best-effort target when no router can be reached).
 //
 // A Client is one local router's client (GRPCDialer wraps
-// localrouter/client, the project's one client of that service): Probe,
-// and CommitAsync, the pipelined commit. A Pool picks a router and adds
+// localrouter/client, the project's one client of that service, with a
+// unary call per probe and a Track stream per request; ChannelDialer, the
+// global router's default, multiplexes both on one Channel stream per
+// router): Probe, and CommitAsync, the pipelined commit. A Pool picks a router and adds
 // the circuits: Pool.Probe, Pool.CommitAsync (returns once the commit is
 // sent; the answer goes to a listener) and Pool.Commit (waits, within the
 // request's context, for the answer). Answers are routing.Selection

@@ -6,11 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/internal/chaos"
 	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/loadbench"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -31,9 +33,26 @@ func runBench(ctx context.Context, args []string) error {
 	fs.Float64Var(&cc.Up.Speedup, "speedup", cc.Up.Speedup, "chaos: speed-up factor of the mock workers")
 	fs.DurationVar(&cc.ErrorPause, "error-pause", cc.ErrorPause, "chaos: a client's pause after a failed request before its next (0: retry at once)")
 	fs.DurationVar(&cc.Up.ProbeTimeout, "probe-timeout", 0, "chaos: the global router's probe deadline (0: its default)")
-	asJSON := fs.Bool("json", false, "chaos: print the report as JSON")
+	probe := fs.Bool("probe", false, "side-by-side probe benchmark: the local-router channel against unary BestWorker on the same index")
+	rate := fs.Int("rate", 5000, "probe: probes per second offered")
+	probes := fs.Int("probes", 20000, "probe: probes per mode")
+	packed := fs.Bool("packed-hashes", false, "probe: send the channel's hashes as packed bytes, not the repeated field")
+	soak := fs.Int("soak", 0, "soak benchmark: this many concurrent streaming requests through ext_proc to mock workers")
+	soakHold := fs.Duration("soak-hold", 30*time.Second, "soak: how long the streams are held")
+	soakSpeedup := fs.Float64("soak-speedup", 0.002, "soak: the mock workers' timing speedup (below 1: slower than a GPU, so thousands of held streams decode a token every few seconds)")
+	soakChannel := fs.Bool("soak-channel", true, "soak: the global router uses the local-router channel (false: unary probes and Track streams)")
+	asJSON := fs.Bool("json", false, "chaos, probe, soak: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *probe && *soak > 0 {
+		return fmt.Errorf("-probe and -soak: choose one")
+	}
+	if *probe {
+		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed}, *asJSON)
+	}
+	if *soak > 0 {
+		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel, Speedup: *soakSpeedup}, *asJSON)
 	}
 	if *withChaos {
 		cc.Kill = config.SplitList(*kill)
@@ -86,4 +105,63 @@ func runBench(ctx context.Context, args []string) error {
 	row("BestWorker 64 workers, 200 active, p50", best.P50.String(), "≤ 25µs", best.P50 <= 25*time.Microsecond)
 	row("BestWorker 64 workers, 200 active, p99", best.P99.String(), "", true)
 	return nil
+}
+
+// benchProbe prints the side-by-side probe figures.
+func benchProbe(ctx context.Context, cfg loadbench.ProbeConfig, asJSON bool) error {
+	fmt.Fprintf(os.Stderr, "building the index, then %d probes per mode at %d/s, channel and unary alternating…\n", cfg.N, cfg.Rate)
+	res, err := loadbench.Probe(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	fmt.Printf("%-8s %10s %10s %14s %10s %7s\n", "mode", "p50", "p99", "CPU/probe", "rate", "errors")
+	for _, r := range []struct {
+		name string
+		f    loadbench.ProbeFigures
+	}{{"channel", res.Channel}, {"unary", res.Unary}} {
+		fmt.Printf("%-8s %8.0fµs %8.0fµs %12.1fµs %9.0f/s %7d\n", r.name, r.f.P50us, r.f.P99us, r.f.CPUusPerProbe, r.f.Rate, r.f.Errors)
+	}
+	if res.Channel.P99us > 0 && res.Channel.CPUusPerProbe > 0 {
+		fmt.Printf("unary/channel: p99 ×%.2f, CPU ×%.2f (targets: channel p99 ≤ 300µs, CPU/probe ≤ 25µs)\n",
+			res.Unary.P99us/res.Channel.P99us, res.Unary.CPUusPerProbe/res.Channel.CPUusPerProbe)
+	}
+	return nil
+}
+
+// benchSoak prints the soak's figures.
+func benchSoak(ctx context.Context, cfg loadbench.SoakConfig, asJSON bool) error {
+	fmt.Fprintf(os.Stderr, "soak: %d concurrent streams held %v (channel %v); load average %s\n", cfg.Streams, cfg.Hold, cfg.Channel, loadAverage())
+	res, err := loadbench.Soak(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	fmt.Printf("streams held:             %d (failed %d)\n", res.Streams, res.Failed)
+	if res.FirstError != "" {
+		fmt.Printf("first failure:            %s\n", res.FirstError)
+	}
+	fmt.Printf("router heap per stream:   %.0f B (target ≤ 64 KB); whole process %.0f B\n", res.HeapBytesPerStream, res.AllHeapBytesPerStream)
+	fmt.Printf("router goroutines/stream: %.2f (target ≤ 4); all goroutines/stream %.2f\n", res.GoroutinesPerStream, res.AllGoroutinesPerStream)
+	fmt.Printf("decision p99:             %.0f µs\n", res.DecisionP99us)
+	fmt.Printf("CPU per stream:           %.0f µs\n", res.CPUusPerStream)
+	fmt.Printf("leaked requests:          %d (want 0)\n", res.LeakedRequests)
+	return nil
+}
+
+// loadAverage is /proc/loadavg's first three fields ("?" elsewhere).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }

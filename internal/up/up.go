@@ -108,6 +108,9 @@ type Config struct {
 	// SecureServing runs TLS on the ext_proc hop and mutual TLS on the
 	// local-router hop, with a CA made at start (System.CAFile).
 	SecureServing bool
+	// GlobalOptions are added to the global router's options, last
+	// (benchmarks choose its local-router dialer with them).
+	GlobalOptions []globalrouter.Option
 	Logger        *slog.Logger
 	// TracerProvider traces the global router's decisions (nil: off).
 	TracerProvider trace.TracerProvider
@@ -336,11 +339,11 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	var xopts []grpc.ServerOption
 	xclient := insecure.NewCredentials()
 	if sec != nil {
-		gopts = append(gopts, globalrouter.WithDialer(pool.GRPCDialer(grpc.WithTransportCredentials(sec.routerClient))))
+		gopts = append(gopts, globalrouter.WithDialer(pool.ChannelDialer(grpc.WithTransportCredentials(sec.routerClient))))
 		xopts = append(xopts, grpc.Creds(sec.extprocServer))
 		xclient = sec.extprocClient
 	}
-	if s.Global, err = globalrouter.New(gcfg, gopts...); err != nil {
+	if s.Global, err = globalrouter.New(gcfg, append(gopts, cfg.GlobalOptions...)...); err != nil {
 		return nil, err
 	}
 

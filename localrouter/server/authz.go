@@ -21,8 +21,11 @@ import (
 // probes (BestWorker without either, PotentialLoads, Workers, Stats) and
 // health stay open to any client the TLS layer let in.
 var lifecycleMethods = map[string]bool{
-	localrouterv1.LocalRouter_Commit_FullMethodName:              true,
-	localrouterv1.LocalRouter_Track_FullMethodName:               true,
+	localrouterv1.LocalRouter_Commit_FullMethodName: true,
+	localrouterv1.LocalRouter_Track_FullMethodName:  true,
+	// The channel carries commits and frees as well as probes: a caller
+	// not authorised for lifecycle calls probes with BestWorker.
+	localrouterv1.LocalRouter_Channel_FullMethodName:             true,
 	localrouterv1.LocalRouter_MarkPrefillComplete_FullMethodName: true,
 	localrouterv1.LocalRouter_Free_FullMethodName:                true,
 	localrouterv1.LocalRouter_DumpEvents_FullMethodName:          true,

@@ -75,6 +75,7 @@ var (
 	descPrefill        = prometheus.NewDesc("kvgate_localrouter_prefill_tokens", "Prompt tokens still to prefill, per worker rank.", []string{"worker_id", "dp_rank"}, nil)
 	descActiveBlocks   = prometheus.NewDesc("kvgate_localrouter_active_blocks", "Distinct KV blocks of requests in flight, per worker rank.", []string{"worker_id", "dp_rank"}, nil)
 	descTrackStreams   = prometheus.NewDesc("kvgate_localrouter_track_streams", "Open Track streams.", nil, nil)
+	descChanStreams    = prometheus.NewDesc("kvgate_localrouter_channel_streams", "Open Channel streams.", nil, nil)
 	descReplica        = prometheus.NewDesc("kvgate_localrouter_replica_messages_total", "Replica-sync messages, by direction (sent, received, ignored own, failed).", []string{"direction"}, nil)
 )
 
@@ -86,7 +87,7 @@ type collector struct {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkers, descReady, descIndexBlocks, descIndexEntries, descEventsApplied,
-		descEventsRejected, descEventGaps, descDumps, descExpired, descActive, descPrefill, descActiveBlocks, descTrackStreams, descReplica} {
+		descEventsRejected, descEventGaps, descDumps, descExpired, descActive, descPrefill, descActiveBlocks, descTrackStreams, descChanStreams, descReplica} {
 		ch <- d
 	}
 }
@@ -134,6 +135,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descDumps, dumpsErr, "error")
 	counter(descExpired, active.Stats().Expired)
 	gauge(descTrackStreams, float64(c.srv.trackStreams.Load()))
+	gauge(descChanStreams, float64(c.srv.channelStreams.Load()))
 	if c.replica != nil {
 		rs := c.replica()
 		counter(descReplica, rs.Sent, "sent")

@@ -80,7 +80,8 @@ type Server struct {
 	log    *slog.Logger
 	health *health.Server
 
-	trackStreams atomic.Int64
+	trackStreams   atomic.Int64
+	channelStreams atomic.Int64
 }
 
 var _ localrouterv1.LocalRouterServer = (*Server)(nil)

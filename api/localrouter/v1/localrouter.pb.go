@@ -2165,6 +2165,555 @@ func (x *StatsResponse) GetSaturationSkips() uint64 {
 	return 0
 }
 
+// ChannelRequest is one message of a Channel stream.
+type ChannelRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the client, unique among the stream's unanswered messages;
+	// 0 is reserved (the server's hello).
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ChannelRequest_Probe
+	//	*ChannelRequest_Commit
+	//	*ChannelRequest_Event
+	//	*ChannelRequest_Cancel
+	Msg           isChannelRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelRequest) Reset() {
+	*x = ChannelRequest{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelRequest) ProtoMessage() {}
+
+func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelRequest.ProtoReflect.Descriptor instead.
+func (*ChannelRequest) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ChannelRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ChannelRequest) GetMsg() isChannelRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ChannelRequest) GetProbe() *ChannelProbe {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelRequest_Probe); ok {
+			return x.Probe
+		}
+	}
+	return nil
+}
+
+func (x *ChannelRequest) GetCommit() *CommitRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelRequest_Commit); ok {
+			return x.Commit
+		}
+	}
+	return nil
+}
+
+func (x *ChannelRequest) GetEvent() *ChannelEvent {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelRequest_Event); ok {
+			return x.Event
+		}
+	}
+	return nil
+}
+
+func (x *ChannelRequest) GetCancel() *ChannelCancel {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelRequest_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return nil
+}
+
+type isChannelRequest_Msg interface {
+	isChannelRequest_Msg()
+}
+
+type ChannelRequest_Probe struct {
+	Probe *ChannelProbe `protobuf:"bytes,2,opt,name=probe,proto3,oneof"`
+}
+
+type ChannelRequest_Commit struct {
+	// Commit a request placed by the caller; freed when the stream ends.
+	Commit *CommitRequest `protobuf:"bytes,3,opt,name=commit,proto3,oneof"`
+}
+
+type ChannelRequest_Event struct {
+	// PREFILL_COMPLETE or FREE of a request committed on this stream.
+	Event *ChannelEvent `protobuf:"bytes,4,opt,name=event,proto3,oneof"`
+}
+
+type ChannelRequest_Cancel struct {
+	// Abandon the unanswered probe whose id is cancel.id; answered CANCELLED
+	// if it had not started, else as usual.
+	Cancel *ChannelCancel `protobuf:"bytes,5,opt,name=cancel,proto3,oneof"`
+}
+
+func (*ChannelRequest_Probe) isChannelRequest_Msg() {}
+
+func (*ChannelRequest_Commit) isChannelRequest_Msg() {}
+
+func (*ChannelRequest_Event) isChannelRequest_Msg() {}
+
+func (*ChannelRequest_Cancel) isChannelRequest_Msg() {}
+
+// ChannelProbe is a state-free BestWorker query (no request_id).
+type ChannelProbe struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Prompt         *Prompt                `protobuf:"bytes,1,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	ConfigOverride *ConfigOverride        `protobuf:"bytes,2,opt,name=config_override,json=configOverride,proto3" json:"config_override,omitempty"`
+	// The prompt's local block hashes as little-endian u64s, 8 bytes each;
+	// when set, replaces prompt.block_hashes (prompt.block_size still
+	// applies). A length that is not a multiple of 8 is INVALID_ARGUMENT.
+	PackedHashes []byte `protobuf:"bytes,3,opt,name=packed_hashes,json=packedHashes,proto3" json:"packed_hashes,omitempty"`
+	// How long the caller waits, from when the server reads the probe; a
+	// probe still queued past it is answered DEADLINE_EXCEEDED without being
+	// run. 0: no deadline.
+	TimeoutUs uint32 `protobuf:"varint,4,opt,name=timeout_us,json=timeoutUs,proto3" json:"timeout_us,omitempty"`
+	// BestWorkerRequest.allowed_addresses: only workers at these addresses
+	// may be chosen (empty: no restriction).
+	AllowedAddresses []string `protobuf:"bytes,5,rep,name=allowed_addresses,json=allowedAddresses,proto3" json:"allowed_addresses,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ChannelProbe) Reset() {
+	*x = ChannelProbe{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelProbe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelProbe) ProtoMessage() {}
+
+func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelProbe.ProtoReflect.Descriptor instead.
+func (*ChannelProbe) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ChannelProbe) GetPrompt() *Prompt {
+	if x != nil {
+		return x.Prompt
+	}
+	return nil
+}
+
+func (x *ChannelProbe) GetConfigOverride() *ConfigOverride {
+	if x != nil {
+		return x.ConfigOverride
+	}
+	return nil
+}
+
+func (x *ChannelProbe) GetPackedHashes() []byte {
+	if x != nil {
+		return x.PackedHashes
+	}
+	return nil
+}
+
+func (x *ChannelProbe) GetTimeoutUs() uint32 {
+	if x != nil {
+		return x.TimeoutUs
+	}
+	return 0
+}
+
+func (x *ChannelProbe) GetAllowedAddresses() []string {
+	if x != nil {
+		return x.AllowedAddresses
+	}
+	return nil
+}
+
+type ChannelEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The id of the ChannelRequest that committed the request on this
+	// stream (a commit the server refused, or one of another stream, is
+	// NOT_FOUND: nothing changes, so a refused duplicate never frees the
+	// request it duplicated).
+	CommitId uint64 `protobuf:"varint,1,opt,name=commit_id,json=commitId,proto3" json:"commit_id,omitempty"`
+	// TRACK_EVENT_PREFILL_COMPLETE or TRACK_EVENT_FREE.
+	Event         TrackEvent `protobuf:"varint,2,opt,name=event,proto3,enum=kvgate.localrouter.v1.TrackEvent" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelEvent) Reset() {
+	*x = ChannelEvent{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelEvent) ProtoMessage() {}
+
+func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelEvent.ProtoReflect.Descriptor instead.
+func (*ChannelEvent) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ChannelEvent) GetCommitId() uint64 {
+	if x != nil {
+		return x.CommitId
+	}
+	return 0
+}
+
+func (x *ChannelEvent) GetEvent() TrackEvent {
+	if x != nil {
+		return x.Event
+	}
+	return TrackEvent_TRACK_EVENT_UNSPECIFIED
+}
+
+type ChannelCancel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelCancel) Reset() {
+	*x = ChannelCancel{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelCancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelCancel) ProtoMessage() {}
+
+func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelCancel.ProtoReflect.Descriptor instead.
+func (*ChannelCancel) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ChannelCancel) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// ChannelError is a failed message: a gRPC code, its message, and the
+// ErrorInfo reason (localrouterv1.Reason…, "" if none).
+type ChannelError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelError) Reset() {
+	*x = ChannelError{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelError) ProtoMessage() {}
+
+func (x *ChannelError) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelError.ProtoReflect.Descriptor instead.
+func (*ChannelError) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ChannelError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ChannelError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ChannelError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// ChannelHello is the server's first message (id 0).
+type ChannelHello struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Probes and commits the server runs or queues per stream before it
+	// stops reading.
+	MaxInFlight   uint32 `protobuf:"varint,1,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelHello) Reset() {
+	*x = ChannelHello{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelHello) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelHello) ProtoMessage() {}
+
+func (x *ChannelHello) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelHello.ProtoReflect.Descriptor instead.
+func (*ChannelHello) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ChannelHello) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+// ChannelResponse answers the ChannelRequest of the same id.
+type ChannelResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ChannelResponse_Selection
+	//	*ChannelResponse_Acked
+	//	*ChannelResponse_Error
+	//	*ChannelResponse_Hello
+	Msg           isChannelResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelResponse) Reset() {
+	*x = ChannelResponse{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelResponse) ProtoMessage() {}
+
+func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelResponse.ProtoReflect.Descriptor instead.
+func (*ChannelResponse) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ChannelResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ChannelResponse) GetMsg() isChannelResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ChannelResponse) GetSelection() *Selection {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelResponse_Selection); ok {
+			return x.Selection
+		}
+	}
+	return nil
+}
+
+func (x *ChannelResponse) GetAcked() TrackEvent {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelResponse_Acked); ok {
+			return x.Acked
+		}
+	}
+	return TrackEvent_TRACK_EVENT_UNSPECIFIED
+}
+
+func (x *ChannelResponse) GetError() *ChannelError {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelResponse_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+func (x *ChannelResponse) GetHello() *ChannelHello {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelResponse_Hello); ok {
+			return x.Hello
+		}
+	}
+	return nil
+}
+
+type isChannelResponse_Msg interface {
+	isChannelResponse_Msg()
+}
+
+type ChannelResponse_Selection struct {
+	// Answer to a probe or a commit.
+	Selection *Selection `protobuf:"bytes,2,opt,name=selection,proto3,oneof"`
+}
+
+type ChannelResponse_Acked struct {
+	// Answer to an event.
+	Acked TrackEvent `protobuf:"varint,3,opt,name=acked,proto3,enum=kvgate.localrouter.v1.TrackEvent,oneof"`
+}
+
+type ChannelResponse_Error struct {
+	Error *ChannelError `protobuf:"bytes,4,opt,name=error,proto3,oneof"`
+}
+
+type ChannelResponse_Hello struct {
+	Hello *ChannelHello `protobuf:"bytes,5,opt,name=hello,proto3,oneof"`
+}
+
+func (*ChannelResponse_Selection) isChannelResponse_Msg() {}
+
+func (*ChannelResponse_Acked) isChannelResponse_Msg() {}
+
+func (*ChannelResponse_Error) isChannelResponse_Msg() {}
+
+func (*ChannelResponse_Hello) isChannelResponse_Msg() {}
+
 var File_api_localrouter_v1_localrouter_proto protoreflect.FileDescriptor
 
 const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
@@ -2344,12 +2893,44 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x06config\x18\x10 \x01(\v2#.kvgate.localrouter.v1.RouterConfigR\x06config\x12'\n" +
 	"\x0fmetrics_scrapes\x18\x11 \x01(\x04R\x0emetricsScrapes\x126\n" +
 	"\x17metrics_scrape_failures\x18\x12 \x01(\x04R\x15metricsScrapeFailures\x12)\n" +
-	"\x10saturation_skips\x18\x13 \x01(\x04R\x0fsaturationSkips*a\n" +
+	"\x10saturation_skips\x18\x13 \x01(\x04R\x0fsaturationSkips\"\xa1\x02\n" +
+	"\x0eChannelRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12;\n" +
+	"\x05probe\x18\x02 \x01(\v2#.kvgate.localrouter.v1.ChannelProbeH\x00R\x05probe\x12>\n" +
+	"\x06commit\x18\x03 \x01(\v2$.kvgate.localrouter.v1.CommitRequestH\x00R\x06commit\x12;\n" +
+	"\x05event\x18\x04 \x01(\v2#.kvgate.localrouter.v1.ChannelEventH\x00R\x05event\x12>\n" +
+	"\x06cancel\x18\x05 \x01(\v2$.kvgate.localrouter.v1.ChannelCancelH\x00R\x06cancelB\x05\n" +
+	"\x03msg\"\x86\x02\n" +
+	"\fChannelProbe\x125\n" +
+	"\x06prompt\x18\x01 \x01(\v2\x1d.kvgate.localrouter.v1.PromptR\x06prompt\x12N\n" +
+	"\x0fconfig_override\x18\x02 \x01(\v2%.kvgate.localrouter.v1.ConfigOverrideR\x0econfigOverride\x12#\n" +
+	"\rpacked_hashes\x18\x03 \x01(\fR\fpackedHashes\x12\x1d\n" +
+	"\n" +
+	"timeout_us\x18\x04 \x01(\rR\ttimeoutUs\x12+\n" +
+	"\x11allowed_addresses\x18\x05 \x03(\tR\x10allowedAddresses\"d\n" +
+	"\fChannelEvent\x12\x1b\n" +
+	"\tcommit_id\x18\x01 \x01(\x04R\bcommitId\x127\n" +
+	"\x05event\x18\x02 \x01(\x0e2!.kvgate.localrouter.v1.TrackEventR\x05event\"\x1f\n" +
+	"\rChannelCancel\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"T\n" +
+	"\fChannelError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"2\n" +
+	"\fChannelHello\x12\"\n" +
+	"\rmax_in_flight\x18\x01 \x01(\rR\vmaxInFlight\"\x9f\x02\n" +
+	"\x0fChannelResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12@\n" +
+	"\tselection\x18\x02 \x01(\v2 .kvgate.localrouter.v1.SelectionH\x00R\tselection\x129\n" +
+	"\x05acked\x18\x03 \x01(\x0e2!.kvgate.localrouter.v1.TrackEventH\x00R\x05acked\x12;\n" +
+	"\x05error\x18\x04 \x01(\v2#.kvgate.localrouter.v1.ChannelErrorH\x00R\x05error\x12;\n" +
+	"\x05hello\x18\x05 \x01(\v2#.kvgate.localrouter.v1.ChannelHelloH\x00R\x05helloB\x05\n" +
+	"\x03msg*a\n" +
 	"\n" +
 	"TrackEvent\x12\x1b\n" +
 	"\x17TRACK_EVENT_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cTRACK_EVENT_PREFILL_COMPLETE\x10\x01\x12\x14\n" +
-	"\x10TRACK_EVENT_FREE\x10\x022\xee\x06\n" +
+	"\x10TRACK_EVENT_FREE\x10\x022\xcc\a\n" +
 	"\vLocalRouter\x12a\n" +
 	"\n" +
 	"BestWorker\x12(.kvgate.localrouter.v1.BestWorkerRequest\x1a).kvgate.localrouter.v1.BestWorkerResponse\x12m\n" +
@@ -2361,7 +2942,8 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\n" +
 	"DumpEvents\x12(.kvgate.localrouter.v1.DumpEventsRequest\x1a).kvgate.localrouter.v1.DumpEventsResponse\x12X\n" +
 	"\aWorkers\x12%.kvgate.localrouter.v1.WorkersRequest\x1a&.kvgate.localrouter.v1.WorkersResponse\x12R\n" +
-	"\x05Stats\x12#.kvgate.localrouter.v1.StatsRequest\x1a$.kvgate.localrouter.v1.StatsResponseB;Z9github.com/kvgate/kvgate/api/localrouter/v1;localrouterv1b\x06proto3"
+	"\x05Stats\x12#.kvgate.localrouter.v1.StatsRequest\x1a$.kvgate.localrouter.v1.StatsResponse\x12\\\n" +
+	"\aChannel\x12%.kvgate.localrouter.v1.ChannelRequest\x1a&.kvgate.localrouter.v1.ChannelResponse(\x010\x01B;Z9github.com/kvgate/kvgate/api/localrouter/v1;localrouterv1b\x06proto3"
 
 var (
 	file_api_localrouter_v1_localrouter_proto_rawDescOnce sync.Once
@@ -2376,7 +2958,7 @@ func file_api_localrouter_v1_localrouter_proto_rawDescGZIP() []byte {
 }
 
 var file_api_localrouter_v1_localrouter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(TrackEvent)(0),                     // 0: kvgate.localrouter.v1.TrackEvent
 	(*Prompt)(nil),                      // 1: kvgate.localrouter.v1.Prompt
@@ -2407,6 +2989,13 @@ var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(*StatsRequest)(nil),                // 26: kvgate.localrouter.v1.StatsRequest
 	(*RouterConfig)(nil),                // 27: kvgate.localrouter.v1.RouterConfig
 	(*StatsResponse)(nil),               // 28: kvgate.localrouter.v1.StatsResponse
+	(*ChannelRequest)(nil),              // 29: kvgate.localrouter.v1.ChannelRequest
+	(*ChannelProbe)(nil),                // 30: kvgate.localrouter.v1.ChannelProbe
+	(*ChannelEvent)(nil),                // 31: kvgate.localrouter.v1.ChannelEvent
+	(*ChannelCancel)(nil),               // 32: kvgate.localrouter.v1.ChannelCancel
+	(*ChannelError)(nil),                // 33: kvgate.localrouter.v1.ChannelError
+	(*ChannelHello)(nil),                // 34: kvgate.localrouter.v1.ChannelHello
+	(*ChannelResponse)(nil),             // 35: kvgate.localrouter.v1.ChannelResponse
 }
 var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	4,  // 0: kvgate.localrouter.v1.Selection.engine:type_name -> kvgate.localrouter.v1.EngineSignals
@@ -2428,29 +3017,42 @@ var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	23, // 16: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
 	24, // 17: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
 	27, // 18: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
-	6,  // 19: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
-	8,  // 20: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
-	11, // 21: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
-	14, // 22: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
-	16, // 23: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	18, // 24: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
-	20, // 25: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
-	22, // 26: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
-	26, // 27: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
-	7,  // 28: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
-	10, // 29: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
-	12, // 30: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
-	15, // 31: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
-	17, // 32: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	19, // 33: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
-	21, // 34: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
-	25, // 35: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
-	28, // 36: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
-	28, // [28:37] is the sub-list for method output_type
-	19, // [19:28] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	30, // 19: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
+	11, // 20: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
+	31, // 21: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
+	32, // 22: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
+	1,  // 23: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	2,  // 24: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	0,  // 25: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 26: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 27: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	33, // 28: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
+	34, // 29: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
+	6,  // 30: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
+	8,  // 31: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
+	11, // 32: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
+	14, // 33: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
+	16, // 34: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	18, // 35: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
+	20, // 36: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
+	22, // 37: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
+	26, // 38: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
+	29, // 39: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
+	7,  // 40: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
+	10, // 41: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
+	12, // 42: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
+	15, // 43: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
+	17, // 44: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	19, // 45: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
+	21, // 46: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
+	25, // 47: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
+	28, // 48: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
+	35, // 49: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
+	40, // [40:50] is the sub-list for method output_type
+	30, // [30:40] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_api_localrouter_v1_localrouter_proto_init() }
@@ -2469,13 +3071,25 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 		(*TrackResponse_Committed)(nil),
 		(*TrackResponse_Acked)(nil),
 	}
+	file_api_localrouter_v1_localrouter_proto_msgTypes[28].OneofWrappers = []any{
+		(*ChannelRequest_Probe)(nil),
+		(*ChannelRequest_Commit)(nil),
+		(*ChannelRequest_Event)(nil),
+		(*ChannelRequest_Cancel)(nil),
+	}
+	file_api_localrouter_v1_localrouter_proto_msgTypes[34].OneofWrappers = []any{
+		(*ChannelResponse_Selection)(nil),
+		(*ChannelResponse_Acked)(nil),
+		(*ChannelResponse_Error)(nil),
+		(*ChannelResponse_Hello)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_localrouter_v1_localrouter_proto_rawDesc), len(file_api_localrouter_v1_localrouter_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,7 @@ const (
 	LocalRouter_DumpEvents_FullMethodName          = "/kvgate.localrouter.v1.LocalRouter/DumpEvents"
 	LocalRouter_Workers_FullMethodName             = "/kvgate.localrouter.v1.LocalRouter/Workers"
 	LocalRouter_Stats_FullMethodName               = "/kvgate.localrouter.v1.LocalRouter/Stats"
+	LocalRouter_Channel_FullMethodName             = "/kvgate.localrouter.v1.LocalRouter/Channel"
 )
 
 // LocalRouterClient is the client API for LocalRouter service.
@@ -68,6 +69,16 @@ type LocalRouterClient interface {
 	Workers(ctx context.Context, in *WorkersRequest, opts ...grpc.CallOption) (*WorkersResponse, error)
 	// Stats reports the router's counters.
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
+	// Channel multiplexes a global router's probes, commits and lifecycle
+	// events over one long-lived stream (docs/localrouter.md, "The
+	// channel"). Each ChannelRequest carries an id chosen by the client; the
+	// server answers it with one ChannelResponse of the same id, in any order
+	// (probes run concurrently; commits and lifecycle events are applied in
+	// the order they arrive). At most max_in_flight (the first answer, id 0)
+	// probes and commits may await answers; past that the server stops
+	// reading. Every request committed on the stream and not yet freed is
+	// freed when the stream ends, however it ends.
+	Channel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ChannelRequest, ChannelResponse], error)
 }
 
 type localRouterClient struct {
@@ -171,6 +182,19 @@ func (c *localRouterClient) Stats(ctx context.Context, in *StatsRequest, opts ..
 	return out, nil
 }
 
+func (c *localRouterClient) Channel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ChannelRequest, ChannelResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LocalRouter_ServiceDesc.Streams[1], LocalRouter_Channel_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ChannelRequest, ChannelResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LocalRouter_ChannelClient = grpc.BidiStreamingClient[ChannelRequest, ChannelResponse]
+
 // LocalRouterServer is the server API for LocalRouter service.
 // All implementations must embed UnimplementedLocalRouterServer
 // for forward compatibility.
@@ -202,6 +226,16 @@ type LocalRouterServer interface {
 	Workers(context.Context, *WorkersRequest) (*WorkersResponse, error)
 	// Stats reports the router's counters.
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
+	// Channel multiplexes a global router's probes, commits and lifecycle
+	// events over one long-lived stream (docs/localrouter.md, "The
+	// channel"). Each ChannelRequest carries an id chosen by the client; the
+	// server answers it with one ChannelResponse of the same id, in any order
+	// (probes run concurrently; commits and lifecycle events are applied in
+	// the order they arrive). At most max_in_flight (the first answer, id 0)
+	// probes and commits may await answers; past that the server stops
+	// reading. Every request committed on the stream and not yet freed is
+	// freed when the stream ends, however it ends.
+	Channel(grpc.BidiStreamingServer[ChannelRequest, ChannelResponse]) error
 	mustEmbedUnimplementedLocalRouterServer()
 }
 
@@ -238,6 +272,9 @@ func (UnimplementedLocalRouterServer) Workers(context.Context, *WorkersRequest) 
 }
 func (UnimplementedLocalRouterServer) Stats(context.Context, *StatsRequest) (*StatsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Stats not implemented")
+}
+func (UnimplementedLocalRouterServer) Channel(grpc.BidiStreamingServer[ChannelRequest, ChannelResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Channel not implemented")
 }
 func (UnimplementedLocalRouterServer) mustEmbedUnimplementedLocalRouterServer() {}
 func (UnimplementedLocalRouterServer) testEmbeddedByValue()                     {}
@@ -411,6 +448,13 @@ func _LocalRouter_Stats_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LocalRouter_Channel_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LocalRouterServer).Channel(&grpc.GenericServerStream[ChannelRequest, ChannelResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LocalRouter_ChannelServer = grpc.BidiStreamingServer[ChannelRequest, ChannelResponse]
+
 // LocalRouter_ServiceDesc is the grpc.ServiceDesc for LocalRouter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -455,6 +499,12 @@ var LocalRouter_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Track",
 			Handler:       _LocalRouter_Track_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Channel",
+			Handler:       _LocalRouter_Channel_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

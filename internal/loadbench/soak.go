@@ -1,0 +1,422 @@
+package loadbench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/pool"
+)
+
+// SoakConfig shapes the soak.
+type SoakConfig struct {
+	// Streams is the number of concurrent streaming requests.
+	Streams int
+	// Hold is how long they are held once all are streaming.
+	Hold time.Duration
+	// Channel: the global router uses the local-router channel (else
+	// unary probes and a Track stream per request).
+	Channel bool
+	// Pools × Workers mock workers (default 2 × 8).
+	Pools, Workers int
+	// Speedup of the mock workers' timing model (default 0.002: slow
+	// enough that thousands of held streams decode a token every few
+	// seconds, so the machine measures holding them, not decoding).
+	Speedup float64
+	// Ramp bounds how long opening the streams may take (default 4 min).
+	Ramp time.Duration
+	// ProbeTimeout is the global router's probe deadline (default 1 s:
+	// the soak measures concurrency, and on a loaded machine the 20 ms
+	// default turns CPU starvation into refused requests).
+	ProbeTimeout time.Duration
+	Logger       *slog.Logger
+}
+
+// SoakResult is the soak's figures.
+type SoakResult struct {
+	// Streams were in flight at once (response headers received).
+	Streams int `json:"streams"`
+	// HeapBytesPerStream is the live heap growth per stream, while they
+	// were held, of allocations made by kvgate's router code (ext_proc,
+	// global router, pool, local router, and the gRPC servers' transport),
+	// from the runtime's heap profile.
+	HeapBytesPerStream float64 `json:"heap_bytes_per_stream"`
+	// AllHeapBytesPerStream is the whole process's: the gateway, its HTTP
+	// connections, the mock workers and the load client too.
+	AllHeapBytesPerStream float64 `json:"all_heap_bytes_per_stream"`
+	// GoroutinesPerStream counts the goroutines running kvgate's router
+	// code (ext_proc, global router, pool, local router) per stream.
+	GoroutinesPerStream float64 `json:"goroutines_per_stream"`
+	// AllGoroutinesPerStream counts every goroutine of the process.
+	AllGoroutinesPerStream float64 `json:"all_goroutines_per_stream"`
+	// DecisionP99us is the p99 of the global router's decision histogram
+	// over the run (interpolated within its buckets: 1, 2, 5, 10 ms…).
+	DecisionP99us float64 `json:"decision_p99_us"`
+	// LeakedRequests are the requests still in flight on the local routers
+	// after every stream ended (want 0).
+	LeakedRequests int `json:"leaked_requests"`
+	// Failed streams (no first token, or a refused request).
+	Failed int `json:"failed"`
+	// CPUusPerStream is the process's CPU time per stream over the run.
+	CPUusPerStream float64 `json:"cpu_us_per_stream"`
+	Channel        bool    `json:"channel"`
+	// FirstError is why the first failed stream failed.
+	FirstError string `json:"first_error,omitempty"`
+}
+
+// Soak starts a whole system in process (etcd, NATS, Pools × Workers mock
+// workers, their local routers, the ext_proc server and the gateway, which
+// plays Envoy with envoy/extprocclient), opens cfg.Streams concurrent
+// streaming completions through the gateway, holds them for cfg.Hold,
+// cancels them (the client going away: the break path), and reports the
+// figures, leaked load included.
+func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
+	if cfg.Streams <= 0 {
+		return SoakResult{}, errors.New("soak: need at least one stream")
+	}
+	if cfg.Pools <= 0 {
+		cfg.Pools = 2
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 8
+	}
+	if cfg.Speedup <= 0 {
+		cfg.Speedup = 0.002
+	}
+	if cfg.Ramp <= 0 {
+		cfg.Ramp = 4 * time.Minute
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	// Sample the heap profile finely enough to attribute the streams'
+	// memory (restored at the end).
+	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
+	runtime.MemProfileRate = 4096
+	ucfg := up.DefaultConfig()
+	ucfg.GatewayAddr, ucfg.ExtprocAddr = "127.0.0.1:0", "127.0.0.1:0"
+	ucfg.Pools = nil
+	for i := range cfg.Pools {
+		ucfg.Pools = append(ucfg.Pools, up.PoolSpec{Name: fmt.Sprintf("pool-%d", i), Workers: cfg.Workers})
+	}
+	ucfg.Speedup = cfg.Speedup
+	ucfg.ProbeTimeout = cfg.ProbeTimeout
+	ucfg.NumBlocks = 1 << 16
+	ucfg.MetricsPeriod = -1
+	ucfg.Logger = cfg.Logger
+	if !cfg.Channel {
+		ucfg.GlobalOptions = []globalrouter.Option{globalrouter.WithDialer(pool.GRPCDialer())}
+	}
+	sys, err := up.Start(ctx, ucfg)
+	if err != nil {
+		return SoakResult{}, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = sys.Close(cctx)
+	}()
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: -1, DisableCompression: true, ForceAttemptHTTP2: false,
+	}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	url := sys.GatewayURL() + "/v1/completions"
+
+	// Warm up (tokenizer, connections), then the baseline.
+	if err := oneRequest(ctx, hc, url, ucfg.Model); err != nil {
+		return SoakResult{}, fmt.Errorf("soak: warm-up request: %w", err)
+	}
+	heap0, rheap0, gor0, router0 := measure()
+	cpu0 := CPUTime()
+
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		streaming atomic.Int64
+		failed    atomic.Int64
+		wg        sync.WaitGroup
+		firstErr  atomic.Pointer[error]
+	)
+	ready := make(chan struct{}, cfg.Streams)
+	// Open at a bounded pace so the ramp itself is not a connect storm.
+	sem := make(chan struct{}, 1024)
+	for i := range cfg.Streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			released := false
+			release := func() {
+				if !released {
+					released = true
+					<-sem
+				}
+			}
+			defer release()
+			err := stream(sctx, hc, url, ucfg.Model, i, func() {
+				streaming.Add(1)
+				release()
+				ready <- struct{}{}
+			})
+			if err != nil && sctx.Err() == nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
+			}
+		}()
+	}
+	rampEnd := time.After(cfg.Ramp)
+	n := 0
+ramp:
+	for n < cfg.Streams {
+		select {
+		case <-ready:
+			n++
+		case <-rampEnd:
+			break ramp
+		case <-ctx.Done():
+			return SoakResult{}, ctx.Err()
+		}
+		if int(failed.Load())+n >= cfg.Streams {
+			break
+		}
+	}
+	cfg.Logger.Info("soak: streams open", "streaming", n, "failed", failed.Load())
+	held := time.NewTimer(cfg.Hold)
+	// Measure halfway through the hold (after the ramp's garbage is gone).
+	select {
+	case <-time.After(cfg.Hold / 2):
+	case <-ctx.Done():
+	}
+	heap1, rheap1, gor1, router1 := measure()
+	select {
+	case <-held.C:
+	case <-ctx.Done():
+	}
+	cancel()
+	wg.Wait()
+	cpu := CPUTime() - cpu0
+
+	// Every router's in-flight count back to 0: the ends reach the local
+	// routers asynchronously; give them a while.
+	leaked := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		leaked = 0
+		for _, p := range sys.Pools {
+			leaked += p.Requests()
+		}
+		if leaked == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // polling the routers' counts
+	}
+	res := SoakResult{
+		Streams: n, LeakedRequests: leaked, Failed: int(failed.Load()), Channel: cfg.Channel,
+		DecisionP99us: decisionP99(sys) * 1e6,
+	}
+	if n > 0 {
+		res.AllHeapBytesPerStream = float64(int64(heap1)-int64(heap0)) / float64(n)
+		res.HeapBytesPerStream = float64(rheap1-rheap0) / float64(n)
+		res.GoroutinesPerStream = float64(router1-router0) / float64(n)
+		res.AllGoroutinesPerStream = float64(gor1-gor0) / float64(n)
+		res.CPUusPerStream = float64(cpu.Microseconds()) / float64(n)
+	}
+	if e := firstErr.Load(); e != nil {
+		res.FirstError = (*e).Error()
+	}
+	return res, nil
+}
+
+// oneRequest runs a short completion to the end.
+func oneRequest(ctx context.Context, hc *http.Client, url, model string) error {
+	body := fmt.Sprintf(`{"model":%q,"prompt":"warm up the soak","max_tokens":2,"stream":true}`, model)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("content-type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	return err
+}
+
+// stream opens streaming completion i, calls open once its response
+// headers came (the decision is made and the worker has it), and reads it
+// until ctx ends. A stream that ends before is an error.
+func stream(ctx context.Context, hc *http.Client, url, model string, i int, open func()) error {
+	// Prompts share a prefix by family, as chat traffic does.
+	prompt := fmt.Sprintf("system prompt of family %d: you are a helpful assistant. ", i%32) + strings.Repeat("context ", 40) + fmt.Sprintf("question %d", i)
+	body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":4096,"stream":true}`, model, prompt)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("content-type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+	}
+	open()
+	_, err = io.Copy(io.Discard, resp.Body)
+	if ctx.Err() == nil {
+		return fmt.Errorf("stream ended during the hold: %v", err)
+	}
+	return nil
+}
+
+// routerFrames mark a goroutine, or an allocation, of kvgate's router
+// code; serverFrames the gRPC servers' (the ext_proc server and the local
+// routers are this process's gRPC servers besides embedded etcd).
+var (
+	routerFrames = []string{
+		"github.com/kvgate/kvgate/extproc.",
+		"github.com/kvgate/kvgate/globalrouter.",
+		"github.com/kvgate/kvgate/pool.",
+		"github.com/kvgate/kvgate/localrouter",
+	}
+	serverFrames = []string{
+		"google.golang.org/grpc/internal/transport.(*http2Server)",
+		"google.golang.org/grpc/internal/transport.NewServerTransport",
+		"google.golang.org/grpc.(*Server)",
+	}
+)
+
+func hasFrame(s string, frames []string) bool {
+	for _, f := range frames {
+		if strings.HasPrefix(s, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// measure returns the live heap after a GC, the part of it the router
+// code allocated (heap profile, scaled as pprof scales it), the
+// goroutines, and those running router code.
+func measure() (heap uint64, routerHeap int64, goroutines, router int) {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	buf := make([]byte, 64<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+		goroutines++
+		for _, f := range routerFrames {
+			if bytes.Contains(g, []byte(f)) {
+				router++
+				break
+			}
+		}
+	}
+	n, _ := runtime.MemProfile(nil, false)
+	recs := make([]runtime.MemProfileRecord, n+256)
+	n, _ = runtime.MemProfile(recs, false)
+	isRouter := map[uintptr]bool{}
+	rate := float64(runtime.MemProfileRate)
+	for _, r := range recs[:n] {
+		inuse := r.InUseBytes()
+		if inuse <= 0 || r.AllocObjects == 0 {
+			continue
+		}
+		ours := false
+		for _, pc := range r.Stack() {
+			v, ok := isRouter[pc]
+			if !ok {
+				fn := runtime.FuncForPC(pc)
+				v = fn != nil && (hasFrame(fn.Name(), routerFrames) || hasFrame(fn.Name(), serverFrames))
+				isRouter[pc] = v
+			}
+			if v {
+				ours = true
+				break
+			}
+		}
+		if !ours {
+			continue
+		}
+		// pprof's scaling of a sampled record.
+		avg := float64(r.AllocBytes) / float64(r.AllocObjects)
+		scale := 1 / (1 - math.Exp(-avg/rate))
+		routerHeap += int64(float64(inuse) * scale)
+	}
+	return m.HeapAlloc, routerHeap, goroutines, router
+}
+
+// decisionP99 is the p99 of the global router's decision histogram, every
+// outcome merged, interpolated linearly within a bucket.
+func decisionP99(sys *up.System) float64 {
+	mfs, err := sys.Registry.Gather()
+	if err != nil {
+		return math.NaN()
+	}
+	var bounds []float64
+	var counts []uint64
+	var total uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "kvgate_globalrouter_decision_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			total += h.GetSampleCount()
+			addBuckets(&bounds, &counts, h)
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	want := 0.99 * float64(total)
+	lo, prev := 0.0, uint64(0)
+	for i, b := range bounds {
+		if float64(counts[i]) >= want {
+			frac := (want - float64(prev)) / float64(counts[i]-prev)
+			return lo + frac*(b-lo)
+		}
+		lo, prev = b, counts[i]
+	}
+	return lo // past the last bucket: its bound
+}
+
+func addBuckets(bounds *[]float64, counts *[]uint64, h *dto.Histogram) {
+	for i, b := range h.GetBucket() {
+		if i >= len(*bounds) {
+			*bounds = append(*bounds, b.GetUpperBound())
+			*counts = append(*counts, 0)
+		}
+		(*counts)[i] += b.GetCumulativeCount()
+	}
+}

@@ -1,0 +1,292 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/status"
+
+	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/localrouter"
+)
+
+// Channel streams: how many probes a stream queues, and how many of them run
+// at once. The reader stops reading when the queue is full, which pushes
+// back on the client through HTTP/2 flow control.
+const (
+	// ChannelMaxInFlight is the probes a Channel stream queues before it
+	// stops reading (told to the client in the hello).
+	ChannelMaxInFlight = 1024
+	// channelWorkers run a stream's probes: a fixed number of goroutines
+	// per stream, none per message.
+	channelWorkers = 4
+	// channelPruneMin is the least growth of a stream's committed set
+	// between two prunes.
+	channelPruneMin = 1024
+)
+
+// chanProbe is a probe read from a Channel stream, waiting for a worker.
+type chanProbe struct {
+	id       uint64
+	in       *localrouterv1.ChannelProbe
+	deadline time.Time // zero: none
+	canceled atomic.Bool
+}
+
+// chanStream is one Channel stream's state on the server.
+type chanStream struct {
+	s      *Server
+	stream localrouterv1.LocalRouter_ChannelServer
+	ctx    context.Context
+
+	sendMu sync.Mutex // gRPC streams allow one sender at a time
+
+	mu     sync.Mutex
+	queued map[uint64]*chanProbe // probes read and not yet started
+
+	// committed are the requests committed on this stream and not yet
+	// freed, by the id of the message that committed them: the reader's
+	// own (commits and events run on it, in order).
+	committed map[uint64]string
+	// pruneAt is the size of committed at which the requests the router
+	// expired (or freed by a call outside the stream) are dropped from it.
+	pruneAt int
+}
+
+// Channel implements localrouterv1.LocalRouterServer: probes, commits and
+// lifecycle events of many requests multiplexed on one stream. Probes run on
+// a fixed set of the stream's goroutines; commits and events run on the
+// reader, in arrival order, so a request's events follow its commit. When
+// the stream ends, however it ends, every request committed on it and not
+// freed is freed.
+func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
+	s.channelStreams.Add(1)
+	defer s.channelStreams.Add(-1)
+	cs := &chanStream{
+		s: s, stream: stream, ctx: stream.Context(),
+		queued: make(map[uint64]*chanProbe), committed: make(map[uint64]string), pruneAt: channelPruneMin,
+	}
+	// Freed however the stream ends; its context may be gone already.
+	defer cs.freeAll()
+	if err := cs.send(&localrouterv1.ChannelResponse{Msg: &localrouterv1.ChannelResponse_Hello{
+		Hello: &localrouterv1.ChannelHello{MaxInFlight: ChannelMaxInFlight}}}); err != nil {
+		return err
+	}
+	probes := make(chan *chanProbe, ChannelMaxInFlight)
+	var wg sync.WaitGroup
+	for range channelWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range probes {
+				cs.runProbe(p)
+			}
+		}()
+	}
+	err := cs.read(probes)
+	close(probes)
+	wg.Wait()
+	return err
+}
+
+// read handles the client's messages until the stream ends.
+func (cs *chanStream) read(probes chan<- *chanProbe) error {
+	for {
+		in, err := cs.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		id := in.GetId()
+		switch m := in.GetMsg().(type) {
+		case *localrouterv1.ChannelRequest_Probe:
+			p := &chanProbe{id: id, in: m.Probe}
+			if t := m.Probe.GetTimeoutUs(); t > 0 {
+				p.deadline = time.Now().Add(time.Duration(t) * time.Microsecond)
+			}
+			cs.mu.Lock()
+			cs.queued[id] = p
+			cs.mu.Unlock()
+			select {
+			case probes <- p:
+			case <-cs.ctx.Done():
+				return cs.ctx.Err()
+			}
+		case *localrouterv1.ChannelRequest_Commit:
+			err = cs.commit(id, m.Commit)
+		case *localrouterv1.ChannelRequest_Event:
+			err = cs.event(id, m.Event)
+		case *localrouterv1.ChannelRequest_Cancel:
+			cs.mu.Lock()
+			if p := cs.queued[m.Cancel.GetId()]; p != nil {
+				p.canceled.Store(true)
+			}
+			cs.mu.Unlock()
+		default:
+			err = cs.fail(id, fmt.Errorf("%w: empty channel message %d", errInvalidArgument, id))
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// runProbe answers one probe, unless it was canceled or its deadline passed
+// while it was queued.
+func (cs *chanStream) runProbe(p *chanProbe) {
+	cs.mu.Lock()
+	delete(cs.queued, p.id)
+	cs.mu.Unlock()
+	switch {
+	case p.canceled.Load():
+		_ = cs.fail(p.id, context.Canceled)
+		return
+	case !p.deadline.IsZero() && time.Now().After(p.deadline):
+		_ = cs.fail(p.id, context.DeadlineExceeded)
+		return
+	}
+	sel, err := cs.s.probe(cs.ctx, p.in)
+	if err != nil {
+		_ = cs.fail(p.id, err)
+		return
+	}
+	_ = cs.send(&localrouterv1.ChannelResponse{Id: p.id, Msg: &localrouterv1.ChannelResponse_Selection{Selection: sel}})
+}
+
+// probe is BestWorker without a request id over a channel probe.
+func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe) (*localrouterv1.Selection, error) {
+	prompt := in.GetPrompt()
+	if packed := in.GetPackedHashes(); len(packed) > 0 {
+		hashes, err := unpackHashes(packed)
+		if err != nil {
+			return nil, err
+		}
+		cp := &localrouterv1.Prompt{
+			BlockHashes: hashes, BlockSize: prompt.GetBlockSize(),
+			IslTokens: prompt.GetIslTokens(), LoraName: prompt.GetLoraName(),
+		}
+		prompt = cp
+	}
+	req, err := s.request(prompt)
+	if err != nil {
+		return nil, err
+	}
+	var rep localrouter.SignalsReport
+	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
+		Override: override(in.GetConfigOverride()), Signals: &rep, Allow: s.allow(in.GetAllowedAddresses()),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.withSignals(s.selection(sel), &rep), nil
+}
+
+// littleEndian: the host's u64s are laid out as packed_hashes is.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// unpackHashes decodes packed_hashes: little-endian u64s, 8 bytes each. On
+// a little-endian host it returns a view of packed, without copying
+// (packed is the unmarshalled message's own copy; nothing else writes it).
+func unpackHashes(packed []byte) ([]uint64, error) {
+	if len(packed)%8 != 0 {
+		return nil, fmt.Errorf("%w: packed_hashes is %d bytes, not a multiple of 8", errInvalidArgument, len(packed))
+	}
+	if len(packed) == 0 {
+		return nil, nil
+	}
+	if p := unsafe.SliceData(packed); littleEndian && uintptr(unsafe.Pointer(p))%8 == 0 {
+		return unsafe.Slice((*uint64)(unsafe.Pointer(p)), len(packed)/8), nil
+	}
+	hashes := make([]uint64, len(packed)/8)
+	for i := range hashes {
+		hashes[i] = binary.LittleEndian.Uint64(packed[i*8:])
+	}
+	return hashes, nil
+}
+
+// commit records a request on the stream's behalf.
+func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
+	if _, dup := cs.committed[id]; dup {
+		// Events name commits by id: a reused id would orphan a request.
+		return cs.fail(id, fmt.Errorf("%w: message id %d already names a request committed on this stream", errInvalidArgument, id))
+	}
+	sel, err := cs.s.commit(cs.ctx, in)
+	if err != nil {
+		return cs.fail(id, err)
+	}
+	cs.committed[id] = in.GetRequestId()
+	if len(cs.committed) >= cs.pruneAt {
+		for cid, rid := range cs.committed {
+			if _, ok := cs.s.r.Active().Has(rid); !ok {
+				delete(cs.committed, cid)
+			}
+		}
+		cs.pruneAt = 2*len(cs.committed) + channelPruneMin
+	}
+	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Selection{Selection: cs.s.selection(sel)}})
+}
+
+// event applies a lifecycle event to a request committed on the stream.
+func (cs *chanStream) event(id uint64, in *localrouterv1.ChannelEvent) error {
+	rid, ok := cs.committed[in.GetCommitId()]
+	if !ok {
+		return cs.fail(id, fmt.Errorf("%w: no request committed by message %d on this stream", localrouter.ErrUnknownRequest, in.GetCommitId()))
+	}
+	var err error
+	switch in.GetEvent() {
+	case localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE:
+		err = cs.s.markPrefillComplete(cs.ctx, rid)
+	case localrouterv1.TrackEvent_TRACK_EVENT_FREE:
+		delete(cs.committed, in.GetCommitId())
+		err = cs.s.free(cs.ctx, rid)
+	default:
+		err = fmt.Errorf("%w: unknown channel event %v", errInvalidArgument, in.GetEvent())
+	}
+	if err != nil {
+		return cs.fail(id, err)
+	}
+	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Acked{Acked: in.GetEvent()}})
+}
+
+// freeAll frees the requests the stream committed and did not free.
+func (cs *chanStream) freeAll() {
+	ctx := context.WithoutCancel(cs.ctx)
+	n := 0
+	for _, rid := range cs.committed {
+		if err := cs.s.free(ctx, rid); err == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		cs.s.log.Debug("requests freed at the end of their channel stream", "freed", n)
+	}
+}
+
+// fail answers message id with err's status. It reports only a failure to
+// send (the stream is then gone).
+func (cs *chanStream) fail(id uint64, err error) error {
+	st, _ := status.FromError(toStatus(err))
+	ce := &localrouterv1.ChannelError{Code: uint32(st.Code()), Message: st.Message()}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == localrouterv1.ErrorDomain {
+			ce.Reason = info.GetReason()
+		}
+	}
+	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Error{Error: ce}})
+}
+
+func (cs *chanStream) send(m *localrouterv1.ChannelResponse) error {
+	cs.sendMu.Lock()
+	defer cs.sendMu.Unlock()
+	return cs.stream.Send(m)
+}
