@@ -101,6 +101,11 @@ func (x *exchange) noteServed(req *extprocv3.ProcessingRequest) {
 	if x.decision == nil || x.servedSeen || x.freed {
 		return
 	}
+	if x.decision.BestEffort {
+		// Nothing was committed: there is no lifecycle to move, and a
+		// best-effort choice says nothing of the workers' health.
+		return
+	}
 	served := servedOf(req.GetMetadataContext())
 	if served == "" {
 		return

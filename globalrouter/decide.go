@@ -160,7 +160,9 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 	if len(cands) == 0 {
 		switch {
 		case misses > 0 && misses == failed:
-			return nil, fmt.Errorf("%w", errors.Join(errs(results)...))
+			// The client learns the rule, not which pools and workers
+			// the model has (other tenants' among them).
+			return nil, &Refusal{Kind: ErrNoEndpointInSubset, Reason: "no_endpoint_in_subset", Public: "no endpoint in the request's subset can take it", Err: errors.Join(errs(results)...)}
 		case pinPool != "":
 			return nil, pinError(HeaderPool, pinPool, results[0].err)
 		case saturated > 0 && saturated+misses == failed:

@@ -325,8 +325,11 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}
 	gcfg.Models = []globalrouter.ModelConfig{{Name: cfg.Model, Tokenizer: globalrouter.DefaultTokenizer, MaxBodyBytes: cfg.MaxBodyBytes}}
 	// A local demo: its one user is the operator, who pins and reads the
-	// routing headers (production configurations default to neither).
-	gcfg.Trust.Steering, gcfg.Trust.RoutingHeaders = globalrouter.AccessOn, globalrouter.AccessOn
+	// routing headers (production configurations default to neither). A
+	// gateway bound beyond loopback serves others: trusted callers only.
+	if loopbackAddr(cfg.GatewayAddr) {
+		gcfg.Trust.Steering, gcfg.Trust.RoutingHeaders = globalrouter.AccessOn, globalrouter.AccessOn
+	}
 	s.Decisions = status.NewRecorder(20)
 	gopts := []globalrouter.Option{
 		globalrouter.WithObserver(s.Decisions.Observe),
@@ -589,4 +592,18 @@ func Run(ctx context.Context, cfg Config, out io.Writer, grace time.Duration) er
 	}
 	fmt.Fprintln(out, "stopped")
 	return nil
+}
+
+// loopbackAddr reports whether a listen address host:port binds loopback
+// only ("localhost", 127.0.0.0/8, ::1); an empty host binds every interface.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
