@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -42,17 +41,7 @@ func (s *Subset) allows(addr string) bool {
 	if s == nil {
 		return true
 	}
-	if addr == "" {
-		return false
-	}
-	host, _, err := net.SplitHostPort(addr)
-	for _, a := range s.Addresses {
-		a = strings.TrimSpace(a)
-		if a == addr || (err == nil && a == host) {
-			return true
-		}
-	}
-	return false
+	return addr != "" && len(s.Addresses) > 0 && routing.AddressAllowed(s.Addresses, addr)
 }
 
 // addresses is what a probe sends as allowed_addresses (nil: no subset).

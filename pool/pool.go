@@ -291,8 +291,8 @@ func (p *Pool) alternative(ctx context.Context, c *conn, pr Prompt, sel routing.
 	now := time.Now()
 	for _, l := range loads {
 		p.known.add(l.WorkerID, l.DPRank, l.Address, now)
-		if l.Address == "" || p.ej.Ejected(l.Address) {
-			continue
+		if l.Address == "" || p.ej.Ejected(l.Address) || !routing.AddressAllowed(pr.Allowed, l.Address) {
+			continue // the replacement stays inside the request's subset
 		}
 		if !found || better(l, best) {
 			best, found = l, true

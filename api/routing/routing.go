@@ -11,6 +11,8 @@ package routing
 import (
 	"fmt"
 	"math"
+	"net"
+	"strings"
 )
 
 // Selection is the worker a local router chose for a request, and the terms
@@ -79,4 +81,26 @@ func (o *Override) Validate() error {
 		}
 	}
 	return nil
+}
+
+// AddressAllowed reports whether a worker at addr (host:port) is admitted
+// by an endpoint subset (the endpoint-picker protocol's subset hint, sent
+// to local routers as allowed_addresses): addr is listed, or its host is
+// listed without a port. An empty list restricts nothing; an empty addr is
+// never admitted by a non-empty list.
+func AddressAllowed(allowed []string, addr string) bool {
+	if len(allowed) == 0 {
+		return true
+	}
+	if addr == "" {
+		return false
+	}
+	host, _, err := net.SplitHostPort(addr)
+	for _, a := range allowed {
+		a = strings.TrimSpace(a)
+		if a == addr || (err == nil && a == host) {
+			return true
+		}
+	}
+	return false
 }

@@ -47,3 +47,24 @@ func TestOverrideValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestAddressAllowed(t *testing.T) {
+	for _, c := range []struct {
+		allowed []string
+		addr    string
+		want    bool
+	}{
+		{nil, "10.0.0.1:8000", true},
+		{[]string{"10.0.0.1:8000"}, "10.0.0.1:8000", true},
+		{[]string{" 10.0.0.1:8000 "}, "10.0.0.1:8000", true},
+		{[]string{"10.0.0.1"}, "10.0.0.1:9000", true},
+		{[]string{"10.0.0.1:8000"}, "10.0.0.1:9000", false},
+		{[]string{"10.0.0.2"}, "10.0.0.1:8000", false},
+		{[]string{"::1"}, "[::1]:8000", true},
+		{[]string{"10.0.0.1:8000"}, "", false},
+	} {
+		if got := AddressAllowed(c.allowed, c.addr); got != c.want {
+			t.Errorf("AddressAllowed(%q, %q) = %v, want %v", c.allowed, c.addr, got, c.want)
+		}
+	}
+}
