@@ -28,18 +28,19 @@ const DefaultDrain = 10 * time.Second
 
 // Group runs the parts of one process. Parts start when added; the first
 // to fail is reported on Err; Stop stops them all, gRPC servers gracefully
-// (open streams finish, until Stop's ctx ends), HTTP servers with Shutdown,
-// tasks by cancelling their context. Safe for concurrent use.
+// (open streams finish, until Stop's ctx ends), HTTP servers with Shutdown
+// (then Close, once Stop's ctx ends), tasks by cancelling their context.
+// Safe for concurrent use.
 type Group struct {
-	log    *slog.Logger
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	errs   chan error
+	log  *slog.Logger
+	wg   sync.WaitGroup
+	errs chan error
 
 	mu       sync.Mutex
 	grpcs    []*grpc.Server
 	https    []*http.Server
+	cancels  []context.CancelFunc // of the tasks Go started
+	stopping bool                 // Stop has cancelled the tasks
 	onStop   []func(context.Context) error
 	stopOnce sync.Once
 	stopErr  error
@@ -50,8 +51,7 @@ func NewGroup(log *slog.Logger) *Group {
 	if log == nil {
 		log = slog.Default()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Group{log: log, ctx: ctx, cancel: cancel, errs: make(chan error, 16)}
+	return &Group{log: log, errs: make(chan error, 16)}
 }
 
 func (g *Group) fail(name string, err error) {
@@ -62,12 +62,22 @@ func (g *Group) fail(name string, err error) {
 }
 
 // Go runs fn in its own goroutine until it returns or Stop cancels its ctx.
+// fn's ctx carries ctx's values but not its cancellation: only Stop ends it
+// (Run stops the group when its own ctx ends, after the servers drained).
 // A non-nil error returned before Stop is reported on Err.
-func (g *Group) Go(name string, fn func(ctx context.Context) error) {
+func (g *Group) Go(ctx context.Context, name string, fn func(ctx context.Context) error) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.mu.Lock()
+	if g.stopping {
+		cancel()
+	} else {
+		g.cancels = append(g.cancels, cancel)
+	}
+	g.mu.Unlock()
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		if err := fn(g.ctx); err != nil && g.ctx.Err() == nil {
+		if err := fn(ctx); err != nil && ctx.Err() == nil {
 			g.fail(name, err)
 		}
 	}()
@@ -139,10 +149,18 @@ func (g *Group) Stop(ctx context.Context) error {
 		stopping.Wait()
 		for _, s := range https {
 			if err := s.Shutdown(ctx); err != nil {
+				_ = s.Close() // drain over: close what is left, as gRPC's Stop does
 				errs = append(errs, err)
 			}
 		}
-		g.cancel()
+		g.mu.Lock()
+		g.stopping = true
+		cancels := g.cancels
+		g.cancels = nil
+		g.mu.Unlock()
+		for _, cancel := range cancels {
+			cancel()
+		}
 		g.wg.Wait()
 		for i := len(onStop) - 1; i >= 0; i-- {
 			if err := onStop[i](ctx); err != nil {
