@@ -3,9 +3,10 @@
 // background tasks, stops them all when the first one fails or the context
 // ends, and drains gracefully; the admin handler (metrics); and the etcd
 // and NATS clients with their TLS and credential settings. The local
-// router's service, `kvgate extproc` and `kvgate relay` run on a Group;
-// the mocker uses the etcd and NATS clients (its HTTP server and Instance
-// lifecycle, with the fault hooks of internal/up, are its own).
+// router's service, `kvgate extproc`, `kvgate relay` and the mocker run on
+// a Group (the mocker's Instance.Kill, the crash that internal/up and the
+// fault tests inject, closes its HTTP server under the group, which counts
+// http.ErrServerClosed as no failure, so the rest of the process carries on).
 package runner
 
 import (
@@ -88,13 +89,7 @@ func (g *Group) ServeGRPC(name string, srv *grpc.Server, lis net.Listener) {
 	g.mu.Lock()
 	g.grpcs = append(g.grpcs, srv)
 	g.mu.Unlock()
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			g.fail(name, err)
-		}
-	}()
+	g.serve(name, func() error { return srv.Serve(lis) }, grpc.ErrServerStopped)
 }
 
 // ServeHTTP serves srv on lis until Stop.
@@ -102,10 +97,16 @@ func (g *Group) ServeHTTP(name string, srv *http.Server, lis net.Listener) {
 	g.mu.Lock()
 	g.https = append(g.https, srv)
 	g.mu.Unlock()
+	g.serve(name, func() error { return srv.Serve(lis) }, http.ErrServerClosed)
+}
+
+// serve runs serve in the group; its error is a failure unless it is
+// stopped, the server's "stopped on purpose" error.
+func (g *Group) serve(name string, serve func() error, stopped error) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(); err != nil && !errors.Is(err, stopped) {
 			g.fail(name, err)
 		}
 	}()
