@@ -66,11 +66,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	nc := testenv.ConnectNATS(t, ns.ClientURL())
 	_, cli := testenv.StartEtcd(t)
 
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
+	pub := listenPub(ctx, t)
 	endpoint := "tcp://" + pub.Addr().String()
 
 	events := make(chan kvevents.RouterEvent, 256)
@@ -94,9 +90,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	stop := runRelay(ctx, r)
 
 	key := membership.WorkersPrefix("p") + "w1"
 	waitKey(ctx, t, cli, key, true)
@@ -231,8 +225,7 @@ func TestRelayEndToEnd(t *testing.T) {
 		cleared[e.DPRank] = true
 	}
 
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("Run returned %v, want nil on cancellation", err)
 	}
 	waitKey(ctx, t, cli, key, false)
@@ -295,24 +288,13 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 		pubs = append(pubs, pub)
 		endpoints = append(endpoints, "tcp://"+pub.Addr().String())
 	}
-	seen := make(chan kvevents.RouterEvent, 256)
-	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
-		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
-			seen <- e
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	seen := subscribeEvents(t, ns.ClientURL(), "p", 256)
 	r, err := relay.New(relay.Config{Endpoints: endpoints, Pool: "p", Worker: membership.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}},
 		relay.Options{NATS: nc, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	stop := runRelay(ctx, r)
 
 	// Each rank stores one block, resent until it comes through (ZMQ drops
 	// what a PUB sends before the subscription reaches it).
@@ -349,8 +331,7 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 	if diff := cmp.Diff([]uint32{0, 1}, ranks); diff != "" {
 		t.Errorf("dumped ranks (-want +got):\n%s", diff)
 	}
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Error(err)
 	}
 }
@@ -363,11 +344,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	defer cancel()
 	ns := testenv.StartNATSServer(t)
 	nc := testenv.ConnectNATS(t, ns.ClientURL())
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
+	pub := listenPub(ctx, t)
 	router := zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("replay")))
 	defer router.Close()
 	if err := router.Listen("tcp://127.0.0.1:0"); err != nil {
@@ -418,16 +395,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 		}
 	}
 
-	seen := make(chan kvevents.RouterEvent, 256)
-	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
-		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
-			seen <- e
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	seen := subscribeEvents(t, ns.ClientURL(), "p", 256)
 	reg := prometheus.NewRegistry()
 	r, err := relay.New(relay.Config{
 		Endpoints: []string{"tcp://" + pub.Addr().String()}, ReplayEndpoints: []string{"tcp://" + router.Addr().String()},
@@ -436,9 +404,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	stop := runRelay(ctx, r)
 
 	next := func() kvevents.RouterEvent { t.Helper(); return nextEvent(ctx, t, seen) }
 	// Join: resend block 1 under fresh sequences until it comes through
@@ -475,8 +441,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_replayed_messages_total")); n != 1 {
 		t.Errorf("replayed = %v, want 1", n)
 	}
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Error(err)
 	}
 	router.Close()
@@ -491,11 +456,7 @@ func TestRelayEndpointErrorEndsRun(t *testing.T) {
 	defer cancel()
 	ns := testenv.StartNATSServer(t)
 	nc := testenv.ConnectNATS(t, ns.ClientURL())
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
+	pub := listenPub(ctx, t)
 	r, err := relay.New(relay.Config{Endpoints: []string{"tcp://" + pub.Addr().String(), "bogus://nowhere"}, Pool: "p",
 		Worker: membership.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}}, relay.Options{NATS: nc, Logger: testenv.Logger(t)})
 	if err != nil {
@@ -511,4 +472,42 @@ func TestRelayEndpointErrorEndsRun(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("Run did not return after an endpoint failed")
 	}
+}
+
+// listenPub binds an engine's ZMQ PUB socket on a free loopback port,
+// closed when the test ends.
+func listenPub(ctx context.Context, t *testing.T) zmq4.Socket {
+	t.Helper()
+	pub := zmq4.NewPub(ctx)
+	t.Cleanup(func() { pub.Close() })
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	return pub
+}
+
+// subscribeEvents receives the router events published on NATS at url for
+// pool (buffering n; what does not decode is dropped) until the test ends.
+func subscribeEvents(t *testing.T, url, pool string, n int) <-chan kvevents.RouterEvent {
+	t.Helper()
+	events := make(chan kvevents.RouterEvent, n)
+	sub, err := testenv.ConnectNATS(t, url).Subscribe(kvevents.EventsSubject(pool), func(m *nats.Msg) {
+		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
+			events <- e
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	return events
+}
+
+// runRelay runs r until ctx ends or stop is called; stop waits for Run and
+// returns its error.
+func runRelay(ctx context.Context, r *relay.Relay) (stop func() error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	return func() error { cancel(); return <-done }
 }
