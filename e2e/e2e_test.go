@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/testenv"
@@ -137,16 +135,7 @@ func TestLifecycleWithRealRouter(t *testing.T) {
 	c := httpClient(t)
 	ctx, cancel := context.WithCancel(testenv.ContextWithTimeout(t, testTimeout))
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "POST", s.GatewayURL()+"/v1/chat/completions",
-		strings.NewReader(chatBody("mock-llama", longPrompt("lifecycle", 0), true, 4000)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("content-type", "application/json")
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postChat(t, ctx, c, s.GatewayURL(), chatBody("mock-llama", longPrompt("lifecycle", 0), true, 4000))
 	defer resp.Body.Close()
 	p := s.Pool(resp.Header.Get("x-kvgate-pool"))
 	if resp.StatusCode != 200 || p == nil {

@@ -29,18 +29,7 @@ import (
 // body to read.
 func openStream(t testing.TB, ctx context.Context, c *http.Client, s *up.System, body string, hdr ...string) (*http.Response, *bufio.Reader) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, "POST", s.GatewayURL()+"/v1/chat/completions", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("content-type", "application/json")
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postChat(t, ctx, c, s.GatewayURL(), body, hdr...)
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()

@@ -73,10 +73,18 @@ func chat(t testing.TB, ctx context.Context, c *http.Client, s *up.System, body 
 	return chatURL(t, ctx, c, s.GatewayURL(), body, hdr...)
 }
 
-// chatURL is chat against the gateway at base.
-func chatURL(t testing.TB, ctx context.Context, c *http.Client, base, body string, hdr ...string) reply {
+// postChat posts a chat completion body to the gateway at base, with
+// headers as name, value pairs, and returns the response, body unread.
+func postChat(t testing.TB, ctx context.Context, c *http.Client, base, body string, hdr ...string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
+	return send(t, ctx, c, "POST", base+"/v1/chat/completions", body, hdr...)
+}
+
+// send sends a JSON body (content-type application/json) with headers as
+// name, value pairs, and returns the response, body unread.
+func send(t testing.TB, ctx context.Context, c *http.Client, method, url, body string, hdr ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +96,13 @@ func chatURL(t testing.TB, ctx context.Context, c *http.Client, base, body strin
 	if err != nil {
 		t.Fatal(err)
 	}
+	return resp
+}
+
+// chatURL is chat against the gateway at base.
+func chatURL(t testing.TB, ctx context.Context, c *http.Client, base, body string, hdr ...string) reply {
+	t.Helper()
+	resp := postChat(t, ctx, c, base, body, hdr...)
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -22,15 +21,7 @@ func TestPublicSurface(t *testing.T) {
 	c := httpClient(t)
 	do := func(method, base, path, body string) (int, string) {
 		t.Helper()
-		req, err := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("content-type", "application/json")
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := send(t, ctx, c, method, base+path, body)
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)

@@ -132,7 +132,7 @@ func (x *exchange) noteServed(req *extprocv3.ProcessingRequest) {
 		x.log.Warn("the decision's lease cannot move to the served endpoint", "served", served)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), x.s.cfg.LeaseTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.stream.Context()), x.s.cfg.LeaseTimeout)
 	defer cancel()
 	if err := m.Move(ctx, *to); err != nil {
 		x.log.Warn("moving the request to the endpoint that served it failed", "served", served, "pool", to.Pool, "err", err)

@@ -242,7 +242,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 		return err
 	}
 
-	g.Go("extproc", func(ctx context.Context) error { return srv.Serve(ctx, lis, sopts...) })
+	g.Go(ctx, "extproc", func(ctx context.Context) error { return srv.Serve(ctx, lis, sopts...) })
 	if o.HealthAddr != "" {
 		hlis, err := runner.Listen("health-addr", o.HealthAddr)
 		if err != nil {
@@ -254,7 +254,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 		g.ServeGRPC("health", hs, hlis)
 	}
 	if o.WatchInterval >= 0 {
-		g.Go("config watch", func(ctx context.Context) error {
+		g.Go(ctx, "config watch", func(ctx context.Context) error {
 			// The router logs each reload, taken or refused.
 			return router.WatchFile(ctx, o.PoolsFile, o.WatchInterval, nil)
 		})
@@ -264,7 +264,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 			return status.Snapshot{Title: "kvgate extproc — live status", Info: []status.Fact{{Label: "ext_proc", Value: lis.Addr().String()}},
 				Pools: status.RouterPools(router, reg), Config: status.RouterConfig(router)}
 		}})
-		g.Go("status page", func(ctx context.Context) error { page.Run(ctx); return nil })
+		g.Go(ctx, "status page", func(ctx context.Context) error { page.Run(ctx); return nil })
 		g.ServeHTTP("admin", &http.Server{Handler: runner.AdminHandler(reg, map[string]http.Handler{"/kvgate/status/": page.Handler("/kvgate/status")}), ReadHeaderTimeout: 5 * time.Second}, mlis)
 		logger.Info("admin listening", "addr", mlis.Addr().String())
 	}

@@ -58,11 +58,7 @@ func TestParseFlags(t *testing.T) {
 // and stops cleanly when ctx ends.
 func TestRun(t *testing.T) {
 	lr := pooltest.Start(t, "pool-a", 16, pooltest.Workers("a", 2)...)
-	cfgFile := filepath.Join(t.TempDir(), "pools.yaml")
-	yaml := fmt.Sprintf("pools:\n  - name: pool-a\n    models: [m]\n    routers:\n      static: [%q]\n", lr.Addr)
-	if err := os.WriteFile(cfgFile, []byte(yaml), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfgFile := writePools(t, t.TempDir(), lr.Addr)
 	// A shadow chain runs alongside.
 	shadowFile := filepath.Join(t.TempDir(), "shadow.yaml")
 	if err := os.WriteFile(shadowFile, []byte("chain: [model-match, kv-overlap]\n"), 0o644); err != nil {
@@ -82,9 +78,7 @@ func TestRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, o, slog.New(slog.DiscardHandler), lis, mlis) }()
+	stop := startRun(ctx, o, lis, mlis)
 
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -150,8 +144,29 @@ func TestRun(t *testing.T) {
 			t.Errorf("/kvgate/status/ (status %d) lacks %q", resp.StatusCode, want)
 		}
 	}
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("run: %v", err)
 	}
+}
+
+// writePools writes dir/pools.yaml naming one pool, pool-a serving model
+// m, on the local router at addr, and returns its path.
+func writePools(t *testing.T, dir, addr string) string {
+	t.Helper()
+	cfgFile := filepath.Join(dir, "pools.yaml")
+	yaml := fmt.Sprintf("pools:\n  - name: pool-a\n    models: [m]\n    routers:\n      static: [%q]\n", addr)
+	if err := os.WriteFile(cfgFile, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cfgFile
+}
+
+// startRun runs the `kvgate extproc` process with o on lis (mlis: the
+// admin listener, nil for none) until ctx ends or stop is called; stop
+// waits for run and returns its error.
+func startRun(ctx context.Context, o Options, lis, mlis net.Listener) (stop func() error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx, o, slog.New(slog.DiscardHandler), lis, mlis) }()
+	return func() error { cancel(); return <-done }
 }

@@ -2,9 +2,7 @@ package extproc
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -26,10 +24,7 @@ import (
 func TestRunTLS(t *testing.T) {
 	lr := pooltest.Start(t, "pool-a", 16, pooltest.Workers("a", 1)...)
 	dir := t.TempDir()
-	cfgFile := filepath.Join(dir, "pools.yaml")
-	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf("pools:\n  - name: pool-a\n    models: [m]\n    routers:\n      static: [%q]\n", lr.Addr)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfgFile := writePools(t, dir, lr.Addr)
 	now := time.Now()
 	ca, err := tlsconfig.NewCA("test CA", now, now.Add(time.Hour))
 	if err != nil {
@@ -61,9 +56,7 @@ func TestRunTLS(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- run(runCtx, o, slog.New(slog.DiscardHandler), lis, nil) }()
+	stop := startRun(ctx, o, lis, nil)
 
 	health := func(addr string, creds credentials.TransportCredentials) error {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
@@ -96,8 +89,7 @@ func TestRunTLS(t *testing.T) {
 	}
 	ccancel()
 	conn.Close()
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("run: %v", err)
 	}
 }

@@ -22,11 +22,11 @@ import (
 )
 
 // exchange is the state machine of one ext_proc stream. It runs on the
-// stream's goroutine only.
+// stream's goroutine only. It holds no context of its own: the stream's
+// (stream.Context(), grpc-go's per-stream context) bounds every call.
 type exchange struct {
 	s      *Server
 	stream extprocv3.ExternalProcessor_ProcessServer
-	ctx    context.Context
 	log    *slog.Logger
 
 	reqMode, respMode bodyMode
@@ -74,7 +74,6 @@ func newExchange(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *e
 	return &exchange{
 		s:        s,
 		stream:   stream,
-		ctx:      stream.Context(),
 		log:      s.log,
 		reqMode:  s.reqMode,
 		respMode: s.respMode,
@@ -93,7 +92,7 @@ func (x *exchange) run() error {
 	for {
 		req, err := x.stream.Recv()
 		if err != nil {
-			if err == io.EOF || status.Code(err) == codes.Canceled || x.ctx.Err() != nil {
+			if err == io.EOF || status.Code(err) == codes.Canceled || x.stream.Context().Err() != nil {
 				return nil // Envoy ended the stream: the request is over
 			}
 			return err
@@ -141,7 +140,7 @@ func (x *exchange) handle(req *extprocv3.ProcessingRequest) error {
 
 func (x *exchange) send(r *extprocv3.ProcessingResponse) error {
 	if err := x.stream.Send(r); err != nil {
-		if x.ctx.Err() != nil {
+		if x.stream.Context().Err() != nil {
 			return errDone
 		}
 		return err
@@ -260,10 +259,10 @@ func (x *exchange) route() error {
 	}
 
 	start := time.Now()
-	d, err := x.s.decider.Decide(x.ctx, greq)
+	d, err := x.s.decider.Decide(x.stream.Context(), greq)
 	x.s.m.decision.Observe(time.Since(start).Seconds())
 	if err != nil {
-		if x.ctx.Err() != nil {
+		if x.stream.Context().Err() != nil {
 			return errDone // Envoy gave up on the request meanwhile
 		}
 		e := x.s.errorFor(err)
@@ -508,7 +507,7 @@ func (x *exchange) free() {
 // outlives the stream (a free after the client left must still reach the
 // local router).
 func (x *exchange) leaseCall(what string, f func(context.Context) error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), x.s.cfg.LeaseTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.stream.Context()), x.s.cfg.LeaseTimeout)
 	defer cancel()
 	if err := f(ctx); err != nil {
 		x.log.Warn("lease "+what+" failed", "pool", x.current.Pool, "worker", x.current.WorkerID, "err", err)

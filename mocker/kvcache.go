@@ -100,15 +100,16 @@ func (c *kvCache) usage() float64 {
 
 // matchPrefix returns how many leading hashes are cached, without touching
 // them.
-func (c *kvCache) matchPrefix(seqHashes []uint64) int {
-	n := 0
-	for _, h := range seqHashes {
-		if _, ok := c.cached[h]; !ok {
-			break
+func (c *kvCache) matchPrefix(seqHashes []uint64) int { return leadingIn(c.cached, seqHashes) }
+
+// leadingIn is how many leading hashes are keys of m.
+func leadingIn[V any](m map[uint64]V, seqHashes []uint64) int {
+	for n, h := range seqHashes {
+		if _, ok := m[h]; !ok {
+			return n
 		}
-		n++
 	}
-	return n
+	return len(seqHashes)
 }
 
 // acquireCached takes a reference on the cached block of each hash (they must
@@ -226,16 +227,7 @@ func (c *kvCache) offload(h uint64) {
 func (c *kvCache) emit(ev kvevents.Event) { *c.events = append(*c.events, ev) }
 
 // matchCPU returns how many leading hashes the CPU tier holds.
-func (c *kvCache) matchCPU(seqHashes []uint64) int {
-	n := 0
-	for _, h := range seqHashes {
-		if _, ok := c.cpu[h]; !ok {
-			break
-		}
-		n++
-	}
-	return n
-}
+func (c *kvCache) matchCPU(seqHashes []uint64) int { return leadingIn(c.cpu, seqHashes) }
 
 // touchCPU marks hashes recently used on the CPU tier (a reload keeps the
 // CPU copy).

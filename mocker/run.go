@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -167,12 +166,14 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	}
 	engCfg := cfg.Server.Engine.withDefaults()
 
-	var closers []func()
+	// The instance runs on a runner.Group like kvgate's other processes:
+	// what Start opens is closed by the group's OnStop, in reverse order,
+	// whether Start fails half-way or the instance shuts down.
+	g := runner.NewGroup(log)
+	closeOnStop := func(f func()) { g.OnStop(func(context.Context) error { f(); return nil }) }
 	defer func() {
 		if err != nil {
-			for i := len(closers) - 1; i >= 0; i-- {
-				closers[i]()
-			}
+			_ = g.Stop(context.Background())
 		}
 	}()
 
@@ -180,7 +181,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	if err != nil {
 		return nil, fmt.Errorf("mocker: %w", err)
 	}
-	closers = append(closers, func() { ln.Close() })
+	closeOnStop(func() { ln.Close() })
 	tcp := ln.Addr().(*net.TCPAddr)
 	if cfg.Advertise == "" {
 		host := tcp.IP.String()
@@ -195,8 +196,11 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	cfg.Server.WorkerID, cfg.Server.Address = cfg.WorkerID, cfg.Advertise
 	log = log.With("worker", cfg.WorkerID, "pool", cfg.Pool)
 
+	// runCtx is the KV event sinks' lifetime: it ends with the group's
+	// tasks, once the HTTP server has drained.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	closers = append(closers, cancel)
+	closeOnStop(cancel)
+	g.Go(ctx, "kv events", func(ctx context.Context) error { <-ctx.Done(); cancel(); return nil })
 
 	inst = &Instance{WorkerID: cfg.WorkerID, done: make(chan struct{})}
 	dpSize := max(cfg.Server.DPSize, 1)
@@ -217,7 +221,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 			if err != nil {
 				return nil, fmt.Errorf("mocker: %w", err)
 			}
-			closers = append(closers, func() { z.Close() })
+			closeOnStop(func() { z.Close() })
 			if cfg.ZMQReplayEndpoint != "" {
 				rep, err := offsetEndpoint(cfg.ZMQReplayEndpoint, r)
 				if err != nil {
@@ -244,7 +248,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 			if nc, err = (runner.NATS{URL: cfg.NATSURL, TLS: cfg.NATSTLS, CredsFile: cfg.NATSCredsFile}).Connect("kvgate-mocker-"+cfg.WorkerID, log); err != nil {
 				return nil, fmt.Errorf("mocker: %w", err)
 			}
-			closers = append(closers, nc.Close)
+			closeOnStop(nc.Close)
 		}
 		// A worker that cannot publish marks its registration stale
 		// (attached below), so routers stop sending it requests.
@@ -256,7 +260,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		if err != nil {
 			return nil, fmt.Errorf("mocker: %w", err)
 		}
-		closers = append(closers, func() { pub.Close() })
+		closeOnStop(func() { pub.Close() })
 		sink = PublisherSink{Publisher: pub}
 		if dpSize > 1 {
 			for r := range dpSize {
@@ -279,7 +283,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		if cli, err = (runner.Etcd{Endpoints: cfg.EtcdEndpoints, TLS: cfg.EtcdTLS}).Client(ctx); err != nil {
 			return nil, fmt.Errorf("mocker: %w", err)
 		}
-		closers = append(closers, func() { cli.Close() })
+		closeOnStop(func() { cli.Close() })
 	}
 	if cli != nil {
 		role := engCfg.Role
@@ -290,7 +294,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		if err != nil {
 			return nil, fmt.Errorf("mocker: %w", err)
 		}
-		closers = append(closers, func() {
+		closeOnStop(func() {
 			if err := reg.Close(); err != nil {
 				log.Warn("deregister", "err", err)
 			}
@@ -299,42 +303,28 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	}
 
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// Kill closes the server under the group: Serve ends with
+	// http.ErrServerClosed, which the group does not count as a failure,
+	// so the engine, the events and the registration carry on until ctx
+	// ends; the group's later Shutdown of a closed server is a no-op.
 	inst.kill = func() { _ = hs.Close() }
-	var wg sync.WaitGroup
-	serveErr := make(chan error, 1)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		srv.Run(runCtx)
-	}()
-	go func() {
-		defer wg.Done()
-		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			serveErr <- err
-		}
-	}()
+	g.Go(ctx, "engine", func(ctx context.Context) error { srv.Run(ctx); return nil })
+	g.ServeHTTP("serve", hs, ln)
 	log.Info("mocker serving", "addr", inst.Addr, "events", cfg.Events, "zmq", inst.ZMQEndpoint,
 		"role", engCfg.Role, "block_size", engCfg.BlockSize, "num_blocks", engCfg.NumBlocks, "speedup", engCfg.Speedup)
 
-	stopping := closers
-	closers = nil
 	go func() {
+		defer close(inst.done)
 		select {
 		case <-ctx.Done():
-		case err := <-serveErr:
-			inst.err = fmt.Errorf("mocker: serve: %w", err)
+		case err := <-g.Err():
+			inst.err = fmt.Errorf("mocker: %w", err)
 		}
+		// Connections still open after the drain are closed hard; that
+		// is the shutdown's business, not an error of the instance.
 		shutCtx, cancelShut := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := hs.Shutdown(shutCtx); err != nil {
-			hs.Close()
-		}
-		cancelShut()
-		cancel()
-		wg.Wait()
-		for i := len(stopping) - 1; i >= 0; i-- {
-			stopping[i]()
-		}
-		close(inst.done)
+		defer cancelShut()
+		_ = g.Stop(shutCtx)
 	}()
 	return inst, nil
 }

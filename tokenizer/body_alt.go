@@ -46,28 +46,40 @@ func (p *bodyParser) responses(o *fastjson.Object) (*ChatRequest, error) {
 	if len(c.Messages) == 0 {
 		return nil, errors.New("input: no message in it")
 	}
+	if err := readTools(o, c, "parameters", true); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// readTools sets c.Tools from o's "tools", a list of tool objects whose
+// JSON schema stands under schemaKey ("parameters" in the Responses API,
+// "input_schema" in Anthropic's); with functionsOnly, tools whose type is
+// not "function" (built-in tools: web_search, ...) render nothing. It sets
+// c.ToolChoice from "tool_choice", as given.
+func readTools(o *fastjson.Object, c *ChatRequest, schemaKey string, functionsOnly bool) error {
 	if v := present(o.Get("tools")); v != nil {
 		tools, err := v.Array()
 		if err != nil {
-			return nil, errors.New("tools: must be a list")
+			return errors.New("tools: must be a list")
 		}
 		var out []byte
 		for i, t := range tools {
 			to, err := t.Object()
 			if err != nil {
-				return nil, fmt.Errorf("tools[%d]: must be an object", i)
+				return fmt.Errorf("tools[%d]: must be an object", i)
 			}
-			if typ := string(to.Get("type").GetStringBytes()); typ != "function" {
-				continue // built-in tools (web_search, ...) render nothing
+			if functionsOnly && string(to.Get("type").GetStringBytes()) != "function" {
+				continue
 			}
-			out = appendTool(out, to, "parameters")
+			out = appendTool(out, to, schemaKey)
 		}
 		c.Tools = closeList(out)
 	}
 	if v := present(o.Get("tool_choice")); v != nil {
 		c.ToolChoice = raw(v)
 	}
-	return c, nil
+	return nil
 }
 
 func (p *bodyParser) responsesItem(v *fastjson.Value, c *ChatRequest) error {
@@ -145,23 +157,8 @@ func (p *bodyParser) anthropic(o *fastjson.Object) (*ChatRequest, error) {
 	if len(c.Messages) == 0 {
 		return nil, errors.New("messages: no content in them")
 	}
-	if v := present(o.Get("tools")); v != nil {
-		tools, err := v.Array()
-		if err != nil {
-			return nil, errors.New("tools: must be a list")
-		}
-		var out []byte
-		for i, t := range tools {
-			to, err := t.Object()
-			if err != nil {
-				return nil, fmt.Errorf("tools[%d]: must be an object", i)
-			}
-			out = appendTool(out, to, "input_schema")
-		}
-		c.Tools = closeList(out)
-	}
-	if v := present(o.Get("tool_choice")); v != nil {
-		c.ToolChoice = raw(v)
+	if err := readTools(o, c, "input_schema", false); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

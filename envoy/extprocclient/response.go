@@ -35,34 +35,17 @@ func (s *Stream) onResponse(r *extprocv3.ProcessingResponse) {
 		s.resp.setMode(eff)
 	}
 	var err error
-	switch v := r.GetResponse().(type) {
-	case *extprocv3.ProcessingResponse_RequestHeaders:
-		s.setDynamicMetadata(r)
-		err = s.handleHeaders(s.req, v.RequestHeaders.GetResponse())
-	case *extprocv3.ProcessingResponse_ResponseHeaders:
-		s.setDynamicMetadata(r)
-		err = s.handleHeaders(s.resp, v.ResponseHeaders.GetResponse())
-	case *extprocv3.ProcessingResponse_RequestBody:
-		s.setDynamicMetadata(r)
-		err = s.handleBody(s.req, v.RequestBody.GetResponse())
-	case *extprocv3.ProcessingResponse_ResponseBody:
-		s.setDynamicMetadata(r)
-		err = s.handleBody(s.resp, v.ResponseBody.GetResponse())
-	case *extprocv3.ProcessingResponse_RequestTrailers:
-		s.setDynamicMetadata(r)
-		err = s.handleTrailers(s.req, v.RequestTrailers.GetHeaderMutation())
-	case *extprocv3.ProcessingResponse_ResponseTrailers:
-		s.setDynamicMetadata(r)
-		err = s.handleTrailers(s.resp, v.ResponseTrailers.GetHeaderMutation())
-	case *extprocv3.ProcessingResponse_ImmediateResponse:
-		if cfg.DisableImmediateResponse {
-			err = spuriousError{"unhandled immediate response due to config disabled it"}
-			break
+	if v, ok := r.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
+		if !cfg.DisableImmediateResponse {
+			s.setDynamicMetadata(r)
+			s.immediateResponse(v.ImmediateResponse)
+			return
 		}
+		err = spuriousError{"unhandled immediate response due to config disabled it"}
+	} else if apply := s.phaseAnswer(r); apply != nil {
 		s.setDynamicMetadata(r)
-		s.immediateResponse(v.ImmediateResponse)
-		return
-	default:
+		err = apply()
+	} else {
 		err = spuriousError{"unhandled message"}
 	}
 	var sp spuriousError
@@ -75,6 +58,26 @@ func (s *Stream) onResponse(r *extprocv3.ProcessingResponse) {
 	default:
 		s.localReply(cfg.statusOnError(), nil, nil, err.Error())
 	}
+}
+
+// phaseAnswer is the call that applies r when it answers a headers, body
+// or trailers message of either side; nil when r answers none of them.
+func (s *Stream) phaseAnswer(r *extprocv3.ProcessingResponse) func() error {
+	switch v := r.GetResponse().(type) {
+	case *extprocv3.ProcessingResponse_RequestHeaders:
+		return func() error { return s.handleHeaders(s.req, v.RequestHeaders.GetResponse()) }
+	case *extprocv3.ProcessingResponse_ResponseHeaders:
+		return func() error { return s.handleHeaders(s.resp, v.ResponseHeaders.GetResponse()) }
+	case *extprocv3.ProcessingResponse_RequestBody:
+		return func() error { return s.handleBody(s.req, v.RequestBody.GetResponse()) }
+	case *extprocv3.ProcessingResponse_ResponseBody:
+		return func() error { return s.handleBody(s.resp, v.ResponseBody.GetResponse()) }
+	case *extprocv3.ProcessingResponse_RequestTrailers:
+		return func() error { return s.handleTrailers(s.req, v.RequestTrailers.GetHeaderMutation()) }
+	case *extprocv3.ProcessingResponse_ResponseTrailers:
+		return func() error { return s.handleTrailers(s.resp, v.ResponseTrailers.GetHeaderMutation()) }
+	}
+	return nil
 }
 
 // effectiveModeOverride: DEFAULT header modes leave the configured mode,

@@ -36,7 +36,13 @@ type recvItem struct {
 // the response side's. Send calls do not wait for the server: outputs are
 // queued without bound (no flow control). Close must be called when done.
 type Stream struct {
-	c      *Client
+	c *Client
+	// ctx is the stream's own lifetime, not a caller's request context:
+	// the Stream IS one filter stream, as a grpc.ClientStream is (whose
+	// Context() is the accepted exception to "no ctx in a struct"). Open
+	// derives it, Close cancels it, and the loop goroutine, the lazily
+	// opened gRPC stream and its receiver all live inside it; the Send and
+	// Read calls take their own ctx for their own wait.
 	ctx    context.Context
 	cancel context.CancelFunc
 	in     chan inputEvent

@@ -3,9 +3,10 @@
 // background tasks, stops them all when the first one fails or the context
 // ends, and drains gracefully; the admin handler (metrics); and the etcd
 // and NATS clients with their TLS and credential settings. The local
-// router's service, `kvgate extproc` and `kvgate relay` run on a Group;
-// the mocker uses the etcd and NATS clients (its HTTP server and Instance
-// lifecycle, with the fault hooks of internal/up, are its own).
+// router's service, `kvgate extproc`, `kvgate relay` and the mocker run on
+// a Group (the mocker's Instance.Kill, the crash that internal/up and the
+// fault tests inject, closes its HTTP server under the group, which counts
+// http.ErrServerClosed as no failure, so the rest of the process carries on).
 package runner
 
 import (
@@ -28,18 +29,19 @@ const DefaultDrain = 10 * time.Second
 
 // Group runs the parts of one process. Parts start when added; the first
 // to fail is reported on Err; Stop stops them all, gRPC servers gracefully
-// (open streams finish, until Stop's ctx ends), HTTP servers with Shutdown,
-// tasks by cancelling their context. Safe for concurrent use.
+// (open streams finish, until Stop's ctx ends), HTTP servers with Shutdown
+// (then Close, once Stop's ctx ends), tasks by cancelling their context.
+// Safe for concurrent use.
 type Group struct {
-	log    *slog.Logger
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	errs   chan error
+	log  *slog.Logger
+	wg   sync.WaitGroup
+	errs chan error
 
 	mu       sync.Mutex
 	grpcs    []*grpc.Server
 	https    []*http.Server
+	cancels  []context.CancelFunc // of the tasks Go started
+	stopping bool                 // Stop has cancelled the tasks
 	onStop   []func(context.Context) error
 	stopOnce sync.Once
 	stopErr  error
@@ -50,8 +52,7 @@ func NewGroup(log *slog.Logger) *Group {
 	if log == nil {
 		log = slog.Default()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Group{log: log, ctx: ctx, cancel: cancel, errs: make(chan error, 16)}
+	return &Group{log: log, errs: make(chan error, 16)}
 }
 
 func (g *Group) fail(name string, err error) {
@@ -62,12 +63,22 @@ func (g *Group) fail(name string, err error) {
 }
 
 // Go runs fn in its own goroutine until it returns or Stop cancels its ctx.
+// fn's ctx carries ctx's values but not its cancellation: only Stop ends it
+// (Run stops the group when its own ctx ends, after the servers drained).
 // A non-nil error returned before Stop is reported on Err.
-func (g *Group) Go(name string, fn func(ctx context.Context) error) {
+func (g *Group) Go(ctx context.Context, name string, fn func(ctx context.Context) error) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.mu.Lock()
+	if g.stopping {
+		cancel()
+	} else {
+		g.cancels = append(g.cancels, cancel)
+	}
+	g.mu.Unlock()
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		if err := fn(g.ctx); err != nil && g.ctx.Err() == nil {
+		if err := fn(ctx); err != nil && ctx.Err() == nil {
 			g.fail(name, err)
 		}
 	}()
@@ -78,13 +89,7 @@ func (g *Group) ServeGRPC(name string, srv *grpc.Server, lis net.Listener) {
 	g.mu.Lock()
 	g.grpcs = append(g.grpcs, srv)
 	g.mu.Unlock()
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			g.fail(name, err)
-		}
-	}()
+	g.serve(name, func() error { return srv.Serve(lis) }, grpc.ErrServerStopped)
 }
 
 // ServeHTTP serves srv on lis until Stop.
@@ -92,10 +97,16 @@ func (g *Group) ServeHTTP(name string, srv *http.Server, lis net.Listener) {
 	g.mu.Lock()
 	g.https = append(g.https, srv)
 	g.mu.Unlock()
+	g.serve(name, func() error { return srv.Serve(lis) }, http.ErrServerClosed)
+}
+
+// serve runs serve in the group; its error is a failure unless it is
+// stopped, the server's "stopped on purpose" error.
+func (g *Group) serve(name string, serve func() error, stopped error) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(); err != nil && !errors.Is(err, stopped) {
 			g.fail(name, err)
 		}
 	}()
@@ -139,10 +150,18 @@ func (g *Group) Stop(ctx context.Context) error {
 		stopping.Wait()
 		for _, s := range https {
 			if err := s.Shutdown(ctx); err != nil {
+				_ = s.Close() // drain over: close what is left, as gRPC's Stop does
 				errs = append(errs, err)
 			}
 		}
-		g.cancel()
+		g.mu.Lock()
+		g.stopping = true
+		cancels := g.cancels
+		g.cancels = nil
+		g.mu.Unlock()
+		for _, cancel := range cancels {
+			cancel()
+		}
 		g.wg.Wait()
 		for i := len(onStop) - 1; i >= 0; i-- {
 			if err := onStop[i](ctx); err != nil {

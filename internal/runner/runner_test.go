@@ -48,9 +48,9 @@ func TestGroupStopsEverything(t *testing.T) {
 		t.Errorf("/metrics status %d, want 200", resp.StatusCode)
 	}
 	cancelled := make(chan struct{})
-	g.Go("waiter", func(ctx context.Context) error { <-ctx.Done(); close(cancelled); return nil })
+	g.Go(context.Background(), "waiter", func(ctx context.Context) error { <-ctx.Done(); close(cancelled); return nil })
 	boom := errors.New("boom")
-	g.Go("failer", func(context.Context) error { return boom })
+	g.Go(context.Background(), "failer", func(context.Context) error { return boom })
 	stopped := false
 	g.OnStop(func(context.Context) error { stopped = true; return nil })
 
@@ -75,5 +75,36 @@ func TestGroupStopsEverything(t *testing.T) {
 func TestListenNamesTheFlag(t *testing.T) {
 	if _, err := runner.Listen("admin-addr", "nonsense:addr:1"); err == nil || !strings.Contains(err.Error(), "-admin-addr nonsense:addr:1") {
 		t.Errorf("got %v", err)
+	}
+}
+
+type ctxKey struct{}
+
+// TestGoTaskContext: a task's ctx carries the caller's values, outlives the
+// caller's cancellation (only Stop ends it, so servers drain first), and a
+// task started after Stop starts cancelled.
+func TestGoTaskContext(t *testing.T) {
+	g := runner.NewGroup(quiet)
+	caller, cancelCaller := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+	got := make(chan context.Context, 1)
+	g.Go(caller, "task", func(ctx context.Context) error { got <- ctx; <-ctx.Done(); return nil })
+	ctx := <-got
+	cancelCaller()
+	if v, _ := ctx.Value(ctxKey{}).(string); v != "v" {
+		t.Errorf("task ctx value = %q, want the caller's", v)
+	}
+	if ctx.Err() != nil {
+		t.Error("the caller's cancellation ended the task before Stop")
+	}
+	if err := g.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() == nil {
+		t.Error("Stop did not cancel the task")
+	}
+	late := make(chan error, 1)
+	g.Go(context.Background(), "late", func(ctx context.Context) error { late <- ctx.Err(); return nil })
+	if err := <-late; err == nil {
+		t.Error("a task started after Stop runs uncancelled")
 	}
 }

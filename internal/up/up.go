@@ -406,6 +406,8 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	s.adminHTTP = &http.Server{Handler: s.statusHandler(), ReadHeaderTimeout: 10 * time.Second}
 	s.adminDone = make(chan error, 1)
 	go func() { s.adminDone <- s.adminHTTP.Serve(alis) }()
+	// Sampling starts once every address liveSnapshot reads is set.
+	go s.Live.Run(xctx) // samples the hit rates until Close
 
 	if err := s.waitReady(ctx); err != nil {
 		return nil, err

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/internal/testenv"
@@ -25,21 +24,8 @@ func TestRelayConfigGuard(t *testing.T) {
 	defer cancel()
 	ns := testenv.StartNATSServer(t)
 	nc := testenv.ConnectNATS(t, ns.ClientURL())
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	events := make(chan kvevents.RouterEvent, 16)
-	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
-		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
-			events <- e
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	pub := listenPub(ctx, t)
+	events := subscribeEvents(t, ns.ClientURL(), "p", 16)
 	reg := prometheus.NewRegistry()
 	r, err := relay.New(relay.Config{Endpoints: []string{"tcp://" + pub.Addr().String()}, Pool: "p",
 		Worker: membership.WorkerInfo{ID: "sg", BlockSize: 16}},
@@ -47,12 +33,9 @@ func TestRelayConfigGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	stop := runRelay(ctx, r)
 	defer func() {
-		stop()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -81,21 +64,4 @@ func TestRelayConfigGuard(t *testing.T) {
 	if n := counterValue(t, reg, "kvgate_relay_skipped_events_total"); n < 2 {
 		t.Errorf("skipped events = %v, want ≥ 2", n)
 	}
-}
-
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
 }

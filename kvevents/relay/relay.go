@@ -501,6 +501,6 @@ func Serve(ctx context.Context, cfg Config, sc ServeConfig, log *slog.Logger) er
 	if _, err := g.ServeAdmin("admin-addr", sc.MetricsAddr, runner.AdminHandler(reg, nil)); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
-	g.Go("relay", r.Run)
+	g.Go(ctx, "relay", r.Run)
 	return g.Run(ctx, 0)
 }

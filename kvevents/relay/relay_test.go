@@ -16,7 +16,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
@@ -66,11 +65,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	nc := testenv.ConnectNATS(t, ns.ClientURL())
 	_, cli := testenv.StartEtcd(t)
 
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
+	pub := listenPub(ctx, t)
 	endpoint := "tcp://" + pub.Addr().String()
 
 	events := make(chan kvevents.RouterEvent, 256)
@@ -94,9 +89,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	stop := runRelay(ctx, r)
 
 	key := membership.WorkersPrefix("p") + "w1"
 	waitKey(ctx, t, cli, key, true)
@@ -178,12 +171,12 @@ func TestRelayEndToEnd(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("relayed events (-want +got):\n%s", diff)
 	}
-	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_malformed_messages_total")); int(n) != malformed {
+	if n := counterValue(t, reg, "kvgate_relay_malformed_messages_total"); int(n) != malformed {
 		t.Errorf("malformed counter = %v, want %d", n, malformed)
 	}
 	// vllm_mixed_validity: 3 malformed events, an unknown type, an unknown
 	// medium; its good events were relayed above.
-	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_skipped_events_total")); n != 5 {
+	if n := counterValue(t, reg, "kvgate_relay_skipped_events_total"); n != 5 {
 		t.Errorf("skipped events counter = %v, want 5", n)
 	}
 
@@ -195,7 +188,7 @@ func TestRelayEndToEnd(t *testing.T) {
 	if e := next(); e.DPRank != 2 || e.EventID != 1 || e.Event.Stored == nil {
 		t.Errorf("first event of rank 2 = %+v, want stored with id 1", e)
 	}
-	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_engine_restarts_total")); n != 1 {
+	if n := counterValue(t, reg, "kvgate_relay_engine_restarts_total"); n != 1 {
 		t.Errorf("restarts counter = %v, want 1", n)
 	}
 
@@ -215,7 +208,7 @@ func TestRelayEndToEnd(t *testing.T) {
 			t.Fatalf("after lost messages got %+v between Cleared events", e)
 		}
 	}
-	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_sequence_gaps_total")); n != 1 {
+	if n := counterValue(t, reg, "kvgate_relay_sequence_gaps_total"); n != 1 {
 		t.Errorf("gaps counter = %v, want 1", n)
 	}
 
@@ -231,8 +224,7 @@ func TestRelayEndToEnd(t *testing.T) {
 		cleared[e.DPRank] = true
 	}
 
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("Run returned %v, want nil on cancellation", err)
 	}
 	waitKey(ctx, t, cli, key, false)
@@ -251,8 +243,8 @@ func nextEvent(ctx context.Context, t *testing.T, ch <-chan kvevents.RouterEvent
 	}
 }
 
-// counter sums the samples of a metric family in reg.
-func counter(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+// counterValue sums the samples of a counter family in reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -260,16 +252,13 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) prometheus.Col
 	}
 	sum := 0.0
 	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue()
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
 		}
 	}
-	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "sum"})
-	c.Add(sum)
-	return c
+	return sum
 }
 
 func waitKey(ctx context.Context, t *testing.T, cli *clientv3.Client, key string, present bool) {
@@ -295,24 +284,13 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 		pubs = append(pubs, pub)
 		endpoints = append(endpoints, "tcp://"+pub.Addr().String())
 	}
-	seen := make(chan kvevents.RouterEvent, 256)
-	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
-		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
-			seen <- e
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	seen := subscribeEvents(t, ns.ClientURL(), "p", 256)
 	r, err := relay.New(relay.Config{Endpoints: endpoints, Pool: "p", Worker: membership.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}},
 		relay.Options{NATS: nc, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	stop := runRelay(ctx, r)
 
 	// Each rank stores one block, resent until it comes through (ZMQ drops
 	// what a PUB sends before the subscription reaches it).
@@ -349,8 +327,7 @@ func TestRelayDataParallelEndpoints(t *testing.T) {
 	if diff := cmp.Diff([]uint32{0, 1}, ranks); diff != "" {
 		t.Errorf("dumped ranks (-want +got):\n%s", diff)
 	}
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Error(err)
 	}
 }
@@ -363,11 +340,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	defer cancel()
 	ns := testenv.StartNATSServer(t)
 	nc := testenv.ConnectNATS(t, ns.ClientURL())
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
+	pub := listenPub(ctx, t)
 	router := zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("replay")))
 	defer router.Close()
 	if err := router.Listen("tcp://127.0.0.1:0"); err != nil {
@@ -418,16 +391,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 		}
 	}
 
-	seen := make(chan kvevents.RouterEvent, 256)
-	sub, err := testenv.ConnectNATS(t, ns.ClientURL()).Subscribe(kvevents.EventsSubject("p"), func(m *nats.Msg) {
-		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
-			seen <- e
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	seen := subscribeEvents(t, ns.ClientURL(), "p", 256)
 	reg := prometheus.NewRegistry()
 	r, err := relay.New(relay.Config{
 		Endpoints: []string{"tcp://" + pub.Addr().String()}, ReplayEndpoints: []string{"tcp://" + router.Addr().String()},
@@ -436,9 +400,7 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
+	stop := runRelay(ctx, r)
 
 	next := func() kvevents.RouterEvent { t.Helper(); return nextEvent(ctx, t, seen) }
 	// Join: resend block 1 under fresh sequences until it comes through
@@ -469,14 +431,13 @@ func TestRelayRecoversGapFromReplay(t *testing.T) {
 	if got := <-requests; got != seq {
 		t.Errorf("replay asked from %d, want %d", got, seq)
 	}
-	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_sequence_gaps_total")); n != 0 {
+	if n := counterValue(t, reg, "kvgate_relay_sequence_gaps_total"); n != 0 {
 		t.Errorf("gaps = %v, want 0 (recovered)", n)
 	}
-	if n := testutil.ToFloat64(counter(t, reg, "kvgate_relay_replayed_messages_total")); n != 1 {
+	if n := counterValue(t, reg, "kvgate_relay_replayed_messages_total"); n != 1 {
 		t.Errorf("replayed = %v, want 1", n)
 	}
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Error(err)
 	}
 	router.Close()
@@ -491,11 +452,7 @@ func TestRelayEndpointErrorEndsRun(t *testing.T) {
 	defer cancel()
 	ns := testenv.StartNATSServer(t)
 	nc := testenv.ConnectNATS(t, ns.ClientURL())
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
+	pub := listenPub(ctx, t)
 	r, err := relay.New(relay.Config{Endpoints: []string{"tcp://" + pub.Addr().String(), "bogus://nowhere"}, Pool: "p",
 		Worker: membership.WorkerInfo{ID: "w", BlockSize: 2, DPSize: 2}}, relay.Options{NATS: nc, Logger: testenv.Logger(t)})
 	if err != nil {
@@ -511,4 +468,42 @@ func TestRelayEndpointErrorEndsRun(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("Run did not return after an endpoint failed")
 	}
+}
+
+// listenPub binds an engine's ZMQ PUB socket on a free loopback port,
+// closed when the test ends.
+func listenPub(ctx context.Context, t *testing.T) zmq4.Socket {
+	t.Helper()
+	pub := zmq4.NewPub(ctx)
+	t.Cleanup(func() { pub.Close() })
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	return pub
+}
+
+// subscribeEvents receives the router events published on NATS at url for
+// pool (buffering n; what does not decode is dropped) until the test ends.
+func subscribeEvents(t *testing.T, url, pool string, n int) <-chan kvevents.RouterEvent {
+	t.Helper()
+	events := make(chan kvevents.RouterEvent, n)
+	sub, err := testenv.ConnectNATS(t, url).Subscribe(kvevents.EventsSubject(pool), func(m *nats.Msg) {
+		if e, err := kvevents.DecodeMsgpack(m.Data); err == nil {
+			events <- e
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	return events
+}
+
+// runRelay runs r until ctx ends or stop is called; stop waits for Run and
+// returns its error.
+func runRelay(ctx context.Context, r *relay.Relay) (stop func() error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	return func() error { cancel(); return <-done }
 }

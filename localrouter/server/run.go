@@ -147,14 +147,14 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 
 	// Membership first, so the router is as ready as it can be when it
 	// starts answering.
-	s.group.Go("etcd watch", s.watcher.Run)
+	s.group.Go(ctx, "etcd watch", s.watcher.Run)
 	select {
 	case <-s.watcher.Synced():
 	case <-ctx.Done():
 		return nil, fmt.Errorf("listing workers in etcd %v: %w", cfg.Etcd, ctx.Err())
 	}
 	if s.scraper != nil {
-		s.group.Go("engine metrics scraper", func(ctx context.Context) error {
+		s.group.Go(ctx, "engine metrics scraper", func(ctx context.Context) error {
 			_ = s.scraper.Run(ctx) // ends with the group; failures are counted, never fatal
 			return nil
 		})
