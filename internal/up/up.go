@@ -401,8 +401,6 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
 	s.adminAddr = alis.Addr().String()
-	// The sampler reads the addresses above: it starts once they are set.
-	go s.Live.Run(xctx) // samples the hit rates until Close
 	s.adminHTTP = &http.Server{Handler: s.statusHandler(), ReadHeaderTimeout: 10 * time.Second}
 	s.adminDone = make(chan error, 1)
 	go func() { s.adminDone <- s.adminHTTP.Serve(alis) }()
