@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/internal/uptest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...) }
@@ -27,26 +27,8 @@ const testTimeout = 60 * time.Second
 // sped up so tests run quickly; everything stops at cleanup.
 func startSystem(t testing.TB, mutate ...func(*up.Config)) *up.System {
 	t.Helper()
-	cfg := up.DefaultConfig()
-	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Speedup = 20
-	cfg.NumBlocks = 2048
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	for _, f := range mutate {
-		f(&cfg)
-	}
-	s, err := up.Start(testenv.ContextWithTimeout(t, testTimeout), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	return s
+	fast := func(c *up.Config) { c.Speedup, c.NumBlocks = 20, 2048 }
+	return uptest.Start(t, append([]func(*up.Config){fast}, mutate...)...)
 }
 
 // httpClient is a client whose idle connections close at cleanup.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"os"
 	"regexp"
@@ -18,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/deploy/grafana"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/internal/uptest"
 )
 
 type dashboard struct {
@@ -131,21 +131,9 @@ func TestDashboardQueriesNameExposedMetrics(t *testing.T) {
 	}
 
 	ctx := testenv.ContextWithTimeout(t, time.Minute)
-	cfg := up.DefaultConfig()
-	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Speedup, cfg.NumBlocks = 50, 1024
-	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: 1}, {Name: "pool-b", Workers: 1}}
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := up.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := s.Close(cctx); err != nil {
-			t.Errorf("close: %v", err)
-		}
+	s := uptest.Start(t, func(c *up.Config) {
+		c.Speedup, c.NumBlocks = 50, 1024
+		c.Pools = []up.PoolSpec{{Name: "pool-a", Workers: 1}, {Name: "pool-b", Workers: 1}}
 	})
 	e := exposed{}
 	e.describe(t, s.Registry)

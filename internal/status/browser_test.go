@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,6 +22,7 @@ import (
 	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/internal/uptest"
 )
 
 // chromium finds Debian's chromium (mk/chromium.mk installs it for make
@@ -123,27 +123,15 @@ const readPage = `(() => {
 func TestLivePageInChromium(t *testing.T) {
 	exe := chromium(t)
 	ctx := testenv.ContextWithTimeout(t, 2*time.Minute)
-	cfg := up.DefaultConfig()
-	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Speedup, cfg.NumBlocks = 50, 2048
-	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: 2}, {Name: "pool-b", Workers: 1}}
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := up.Start(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := s.Close(cctx); err != nil {
-			t.Errorf("close: %v", err)
-		}
+	s := uptest.Start(t, func(c *up.Config) {
+		c.Speedup, c.NumBlocks = 50, 2048
+		c.Pools = []up.PoolSpec{{Name: "pool-a", Workers: 2}, {Name: "pool-b", Workers: 1}}
 	})
 
 	// Traffic: a shared system prompt, so later requests hit the cache.
 	system := strings.Repeat("You are a careful assistant who answers briefly. ", 20)
 	for i := range 6 {
-		body := fmt.Sprintf(`{"model":%q,"max_tokens":4,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, cfg.Model, system, i)
+		body := fmt.Sprintf(`{"model":%q,"max_tokens":4,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, up.DefaultConfig().Model, system, i)
 		req, _ := http.NewRequestWithContext(ctx, "POST", s.GatewayURL()+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("content-type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
