@@ -1,7 +1,6 @@
 package globalrouter_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -197,16 +196,7 @@ func TestHotReload(t *testing.T) {
 	}
 
 	// WatchFile notices changes and refuses bad ones.
-	wctx, cancel := context.WithCancel(ctx)
-	results := make(chan error, 4)
-	done := make(chan error, 1)
-	go func() { done <- r.WatchFile(wctx, path, 5*time.Millisecond, func(err error) { results <- err }) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("WatchFile: %v", err)
-		}
-	}()
+	results := watchFile(t, ctx, r, path, 4)
 	replace(t, path, "pools: [\n")
 	select {
 	case err := <-results:

@@ -195,16 +195,7 @@ func TestWatchReferencedFiles(t *testing.T) {
 	if got := strings.Join(r.Config().ShadowChain(), " "); got != "model-match cost" {
 		t.Fatalf("shadow chain from the shadow file: %q", got)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	results := make(chan error, 8)
-	done := make(chan error, 1)
-	go func() { done <- r.WatchFile(wctx, path, 5*time.Millisecond, func(err error) { results <- err }) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("WatchFile: %v", err)
-		}
-	}()
+	results := watchFile(t, ctx, r, path, 8)
 	next := func(what string) error {
 		t.Helper()
 		select {
@@ -313,14 +304,7 @@ func TestWatchTokenizerFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, _ := newRouter(t, *cfg)
-	wctx, cancel := context.WithCancel(ctx)
-	results := make(chan error, 4)
-	done := make(chan error, 1)
-	go func() { done <- r.WatchFile(wctx, path, 5*time.Millisecond, func(err error) { results <- err }) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	results := watchFile(t, ctx, r, path, 4)
 	replace(t, filepath.Join(dir, "t.jinja"), "{% for m in messages %}[{{ m.content }}]{% endfor %}")
 	select {
 	case err := <-results:
@@ -330,4 +314,22 @@ func TestWatchTokenizerFiles(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("WatchFile did not notice the chat template change")
 	}
+}
+
+// watchFile runs r.WatchFile on path (every 5 ms) until the test ends and
+// returns the channel of its reload results (buffered n); WatchFile's own
+// error fails the test.
+func watchFile(t *testing.T, ctx context.Context, r *globalrouter.Router, path string, n int) <-chan error {
+	t.Helper()
+	wctx, cancel := context.WithCancel(ctx)
+	results := make(chan error, n)
+	done := make(chan error, 1)
+	go func() { done <- r.WatchFile(wctx, path, 5*time.Millisecond, func(err error) { results <- err }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("WatchFile: %v", err)
+		}
+	})
+	return results
 }
