@@ -31,10 +31,10 @@ func TestParseLoRA(t *testing.T) {
 	if !s.HasLoRA || s.MaxLoRA != 4 || s.Running != 2 {
 		t.Fatalf("sample %+v: want HasLoRA, MaxLoRA 4, Running 2", s)
 	}
-	if d := cmp.Diff([]string{"sql", "chat"}, s.LoRARunning); d != "" {
+	if d := cmp.Diff([]string{"sql", "chat"}, Adapters(s.LoRARunning)); d != "" {
 		t.Errorf("running adapters (-want +got):\n%s", d)
 	}
-	if d := cmp.Diff([]string{"legal"}, s.LoRAWaiting); d != "" {
+	if d := cmp.Diff([]string{"legal"}, Adapters(s.LoRAWaiting)); d != "" {
 		t.Errorf("waiting adapters (-want +got):\n%s", d)
 	}
 	for _, c := range []struct {

@@ -93,10 +93,10 @@ type Sample struct {
 	PrefixHitRate    float64
 	HasPrefixHitRate bool
 	// LoRARunning and LoRAWaiting are the LoRA adapters of the requests
-	// running and waiting (vLLM's vllm:lora_requests_info labels), and
-	// MaxLoRA its max_lora label; HasLoRA when the engine reports them.
-	// The slices are shared by copies of the Sample: read only.
-	LoRARunning, LoRAWaiting []string
+	// running and waiting, comma-joined as vLLM's vllm:lora_requests_info
+	// labels carry them (a string keeps Sample comparable), and MaxLoRA
+	// its max_lora label; HasLoRA when the engine reports them.
+	LoRARunning, LoRAWaiting string
 	MaxLoRA                  int
 	HasLoRA                  bool
 	// At is when the sample was scraped.
@@ -106,19 +106,31 @@ type Sample struct {
 // HasAdapter reports whether adapter name is loaded on the rank: among the
 // adapters of its running or of its waiting requests.
 func (s Sample) HasAdapter(name string) (running, waiting bool) {
-	for _, a := range s.LoRARunning {
-		if a == name {
-			running = true
-			break
+	return listHas(s.LoRARunning, name), listHas(s.LoRAWaiting, name)
+}
+
+// Adapters splits a comma-joined adapter list (LoRARunning, LoRAWaiting).
+func Adapters(list string) []string {
+	var out []string
+	for a := range strings.SplitSeq(list, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
 		}
 	}
-	for _, a := range s.LoRAWaiting {
-		if a == name {
-			waiting = true
-			break
+	return out
+}
+
+// listHas reports whether comma-joined list holds name, without allocating.
+func listHas(list, name string) bool {
+	if name == "" {
+		return false
+	}
+	for a := range strings.SplitSeq(list, ",") {
+		if strings.TrimSpace(a) == name {
+			return true
 		}
 	}
-	return running, waiting
+	return false
 }
 
 // loraMetric is vLLM's LoRA adapters gauge.
@@ -174,7 +186,7 @@ type acc struct {
 	// lora: the latest vllm:lora_requests_info series (loraAt its value).
 	lora              bool
 	loraAt            float64
-	loraRun, loraWait []string
+	loraRun, loraWait string
 	maxLoRA           int
 }
 
@@ -314,7 +326,7 @@ func readLoRA(mf *dto.MetricFamily, ranks map[uint32]*acc) error {
 		if !ok {
 			continue
 		}
-		var run, wait []string
+		var run, wait string
 		maxLoRA := 0
 		for _, lp := range m.GetLabel() {
 			var err error
@@ -349,18 +361,12 @@ func readLoRA(mf *dto.MetricFamily, ranks map[uint32]*acc) error {
 	return nil
 }
 
-// adapters splits a comma-joined adapter list ("" is none).
-func adapters(s string) ([]string, error) {
-	var out []string
-	for _, a := range strings.Split(s, ",") {
-		a = strings.TrimSpace(a)
-		if a == "" {
-			continue
-		}
-		if len(out) == MaxLoRAAdapters {
-			return nil, fmt.Errorf("more than %d adapters", MaxLoRAAdapters)
-		}
-		out = append(out, a)
+// adapters normalises a comma-joined adapter list: names trimmed, empty
+// ones dropped, at most MaxLoRAAdapters.
+func adapters(s string) (string, error) {
+	list := Adapters(s)
+	if len(list) > MaxLoRAAdapters {
+		return "", fmt.Errorf("more than %d adapters", MaxLoRAAdapters)
 	}
-	return out, nil
+	return strings.Join(list, ","), nil
 }
