@@ -1,6 +1,7 @@
 package localrouter
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -502,4 +503,50 @@ func FuzzParseWorkerChain(f *testing.F) {
 			t.Fatalf("round trip of %q: %q then %q", s, FormatWorkerChain(specs), FormatWorkerChain(again))
 		}
 	})
+}
+
+// BenchmarkBestWorkerChain: 64 workers, 256 cached prompts of 64 blocks,
+// a 64-block request, under the default chain and a six-entry one.
+func BenchmarkBestWorkerChain(b *testing.B) {
+	for _, chain := range []string{"", "saturation,cost=1/normalize=max,prefix=1,prefill=0.5,decode=0.5,cold=0.3"} {
+		name := chain
+		if name == "" {
+			name = "default"
+		}
+		b.Run(name, func(b *testing.B) {
+			cfg := DefaultConfig()
+			specs, err := ParseWorkerChain(chain)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.WorkerChain = specs
+			r, err := New(cfg, Options{SweepInterval: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			for w := 0; w < 64; w++ {
+				r.AddWorker(fmt.Sprintf("w%02d", w), 1)
+			}
+			prompts := make([][]uint32, 256)
+			for i := range prompts {
+				prompts[i] = toks(1024, uint32(i%16)*100000+uint32(i/16)*7)
+				var blocks []kvevents.Block
+				for k := 0; k+16 <= len(prompts[i]); k += 16 {
+					blocks = append(blocks, kvevents.Block{EngineHash: uint64(i<<20 + k), TokenIDs: prompts[i][k : k+16]})
+				}
+				if err := r.ApplyEvent(kvevents.RouterEvent{WorkerID: fmt.Sprintf("w%02d", i%64), Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: blocks}}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, err := r.BestWorker(ctx, Request{Tokens: prompts[i%len(prompts)]}, BestWorkerOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
