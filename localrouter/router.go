@@ -368,7 +368,8 @@ func (r *Router) EngineSignals(k WorkerKey) (signals.Sample, bool) {
 }
 
 // SaturationSkips counts ranks BestWorker left out because their engine
-// reported saturation.
+// reported saturation (the saturation filter of the worker chain), for
+// placed requests.
 func (r *Router) SaturationSkips() uint64 { return r.saturationSkips.Load() }
 
 // Saturation returns why a rank with engine signals s is saturated under
@@ -505,10 +506,11 @@ type SignalsReport struct {
 	// scraped (HasEngine).
 	Engine    signals.Sample
 	HasEngine bool
-	// Skipped lists the ranks left out because their engine reported
-	// saturation (Config.SaturationWaiting, SaturationKVUsage), with why.
-	// A forced worker is never skipped. AllSaturated: every candidate was
-	// saturated, so none was skipped and the cheapest of all was chosen.
+	// Skipped lists the ranks the worker chain's filters left out, with
+	// why: engine saturation (Config.SaturationWaiting,
+	// SaturationKVUsage), a LoRA adapter not loaded. A forced worker is
+	// never skipped. AllSaturated: every candidate was saturated, so none
+	// was skipped for it and the best of all was chosen.
 	Skipped      []Skip
 	AllSaturated bool
 }

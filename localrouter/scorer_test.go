@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter/signals"
@@ -549,4 +550,30 @@ func BenchmarkBestWorkerChain(b *testing.B) {
 			}
 		})
 	}
+}
+
+// FuzzDecodeWorkerChain: any YAML is an error naming the file, or a chain
+// that validates; never a panic.
+func FuzzDecodeWorkerChain(f *testing.F) {
+	for _, s := range []string{"- name: cost\n", "- {name: cold, weight: 0.5, args: {lru_size: 3}}\n- name: prefix\n", "[]", "name: x", "- {name: cost, wieght: 1}\n", "- {name: session, args: {slack: x}}\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		doc, err := config.ParseFile("chain.yaml", []byte(text))
+		if err != nil {
+			return
+		}
+		specs, err := DecodeWorkerChain("chain.yaml", "worker_chain", doc, DefaultConfig())
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "chain.yaml") {
+				t.Fatalf("error %q does not name the file", err)
+			}
+			return
+		}
+		if len(specs) > 0 {
+			if err := ValidateWorkerChain(specs, DefaultConfig()); err != nil {
+				t.Fatalf("decoded chain %v does not validate: %v", specs, err)
+			}
+		}
+	})
 }
