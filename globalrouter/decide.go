@@ -48,7 +48,7 @@ type prepared struct {
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
-	pr := pool.Prompt{BlockSize: blockSize, ISL: len(p.tokens), Override: p.hdr.override, LoRA: p.me.lora, Allowed: p.req.Subset.addresses()}
+	pr := pool.Prompt{BlockSize: blockSize, ISL: len(p.tokens), Override: p.hdr.override, LoRA: p.me.lora, SessionKey: p.hdr.session, Allowed: p.req.Subset.addresses()}
 	for i, bs := range p.me.blockSizes {
 		if bs == blockSize {
 			pr.Hashes = p.hashes[i]

@@ -2,8 +2,10 @@ package globalrouter
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -31,6 +33,9 @@ func explain(p *prepared, results []probeResult, ranked []policies.Candidate, tr
 		winner += "+" + w.Prefill.Pool
 	}
 	fmt.Fprintf(&b, "; winner %s (worker %s)", winner, w.Probe.WorkerID)
+	if sc := formatScores(w.Probe.Scores); sc != "" {
+		fmt.Fprintf(&b, " scores=%s", sc)
+	}
 	initial := ""
 	for _, res := range results {
 		if res.err == nil {
@@ -72,4 +77,25 @@ func decidedBy(t *policies.Trace, initial, winner string) string {
 		why = "configuration order (no policy reordered it)"
 	}
 	return why
+}
+
+// formatScores writes a worker's chain scores as name:contribution,...
+// (contribution = weight × raw value, one decimal at least, 4 significant
+// digits), "" for none (the pool's default chain: its one term is the
+// cost the probe line shows).
+func formatScores(scores []routing.Score) string {
+	var b strings.Builder
+	for i, s := range scores {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(s.Name)
+		b.WriteByte(':')
+		v := strconv.FormatFloat(s.Contribution, 'g', 4, 64)
+		if !strings.ContainsAny(v, ".eEn") { // 412 → 412.0; NaN/Inf as is
+			v += ".0"
+		}
+		b.WriteString(v)
+	}
+	return b.String()
 }

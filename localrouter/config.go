@@ -72,6 +72,12 @@ type Config struct {
 	// storage 0.3, object_store 0.2). All zero below the GPU: tiers are
 	// ignored, as before kvgate indexed them.
 	TierWeights [kvevents.NumTiers]float64
+
+	// WorkerChain is how BestWorker ranks the pool's workers: filters and
+	// weighted scorers (scorer.go; docs/localrouter.md "Worker chain").
+	// Empty: DefaultWorkerChain, the saturation filter then Dynamo's cost,
+	// which the fields above parameterise.
+	WorkerChain []ScorerSpec
 }
 
 // DefaultTierWeights are TierWeights' defaults (llm-d's).
@@ -174,6 +180,9 @@ func (c Config) Validate() error {
 		if !(w >= 0 && w <= 1) {
 			return fmt.Errorf("%w: tier_weights: %s weight %g must be in [0, 1]", ErrInvalidConfig, kvevents.Tier(t), w)
 		}
+	}
+	if len(c.WorkerChain) > 0 {
+		return ValidateWorkerChain(c.WorkerChain, c)
 	}
 	return nil
 }

@@ -32,6 +32,14 @@
 //     default: Dynamo's cost unchanged) and let BestWorker skip, with a
 //     reason, a rank its engine reports saturated (Config.Saturation;
 //     BestWorkerOptions.Signals receives the skips).
+//   - The worker chain (scorer.go): how BestWorker ranks the candidates,
+//     filters (saturation, lora) then weighted scorers (cost, prefix,
+//     prefill, decode, waiting, running, kv-usage, lora-affinity, session,
+//     cold), built once from Config.WorkerChain by a registry of named
+//     constructors. The default chain, saturation then cost, is Dynamo's
+//     choice exactly; other chains report each scorer's part in
+//     routing.Selection.Scores. Stateful scorers (cold) keep their own
+//     mutex, a leaf.
 //
 // # Concurrency
 //

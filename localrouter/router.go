@@ -57,6 +57,7 @@ type Options struct {
 // or memMu.
 type Router struct {
 	cfg     Config
+	chain   *workerChain // built once from cfg.WorkerChain
 	index   *Index
 	active  *ActiveSequences
 	members atomic.Pointer[members]
@@ -142,6 +143,9 @@ type scratch struct {
 	// fresh holds the candidates that are not stale.
 	fresh      []WorkerKey
 	freshSlots []int32
+	// overlapEq: each candidate's overlap in GPU-block equivalents.
+	overlapEq []float64
+	chain     chainScratch
 }
 
 // New returns a Router. Close it to stop its sweeper; closing one Router
@@ -150,12 +154,23 @@ func New(cfg Config, opts Options) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	chain, err := buildChain(cfg.WorkerChain, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if chain.credit != nil {
+		cfg.OverlapScoreCredit = *chain.credit
+	}
+	if chain.scale != nil {
+		cfg.PrefillLoadScale = *chain.scale
+	}
 	ix, err := NewIndex(cfg.BlockSize, IndexOptions{TTL: cfg.TTL, MaxApproxEntries: cfg.MaxTreeSize, PredictedTTL: cfg.PredictedTTL})
 	if err != nil {
 		return nil, err
 	}
 	r := &Router{
 		cfg:    cfg,
+		chain:  chain,
 		index:  ix,
 		active: NewActiveSequences(),
 		clock:  opts.Clock,
@@ -353,7 +368,8 @@ func (r *Router) EngineSignals(k WorkerKey) (signals.Sample, bool) {
 }
 
 // SaturationSkips counts ranks BestWorker left out because their engine
-// reported saturation.
+// reported saturation (the saturation filter of the worker chain), for
+// placed requests.
 func (r *Router) SaturationSkips() uint64 { return r.saturationSkips.Load() }
 
 // Saturation returns why a rank with engine signals s is saturated under
@@ -450,6 +466,10 @@ type Request struct {
 	// multimodal items (see kvevents.AppendRequestHashes).
 	CacheSalt string
 	MM        []kvevents.MMSpan
+	// SessionKey identifies the request's session (the global router
+	// forwards it from a header; "" for none): the worker chain's session
+	// scorer keeps a session on one worker.
+	SessionKey string
 }
 
 // BestWorkerOptions select what BestWorker does besides choosing.
@@ -486,10 +506,11 @@ type SignalsReport struct {
 	// scraped (HasEngine).
 	Engine    signals.Sample
 	HasEngine bool
-	// Skipped lists the ranks left out because their engine reported
-	// saturation (Config.SaturationWaiting, SaturationKVUsage), with why.
-	// A forced worker is never skipped. AllSaturated: every candidate was
-	// saturated, so none was skipped and the cheapest of all was chosen.
+	// Skipped lists the ranks the worker chain's filters left out, with
+	// why: engine saturation (Config.SaturationWaiting,
+	// SaturationKVUsage), a LoRA adapter not loaded. A forced worker is
+	// never skipped. AllSaturated: every candidate was saturated, so none
+	// was skipped for it and the best of all was chosen.
 	Skipped      []Skip
 	AllSaturated bool
 }
@@ -533,9 +554,11 @@ func (r *Router) check() error {
 	return nil
 }
 
-// BestWorker chooses the worker for req: the lowest cost (temperature 0,
-// ties at random) or a softmax sample (temperature > 0). Without
-// opts.RequestID nothing changes; with it the request is recorded.
+// BestWorker chooses the worker for req under the pool's worker chain
+// (Config.WorkerChain; by default Dynamo's cost after the saturation
+// filter): the lowest total (temperature 0, ties at random) or a softmax
+// sample (temperature > 0). Without opts.RequestID (or UpdateIndexer)
+// nothing changes; with it the request is recorded.
 func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOptions) (routing.Selection, error) {
 	if err := r.check(); err != nil {
 		return routing.Selection{}, err
@@ -605,7 +628,8 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		s.overlaps = append(s.overlaps, s.matches.ofSlot(slots[i], k))
 	}
 	s.loads = r.active.PotentialLoads(s.loads[:0], workers, s.seq, isl, r.cfg.BlockSize, s.overlaps)
-	s.costs = s.costs[:0]
+	s.costs, s.overlapEq = s.costs[:0], s.overlapEq[:0]
+	cold := true
 	for _, l := range s.loads {
 		overlap := float64(l.OverlapBlocks)
 		if len(s.matches.Tiers) > 0 {
@@ -613,6 +637,8 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 				overlap = max(overlap, r.cfg.tierCredit(tm))
 			}
 		}
+		cold = cold && overlap == 0
+		s.overlapEq = append(s.overlapEq, overlap)
 		s.costs = append(s.costs, p.cost(activePrefill(l, isl, r.cfg.BlockSize), isl, r.cfg.BlockSize, overlap, l.PotentialDecodeBlocks))
 	}
 	predictions := r.predicting() && r.index.hasPredicted()
@@ -620,41 +646,24 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	if recosted {
 		r.creditPredicted(p, s, isl)
 	}
-	var skipped []Skip
-	allSaturated := false
 	sig := *r.sig.Load()
-	var i int
-	if len(sig) == 0 {
-		i = r.pick(s.costs, p.temperature)
-	} else {
-		// Engine signals: their cost term, and the saturation filter
-		// (never on a forced worker).
-		s.kept, s.keptCosts = s.kept[:0], s.keptCosts[:0]
-		for j, l := range s.loads {
-			smp, ok := sig[l.Worker]
-			if !ok {
-				s.kept, s.keptCosts = append(s.kept, j), append(s.keptCosts, s.costs[j])
-				continue
+	if len(sig) > 0 {
+		// Engine signals: their cost term, and the candidates' samples
+		// for the chain (the saturation filter, the engine scorers).
+		for j := range s.loads {
+			l := &s.loads[j]
+			if smp, ok := sig[l.Worker]; ok {
+				l.Engine, l.HasEngine = smp, true
+				s.costs[j] += p.engineCost(smp)
 			}
-			s.costs[j] += p.engineCost(smp)
-			if opts.Worker == nil {
-				if why := r.cfg.Saturation(smp); why != "" {
-					skipped = append(skipped, Skip{l.Worker, why})
-					continue
-				}
-			}
-			s.kept, s.keptCosts = append(s.kept, j), append(s.keptCosts, s.costs[j])
-		}
-		switch {
-		case len(s.kept) == 0: // every one saturated: skip none
-			allSaturated = true
-			i = r.pick(s.costs, p.temperature)
-		case len(skipped) == 0:
-			i = r.pick(s.costs, p.temperature)
-		default:
-			i = s.kept[r.pick(s.keptCosts, p.temperature)]
 		}
 	}
+	cs := &s.chain
+	cs.in = ChainInput{Loads: s.loads, Overlap: s.overlapEq, Costs: s.costs, ISL: isl, RequestBlocks: len(s.local),
+		BlockSize: r.cfg.BlockSize, LoRA: req.LoRAName, SessionKey: req.SessionKey, Cold: cold}
+	skipped, saturated, allSaturated := r.chain.run(cs, opts.Worker != nil)
+	k := r.pick(cs.totals, p.temperature)
+	i := cs.cand[k]
 	l := s.loads[i]
 	// Address and Router are the caller's to fill: it knows them.
 	sel := routing.Selection{
@@ -662,8 +671,8 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		DecodeBlocks: l.PotentialDecodeBlocks, Cost: s.costs[i], RequestBlocks: len(s.local), Candidates: len(workers),
 		BlockSize: r.cfg.BlockSize, ISL: isl,
 	}
-	if allSaturated {
-		skipped = nil
+	if r.chain.report {
+		sel.Scores = r.chain.scores(cs, k)
 	}
 	if rep := opts.Signals; rep != nil {
 		*rep = SignalsReport{Skipped: skipped, AllSaturated: allSaturated}
@@ -688,7 +697,12 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		}
 		// Counted for requests placed, not for probes: a global router
 		// probes every pool for each request.
-		r.saturationSkips.Add(uint64(len(skipped)))
+		r.saturationSkips.Add(uint64(saturated))
+	}
+	if opts.RequestID != "" || opts.UpdateIndexer {
+		for _, o := range r.chain.observers {
+			o.Chosen(&cs.in, i)
+		}
 	}
 	// The approximate index learns from decisions; with KV events the
 	// engine's events are the truth, and the decision only adds predicted

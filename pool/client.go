@@ -82,7 +82,7 @@ type grpcClient struct {
 }
 
 func (p Prompt) client() client.Prompt {
-	return client.Prompt{Tokens: p.Tokens, BlockHashes: p.Hashes, BlockSize: p.BlockSize, ISL: p.ISL, LoRAName: p.LoRA}
+	return client.Prompt{Tokens: p.Tokens, BlockHashes: p.Hashes, BlockSize: p.BlockSize, ISL: p.ISL, LoRAName: p.LoRA, SessionKey: p.SessionKey}
 }
 
 func (g *grpcClient) Probe(ctx context.Context, p Prompt) (routing.Selection, error) {
@@ -139,6 +139,9 @@ type Prompt struct {
 	ISL int
 	// LoRA is the adapter name ("" for the base model).
 	LoRA string
+	// SessionKey is the request's session ("" for none), for the pools'
+	// worker chains (the session scorer).
+	SessionKey string
 	// Override changes the router's cost parameters for this request.
 	Override *routing.Override
 	// Allowed, when not empty, restricts a probe to the workers at these

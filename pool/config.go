@@ -12,6 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -42,6 +43,13 @@ type Config struct {
 	// the configuration file); exclusive with Policy. DecodeConfigs loads
 	// it into Policy.
 	PolicyFile string `yaml:"policy_file"`
+	// WorkerChain is how the pool's local routers rank its workers:
+	// filters and weighted scorers, a list of {name, weight, args}
+	// (localrouter.ScorerSpec; docs/localrouter.md "Worker chain"). Empty:
+	// the default chain (saturation, then Dynamo's cost). The local routers
+	// that `kvgate up` starts take it; a local router started on its own
+	// takes the same list with -worker-chain.
+	WorkerChain []localrouter.ScorerSpec `yaml:"worker_chain"`
 
 	// File and node locate the pool in its configuration for errors.
 	File string     `yaml:"-"`
@@ -115,6 +123,40 @@ func (c *Config) Validate() error {
 	}
 	if dup := firstDup(c.Routers.Static); dup != "" {
 		return c.errorf("routers", "static address %q listed twice", dup)
+	}
+	if len(c.WorkerChain) > 0 {
+		if err := c.validateWorkerChain(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateWorkerChain checks the worker chain against the pool's router
+// defaults; from a file, errors point at the faulty entry's line.
+func (c *Config) validateWorkerChain() error {
+	rc := localrouter.DefaultConfig()
+	rc.BlockSize = c.BlockSize
+	if n := c.field("worker_chain"); n != nil && c.File != "" {
+		_, err := localrouter.DecodeWorkerChain(c.File, fmt.Sprintf("pool %q: worker_chain", c.Name), n, rc)
+		return err
+	}
+	if err := localrouter.ValidateWorkerChain(c.WorkerChain, rc); err != nil {
+		return c.errorf("worker_chain", "%s", strings.TrimPrefix(err.Error(), localrouter.ErrInvalidConfig.Error()+": "))
+	}
+	return nil
+}
+
+// field is the value node of key in the pool's mapping, nil when unknown.
+func (c *Config) field(key string) *yaml.Node {
+	n := c.node
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
 	}
 	return nil
 }

@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,7 +35,18 @@ type Policy struct {
 	// (tier_weights none); by default they count at
 	// localrouter.DefaultTierWeights.
 	NoTiers bool
+	// Chain is the local routers' worker chain (KindCost only; empty: the
+	// default chain, Dynamo's cost with Credit, Scale and Temperature).
+	// ParsePolicy makes one of "chain:<inline chain>".
+	Chain []localrouter.ScorerSpec
 }
+
+// KindChainPrefix starts a policy naming a worker chain:
+// chain:<localrouter.ParseWorkerChain's inline form>, e.g.
+// chain:cost=1/credit=8/scale=8,cold=2. It is a cost policy whose local
+// routers rank workers with that chain (Dynamo's credit and scale unless
+// the cost scorer's args say otherwise).
+const KindChainPrefix = "chain:"
 
 // Dynamo returns Dynamo's default cost: credit 1, scale 1, temperature 0.
 func Dynamo() Policy {
@@ -73,10 +86,26 @@ func DefaultPolicies() []Policy {
 
 // ParsePolicy parses a policy name: random, round-robin, least-loaded,
 // kv-overlap, dynamo, kvgate, kvgate-no-tiers (kvgate's cost blind to
-// offloaded blocks), or cost:credit=C,scale=S,temp=T,tiers=0|1 (any subset,
-// the rest Dynamo's defaults; tiers=0 ignores lower cache tiers).
+// offloaded blocks), cost:credit=C,scale=S,temp=T,tiers=0|1 (any subset,
+// the rest Dynamo's defaults; tiers=0 ignores lower cache tiers), or
+// chain:<worker chain> (KindChainPrefix).
 func ParsePolicy(s string) (Policy, error) {
 	s = strings.TrimSpace(s)
+	if rest, ok := strings.CutPrefix(s, KindChainPrefix); ok {
+		specs, err := localrouter.ParseWorkerChain(rest)
+		if err == nil && len(specs) == 0 {
+			err = errors.New("empty worker chain")
+		}
+		if err == nil {
+			err = localrouter.ValidateWorkerChain(specs, localrouter.DefaultConfig())
+		}
+		if err != nil {
+			return Policy{}, fmt.Errorf("%w: policy %q: %v", ErrConfig, s, err)
+		}
+		p := Dynamo()
+		p.Name, p.Chain = s, specs
+		return p, nil
+	}
 	switch s {
 	case "kvgate-no-tiers":
 		p := KVGate()
@@ -146,6 +175,7 @@ func (p Policy) routerConfig(blockSize int, predictedTTL time.Duration) localrou
 	}
 	if p.Kind == KindCost {
 		c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature = p.Credit, p.Scale, p.Temperature
+		c.WorkerChain = p.Chain
 	}
 	if p.NoTiers {
 		for t := range c.TierWeights {
@@ -159,7 +189,8 @@ func (p Policy) routerConfig(blockSize int, predictedTTL time.Duration) localrou
 
 // ParsePolicies parses a comma-separated list of policies. A cost policy's
 // own commas are understood: "dynamo,cost:credit=2,scale=1,kvgate" is three
-// policies.
+// policies; so are a chain policy's, whose entries after the first carry a
+// weight or name a filter: "dynamo,chain:saturation,cost=1,cold=1,kvgate".
 func ParsePolicies(s string) ([]Policy, error) {
 	var specs []string
 	for _, part := range strings.Split(s, ",") {
@@ -168,6 +199,10 @@ func ParsePolicies(s string) ([]Policy, error) {
 			continue
 		}
 		if n := len(specs); n > 0 && !strings.Contains(part, ":") && strings.Contains(part, "=") && strings.HasPrefix(specs[n-1], KindCost+":") {
+			specs[n-1] += "," + part
+			continue
+		}
+		if n := len(specs); n > 0 && !strings.Contains(part, ":") && strings.HasPrefix(specs[n-1], KindChainPrefix) && chainEntry(part) {
 			specs[n-1] += "," + part
 			continue
 		}
@@ -198,4 +233,14 @@ func ParseTopologies(s string) ([]Topology, error) {
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// chainEntry reports whether part continues a chain policy: it carries a
+// weight or arguments, or names a filter.
+func chainEntry(part string) bool {
+	if strings.ContainsAny(part, "=/") {
+		return true
+	}
+	filters, _ := localrouter.ChainEntries()
+	return slices.Contains(filters, part)
 }

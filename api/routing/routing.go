@@ -37,13 +37,25 @@ type Selection struct {
 	PrefillTokens int
 	DecodeBlocks  int
 	// Cost is the local router's cost for the worker, in blocks of
-	// BlockSize.
+	// BlockSize: Dynamo's cost (the worker chain's cost scorer), whatever
+	// the pool's chain, so that pools compare.
 	Cost float64
 	// Candidates is how many (worker, dp_rank) the router considered.
 	Candidates int
 	// Router is the address of the local router that answered ("" in
 	// process).
 	Router string
+	// Scores are each scorer's part in the winner's total under the pool's
+	// worker chain (localrouter.ScorerSpec), in chain order; empty under
+	// the default chain, whose one term is Cost.
+	Scores []Score
+}
+
+// Score is one scorer's part in a worker's total: its raw value, its
+// weight and their product.
+type Score struct {
+	Name                      string
+	Raw, Weight, Contribution float64
 }
 
 // CachedTokens is the prompt the worker already holds: OverlapBlocks

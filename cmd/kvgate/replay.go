@@ -31,7 +31,7 @@ func runReplay(ctx context.Context, args []string) error {
 		seed        = fs.Uint64("seed", 1, "seed of token expansion and every random choice")
 		workers     = fs.Int("workers", 8, "simulated workers in total")
 		topologies  = fs.String("topology", sim.TopologyFlat, "comma-separated topologies: flat, pools[=P], disagg[=prefill workers]")
-		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-no-tiers, cost:credit=C,scale=S,temp=T,tiers=0|1")
+		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-no-tiers, cost:credit=C,scale=S,temp=T,tiers=0|1, chain:<worker chain> (e.g. chain:cost=1/normalize=max,prefix=1,cold=0.3; docs/localrouter.md)")
 		blockSize   = fs.Int("block-size", 16, "KV block size of workers and routers, in tokens")
 		kvTokens    = fs.Int("kv-tokens", 1<<20, "KV cache capacity of each worker, in tokens")
 		cpuTokens   = fs.Int("cpu-kv-tokens", 0, "CPU KV tier of each worker, in tokens (0: none): GPU evictions offload there, hits reload; compare policies kvgate and kvgate-no-tiers")

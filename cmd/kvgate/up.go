@@ -11,6 +11,7 @@ import (
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/mocker"
 )
 
@@ -31,6 +32,8 @@ func runUp(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (negative: never)")
 	fs.Bool("header-fallbacks", false, "no-op, accepted for old command lines: x-gateway-destination-endpoint always carries the ordered list (primary, then fallbacks), the same value as the envoy.lb metadata")
 	fs.BoolVar(&cfg.SecureServing, "secure-serving", false, "TLS on the ext_proc hop and mutual TLS on the local-router hop, with a CA made at start (its file is printed)")
+	chainA := fs.String("pool-a-worker-chain", "", "pool-a's worker chain, inline or a YAML file (as kvgate localrouter -worker-chain; empty: the default)")
+	chainB := fs.String("pool-b-worker-chain", "", "pool-b's worker chain (as -pool-a-worker-chain)")
 	otlp := fs.String("otlp-endpoint", "", `OTLP/gRPC collector host:port to trace the global router's decisions to, without TLS ("" : off)`)
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	if err := fs.Parse(args, os.Getenv); err != nil {
@@ -49,6 +52,13 @@ func runUp(ctx context.Context, args []string) error {
 	dpSizes := make([]int, *b)
 	dpSizes[*b-1] = *dp
 	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: *a}, {Name: "pool-b", Workers: *b, DPSizes: dpSizes}}
+	for i, spec := range []string{*chainA, *chainB} {
+		chain, err := localrouter.LoadWorkerChain(spec, localrouter.DefaultConfig())
+		if err != nil {
+			return fmt.Errorf("-%s-worker-chain: %w", cfg.Pools[i].Name, err)
+		}
+		cfg.Pools[i].WorkerChain = chain
+	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: *otlp, Insecure: true, Service: "kvgate-up"})
 	if err != nil {

@@ -60,6 +60,9 @@ type PoolSpec struct {
 	// ranks, each with its own KV cache, as a vLLM or SGLang engine with
 	// --data-parallel-size does.
 	DPSizes []int
+	// WorkerChain is the pool's worker chain (pool.Config.WorkerChain;
+	// empty: the default), given to its local router.
+	WorkerChain []localrouter.ScorerSpec
 }
 
 // dpSize is worker i's number of ranks.
@@ -293,6 +296,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		rc.NATS = s.nats.URL()
 		rc.RegisterTTL = 5 * time.Second
 		rc.Router.BlockSize = cfg.BlockSize
+		rc.Router.WorkerChain = ps.WorkerChain
 		rc.MetricsPeriod = max(cfg.MetricsPeriod, 0)
 		if sec != nil {
 			rc.TLS = sec.routerServer
@@ -316,6 +320,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		}
 		pc := pool.NewConfig(ps.Name, cfg.BlockSize, []string{cfg.Model})
 		pc.Routers = pool.Routers{Etcd: true}
+		pc.WorkerChain = ps.WorkerChain
 		pools = append(pools, pc)
 	}
 	gcfg := globalrouter.DefaultConfig(pools...)

@@ -312,7 +312,7 @@ func (s *chanSession) probeProto(ctx context.Context, p Prompt, o BestWorkerOpti
 	out := &localrouterv1.ChannelProbe{ConfigOverride: overrideProto(o.Override), AllowedAddresses: o.AllowedAddresses}
 	if s.packed && len(p.BlockHashes) > 0 {
 		out.PackedHashes = packHashes(p.BlockHashes)
-		out.Prompt = &localrouterv1.Prompt{BlockSize: uint32(p.BlockSize), IslTokens: uint32(p.ISL), LoraName: p.LoRAName}
+		out.Prompt = &localrouterv1.Prompt{BlockSize: uint32(p.BlockSize), IslTokens: uint32(p.ISL), LoraName: p.LoRAName, SessionKey: p.SessionKey}
 	} else {
 		out.Prompt = p.proto()
 	}

@@ -116,6 +116,9 @@ type Prompt struct {
 	// len(BlockHashes)*BlockSize).
 	ISL      int
 	LoRAName string
+	// SessionKey is the request's session ("" for none), for the pool's
+	// worker chain's session scorer.
+	SessionKey string
 }
 
 // TokenPrompt is a Prompt of token ids.
@@ -131,7 +134,7 @@ func HashPrompt(hashes []uint64, blockSize int) Prompt {
 func (p Prompt) proto() *localrouterv1.Prompt {
 	out := &localrouterv1.Prompt{
 		BlockHashes: p.BlockHashes, BlockSize: uint32(p.BlockSize),
-		IslTokens: uint32(p.ISL), LoraName: p.LoRAName,
+		IslTokens: uint32(p.ISL), LoraName: p.LoRAName, SessionKey: p.SessionKey,
 	}
 	if len(p.BlockHashes) == 0 {
 		out.TokenIds = p.Tokens
@@ -161,6 +164,12 @@ func selection(s *localrouterv1.Selection, isl int) routing.Selection {
 	}
 	if out.ISL == 0 {
 		out.ISL = out.RequestBlocks * out.BlockSize
+	}
+	if sc := s.GetScores(); len(sc) > 0 {
+		out.Scores = make([]routing.Score, len(sc))
+		for i, v := range sc {
+			out.Scores[i] = routing.Score{Name: v.GetName(), Raw: v.GetRaw(), Weight: v.GetWeight(), Contribution: v.GetContribution()}
+		}
 	}
 	return out
 }

@@ -173,7 +173,7 @@ func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe) (*lo
 		}
 		cp := &localrouterv1.Prompt{
 			BlockHashes: hashes, BlockSize: prompt.GetBlockSize(),
-			IslTokens: prompt.GetIslTokens(), LoraName: prompt.GetLoraName(),
+			IslTokens: prompt.GetIslTokens(), LoraName: prompt.GetLoraName(), SessionKey: prompt.GetSessionKey(),
 		}
 		prompt = cp
 	}

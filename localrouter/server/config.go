@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -72,7 +73,7 @@ func (c Config) Defaults() Config {
 	if c.RegisterTTL == 0 {
 		c.RegisterTTL = 10 * time.Second
 	}
-	if c.Router == (localrouter.Config{}) {
+	if reflect.ValueOf(c.Router).IsZero() {
 		c.Router = localrouter.DefaultConfig()
 	}
 	return c
@@ -156,6 +157,16 @@ func flags(fs *config.FlagSet, c *Config) {
 		},
 		GetFunc: func() string { return localrouter.FormatTierWeights(r.TierWeights) },
 	}, "router-tier-weights", "credit of a cached block per lower cache tier, relative to the GPU (tier=weight,…; none: ignore offloaded blocks)")
+	fs.Var(&config.Value{
+		SetFunc: func(v string) error {
+			specs, err := localrouter.LoadWorkerChain(v, *r)
+			if err == nil {
+				r.WorkerChain = specs
+			}
+			return err
+		},
+		GetFunc: func() string { return localrouter.FormatWorkerChain(r.WorkerChain) },
+	}, "worker-chain", "how workers are ranked: filters and weighted scorers inline (saturation,cost=1,prefix=2,cold=1/lru_size=512) or a YAML file (FILE.yaml, or @FILE) listing {name, weight, args}; empty: saturation then Dynamo's cost (docs/localrouter.md, Worker chain)")
 	fs.Var(config.Duration(&r.RequestExpiry), "router-request-expiry", "free requests still active after this long (duration, or seconds)")
 }
 

@@ -133,6 +133,9 @@ func (s *Server) UpdateHealth() {
 // Shutdown sets every health status to NOT_SERVING for good (draining).
 func (s *Server) Shutdown() { s.health.Shutdown() }
 
+// MaxSessionKeyBytes bounds Prompt.session_key.
+const MaxSessionKeyBytes = 1024
+
 // request converts a wire Prompt to the router's Request.
 func (s *Server) request(p *localrouterv1.Prompt) (localrouter.Request, error) {
 	if p == nil {
@@ -140,7 +143,10 @@ func (s *Server) request(p *localrouterv1.Prompt) (localrouter.Request, error) {
 	}
 	req := localrouter.Request{
 		Tokens: p.GetTokenIds(), LocalHashes: p.GetBlockHashes(), BlockSize: int(p.GetBlockSize()),
-		ISL: int(p.GetIslTokens()), LoRAName: p.GetLoraName(),
+		ISL: int(p.GetIslTokens()), LoRAName: p.GetLoraName(), SessionKey: p.GetSessionKey(),
+	}
+	if len(req.SessionKey) > MaxSessionKeyBytes {
+		return req, fmt.Errorf("%w: session_key of %d bytes, at most %d", errInvalidArgument, len(req.SessionKey), MaxSessionKeyBytes)
 	}
 	if len(req.LocalHashes) > 0 && req.BlockSize == 0 {
 		return req, fmt.Errorf("%w: block_hashes need block_size (the pool's block size is %d)", errInvalidArgument, s.r.Config().BlockSize)
@@ -202,7 +208,20 @@ func (s *Server) selection(sel routing.Selection) *localrouterv1.Selection {
 		OverlapBlocks: uint32(sel.OverlapBlocks), RequestBlocks: uint32(sel.RequestBlocks),
 		PotentialPrefillTokens: uint32(sel.PrefillTokens), PotentialDecodeBlocks: uint32(sel.DecodeBlocks),
 		Cost: sel.Cost, Candidates: uint32(sel.Candidates), BlockSize: uint32(s.r.Config().BlockSize),
+		Scores: scores(sel.Scores),
 	}
+}
+
+// scores converts a choice's worker-chain scores to the wire (nil for none).
+func scores(in []routing.Score) []*localrouterv1.Score {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]*localrouterv1.Score, len(in))
+	for i, sc := range in {
+		out[i] = &localrouterv1.Score{Name: sc.Name, Raw: sc.Raw, Weight: sc.Weight, Contribution: sc.Contribution}
+	}
+	return out
 }
 
 // withSignals adds a choice's engine signals and saturation skips to out.

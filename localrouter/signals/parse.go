@@ -26,6 +26,14 @@
 //     python/sglang/srt/managers/scheduler_metrics_mixin.py):
 //     sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage,
 //     sglang:cache_hit_rate, sglang:num_retracted_reqs (its preemption).
+//   - vLLM's LoRA adapters (vllm/v1/metrics/loggers.py, gauge_lora_info):
+//     vllm:lora_requests_info, a gauge set to the current time whose labels
+//     running_lora_adapters and waiting_lora_adapters are the adapters of
+//     the running and waiting requests, comma-joined, and max_lora. It has
+//     no engine label (vLLM refuses LoRA with more than one engine), so it
+//     is rank 0's; of several series (old label sets linger until the
+//     process exits) the one with the latest timestamp wins, as the Gateway
+//     API Inference Extension reads it.
 package signals
 
 import (
@@ -34,6 +42,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -83,9 +92,52 @@ type Sample struct {
 	// either is reported).
 	PrefixHitRate    float64
 	HasPrefixHitRate bool
+	// LoRARunning and LoRAWaiting are the LoRA adapters of the requests
+	// running and waiting, comma-joined as vLLM's vllm:lora_requests_info
+	// labels carry them (a string keeps Sample comparable), and MaxLoRA
+	// its max_lora label; HasLoRA when the engine reports them.
+	LoRARunning, LoRAWaiting string
+	MaxLoRA                  int
+	HasLoRA                  bool
 	// At is when the sample was scraped.
 	At time.Time
 }
+
+// HasAdapter reports whether adapter name is loaded on the rank: among the
+// adapters of its running or of its waiting requests.
+func (s Sample) HasAdapter(name string) (running, waiting bool) {
+	return listHas(s.LoRARunning, name), listHas(s.LoRAWaiting, name)
+}
+
+// Adapters splits a comma-joined adapter list (LoRARunning, LoRAWaiting).
+func Adapters(list string) []string {
+	var out []string
+	for a := range strings.SplitSeq(list, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// listHas reports whether comma-joined list holds name, without allocating.
+func listHas(list, name string) bool {
+	if name == "" {
+		return false
+	}
+	for a := range strings.SplitSeq(list, ",") {
+		if strings.TrimSpace(a) == name {
+			return true
+		}
+	}
+	return false
+}
+
+// loraMetric is vLLM's LoRA adapters gauge.
+const loraMetric = "vllm:lora_requests_info"
+
+// MaxLoRAAdapters bounds the adapters read from one label.
+const MaxLoRAAdapters = 256
 
 // metric names and what they set.
 type field int
@@ -131,6 +183,11 @@ type acc struct {
 	engine string
 	v      [nFields]float64
 	has    [nFields]bool
+	// lora: the latest vllm:lora_requests_info series (loraAt its value).
+	lora              bool
+	loraAt            float64
+	loraRun, loraWait string
+	maxLoRA           int
 }
 
 // Parse reads a Prometheus text exposition of at most maxBytes bytes
@@ -154,6 +211,12 @@ func Parse(r io.Reader, maxBytes int64, at time.Time) (map[uint32]Sample, error)
 	}
 	ranks := map[uint32]*acc{}
 	for name, mf := range fams {
+		if name == loraMetric {
+			if err := readLoRA(mf, ranks); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		n, ok := names[name]
 		if !ok {
 			continue
@@ -200,6 +263,9 @@ func (a *acc) sample(at time.Time) Sample {
 	}
 	if s.KVUsage > 1 {
 		s.KVUsage = 1
+	}
+	if a.lora {
+		s.LoRARunning, s.LoRAWaiting, s.MaxLoRA, s.HasLoRA = a.loraRun, a.loraWait, a.maxLoRA, true
 	}
 	switch {
 	case a.has[fHitRate]:
@@ -250,4 +316,57 @@ func rankOf(m *dto.Metric, label string) (uint32, error) {
 		return uint32(r), nil
 	}
 	return 0, nil
+}
+
+// readLoRA reads vllm:lora_requests_info into rank 0's accumulator: the
+// series with the latest timestamp wins.
+func readLoRA(mf *dto.MetricFamily, ranks map[uint32]*acc) error {
+	for _, m := range mf.GetMetric() {
+		v, ok := value(m)
+		if !ok {
+			continue
+		}
+		var run, wait string
+		maxLoRA := 0
+		for _, lp := range m.GetLabel() {
+			var err error
+			switch lp.GetName() {
+			case "running_lora_adapters":
+				run, err = adapters(lp.GetValue())
+			case "waiting_lora_adapters":
+				wait, err = adapters(lp.GetValue())
+			case "max_lora":
+				n, perr := strconv.ParseUint(lp.GetValue(), 10, 16)
+				if perr != nil {
+					err = fmt.Errorf("max_lora=%q is not a count", lp.GetValue())
+				}
+				maxLoRA = int(n)
+			}
+			if err != nil {
+				return fmt.Errorf("%w: %s: %v", ErrMalformed, loraMetric, err)
+			}
+		}
+		a := ranks[0]
+		if a == nil {
+			if len(ranks) >= MaxRanks {
+				return fmt.Errorf("%w: more than %d data-parallel ranks", ErrMalformed, MaxRanks)
+			}
+			a = &acc{engine: EngineVLLM}
+			ranks[0] = a
+		}
+		if !a.lora || v > a.loraAt {
+			a.lora, a.loraAt, a.loraRun, a.loraWait, a.maxLoRA = true, v, run, wait, maxLoRA
+		}
+	}
+	return nil
+}
+
+// adapters normalises a comma-joined adapter list: names trimmed, empty
+// ones dropped, at most MaxLoRAAdapters.
+func adapters(s string) (string, error) {
+	list := Adapters(s)
+	if len(list) > MaxLoRAAdapters {
+		return "", fmt.Errorf("more than %d adapters", MaxLoRAAdapters)
+	}
+	return strings.Join(list, ","), nil
 }

@@ -158,7 +158,7 @@ func TestParseBoundsRanks(t *testing.T) {
 // FuzzParse: any body is an error or samples within their ranges, never a
 // panic.
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{vllmDP2, vllmOld, sglangDP2, "", "# TYPE x gauge\nx 1\n", `vllm:num_requests_running{engine="1"} 1e308`} {
+	for _, s := range []string{vllmDP2, vllmOld, sglangDP2, vllmLoRA, "", "# TYPE x gauge\nx 1\n", `vllm:num_requests_running{engine="1"} 1e308`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {

@@ -94,7 +94,10 @@ type Prompt struct {
 	// len(block_hashes) * block_size).
 	IslTokens uint32 `protobuf:"varint,4,opt,name=isl_tokens,json=islTokens,proto3" json:"isl_tokens,omitempty"`
 	// LoRA adapter name, mixed into token hashing ("" for the base model).
-	LoraName      string `protobuf:"bytes,5,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
+	LoraName string `protobuf:"bytes,5,opt,name=lora_name,json=loraName,proto3" json:"lora_name,omitempty"`
+	// The request's session ("" for none): the worker chain's session
+	// scorer keeps a session on one worker. Not hashed.
+	SessionKey    string `protobuf:"bytes,6,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -160,6 +163,13 @@ func (x *Prompt) GetIslTokens() uint32 {
 func (x *Prompt) GetLoraName() string {
 	if x != nil {
 		return x.LoraName
+	}
+	return ""
+}
+
+func (x *Prompt) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
 	}
 	return ""
 }
@@ -249,10 +259,15 @@ type Selection struct {
 	BlockSize uint32 `protobuf:"varint,10,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	// The chosen rank's engine signals, when its metrics are scraped.
 	Engine *EngineSignals `protobuf:"bytes,11,opt,name=engine,proto3" json:"engine,omitempty"`
-	// Ranks left out because their engine reported saturation, with why.
+	// Ranks left out by the worker chain's filters (engine saturation, a
+	// LoRA adapter not loaded), with why.
 	Skipped []*SkippedWorker `protobuf:"bytes,12,rep,name=skipped,proto3" json:"skipped,omitempty"`
 	// Every candidate was saturated, so none was skipped.
-	AllSaturated  bool `protobuf:"varint,13,opt,name=all_saturated,json=allSaturated,proto3" json:"all_saturated,omitempty"`
+	AllSaturated bool `protobuf:"varint,13,opt,name=all_saturated,json=allSaturated,proto3" json:"all_saturated,omitempty"`
+	// Each scorer's part in the chosen worker's total under the pool's
+	// worker chain, in chain order; empty under the default chain, whose
+	// one term is cost. cost stays Dynamo's cost whatever the chain.
+	Scores        []*Score `protobuf:"bytes,14,rep,name=scores,proto3" json:"scores,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -378,6 +393,83 @@ func (x *Selection) GetAllSaturated() bool {
 	return false
 }
 
+func (x *Selection) GetScores() []*Score {
+	if x != nil {
+		return x.Scores
+	}
+	return nil
+}
+
+// Score is one scorer of the worker chain: its raw value for the worker,
+// its weight and their product, the contribution to the total.
+type Score struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Raw           float64                `protobuf:"fixed64,2,opt,name=raw,proto3" json:"raw,omitempty"`
+	Weight        float64                `protobuf:"fixed64,3,opt,name=weight,proto3" json:"weight,omitempty"`
+	Contribution  float64                `protobuf:"fixed64,4,opt,name=contribution,proto3" json:"contribution,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Score) Reset() {
+	*x = Score{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Score) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Score) ProtoMessage() {}
+
+func (x *Score) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Score.ProtoReflect.Descriptor instead.
+func (*Score) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Score) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Score) GetRaw() float64 {
+	if x != nil {
+		return x.Raw
+	}
+	return 0
+}
+
+func (x *Score) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Score) GetContribution() float64 {
+	if x != nil {
+		return x.Contribution
+	}
+	return 0
+}
+
 // EngineSignals are what a worker's engine reports about one rank on its
 // Prometheus metrics endpoint (vLLM or SGLang names), as the local router
 // last scraped them (localrouter/signals).
@@ -404,7 +496,7 @@ type EngineSignals struct {
 
 func (x *EngineSignals) Reset() {
 	*x = EngineSignals{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[3]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +508,7 @@ func (x *EngineSignals) String() string {
 func (*EngineSignals) ProtoMessage() {}
 
 func (x *EngineSignals) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[3]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +521,7 @@ func (x *EngineSignals) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineSignals.ProtoReflect.Descriptor instead.
 func (*EngineSignals) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{3}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EngineSignals) GetEngine() string {
@@ -500,7 +592,7 @@ type SkippedWorker struct {
 
 func (x *SkippedWorker) Reset() {
 	*x = SkippedWorker{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[4]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +604,7 @@ func (x *SkippedWorker) String() string {
 func (*SkippedWorker) ProtoMessage() {}
 
 func (x *SkippedWorker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[4]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +617,7 @@ func (x *SkippedWorker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SkippedWorker.ProtoReflect.Descriptor instead.
 func (*SkippedWorker) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{4}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SkippedWorker) GetWorkerId() string {
@@ -570,7 +662,7 @@ type BestWorkerRequest struct {
 
 func (x *BestWorkerRequest) Reset() {
 	*x = BestWorkerRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[5]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +674,7 @@ func (x *BestWorkerRequest) String() string {
 func (*BestWorkerRequest) ProtoMessage() {}
 
 func (x *BestWorkerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[5]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +687,7 @@ func (x *BestWorkerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BestWorkerRequest.ProtoReflect.Descriptor instead.
 func (*BestWorkerRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{5}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BestWorkerRequest) GetPrompt() *Prompt {
@@ -642,7 +734,7 @@ type BestWorkerResponse struct {
 
 func (x *BestWorkerResponse) Reset() {
 	*x = BestWorkerResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[6]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +746,7 @@ func (x *BestWorkerResponse) String() string {
 func (*BestWorkerResponse) ProtoMessage() {}
 
 func (x *BestWorkerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[6]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +759,7 @@ func (x *BestWorkerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BestWorkerResponse.ProtoReflect.Descriptor instead.
 func (*BestWorkerResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{6}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BestWorkerResponse) GetSelection() *Selection {
@@ -686,7 +778,7 @@ type PotentialLoadsRequest struct {
 
 func (x *PotentialLoadsRequest) Reset() {
 	*x = PotentialLoadsRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[7]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +790,7 @@ func (x *PotentialLoadsRequest) String() string {
 func (*PotentialLoadsRequest) ProtoMessage() {}
 
 func (x *PotentialLoadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[7]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +803,7 @@ func (x *PotentialLoadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PotentialLoadsRequest.ProtoReflect.Descriptor instead.
 func (*PotentialLoadsRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{7}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PotentialLoadsRequest) GetPrompt() *Prompt {
@@ -738,7 +830,7 @@ type PotentialLoad struct {
 
 func (x *PotentialLoad) Reset() {
 	*x = PotentialLoad{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[8]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +842,7 @@ func (x *PotentialLoad) String() string {
 func (*PotentialLoad) ProtoMessage() {}
 
 func (x *PotentialLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[8]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +855,7 @@ func (x *PotentialLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PotentialLoad.ProtoReflect.Descriptor instead.
 func (*PotentialLoad) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{8}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PotentialLoad) GetWorkerId() string {
@@ -833,7 +925,7 @@ type PotentialLoadsResponse struct {
 
 func (x *PotentialLoadsResponse) Reset() {
 	*x = PotentialLoadsResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[9]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +937,7 @@ func (x *PotentialLoadsResponse) String() string {
 func (*PotentialLoadsResponse) ProtoMessage() {}
 
 func (x *PotentialLoadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[9]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +950,7 @@ func (x *PotentialLoadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PotentialLoadsResponse.ProtoReflect.Descriptor instead.
 func (*PotentialLoadsResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{9}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PotentialLoadsResponse) GetLoads() []*PotentialLoad {
@@ -895,7 +987,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[10]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +999,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[10]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1012,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{10}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CommitRequest) GetRequestId() string {
@@ -960,7 +1052,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[11]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1064,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[11]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1077,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{11}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CommitResponse) GetSelection() *Selection {
@@ -1006,7 +1098,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[12]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1110,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[12]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1123,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{12}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AttachRequest) GetRequestId() string {
@@ -1055,7 +1147,7 @@ type TrackRequest struct {
 
 func (x *TrackRequest) Reset() {
 	*x = TrackRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[13]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1159,7 @@ func (x *TrackRequest) String() string {
 func (*TrackRequest) ProtoMessage() {}
 
 func (x *TrackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[13]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1172,7 @@ func (x *TrackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrackRequest.ProtoReflect.Descriptor instead.
 func (*TrackRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{13}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TrackRequest) GetMsg() isTrackRequest_Msg {
@@ -1155,7 +1247,7 @@ type TrackResponse struct {
 
 func (x *TrackResponse) Reset() {
 	*x = TrackResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[14]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1259,7 @@ func (x *TrackResponse) String() string {
 func (*TrackResponse) ProtoMessage() {}
 
 func (x *TrackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[14]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1272,7 @@ func (x *TrackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrackResponse.ProtoReflect.Descriptor instead.
 func (*TrackResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{14}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TrackResponse) GetMsg() isTrackResponse_Msg {
@@ -1235,7 +1327,7 @@ type MarkPrefillCompleteRequest struct {
 
 func (x *MarkPrefillCompleteRequest) Reset() {
 	*x = MarkPrefillCompleteRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[15]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1339,7 @@ func (x *MarkPrefillCompleteRequest) String() string {
 func (*MarkPrefillCompleteRequest) ProtoMessage() {}
 
 func (x *MarkPrefillCompleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[15]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1352,7 @@ func (x *MarkPrefillCompleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkPrefillCompleteRequest.ProtoReflect.Descriptor instead.
 func (*MarkPrefillCompleteRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{15}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MarkPrefillCompleteRequest) GetRequestId() string {
@@ -1278,7 +1370,7 @@ type MarkPrefillCompleteResponse struct {
 
 func (x *MarkPrefillCompleteResponse) Reset() {
 	*x = MarkPrefillCompleteResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[16]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1382,7 @@ func (x *MarkPrefillCompleteResponse) String() string {
 func (*MarkPrefillCompleteResponse) ProtoMessage() {}
 
 func (x *MarkPrefillCompleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[16]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1395,7 @@ func (x *MarkPrefillCompleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkPrefillCompleteResponse.ProtoReflect.Descriptor instead.
 func (*MarkPrefillCompleteResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{16}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{17}
 }
 
 type FreeRequest struct {
@@ -1315,7 +1407,7 @@ type FreeRequest struct {
 
 func (x *FreeRequest) Reset() {
 	*x = FreeRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[17]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1419,7 @@ func (x *FreeRequest) String() string {
 func (*FreeRequest) ProtoMessage() {}
 
 func (x *FreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[17]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1432,7 @@ func (x *FreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeRequest.ProtoReflect.Descriptor instead.
 func (*FreeRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{17}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FreeRequest) GetRequestId() string {
@@ -1358,7 +1450,7 @@ type FreeResponse struct {
 
 func (x *FreeResponse) Reset() {
 	*x = FreeResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[18]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1462,7 @@ func (x *FreeResponse) String() string {
 func (*FreeResponse) ProtoMessage() {}
 
 func (x *FreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[18]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1475,7 @@ func (x *FreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreeResponse.ProtoReflect.Descriptor instead.
 func (*FreeResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{18}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{19}
 }
 
 type DumpEventsRequest struct {
@@ -1394,7 +1486,7 @@ type DumpEventsRequest struct {
 
 func (x *DumpEventsRequest) Reset() {
 	*x = DumpEventsRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[19]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1498,7 @@ func (x *DumpEventsRequest) String() string {
 func (*DumpEventsRequest) ProtoMessage() {}
 
 func (x *DumpEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[19]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1511,7 @@ func (x *DumpEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpEventsRequest.ProtoReflect.Descriptor instead.
 func (*DumpEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{19}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{20}
 }
 
 type DumpEventsResponse struct {
@@ -1434,7 +1526,7 @@ type DumpEventsResponse struct {
 
 func (x *DumpEventsResponse) Reset() {
 	*x = DumpEventsResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[20]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1538,7 @@ func (x *DumpEventsResponse) String() string {
 func (*DumpEventsResponse) ProtoMessage() {}
 
 func (x *DumpEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[20]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1551,7 @@ func (x *DumpEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DumpEventsResponse.ProtoReflect.Descriptor instead.
 func (*DumpEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{20}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DumpEventsResponse) GetEventsJson() string {
@@ -1484,7 +1576,7 @@ type WorkersRequest struct {
 
 func (x *WorkersRequest) Reset() {
 	*x = WorkersRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[21]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1588,7 @@ func (x *WorkersRequest) String() string {
 func (*WorkersRequest) ProtoMessage() {}
 
 func (x *WorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[21]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1601,7 @@ func (x *WorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkersRequest.ProtoReflect.Descriptor instead.
 func (*WorkersRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{21}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{22}
 }
 
 // RankLoad is one data-parallel rank's current load.
@@ -1529,7 +1621,7 @@ type RankLoad struct {
 
 func (x *RankLoad) Reset() {
 	*x = RankLoad{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[22]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1541,7 +1633,7 @@ func (x *RankLoad) String() string {
 func (*RankLoad) ProtoMessage() {}
 
 func (x *RankLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[22]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1554,7 +1646,7 @@ func (x *RankLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankLoad.ProtoReflect.Descriptor instead.
 func (*RankLoad) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{22}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RankLoad) GetDpRank() uint32 {
@@ -1620,7 +1712,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[23]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1724,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[23]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1737,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{23}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Worker) GetWorkerId() string {
@@ -1721,7 +1813,7 @@ type WorkersResponse struct {
 
 func (x *WorkersResponse) Reset() {
 	*x = WorkersResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +1825,7 @@ func (x *WorkersResponse) String() string {
 func (*WorkersResponse) ProtoMessage() {}
 
 func (x *WorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +1838,7 @@ func (x *WorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkersResponse.ProtoReflect.Descriptor instead.
 func (*WorkersResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{24}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WorkersResponse) GetPool() string {
@@ -1771,7 +1863,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1783,7 +1875,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1796,7 +1888,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{25}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{26}
 }
 
 // RouterConfig is the router's effective configuration.
@@ -1828,7 +1920,7 @@ type RouterConfig struct {
 
 func (x *RouterConfig) Reset() {
 	*x = RouterConfig{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1932,7 @@ func (x *RouterConfig) String() string {
 func (*RouterConfig) ProtoMessage() {}
 
 func (x *RouterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1945,7 @@ func (x *RouterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouterConfig.ProtoReflect.Descriptor instead.
 func (*RouterConfig) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{26}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RouterConfig) GetBlockSize() uint32 {
@@ -2004,7 +2096,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2108,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2121,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{27}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatsResponse) GetRouterId() string {
@@ -2184,7 +2276,7 @@ type ChannelRequest struct {
 
 func (x *ChannelRequest) Reset() {
 	*x = ChannelRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2288,7 @@ func (x *ChannelRequest) String() string {
 func (*ChannelRequest) ProtoMessage() {}
 
 func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2301,7 @@ func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelRequest.ProtoReflect.Descriptor instead.
 func (*ChannelRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{28}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ChannelRequest) GetId() uint64 {
@@ -2316,7 +2408,7 @@ type ChannelProbe struct {
 
 func (x *ChannelProbe) Reset() {
 	*x = ChannelProbe{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2420,7 @@ func (x *ChannelProbe) String() string {
 func (*ChannelProbe) ProtoMessage() {}
 
 func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2433,7 @@ func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelProbe.ProtoReflect.Descriptor instead.
 func (*ChannelProbe) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{29}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ChannelProbe) GetPrompt() *Prompt {
@@ -2394,7 +2486,7 @@ type ChannelEvent struct {
 
 func (x *ChannelEvent) Reset() {
 	*x = ChannelEvent{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2406,7 +2498,7 @@ func (x *ChannelEvent) String() string {
 func (*ChannelEvent) ProtoMessage() {}
 
 func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2419,7 +2511,7 @@ func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelEvent.ProtoReflect.Descriptor instead.
 func (*ChannelEvent) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{30}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ChannelEvent) GetCommitId() uint64 {
@@ -2445,7 +2537,7 @@ type ChannelCancel struct {
 
 func (x *ChannelCancel) Reset() {
 	*x = ChannelCancel{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2457,7 +2549,7 @@ func (x *ChannelCancel) String() string {
 func (*ChannelCancel) ProtoMessage() {}
 
 func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2470,7 +2562,7 @@ func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelCancel.ProtoReflect.Descriptor instead.
 func (*ChannelCancel) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ChannelCancel) GetId() uint64 {
@@ -2493,7 +2585,7 @@ type ChannelError struct {
 
 func (x *ChannelError) Reset() {
 	*x = ChannelError{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +2597,7 @@ func (x *ChannelError) String() string {
 func (*ChannelError) ProtoMessage() {}
 
 func (x *ChannelError) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +2610,7 @@ func (x *ChannelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelError.ProtoReflect.Descriptor instead.
 func (*ChannelError) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ChannelError) GetCode() uint32 {
@@ -2554,7 +2646,7 @@ type ChannelHello struct {
 
 func (x *ChannelHello) Reset() {
 	*x = ChannelHello{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2566,7 +2658,7 @@ func (x *ChannelHello) String() string {
 func (*ChannelHello) ProtoMessage() {}
 
 func (x *ChannelHello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2579,7 +2671,7 @@ func (x *ChannelHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelHello.ProtoReflect.Descriptor instead.
 func (*ChannelHello) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ChannelHello) GetMaxInFlight() uint32 {
@@ -2606,7 +2698,7 @@ type ChannelResponse struct {
 
 func (x *ChannelResponse) Reset() {
 	*x = ChannelResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +2710,7 @@ func (x *ChannelResponse) String() string {
 func (*ChannelResponse) ProtoMessage() {}
 
 func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +2723,7 @@ func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelResponse.ProtoReflect.Descriptor instead.
 func (*ChannelResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ChannelResponse) GetId() uint64 {
@@ -2718,7 +2810,7 @@ var File_api_localrouter_v1_localrouter_proto protoreflect.FileDescriptor
 
 const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\n" +
-	"$api/localrouter/v1/localrouter.proto\x12\x15kvgate.localrouter.v1\"\xa3\x01\n" +
+	"$api/localrouter/v1/localrouter.proto\x12\x15kvgate.localrouter.v1\"\xc4\x01\n" +
 	"\x06Prompt\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12!\n" +
 	"\fblock_hashes\x18\x02 \x03(\x06R\vblockHashes\x12\x1d\n" +
@@ -2726,14 +2818,16 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"block_size\x18\x03 \x01(\rR\tblockSize\x12\x1d\n" +
 	"\n" +
 	"isl_tokens\x18\x04 \x01(\rR\tislTokens\x12\x1b\n" +
-	"\tlora_name\x18\x05 \x01(\tR\bloraName\"\xf5\x01\n" +
+	"\tlora_name\x18\x05 \x01(\tR\bloraName\x12\x1f\n" +
+	"\vsession_key\x18\x06 \x01(\tR\n" +
+	"sessionKey\"\xf5\x01\n" +
 	"\x0eConfigOverride\x125\n" +
 	"\x14overlap_score_credit\x18\x01 \x01(\x01H\x00R\x12overlapScoreCredit\x88\x01\x01\x121\n" +
 	"\x12prefill_load_scale\x18\x02 \x01(\x01H\x01R\x10prefillLoadScale\x88\x01\x01\x122\n" +
 	"\x12router_temperature\x18\x03 \x01(\x01H\x02R\x11routerTemperature\x88\x01\x01B\x17\n" +
 	"\x15_overlap_score_creditB\x15\n" +
 	"\x13_prefill_load_scaleB\x15\n" +
-	"\x13_router_temperature\"\x91\x04\n" +
+	"\x13_router_temperature\"\xc7\x04\n" +
 	"\tSelection\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x18\n" +
@@ -2751,7 +2845,13 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	" \x01(\rR\tblockSize\x12<\n" +
 	"\x06engine\x18\v \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\x12>\n" +
 	"\askipped\x18\f \x03(\v2$.kvgate.localrouter.v1.SkippedWorkerR\askipped\x12#\n" +
-	"\rall_saturated\x18\r \x01(\bR\fallSaturated\"\xce\x02\n" +
+	"\rall_saturated\x18\r \x01(\bR\fallSaturated\x124\n" +
+	"\x06scores\x18\x0e \x03(\v2\x1c.kvgate.localrouter.v1.ScoreR\x06scores\"i\n" +
+	"\x05Score\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03raw\x18\x02 \x01(\x01R\x03raw\x12\x16\n" +
+	"\x06weight\x18\x03 \x01(\x01R\x06weight\x12\"\n" +
+	"\fcontribution\x18\x04 \x01(\x01R\fcontribution\"\xce\x02\n" +
 	"\rEngineSignals\x12\x16\n" +
 	"\x06engine\x18\x01 \x01(\tR\x06engine\x12)\n" +
 	"\x10running_requests\x18\x02 \x01(\x01R\x0frunningRequests\x12)\n" +
@@ -2958,101 +3058,103 @@ func file_api_localrouter_v1_localrouter_proto_rawDescGZIP() []byte {
 }
 
 var file_api_localrouter_v1_localrouter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(TrackEvent)(0),                     // 0: kvgate.localrouter.v1.TrackEvent
 	(*Prompt)(nil),                      // 1: kvgate.localrouter.v1.Prompt
 	(*ConfigOverride)(nil),              // 2: kvgate.localrouter.v1.ConfigOverride
 	(*Selection)(nil),                   // 3: kvgate.localrouter.v1.Selection
-	(*EngineSignals)(nil),               // 4: kvgate.localrouter.v1.EngineSignals
-	(*SkippedWorker)(nil),               // 5: kvgate.localrouter.v1.SkippedWorker
-	(*BestWorkerRequest)(nil),           // 6: kvgate.localrouter.v1.BestWorkerRequest
-	(*BestWorkerResponse)(nil),          // 7: kvgate.localrouter.v1.BestWorkerResponse
-	(*PotentialLoadsRequest)(nil),       // 8: kvgate.localrouter.v1.PotentialLoadsRequest
-	(*PotentialLoad)(nil),               // 9: kvgate.localrouter.v1.PotentialLoad
-	(*PotentialLoadsResponse)(nil),      // 10: kvgate.localrouter.v1.PotentialLoadsResponse
-	(*CommitRequest)(nil),               // 11: kvgate.localrouter.v1.CommitRequest
-	(*CommitResponse)(nil),              // 12: kvgate.localrouter.v1.CommitResponse
-	(*AttachRequest)(nil),               // 13: kvgate.localrouter.v1.AttachRequest
-	(*TrackRequest)(nil),                // 14: kvgate.localrouter.v1.TrackRequest
-	(*TrackResponse)(nil),               // 15: kvgate.localrouter.v1.TrackResponse
-	(*MarkPrefillCompleteRequest)(nil),  // 16: kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	(*MarkPrefillCompleteResponse)(nil), // 17: kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	(*FreeRequest)(nil),                 // 18: kvgate.localrouter.v1.FreeRequest
-	(*FreeResponse)(nil),                // 19: kvgate.localrouter.v1.FreeResponse
-	(*DumpEventsRequest)(nil),           // 20: kvgate.localrouter.v1.DumpEventsRequest
-	(*DumpEventsResponse)(nil),          // 21: kvgate.localrouter.v1.DumpEventsResponse
-	(*WorkersRequest)(nil),              // 22: kvgate.localrouter.v1.WorkersRequest
-	(*RankLoad)(nil),                    // 23: kvgate.localrouter.v1.RankLoad
-	(*Worker)(nil),                      // 24: kvgate.localrouter.v1.Worker
-	(*WorkersResponse)(nil),             // 25: kvgate.localrouter.v1.WorkersResponse
-	(*StatsRequest)(nil),                // 26: kvgate.localrouter.v1.StatsRequest
-	(*RouterConfig)(nil),                // 27: kvgate.localrouter.v1.RouterConfig
-	(*StatsResponse)(nil),               // 28: kvgate.localrouter.v1.StatsResponse
-	(*ChannelRequest)(nil),              // 29: kvgate.localrouter.v1.ChannelRequest
-	(*ChannelProbe)(nil),                // 30: kvgate.localrouter.v1.ChannelProbe
-	(*ChannelEvent)(nil),                // 31: kvgate.localrouter.v1.ChannelEvent
-	(*ChannelCancel)(nil),               // 32: kvgate.localrouter.v1.ChannelCancel
-	(*ChannelError)(nil),                // 33: kvgate.localrouter.v1.ChannelError
-	(*ChannelHello)(nil),                // 34: kvgate.localrouter.v1.ChannelHello
-	(*ChannelResponse)(nil),             // 35: kvgate.localrouter.v1.ChannelResponse
+	(*Score)(nil),                       // 4: kvgate.localrouter.v1.Score
+	(*EngineSignals)(nil),               // 5: kvgate.localrouter.v1.EngineSignals
+	(*SkippedWorker)(nil),               // 6: kvgate.localrouter.v1.SkippedWorker
+	(*BestWorkerRequest)(nil),           // 7: kvgate.localrouter.v1.BestWorkerRequest
+	(*BestWorkerResponse)(nil),          // 8: kvgate.localrouter.v1.BestWorkerResponse
+	(*PotentialLoadsRequest)(nil),       // 9: kvgate.localrouter.v1.PotentialLoadsRequest
+	(*PotentialLoad)(nil),               // 10: kvgate.localrouter.v1.PotentialLoad
+	(*PotentialLoadsResponse)(nil),      // 11: kvgate.localrouter.v1.PotentialLoadsResponse
+	(*CommitRequest)(nil),               // 12: kvgate.localrouter.v1.CommitRequest
+	(*CommitResponse)(nil),              // 13: kvgate.localrouter.v1.CommitResponse
+	(*AttachRequest)(nil),               // 14: kvgate.localrouter.v1.AttachRequest
+	(*TrackRequest)(nil),                // 15: kvgate.localrouter.v1.TrackRequest
+	(*TrackResponse)(nil),               // 16: kvgate.localrouter.v1.TrackResponse
+	(*MarkPrefillCompleteRequest)(nil),  // 17: kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	(*MarkPrefillCompleteResponse)(nil), // 18: kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	(*FreeRequest)(nil),                 // 19: kvgate.localrouter.v1.FreeRequest
+	(*FreeResponse)(nil),                // 20: kvgate.localrouter.v1.FreeResponse
+	(*DumpEventsRequest)(nil),           // 21: kvgate.localrouter.v1.DumpEventsRequest
+	(*DumpEventsResponse)(nil),          // 22: kvgate.localrouter.v1.DumpEventsResponse
+	(*WorkersRequest)(nil),              // 23: kvgate.localrouter.v1.WorkersRequest
+	(*RankLoad)(nil),                    // 24: kvgate.localrouter.v1.RankLoad
+	(*Worker)(nil),                      // 25: kvgate.localrouter.v1.Worker
+	(*WorkersResponse)(nil),             // 26: kvgate.localrouter.v1.WorkersResponse
+	(*StatsRequest)(nil),                // 27: kvgate.localrouter.v1.StatsRequest
+	(*RouterConfig)(nil),                // 28: kvgate.localrouter.v1.RouterConfig
+	(*StatsResponse)(nil),               // 29: kvgate.localrouter.v1.StatsResponse
+	(*ChannelRequest)(nil),              // 30: kvgate.localrouter.v1.ChannelRequest
+	(*ChannelProbe)(nil),                // 31: kvgate.localrouter.v1.ChannelProbe
+	(*ChannelEvent)(nil),                // 32: kvgate.localrouter.v1.ChannelEvent
+	(*ChannelCancel)(nil),               // 33: kvgate.localrouter.v1.ChannelCancel
+	(*ChannelError)(nil),                // 34: kvgate.localrouter.v1.ChannelError
+	(*ChannelHello)(nil),                // 35: kvgate.localrouter.v1.ChannelHello
+	(*ChannelResponse)(nil),             // 36: kvgate.localrouter.v1.ChannelResponse
 }
 var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
-	4,  // 0: kvgate.localrouter.v1.Selection.engine:type_name -> kvgate.localrouter.v1.EngineSignals
-	5,  // 1: kvgate.localrouter.v1.Selection.skipped:type_name -> kvgate.localrouter.v1.SkippedWorker
-	1,  // 2: kvgate.localrouter.v1.BestWorkerRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	2,  // 3: kvgate.localrouter.v1.BestWorkerRequest.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
-	3,  // 4: kvgate.localrouter.v1.BestWorkerResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	1,  // 5: kvgate.localrouter.v1.PotentialLoadsRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	4,  // 6: kvgate.localrouter.v1.PotentialLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
-	9,  // 7: kvgate.localrouter.v1.PotentialLoadsResponse.loads:type_name -> kvgate.localrouter.v1.PotentialLoad
-	1,  // 8: kvgate.localrouter.v1.CommitRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	3,  // 9: kvgate.localrouter.v1.CommitResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	11, // 10: kvgate.localrouter.v1.TrackRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
-	13, // 11: kvgate.localrouter.v1.TrackRequest.attach:type_name -> kvgate.localrouter.v1.AttachRequest
-	0,  // 12: kvgate.localrouter.v1.TrackRequest.event:type_name -> kvgate.localrouter.v1.TrackEvent
-	3,  // 13: kvgate.localrouter.v1.TrackResponse.committed:type_name -> kvgate.localrouter.v1.Selection
-	0,  // 14: kvgate.localrouter.v1.TrackResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
-	4,  // 15: kvgate.localrouter.v1.RankLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
-	23, // 16: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
-	24, // 17: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
-	27, // 18: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
-	30, // 19: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
-	11, // 20: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
-	31, // 21: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
-	32, // 22: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
-	1,  // 23: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	2,  // 24: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
-	0,  // 25: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
-	3,  // 26: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	0,  // 27: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
-	33, // 28: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
-	34, // 29: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
-	6,  // 30: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
-	8,  // 31: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
-	11, // 32: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
-	14, // 33: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
-	16, // 34: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	18, // 35: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
-	20, // 36: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
-	22, // 37: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
-	26, // 38: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
-	29, // 39: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
-	7,  // 40: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
-	10, // 41: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
-	12, // 42: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
-	15, // 43: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
-	17, // 44: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	19, // 45: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
-	21, // 46: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
-	25, // 47: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
-	28, // 48: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
-	35, // 49: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
-	40, // [40:50] is the sub-list for method output_type
-	30, // [30:40] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	5,  // 0: kvgate.localrouter.v1.Selection.engine:type_name -> kvgate.localrouter.v1.EngineSignals
+	6,  // 1: kvgate.localrouter.v1.Selection.skipped:type_name -> kvgate.localrouter.v1.SkippedWorker
+	4,  // 2: kvgate.localrouter.v1.Selection.scores:type_name -> kvgate.localrouter.v1.Score
+	1,  // 3: kvgate.localrouter.v1.BestWorkerRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	2,  // 4: kvgate.localrouter.v1.BestWorkerRequest.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	3,  // 5: kvgate.localrouter.v1.BestWorkerResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	1,  // 6: kvgate.localrouter.v1.PotentialLoadsRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	5,  // 7: kvgate.localrouter.v1.PotentialLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
+	10, // 8: kvgate.localrouter.v1.PotentialLoadsResponse.loads:type_name -> kvgate.localrouter.v1.PotentialLoad
+	1,  // 9: kvgate.localrouter.v1.CommitRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	3,  // 10: kvgate.localrouter.v1.CommitResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	12, // 11: kvgate.localrouter.v1.TrackRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
+	14, // 12: kvgate.localrouter.v1.TrackRequest.attach:type_name -> kvgate.localrouter.v1.AttachRequest
+	0,  // 13: kvgate.localrouter.v1.TrackRequest.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 14: kvgate.localrouter.v1.TrackResponse.committed:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 15: kvgate.localrouter.v1.TrackResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	5,  // 16: kvgate.localrouter.v1.RankLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
+	24, // 17: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
+	25, // 18: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
+	28, // 19: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
+	31, // 20: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
+	12, // 21: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
+	32, // 22: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
+	33, // 23: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
+	1,  // 24: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	2,  // 25: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	0,  // 26: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 27: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 28: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	34, // 29: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
+	35, // 30: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
+	7,  // 31: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
+	9,  // 32: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
+	12, // 33: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
+	15, // 34: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
+	17, // 35: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	19, // 36: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
+	21, // 37: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
+	23, // 38: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
+	27, // 39: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
+	30, // 40: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
+	8,  // 41: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
+	11, // 42: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
+	13, // 43: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
+	16, // 44: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
+	18, // 45: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	20, // 46: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
+	22, // 47: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
+	26, // 48: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
+	29, // 49: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
+	36, // 50: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
+	41, // [41:51] is the sub-list for method output_type
+	31, // [31:41] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_api_localrouter_v1_localrouter_proto_init() }
@@ -3061,23 +3163,23 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 		return
 	}
 	file_api_localrouter_v1_localrouter_proto_msgTypes[1].OneofWrappers = []any{}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[3].OneofWrappers = []any{}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[13].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[4].OneofWrappers = []any{}
+	file_api_localrouter_v1_localrouter_proto_msgTypes[14].OneofWrappers = []any{
 		(*TrackRequest_Commit)(nil),
 		(*TrackRequest_Attach)(nil),
 		(*TrackRequest_Event)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[14].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[15].OneofWrappers = []any{
 		(*TrackResponse_Committed)(nil),
 		(*TrackResponse_Acked)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[28].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[29].OneofWrappers = []any{
 		(*ChannelRequest_Probe)(nil),
 		(*ChannelRequest_Commit)(nil),
 		(*ChannelRequest_Event)(nil),
 		(*ChannelRequest_Cancel)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[34].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[35].OneofWrappers = []any{
 		(*ChannelResponse_Selection)(nil),
 		(*ChannelResponse_Acked)(nil),
 		(*ChannelResponse_Error)(nil),
@@ -3089,7 +3191,7 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_localrouter_v1_localrouter_proto_rawDesc), len(file_api_localrouter_v1_localrouter_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

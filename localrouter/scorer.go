@@ -1,0 +1,491 @@
+package localrouter
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kvgate/kvgate/api/routing"
+)
+
+// A worker chain is how BestWorker ranks a pool's worker ranks: filters
+// that leave candidates out, then weighted scorers whose sum is each
+// candidate's total; the lowest total wins (ties at random, or a softmax
+// sample at router_temperature > 0, as the cost alone always did).
+//
+// The chain is built once per configuration (New), never per request,
+// from specs naming registered filters and scorers (RegisterFilter,
+// RegisterScorer), as pool policies are built from their registry
+// (policies.Registry).
+//
+// Normalisation: every scorer but cost gives each candidate a raw value in
+// [0, 1] (prefix: [-1, 0], a reward), lower being better, so that weights
+// compare directly: weight 2 on prefix and 1 on decode says a fully cached
+// prompt is worth twice the gap between the least and the most loaded
+// candidate. Load scorers divide by the largest value among the
+// candidates (all 0 when all are 0); fractions (prefix overlap, KV usage)
+// are used as they are. cost is Dynamo's cost in blocks, unnormalised, so
+// that the default chain is Dynamo's choice exactly; its normalize=max arg
+// divides it by the candidates' largest cost to mix it with the others.
+//
+// A filter that would leave no candidate is not applied (the chain goes on
+// with all of them), as the saturation filter always did. Filters are
+// never applied to a forced worker (BestWorkerOptions.Worker).
+//
+// The default chain (an empty Config.WorkerChain) is saturation then cost
+// at weight 1: today's choice, costs and tie-breaks exactly.
+
+// ScorerSpec is one entry of a worker chain: a filter or a scorer by name,
+// the scorer's weight, and its arguments. In YAML (pools.yaml's
+// worker_chain, the local router's -worker-chain file):
+//
+//   - name: cost
+//     weight: 1
+//   - name: cold
+//     weight: 0.5
+//     args: {lru_size: 512}
+type ScorerSpec struct {
+	// Name is a registered filter or scorer.
+	Name string `yaml:"name"`
+	// Weight multiplies a scorer's raw value (0 or unset: 1). Filters take
+	// none.
+	Weight float64 `yaml:"weight"`
+	// Args are the entry's arguments; an argument it does not know is an
+	// error naming it.
+	Args map[string]string `yaml:"args"`
+}
+
+// DefaultWorkerChain is the chain of a Config whose WorkerChain is empty:
+// the saturation filter, then Dynamo's cost.
+func DefaultWorkerChain() []ScorerSpec {
+	return []ScorerSpec{{Name: "saturation"}, {Name: "cost", Weight: 1}}
+}
+
+// String writes s as ParseWorkerChain reads one entry.
+func (s ScorerSpec) String() string {
+	var b strings.Builder
+	b.WriteString(s.Name)
+	if s.Weight != 0 {
+		b.WriteByte('=')
+		b.WriteString(strconv.FormatFloat(s.Weight, 'g', -1, 64))
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.Args)) {
+		fmt.Fprintf(&b, "/%s=%s", k, s.Args[k])
+	}
+	return b.String()
+}
+
+// FormatWorkerChain writes specs as ParseWorkerChain reads them.
+func FormatWorkerChain(specs []ScorerSpec) string {
+	parts := make([]string, len(specs))
+	for i, s := range specs {
+		parts[i] = s.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// ParseWorkerChain parses the inline form of a chain: entries separated by
+// commas, each name[=weight][/arg=value]...; e.g.
+// "saturation,cost=1/normalize=max,prefix=2,cold=1/lru_size=512". Errors
+// name the entry. The specs are not validated against the registry
+// (ValidateWorkerChain does).
+func ParseWorkerChain(s string) ([]ScorerSpec, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil, nil
+	}
+	var out []ScorerSpec
+	for i, entry := range strings.Split(s, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			return nil, fmt.Errorf("%w: worker chain entry %d: empty", ErrInvalidConfig, i+1)
+		}
+		parts := strings.Split(entry, "/")
+		name, w, hasW := strings.Cut(parts[0], "=")
+		spec := ScorerSpec{Name: strings.TrimSpace(name)}
+		if spec.Name == "" {
+			return nil, fmt.Errorf("%w: worker chain entry %d %q: no name", ErrInvalidConfig, i+1, entry)
+		}
+		if hasW {
+			f, err := strconv.ParseFloat(strings.TrimSpace(w), 64)
+			if err != nil {
+				return nil, fmt.Errorf("%w: worker chain entry %q: weight %q is not a number", ErrInvalidConfig, entry, w)
+			}
+			spec.Weight = f
+		}
+		for _, kv := range parts[1:] {
+			k, v, ok := strings.Cut(kv, "=")
+			k = strings.TrimSpace(k)
+			if !ok || k == "" {
+				return nil, fmt.Errorf("%w: worker chain entry %q: argument %q is not key=value", ErrInvalidConfig, entry, kv)
+			}
+			if spec.Args == nil {
+				spec.Args = map[string]string{}
+			}
+			if _, dup := spec.Args[k]; dup {
+				return nil, fmt.Errorf("%w: worker chain entry %q: argument %q given twice", ErrInvalidConfig, entry, k)
+			}
+			spec.Args[k] = strings.TrimSpace(v)
+		}
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+// ChainInput is what filters and scorers see of one decision. Every slice
+// is indexed by candidate (the pool's ranks BestWorker considers, after
+// the allowed and stale sets); filters and scorers must not modify it nor
+// keep it past the call.
+type ChainInput struct {
+	// Loads are the candidates' potential loads with the request; Engine
+	// and HasEngine are set where the rank's metrics are scraped.
+	Loads []PotentialLoad
+	// Overlap is each candidate's cached prefix in GPU-block equivalents
+	// (blocks on lower tiers at their Config.TierWeights).
+	Overlap []float64
+	// Costs are Dynamo's costs (the engine-signal term included).
+	Costs []float64
+	// ISL is the prompt length in tokens, RequestBlocks its complete blocks.
+	ISL, RequestBlocks, BlockSize int
+	// LoRA is the request's adapter ("" for the base model); SessionKey
+	// its session ("" for none).
+	LoRA, SessionKey string
+	// Cold: no candidate holds any block of the request.
+	Cold bool
+}
+
+// Filter leaves candidates out. Skip returns why candidate j is left out,
+// "" to keep it; it is called on the request's goroutine, concurrently
+// for different requests, and must not block.
+type Filter interface {
+	Skip(in *ChainInput, j int) string
+}
+
+// Scorer gives candidates raw values, lower being better, normalised as
+// the package documentation says. Score writes out[k] for candidate
+// cand[k]; it is called concurrently for different requests and must not
+// block nor allocate on the per-request path where it can avoid it.
+type Scorer interface {
+	Score(in *ChainInput, cand []int, out []float64)
+}
+
+// Observer is implemented by scorers with state: Chosen is called when a
+// request is placed on candidate j (a request id or UpdateIndexer), not
+// for probes.
+type Observer interface {
+	Chosen(in *ChainInput, j int)
+}
+
+// ChainArgs are a filter's or scorer's arguments, read by its factory.
+// An argument the factory does not read is an error naming it.
+type ChainArgs struct {
+	// Entry is the name the entry is built under.
+	Entry string
+	// Config is the pool's router configuration.
+	Config Config
+	args   map[string]string
+	used   map[string]bool
+}
+
+// Float returns argument key as a number (def when absent).
+func (a *ChainArgs) Float(key string, def float64) (float64, error) {
+	a.used[key] = true
+	v, ok := a.args[key]
+	if !ok {
+		return def, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("%w: worker chain %q: argument %s=%q is not a number", ErrInvalidConfig, a.Entry, key, v)
+	}
+	return f, nil
+}
+
+// String returns argument key (def when absent), which must be one of
+// allowed when allowed is not empty.
+func (a *ChainArgs) String(key, def string, allowed ...string) (string, error) {
+	a.used[key] = true
+	v, ok := a.args[key]
+	if !ok {
+		return def, nil
+	}
+	if len(allowed) > 0 && !slices.Contains(allowed, v) {
+		return "", fmt.Errorf("%w: worker chain %q: argument %s=%q: want one of %s", ErrInvalidConfig, a.Entry, key, v, strings.Join(allowed, ", "))
+	}
+	return v, nil
+}
+
+// Has reports whether argument key is given.
+func (a *ChainArgs) Has(key string) bool {
+	_, ok := a.args[key]
+	return ok
+}
+
+func (a *ChainArgs) unknown() error {
+	for _, k := range slices.Sorted(maps.Keys(a.args)) {
+		if !a.used[k] {
+			known := slices.Sorted(maps.Keys(a.used))
+			if len(known) == 0 {
+				return fmt.Errorf("%w: worker chain %q: unknown argument %q (it takes none)", ErrInvalidConfig, a.Entry, k)
+			}
+			return fmt.Errorf("%w: worker chain %q: unknown argument %q (known: %s)", ErrInvalidConfig, a.Entry, k, strings.Join(known, ", "))
+		}
+	}
+	return nil
+}
+
+// FilterFactory and ScorerFactory build a chain entry from its arguments.
+type (
+	FilterFactory func(*ChainArgs) (Filter, error)
+	ScorerFactory func(*ChainArgs) (Scorer, error)
+)
+
+type chainFactory struct {
+	filter FilterFactory
+	scorer ScorerFactory
+}
+
+var (
+	chainMu   sync.RWMutex
+	chainRegs = map[string]chainFactory{}
+)
+
+// RegisterFilter adds a filter under name; a name already registered (as
+// a filter or a scorer) is an error.
+func RegisterFilter(name string, f FilterFactory) error {
+	return register(name, chainFactory{filter: f}, f == nil)
+}
+
+// RegisterScorer adds a scorer under name; a name already registered (as
+// a filter or a scorer) is an error.
+func RegisterScorer(name string, f ScorerFactory) error {
+	return register(name, chainFactory{scorer: f}, f == nil)
+}
+
+func register(name string, f chainFactory, isNil bool) error {
+	if name == "" || isNil {
+		return fmt.Errorf("localrouter: register worker chain entry %q: empty name or nil factory", name)
+	}
+	chainMu.Lock()
+	defer chainMu.Unlock()
+	if _, ok := chainRegs[name]; ok {
+		return fmt.Errorf("localrouter: worker chain entry %q registered twice", name)
+	}
+	chainRegs[name] = f
+	return nil
+}
+
+// ChainEntries lists the registered filters and scorers, sorted.
+func ChainEntries() (filters, scorers []string) {
+	chainMu.RLock()
+	defer chainMu.RUnlock()
+	for name, f := range chainRegs {
+		if f.filter != nil {
+			filters = append(filters, name)
+		} else {
+			scorers = append(scorers, name)
+		}
+	}
+	sort.Strings(filters)
+	sort.Strings(scorers)
+	return filters, scorers
+}
+
+// ValidateWorkerChain builds specs against cfg and returns the first
+// error: an unknown filter or scorer, an unknown or bad argument, a bad
+// weight. Errors name the entry.
+func ValidateWorkerChain(specs []ScorerSpec, cfg Config) error {
+	_, err := buildChain(specs, cfg)
+	return err
+}
+
+type chainScorer struct {
+	name   string
+	weight float64
+	s      Scorer
+}
+
+type chainFilter struct {
+	name string
+	f    Filter
+}
+
+// workerChain is a built chain: immutable, but its scorers may keep state
+// (Observer).
+type workerChain struct {
+	filters   []chainFilter
+	scorers   []chainScorer
+	observers []Observer
+	// report: the answer lists each scorer's contribution (every chain but
+	// the default, whose one term is Selection.Cost).
+	report bool
+	// credit and scale, when set (the cost scorer's arguments), replace
+	// the Config's overlap_score_credit and prefill_load_scale.
+	credit, scale *float64
+}
+
+func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
+	dflt := len(specs) == 0
+	if dflt {
+		specs = DefaultWorkerChain()
+	}
+	c := &workerChain{report: !dflt}
+	seen := map[string]bool{}
+	for i, sp := range specs {
+		if seen[sp.Name] {
+			return nil, fmt.Errorf("%w: worker chain: %q named twice", ErrInvalidConfig, sp.Name)
+		}
+		seen[sp.Name] = true
+		if err := c.add(i, sp, cfg); err != nil {
+			return nil, err
+		}
+	}
+	if len(c.scorers) == 0 {
+		return nil, fmt.Errorf("%w: worker chain has no scorer (filters only)", ErrInvalidConfig)
+	}
+	return c, nil
+}
+
+// ValidateScorerSpec builds the one entry sp (the i-th of its chain,
+// from 0) against cfg and returns its error.
+func ValidateScorerSpec(i int, sp ScorerSpec, cfg Config) error {
+	return (&workerChain{}).add(i, sp, cfg)
+}
+
+// add builds entry i and appends it to c.
+func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
+	chainMu.RLock()
+	f, ok := chainRegs[sp.Name]
+	var filters, scorers []string
+	if !ok {
+		filters, scorers = chainEntriesLocked()
+	}
+	chainMu.RUnlock()
+	if !ok {
+		return fmt.Errorf("%w: worker chain entry %d: unknown filter or scorer %q (filters: %s; scorers: %s)", ErrInvalidConfig, i+1, sp.Name, strings.Join(filters, ", "), strings.Join(scorers, ", "))
+	}
+	a := &ChainArgs{Entry: sp.Name, Config: cfg, args: sp.Args, used: map[string]bool{}}
+	if f.filter != nil {
+		if sp.Weight != 0 {
+			return fmt.Errorf("%w: worker chain %q: a filter takes no weight", ErrInvalidConfig, sp.Name)
+		}
+		flt, err := f.filter(a)
+		if err != nil {
+			return err
+		}
+		if err := a.unknown(); err != nil {
+			return err
+		}
+		c.filters = append(c.filters, chainFilter{sp.Name, flt})
+		return nil
+	}
+	w := sp.Weight
+	if w == 0 {
+		w = 1
+	}
+	if !(w > 0) || math.IsInf(w, 0) {
+		return fmt.Errorf("%w: worker chain %q: weight %g must be > 0", ErrInvalidConfig, sp.Name, sp.Weight)
+	}
+	sc, err := f.scorer(a)
+	if err != nil {
+		return err
+	}
+	if err := a.unknown(); err != nil {
+		return err
+	}
+	if cs, ok := sc.(*costScorer); ok {
+		c.credit, c.scale = cs.credit, cs.scale
+	}
+	c.scorers = append(c.scorers, chainScorer{sp.Name, w, sc})
+	if o, ok := sc.(Observer); ok {
+		c.observers = append(c.observers, o)
+	}
+	return nil
+}
+
+func chainEntriesLocked() (filters, scorers []string) {
+	for name, f := range chainRegs {
+		if f.filter != nil {
+			filters = append(filters, name)
+		} else {
+			scorers = append(scorers, name)
+		}
+	}
+	sort.Strings(filters)
+	sort.Strings(scorers)
+	return filters, scorers
+}
+
+// chainScratch is the chain's per-request scratch (in the Router's scratch).
+type chainScratch struct {
+	in     ChainInput
+	cand   []int // candidates left after the filters
+	next   []int
+	raw    []float64 // raw values, scorer-major: raw[k*len(cand)+i]
+	totals []float64
+}
+
+// run applies the filters (unless forced) and scorers to s.in's
+// candidates. It returns the candidates left, their totals, and the ranks
+// skipped with why (allocated only when some are); saturated counts the
+// saturation filter's skips, allSaturated says it would have left none.
+func (c *workerChain) run(s *chainScratch, forced bool) (skipped []Skip, saturated int, allSaturated bool) {
+	n := len(s.in.Loads)
+	s.cand = s.cand[:0]
+	for j := 0; j < n; j++ {
+		s.cand = append(s.cand, j)
+	}
+	if !forced {
+		for _, f := range c.filters {
+			s.next = s.next[:0]
+			first := len(skipped)
+			for _, j := range s.cand {
+				if why := f.f.Skip(&s.in, j); why != "" {
+					skipped = append(skipped, Skip{s.in.Loads[j].Worker, why})
+					continue
+				}
+				s.next = append(s.next, j)
+			}
+			if len(s.next) == 0 { // it would leave none: not applied
+				skipped = skipped[:first]
+				if f.name == saturationName {
+					allSaturated = true
+				}
+				continue
+			}
+			if f.name == saturationName {
+				saturated += len(skipped) - first
+			}
+			s.cand, s.next = s.next, s.cand
+		}
+	}
+	m := len(s.cand)
+	s.raw = slices.Grow(s.raw[:0], m*len(c.scorers))[:m*len(c.scorers)]
+	s.totals = slices.Grow(s.totals[:0], m)[:m]
+	clear(s.totals)
+	for k, sc := range c.scorers {
+		out := s.raw[k*m : (k+1)*m]
+		sc.s.Score(&s.in, s.cand, out)
+		for i, v := range out {
+			s.totals[i] += sc.weight * v
+		}
+	}
+	return skipped, saturated, allSaturated
+}
+
+// scores is the winner's (candidate position i among s.cand) contribution
+// of each scorer.
+func (c *workerChain) scores(s *chainScratch, i int) []routing.Score {
+	m := len(s.cand)
+	out := make([]routing.Score, len(c.scorers))
+	for k, sc := range c.scorers {
+		raw := s.raw[k*m+i]
+		out[k] = routing.Score{Name: sc.name, Raw: raw, Weight: sc.weight, Contribution: sc.weight * raw}
+	}
+	return out
+}

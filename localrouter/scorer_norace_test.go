@@ -1,0 +1,5 @@
+//go:build !race
+
+package localrouter
+
+const raceEnabled = false

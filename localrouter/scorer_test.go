@@ -1,0 +1,579 @@
+package localrouter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/localrouter/signals"
+)
+
+// oldChoice is BestWorker's choice as it was before the worker chain
+// (router.go at 188278f), written out: Dynamo's cost with the tier credit
+// and the engine-signal term, the saturation filter (none skipped when all
+// are saturated), the cheapest with reservoir tie-breaking drawing from
+// rnd exactly as Router.pick does. It returns the chosen worker and its
+// cost.
+func oldChoice(t *testing.T, r *Router, req Request, rnd *rand.Rand) (WorkerKey, float64) {
+	t.Helper()
+	loads, err := r.PotentialLoads(testenv.Context(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, err := kvevents.AppendRequestHashes(nil, req.Tokens, r.cfg.BlockSize, req.LoRAName, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m Matches
+	r.index.FindMatches(local, &m)
+	cfg := r.cfg
+	isl := len(req.Tokens)
+	costs := make([]float64, len(loads))
+	var kept []int
+	for j, l := range loads {
+		overlap := float64(l.OverlapBlocks)
+		if tm, ok := m.TiersOf(l.Worker); ok && len(m.Tiers) > 0 {
+			overlap = max(overlap, cfg.tierCredit(tm))
+		}
+		prefillBlocks := float64(activePrefill(l, isl, cfg.BlockSize)+isl) / float64(cfg.BlockSize)
+		c := cfg.PrefillLoadScale * max(0, prefillBlocks-cfg.OverlapScoreCredit*overlap)
+		if cfg.TrackActiveBlocks {
+			c += float64(l.PotentialDecodeBlocks)
+		}
+		if l.HasEngine {
+			c += cfg.WaitingWeight*l.Engine.Waiting + cfg.KVUsageWeight*l.Engine.KVUsage
+		}
+		costs[j] = c
+		if l.Saturation == "" {
+			kept = append(kept, j)
+		}
+	}
+	if len(kept) == 0 {
+		for j := range loads {
+			kept = append(kept, j)
+		}
+	}
+	best, ties := kept[0], 1
+	if len(kept) > 1 {
+		for _, j := range kept[1:] {
+			switch {
+			case costs[j] < costs[best]:
+				best, ties = j, 1
+			case costs[j] == costs[best]:
+				ties++
+				if rnd.IntN(ties) == 0 {
+					best = j
+				}
+			}
+		}
+	}
+	return loads[best].Worker, costs[best]
+}
+
+// TestDefaultChainIsTheOldFormula: over random pools (cached prefixes on
+// the GPU and the CPU tier, requests in prefill and decode, engine
+// signals with saturation, random cost parameters) the default chain
+// chooses what the formula it replaced chooses, at the same cost, with
+// the same tie-breaks (both draw from equally seeded sources).
+func TestDefaultChainIsTheOldFormula(t *testing.T) {
+	gen := rand.New(rand.NewPCG(7, 7))
+	for round := 0; round < 40; round++ {
+		cfg := DefaultConfig()
+		cfg.BlockSize = 4
+		cfg.PredictedTTL = 0 // predicted entries' recosting has its own tests (predicted_test.go)
+		cfg.OverlapScoreCredit = float64(gen.IntN(4))
+		cfg.PrefillLoadScale = float64(gen.IntN(3))
+		cfg.TrackActiveBlocks = gen.IntN(4) != 0
+		if gen.IntN(2) == 0 {
+			cfg.WaitingWeight, cfg.KVUsageWeight = float64(gen.IntN(3)), float64(gen.IntN(20))
+			cfg.SaturationWaiting, cfg.SaturationKVUsage = 1+gen.IntN(4), 0.9
+		}
+		seed := uint64(round)
+		r, err := New(cfg, Options{Rand: rand.New(rand.NewPCG(seed, 1)), SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := rand.New(rand.NewPCG(seed, 1))
+		n := 2 + gen.IntN(5)
+		workers := make([]string, n)
+		for i := range workers {
+			workers[i] = fmt.Sprintf("w%d", i)
+			r.AddWorker(workers[i], 1+gen.IntN(2))
+		}
+		prompts := make([][]uint32, 4)
+		for i := range prompts {
+			prompts[i] = toks(8+4*gen.IntN(8), uint32(1000*i))
+		}
+		for step := 0; step < 60; step++ {
+			w := WorkerKey{workers[gen.IntN(n)], 0}
+			p := prompts[gen.IntN(len(prompts))]
+			switch gen.IntN(5) {
+			case 0: // the worker caches a prefix of p, on the GPU or the CPU
+				k := 4 * (1 + gen.IntN(len(p)/4))
+				var blocks []kvevents.Block
+				for i := 0; i+4 <= k; i += 4 {
+					blocks = append(blocks, kvevents.Block{EngineHash: uint64(step*100 + i), TokenIDs: p[i : i+4]})
+				}
+				medium := ""
+				if gen.IntN(3) == 0 {
+					medium = "CPU_PINNED"
+				}
+				if err := r.ApplyEvent(kvevents.RouterEvent{WorkerID: w.ID, Event: kvevents.Event{Stored: &kvevents.Stored{Medium: medium, Blocks: blocks}}}); err != nil {
+					t.Fatal(err)
+				}
+			case 1: // a request placed there (forced: no draw), maybe past prefill
+				id := fmt.Sprintf("r%d-%d", round, step)
+				if _, err := r.Commit(testenv.Context(t), id, w, Request{Tokens: p}); err != nil {
+					t.Fatal(err)
+				}
+				if gen.IntN(2) == 0 {
+					_ = r.MarkPrefillComplete(testenv.Context(t), id)
+				}
+			case 2: // engine signals
+				if cfg.SaturationWaiting > 0 {
+					r.SetEngineSignals(w.ID, map[uint32]signals.Sample{0: {Engine: "vllm", Waiting: float64(gen.IntN(5)), Running: float64(gen.IntN(5)), KVUsage: gen.Float64(), HasKVUsage: true}})
+				}
+			default: // a decision, compared
+				req := Request{Tokens: p}
+				sel, err := r.BestWorker(testenv.Context(t), req, BestWorkerOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, wantCost := oldChoice(t, r, req, ref)
+				if Selected(sel) != want || sel.Cost != wantCost || len(sel.Scores) != 0 {
+					t.Fatalf("round %d step %d (cfg %+v): chain chose %v at cost %g (scores %v), the old formula %v at %g", round, step, cfg, Selected(sel), sel.Cost, sel.Scores, want, wantCost)
+				}
+			}
+		}
+		r.Close()
+	}
+}
+
+func TestParseWorkerChain(t *testing.T) {
+	got, err := ParseWorkerChain(" saturation, cost=1/normalize=max ,prefix=2,cold=0.5/lru_size=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "saturation,cost=1/normalize=max,prefix=2,cold=0.5/lru_size=8"
+	if s := FormatWorkerChain(got); s != want {
+		t.Errorf("round trip: %q, want %q", s, want)
+	}
+	if err := ValidateWorkerChain(got, DefaultConfig()); err != nil {
+		t.Errorf("valid chain: %v", err)
+	}
+	for _, tt := range []struct{ in, want string }{
+		{"cost,,prefix", "entry 2: empty"},
+		{"=2", "no name"},
+		{"cost=x", `weight "x" is not a number`},
+		{"cost/normalize", `argument "normalize" is not key=value`},
+		{"cost/a=1/a=2", `argument "a" given twice`},
+	} {
+		if _, err := ParseWorkerChain(tt.in); err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("ParseWorkerChain(%q): error %v, want one containing %q", tt.in, err, tt.want)
+		}
+	}
+}
+
+func TestValidateWorkerChainNamesTheFault(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"cost,bogus=1", `unknown filter or scorer "bogus"`},
+		{"cost/normalise=max", `"cost": unknown argument "normalise" (known: credit, normalize, scale)`},
+		{"prefix/x=1", `"prefix": unknown argument "x" (it takes none)`},
+		{"cost/normalize=min", `normalize="min": want one of none, max`},
+		{"saturation=2,cost", `"saturation": a filter takes no weight`},
+		{"cost=-1", `"cost": weight -1 must be > 0`},
+		{"saturation", "no scorer"},
+		{"cost,cost", `"cost" named twice`},
+		{"cold/lru_size=0", "lru_size 0 must be a count"},
+		{"session/slack=-1", "slack -1 must be ≥ 0"},
+		{"saturation/kv_usage=2,cost", "kv_usage 2 must be within 0..1"},
+		{"cost/credit=nan", `credit="nan" is not a number`},
+	} {
+		specs, err := ParseWorkerChain(tt.in)
+		if err != nil {
+			t.Fatalf("%q: %v", tt.in, err)
+		}
+		err = ValidateWorkerChain(specs, DefaultConfig())
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%q: error %v, want one containing %q", tt.in, err, tt.want)
+		}
+		cfg := DefaultConfig()
+		cfg.WorkerChain = specs
+		if _, err := New(cfg, Options{SweepInterval: -1}); err == nil {
+			t.Errorf("%q: New accepted it", tt.in)
+		}
+	}
+}
+
+// chainRouter is a router of workers a, b, c (block size 4) under chain.
+func chainRouter(t *testing.T, chain string, mod func(*Config)) *Router {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	specs, err := ParseWorkerChain(chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.WorkerChain = specs
+	if mod != nil {
+		mod(&cfg)
+	}
+	return newRouter(t, cfg, "a", "b", "c")
+}
+
+func TestChainReportsEachScore(t *testing.T) {
+	r := chainRouter(t, "cost=1,prefix=10,decode=2", nil)
+	prompt := toks(32, 1)
+	storeTokens(t, r, "b", prompt[:16]) // b holds half the prompt
+	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt}, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.WorkerID != "b" || len(sel.Scores) != 3 {
+		t.Fatalf("got %+v, want b with three scores", sel)
+	}
+	var total float64
+	for i, name := range []string{"cost", "prefix", "decode"} {
+		s := sel.Scores[i]
+		if s.Name != name || s.Contribution != s.Raw*s.Weight {
+			t.Errorf("score %d: %+v, want %s with contribution raw*weight", i, s, name)
+		}
+		total += s.Contribution
+	}
+	// b: cost = prefill 8 - 4 cached + 8 decode blocks = 12; prefix -4/8;
+	// decode: all three hold 8 blocks with the request: 1.
+	if got := sel.Scores[0].Raw; got != 12 || sel.Cost != 12 {
+		t.Errorf("cost raw %g, Cost %g; want 12", got, sel.Cost)
+	}
+	if got := sel.Scores[1].Raw; got != -0.5 {
+		t.Errorf("prefix raw %g, want -0.5", got)
+	}
+	if got := sel.Scores[2].Raw; got != 1 {
+		t.Errorf("decode raw %g, want 1", got)
+	}
+	if total != 12-5+2 {
+		t.Errorf("total %g, want 9", total)
+	}
+}
+
+func TestPrefixScorerAloneFollowsTheCache(t *testing.T) {
+	r := chainRouter(t, "prefix", nil)
+	prompt := toks(32, 1)
+	storeTokens(t, r, "c", prompt[:8])
+	// Load c heavily: the prefix scorer alone does not care.
+	for i := 0; i < 5; i++ {
+		if _, err := r.Commit(testenv.Context(t), fmt.Sprint("x", i), WorkerKey{"c", 0}, Request{Tokens: toks(64, uint32(5000+100*i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt}, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.WorkerID != "c" || sel.Scores[0].Raw != -0.25 {
+		t.Errorf("got %+v, want c at prefix -0.25", sel)
+	}
+}
+
+func TestLoadScorersNormalise(t *testing.T) {
+	in := &ChainInput{ISL: 8, BlockSize: 4, Loads: []PotentialLoad{
+		{Worker: WorkerKey{"a", 0}, PotentialPrefillTokens: 8, PotentialDecodeBlocks: 2},
+		{Worker: WorkerKey{"b", 0}, PotentialPrefillTokens: 28, PotentialDecodeBlocks: 8, HasEngine: true, Engine: signals.Sample{Waiting: 4, Running: 2, KVUsage: 0.5, HasKVUsage: true}},
+		{Worker: WorkerKey{"c", 0}, PotentialPrefillTokens: 18, PotentialDecodeBlocks: 4, HasEngine: true, Engine: signals.Sample{Waiting: 2, Running: 4}},
+	}}
+	cand := []int{0, 1, 2}
+	for _, tt := range []struct {
+		s    Scorer
+		want []float64
+	}{
+		{prefillLoad, []float64{0, 1, 0.5}}, // active prefill 0, 20, 10
+		{decodeLoad, []float64{0.25, 1, 0.5}},
+		{waitingLoad, []float64{0, 1, 0.5}},
+		{runningLoad, []float64{0, 0.5, 1}},
+		{kvUsageScorer{}, []float64{0, 0.5, 0}},
+	} {
+		out := make([]float64, 3)
+		tt.s.Score(in, cand, out)
+		for i := range out {
+			if math.Abs(out[i]-tt.want[i]) > 1e-12 {
+				t.Errorf("%T %v: got %v, want %v", tt.s, tt.s, out, tt.want)
+				break
+			}
+		}
+	}
+	// All idle: 0 for all, no division by zero.
+	idle := &ChainInput{Loads: []PotentialLoad{{}, {}}}
+	out := []float64{9, 9}
+	waitingLoad.Score(idle, []int{0, 1}, out)
+	if out[0] != 0 || out[1] != 0 {
+		t.Errorf("idle: %v, want zeros", out)
+	}
+}
+
+func TestColdScorerSpreadsColdPrompts(t *testing.T) {
+	// Cold prompts only, and a prefix scorer that cannot tell them apart:
+	// the cold spreader sends each to the worker least recently given one.
+	r := chainRouter(t, "prefix,cold", nil)
+	seen := map[string]int{}
+	for i := 0; i < 9; i++ {
+		sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, uint32(10000*(i+1)))}, BestWorkerOptions{RequestID: fmt.Sprint("q", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[sel.WorkerID]++
+	}
+	if seen["a"] != 3 || seen["b"] != 3 || seen["c"] != 3 {
+		t.Errorf("cold prompts landed %v, want 3 on each", seen)
+	}
+	// A prompt with a hit somewhere is not cold: the spreader is neutral.
+	prompt := toks(16, 1)
+	storeTokens(t, r, "a", prompt)
+	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt}, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.WorkerID != "a" || sel.Scores[1].Raw != 0 {
+		t.Errorf("warm prompt: %+v, want a with cold 0", sel)
+	}
+}
+
+func TestColdScorerProbesDoNotMoveTheOrder(t *testing.T) {
+	r := chainRouter(t, "cold", nil)
+	first, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 1)}, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, uint32(100*i+50))}, BestWorkerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sel.Scores[0].Raw != 0 {
+			t.Fatalf("probe %d: cold raw %g, want 0 (nothing placed yet)", i, sel.Scores[0].Raw)
+		}
+	}
+	if _, err := r.Commit(testenv.Context(t), "c1", Selected(first), Request{Tokens: toks(16, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 7777)}, BestWorkerOptions{Worker: &WorkerKey{first.WorkerID, 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.Scores[0].Raw != 0 { // forced: the only candidate
+		t.Errorf("forced: raw %g", sel.Scores[0].Raw)
+	}
+}
+
+func TestSessionScorerSticksWithinBounds(t *testing.T) {
+	r := chainRouter(t, "session,decode=0.1", nil)
+	req := Request{Tokens: toks(16, 1), SessionKey: "conversation-42"}
+	sel, err := r.BestWorker(testenv.Context(t), req, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := sel.WorkerID
+	for i := 0; i < 5; i++ {
+		s, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, uint32(900*i+100)), SessionKey: "conversation-42"}, BestWorkerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.WorkerID != home {
+			t.Fatalf("session moved from %s to %s on an idle pool", home, s.WorkerID)
+		}
+	}
+	// Overload the home worker past (1 + slack) × the mean: the session moves.
+	for i := 0; i < 3; i++ {
+		if _, err := r.Commit(testenv.Context(t), fmt.Sprint("load", i), WorkerKey{home, 0}, Request{Tokens: toks(200, uint32(50000+1000*i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := r.BestWorker(testenv.Context(t), req, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.WorkerID == home {
+		t.Errorf("session stayed on overloaded %s", home)
+	}
+	// Sessions spread: many keys do not all hash to one worker.
+	homes := map[string]bool{}
+	r2 := chainRouter(t, "session", nil)
+	for i := 0; i < 30; i++ {
+		s, err := r2.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 1), SessionKey: fmt.Sprint("s", i)}, BestWorkerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		homes[s.WorkerID] = true
+	}
+	if len(homes) != 3 {
+		t.Errorf("30 sessions used %d of 3 workers", len(homes))
+	}
+}
+
+func TestLoRAFilterAndScorer(t *testing.T) {
+	r := chainRouter(t, "lora,saturation,cost", nil)
+	prompt := toks(16, 1)
+	// a is the least loaded, but lacks the adapter (the LoRA name is in
+	// the block hashes: no cache is shared with the base model's).
+	for _, w := range []string{"b", "c"} {
+		if _, err := r.Commit(testenv.Context(t), "busy-"+w, WorkerKey{w, 0}, Request{Tokens: toks(64, 7000)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.SetEngineSignals("b", map[uint32]signals.Sample{0: {Engine: "vllm", HasLoRA: true, LoRARunning: "base,sql"}})
+	r.SetEngineSignals("c", map[uint32]signals.Sample{0: {Engine: "vllm", HasLoRA: true, LoRAWaiting: "chat"}})
+	var rep SignalsReport
+	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt, LoRAName: "sql"}, BestWorkerOptions{Signals: &rep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.WorkerID != "b" || len(rep.Skipped) != 2 || !strings.Contains(rep.Skipped[0].Reason, "sql not loaded") {
+		t.Errorf("sql: got %s, skipped %+v; want b, a and c skipped", sel.WorkerID, rep.Skipped)
+	}
+	// An adapter no worker has: nothing filtered, the cheapest wins.
+	sel, _ = best(t, r, Request{Tokens: prompt, LoRAName: "nowhere"}, BestWorkerOptions{})
+	if sel.WorkerID != "a" {
+		t.Errorf("unknown adapter: got %s, want a (nothing filtered)", sel.WorkerID)
+	}
+	// The scorer: running 0, waiting 0.5, elsewhere 1.
+	in := &ChainInput{LoRA: "chat", Loads: []PotentialLoad{{}, {HasEngine: true, Engine: signals.Sample{HasLoRA: true, LoRARunning: "chat"}}, {HasEngine: true, Engine: signals.Sample{HasLoRA: true, LoRAWaiting: "x,chat"}}}}
+	out := make([]float64, 3)
+	loraScorer{}.Score(in, []int{0, 1, 2}, out)
+	if out[0] != 1 || out[1] != 0 || out[2] != 0.5 {
+		t.Errorf("lora-affinity: %v, want [1 0 0.5]", out)
+	}
+}
+
+func TestCostScorerArgs(t *testing.T) {
+	r := chainRouter(t, "cost/credit=8/scale=4/normalize=max", nil)
+	if c := r.Config(); c.OverlapScoreCredit != 8 || c.PrefillLoadScale != 4 {
+		t.Errorf("credit %g scale %g, want 8 and 4", c.OverlapScoreCredit, c.PrefillLoadScale)
+	}
+	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 1)}, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.Scores[0].Raw != 1 { // all equal: each is the max
+		t.Errorf("normalised cost %g, want 1", sel.Scores[0].Raw)
+	}
+}
+
+// TestDefaultChainAllocatesNothing: the default chain's decision path
+// allocates nothing per request (BenchmarkBestWorker measures it too).
+func TestDefaultChainAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items under the race detector")
+	}
+	r := newRouter(t, DefaultConfig(), "a", "b", "c", "d")
+	req := Request{Tokens: toks(256, 1)}
+	ctx := testenv.Context(t)
+	if _, err := r.BestWorker(ctx, req, BestWorkerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(50, func() { _, _ = r.BestWorker(ctx, req, BestWorkerOptions{}) }); n != 0 {
+		t.Errorf("BestWorker allocates %v times per call under the default chain", n)
+	}
+}
+
+// FuzzParseWorkerChain: any text is an error or a chain that formats and
+// parses back to itself; validation never panics.
+func FuzzParseWorkerChain(f *testing.F) {
+	for _, s := range []string{"", "saturation,cost=1", "cost=1/normalize=max,prefix=2,cold=0.5/lru_size=8", "session/slack=0.3", "=", ",", "a/b=c/d", "cost=1e400", "lora,lora-affinity=2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		specs, err := ParseWorkerChain(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("error %v is not ErrInvalidConfig", err)
+			}
+			return
+		}
+		_ = ValidateWorkerChain(specs, DefaultConfig())
+		again, err := ParseWorkerChain(FormatWorkerChain(specs))
+		if err != nil {
+			t.Fatalf("%q formats as %q, which does not parse: %v", s, FormatWorkerChain(specs), err)
+		}
+		if FormatWorkerChain(again) != FormatWorkerChain(specs) {
+			t.Fatalf("round trip of %q: %q then %q", s, FormatWorkerChain(specs), FormatWorkerChain(again))
+		}
+	})
+}
+
+// BenchmarkBestWorkerChain: 64 workers, 256 cached prompts of 64 blocks,
+// a 64-block request, under the default chain and a six-entry one.
+func BenchmarkBestWorkerChain(b *testing.B) {
+	for _, chain := range []string{"", "saturation,cost=1/normalize=max,prefix=1,prefill=0.5,decode=0.5,cold=0.3"} {
+		name := chain
+		if name == "" {
+			name = "default"
+		}
+		b.Run(name, func(b *testing.B) {
+			cfg := DefaultConfig()
+			specs, err := ParseWorkerChain(chain)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.WorkerChain = specs
+			r, err := New(cfg, Options{SweepInterval: -1})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close()
+			for w := 0; w < 64; w++ {
+				r.AddWorker(fmt.Sprintf("w%02d", w), 1)
+			}
+			prompts := make([][]uint32, 256)
+			for i := range prompts {
+				prompts[i] = toks(1024, uint32(i%16)*100000+uint32(i/16)*7)
+				var blocks []kvevents.Block
+				for k := 0; k+16 <= len(prompts[i]); k += 16 {
+					blocks = append(blocks, kvevents.Block{EngineHash: uint64(i<<20 + k), TokenIDs: prompts[i][k : k+16]})
+				}
+				if err := r.ApplyEvent(kvevents.RouterEvent{WorkerID: fmt.Sprintf("w%02d", i%64), Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: blocks}}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, err := r.BestWorker(ctx, Request{Tokens: prompts[i%len(prompts)]}, BestWorkerOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// FuzzDecodeWorkerChain: any YAML is an error naming the file, or a chain
+// that validates; never a panic.
+func FuzzDecodeWorkerChain(f *testing.F) {
+	for _, s := range []string{"- name: cost\n", "- {name: cold, weight: 0.5, args: {lru_size: 3}}\n- name: prefix\n", "[]", "name: x", "- {name: cost, wieght: 1}\n", "- {name: session, args: {slack: x}}\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		doc, err := config.ParseFile("chain.yaml", []byte(text))
+		if err != nil {
+			return
+		}
+		specs, err := DecodeWorkerChain("chain.yaml", "worker_chain", doc, DefaultConfig())
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "chain.yaml") {
+				t.Fatalf("error %q does not name the file", err)
+			}
+			return
+		}
+		if len(specs) > 0 {
+			if err := ValidateWorkerChain(specs, DefaultConfig()); err != nil {
+				t.Fatalf("decoded chain %v does not validate: %v", specs, err)
+			}
+		}
+	})
+}
