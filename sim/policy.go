@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,10 @@ const (
 	KindLeastLoaded = "least-loaded"
 	KindKVOverlap   = "kv-overlap"
 	KindCost        = "cost"
+	// KindTTFT scores each worker by the request's predicted time to
+	// first token there plus the GPU time of its own cache misses
+	// (sim/ttft.go), the principle kvgate's default cost follows.
+	KindTTFT = "ttft"
 )
 
 // Policy is one routing policy under test.
@@ -33,6 +38,10 @@ type Policy struct {
 	// (tier_weights none); by default they count at
 	// localrouter.DefaultTierWeights.
 	NoTiers bool
+	// Externality (KindTTFT only) weighs the GPU time of the request's own
+	// uncached prefill against its predicted TTFT: 1 counts it once more,
+	// as the delay it imposes on the request queued behind it.
+	Externality float64
 }
 
 // Dynamo returns Dynamo's default cost: credit 1, scale 1, temperature 0.
@@ -40,23 +49,51 @@ func Dynamo() Policy {
 	return Policy{Name: "dynamo", Kind: KindCost, Credit: 1, Scale: 1}
 }
 
-// KVGate returns kvgate's default cost policy: Dynamo's cost function with
-// overlap_score_credit 8 and prefill_load_scale 8 (temperature 0).
+// KVGate returns kvgate's default policy: the predicted-TTFT scorer with
+// externality weight 1 (KindTTFT, sim/ttft.go).
 //
-// Why: Dynamo's cost adds the worker's active decode blocks, unscaled, to
-// its prefill blocks. On long-context workloads (Mooncake: 15k-token prompts
-// on average) an active request holds ~1,000 blocks, so the decode term
-// dwarfs the prefill term and the router degenerates into "least KV
-// footprint": it scatters conversations away from their caches exactly when
-// load rises, and the lost hits cost more prefill, which raises load
-// further. Scaling the prefill term by 8 makes queued and uncached prefill
-// work (what TTFT is made of) dominate again; crediting each cached block 8
-// times keeps a conversation on the worker holding its history unless that
-// worker is far busier. On the synthetic Mooncake trace with 8 workers this
-// keeps TTFT equal at 1x load and cuts mean TTFT by 43 % at 6x and 93 % at
-// 8x against Dynamo's defaults (docs/replay-results.md has the sweep).
+// The principle: place a request where it adds the least latency to the
+// pool — its own time to first token on that worker, plus the delay its
+// own prefill work imposes on the request queued behind it. Both are read
+// off the engine's timing model (mocker.DefaultTiming), not fitted to a
+// trace: the first token comes after every prefill token queued on the
+// worker and the request's uncached ones, computed in chunks of
+// max_num_batched_tokens, each iteration also paying a decode step priced
+// at the worker's KV occupancy; the delay imposed is the GPU time of its
+// uncached tokens, once (ext = 1: the next request on that worker waits
+// through it; tokens found cached cost nobody anything). Every weight
+// follows: a cached block is worth two blocks of prefill time (one for
+// this request, one for the next), and an active decode block is worth
+// (n iterations) × 28.27 ms / 65,536 blocks ≈ 0.0013 n blocks of prefill
+// time (DecodeMillis' slope across the KV cache over one block's prefill
+// time, 0.330 ms). docs/replay-results.md ("Round 2, principled default")
+// has the derivation and the measurements.
+//
+// Lower cache tiers are not in the scorer: compare KVGateCost and
+// "kvgate-no-tiers" for CPU-tier runs.
 func KVGate() Policy {
-	return Policy{Name: "kvgate", Kind: KindCost, Credit: 8, Scale: 8}
+	p := TTFT(1)
+	p.Name = "kvgate"
+	return p
+}
+
+// KVGateCost returns the same principle in Dynamo's cost formula, what
+// localrouter.DefaultConfig can express: overlap_score_credit 2 (a cached
+// block saves its prefill time twice: ext = 1), prefill_load_scale 766
+// (one block's prefill time, 0.330 ms, over the extra decode-step time one
+// active block costs an iteration, 28.27 ms / 65,536 blocks of a 1 M-token
+// cache: active decode blocks barely delay a first token), temperature 0.
+// It differs from KVGate where max(0, …) in Dynamo's formula clamps: on a
+// worker whose cached prefix is longer than its queued and uncached work
+// together, the queue is hidden.
+func KVGateCost() Policy {
+	return Policy{Name: "kvgate-cost", Kind: KindCost, Credit: 2, Scale: 766}
+}
+
+// KVGateRound1 returns round 1's kvgate cost, credit 8 / scale 8, chosen by
+// a sweep on the Mooncake trace (kept for comparison).
+func KVGateRound1() Policy {
+	return Policy{Name: "kvgate-r1", Kind: KindCost, Credit: 8, Scale: 8}
 }
 
 // DefaultPolicies are the policies compared when none are named.
@@ -67,19 +104,22 @@ func DefaultPolicies() []Policy {
 		{Name: KindLeastLoaded, Kind: KindLeastLoaded},
 		{Name: KindKVOverlap, Kind: KindKVOverlap},
 		Dynamo(),
+		KVGateCost(),
 		KVGate(),
 	}
 }
 
 // ParsePolicy parses a policy name: random, round-robin, least-loaded,
-// kv-overlap, dynamo, kvgate, kvgate-no-tiers (kvgate's cost blind to
-// offloaded blocks), or cost:credit=C,scale=S,temp=T,tiers=0|1 (any subset,
-// the rest Dynamo's defaults; tiers=0 ignores lower cache tiers).
+// kv-overlap, dynamo, kvgate, kvgate-cost, kvgate-no-tiers (kvgate-cost
+// blind to offloaded blocks), kvgate-r1 (round 1's credit 8 / scale 8),
+// ttft[:ext=W] (the predicted-TTFT scorer; ext defaults to 1), or
+// cost:credit=C,scale=S,temp=T,tiers=0|1 (any subset, the rest Dynamo's
+// defaults; tiers=0 ignores lower cache tiers).
 func ParsePolicy(s string) (Policy, error) {
 	s = strings.TrimSpace(s)
 	switch s {
 	case "kvgate-no-tiers":
-		p := KVGate()
+		p := KVGateCost()
 		p.Name, p.NoTiers = s, true
 		return p, nil
 	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
@@ -88,10 +128,17 @@ func ParsePolicy(s string) (Policy, error) {
 		return Dynamo(), nil
 	case "kvgate":
 		return KVGate(), nil
+	case "kvgate-cost":
+		return KVGateCost(), nil
+	case "kvgate-r1":
+		return KVGateRound1(), nil
 	}
 	kind, args, _ := strings.Cut(s, ":")
+	if kind == KindTTFT {
+		return parseTTFT(s, args)
+	}
 	if kind != KindCost {
-		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
+		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-cost, kvgate-no-tiers, kvgate-r1, ttft:ext=… or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
 	}
 	p := Dynamo()
 	p.Name = s
@@ -120,9 +167,40 @@ func ParsePolicy(s string) (Policy, error) {
 	return p, p.validate()
 }
 
+// TTFT returns the predicted-TTFT policy with externality weight ext.
+func TTFT(ext float64) Policy {
+	return Policy{Name: KindTTFT, Kind: KindTTFT, Externality: ext}
+}
+
+// parseTTFT parses "ttft" or "ttft:ext=W".
+func parseTTFT(s, args string) (Policy, error) {
+	p := TTFT(1)
+	p.Name = s
+	if args == "" {
+		return p, nil
+	}
+	for _, kv := range strings.Split(args, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return Policy{}, fmt.Errorf("%w: policy %q: %q is not key=number", ErrConfig, s, kv)
+		}
+		if k != "ext" {
+			return Policy{}, fmt.Errorf("%w: policy %q: unknown parameter %q (want ext)", ErrConfig, s, k)
+		}
+		p.Externality = f
+	}
+	return p, p.validate()
+}
+
 func (p Policy) validate() error {
 	switch p.Kind {
 	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
+		return nil
+	case KindTTFT:
+		if !(p.Externality >= 0) || math.IsInf(p.Externality, 0) {
+			return fmt.Errorf("%w: policy %q: ext must be a number ≥ 0", ErrConfig, p.Name)
+		}
 		return nil
 	case KindCost:
 		if p.Credit < 0 || p.Scale < 0 || p.Temperature < 0 {
@@ -167,7 +245,7 @@ func ParsePolicies(s string) ([]Policy, error) {
 		if part == "" {
 			continue
 		}
-		if n := len(specs); n > 0 && !strings.Contains(part, ":") && strings.Contains(part, "=") && strings.HasPrefix(specs[n-1], KindCost+":") {
+		if n := len(specs); n > 0 && !strings.Contains(part, ":") && strings.Contains(part, "=") && (strings.HasPrefix(specs[n-1], KindCost+":") || strings.HasPrefix(specs[n-1], KindTTFT+":")) {
 			specs[n-1] += "," + part
 			continue
 		}
