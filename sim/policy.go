@@ -42,6 +42,12 @@ type Policy struct {
 	// uncached prefill against its predicted TTFT: 1 counts it once more,
 	// as the delay it imposes on the request queued behind it.
 	Externality float64
+	// ExtAuto (KindTTFT only, "ext=auto") replaces Externality, on each
+	// worker, by the requests expected to arrive there before this one's
+	// first token (the pool's measured arrival rate per worker × the
+	// predicted TTFT): each of them waits through this request's uncached
+	// prefill.
+	ExtAuto bool
 }
 
 // Dynamo returns Dynamo's default cost: credit 1, scale 1, temperature 0.
@@ -49,37 +55,37 @@ func Dynamo() Policy {
 	return Policy{Name: "dynamo", Kind: KindCost, Credit: 1, Scale: 1}
 }
 
-// KVGate returns kvgate's default policy: the predicted-TTFT scorer with
-// externality weight 1 (KindTTFT, sim/ttft.go).
+// KVGate returns kvgate's default policy: the predicted-TTFT scorer
+// (KindTTFT, sim/ttft.go) with the externality measured (ext=auto).
 //
-// The principle: place a request where it adds the least latency to the
+// The principle: place a request where it adds the least waiting to the
 // pool — its own time to first token on that worker, plus the delay its
-// own prefill work imposes on the request queued behind it. Both are read
-// off the engine's timing model (mocker.DefaultTiming), not fitted to a
-// trace: the first token comes after every prefill token queued on the
-// worker and the request's uncached ones, computed in chunks of
-// max_num_batched_tokens, each iteration also paying a decode step priced
-// at the worker's KV occupancy; the delay imposed is the GPU time of its
-// uncached tokens, once (ext = 1: the next request on that worker waits
-// through it; tokens found cached cost nobody anything). Every weight
-// follows: a cached block is worth two blocks of prefill time (one for
-// this request, one for the next), and an active decode block is worth
-// (n iterations) × 28.27 ms / 65,536 blocks ≈ 0.0013 n blocks of prefill
-// time (DecodeMillis' slope across the KV cache over one block's prefill
-// time, 0.330 ms). docs/replay-results.md ("Round 2, principled default")
-// has the derivation and the measurements.
+// own prefill work imposes on the requests that will queue behind it there
+// (Naor's social cost of joining a queue). Both are read off the engine's
+// timing model (mocker.DefaultTiming), not fitted to a trace: the first
+// token comes after every prefill token queued on the worker and the
+// request's uncached ones, computed in chunks of max_num_batched_tokens,
+// each iteration also paying a decode step priced at the worker's KV
+// occupancy; the delay imposed is the GPU time of its uncached tokens
+// (tokens found cached cost nobody anything), once for each request
+// expected to arrive at that worker before this one's first token: the
+// pool's measured arrival rate per worker × the predicted TTFT. Nothing is
+// tuned but the rate estimator's 10 s time constant.
+// docs/replay-results.md ("Round 2, principled default") has the
+// derivation and the measurements.
 //
 // Lower cache tiers are not in the scorer: compare KVGateCost and
 // "kvgate-no-tiers" for CPU-tier runs.
 func KVGate() Policy {
-	p := TTFT(1)
-	p.Name = "kvgate"
+	p := TTFT(0)
+	p.Name, p.ExtAuto = "kvgate", true
 	return p
 }
 
 // KVGateCost returns the same principle in Dynamo's cost formula, what
-// localrouter.DefaultConfig can express: overlap_score_credit 2 (a cached
-// block saves its prefill time twice: ext = 1), prefill_load_scale 766
+// localrouter.Config can express, with the externality fixed at one
+// request: overlap_score_credit 2 (a cached block saves its prefill time
+// twice: this request's and the next one's), prefill_load_scale 766
 // (one block's prefill time, 0.330 ms, over the extra decode-step time one
 // active block costs an iteration, 28.27 ms / 65,536 blocks of a 1 M-token
 // cache: active decode blocks barely delay a first token), temperature 0.
@@ -172,7 +178,7 @@ func TTFT(ext float64) Policy {
 	return Policy{Name: KindTTFT, Kind: KindTTFT, Externality: ext}
 }
 
-// parseTTFT parses "ttft" or "ttft:ext=W".
+// parseTTFT parses "ttft", "ttft:ext=W" or "ttft:ext=auto".
 func parseTTFT(s, args string) (Policy, error) {
 	p := TTFT(1)
 	p.Name = s
@@ -181,6 +187,10 @@ func parseTTFT(s, args string) (Policy, error) {
 	}
 	for _, kv := range strings.Split(args, ",") {
 		k, v, ok := strings.Cut(kv, "=")
+		if k == "ext" && v == "auto" {
+			p.ExtAuto, p.Externality = true, 0
+			continue
+		}
 		f, err := strconv.ParseFloat(v, 64)
 		if !ok || err != nil {
 			return Policy{}, fmt.Errorf("%w: policy %q: %q is not key=number", ErrConfig, s, kv)
@@ -188,7 +198,7 @@ func parseTTFT(s, args string) (Policy, error) {
 		if k != "ext" {
 			return Policy{}, fmt.Errorf("%w: policy %q: unknown parameter %q (want ext)", ErrConfig, s, k)
 		}
-		p.Externality = f
+		p.Externality, p.ExtAuto = f, false
 	}
 	return p, p.validate()
 }

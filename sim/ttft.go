@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"math"
+	"time"
 
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/mocker"
@@ -19,6 +20,33 @@ type ttftModel struct {
 	// ext weighs the GPU time of the request's own uncached prefill, the
 	// delay it imposes on the requests behind it (Policy.Externality).
 	ext float64
+	// perWorkerRate, when positive (Policy.ExtAuto), replaces ext on each
+	// worker by the number of requests expected to arrive there before
+	// this one's first token: the arrival rate per worker (requests/ms)
+	// times the predicted TTFT.
+	perWorkerRate float64
+}
+
+// rateWindow is the arrival-rate estimator's time constant.
+const rateWindow = 10 * time.Second
+
+// arrivalRate estimates a pool's request arrival rate online: arrivals
+// counted with an exponential decay of time constant rateWindow, as a
+// router can count the requests it is asked to place.
+type arrivalRate struct {
+	perSecond float64
+	last      time.Time
+	seen      bool
+}
+
+// observe counts one arrival at now and returns the rate in requests/s.
+func (a *arrivalRate) observe(now time.Time) float64 {
+	if a.seen {
+		a.perSecond *= math.Exp(-now.Sub(a.last).Seconds() / rateWindow.Seconds())
+	}
+	a.perSecond += 1 / rateWindow.Seconds()
+	a.last, a.seen = now, true
+	return a.perSecond
 }
 
 // tokenMillis is the prefill time of one token in a full chunk, the
@@ -42,7 +70,11 @@ func (m ttftModel) score(l localrouter.PotentialLoad, isl, blockSize int) float6
 	}
 	ms /= m.speedup
 	uncached := max(isl-l.OverlapBlocks*blockSize, 1)
-	return ms + m.ext*float64(uncached)*m.tokenMillis()
+	ext := m.ext
+	if m.perWorkerRate > 0 {
+		ext = m.perWorkerRate * ms
+	}
+	return ms + ext*float64(uncached)*m.tokenMillis()
 }
 
 // chooseTTFT places a request under a KindTTFT policy: in each pool the
@@ -52,6 +84,21 @@ func (m ttftModel) score(l localrouter.PotentialLoad, isl, blockSize int) float6
 // prefill-time units.
 func (r *run) chooseTTFT(ctx context.Context, pools []*pool, req localrouter.Request, isl int, id string) (*worker, error) {
 	m := ttftModel{chunk: r.cfg.MaxNumBatchedTokens, kvBlocks: float64(r.cfg.KVTokens / r.cfg.BlockSize), speedup: r.cfg.Speedup, ext: r.policy.Externality}
+	if r.policy.ExtAuto {
+		if r.rates == nil {
+			r.rates = map[*pool]*arrivalRate{}
+		}
+		a := r.rates[pools[0]]
+		if a == nil {
+			a = &arrivalRate{}
+			r.rates[pools[0]] = a
+		}
+		n := 0
+		for _, p := range pools {
+			n += len(p.workers)
+		}
+		m.perWorkerRate = a.observe(r.now) / float64(n) / 1000
+	}
 	type best struct {
 		w     *worker
 		score float64

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -81,11 +82,11 @@ func TestTTFTScoreOrdersWorkers(t *testing.T) {
 }
 
 func TestParseTTFTPolicies(t *testing.T) {
-	got, err := ParsePolicies("ttft, ttft:ext=0.5,dynamo,kvgate,kvgate-cost,kvgate-r1")
+	got, err := ParsePolicies("ttft, ttft:ext=0.5,dynamo,kvgate,kvgate-cost,kvgate-r1,ttft:ext=auto")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Policy{TTFT(1), {Name: "ttft:ext=0.5", Kind: KindTTFT, Externality: 0.5}, Dynamo(), KVGate(), KVGateCost(), KVGateRound1()}
+	want := []Policy{TTFT(1), {Name: "ttft:ext=0.5", Kind: KindTTFT, Externality: 0.5}, Dynamo(), KVGate(), KVGateCost(), KVGateRound1(), {Name: "ttft:ext=auto", Kind: KindTTFT, ExtAuto: true}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("ParsePolicies (-want +got):\n%s", diff)
 	}
@@ -116,4 +117,35 @@ func FuzzParsePolicies(f *testing.F) {
 			}
 		}
 	})
+}
+
+// With ext=auto the externality is the requests expected to arrive at the
+// worker before this one's first token: rate per worker × predicted TTFT.
+func TestTTFTScoreMeasuredExternality(t *testing.T) {
+	const bs, isl = 16, 4096
+	l := localrouter.PotentialLoad{PotentialPrefillTokens: isl + 6000, ActiveRequests: 2, PotentialDecodeBlocks: 1000}
+	own := ttftModel{chunk: 8192, kvBlocks: 65536, speedup: 1}
+	ttft := own.score(l, isl, bs)
+	m := own
+	m.perWorkerRate = 0.004 // 4 requests/s per worker, in requests/ms
+	want := ttft + 0.004*ttft*isl*own.tokenMillis()
+	if got := m.score(l, isl, bs); math.Abs(got-want) > 1e-9*want {
+		t.Errorf("score %.6f ms, want %.6f (TTFT %.3f ms, %.3f requests delayed)", got, want, ttft, 0.004*ttft)
+	}
+}
+
+func TestArrivalRate(t *testing.T) {
+	var a arrivalRate
+	now := epoch
+	var got float64
+	for range 2000 { // 20/s for 100 s: ten time constants
+		now = now.Add(50 * time.Millisecond)
+		got = a.observe(now)
+	}
+	if got < 19 || got > 21 {
+		t.Errorf("rate after 100 s of 20 arrivals/s: %.2f/s, want about 20", got)
+	}
+	if got = a.observe(now.Add(30 * time.Second)); got > 2 {
+		t.Errorf("rate after 30 s of silence: %.2f/s, want below 2", got)
+	}
 }
