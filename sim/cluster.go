@@ -222,6 +222,11 @@ func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*w
 		best := ranked[0]
 		p := byPool[best.Pool]
 		w = p.byKey[localrouter.WorkerKey{ID: best.Probe.WorkerID, DPRank: best.Probe.DPRank}]
+	case KindTTFT:
+		var err error
+		if w, err = r.chooseTTFT(ctx, pools, req, r.wl.reqs[idx].InputLength, id); err != nil {
+			return nil, err
+		}
 	}
 	key := w.key
 	if _, err := w.pool.router.BestWorker(ctx, req, localrouter.BestWorkerOptions{RequestID: id, Worker: &key}); err != nil {

@@ -27,9 +27,11 @@
 //     selection step (state-free BestWorker probes of every pool ranked by
 //     the global router's policies.Cost, lowest normalised cost first); a
 //     disaggregated prefill pool and decode pool.
-//   - Policies (policy.go): random, round-robin, least-loaded, kv-overlap,
-//     Dynamo's default cost, kvgate's default cost, and any cost
-//     configuration given as "cost:credit=…,scale=…,temp=…".
+//   - Policies (policy.go, ttft.go): random, round-robin, least-loaded,
+//     kv-overlap, Dynamo's default cost, kvgate's default (the
+//     predicted-TTFT scorer, "ttft:ext=…"), its form in Dynamo's cost
+//     formula, and any cost configuration given as
+//     "cost:credit=…,scale=…,temp=…".
 //   - The oracles (oracle.go): the hit ratio of an infinite cache shared by
 //     all workers, the physical limit of prefix reuse, and of one LRU
 //     cache holding the pool's total KV capacity, what perfect routing

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,10 @@ const (
 	KindLeastLoaded = "least-loaded"
 	KindKVOverlap   = "kv-overlap"
 	KindCost        = "cost"
+	// KindTTFT scores each worker by the request's predicted time to
+	// first token there plus the GPU time of its own cache misses
+	// (sim/ttft.go), the principle kvgate's default cost follows.
+	KindTTFT = "ttft"
 )
 
 // Policy is one routing policy under test.
@@ -39,6 +44,16 @@ type Policy struct {
 	// default chain, Dynamo's cost with Credit, Scale and Temperature).
 	// ParsePolicy makes one of "chain:<inline chain>".
 	Chain []localrouter.ScorerSpec
+	// Externality (KindTTFT only) weighs the GPU time of the request's own
+	// uncached prefill against its predicted TTFT: 1 counts it once more,
+	// as the delay it imposes on the request queued behind it.
+	Externality float64
+	// ExtAuto (KindTTFT only, "ext=auto") replaces Externality, on each
+	// worker, by the requests expected to arrive there before this one's
+	// first token (the pool's measured arrival rate per worker × the
+	// predicted TTFT): each of them waits through this request's uncached
+	// prefill.
+	ExtAuto bool
 }
 
 // KindChainPrefix starts a policy naming a worker chain:
@@ -53,23 +68,51 @@ func Dynamo() Policy {
 	return Policy{Name: "dynamo", Kind: KindCost, Credit: 1, Scale: 1}
 }
 
-// KVGate returns kvgate's default cost policy: Dynamo's cost function with
-// overlap_score_credit 8 and prefill_load_scale 8 (temperature 0).
+// KVGate returns kvgate's default policy: the predicted-TTFT scorer
+// (KindTTFT, sim/ttft.go) with the externality measured (ext=auto).
 //
-// Why: Dynamo's cost adds the worker's active decode blocks, unscaled, to
-// its prefill blocks. On long-context workloads (Mooncake: 15k-token prompts
-// on average) an active request holds ~1,000 blocks, so the decode term
-// dwarfs the prefill term and the router degenerates into "least KV
-// footprint": it scatters conversations away from their caches exactly when
-// load rises, and the lost hits cost more prefill, which raises load
-// further. Scaling the prefill term by 8 makes queued and uncached prefill
-// work (what TTFT is made of) dominate again; crediting each cached block 8
-// times keeps a conversation on the worker holding its history unless that
-// worker is far busier. On the synthetic Mooncake trace with 8 workers this
-// keeps TTFT equal at 1x load and cuts mean TTFT by 43 % at 6x and 93 % at
-// 8x against Dynamo's defaults (docs/replay-results.md has the sweep).
+// The principle: place a request where it adds the least waiting to the
+// pool — its own time to first token on that worker, plus the delay its
+// own prefill work imposes on the requests that will queue behind it there
+// (Naor's social cost of joining a queue). Both are read off the engine's
+// timing model (mocker.DefaultTiming), not fitted to a trace: the first
+// token comes after every prefill token queued on the worker and the
+// request's uncached ones, computed in chunks of max_num_batched_tokens,
+// each iteration also paying a decode step priced at the worker's KV
+// occupancy; the delay imposed is the GPU time of its uncached tokens
+// (tokens found cached cost nobody anything), once for each request
+// expected to arrive at that worker before this one's first token: the
+// pool's measured arrival rate per worker × the predicted TTFT. Nothing is
+// tuned but the rate estimator's 10 s time constant.
+// docs/replay-results.md ("Round 2, principled default") has the
+// derivation and the measurements.
+//
+// Lower cache tiers are not in the scorer: compare KVGateCost and
+// "kvgate-no-tiers" for CPU-tier runs.
 func KVGate() Policy {
-	return Policy{Name: "kvgate", Kind: KindCost, Credit: 8, Scale: 8}
+	p := TTFT(0)
+	p.Name, p.ExtAuto = "kvgate", true
+	return p
+}
+
+// KVGateCost returns the same principle in Dynamo's cost formula, what
+// localrouter.Config can express, with the externality fixed at one
+// request: overlap_score_credit 2 (a cached block saves its prefill time
+// twice: this request's and the next one's), prefill_load_scale 766
+// (one block's prefill time, 0.330 ms, over the extra decode-step time one
+// active block costs an iteration, 28.27 ms / 65,536 blocks of a 1 M-token
+// cache: active decode blocks barely delay a first token), temperature 0.
+// It differs from KVGate where max(0, …) in Dynamo's formula clamps: on a
+// worker whose cached prefix is longer than its queued and uncached work
+// together, the queue is hidden.
+func KVGateCost() Policy {
+	return Policy{Name: "kvgate-cost", Kind: KindCost, Credit: 2, Scale: 766}
+}
+
+// KVGateRound1 returns round 1's kvgate cost, credit 8 / scale 8, chosen by
+// a sweep on the Mooncake trace (kept for comparison).
+func KVGateRound1() Policy {
+	return Policy{Name: "kvgate-r1", Kind: KindCost, Credit: 8, Scale: 8}
 }
 
 // DefaultPolicies are the policies compared when none are named.
@@ -80,15 +123,18 @@ func DefaultPolicies() []Policy {
 		{Name: KindLeastLoaded, Kind: KindLeastLoaded},
 		{Name: KindKVOverlap, Kind: KindKVOverlap},
 		Dynamo(),
+		KVGateCost(),
 		KVGate(),
 	}
 }
 
 // ParsePolicy parses a policy name: random, round-robin, least-loaded,
-// kv-overlap, dynamo, kvgate, kvgate-no-tiers (kvgate's cost blind to
-// offloaded blocks), cost:credit=C,scale=S,temp=T,tiers=0|1 (any subset,
-// the rest Dynamo's defaults; tiers=0 ignores lower cache tiers), or
-// chain:<worker chain> (KindChainPrefix).
+// kv-overlap, dynamo, kvgate, kvgate-cost, kvgate-no-tiers (kvgate-cost
+// blind to offloaded blocks), kvgate-r1 (round 1's credit 8 / scale 8),
+// ttft[:ext=W] (the predicted-TTFT scorer; ext defaults to 1), or
+// cost:credit=C,scale=S,temp=T,tiers=0|1 (any subset, the rest Dynamo's
+// defaults; tiers=0 ignores lower cache tiers), or chain:<worker chain>
+// (KindChainPrefix).
 func ParsePolicy(s string) (Policy, error) {
 	s = strings.TrimSpace(s)
 	if rest, ok := strings.CutPrefix(s, KindChainPrefix); ok {
@@ -108,7 +154,7 @@ func ParsePolicy(s string) (Policy, error) {
 	}
 	switch s {
 	case "kvgate-no-tiers":
-		p := KVGate()
+		p := KVGateCost()
 		p.Name, p.NoTiers = s, true
 		return p, nil
 	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
@@ -117,10 +163,17 @@ func ParsePolicy(s string) (Policy, error) {
 		return Dynamo(), nil
 	case "kvgate":
 		return KVGate(), nil
+	case "kvgate-cost":
+		return KVGateCost(), nil
+	case "kvgate-r1":
+		return KVGateRound1(), nil
 	}
 	kind, args, _ := strings.Cut(s, ":")
+	if kind == KindTTFT {
+		return parseTTFT(s, args)
+	}
 	if kind != KindCost {
-		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
+		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-cost, kvgate-no-tiers, kvgate-r1, ttft:ext=… or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
 	}
 	p := Dynamo()
 	p.Name = s
@@ -149,9 +202,44 @@ func ParsePolicy(s string) (Policy, error) {
 	return p, p.validate()
 }
 
+// TTFT returns the predicted-TTFT policy with externality weight ext.
+func TTFT(ext float64) Policy {
+	return Policy{Name: KindTTFT, Kind: KindTTFT, Externality: ext}
+}
+
+// parseTTFT parses "ttft", "ttft:ext=W" or "ttft:ext=auto".
+func parseTTFT(s, args string) (Policy, error) {
+	p := TTFT(1)
+	p.Name = s
+	if args == "" {
+		return p, nil
+	}
+	for _, kv := range strings.Split(args, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if k == "ext" && v == "auto" {
+			p.ExtAuto, p.Externality = true, 0
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return Policy{}, fmt.Errorf("%w: policy %q: %q is not key=number", ErrConfig, s, kv)
+		}
+		if k != "ext" {
+			return Policy{}, fmt.Errorf("%w: policy %q: unknown parameter %q (want ext)", ErrConfig, s, k)
+		}
+		p.Externality, p.ExtAuto = f, false
+	}
+	return p, p.validate()
+}
+
 func (p Policy) validate() error {
 	switch p.Kind {
 	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
+		return nil
+	case KindTTFT:
+		if !(p.Externality >= 0) || math.IsInf(p.Externality, 0) {
+			return fmt.Errorf("%w: policy %q: ext must be a number ≥ 0", ErrConfig, p.Name)
+		}
 		return nil
 	case KindCost:
 		if p.Credit < 0 || p.Scale < 0 || p.Temperature < 0 {
@@ -198,7 +286,7 @@ func ParsePolicies(s string) ([]Policy, error) {
 		if part == "" {
 			continue
 		}
-		if n := len(specs); n > 0 && !strings.Contains(part, ":") && strings.Contains(part, "=") && strings.HasPrefix(specs[n-1], KindCost+":") {
+		if n := len(specs); n > 0 && !strings.Contains(part, ":") && strings.Contains(part, "=") && (strings.HasPrefix(specs[n-1], KindCost+":") || strings.HasPrefix(specs[n-1], KindTTFT+":")) {
 			specs[n-1] += "," + part
 			continue
 		}

@@ -8,7 +8,7 @@ import "testing"
 // least as many as the one blind to lower tiers.
 func TestCPUTierReplay(t *testing.T) {
 	tr := randomTrace(t, 300, 7)
-	kvgate, blind := KVGate(), KVGate()
+	kvgate, blind := KVGateCost(), KVGateCost()
 	blind.Name, blind.NoTiers = "kvgate-no-tiers", true
 	run := func(cpuTokens int) map[string]*Result {
 		rep, err := Run(testContext(t), Config{Trace: tr, Workers: 4, Policies: []Policy{kvgate, blind},
@@ -23,11 +23,11 @@ func TestCPUTierReplay(t *testing.T) {
 		return out
 	}
 	without, with := run(0), run(1<<16)
-	if with["kvgate"].HitRatio <= without["kvgate"].HitRatio {
-		t.Errorf("hit ratio with a CPU tier %.3f, without %.3f: want higher", with["kvgate"].HitRatio, without["kvgate"].HitRatio)
+	if with["kvgate-cost"].HitRatio <= without["kvgate-cost"].HitRatio {
+		t.Errorf("hit ratio with a CPU tier %.3f, without %.3f: want higher", with["kvgate-cost"].HitRatio, without["kvgate-cost"].HitRatio)
 	}
-	if with["kvgate"].HitRatio < with["kvgate-no-tiers"].HitRatio {
-		t.Errorf("tier-aware hit ratio %.3f below the tier-blind %.3f", with["kvgate"].HitRatio, with["kvgate-no-tiers"].HitRatio)
+	if with["kvgate-cost"].HitRatio < with["kvgate-no-tiers"].HitRatio {
+		t.Errorf("tier-aware hit ratio %.3f below the tier-blind %.3f", with["kvgate-cost"].HitRatio, with["kvgate-no-tiers"].HitRatio)
 	}
 	if p, err := ParsePolicy("kvgate-no-tiers"); err != nil || !p.NoTiers {
 		t.Errorf("ParsePolicy(kvgate-no-tiers) = %+v, %v", p, err)
