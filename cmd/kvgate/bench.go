@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -40,6 +41,7 @@ func runBench(ctx context.Context, args []string) error {
 	soak := fs.Int("soak", 0, "soak benchmark: this many concurrent streaming requests through ext_proc to mock workers")
 	soakHold := fs.Duration("soak-hold", 30*time.Second, "soak: how long the streams are held")
 	soakSpeedup := fs.Float64("soak-speedup", 0.002, "soak: the mock workers' timing speedup (below 1: slower than a GPU, so thousands of held streams decode a token every few seconds)")
+	soakProfile := fs.String("soak-profile", "", "soak: a directory for a CPU profile of the ramp and goroutine dumps (what the ramp waits on)")
 	soakChannel := fs.Bool("soak-channel", true, "soak: the global router uses the local-router channel (false: unary probes and Track streams)")
 	asJSON := fs.Bool("json", false, "chaos, probe, soak: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
@@ -52,7 +54,8 @@ func runBench(ctx context.Context, args []string) error {
 		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed}, *asJSON)
 	}
 	if *soak > 0 {
-		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel, Speedup: *soakSpeedup}, *asJSON)
+		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel, Speedup: *soakSpeedup, ProfileDir: *soakProfile,
+			Progress: slog.New(slog.NewTextHandler(os.Stderr, nil))}, *asJSON)
 	}
 	if *withChaos {
 		cc.Kill = config.SplitList(*kill)

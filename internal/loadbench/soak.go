@@ -10,7 +10,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,7 +47,14 @@ type SoakConfig struct {
 	// the soak measures concurrency, and on a loaded machine the 20 ms
 	// default turns CPU starvation into refused requests).
 	ProbeTimeout time.Duration
-	Logger       *slog.Logger
+	// ProfileDir, when set, receives a CPU profile of the ramp
+	// (ramp.cpu.prof) and goroutine dumps (goroutines-<s>s.txt, pprof's
+	// debug=1: stacks counted) every 20 s of the ramp and once in the hold:
+	// what the ramp waits on.
+	ProfileDir string
+	// Logger is the system's (the routers', workers', gateway's); Progress
+	// the soak's own (ramp progress, the limit raised; default Logger).
+	Logger, Progress *slog.Logger
 }
 
 // SoakResult is the soak's figures.
@@ -75,6 +85,8 @@ type SoakResult struct {
 	// CPUusPerStream is the process's CPU time per stream over the run.
 	CPUusPerStream float64 `json:"cpu_us_per_stream"`
 	Channel        bool    `json:"channel"`
+	// RampSeconds is how long opening the streams took.
+	RampSeconds float64 `json:"ramp_seconds"`
 	// FirstError is why the first failed stream failed.
 	FirstError string `json:"first_error,omitempty"`
 }
@@ -107,6 +119,16 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Progress == nil {
+		cfg.Progress = cfg.Logger
+	}
+	// Enough descriptors for every stream, or no soak at all: never a run
+	// that fails with "too many open files" halfway up the ramp.
+	fds, err := raiseFDLimit(sysFDLimit{}, cfg.Streams)
+	if err != nil {
+		return SoakResult{}, err
+	}
+	cfg.Progress.Info("soak: file-descriptor limit", "RLIMIT_NOFILE", fds, "need", SoakFDs(cfg.Streams))
 	// Sample the heap profile finely enough to attribute the streams'
 	// memory (restored at the end).
 	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
@@ -184,29 +206,40 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 			}
 		}()
 	}
+	rampStart := time.Now()
+	stopProf := startProfiles(cfg.ProfileDir, cfg.Progress)
 	rampEnd := time.After(cfg.Ramp)
+	dump := time.NewTicker(20 * time.Second)
+	defer dump.Stop()
 	n := 0
 ramp:
 	for n < cfg.Streams {
 		select {
 		case <-ready:
 			n++
+		case <-dump.C:
+			dumpGoroutines(cfg.ProfileDir, time.Since(rampStart), cfg.Progress)
+			cfg.Progress.Info("soak: ramping", "streaming", n, "failed", failed.Load(), "elapsed", time.Since(rampStart).Round(time.Second))
 		case <-rampEnd:
 			break ramp
 		case <-ctx.Done():
+			stopProf()
 			return SoakResult{}, ctx.Err()
 		}
 		if int(failed.Load())+n >= cfg.Streams {
 			break
 		}
 	}
-	cfg.Logger.Info("soak: streams open", "streaming", n, "failed", failed.Load())
+	rampTook := time.Since(rampStart)
+	stopProf()
+	cfg.Progress.Info("soak: streams open", "streaming", n, "failed", failed.Load(), "ramp", rampTook.Round(time.Millisecond))
 	held := time.NewTimer(cfg.Hold)
 	// Measure halfway through the hold (after the ramp's garbage is gone).
 	select {
 	case <-time.After(cfg.Hold / 2):
 	case <-ctx.Done():
 	}
+	dumpGoroutines(cfg.ProfileDir, time.Since(rampStart), cfg.Progress)
 	heap1, rheap1, gor1, router1 := measure()
 	select {
 	case <-held.C:
@@ -241,6 +274,7 @@ ramp:
 		res.AllGoroutinesPerStream = float64(gor1-gor0) / float64(n)
 		res.CPUusPerStream = float64(cpu.Microseconds()) / float64(n)
 	}
+	res.RampSeconds = rampTook.Seconds()
 	if e := firstErr.Load(); e != nil {
 		res.FirstError = (*e).Error()
 	}
@@ -418,5 +452,46 @@ func addBuckets(bounds *[]float64, counts *[]uint64, h *dto.Histogram) {
 			*counts = append(*counts, 0)
 		}
 		(*counts)[i] += b.GetCumulativeCount()
+	}
+}
+
+// startProfiles starts a CPU profile into dir (none when dir is empty) and
+// returns its stop.
+func startProfiles(dir string, log *slog.Logger) (stop func()) {
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, "ramp.cpu.prof"))
+	if err != nil {
+		log.Warn("soak: cpu profile", "err", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		log.Warn("soak: cpu profile", "err", err)
+		f.Close()
+		return func() {}
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		})
+	}
+}
+
+// dumpGoroutines writes the goroutine profile (stacks counted) into dir.
+func dumpGoroutines(dir string, at time.Duration, log *slog.Logger) {
+	if dir == "" {
+		return
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("goroutines-%03.0fs.txt", at.Seconds())))
+	if err != nil {
+		log.Warn("soak: goroutine dump", "err", err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup("goroutine").WriteTo(f, 1); err != nil {
+		log.Warn("soak: goroutine dump", "err", err)
 	}
 }
