@@ -47,6 +47,12 @@ type SoakConfig struct {
 	// the soak measures concurrency, and on a loaded machine the 20 ms
 	// default turns CPU starvation into refused requests).
 	ProbeTimeout time.Duration
+	// Opening bounds the streams opening at once (default 1,024).
+	Opening int
+	// SteadyEvery paces the short requests sent during the hold, whose
+	// decisions are the steady-state figures (default 50 ms; negative:
+	// none).
+	SteadyEvery time.Duration
 	// ProfileDir, when set, receives a CPU profile of the ramp
 	// (ramp.cpu.prof) and goroutine dumps (goroutines-<s>s.txt, pprof's
 	// debug=1: stacks counted) every 20 s of the ramp and once in the hold:
@@ -77,6 +83,18 @@ type SoakResult struct {
 	// DecisionP99us is the p99 of the global router's decision histogram
 	// over the run (interpolated within its buckets: 1, 2, 5, 10 ms…).
 	DecisionP99us float64 `json:"decision_p99_us"`
+	// Ramp* are the decisions made while the streams were opening
+	// (cfg.Opening at once); Steady* those of the paced short requests
+	// sent while all the streams were held (one every SteadyEvery), the
+	// decision of one request among thousands in flight. Interpolated
+	// within the histogram's buckets.
+	RampDecisionP50us   float64 `json:"ramp_decision_p50_us"`
+	RampDecisionP99us   float64 `json:"ramp_decision_p99_us"`
+	SteadyDecisions     int     `json:"steady_decisions"`
+	SteadyDecisionP50us float64 `json:"steady_decision_p50_us"`
+	SteadyDecisionP99us float64 `json:"steady_decision_p99_us"`
+	// SteadyFailed are the paced requests that got no response headers.
+	SteadyFailed int `json:"steady_failed"`
 	// LeakedRequests are the requests still in flight on the local routers
 	// after every stream ended (want 0).
 	LeakedRequests int `json:"leaked_requests"`
@@ -115,6 +133,12 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	}
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = time.Second
+	}
+	if cfg.Opening <= 0 {
+		cfg.Opening = 1024
+	}
+	if cfg.SteadyEvery == 0 {
+		cfg.SteadyEvery = 50 * time.Millisecond
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -181,7 +205,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	)
 	ready := make(chan struct{}, cfg.Streams)
 	// Open at a bounded pace so the ramp itself is not a connect storm.
-	sem := make(chan struct{}, 1024)
+	sem := make(chan struct{}, cfg.Opening)
 	for i := range cfg.Streams {
 		wg.Add(1)
 		go func() {
@@ -233,18 +257,25 @@ ramp:
 	rampTook := time.Since(rampStart)
 	stopProf()
 	cfg.Progress.Info("soak: streams open", "streaming", n, "failed", failed.Load(), "ramp", rampTook.Round(time.Millisecond))
+	rampHist := decisionHist(sys)
 	held := time.NewTimer(cfg.Hold)
-	// Measure halfway through the hold (after the ramp's garbage is gone).
+	// Measure halfway through the hold (after the ramp's garbage is gone),
+	// the paced requests paused meanwhile.
+	steady := startSteady(sctx, hc, url, ucfg.Model, cfg.SteadyEvery)
 	select {
 	case <-time.After(cfg.Hold / 2):
 	case <-ctx.Done():
 	}
+	steady.pause(true)
 	dumpGoroutines(cfg.ProfileDir, time.Since(rampStart), cfg.Progress)
 	heap1, rheap1, gor1, router1 := measure()
+	steady.pause(false)
 	select {
 	case <-held.C:
 	case <-ctx.Done():
 	}
+	steadyN, steadyFailed := steady.stop()
+	steadyHist := decisionHist(sys).minus(rampHist)
 	cancel()
 	wg.Wait()
 	cpu := CPUTime() - cpu0
@@ -265,8 +296,13 @@ ramp:
 	}
 	res := SoakResult{
 		Streams: n, LeakedRequests: leaked, Failed: int(failed.Load()), Channel: cfg.Channel,
-		DecisionP99us: decisionP99(sys) * 1e6,
+		DecisionP99us:     decisionHist(sys).quantile(0.99) * 1e6,
+		RampDecisionP50us: rampHist.quantile(0.5) * 1e6, RampDecisionP99us: rampHist.quantile(0.99) * 1e6,
+		SteadyDecisions:     int(steadyHist.total),
+		SteadyDecisionP50us: steadyHist.quantile(0.5) * 1e6, SteadyDecisionP99us: steadyHist.quantile(0.99) * 1e6,
+		SteadyFailed: steadyFailed,
 	}
+	cfg.Progress.Info("soak: steady requests", "sent", steadyN, "failed", steadyFailed, "decisions", steadyHist.total)
 	if n > 0 {
 		res.AllHeapBytesPerStream = float64(int64(heap1)-int64(heap0)) / float64(n)
 		res.HeapBytesPerStream = float64(rheap1-rheap0) / float64(n)
@@ -410,49 +446,127 @@ func measure() (heap uint64, routerHeap int64, goroutines, router int) {
 	return m.HeapAlloc, routerHeap, goroutines, router
 }
 
-// decisionP99 is the p99 of the global router's decision histogram, every
-// outcome merged, interpolated linearly within a bucket.
-func decisionP99(sys *up.System) float64 {
+// hist is the global router's decision histogram, every outcome merged:
+// cumulative counts per upper bound.
+type hist struct {
+	bounds []float64
+	counts []uint64
+	total  uint64
+}
+
+func decisionHist(sys *up.System) hist {
+	var h hist
 	mfs, err := sys.Registry.Gather()
 	if err != nil {
-		return math.NaN()
+		return h
 	}
-	var bounds []float64
-	var counts []uint64
-	var total uint64
 	for _, mf := range mfs {
 		if mf.GetName() != "kvgate_globalrouter_decision_duration_seconds" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			h := m.GetHistogram()
-			total += h.GetSampleCount()
-			addBuckets(&bounds, &counts, h)
+			ph := m.GetHistogram()
+			h.total += ph.GetSampleCount()
+			h.add(ph)
 		}
 	}
-	if total == 0 {
-		return 0
-	}
-	want := 0.99 * float64(total)
-	lo, prev := 0.0, uint64(0)
-	for i, b := range bounds {
-		if float64(counts[i]) >= want {
-			frac := (want - float64(prev)) / float64(counts[i]-prev)
-			return lo + frac*(b-lo)
-		}
-		lo, prev = b, counts[i]
-	}
-	return lo // past the last bucket: its bound
+	return h
 }
 
-func addBuckets(bounds *[]float64, counts *[]uint64, h *dto.Histogram) {
-	for i, b := range h.GetBucket() {
-		if i >= len(*bounds) {
-			*bounds = append(*bounds, b.GetUpperBound())
-			*counts = append(*counts, 0)
+func (h *hist) add(ph *dto.Histogram) {
+	for i, b := range ph.GetBucket() {
+		if i >= len(h.bounds) {
+			h.bounds = append(h.bounds, b.GetUpperBound())
+			h.counts = append(h.counts, 0)
 		}
-		(*counts)[i] += b.GetCumulativeCount()
+		h.counts[i] += b.GetCumulativeCount()
 	}
+}
+
+// minus is the observations of h not in an earlier snapshot of it.
+func (h hist) minus(earlier hist) hist {
+	out := hist{bounds: h.bounds, counts: make([]uint64, len(h.counts)), total: h.total - earlier.total}
+	for i := range h.counts {
+		out.counts[i] = h.counts[i]
+		if i < len(earlier.counts) {
+			out.counts[i] -= earlier.counts[i]
+		}
+	}
+	return out
+}
+
+// quantile interpolates linearly within the bucket holding quantile q (0
+// without observations; past the last bucket, its bound).
+func (h hist) quantile(q float64) float64 {
+	if h.total == 0 {
+		return 0
+	}
+	want := q * float64(h.total)
+	lo, prev := 0.0, uint64(0)
+	for i, b := range h.bounds {
+		if float64(h.counts[i]) >= want && h.counts[i] > prev {
+			frac := (want - float64(prev)) / float64(h.counts[i]-prev)
+			return lo + frac*(b-lo)
+		}
+		lo, prev = b, h.counts[i]
+	}
+	return lo
+}
+
+// steadyLoad sends one short streaming request every period while the
+// streams are held, each cancelled once its response headers came (its
+// decision made, on its worker): the decisions of the steady state.
+type steadyLoad struct {
+	paused       atomic.Bool
+	sent, failed atomic.Int64
+	wg           sync.WaitGroup
+	cancel       context.CancelFunc
+}
+
+func startSteady(ctx context.Context, hc *http.Client, url, model string, period time.Duration) *steadyLoad {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &steadyLoad{cancel: cancel}
+	if period < 0 {
+		return s
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if s.paused.Load() {
+				continue
+			}
+			s.sent.Add(1)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				rctx, rcancel := context.WithCancel(ctx)
+				defer rcancel()
+				// Headers received: decided and on its worker; go away.
+				err := stream(rctx, hc, url, model, 1_000_000+i, rcancel)
+				if err != nil && ctx.Err() == nil {
+					s.failed.Add(1)
+				}
+			}()
+		}
+	}()
+	return s
+}
+
+func (s *steadyLoad) pause(p bool) { s.paused.Store(p) }
+
+// stop ends the paced requests and waits for them.
+func (s *steadyLoad) stop() (sent, failed int) {
+	s.cancel()
+	s.wg.Wait()
+	return int(s.sent.Load()), int(s.failed.Load())
 }
 
 // startProfiles starts a CPU profile into dir (none when dir is empty) and
