@@ -675,6 +675,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
+	// The headers go out now, not with the first token: vLLM's
+	// StreamingResponse sends http.response.start before it iterates the
+	// generator, so a request waiting for admission already has its 200.
+	if flusher != nil {
+		flusher.Flush()
+	}
 	send := func(v any) {
 		b, _ := json.Marshal(v)
 		fmt.Fprintf(w, "data: %s\n\n", b)

@@ -422,6 +422,31 @@ func TestClientGoneFreesRequest(t *testing.T) {
 	}
 }
 
+// TestStreamHeadersBeforeFirstToken: a streaming request's 200 and
+// headers go out as soon as the engine has it, before its first token, as
+// vLLM's do (starlette/responses.py, StreamingResponse.stream_response:
+// http.response.start is sent before the body iterator runs). The second
+// request here can never be admitted (MaxNumSeqs 1, the first never ends
+// in the test), so it would never have headers if they waited for a token.
+func TestStreamHeadersBeforeFirstToken(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv, hs, _ := startServer(t, ServerConfig{Model: "m", Engine: Config{Speedup: 1, MaxNumSeqs: 1}})
+	first := post(ctx, t, hs.URL+"/v1/completions", `{"prompt":"a b c","max_tokens":100000,"stream":true}`, nil)
+	defer first.Body.Close()
+	if line, err := bufio.NewReader(first.Body).ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first request's first line %q: %v", line, err)
+	}
+	second := post(ctx, t, hs.URL+"/v1/completions", `{"prompt":"d e f","max_tokens":10,"stream":true}`, nil)
+	defer second.Body.Close()
+	if second.StatusCode != http.StatusOK || second.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("second request: %d %v", second.StatusCode, second.Header)
+	}
+	if st := srv.Stats(); st.Running != 1 || st.Waiting != 1 {
+		t.Fatalf("stats %+v, want 1 running and 1 waiting (headers before admission)", st)
+	}
+}
+
 // TestRenderChat: the exported template is the one the server encodes chats
 // with (/tokenize with messages gives the ids of RenderChat's text), so a
 // router using it computes the workers' token ids.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -40,6 +41,9 @@ func runBench(ctx context.Context, args []string) error {
 	soak := fs.Int("soak", 0, "soak benchmark: this many concurrent streaming requests through ext_proc to mock workers")
 	soakHold := fs.Duration("soak-hold", 30*time.Second, "soak: how long the streams are held")
 	soakSpeedup := fs.Float64("soak-speedup", 0.002, "soak: the mock workers' timing speedup (below 1: slower than a GPU, so thousands of held streams decode a token every few seconds)")
+	soakOpening := fs.Int("soak-opening", 1024, "soak: streams opening at once during the ramp")
+	soakSteady := fs.Duration("soak-steady-every", 50*time.Millisecond, "soak: one short request this often while the streams are held, for the steady-state decision figures (negative: none)")
+	soakProfile := fs.String("soak-profile", "", "soak: a directory for a CPU profile of the ramp and goroutine dumps (what the ramp waits on)")
 	soakChannel := fs.Bool("soak-channel", true, "soak: the global router uses the local-router channel (false: unary probes and Track streams)")
 	asJSON := fs.Bool("json", false, "chaos, probe, soak: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
@@ -52,7 +56,9 @@ func runBench(ctx context.Context, args []string) error {
 		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed}, *asJSON)
 	}
 	if *soak > 0 {
-		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel, Speedup: *soakSpeedup}, *asJSON)
+		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel, Speedup: *soakSpeedup, ProfileDir: *soakProfile,
+			Opening: *soakOpening, SteadyEvery: *soakSteady,
+			Progress: slog.New(slog.NewTextHandler(os.Stderr, nil))}, *asJSON)
 	}
 	if *withChaos {
 		cc.Kill = config.SplitList(*kill)
@@ -147,7 +153,10 @@ func benchSoak(ctx context.Context, cfg loadbench.SoakConfig, asJSON bool) error
 	}
 	fmt.Printf("router heap per stream:   %.0f B (target ≤ 64 KB); whole process %.0f B\n", res.HeapBytesPerStream, res.AllHeapBytesPerStream)
 	fmt.Printf("router goroutines/stream: %.2f (target ≤ 4); all goroutines/stream %.2f\n", res.GoroutinesPerStream, res.AllGoroutinesPerStream)
-	fmt.Printf("decision p99:             %.0f µs\n", res.DecisionP99us)
+	fmt.Printf("ramp:                     %.1f s\n", res.RampSeconds)
+	fmt.Printf("decision p99:             %.0f µs (whole run)\n", res.DecisionP99us)
+	fmt.Printf("ramp decisions:           p50 %.0f µs, p99 %.0f µs\n", res.RampDecisionP50us, res.RampDecisionP99us)
+	fmt.Printf("steady decisions:         %d, p50 %.0f µs, p99 %.0f µs (%d failed)\n", res.SteadyDecisions, res.SteadyDecisionP50us, res.SteadyDecisionP99us, res.SteadyFailed)
 	fmt.Printf("CPU per stream:           %.0f µs\n", res.CPUusPerStream)
 	fmt.Printf("leaked requests:          %d (want 0)\n", res.LeakedRequests)
 	return nil

@@ -422,6 +422,10 @@ func (g *Gateway) writeDownstream(ctx context.Context, w http.ResponseWriter, s 
 				}
 			}
 			w.WriteHeader(code)
+			// Envoy encodes the response headers downstream as they pass
+			// the filters, not with the first body chunk: a stream whose
+			// worker has not produced a token yet already has its headers.
+			_ = rc.Flush()
 		case extprocclient.FrameData:
 			if len(f.Data) > 0 {
 				if _, err := w.Write(f.Data); err != nil {

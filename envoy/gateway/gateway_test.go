@@ -398,6 +398,51 @@ func TestGatewayStreams(t *testing.T) {
 	}
 }
 
+// TestGatewayHeadersBeforeBody: the response headers reach the client as
+// soon as the upstream sent them and the filter passed them, before any
+// body (Envoy's router filter encodes headers downstream at once); the
+// upstream here sends no body until the client has its headers.
+func TestGatewayHeadersBeforeBody(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: first\n\n")
+	}))
+	defer up.Close()
+	url, client := startGateway(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-test-pick", up.Listener.Addr().String())
+	resp, err := client.Do(req) // would wait for the body, which waits for this
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Errorf("got %d %v", resp.StatusCode, resp.Header)
+	}
+	close(release)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(body) != "DATA: FIRST\n\n" {
+		t.Errorf("body %q", body)
+	}
+}
+
 func TestDestinations(t *testing.T) {
 	for _, tc := range []struct {
 		name, header, metadata string

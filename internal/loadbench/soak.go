@@ -10,7 +10,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,7 +47,20 @@ type SoakConfig struct {
 	// the soak measures concurrency, and on a loaded machine the 20 ms
 	// default turns CPU starvation into refused requests).
 	ProbeTimeout time.Duration
-	Logger       *slog.Logger
+	// Opening bounds the streams opening at once (default 1,024).
+	Opening int
+	// SteadyEvery paces the short requests sent during the hold, whose
+	// decisions are the steady-state figures (default 50 ms; negative:
+	// none).
+	SteadyEvery time.Duration
+	// ProfileDir, when set, receives a CPU profile of the ramp
+	// (ramp.cpu.prof) and goroutine dumps (goroutines-<s>s.txt, pprof's
+	// debug=1: stacks counted) every 20 s of the ramp and once in the hold:
+	// what the ramp waits on.
+	ProfileDir string
+	// Logger is the system's (the routers', workers', gateway's); Progress
+	// the soak's own (ramp progress, the limit raised; default Logger).
+	Logger, Progress *slog.Logger
 }
 
 // SoakResult is the soak's figures.
@@ -67,6 +83,18 @@ type SoakResult struct {
 	// DecisionP99us is the p99 of the global router's decision histogram
 	// over the run (interpolated within its buckets: 1, 2, 5, 10 ms…).
 	DecisionP99us float64 `json:"decision_p99_us"`
+	// Ramp* are the decisions made while the streams were opening
+	// (cfg.Opening at once); Steady* those of the paced short requests
+	// sent while all the streams were held (one every SteadyEvery), the
+	// decision of one request among thousands in flight. Interpolated
+	// within the histogram's buckets.
+	RampDecisionP50us   float64 `json:"ramp_decision_p50_us"`
+	RampDecisionP99us   float64 `json:"ramp_decision_p99_us"`
+	SteadyDecisions     int     `json:"steady_decisions"`
+	SteadyDecisionP50us float64 `json:"steady_decision_p50_us"`
+	SteadyDecisionP99us float64 `json:"steady_decision_p99_us"`
+	// SteadyFailed are the paced requests that got no response headers.
+	SteadyFailed int `json:"steady_failed"`
 	// LeakedRequests are the requests still in flight on the local routers
 	// after every stream ended (want 0).
 	LeakedRequests int `json:"leaked_requests"`
@@ -75,6 +103,8 @@ type SoakResult struct {
 	// CPUusPerStream is the process's CPU time per stream over the run.
 	CPUusPerStream float64 `json:"cpu_us_per_stream"`
 	Channel        bool    `json:"channel"`
+	// RampSeconds is how long opening the streams took.
+	RampSeconds float64 `json:"ramp_seconds"`
 	// FirstError is why the first failed stream failed.
 	FirstError string `json:"first_error,omitempty"`
 }
@@ -104,9 +134,25 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = time.Second
 	}
+	if cfg.Opening <= 0 {
+		cfg.Opening = 1024
+	}
+	if cfg.SteadyEvery == 0 {
+		cfg.SteadyEvery = 50 * time.Millisecond
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Progress == nil {
+		cfg.Progress = cfg.Logger
+	}
+	// Enough descriptors for every stream, or no soak at all: never a run
+	// that fails with "too many open files" halfway up the ramp.
+	fds, err := raiseFDLimit(sysFDLimit{}, cfg.Streams)
+	if err != nil {
+		return SoakResult{}, err
+	}
+	cfg.Progress.Info("soak: file-descriptor limit", "RLIMIT_NOFILE", fds, "need", SoakFDs(cfg.Streams))
 	// Sample the heap profile finely enough to attribute the streams'
 	// memory (restored at the end).
 	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
@@ -159,7 +205,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	)
 	ready := make(chan struct{}, cfg.Streams)
 	// Open at a bounded pace so the ramp itself is not a connect storm.
-	sem := make(chan struct{}, 1024)
+	sem := make(chan struct{}, cfg.Opening)
 	for i := range cfg.Streams {
 		wg.Add(1)
 		go func() {
@@ -184,34 +230,52 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 			}
 		}()
 	}
+	rampStart := time.Now()
+	stopProf := startProfiles(cfg.ProfileDir, cfg.Progress)
 	rampEnd := time.After(cfg.Ramp)
+	dump := time.NewTicker(20 * time.Second)
+	defer dump.Stop()
 	n := 0
 ramp:
 	for n < cfg.Streams {
 		select {
 		case <-ready:
 			n++
+		case <-dump.C:
+			dumpGoroutines(cfg.ProfileDir, time.Since(rampStart), cfg.Progress)
+			cfg.Progress.Info("soak: ramping", "streaming", n, "failed", failed.Load(), "elapsed", time.Since(rampStart).Round(time.Second))
 		case <-rampEnd:
 			break ramp
 		case <-ctx.Done():
+			stopProf()
 			return SoakResult{}, ctx.Err()
 		}
 		if int(failed.Load())+n >= cfg.Streams {
 			break
 		}
 	}
-	cfg.Logger.Info("soak: streams open", "streaming", n, "failed", failed.Load())
+	rampTook := time.Since(rampStart)
+	stopProf()
+	cfg.Progress.Info("soak: streams open", "streaming", n, "failed", failed.Load(), "ramp", rampTook.Round(time.Millisecond))
+	rampHist := decisionHist(sys)
 	held := time.NewTimer(cfg.Hold)
-	// Measure halfway through the hold (after the ramp's garbage is gone).
+	// Measure halfway through the hold (after the ramp's garbage is gone),
+	// the paced requests paused meanwhile.
+	steady := startSteady(sctx, hc, url, ucfg.Model, cfg.SteadyEvery)
 	select {
 	case <-time.After(cfg.Hold / 2):
 	case <-ctx.Done():
 	}
+	steady.pause(true)
+	dumpGoroutines(cfg.ProfileDir, time.Since(rampStart), cfg.Progress)
 	heap1, rheap1, gor1, router1 := measure()
+	steady.pause(false)
 	select {
 	case <-held.C:
 	case <-ctx.Done():
 	}
+	steadyN, steadyFailed := steady.stop()
+	steadyHist := decisionHist(sys).minus(rampHist)
 	cancel()
 	wg.Wait()
 	cpu := CPUTime() - cpu0
@@ -232,8 +296,13 @@ ramp:
 	}
 	res := SoakResult{
 		Streams: n, LeakedRequests: leaked, Failed: int(failed.Load()), Channel: cfg.Channel,
-		DecisionP99us: decisionP99(sys) * 1e6,
+		DecisionP99us:     decisionHist(sys).quantile(0.99) * 1e6,
+		RampDecisionP50us: rampHist.quantile(0.5) * 1e6, RampDecisionP99us: rampHist.quantile(0.99) * 1e6,
+		SteadyDecisions:     int(steadyHist.total),
+		SteadyDecisionP50us: steadyHist.quantile(0.5) * 1e6, SteadyDecisionP99us: steadyHist.quantile(0.99) * 1e6,
+		SteadyFailed: steadyFailed,
 	}
+	cfg.Progress.Info("soak: steady requests", "sent", steadyN, "failed", steadyFailed, "decisions", steadyHist.total)
 	if n > 0 {
 		res.AllHeapBytesPerStream = float64(int64(heap1)-int64(heap0)) / float64(n)
 		res.HeapBytesPerStream = float64(rheap1-rheap0) / float64(n)
@@ -241,6 +310,7 @@ ramp:
 		res.AllGoroutinesPerStream = float64(gor1-gor0) / float64(n)
 		res.CPUusPerStream = float64(cpu.Microseconds()) / float64(n)
 	}
+	res.RampSeconds = rampTook.Seconds()
 	if e := firstErr.Load(); e != nil {
 		res.FirstError = (*e).Error()
 	}
@@ -376,47 +446,166 @@ func measure() (heap uint64, routerHeap int64, goroutines, router int) {
 	return m.HeapAlloc, routerHeap, goroutines, router
 }
 
-// decisionP99 is the p99 of the global router's decision histogram, every
-// outcome merged, interpolated linearly within a bucket.
-func decisionP99(sys *up.System) float64 {
+// hist is the global router's decision histogram, every outcome merged:
+// cumulative counts per upper bound.
+type hist struct {
+	bounds []float64
+	counts []uint64
+	total  uint64
+}
+
+func decisionHist(sys *up.System) hist {
+	var h hist
 	mfs, err := sys.Registry.Gather()
 	if err != nil {
-		return math.NaN()
+		return h
 	}
-	var bounds []float64
-	var counts []uint64
-	var total uint64
 	for _, mf := range mfs {
 		if mf.GetName() != "kvgate_globalrouter_decision_duration_seconds" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			h := m.GetHistogram()
-			total += h.GetSampleCount()
-			addBuckets(&bounds, &counts, h)
+			ph := m.GetHistogram()
+			h.total += ph.GetSampleCount()
+			h.add(ph)
 		}
 	}
-	if total == 0 {
-		return 0
-	}
-	want := 0.99 * float64(total)
-	lo, prev := 0.0, uint64(0)
-	for i, b := range bounds {
-		if float64(counts[i]) >= want {
-			frac := (want - float64(prev)) / float64(counts[i]-prev)
-			return lo + frac*(b-lo)
-		}
-		lo, prev = b, counts[i]
-	}
-	return lo // past the last bucket: its bound
+	return h
 }
 
-func addBuckets(bounds *[]float64, counts *[]uint64, h *dto.Histogram) {
-	for i, b := range h.GetBucket() {
-		if i >= len(*bounds) {
-			*bounds = append(*bounds, b.GetUpperBound())
-			*counts = append(*counts, 0)
+func (h *hist) add(ph *dto.Histogram) {
+	for i, b := range ph.GetBucket() {
+		if i >= len(h.bounds) {
+			h.bounds = append(h.bounds, b.GetUpperBound())
+			h.counts = append(h.counts, 0)
 		}
-		(*counts)[i] += b.GetCumulativeCount()
+		h.counts[i] += b.GetCumulativeCount()
+	}
+}
+
+// minus is the observations of h not in an earlier snapshot of it.
+func (h hist) minus(earlier hist) hist {
+	out := hist{bounds: h.bounds, counts: make([]uint64, len(h.counts)), total: h.total - earlier.total}
+	for i := range h.counts {
+		out.counts[i] = h.counts[i]
+		if i < len(earlier.counts) {
+			out.counts[i] -= earlier.counts[i]
+		}
+	}
+	return out
+}
+
+// quantile interpolates linearly within the bucket holding quantile q (0
+// without observations; past the last bucket, its bound).
+func (h hist) quantile(q float64) float64 {
+	if h.total == 0 {
+		return 0
+	}
+	want := q * float64(h.total)
+	lo, prev := 0.0, uint64(0)
+	for i, b := range h.bounds {
+		if float64(h.counts[i]) >= want && h.counts[i] > prev {
+			frac := (want - float64(prev)) / float64(h.counts[i]-prev)
+			return lo + frac*(b-lo)
+		}
+		lo, prev = b, h.counts[i]
+	}
+	return lo
+}
+
+// steadyLoad sends one short streaming request every period while the
+// streams are held, each cancelled once its response headers came (its
+// decision made, on its worker): the decisions of the steady state.
+type steadyLoad struct {
+	paused       atomic.Bool
+	sent, failed atomic.Int64
+	wg           sync.WaitGroup
+	cancel       context.CancelFunc
+}
+
+func startSteady(ctx context.Context, hc *http.Client, url, model string, period time.Duration) *steadyLoad {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &steadyLoad{cancel: cancel}
+	if period < 0 {
+		return s
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if s.paused.Load() {
+				continue
+			}
+			s.sent.Add(1)
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				rctx, rcancel := context.WithCancel(ctx)
+				defer rcancel()
+				// Headers received: decided and on its worker; go away.
+				err := stream(rctx, hc, url, model, 1_000_000+i, rcancel)
+				if err != nil && ctx.Err() == nil {
+					s.failed.Add(1)
+				}
+			}()
+		}
+	}()
+	return s
+}
+
+func (s *steadyLoad) pause(p bool) { s.paused.Store(p) }
+
+// stop ends the paced requests and waits for them.
+func (s *steadyLoad) stop() (sent, failed int) {
+	s.cancel()
+	s.wg.Wait()
+	return int(s.sent.Load()), int(s.failed.Load())
+}
+
+// startProfiles starts a CPU profile into dir (none when dir is empty) and
+// returns its stop.
+func startProfiles(dir string, log *slog.Logger) (stop func()) {
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, "ramp.cpu.prof"))
+	if err != nil {
+		log.Warn("soak: cpu profile", "err", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		log.Warn("soak: cpu profile", "err", err)
+		f.Close()
+		return func() {}
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		})
+	}
+}
+
+// dumpGoroutines writes the goroutine profile (stacks counted) into dir.
+func dumpGoroutines(dir string, at time.Duration, log *slog.Logger) {
+	if dir == "" {
+		return
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("goroutines-%03.0fs.txt", at.Seconds())))
+	if err != nil {
+		log.Warn("soak: goroutine dump", "err", err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup("goroutine").WriteTo(f, 1); err != nil {
+		log.Warn("soak: goroutine dump", "err", err)
 	}
 }
