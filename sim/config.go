@@ -27,7 +27,6 @@ const (
 	TopologyDisagg = "disagg"
 )
 
-
 // Topology is one arrangement of the workers.
 type Topology struct {
 	Kind string

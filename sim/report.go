@@ -71,7 +71,7 @@ type Result struct {
 	// by cause (saturated, no_pool, unknown_model, forbidden, ...).
 	Rejected       int            `json:"rejected"`
 	DecideRejected map[string]int `json:"decide_rejected,omitempty"`
-	TTFTMS   Dist `json:"ttft_ms"`
+	TTFTMS         Dist           `json:"ttft_ms"`
 	// ITLMS is the mean inter-token latency of each request with more
 	// than one output token.
 	ITLMS Dist `json:"itl_ms"`
