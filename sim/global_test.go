@@ -182,18 +182,18 @@ func TestConfigReplayDisaggregated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Unique prompts of 4 blocks (256 tokens) and of 30 (1920 tokens).
+	// Unique prompts of 30 blocks (1920 tokens), and one prompt of 4
+	// blocks (256 tokens) over and over.
 	var lines []string
-	next := 1
+	next := 100
 	for i := range 120 {
-		n := 4
+		ids := []int{1, 2, 3, 4}
 		if i%3 == 0 {
-			n = 30
-		}
-		var ids []int
-		for range n {
-			ids = append(ids, next)
-			next++
+			ids = nil
+			for range 30 {
+				ids = append(ids, next)
+				next++
+			}
 		}
 		lines = append(lines, mooncakeLine(i*50, 8, ids...))
 	}
@@ -210,6 +210,12 @@ func TestConfigReplayDisaggregated(t *testing.T) {
 		if remote := w < 4; remote != long { // workers 0-3: the prefill pool
 			t.Errorf("request %d (%d tokens, uncached) prefilled on worker %d: want the prefill pool iff over the 1024-token threshold", i, tr.Requests[i].InputLength, w)
 		}
+	}
+	// The short prompt, prefilled on the decode workers, hits their
+	// caches: 76 of its 80 arrivals at least (4 workers may each miss
+	// once), 240 of its 256 tokens each (the last block is computed).
+	if min := float64(76*240) / float64(40*1920+80*256); r.HitRatio < min {
+		t.Errorf("hit ratio %.3f, want ≥ %.3f: the decode pool's local prefills hit", r.HitRatio, min)
 	}
 	for i, s := range r.BusySeconds {
 		if s <= 0 {

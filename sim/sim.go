@@ -429,6 +429,12 @@ func (r *run) complete(ctx context.Context, w *worker, c mocker.Completion) erro
 		})
 	case membership.RoleAggregated:
 		rec.cached = c.CachedTokens
+	case membership.RoleDecode:
+		if r.gr != nil && r.decodeOf[idx] == nil {
+			// A config replay's decode worker that prefilled locally (the
+			// chain did not pair a prefill worker): its cache served it.
+			rec.cached = c.CachedTokens
+		}
 	}
 	rec.first, rec.finish, rec.output = c.FirstToken, c.Finished, c.OutputTokens
 	rec.done = true
