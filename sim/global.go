@@ -60,7 +60,7 @@ type GlobalReplay struct {
 	Priorities []Share
 	// Router adjusts a pool's local-router configuration (nil: none).
 	// Each pool starts from localrouter.DefaultConfig with the pool's
-	// block size and Config.PredictedTTL.
+	// block size, its worker_chain and Config.PredictedTTL.
 	Router func(poolName string, c *localrouter.Config)
 	// Client, when set, makes the kvpool.Client the global router reaches a
 	// pool's local router through (default kvpool.NewLocal(r, address)): the
@@ -248,6 +248,7 @@ func (r *run) buildGlobal() error {
 		pc.Defaults()
 		rc := Policy{}.routerConfig(pc.BlockSize, cfg.PredictedTTL)
 		rc.OverlapScoreCredit, rc.PrefillLoadScale, rc.RouterTemperature = 1, 1, 0
+		rc.WorkerChain = pc.WorkerChain // empty: the default chain
 		if g.Router != nil {
 			g.Router(pc.Name, &rc)
 		}

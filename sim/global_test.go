@@ -335,3 +335,27 @@ func TestParseShares(t *testing.T) {
 		}
 	}
 }
+
+// A pool's worker_chain is its local router's: the config replay of one
+// pool with a prefix-only chain places requests as the flat replay of the
+// same chain does, and not as the default chain does.
+func TestConfigReplayWorkerChain(t *testing.T) {
+	tr := randomTrace(t, 300, 7)
+	base := Config{Trace: tr, Seed: 5, Workers: 4, KVTokens: 8192, Rate: 4}
+	pol, err := ParsePolicy("chain:prefix=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := base
+	flat.Policies = []Policy{pol, Dynamo()}
+	flatRep := runReport(t, flat)
+	cfg := base
+	cfg.Global = &GlobalReplay{Config: globalConfig(t, onePool+"    worker_chain: [{name: prefix, weight: 1}]\n"), Name: "chain.yaml"}
+	got := runReport(t, cfg).Results[0]
+	if diff := cmp.Diff(flatRep.Results[0].workers, got.workers); diff != "" {
+		t.Errorf("placements differ from the flat replay of the same chain (-flat +config):\n%s", diff)
+	}
+	if cmp.Equal(flatRep.Results[1].workers, got.workers) {
+		t.Error("the prefix-only chain placed every request as the default chain does: worker_chain ignored?")
+	}
+}
