@@ -35,11 +35,15 @@ type Topology struct {
 	// PrefillWorkers is the prefill pool's size in TopologyDisagg
 	// (Workers/2).
 	PrefillWorkers int
+	// Config names the configuration of TopologyConfig (Config.Global).
+	Config string
 }
 
 // Name is the topology as the report labels it, e.g. "pools=2".
 func (t Topology) Name() string {
 	switch t.Kind {
+	case TopologyConfig:
+		return TopologyConfig + ":" + t.Config
 	case TopologyPools:
 		return fmt.Sprintf("pools=%d", t.Pools)
 	case TopologyDisagg:
@@ -115,6 +119,10 @@ type Config struct {
 	// default, 10 s; negative: no predicted entries, the index is the KV
 	// events' alone).
 	PredictedTTL time.Duration
+	// Global, when set, replays a global router configuration (the real
+	// Decide, global.go) instead of Topologies × Policies: one simulation,
+	// topology "config:<Global.Name>".
+	Global *GlobalReplay
 	// Parallel is how many simulations run at once (1).
 	Parallel int
 	// Progress, when set, receives a progress bar.
@@ -133,6 +141,10 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Workers == 0 {
 		c.Workers = 8
+	}
+	if c.Global != nil {
+		c.Topologies = []Topology{{Kind: TopologyConfig, Config: c.Global.Name}}
+		c.Policies = []Policy{{Name: c.Global.label(), Kind: KindCost, Credit: 1, Scale: 1}}
 	}
 	if len(c.Topologies) == 0 {
 		c.Topologies = []Topology{{Kind: TopologyFlat}}
@@ -194,8 +206,14 @@ func (c Config) Validate() error {
 	case c.Speedup < 0:
 		return fmt.Errorf("%w: speedup %v is negative", ErrConfig, c.Speedup)
 	}
+	if c.Global != nil {
+		if err := c.Global.validate(c.Workers); err != nil {
+			return err
+		}
+	}
 	for _, t := range c.Topologies {
 		switch t.Kind {
+		case TopologyConfig:
 		case TopologyFlat:
 		case TopologyPools:
 			if t.Pools < 1 || c.Workers%t.Pools != 0 {

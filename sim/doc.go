@@ -27,6 +27,13 @@
 //     selection step (state-free BestWorker probes of every pool ranked by
 //     the global router's policies.Cost, lowest normalised cost first); a
 //     disaggregated prefill pool and decode pool.
+//   - The config replay (global.go, Config.Global): a global router
+//     configuration replayed through the real globalrouter.Router.Decide,
+//     its chain and pool policies, over in-process local routers
+//     (pool.Local) per configured pool; the decision's lease drives the
+//     lifecycle. One pool of N workers replays exactly as the flat topology.
+//   - Sweeps (sweep.go): every combination of named router parameters and
+//     chain arguments, and the Pareto front of mean/p99 TTFT vs hit ratio.
 //   - Policies (policy.go, ttft.go): random, round-robin, least-loaded,
 //     kv-overlap, Dynamo's default cost, kvgate's default (the
 //     predicted-TTFT scorer, "ttft:ext=…"), its form in Dynamo's cost

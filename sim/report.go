@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -65,9 +66,12 @@ type Result struct {
 	Topology  string `json:"topology"`
 	Policy    string `json:"policy"`
 	Completed int    `json:"completed"`
-	// Rejected requests could never fit in a worker's KV cache.
-	Rejected int  `json:"rejected"`
-	TTFTMS   Dist `json:"ttft_ms"`
+	// Rejected requests could never fit in a worker's KV cache, or (a
+	// config replay) were refused by Decide: DecideRejected counts those
+	// by cause (saturated, no_pool, unknown_model, forbidden, ...).
+	Rejected       int            `json:"rejected"`
+	DecideRejected map[string]int `json:"decide_rejected,omitempty"`
+	TTFTMS         Dist           `json:"ttft_ms"`
 	// ITLMS is the mean inter-token latency of each request with more
 	// than one output token.
 	ITLMS Dist `json:"itl_ms"`
@@ -98,14 +102,18 @@ type Result struct {
 func (r *Result) Label() string { return r.Topology + "/" + r.Policy }
 
 func newReport(cfg Config, wl *workload) *Report {
+	workers := cfg.Workers
+	if cfg.Global != nil {
+		workers = cfg.Global.totalWorkers(cfg.Workers)
+	}
 	rep := &Report{
 		Trace: cfg.TraceName, Requests: len(wl.reqs), Skipped: len(cfg.Trace.Skipped), Rate: cfg.Rate,
-		Workers: cfg.Workers, BlockSize: cfg.BlockSize, KVTokens: cfg.KVTokens, Seed: cfg.Seed,
+		Workers: workers, BlockSize: cfg.BlockSize, KVTokens: cfg.KVTokens, Seed: cfg.Seed,
 		EventDelayMS:   ms(cfg.EventDelay),
 		PredictedTTLMS: ms(max(0, cfg.routerConfig().PredictedTTL)),
 		OracleHitRatio: oracleHitRatio(wl),
 	}
-	rep.CapacityOracleHitRatio = capacityOracleHitRatio(wl, cfg.Workers*(cfg.KVTokens/cfg.BlockSize))
+	rep.CapacityOracleHitRatio = capacityOracleHitRatio(wl, workers*(cfg.KVTokens/cfg.BlockSize))
 	timing := mocker.DefaultTiming{Speedup: cfg.Speedup}
 	var un []float64
 	for _, r := range wl.reqs {
@@ -117,6 +125,9 @@ func newReport(cfg Config, wl *workload) *Report {
 
 func (r *run) result() *Result {
 	res := &Result{Topology: r.topo.Name(), Policy: r.policy.Name, EventsRejected: r.eventsRejected}
+	if len(r.decideErrors) > 0 {
+		res.DecideRejected = maps.Clone(r.decideErrors)
+	}
 	var ttft, itl, e2e []float64
 	var prompt, cached, out int64
 	var first, last time.Time

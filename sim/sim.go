@@ -10,13 +10,16 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
+	kvpool "github.com/kvgate/kvgate/pool"
 )
 
 var discardLogger = slog.New(slog.DiscardHandler)
@@ -184,7 +187,33 @@ type run struct {
 	rates map[*pool]*arrivalRate
 
 	eventsRejected int
+
+	// vnow is now in unix nanoseconds, for the clocks of the routers
+	// (read from the global router's probe goroutines).
+	vnow atomic.Int64
+
+	// The config replay (TopologyConfig, global.go): the global router,
+	// its clients of the pools' routers, each request's lease and, when
+	// disaggregated, its decode worker.
+	gr           *globalrouter.Router
+	clients      map[string]kvpool.Client
+	byPool       map[string]*pool
+	leases       []globalrouter.Lease
+	decodeOf     []*worker
+	models       []Share
+	decideErrors map[string]int
 }
+
+// clock is the simulation's virtual now, safe to read from any goroutine.
+func (r *run) clock() time.Time { return time.Unix(0, r.vnow.Load()) }
+
+func (r *run) setNow(t time.Time) {
+	r.now = t
+	r.vnow.Store(t.UnixNano())
+}
+
+// newRand is a random source of the run's seed and stream.
+func newRand(seed, stream uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, stream)) }
 
 func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, policy Policy, prog *progress) (*Result, error) {
 	r := &run{
@@ -195,14 +224,21 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 		routerRand: rand.New(rand.NewPCG(cfg.Seed, 2)),
 		prog:       prog,
 	}
-	if err := r.buildPools(); err != nil {
-		return nil, err
+	r.setNow(epoch)
+	build := r.buildPools
+	if topo.Kind == TopologyConfig {
+		build = r.buildGlobal
 	}
+	err := build()
 	defer func() {
+		r.closeGlobal()
 		for _, p := range r.pools {
 			p.router.Close()
 		}
 	}()
+	if err != nil {
+		return nil, err
+	}
 	for i, req := range wl.reqs {
 		r.push(event{t: epoch.Add(req.Arrival), kind: evArrival, idx: i})
 	}
@@ -213,11 +249,15 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 			}
 		}
 		e := heap.Pop(&r.q).(event)
-		r.now = e.t
+		r.setNow(e.t)
 		var err error
 		switch e.kind {
 		case evArrival:
-			err = r.arrive(ctx, e.idx)
+			if r.gr != nil {
+				err = r.arriveGlobal(ctx, e.idx)
+			} else {
+				err = r.arrive(ctx, e.idx)
+			}
 		case evWake:
 			if !e.w.wake.Equal(e.t) {
 				continue // superseded
@@ -234,6 +274,16 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 	for i := range r.recs {
 		if !r.recs[i].done && !r.recs[i].rejected {
 			return nil, fmt.Errorf("%s/%s: request on line %d never finished", topo.Name(), policy.Name, wl.reqs[i].Line)
+		}
+	}
+	if r.gr != nil {
+		// Every lease ended: nothing may stay on the local routers.
+		for _, p := range r.pools {
+			n := 0
+			p.router.Active().Loads(func(localrouter.WorkerKey, localrouter.WorkerLoad) { n++ })
+			if n > 0 {
+				return nil, fmt.Errorf("%s: %d workers of pool %q still have requests on their router after the replay", topo.Name(), n, p.name)
+			}
 		}
 	}
 	return r.result(), nil
@@ -286,7 +336,13 @@ func (r *run) submit(ctx context.Context, w *worker, idx int, req mocker.Request
 		if !errors.Is(err, mocker.ErrTooLong) {
 			return err
 		}
-		_ = w.pool.router.Free(ctx, req.ID)
+		if r.gr != nil {
+			if err := r.leases[idx].Free(ctx); err != nil {
+				return err
+			}
+		} else {
+			_ = w.pool.router.Free(ctx, req.ID)
+		}
 		r.recs[idx].rejected = true
 		r.prog.add(1)
 		return nil
@@ -308,14 +364,32 @@ func (r *run) step(ctx context.Context, w *worker) error {
 	}
 	rt := w.pool.router
 	for _, tk := range res.Tokens {
-		if tk.Index == 0 {
-			if err := rt.MarkPrefillComplete(ctx, tk.RequestID); err != nil {
-				return err
-			}
+		if tk.Index != 0 {
+			continue
+		}
+		var err error
+		switch {
+		case r.gr == nil:
+			err = rt.MarkPrefillComplete(ctx, tk.RequestID)
+		case w.pool.role != membership.RolePrefill:
+			// The client's first token: the lease marks the decode (or
+			// aggregated) worker's prefill done and frees the prefill
+			// worker's part, as the ext_proc server does.
+			err = r.leases[requestIndex(tk.RequestID)].PrefillComplete(ctx)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	for _, c := range res.Completed {
-		if err := rt.Free(ctx, c.RequestID); err != nil {
+		var err error
+		switch {
+		case r.gr == nil:
+			err = rt.Free(ctx, c.RequestID)
+		case w.pool.role != membership.RolePrefill:
+			err = r.leases[requestIndex(c.RequestID)].Free(ctx)
+		}
+		if err != nil {
 			return err
 		}
 		if err := r.complete(ctx, w, c); err != nil {
@@ -341,15 +415,26 @@ func (r *run) complete(ctx context.Context, w *worker, c mocker.Completion) erro
 		// The prompt's KV is computed: hand the request to the decode pool,
 		// which receives the KV and produces the tokens the client sees.
 		rec.cached = c.CachedTokens
-		dw, err := r.choose(ctx, r.candidates(true), idx, c.RequestID)
-		if err != nil {
-			return err
+		var dw *worker
+		if r.gr != nil {
+			dw = r.decodeOf[idx] // the decision paired it
+		} else {
+			var err error
+			if dw, err = r.choose(ctx, r.candidates(true), idx, c.RequestID); err != nil {
+				return err
+			}
 		}
 		return r.submit(ctx, dw, idx, mocker.Request{
 			ID: c.RequestID, Tokens: r.wl.tokens(idx), MaxTokens: r.wl.reqs[idx].OutputLength, RemotePrefill: true,
 		})
 	case membership.RoleAggregated:
 		rec.cached = c.CachedTokens
+	case membership.RoleDecode:
+		if r.gr != nil && r.decodeOf[idx] == nil {
+			// A config replay's decode worker that prefilled locally (the
+			// chain did not pair a prefill worker): its cache served it.
+			rec.cached = c.CachedTokens
+		}
 	}
 	rec.first, rec.finish, rec.output = c.FirstToken, c.Finished, c.OutputTokens
 	rec.done = true

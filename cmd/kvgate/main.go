@@ -28,10 +28,10 @@ func commands() []command {
 		{"localrouter", "run one pool's local router (gRPC)", runLocalRouter},
 		{"mocker", "run a simulated inference engine (OpenAI API, KV events)", runMocker},
 		{"relay", "relay a vLLM/SGLang ZMQ KV-event stream to NATS", runRelay},
-		{"replay", "replay a trace against simulated workers and compare policies", runReplay},
+		{"replay", "replay a trace against simulated workers: compare policies, replay a configuration (--config), sweep parameters (--sweep)", runReplay},
 		{"tokenize", "print the token ids and block hashes the router computes for a request body (stdin)", runTokenize},
 		{"bench", "run the built-in micro-benchmarks and print the figures (-chaos: the load-and-chaos run)", runBench},
-		{"policy", "check a global router configuration: the chain it builds, each pool's policy section (exit status 0/1/2)", runPolicy},
+		{"policy", "check a global router configuration (the chain it builds, each pool's policy section; exit status 0/1/2), or replay it on a trace", runPolicy},
 	}
 }
 

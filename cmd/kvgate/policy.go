@@ -26,23 +26,38 @@ var errCheckFailed = errors.New("check failed")
 // runPolicy is `kvgate policy SUBCOMMAND`: check (validate a global router
 // configuration and show what it builds). Exit status: 0 valid, 1 invalid,
 // 2 bad usage.
-func runPolicy(_ context.Context, args []string) error {
-	return policyCmd(args, os.Stdout, os.Stderr)
+func runPolicy(ctx context.Context, args []string) error {
+	return policyCmd(ctx, args, os.Stdout, os.Stderr)
 }
 
-func policyCmd(args []string, stdout, stderr io.Writer) error {
+const policyUsage = "usage: kvgate policy check [-shadow-config FILE] CONFIG (one or more)\n       kvgate policy replay CONFIG --trace T|--generate G [kvgate replay flags]"
+
+func policyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &usageError{errors.New("usage: kvgate policy check [-shadow-config FILE] CONFIG (one or more)")}
+		return &usageError{errors.New(policyUsage)}
 	}
 	switch args[0] {
 	case "check":
 		return policyCheck(args[1:], stdout, stderr)
 	case "replay":
-		// The replay (kvgate replay) runs its own policy sets over
-		// simulated workers; it cannot run a configuration file yet.
-		return &usageError{errors.New("replay: not available: kvgate replay cannot run a global router configuration yet; use kvgate replay's own policy sets")}
+		return policyReplay(ctx, args[1:], stdout, stderr)
 	}
-	return &usageError{fmt.Errorf("unknown policy subcommand %q (want check)", args[0])}
+	return &usageError{fmt.Errorf("unknown policy subcommand %q (want check or replay)", args[0])}
+}
+
+// policyReplay is `kvgate policy replay CONFIG [flags]`: kvgate replay
+// --config CONFIG [flags], the configuration replayed through the real
+// Decide against simulated workers (docs/replay.md).
+func policyReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return &usageError{errors.New("replay: the configuration file comes first: " + policyUsage)}
+	}
+	for _, a := range args[1:] {
+		if a == "--config" || a == "-config" || strings.HasPrefix(a, "--config=") || strings.HasPrefix(a, "-config=") {
+			return &usageError{errors.New("replay: the configuration is the first argument; --config does not apply")}
+		}
+	}
+	return replayCmd(ctx, "policy replay", append([]string{"--config", args[0]}, args[1:]...), stdout, stderr)
 }
 
 func policyCheck(args []string, stdout, stderr io.Writer) error {

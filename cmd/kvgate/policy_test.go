@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -33,12 +35,14 @@ func TestPolicyCheck(t *testing.T) {
 		{"one-bad-of-two", []string{"check", "testdata/policy/good.yaml", "testdata/policy/unknown-field.yaml"}, 1},
 		{"no-file", []string{"check"}, 2},
 		{"unknown-flag", []string{"check", "-strict", "x.yaml"}, 2},
-		{"replay", []string{"replay", "testdata/policy/good.yaml", "--trace", "t.jsonl"}, 2},
+		{"replay-no-file", []string{"replay", "--trace", "t.jsonl"}, 2},
+		{"replay-config-twice", []string{"replay", "testdata/policy/good.yaml", "--config", "x.yaml"}, 2},
+		{"replay-bad-file", []string{"replay", "testdata/policy/unknown-field.yaml", "--trace", "t.jsonl"}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			err := policyCmd(tt.args, &stdout, &stderr)
+			err := policyCmd(context.Background(), tt.args, &stdout, &stderr)
 			if got := exitStatus(err); got != tt.status {
 				t.Errorf("exit status %d (err %v), want %d", got, err, tt.status)
 			}
@@ -73,12 +77,75 @@ func TestPolicyCheckExamples(t *testing.T) {
 		t.Fatalf("examples: %v, %v", files, err)
 	}
 	var stdout, stderr bytes.Buffer
-	if err := policyCmd(append([]string{"check"}, files...), &stdout, &stderr); err != nil {
+	if err := policyCmd(context.Background(), append([]string{"check"}, files...), &stdout, &stderr); err != nil {
 		t.Fatalf("%v\n%s%s", err, stdout.String(), stderr.String())
 	}
 	for _, f := range files {
 		if !strings.Contains(stdout.String(), f+": ok\n") {
 			t.Errorf("no %q line in:\n%s", f+": ok", stdout.String())
+		}
+	}
+}
+
+// TestPolicyReplay replays a configuration through the real Decide: the
+// report names the configuration as the topology and every request is
+// accounted for.
+func TestPolicyReplay(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := policyCmd(context.Background(), []string{"replay", "testdata/policy/good.yaml",
+		"--generate", "agentic:sessions=6,max_turns=3,seed=2", "--max-requests", "40", "--workers", "4",
+		"--pool-workers", "pool-a=1", "--models", "llama-3-8b=1", "--json"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Requests int `json:"requests"`
+		Workers  int `json:"workers"`
+		Results  []struct {
+			Topology  string `json:"topology"`
+			Policy    string `json:"policy"`
+			Completed int    `json:"completed"`
+			Rejected  int    `json:"rejected"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, stdout.String())
+	}
+	if len(rep.Results) != 1 || rep.Workers != 4 {
+		t.Fatalf("report: %+v", rep)
+	}
+	r := rep.Results[0]
+	if r.Topology != "config:good.yaml" || r.Policy != "chain" || r.Completed == 0 || r.Completed+r.Rejected != rep.Requests {
+		t.Fatalf("result %+v of %d requests", r, rep.Requests)
+	}
+	// kvgate replay --config is the same replay.
+	var again bytes.Buffer
+	err = replayCmd(context.Background(), "replay", []string{"--config", "testdata/policy/good.yaml",
+		"--generate", "agentic:sessions=6,max_turns=3,seed=2", "--max-requests", "40", "--workers", "4",
+		"--pool-workers", "pool-a=1", "--models", "llama-3-8b=1", "--json"}, &again, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strip := func(b []byte) string { // the wall-clock part differs
+		i := bytes.Index(b, []byte(`"replay":`))
+		return string(b[:i])
+	}
+	if strip(again.Bytes()) != strip(stdout.Bytes()) {
+		t.Error("kvgate replay --config and kvgate policy replay differ")
+	}
+}
+
+func TestReplayFlagConflicts(t *testing.T) {
+	for _, args := range [][]string{
+		{"--config", "testdata/policy/good.yaml", "--generate", "agentic", "--topology", "pools"},
+		{"--config", "testdata/policy/good.yaml", "--generate", "agentic", "--policies", "dynamo"},
+		{"--generate", "agentic", "--models", "a=1"},
+		{"--generate", "agentic", "--sweep", "credit=1;nope=2"},
+		{"--config", "testdata/policy/good.yaml", "--generate", "agentic", "--pool-workers", "pool-z=1"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := replayCmd(context.Background(), "replay", args, &stdout, &stderr); err == nil {
+			t.Errorf("replay %v: no error", args)
 		}
 	}
 }

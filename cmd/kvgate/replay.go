@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,15 +12,27 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/sim"
 )
 
 // runReplay replays a trace against simulated workers and compares routing
-// policies (sim.Run).
+// policies (sim.Run), replays a global router configuration (--config), or
+// sweeps parameters (--sweep, sim.Sweep).
 func runReplay(ctx context.Context, args []string) error {
-	fs := config.NewFlagSet("replay", os.Stderr)
+	return replayCmd(ctx, "replay", args, os.Stdout, os.Stderr)
+}
+
+// replayCmd is kvgate replay (cmdName: the command that runs it, for usage).
+func replayCmd(ctx context.Context, cmdName string, args []string, stdout, stderr io.Writer) error {
+	fs := config.NewFlagSet(cmdName, stderr)
 	var (
+		configPath  = fs.String("config", "", "replay this global router configuration (the real Decide: its pools, chain and pool policies) instead of --topology × --policies")
+		poolWorkers = fs.String("pool-workers", "", "with --config: workers per pool, name=N,... (pools not named share --workers evenly)")
+		models      = fs.String("models", "", "with --config: spread requests over models, name=weight,... (default: the configuration's first model)")
+		priorityMix = fs.String("priority-mix", "", "with --config: spread requests over x-kvgate-priority values, priority=weight,... (default: no header)")
+		sweep       = fs.String("sweep", "", "run every combination of named parameters and print the Pareto front, e.g. 'credit=1,2,4,8;scale=1,4,8' (credit, scale, temp, predicted_ttl; with --config also chain.POLICY.KEY)")
 		tracePath   = fs.String("trace", "", "trace file: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or a JSONL of prompts (text or token_ids)")
 		generate    = fs.String("generate", "", "replay a generated trace instead of --trace: agentic or agentic:key=value,... (docs/replay.md)")
 		generateOut = fs.String("generate-out", "", "also write the generated trace to this file as Mooncake JSONL")
@@ -49,7 +62,15 @@ func runReplay(ctx context.Context, args []string) error {
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
+	onCLI := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })
 	switch {
+	case *configPath != "" && (onCLI["topology"] || onCLI["policies"]):
+		return errors.New("--config replays the configuration's pools and chain: --topology and --policies do not apply")
+	case *configPath == "" && (*poolWorkers != "" || *models != "" || *priorityMix != ""):
+		return errors.New("--pool-workers, --models and --priority-mix need --config")
+	case *sweep != "" && onCLI["policies"]:
+		return errors.New("--sweep makes its own cost policies: --policies does not apply")
 	case *tracePath == "" && *generate == "":
 		return errors.New("--trace or --generate is required")
 	case *tracePath != "" && *generate != "":
@@ -77,6 +98,35 @@ func runReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	var global *sim.GlobalReplay
+	if *configPath != "" {
+		gc, err := globalrouter.LoadConfig(*configPath, nil)
+		if err != nil {
+			return err
+		}
+		global = &sim.GlobalReplay{Config: gc, Name: filepath.Base(*configPath)}
+		if *poolWorkers != "" {
+			if global.PoolWorkers, err = sim.ParsePoolWorkers(*poolWorkers); err != nil {
+				return fmt.Errorf("--pool-workers: %w", err)
+			}
+		}
+		if *models != "" {
+			if global.Models, err = sim.ParseShares("--models", *models); err != nil {
+				return err
+			}
+		}
+		if *priorityMix != "" {
+			if global.Priorities, err = sim.ParseShares("--priority-mix", *priorityMix); err != nil {
+				return err
+			}
+		}
+	}
+	var sweepParams []sim.SweepParam
+	if *sweep != "" {
+		if sweepParams, err = sim.ParseSweep(*sweep); err != nil {
+			return fmt.Errorf("--sweep: %w", err)
+		}
+	}
 	var trace *sim.Trace
 	name := filepath.Base(*tracePath)
 	if *generate != "" {
@@ -99,7 +149,7 @@ func runReplay(ctx context.Context, args []string) error {
 			return err
 		}
 		for _, le := range trace.Skipped {
-			fmt.Fprintf(os.Stderr, "kvgate replay: %s: skipped %v\n", *tracePath, le)
+			fmt.Fprintf(stderr, "kvgate replay: %s: skipped %v\n", *tracePath, le)
 		}
 	}
 	var prog io.Writer
@@ -113,12 +163,32 @@ func runReplay(ctx context.Context, args []string) error {
 	if pttl == 0 {
 		pttl = -1
 	}
-	rep, err := sim.Run(ctx, sim.Config{
+	cfg := sim.Config{
 		Trace: trace, TraceName: name, Rate: r, MaxRequests: *maxRequests, Seed: *seed,
 		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens, CPUKVTokens: *cpuTokens,
 		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay, PredictedTTL: pttl,
-		Parallel: *parallel, Progress: prog,
-	})
+		Parallel: *parallel, Progress: prog, Global: global,
+	}
+	if sweepParams != nil {
+		if *plot != "" {
+			return errors.New("--plot does not apply to --sweep")
+		}
+		cfg.Progress = nil // one bar per combination would interleave
+		sw, err := sim.Sweep(ctx, cfg, sweepParams)
+		if err != nil {
+			return err
+		}
+		if *jsonOut != "" {
+			if err := writeFile(*jsonOut, sw.WriteJSON); err != nil {
+				return err
+			}
+		}
+		if *asJSON {
+			return sw.WriteJSON(stdout)
+		}
+		return sw.WriteTable(stdout)
+	}
+	rep, err := sim.Run(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -134,9 +204,9 @@ func runReplay(ctx context.Context, args []string) error {
 		}
 	}
 	if *asJSON {
-		return rep.WriteJSON(os.Stdout)
+		return rep.WriteJSON(stdout)
 	}
-	return rep.WriteTable(os.Stdout)
+	return rep.WriteTable(stdout)
 }
 
 func isTerminal(f *os.File) bool {
