@@ -87,7 +87,7 @@ func TestCommitWithoutWorkerAllowedExcluded(t *testing.T) {
 		want   string
 	}{
 		{"no restriction: the cached worker", "", client.CommitOptions{}, "w-0"},
-		{"the cached worker excluded", "", client.CommitOptions{ExcludedAddresses: []string{ws[0].Address}}, "w-1"},
+		{"the cached worker excluded (and w-2)", "", client.CommitOptions{ExcludedAddresses: []string{ws[0].Address, ws[2].Address}}, "w-1"},
 		{"allowed less excluded", "", client.CommitOptions{AllowedAddresses: []string{ws[0].Address, ws[2].Address}, ExcludedAddresses: []string{ws[0].Address}}, "w-2"},
 		{"a named worker ignores both", "w-0", client.CommitOptions{AllowedAddresses: []string{ws[1].Address}, ExcludedAddresses: []string{ws[0].Address}}, "w-0"},
 	} {
