@@ -19,28 +19,48 @@ import (
 
 // commit records the request on the best-ranked candidate whose local
 // router takes the commit, in rank order; the candidates after it are the
-// fallbacks. The commit is pipelined: sent on the Track stream, not waited
-// for, so the decision costs one round trip to the local routers (the
-// probe), not two. A commit that cannot be sent (no router, a broken
-// connection) moves on to the next candidate as before; one the router
-// refuses after the decision was made (the worker left, say) is counted,
-// logged, and surfaces on the lease (ErrCommitRefused): the request still
-// goes to the worker the probe chose, unaccounted on its local router
-// (BENCHMARKS.md, ext_proc decision section, weighs the trade).
+// fallbacks.
+//
+// With probe.commit: decide (the default) the commit is a
+// decide-and-commit (pool.Pool.Decide): the winning pool's local router
+// chooses the worker and records the request in one call, within the
+// request's subset less the workers passive health ejected, and the
+// decision waits for its answer (bounded by the router's probe deadline).
+// That answer is the Primary, and the same-pool fallbacks are computed
+// from it: a burst of identical prompts, which all probed the same idle
+// state, is spread by the router's own accounting instead of herding onto
+// the worker the probes named. A refused commit (no worker left in the
+// bounds, an unknown request shape, a router that cannot be reached)
+// moves on to the next ranked pool; a commit with no answer in time, or
+// an answer outside the bounds (a router older than the bounds), falls
+// back to the pipelined commit of the probed worker on the same pool.
+//
+// With probe.commit: pipelined the commit of the probed worker is sent on
+// the request's stream and not waited for, so the decision costs one
+// round trip to the local routers (the probe), not two, but probes can
+// race ahead of commits and herd (BENCHMARKS.md, round 2). A commit that
+// cannot be sent moves on to the next candidate; one the router refuses
+// after the decision was made (the worker left, say) is counted, logged,
+// and surfaces on the lease (ErrCommitRefused): the request still goes to
+// the worker the probe chose, unaccounted on its local router.
 func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, pinned bool) (*Decision, error) {
 	var refused []string
+	decide := st.cfg.Probe.Commit != CommitPipelined
 	for i, c := range ranked {
 		pe := st.byName[c.Pool]
 		if pe == nil { // a policy made up a candidate
 			return nil, fmt.Errorf("%w: the chain ranked pool %q, which the configuration lacks", ErrNoPool, c.Pool)
 		}
 		l := &lease{}
-		_, csp := r.span(ctx, "kvgate.commit", attribute.String("kvgate.pool", c.Pool), attribute.String("kvgate.worker_id", c.Probe.WorkerID))
-		tr, err := pe.p.CommitAsync(ctx, c.Probe.Router, pool.Commit{
-			RequestID: p.id, WorkerID: c.Probe.WorkerID, DPRank: c.Probe.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
-		}, traced(csp, r.committed(p.id, c.Pool, c.Probe.WorkerID, &l.mainRefused)))
+		serial := decide && !pinned && c.Prefill == nil && i+1 < len(ranked)
+		if serial {
+			r.recheckMu.Lock()
+		}
+		tr, sel, note, err := r.place(ctx, pe, p, c.Probe, decide, &l.mainRefused)
 		if err != nil {
-			endSpan(csp, err)
+			if serial {
+				r.recheckMu.Unlock()
+			}
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -52,26 +72,148 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			}
 			continue
 		}
-		d := &Decision{Primary: endpoint(c.Pool, c.Probe), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: l, DPRankBodyField: pe.cfg.DPRankBodyField}
-		d.Fallbacks = r.fallbacks(st, p, d.Primary, ranked[i+1:])
+		var notes []string
+		if note != "" {
+			notes = append(notes, note)
+		}
+		rest := ranked[i+1:]
+		if serial && note == "" && sel.Cost > c.Probe.Cost {
+			// The pool got busier between its probe and its commit
+			// (decisions made on the same idle state landed first): the
+			// chain decides again on the fresher answer.
+			var moved string
+			c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
+			if moved != "" {
+				notes = append(notes, moved)
+				pe = st.byName[c.Pool]
+			}
+		}
+		if serial {
+			r.recheckMu.Unlock()
+		}
+		d := &Decision{Primary: endpoint(c.Pool, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: l, DPRankBodyField: pe.cfg.DPRankBodyField}
+		d.Fallbacks = r.fallbacks(st, p, d.Primary, rest)
 		l.main = r.movableTracker(p, tr, len(d.Fallbacks))
 		if c.Prefill != nil {
-			if err := r.commitPrefill(ctx, st, p, c.Prefill, l, d); err != nil {
+			if pnote, err := r.commitPrefill(ctx, st, p, c.Prefill, decide, l, d); err != nil {
 				// The decode worker prefills locally rather than failing
 				// a request it can serve.
 				r.m.refusedCommits.WithLabelValues(c.Prefill.Pool).Inc()
 				r.log.Warn("prefill commit refused; the decode worker prefills", "request_id", p.id, "pool", c.Prefill.Pool, "err", err)
 				refused = append(refused, fmt.Sprintf("prefill %s/%s: %v", c.Prefill.Pool, c.Prefill.Probe.WorkerID, err))
+			} else if pnote != "" {
+				notes = append(notes, pnote)
 			}
 		}
 		if trace != nil {
-			d.Explanation = explain(p, results, ranked[i:], trace, refused)
+			shown := append([]policies.Candidate{c}, rest...)
+			shown[0].Probe = sel
+			if shown[0].Prefill != nil && d.Prefill != nil {
+				pc := *shown[0].Prefill
+				pc.Probe = d.Prefill.Selection
+				shown[0].Prefill = &pc
+			}
+			d.Explanation = explain(p, results, shown, trace, refused)
+			if decide && sel.WorkerID != c.Probe.WorkerID {
+				d.Explanation += fmt.Sprintf("; decide-and-commit: %s chose worker %s (its probe had named %s)", c.Pool, sel.WorkerID, c.Probe.WorkerID)
+			}
+			for _, n := range notes {
+				d.Explanation += "; " + n
+			}
 			r.log.Debug("decision", "request_id", p.id, "explanation", d.Explanation)
 		}
 		return d, nil
 	}
 	return nil, &Refusal{Kind: ErrNoPool, Reason: "no_pool_reachable", Public: "no pool took the request; retry later",
 		Err: fmt.Errorf("every ranked pool refused the commit: %v", refused)}
+}
+
+// recheck runs the chain again over the committed pool's fresh answer and
+// the other candidates' probes (rest). When another pool now ranks first
+// it is committed too (decide-and-commit), the chain ranks the two fresh
+// answers, and the loser's commit is freed: at most one move, one commit
+// and one free more, and only when the first pool's state changed under
+// the decision (a burst that probed the same state). Rechecks are
+// serialised (Router.recheckMu), so no recheck sees another's request held
+// twice. It returns the candidate kept, its tracker and selection, the
+// other candidates in rank order (the fallbacks) and, when the request
+// moved, a note.
+func (r *Router) recheck(ctx context.Context, st *state, p *prepared, c policies.Candidate, tr pool.Tracker, sel routing.Selection, rest []policies.Candidate) (policies.Candidate, pool.Tracker, routing.Selection, []policies.Candidate, string) {
+	first := c
+	first.Probe = sel
+	again, err := st.chain.Rank(&p.view, append([]policies.Candidate{first}, rest...), nil)
+	if err != nil || len(again) == 0 || again[0].Pool == c.Pool || again[0].Prefill != nil {
+		return c, tr, sel, rest, ""
+	}
+	alt := again[0]
+	ape := st.byName[alt.Pool]
+	if ape == nil {
+		return c, tr, sel, rest, ""
+	}
+	atr, asel, note, err := r.place(ctx, ape, p, alt.Probe, true, nil)
+	if err != nil || note != "" {
+		if atr != nil {
+			_ = atr.Free(ctx)
+		}
+		return c, tr, sel, rest, ""
+	}
+	fresh := alt
+	fresh.Probe = asel
+	final, err := st.chain.Rank(&p.view, []policies.Candidate{first, fresh}, nil)
+	if err != nil || len(final) == 0 || final[0].Pool != alt.Pool {
+		_ = atr.Free(ctx)
+		return c, tr, sel, rest, ""
+	}
+	_ = tr.Free(ctx)
+	others := []policies.Candidate{c}
+	for _, o := range rest {
+		if o.Pool != alt.Pool {
+			others = append(others, o)
+		}
+	}
+	return alt, atr, asel, others, fmt.Sprintf("moved from %s (worker %s, cost %.4g at its commit, %.4g at its probe) to %s (worker %s, cost %.4g at its commit)",
+		c.Pool, sel.WorkerID, sel.Cost, c.Probe.Cost, alt.Pool, asel.WorkerID, asel.Cost)
+}
+
+// place records request p on pool pe, whose probe named probed: a
+// decide-and-commit when decide (the answer is the worker the request goes
+// to), else the pipelined commit of the probed worker (probed itself is
+// the answer; into receives its later refusal). A decide-and-commit with no
+// answer in time or an answer outside the request's bounds falls back to
+// the pipelined commit, and note says so; any other error of it is the
+// router's refusal, or a commit that could not be sent, and moves the
+// decision on to the next candidate.
+func (r *Router) place(ctx context.Context, pe *poolEntry, p *prepared, probed routing.Selection, decide bool, into *atomic.Pointer[error]) (tr pool.Tracker, sel routing.Selection, note string, err error) {
+	mode := string(CommitPipelined)
+	if decide {
+		mode = string(CommitDecide)
+	}
+	_, csp := r.span(ctx, "kvgate.commit", attribute.String("kvgate.pool", pe.cfg.Name), attribute.String("kvgate.commit_mode", mode), attribute.String("kvgate.worker_id", probed.WorkerID))
+	if decide {
+		tr, sel, err = pe.p.Decide(ctx, probed.Router, pool.Commit{RequestID: p.id, Prompt: p.prompt(pe.cfg.BlockSize)})
+		if err == nil {
+			endSpan(csp, nil, attribute.String("kvgate.chosen_worker_id", sel.WorkerID))
+			if sel.BlockSize == 0 {
+				sel.BlockSize = pe.cfg.BlockSize
+			}
+			sel.ISL = len(p.tokens)
+			return tr, sel, "", nil
+		}
+		if ctx.Err() != nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, pool.ErrOutOfBounds)) {
+			endSpan(csp, err)
+			return nil, routing.Selection{}, "", err
+		}
+		r.log.Warn("decide-and-commit fell back to the pipelined commit of the probed worker", "request_id", p.id, "pool", pe.cfg.Name, "worker_id", probed.WorkerID, "err", err)
+		note = fmt.Sprintf("decide-and-commit on %s fell back to the probed worker (%v)", pe.cfg.Name, err)
+	}
+	tr, err = pe.p.CommitAsync(ctx, probed.Router, pool.Commit{
+		RequestID: p.id, WorkerID: probed.WorkerID, DPRank: probed.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
+	}, traced(csp, r.committed(p.id, pe.cfg.Name, probed.WorkerID, into)))
+	if err != nil {
+		endSpan(csp, err)
+		return nil, routing.Selection{}, "", err
+	}
+	return tr, probed, note, nil
 }
 
 // fallbacks are where Envoy may retry when primary refuses connections:
@@ -105,23 +247,22 @@ func (r *Router) fallbacks(st *state, p *prepared, primary Endpoint, rest []poli
 	return out
 }
 
-// commitPrefill commits the request on the prefill candidate c and sets
-// the lease's and the decision's prefill halves.
-func (r *Router) commitPrefill(ctx context.Context, st *state, p *prepared, c *policies.Candidate, l *lease, d *Decision) error {
+// commitPrefill commits the request on the prefill candidate c (a
+// decide-and-commit when decide, as the main commit) and sets the lease's
+// and the decision's prefill halves; note is place's.
+func (r *Router) commitPrefill(ctx context.Context, st *state, p *prepared, c *policies.Candidate, decide bool, l *lease, d *Decision) (string, error) {
 	pe := st.byName[c.Pool]
 	if pe == nil {
-		return fmt.Errorf("the chain paired prefill pool %q, which the configuration lacks", c.Pool)
+		return "", fmt.Errorf("the chain paired prefill pool %q, which the configuration lacks", c.Pool)
 	}
-	tr, err := pe.p.CommitAsync(ctx, c.Probe.Router, pool.Commit{
-		RequestID: p.id, WorkerID: c.Probe.WorkerID, DPRank: c.Probe.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
-	}, r.committed(p.id, c.Pool, c.Probe.WorkerID, nil))
+	tr, sel, note, err := r.place(ctx, pe, p, c.Probe, decide, nil)
 	if err != nil {
-		return err
+		return "", err
 	}
 	l.prefill = tr
-	e := endpoint(c.Pool, c.Probe)
+	e := endpoint(c.Pool, sel)
 	d.Prefill = &e
-	return nil
+	return note, nil
 }
 
 // endpoint is the one place a worker choice becomes an Endpoint.

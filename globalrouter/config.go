@@ -76,7 +76,27 @@ type ProbeConfig struct {
 	// primary's pool are added to the fallbacks, after the other pools'
 	// (default 1; -1: none).
 	SamePoolFallbacks int `yaml:"same_pool_fallbacks"`
+	// Commit is how the chosen pool records the request (default
+	// CommitDecide; commit.go).
+	Commit CommitMode `yaml:"commit"`
 }
+
+// CommitMode is how the global router commits a request on the pool the
+// chain ranked first.
+type CommitMode string
+
+const (
+	// CommitDecide (the default): the pool's local router chooses the
+	// worker and records the request in one call (decide-and-commit,
+	// within the request's subset less the ejected workers), and the
+	// decision waits for its answer: a burst of identical prompts spreads
+	// over the workers instead of all taking the one the probes saw idle.
+	CommitDecide CommitMode = "decide"
+	// CommitPipelined: the probed worker is committed on the request's
+	// stream without waiting for the answer (one round trip less, but
+	// probes racing ahead of commits can herd).
+	CommitPipelined CommitMode = "pipelined"
+)
 
 // circuit is the probe configuration's circuit options.
 func (p *ProbeConfig) circuit() pool.CircuitOptions {
@@ -129,6 +149,9 @@ func (c *Config) Defaults() {
 	}
 	if c.Probe.SamePoolFallbacks == 0 {
 		c.Probe.SamePoolFallbacks = 1
+	}
+	if c.Probe.Commit == "" {
+		c.Probe.Commit = CommitDecide
 	}
 	c.Trust.defaults()
 	if c.Probe.BackoffBase <= 0 {
@@ -187,6 +210,11 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 	}
 	if c.Probe.OpenAfterFailures < 0 || c.Probe.OpenAfterTimeouts < 0 || c.Probe.RatioMinCalls < 0 || c.Probe.SamePoolFallbacks < -1 {
 		return nil, fmt.Errorf("%s: %w: probe: counts must not be negative", c.file(), policies.ErrConfig)
+	}
+	switch c.Probe.Commit {
+	case CommitDecide, CommitPipelined, "":
+	default:
+		return nil, fmt.Errorf("%s: %w: probe.commit %q: want %q or %q", c.file(), policies.ErrConfig, c.Probe.Commit, CommitDecide, CommitPipelined)
 	}
 	if err := c.Trust.validate(c.file()); err != nil {
 		return nil, err

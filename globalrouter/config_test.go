@@ -88,6 +88,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad token digest", map[string]string{"c.yaml": "trust: {tokens_sha256: [abc]}\n" + goodPools, "a.yaml": ""}, `trust.tokens_sha256[0]: want 64 hex digits`},
 		{"salt without tenant header", map[string]string{"c.yaml": "tenancy: {salt: true}\n" + goodPools, "a.yaml": ""}, `tenancy.salt needs tenancy.header`},
 		{"min timeout above timeout", map[string]string{"c.yaml": "probe: {timeout: 10ms, min_timeout: 20ms}\n" + goodPools, "a.yaml": ""}, `probe.min_timeout 20ms is above probe.timeout 10ms`},
+		{"bad commit mode", map[string]string{"c.yaml": "probe: {commit: eager}\n" + goodPools, "a.yaml": ""}, `probe.commit "eager": want "decide" or "pipelined"`},
 		{"no pools", map[string]string{"c.yaml": "chain: [cost]\n"}, `no pools`},
 		{"syntax", map[string]string{"c.yaml": "chain: [cost\n"}, `c.yaml:`},
 		{"empty", map[string]string{"c.yaml": ""}, `c.yaml: empty document`},

@@ -5,14 +5,20 @@
 // local router, and return a Decision (pool, worker, fallbacks, prefill
 // worker, explanation). It holds no KV state.
 //
-// The commit is pipelined: sent on the request's Track stream, not waited
-// for, so a decision costs one round trip to the local routers (the
-// probe). A commit that cannot be sent moves on to the next-ranked pool; one
-// the local router refuses afterwards leaves the request on the probed
-// worker, unaccounted there, and is counted
+// How the chosen pool records the request is probe.commit (commit.go).
+// decide, the default: a decide-and-commit (pool.Pool.Decide), the local
+// router choosing and recording the worker in one call within the
+// request's subset less the ejected workers, waited for within the probe
+// deadline; its answer is the Primary, so a burst that probed the same
+// idle state spreads by capacity. Multi-pool commits are serialised per
+// Router, with one recheck against the runner-up pool when the commit's
+// answer is costlier than the probe. pipelined: the probed worker's
+// commit is sent on the request's stream, not waited for (one round trip
+// less); a refusal afterwards leaves the request on the probed worker,
+// unaccounted there, and is counted
 // (kvgate_globalrouter_refused_commits_total), logged, and returned by the
-// lease's PrefillComplete as ErrCommitRefused (BENCHMARKS.md, ext_proc decision section). A
-// pinned worker's commit is still waited for: its answer gives the address.
+// lease's PrefillComplete as ErrCommitRefused. A pinned worker's commit is
+// always waited for: its answer gives the address.
 //
 // Router implements Decider. Build it with New from a Config (LoadConfig
 // reads one from YAML, e.g. examples/pools.yaml; DefaultConfig and

@@ -64,14 +64,16 @@ func TestCloseFreesOpenLeases(t *testing.T) {
 	}
 }
 
-// TestRefusedCommitSurfacesOnLease: commits are pipelined, so a commit the
-// local router refuses after the decision (here a duplicate request id)
-// does not undo the decision; it is counted, and the lease reports it.
+// TestRefusedCommitSurfacesOnLease: with probe.commit: pipelined a commit
+// the local router refuses after the decision (here a duplicate request
+// id) does not undo the decision; it is counted, and the lease reports it.
+// (decide-and-commit moves on instead: herding_test.go.)
 func TestRefusedCommitSurfacesOnLease(t *testing.T) {
 	ctx := testenv.Context(t)
 	c := newCluster(t)
 	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{model}, c.a.Addr))
 	cfg.Probe.Timeout = c.cfg.Probe.Timeout
+	cfg.Probe.Commit = globalrouter.CommitPipelined
 	r, reg := newRouter(t, cfg)
 	req := &globalrouter.Request{ID: "dup", Model: model, Prompt: longText(40)}
 	first, err := r.Decide(ctx, req)

@@ -36,7 +36,9 @@ type Router struct {
 	ejector *pool.Ejector
 
 	reloadMu sync.Mutex // serialises Reload and Close
-	st       atomic.Pointer[state]
+	// recheckMu serialises the decide-and-commit rechecks (commit.go).
+	recheckMu sync.Mutex
+	st        atomic.Pointer[state]
 
 	shadowRun  *shadowRunner                // shadow.go
 	tracer     trace.Tracer                 // nil: tracing off (tracing.go)

@@ -80,7 +80,7 @@ func (c *channelClient) CommitAsync(ctx context.Context, cm Commit, committed fu
 			committed(sel, err)
 		}
 	}
-	t, err := c.ch.CommitAsync(ctx, cm.RequestID, localrouter.WorkerKey{ID: cm.WorkerID, DPRank: cm.DPRank}, cm.Prompt.client(), listen)
+	t, err := c.ch.CommitAsyncWith(ctx, cm.RequestID, localrouter.WorkerKey{ID: cm.WorkerID, DPRank: cm.DPRank}, cm.Prompt.client(), cm.options(), listen)
 	if err != nil {
 		if c.unimplemented(err) {
 			return c.grpcClient.CommitAsync(ctx, cm, committed)

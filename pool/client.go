@@ -28,8 +28,9 @@ type Client interface {
 	// decode blocks; no cost), without changing any state
 	// (PotentialLoads). It blocks until the answer or until ctx ends.
 	Loads(ctx context.Context, p Prompt) ([]routing.Selection, error)
-	// CommitAsync commits a request on the worker the caller chose and
-	// opens the request's lifecycle stream. It returns once the commit is
+	// CommitAsync commits a request on the worker the caller chose (or,
+	// with no Commit.WorkerID, on the one the router chooses: see Commit)
+	// and opens the request's lifecycle stream. It returns once the commit is
 	// sent, without waiting for the router's answer (the commit is
 	// pipelined); committed is called once, from another goroutine, with
 	// the answer: the worker's selection, or why the commit failed (the
@@ -107,7 +108,7 @@ func (g *grpcClient) Loads(ctx context.Context, p Prompt) ([]routing.Selection, 
 
 func (g *grpcClient) CommitAsync(ctx context.Context, c Commit, committed func(routing.Selection, error)) (Tracker, error) {
 	// Pool.CommitAsync names the router in the answer: no wrapper here.
-	t, err := g.c.CommitAsync(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.client(), committed)
+	t, err := g.c.CommitAsyncWith(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.client(), c.options(), committed)
 	if err != nil {
 		return nil, err
 	}
@@ -146,16 +147,34 @@ type Prompt struct {
 	Override *routing.Override
 	// Allowed, when not empty, restricts a probe to the workers at these
 	// addresses (an Inference Extension endpoint subset); see
-	// client.BestWorkerOptions.AllowedAddresses. Commits ignore it.
+	// client.BestWorkerOptions.AllowedAddresses. Commits naming their
+	// worker ignore it (and Override); a commit without one is bounded by
+	// both.
 	Allowed []string
 }
 
-// Commit records a request on a worker.
+// Commit records a request on a worker. With no WorkerID it is a
+// decide-and-commit: the local router chooses the worker, as a probe
+// would (within Prompt.Allowed, with Prompt.Override, never one of
+// Exclude), and records the request there in the same step; its answer
+// names the worker.
 type Commit struct {
 	RequestID string
 	WorkerID  string
 	DPRank    uint32
 	Prompt    Prompt
+	// Exclude are worker addresses (host:port) a commit without WorkerID
+	// must not choose: those passive health ejected.
+	Exclude []string
+}
+
+// options are a commit's bounds on the wire (a commit without a worker
+// only).
+func (c Commit) options() client.CommitOptions {
+	if c.WorkerID != "" {
+		return client.CommitOptions{}
+	}
+	return client.CommitOptions{Override: c.Prompt.Override, AllowedAddresses: c.Prompt.Allowed, ExcludedAddresses: c.Exclude}
 }
 
 // Errors of a Pool.

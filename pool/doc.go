@@ -26,8 +26,10 @@
 // global router's default, multiplexes both on one Channel stream per
 // router): Probe, and CommitAsync, the pipelined commit. A Pool picks a router and adds
 // the circuits: Pool.Probe, Pool.CommitAsync (returns once the commit is
-// sent; the answer goes to a listener) and Pool.Commit (waits, within the
-// request's context, for the answer). Answers are routing.Selection
+// sent; the answer goes to a listener), Pool.Commit (waits, within the
+// request's context, for the answer) and Pool.Decide (a commit without a
+// worker: the router chooses within the request's subset less the ejected
+// workers, waited for within the probe deadline). Answers are routing.Selection
 // (api/routing), the type every floor of the request path shares; a
 // Tracker's stream outlives the request's context and frees the request on
 // the local router when it is freed or breaks.

@@ -39,6 +39,12 @@ type connState interface {
 // on the router too. An error means nothing was committed and committed is
 // not called. The AsyncTracker must be freed, a refused commit's too.
 func (c *Client) CommitAsync(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt, committed func(routing.Selection, error)) (*AsyncTracker, error) {
+	return c.CommitAsyncWith(ctx, id, worker, p, CommitOptions{}, committed)
+}
+
+// CommitAsyncWith is CommitAsync with options, which bound a commit
+// without a worker (decide-and-commit).
+func (c *Client) CommitAsyncWith(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt, o CommitOptions, committed func(routing.Selection, error)) (*AsyncTracker, error) {
 	if err := c.waitReady(ctx); err != nil {
 		return nil, err
 	}
@@ -51,7 +57,7 @@ func (c *Client) CommitAsync(ctx context.Context, id string, worker localrouter.
 		cancel()
 		return nil, fromStatus(err)
 	}
-	err = stream.Send(&localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: commitProto(id, worker, p)}})
+	err = stream.Send(&localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: commitProto(id, worker, p, o)}})
 	if err != nil {
 		// Send reports io.EOF when the stream broke; the cause comes from
 		// Recv. No receiver runs yet: ask here.

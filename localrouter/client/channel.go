@@ -401,6 +401,12 @@ func (ch *Channel) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions
 // stream breaks. An error means nothing was committed and committed is
 // not called.
 func (ch *Channel) CommitAsync(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt, committed func(routing.Selection, error)) (*ChannelTracker, error) {
+	return ch.CommitAsyncWith(ctx, id, worker, p, CommitOptions{}, committed)
+}
+
+// CommitAsyncWith is CommitAsync with options, which bound a commit
+// without a worker (decide-and-commit).
+func (ch *Channel) CommitAsyncWith(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt, o CommitOptions, committed func(routing.Selection, error)) (*ChannelTracker, error) {
 	if committed == nil {
 		committed = func(routing.Selection, error) {}
 	}
@@ -417,7 +423,7 @@ func (ch *Channel) CommitAsync(ctx context.Context, id string, worker localroute
 		s.release(c)
 		return nil, err
 	}
-	if err := s.send(&localrouterv1.ChannelRequest{Id: mid, Msg: &localrouterv1.ChannelRequest_Commit{Commit: commitProto(id, worker, p)}}); err != nil {
+	if err := s.send(&localrouterv1.ChannelRequest{Id: mid, Msg: &localrouterv1.ChannelRequest_Commit{Commit: commitProto(id, worker, p, o)}}); err != nil {
 		if _, ok := s.take(mid); ok {
 			s.release(c)
 			return nil, err

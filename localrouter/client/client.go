@@ -270,8 +270,27 @@ func (c *Client) PotentialLoads(ctx context.Context, p Prompt) ([]PotentialLoad,
 	return out, nil
 }
 
-func commitProto(id string, worker localrouter.WorkerKey, p Prompt) *localrouterv1.CommitRequest {
-	return &localrouterv1.CommitRequest{RequestId: id, WorkerId: worker.ID, DpRank: worker.DPRank, Prompt: p.proto()}
+// CommitOptions bound a commit without a worker (decide-and-commit: the
+// router chooses the worker and records the request there in one step);
+// a commit naming its worker ignores them. A router older than these
+// fields ignores them: callers check the answer's Address.
+type CommitOptions struct {
+	// Override changes cost parameters for the choice.
+	Override *routing.Override
+	// AllowedAddresses restricts the choice as BestWorkerOptions'.
+	AllowedAddresses []string
+	// ExcludedAddresses are workers (host:port, exactly) never chosen
+	// (a caller's passive health ejected them). None left: an error
+	// wrapping localrouter.ErrNoAllowedWorker.
+	ExcludedAddresses []string
+}
+
+func commitProto(id string, worker localrouter.WorkerKey, p Prompt, o CommitOptions) *localrouterv1.CommitRequest {
+	r := &localrouterv1.CommitRequest{RequestId: id, WorkerId: worker.ID, DpRank: worker.DPRank, Prompt: p.proto()}
+	if worker.ID == "" {
+		r.ConfigOverride, r.AllowedAddresses, r.ExcludedAddresses = overrideProto(o.Override), o.AllowedAddresses, o.ExcludedAddresses
+	}
+	return r
 }
 
 // Commit records request id, placed by the caller on worker, and waits for
@@ -279,7 +298,7 @@ func commitProto(id string, worker localrouter.WorkerKey, p Prompt) *localrouter
 // (Free) or it expires. Track is the same commit with a lifecycle stream;
 // CommitAsync the pipelined one.
 func (c *Client) Commit(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt) (routing.Selection, error) {
-	r, err := c.rpc.Commit(ctx, commitProto(id, worker, p))
+	r, err := c.rpc.Commit(ctx, commitProto(id, worker, p, CommitOptions{}))
 	if err != nil {
 		return routing.Selection{}, fromStatus(err)
 	}

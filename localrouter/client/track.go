@@ -30,7 +30,7 @@ type Tracker struct {
 // Track commits request id on worker over a new Track stream. The stream
 // lives as long as ctx: when ctx ends, the request is freed.
 func (c *Client) Track(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt) (*Tracker, error) {
-	return c.track(ctx, id, p.isl(), &localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: commitProto(id, worker, p)}})
+	return c.track(ctx, id, p.isl(), &localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: commitProto(id, worker, p, CommitOptions{})}})
 }
 
 // Attach takes over request id, already recorded by BestWorker with a

@@ -202,6 +202,27 @@ func (s *Server) allow(addrs []string) func(localrouter.WorkerKey) bool {
 	}
 }
 
+// allowExcept is allow(addrs) that also refuses the workers whose
+// address is in excluded (exact host:port: the global router's ejected
+// workers); nil when neither list is set.
+func (s *Server) allowExcept(addrs, excluded []string) func(localrouter.WorkerKey) bool {
+	allow := s.allow(addrs)
+	if len(excluded) == 0 {
+		return allow
+	}
+	out := make(map[string]bool, len(excluded))
+	for _, a := range excluded {
+		out[strings.TrimSpace(a)] = true
+	}
+	return func(k localrouter.WorkerKey) bool {
+		if allow != nil && !allow(k) {
+			return false
+		}
+		addr := s.address(k.ID)
+		return addr != "" && !out[addr]
+	}
+}
+
 func (s *Server) selection(sel routing.Selection) *localrouterv1.Selection {
 	return &localrouterv1.Selection{
 		WorkerId: sel.WorkerID, DpRank: sel.DPRank, Address: s.address(sel.WorkerID),
@@ -331,7 +352,8 @@ func (s *Server) PotentialLoads(ctx context.Context, in *localrouterv1.Potential
 // commit records the request on the worker it names or, with no worker_id
 // (decide-and-commit), on the worker the router chooses as BestWorker with
 // a request id does: one call, so no other placement can come between the
-// choice and the record.
+// choice and the record. The choice follows the commit's override and is
+// restricted to its allowed addresses less its excluded ones.
 func (s *Server) commit(ctx context.Context, in *localrouterv1.CommitRequest) (routing.Selection, error) {
 	if in.GetRequestId() == "" {
 		return routing.Selection{}, localrouter.ErrEmptyRequestID
@@ -345,7 +367,10 @@ func (s *Server) commit(ctx context.Context, in *localrouterv1.CommitRequest) (r
 	}
 	var sel routing.Selection
 	if in.GetWorkerId() == "" {
-		sel, err = s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{RequestID: in.GetRequestId()})
+		sel, err = s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
+			RequestID: in.GetRequestId(), Override: override(in.GetConfigOverride()),
+			Allow: s.allowExcept(in.GetAllowedAddresses(), in.GetExcludedAddresses()),
+		})
 	} else {
 		sel, err = s.r.Commit(ctx, in.GetRequestId(), localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}, req)
 	}

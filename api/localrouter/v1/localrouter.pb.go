@@ -977,12 +977,26 @@ func (x *PotentialLoadsResponse) GetBlockSize() uint32 {
 type CommitRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	// worker_id empty: the router chooses the worker (dp_rank must be 0).
-	WorkerId      string  `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	DpRank        uint32  `protobuf:"varint,3,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
-	Prompt        *Prompt `protobuf:"bytes,4,opt,name=prompt,proto3" json:"prompt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// worker_id empty: the router chooses the worker (dp_rank must be 0),
+	// as BestWorker with a request_id would, and records the request there
+	// in the same step (decide-and-commit).
+	WorkerId string  `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	DpRank   uint32  `protobuf:"varint,3,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	Prompt   *Prompt `protobuf:"bytes,4,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// The three fields below bound a commit without worker_id only; a
+	// commit naming its worker ignores them.
+	// config_override changes the cost parameters of the choice, as in
+	// BestWorkerRequest.
+	ConfigOverride *ConfigOverride `protobuf:"bytes,5,opt,name=config_override,json=configOverride,proto3" json:"config_override,omitempty"`
+	// allowed_addresses restricts the choice as BestWorkerRequest's does
+	// (an Inference Extension endpoint subset; empty: no restriction).
+	AllowedAddresses []string `protobuf:"bytes,6,rep,name=allowed_addresses,json=allowedAddresses,proto3" json:"allowed_addresses,omitempty"`
+	// excluded_addresses are workers (host:port, exactly as registered)
+	// never chosen: the global router's passive health ejected them. No
+	// worker left: FAILED_PRECONDITION, reason NO_ALLOWED_WORKER.
+	ExcludedAddresses []string `protobuf:"bytes,7,rep,name=excluded_addresses,json=excludedAddresses,proto3" json:"excluded_addresses,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CommitRequest) Reset() {
@@ -1039,6 +1053,27 @@ func (x *CommitRequest) GetDpRank() uint32 {
 func (x *CommitRequest) GetPrompt() *Prompt {
 	if x != nil {
 		return x.Prompt
+	}
+	return nil
+}
+
+func (x *CommitRequest) GetConfigOverride() *ConfigOverride {
+	if x != nil {
+		return x.ConfigOverride
+	}
+	return nil
+}
+
+func (x *CommitRequest) GetAllowedAddresses() []string {
+	if x != nil {
+		return x.AllowedAddresses
+	}
+	return nil
+}
+
+func (x *CommitRequest) GetExcludedAddresses() []string {
+	if x != nil {
+		return x.ExcludedAddresses
 	}
 	return nil
 }
@@ -2894,13 +2929,16 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x05loads\x18\x01 \x03(\v2$.kvgate.localrouter.v1.PotentialLoadR\x05loads\x12%\n" +
 	"\x0erequest_blocks\x18\x02 \x01(\rR\rrequestBlocks\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\x03 \x01(\rR\tblockSize\"\x9b\x01\n" +
+	"block_size\x18\x03 \x01(\rR\tblockSize\"\xc7\x02\n" +
 	"\rCommitRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
 	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\x17\n" +
 	"\adp_rank\x18\x03 \x01(\rR\x06dpRank\x125\n" +
-	"\x06prompt\x18\x04 \x01(\v2\x1d.kvgate.localrouter.v1.PromptR\x06prompt\"P\n" +
+	"\x06prompt\x18\x04 \x01(\v2\x1d.kvgate.localrouter.v1.PromptR\x06prompt\x12N\n" +
+	"\x0fconfig_override\x18\x05 \x01(\v2%.kvgate.localrouter.v1.ConfigOverrideR\x0econfigOverride\x12+\n" +
+	"\x11allowed_addresses\x18\x06 \x03(\tR\x10allowedAddresses\x12-\n" +
+	"\x12excluded_addresses\x18\a \x03(\tR\x11excludedAddresses\"P\n" +
 	"\x0eCommitResponse\x12>\n" +
 	"\tselection\x18\x01 \x01(\v2 .kvgate.localrouter.v1.SelectionR\tselection\".\n" +
 	"\rAttachRequest\x12\x1d\n" +
@@ -3109,52 +3147,53 @@ var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	5,  // 7: kvgate.localrouter.v1.PotentialLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
 	10, // 8: kvgate.localrouter.v1.PotentialLoadsResponse.loads:type_name -> kvgate.localrouter.v1.PotentialLoad
 	1,  // 9: kvgate.localrouter.v1.CommitRequest.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	3,  // 10: kvgate.localrouter.v1.CommitResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	12, // 11: kvgate.localrouter.v1.TrackRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
-	14, // 12: kvgate.localrouter.v1.TrackRequest.attach:type_name -> kvgate.localrouter.v1.AttachRequest
-	0,  // 13: kvgate.localrouter.v1.TrackRequest.event:type_name -> kvgate.localrouter.v1.TrackEvent
-	3,  // 14: kvgate.localrouter.v1.TrackResponse.committed:type_name -> kvgate.localrouter.v1.Selection
-	0,  // 15: kvgate.localrouter.v1.TrackResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
-	5,  // 16: kvgate.localrouter.v1.RankLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
-	24, // 17: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
-	25, // 18: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
-	28, // 19: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
-	31, // 20: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
-	12, // 21: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
-	32, // 22: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
-	33, // 23: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
-	1,  // 24: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	2,  // 25: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
-	0,  // 26: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
-	3,  // 27: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	0,  // 28: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
-	34, // 29: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
-	35, // 30: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
-	7,  // 31: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
-	9,  // 32: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
-	12, // 33: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
-	15, // 34: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
-	17, // 35: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	19, // 36: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
-	21, // 37: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
-	23, // 38: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
-	27, // 39: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
-	30, // 40: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
-	8,  // 41: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
-	11, // 42: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
-	13, // 43: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
-	16, // 44: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
-	18, // 45: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	20, // 46: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
-	22, // 47: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
-	26, // 48: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
-	29, // 49: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
-	36, // 50: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
-	41, // [41:51] is the sub-list for method output_type
-	31, // [31:41] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	2,  // 10: kvgate.localrouter.v1.CommitRequest.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	3,  // 11: kvgate.localrouter.v1.CommitResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	12, // 12: kvgate.localrouter.v1.TrackRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
+	14, // 13: kvgate.localrouter.v1.TrackRequest.attach:type_name -> kvgate.localrouter.v1.AttachRequest
+	0,  // 14: kvgate.localrouter.v1.TrackRequest.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 15: kvgate.localrouter.v1.TrackResponse.committed:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 16: kvgate.localrouter.v1.TrackResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	5,  // 17: kvgate.localrouter.v1.RankLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
+	24, // 18: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
+	25, // 19: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
+	28, // 20: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
+	31, // 21: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
+	12, // 22: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
+	32, // 23: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
+	33, // 24: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
+	1,  // 25: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	2,  // 26: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	0,  // 27: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 28: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 29: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	34, // 30: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
+	35, // 31: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
+	7,  // 32: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
+	9,  // 33: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
+	12, // 34: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
+	15, // 35: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
+	17, // 36: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	19, // 37: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
+	21, // 38: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
+	23, // 39: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
+	27, // 40: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
+	30, // 41: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
+	8,  // 42: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
+	11, // 43: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
+	13, // 44: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
+	16, // 45: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
+	18, // 46: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	20, // 47: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
+	22, // 48: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
+	26, // 49: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
+	29, // 50: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
+	36, // 51: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
+	42, // [42:52] is the sub-list for method output_type
+	32, // [32:42] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_api_localrouter_v1_localrouter_proto_init() }
