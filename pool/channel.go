@@ -56,8 +56,16 @@ func (c *channelClient) unimplemented(err error) bool {
 	return false
 }
 
+// perCall reports whether a call must go unary: the router has no Channel
+// RPC, or the call carries a hop count (HopsMetadata), which rides on each
+// call's metadata and the channel's messages have no room for (a subtree
+// router's calls made for its parent; docs/hierarchy.md).
+func (c *channelClient) perCall(ctx context.Context) bool {
+	return c.unary.Load() || Hops(ctx) > 0
+}
+
 func (c *channelClient) Probe(ctx context.Context, p Prompt) (routing.Selection, error) {
-	if c.unary.Load() {
+	if c.perCall(ctx) {
 		return c.grpcClient.Probe(ctx, p)
 	}
 	sel, err := c.ch.BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override, AllowedAddresses: p.Allowed})
@@ -69,7 +77,7 @@ func (c *channelClient) Probe(ctx context.Context, p Prompt) (routing.Selection,
 }
 
 func (c *channelClient) CommitAsync(ctx context.Context, cm Commit, committed func(routing.Selection, error)) (Tracker, error) {
-	if c.unary.Load() {
+	if c.perCall(ctx) {
 		return c.grpcClient.CommitAsync(ctx, cm, committed)
 	}
 	listen := func(sel routing.Selection, err error) {
