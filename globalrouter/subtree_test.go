@@ -39,7 +39,9 @@ func (rs *routers) get(addr string) *globalrouter.Router {
 	return rs.m[addr]
 }
 
-func (rs *routers) dialer() pool.Dialer { return globalrouter.SubtreeDialer(rs.get, pool.ChannelDialer()) }
+func (rs *routers) dialer() pool.Dialer {
+	return globalrouter.SubtreeDialer(rs.get, pool.ChannelDialer())
+}
 
 // tree is a top router whose one pool, "region-1", is a region router
 // answering for its subtree (the cluster's pool-a and pool-b, real local
