@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
+	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/membership/registry"
 )
@@ -161,7 +164,7 @@ func Start(ctx context.Context, c Config, lis net.Listener, router *globalrouter
 		id = defaultID(s.advertised)
 	}
 	s.Server = NewServer(router.Subtree(), c.Pool, id, log)
-	var gopts []grpc.ServerOption
+	gopts := ServerOptions()
 	if tlsCfg != nil && tlsCfg.Enabled() {
 		tc, err := tlsCfg.Config(log)
 		if err != nil {
@@ -281,3 +284,24 @@ func (a authorizer) stream() grpc.StreamServerInterceptor {
 }
 
 var osHostname = os.Hostname
+
+// transportWindow: fixed HTTP/2 flow-control windows, as the local
+// router's (localrouter/server/grpcopts.go): no BDP pings riding along
+// every probe.
+const transportWindow = 1 << 20
+
+// ServerOptions are the subtree service's gRPC server options, as a local
+// router's (localrouter/server.GRPCServerOptions, without its metrics):
+// keepalive pings (a connection cut without a FIN ends its streams, which
+// frees their requests below), fixed flow-control windows, stream workers
+// reused across calls, the local router's message size bound.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.InitialWindowSize(transportWindow),
+		grpc.InitialConnWindowSize(transportWindow),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		grpc.MaxRecvMsgSize(server.MaxRecvMsgBytes),
+	}
+}

@@ -60,7 +60,7 @@ func newRouter(t testing.TB, cfg globalrouter.Config, tok globalrouter.Tokenizer
 func serve(t testing.TB, r *globalrouter.Router, lis net.Listener) *subtree.Server {
 	t.Helper()
 	s := subtree.NewServer(r.Subtree(), "region", "region-router", quiet())
-	g := grpc.NewServer()
+	g := grpc.NewServer(subtree.ServerOptions()...)
 	s.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)

@@ -94,7 +94,7 @@ func (s *System) startRegions(ctx context.Context, pools []pool.Config, opts fun
 			return nil, fmt.Errorf("region %s: %w", name, err)
 		}
 		rg.Server = subtree.NewServer(rg.Router.Subtree(), name, name+"-router", s.cfg.Logger)
-		rg.grpc = grpc.NewServer()
+		rg.grpc = grpc.NewServer(subtree.ServerOptions()...)
 		rg.Server.Register(rg.grpc)
 		go func() { rg.done <- rg.grpc.Serve(lis) }()
 		info := membership.RouterInfo{ID: name + "-router", GRPCAddress: rg.Addr, Pool: name, BlockSize: s.cfg.BlockSize}
