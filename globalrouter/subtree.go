@@ -258,7 +258,7 @@ func (s *Subtree) ranked(ctx context.Context, st *state, eligible []*poolEntry, 
 	if len(cands) == 0 {
 		return nil, results, subtreeFailure(results)
 	}
-	view := policies.Request{ID: id, Model: subtreeModel(s.r.opts.subtree.Model, eligible), ISL: p.ISL}
+	view := policies.Request{ID: id, Model: subtreeModel(s.r.opts.subtree.Model, eligible), ISL: p.ISL, SessionKey: p.SessionKey}
 	out, err := st.chain.Rank(&view, cands, nil)
 	if err != nil {
 		if errors.Is(err, policies.ErrSaturated) {

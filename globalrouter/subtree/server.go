@@ -115,7 +115,7 @@ func prompt(p *localrouterv1.Prompt, packed []byte) (pool.Prompt, error) {
 	if p == nil {
 		return pool.Prompt{}, statusOf(codes.InvalidArgument, localrouterv1.ReasonEmptyRequest, "no prompt")
 	}
-	out := pool.Prompt{Hashes: p.GetBlockHashes(), Tokens: p.GetTokenIds(), BlockSize: int(p.GetBlockSize()), ISL: int(p.GetIslTokens()), LoRA: p.GetLoraName()}
+	out := pool.Prompt{Hashes: p.GetBlockHashes(), Tokens: p.GetTokenIds(), BlockSize: int(p.GetBlockSize()), ISL: int(p.GetIslTokens()), LoRA: p.GetLoraName(), SessionKey: p.GetSessionKey()}
 	if len(packed) > 0 {
 		if len(packed)%8 != 0 {
 			return pool.Prompt{}, statusOf(codes.InvalidArgument, localrouterv1.ReasonInvalidArgument, fmt.Sprintf("packed_hashes is %d bytes, not a multiple of 8", len(packed)))
@@ -203,7 +203,21 @@ func selection(sel routing.Selection) *localrouterv1.Selection {
 		OverlapBlocks: uint32(sel.OverlapBlocks), RequestBlocks: uint32(sel.RequestBlocks),
 		PotentialPrefillTokens: uint32(sel.PrefillTokens), PotentialDecodeBlocks: uint32(sel.DecodeBlocks),
 		Cost: sel.Cost, Candidates: uint32(sel.Candidates), BlockSize: uint32(sel.BlockSize),
+		Scores: scores(sel.Scores),
 	}
+}
+
+// scores are the owning pool's worker-chain scores, as its local router
+// gave them.
+func scores(sc []routing.Score) []*localrouterv1.Score {
+	if len(sc) == 0 {
+		return nil
+	}
+	out := make([]*localrouterv1.Score, len(sc))
+	for i, v := range sc {
+		out[i] = &localrouterv1.Score{Name: v.Name, Raw: v.Raw, Weight: v.Weight, Contribution: v.Contribution}
+	}
+	return out
 }
 
 func (s *Server) probe(ctx context.Context, p *localrouterv1.Prompt, packed []byte, o *localrouterv1.ConfigOverride, allowed []string) (*localrouterv1.Selection, error) {
