@@ -13,6 +13,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/tokenizer"
 )
@@ -272,5 +273,33 @@ func TestSubtreeLoopAtConfigLoad(t *testing.T) {
 	}
 	if got := r.Config().Pools[0].Routers.Static[0]; got != "127.0.0.1:9101" {
 		t.Errorf("after the refused reload the router runs %q", got)
+	}
+}
+
+// The subtree's cost is its winner's local-router cost divided by the
+// winning pool's scale in the subtree's cost policy (in blocks of the
+// prompt's block size): a parent's cost policy then compares pools of
+// different subtrees in tokens, each pool's speed declared where it is
+// configured.
+func TestSubtreeNormalisedCost(t *testing.T) {
+	ctx := testenv.Context(t)
+	c := newCluster(t)
+	direct := c.b.Router
+	cfg := c.cfg
+	cfg.Pools = []pool.Config{cfg.Pools[1]} // pool-b alone: it wins
+	cfg.Pools[0].Policy = policies.PoolSection{"cost": section(policies.CostPool{Scale: 4})}
+	region, _ := newRouter(t, cfg)
+	toks := chatTokens(t, chat(longText(80)))
+	p := prompt(t, toks)
+	sel, err := region.Subtree().Probe(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := direct.BestWorker(ctx, localrouter.Request{LocalHashes: p.Hashes, BlockSize: 16, ISL: p.ISL}, localrouter.BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.Cost != want.Cost/4 || want.Cost == 0 {
+		t.Errorf("subtree cost %g, want the local router's %g / scale 4", sel.Cost, want.Cost)
 	}
 }
