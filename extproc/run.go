@@ -16,10 +16,12 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/globalrouter/subtree"
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
@@ -73,6 +75,9 @@ type Options struct {
 	// live heap stays small, so a higher target trades a little memory for
 	// far fewer collections and a much shorter latency tail.
 	GCPercent int
+	// Subtree serves the router's subtree to a parent global router
+	// (-subtree-*, off by default; docs/hierarchy.md).
+	Subtree subtree.Config
 }
 
 // ParseFlags builds Options from the defaults, the environment (each flag
@@ -98,6 +103,7 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	o.TLS.Flags(fs)
 	fs.StringVar(&o.HealthAddr, "health-addr", "", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
 	o.RouterTLS.Flags(fs, "router-tls", "the local routers", true)
+	o.Subtree.Flags(fs)
 	paths := fs.String("inference-paths", strings.Join(o.InferencePaths, ","), "comma-separated paths that are routed; others pass through")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body accepted (413 past it)")
 	reqMode := fs.String("request-body-mode", o.RequestBodyMode.String(), "request body mode assumed when Envoy does not say: FULL_DUPLEX_STREAMED or BUFFERED")
@@ -128,6 +134,12 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	}
 	if err := o.TLS.Validate(); err != nil {
 		return Options{}, err
+	}
+	if err := o.Subtree.Validate(); err != nil {
+		return Options{}, err
+	}
+	if o.Subtree.Pool != "" && len(o.Etcd) == 0 {
+		return Options{}, errors.New("-subtree-pool: needs -etcd (the subtree registers there)")
 	}
 	return o, o.Config.Validate()
 }
@@ -224,19 +236,35 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 		}
 		opts = append(opts, globalrouter.WithDialer(pool.ChannelDialer(grpc.WithTransportCredentials(credentials.NewTLS(tc)))))
 	}
+	var etcdCli *clientv3.Client
 	if len(o.Etcd) > 0 {
 		cli, err := (runner.Etcd{Endpoints: o.Etcd, TLS: o.EtcdTLS}).Client(ctx)
 		if err != nil {
 			return err
 		}
 		defer cli.Close()
+		etcdCli = cli
 		opts = append(opts, globalrouter.WithEtcd(cli))
+	}
+	var slis net.Listener
+	if o.Subtree.Enabled() {
+		if slis, err = o.Subtree.ListenOn(); err != nil {
+			return err
+		}
+		defer slis.Close()
+		opts = append(opts, o.Subtree.RouterOption(slis.Addr().String()))
 	}
 	router, err := globalrouter.New(*gcfg, opts...)
 	if err != nil {
 		return err
 	}
 	defer router.Close()
+	if slis != nil {
+		if _, err := subtree.Start(ctx, o.Subtree, slis, router, &o.TLS, etcdCli, g, logger); err != nil {
+			_ = g.Stop(context.WithoutCancel(ctx))
+			return err
+		}
+	}
 	srv, err := New(o.Config, router, logger, reg)
 	if err != nil {
 		return err

@@ -56,7 +56,10 @@
 // lease, error mapping), trust.go (trust, tenancy), explain.go,
 // epp.go (the endpoint-picker protocol: Request.Subset bounds every
 // endpoint of a decision, probes send it as allowed_addresses; a lease is
-// a Mover, so the request follows the fallback that served it; Ready).
+// a Mover, so the request follows the fallback that served it; Ready),
+// subtree.go (Subtree: the router answering a parent's probe for its whole
+// subtree, commits forwarded by pool-qualified worker id, loops refused;
+// served over gRPC by globalrouter/subtree; docs/hierarchy.md).
 //
 // Trust (trust.go, TrustConfig): the headers that steer routing (pins,
 // priority, SLO targets, cost overrides) are honoured for the callers

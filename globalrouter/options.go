@@ -31,7 +31,8 @@ type options struct {
 	registry   *policies.Registry
 	now        func() time.Time
 	tokenizers map[string]Tokenizer
-	shadowFile string // WithShadowFile (shadow.go)
+	shadowFile string         // WithShadowFile (shadow.go)
+	subtree    SubtreeOptions // WithSubtree (subtree.go)
 	observe    func(Observation)
 	tracer     trace.TracerProvider // WithTracerProvider (tracing.go)
 }

@@ -24,6 +24,9 @@ func (r *Router) Reload(cfg Config) error {
 	if err == nil {
 		chain, err = cfg.validate(r.opts.registry)
 	}
+	if err == nil {
+		err = r.opts.subtree.checkLoops(&cfg)
+	}
 	var st *state
 	if err == nil {
 		st, err = r.build(&cfg, chain, old)

@@ -81,6 +81,9 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		return nil, err
 	}
 	chain, err := cfg.validate(o.registry)
+	if err == nil {
+		err = o.subtree.checkLoops(&cfg)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -2,10 +2,13 @@ package pool
 
 import (
 	"context"
+	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvgate/kvgate/api/routing"
@@ -45,6 +48,31 @@ type channelClient struct {
 	*grpcClient
 	ch    *client.Channel
 	unary atomic.Bool // the router has no Channel RPC
+	// hops are the channels of calls carrying a hop count (HopsMetadata),
+	// one per count, opened on first use: the count rides on the stream's
+	// metadata, so every message of a stream has the same (a subtree
+	// router's calls made for its parent; docs/hierarchy.md).
+	hopsMu sync.Mutex
+	hops   map[int]*client.Channel
+}
+
+// channel is the Channel of ctx's hop count.
+func (c *channelClient) channel(ctx context.Context) *client.Channel {
+	n := Hops(ctx)
+	if n == 0 {
+		return c.ch
+	}
+	c.hopsMu.Lock()
+	defer c.hopsMu.Unlock()
+	ch := c.hops[n]
+	if ch == nil {
+		if c.hops == nil {
+			c.hops = map[int]*client.Channel{}
+		}
+		ch = c.grpcClient.c.Channel(client.ChannelOptions{Metadata: metadata.Pairs(HopsMetadata, strconv.Itoa(n))})
+		c.hops[n] = ch
+	}
+	return ch
 }
 
 // unimplemented reports err as the router's UNIMPLEMENTED (and remembers).
@@ -60,7 +88,7 @@ func (c *channelClient) Probe(ctx context.Context, p Prompt) (routing.Selection,
 	if c.unary.Load() {
 		return c.grpcClient.Probe(ctx, p)
 	}
-	sel, err := c.ch.BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override, AllowedAddresses: p.Allowed})
+	sel, err := c.channel(ctx).BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override, AllowedAddresses: p.Allowed})
 	if err != nil && c.unimplemented(err) {
 		return c.grpcClient.Probe(ctx, p)
 	}
@@ -80,7 +108,7 @@ func (c *channelClient) CommitAsync(ctx context.Context, cm Commit, committed fu
 			committed(sel, err)
 		}
 	}
-	t, err := c.ch.CommitAsyncWith(ctx, cm.RequestID, localrouter.WorkerKey{ID: cm.WorkerID, DPRank: cm.DPRank}, cm.Prompt.client(), cm.options(), listen)
+	t, err := c.channel(ctx).CommitAsyncWith(ctx, cm.RequestID, localrouter.WorkerKey{ID: cm.WorkerID, DPRank: cm.DPRank}, cm.Prompt.client(), cm.options(), listen)
 	if err != nil {
 		if c.unimplemented(err) {
 			return c.grpcClient.CommitAsync(ctx, cm, committed)
@@ -92,5 +120,10 @@ func (c *channelClient) CommitAsync(ctx context.Context, cm Commit, committed fu
 
 func (c *channelClient) Close() error {
 	_ = c.ch.Close()
+	c.hopsMu.Lock()
+	for _, ch := range c.hops {
+		_ = ch.Close()
+	}
+	c.hopsMu.Unlock()
 	return c.grpcClient.Close()
 }

@@ -34,6 +34,8 @@ func runUp(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.SecureServing, "secure-serving", false, "TLS on the ext_proc hop and mutual TLS on the local-router hop, with a CA made at start (its file is printed)")
 	chainA := fs.String("pool-a-worker-chain", "", "pool-a's worker chain, inline or a YAML file (as kvgate localrouter -worker-chain; empty: the default)")
 	chainB := fs.String("pool-b-worker-chain", "", "pool-b's worker chain (as -pool-a-worker-chain)")
+	topology := fs.String("topology", up.TopologyFlat, "flat (the pools under the one global router) or regions (2 regions x 2 pools: two region routers serving their subtrees, under the global router behind the gateway; docs/hierarchy.md)")
+	regionWorkers := fs.Int("region-pool-workers", 2, "workers in each pool of -topology regions")
 	otlp := fs.String("otlp-endpoint", "", `OTLP/gRPC collector host:port to trace the global router's decisions to, without TLS ("" : off)`)
 	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
 	if err := fs.Parse(args, os.Getenv); err != nil {
@@ -58,6 +60,16 @@ func runUp(ctx context.Context, args []string) error {
 			return fmt.Errorf("-%s-worker-chain: %w", cfg.Pools[i].Name, err)
 		}
 		cfg.Pools[i].WorkerChain = chain
+	}
+	switch *topology {
+	case up.TopologyFlat:
+	case up.TopologyRegions:
+		if *regionWorkers < 1 {
+			return errors.New("-region-pool-workers: each pool needs at least one worker")
+		}
+		cfg.Topology, cfg.Pools = up.TopologyRegions, up.RegionPools(*regionWorkers)
+	default:
+		return fmt.Errorf("-topology %q: want %s or %s", *topology, up.TopologyFlat, up.TopologyRegions)
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: *otlp, Insecure: true, Service: "kvgate-up"})

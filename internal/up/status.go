@@ -76,7 +76,11 @@ func (s *System) Status() Status {
 	}
 	health := map[string][2]int{}
 	state := map[string]string{}
-	for _, h := range s.Global.Health() {
+	hs := s.Global.Health()
+	for _, rg := range s.Regions { // a region's pools are its router's
+		hs = append(hs, rg.Router.Health()...)
+	}
+	for _, h := range hs {
 		health[h.Pool] = [2]int{h.Health.Routers, h.Health.Available}
 		switch {
 		case h.Health.Routers == 0:

@@ -63,6 +63,8 @@ type PoolSpec struct {
 	// WorkerChain is the pool's worker chain (pool.Config.WorkerChain;
 	// empty: the default), given to its local router.
 	WorkerChain []localrouter.ScorerSpec
+	// Region is the region router the pool is under (TopologyRegions).
+	Region string
 }
 
 // dpSize is worker i's number of ranks.
@@ -96,6 +98,9 @@ type Config struct {
 	// BlockSize is the KV block size of every pool (16).
 	BlockSize int
 	Pools     []PoolSpec
+	// Topology is TopologyFlat ("" too) or TopologyRegions (the pools'
+	// Region names their region router; RegionPools).
+	Topology string
 	// Speedup divides the mock workers' timing model (1: real-GPU-like).
 	Speedup float64
 	// NumBlocks is each worker's KV cache size in blocks (8192).
@@ -209,13 +214,15 @@ func (p *Pool) Loads() map[localrouter.WorkerKey]localrouter.WorkerLoad {
 
 // System is a running local kvgate.
 type System struct {
-	cfg      Config
-	log      *slog.Logger
-	started  time.Time
-	etcd     *etcdServer
-	nats     *embedded.NATS
-	nc       *nats.Conn
-	Pools    []*Pool
+	cfg     Config
+	log     *slog.Logger
+	started time.Time
+	etcd    *etcdServer
+	nats    *embedded.NATS
+	nc      *nats.Conn
+	Pools   []*Pool
+	// Regions are the region routers (TopologyRegions), nil otherwise.
+	Regions  []*Region
 	Global   *globalrouter.Router
 	Registry *prometheus.Registry // the ext_proc server's and global router's metrics
 	// Live is the live status page (/kvgate/status/); Decisions its last
@@ -259,6 +266,15 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}()
 	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
+	switch cfg.Topology {
+	case "", TopologyFlat:
+	case TopologyRegions:
+		if cfg.SecureServing {
+			return nil, fmt.Errorf("topology %s: secure serving is not supported (the region routers serve their subtrees in plaintext)", TopologyRegions)
+		}
+	default:
+		return nil, fmt.Errorf("topology %q: want %s or %s", cfg.Topology, TopologyFlat, TopologyRegions)
+	}
 
 	var sec *secure
 	if cfg.SecureServing {
@@ -323,11 +339,17 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		pc.WorkerChain = ps.WorkerChain
 		pools = append(pools, pc)
 	}
-	gcfg := globalrouter.DefaultConfig(pools...)
-	if cfg.ProbeTimeout > 0 {
-		// A fixed deadline, as asked (the default adapts).
-		gcfg.Probe.Timeout, gcfg.Probe.MinTimeout = cfg.ProbeTimeout, cfg.ProbeTimeout
+	if cfg.Topology == TopologyRegions {
+		region := func(reg prometheus.Registerer) []globalrouter.Option {
+			return []globalrouter.Option{globalrouter.WithEtcd(s.etcd.cli), globalrouter.WithLogger(cfg.Logger),
+				globalrouter.WithRegisterer(reg), globalrouter.WithTokenizer(cfg.Model, shared)}
+		}
+		if pools, err = s.startRegions(ctx, pools, region); err != nil {
+			return nil, err
+		}
 	}
+	gcfg := globalrouter.DefaultConfig(pools...)
+	s.probeTimeout(&gcfg)
 	gcfg.Models = []globalrouter.ModelConfig{{Name: cfg.Model, Tokenizer: globalrouter.DefaultTokenizer, MaxBodyBytes: cfg.MaxBodyBytes}}
 	// A local demo: its one user is the operator, who pins and reads the
 	// routing headers (production configurations default to neither). A
@@ -446,6 +468,13 @@ func (s *System) notReady() string {
 			return fmt.Sprintf("pool %s: local router sees %d of %d worker ranks", p.Name, got, ranks)
 		}
 	}
+	for _, rg := range s.Regions {
+		for _, h := range rg.Router.Health() {
+			if h.Health.Available == 0 {
+				return fmt.Sprintf("region %s: pool %s: the region router sees no local router", rg.Name, h.Pool)
+			}
+		}
+	}
 	for _, h := range s.Global.Health() {
 		if h.Health.Available == 0 {
 			return fmt.Sprintf("pool %s: global router sees no local router", h.Pool)
@@ -522,6 +551,7 @@ func (s *System) Close(ctx context.Context) error {
 	if s.Global != nil {
 		errs = append(errs, s.Global.Close())
 	}
+	errs = append(errs, s.closeRegions(ctx))
 	for _, p := range s.Pools {
 		for _, w := range p.Workers {
 			errs = append(errs, w.close(ctx))
@@ -560,6 +590,9 @@ func (s *System) Summary() string {
 	fmt.Fprintf(&b, "  %-22s %s\n", "ext_proc (gRPC)", s.extprocAddr)
 	if s.CAFile != "" {
 		fmt.Fprintf(&b, "  %-22s %s (TLS on ext_proc, mutual TLS on local routers)\n", "CA to trust", s.CAFile)
+	}
+	for _, rg := range s.Regions {
+		fmt.Fprintf(&b, "  %-22s %s (subtree of %v, registered as pool %s)\n", rg.Name+" router", rg.Addr, rg.Pools, rg.Name)
 	}
 	for _, p := range s.Pools {
 		fmt.Fprintf(&b, "  %-22s %s\n", p.Name+" local router", p.Router.GRPCAddr())

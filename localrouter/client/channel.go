@@ -12,6 +12,7 @@ import (
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
@@ -35,6 +36,10 @@ type ChannelOptions struct {
 	// instead of the prompt's repeated field. Measured no faster
 	// (BENCHMARKS.md): the server's decode makes one copy either way.
 	PackedHashes bool
+	// Metadata is sent when the stream opens (each time it is opened): it
+	// applies to every message on it (a tree of global routers' hop
+	// count, pool.HopsMetadata).
+	Metadata metadata.MD
 }
 
 // Channel multiplexes probes (BestWorker without a request id), commits and
@@ -101,6 +106,9 @@ func (ch *Channel) session(ctx context.Context) (*chanSession, error) {
 		return s, nil
 	}
 	sctx, cancel := context.WithCancel(context.Background())
+	if len(ch.opts.Metadata) > 0 {
+		sctx = metadata.NewOutgoingContext(sctx, ch.opts.Metadata)
+	}
 	stream, err := ch.c.rpc.Channel(sctx)
 	if err != nil {
 		cancel()

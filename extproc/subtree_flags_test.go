@@ -1,0 +1,100 @@
+package extproc
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/localrouter/client"
+	"github.com/kvgate/kvgate/pool/pooltest"
+)
+
+func TestSubtreeFlags(t *testing.T) {
+	env := func(string) string { return "" }
+	o, err := parseFlags("extproc", []string{"-config", "p.yaml", "-subtree-listen", ":9300", "-subtree-pool", "region-a", "-etcd", "127.0.0.1:2379", "-subtree-max-depth", "4"}, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Subtree.Enabled() || o.Subtree.ListenAddr() != "127.0.0.1:9300" || o.Subtree.Pool != "region-a" || o.Subtree.MaxDepth != 4 {
+		t.Errorf("subtree = %+v", o.Subtree)
+	}
+	if o, err := parseFlags("extproc", []string{"-config", "p.yaml"}, env, io.Discard); err != nil || o.Subtree.Enabled() {
+		t.Errorf("the subtree is off by default: %+v, %v", o.Subtree, err)
+	}
+	for args, want := range map[string]string{
+		"-subtree-pool region-a":                       "needs -subtree-listen",
+		"-subtree-listen :9300 -subtree-pool region-a": "-subtree-pool: needs -etcd",
+		"-subtree-listen 127.0.0.1":                    "-subtree-listen",
+	} {
+		_, err := parseFlags("extproc", append([]string{"-config", "p.yaml"}, strings.Fields(args)...), env, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", args, err, want)
+		}
+	}
+}
+
+// freeAddr is a loopback address nothing listens on (just closed).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestRunServesSubtree: `kvgate extproc -subtree-listen` answers the local
+// router's probe for its pools (the worker id qualified by its pool), and
+// refuses a configuration that routes to its own subtree address.
+func TestRunServesSubtree(t *testing.T) {
+	ctx := testenv.Context(t)
+	lr := pooltest.Start(t, "pool-a", 16, pooltest.Workers("a", 2)...)
+	saddr := freeAddr(t)
+	o, err := parseFlags("extproc", []string{"-config", writePools(t, t.TempDir(), lr.Addr), "-addr", "127.0.0.1:0", "-subtree-listen", saddr, "-config-watch", "-1s"}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := startRun(ctx, o, lis, nil)
+	c, err := client.Dial(saddr, []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var sel routing.Selection
+	testenv.Eventually(t, 10*time.Second, func() (string, bool) {
+		sel, err = c.BestWorker(ctx, client.HashPrompt([]uint64{1, 2, 3}, 16), client.BestWorkerOptions{})
+		return fmt.Sprint(err), err == nil
+	})
+	if !strings.HasPrefix(sel.WorkerID, "pool-a/a-") || sel.BlockSize != 16 {
+		t.Errorf("probe through the subtree = %+v, want a worker of pool-a, qualified", sel)
+	}
+	if err := stop(); err != nil {
+		t.Errorf("run: %v", err)
+	}
+
+	// A configuration whose pool is this router's own subtree.
+	loop, err := parseFlags("extproc", []string{"-config", writePools(t, t.TempDir(), saddr), "-addr", "127.0.0.1:0", "-subtree-listen", saddr}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := startRun(ctx, loop, lis2, nil)(); err == nil || !strings.Contains(err.Error(), "routing loop") {
+		t.Errorf("run over its own subtree: %v, want a routing loop refusal", err)
+	}
+}

@@ -1,0 +1,307 @@
+package subtree
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/internal/runner"
+	"github.com/kvgate/kvgate/internal/tlsconfig"
+	"github.com/kvgate/kvgate/localrouter/server"
+	"github.com/kvgate/kvgate/membership"
+	"github.com/kvgate/kvgate/membership/registry"
+)
+
+// DefaultListen is -subtree-listen's host when the flag names a port
+// only (":9300" listens on loopback: exposing the subtree is a choice).
+const DefaultListen = "127.0.0.1"
+
+// Config is the subtree service of `kvgate extproc` (flags -subtree-*).
+type Config struct {
+	// Listen is the gRPC listen address ("" : the service is off; a
+	// port alone, ":9300", listens on DefaultListen).
+	Listen string
+	// Advertise is the address registered in etcd and checked for loops
+	// (default: the listen address).
+	Advertise string
+	// Pool is the parent's pool name this router registers as a router of
+	// in etcd ("" : no registration; parents list the address statically).
+	Pool string
+	// BlockSize is the block size registered (0: the pools', when they
+	// all have one).
+	BlockSize int
+	// Model restricts the subtree to the pools serving it
+	// (globalrouter.SubtreeOptions.Model).
+	Model string
+	// MaxDepth is the deepest tree a call may cross (default
+	// globalrouter.DefaultMaxDepth).
+	MaxDepth int
+	// ID is the router id registered (default: the host name and port).
+	ID string
+	// RegisterTTL is the etcd lease's TTL (0: 10 s).
+	RegisterTTL time.Duration
+	// AuthorizedClients, under mutual TLS, are the client certificate
+	// names (DNS SANs or CN) allowed lifecycle calls (Commit, Track,
+	// Channel, Free, MarkPrefillComplete, BestWorker with a request id);
+	// empty: any verified client. The TLS is the process's
+	// (-tls-cert-file, -tls-client-ca-file, as the ext_proc listener's).
+	AuthorizedClients []string
+}
+
+// Flags defines the -subtree-* flags on fs.
+func (c *Config) Flags(fs *config.FlagSet) {
+	fs.Var(config.String(&c.Listen), "subtree-listen", `serve this router's subtree over the local-router gRPC API at this address, so a parent global router's pool can be this router ("" : off; ":9300" listens on `+DefaultListen+`)`)
+	fs.Var(config.String(&c.Advertise), "subtree-advertise", "subtree address registered in etcd (default: the listen address)")
+	fs.Var(config.String(&c.Pool), "subtree-pool", "register the subtree in etcd as a router of this pool (the parent's pool name, routers: {etcd: true}); needs -etcd")
+	fs.Var(config.Int(&c.BlockSize, 0), "subtree-block-size", "block size registered for the subtree (0: its pools', when they share one)")
+	fs.Var(config.String(&c.Model), "subtree-model", "model the subtree answers for (its pools serving it; default: the first model its pools name)")
+	fs.Var(config.Int(&c.MaxDepth, 0), "subtree-max-depth", fmt.Sprintf("deepest tree of global routers a call may cross before it is refused as a loop (0: %d)", globalrouter.DefaultMaxDepth))
+	fs.Var(config.String(&c.ID), "subtree-router-id", "router id of the subtree's etcd registration (default: host name and port)")
+	fs.Var(config.Duration(&c.RegisterTTL), "subtree-register-ttl", "lease TTL of the subtree's etcd registration (0: 10s)")
+	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS SANs or CN) allowed the subtree's lifecycle calls (Commit, Track, Channel, Free, MarkPrefillComplete); empty: any verified client")
+}
+
+// Enabled reports whether the service runs.
+func (c Config) Enabled() bool { return c.Listen != "" }
+
+// ListenAddr is Listen with DefaultListen for a missing host.
+func (c Config) ListenAddr() string {
+	if strings.HasPrefix(c.Listen, ":") {
+		return DefaultListen + c.Listen
+	}
+	return c.Listen
+}
+
+// Validate reports a bad combination, naming the flag.
+func (c Config) Validate() error {
+	if !c.Enabled() {
+		for flag, set := range map[string]bool{"-subtree-pool": c.Pool != "", "-subtree-advertise": c.Advertise != ""} {
+			if set {
+				return fmt.Errorf("%s: needs -subtree-listen", flag)
+			}
+		}
+		return nil
+	}
+	for flag, a := range map[string]string{"-subtree-listen": c.ListenAddr(), "-subtree-advertise": c.Advertise} {
+		if a == "" {
+			continue
+		}
+		if _, p, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("%s: %q: %v", flag, a, err)
+		} else if _, err := strconv.ParseUint(p, 10, 16); err != nil {
+			return fmt.Errorf("%s: %q: bad port %q", flag, a, p)
+		}
+	}
+	if c.Pool != "" && strings.ContainsAny(c.Pool, "/. *>") {
+		return fmt.Errorf("-subtree-pool: %q must not contain '/', '.', ' ', '*' or '>'", c.Pool)
+	}
+	if c.MaxDepth < 0 {
+		return fmt.Errorf("-subtree-max-depth: %d is negative", c.MaxDepth)
+	}
+	return nil
+}
+
+// RouterOption is the global router's side of the service: its own
+// addresses and pool refused in its configuration (loops), the depth, the
+// model. extra are addresses known only once listening (the bound port).
+func (c Config) RouterOption(extra ...string) globalrouter.Option {
+	addrs := append([]string{}, extra...)
+	for _, a := range []string{c.ListenAddr(), c.Advertise} {
+		if a != "" && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return globalrouter.WithSubtree(globalrouter.SubtreeOptions{Addresses: addrs, Pool: c.Pool, MaxDepth: c.MaxDepth, Model: c.Model})
+}
+
+// Service is the running subtree service.
+type Service struct {
+	Server     *Server
+	lis        net.Listener
+	advertised string
+	reg        *registry.Registration
+}
+
+// ListenOn opens the service's listener (before the router is built, so
+// that the bound address joins the loop checks).
+func (c Config) ListenOn() (net.Listener, error) {
+	return runner.Listen("subtree-listen", c.ListenAddr())
+}
+
+// Start serves router's subtree on lis in g (TLS when tlsCfg is set; its
+// mutual TLS authorises lifecycle calls by c.AuthorizedClients), and
+// registers it in etcd as a router of c.Pool when set (etcd required
+// then). It returns once serving and registered.
+func Start(ctx context.Context, c Config, lis net.Listener, router *globalrouter.Router, tlsCfg *tlsconfig.Server, etcd *clientv3.Client, g *runner.Group, log *slog.Logger) (*Service, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Service{lis: lis, advertised: c.Advertise}
+	if s.advertised == "" {
+		s.advertised = lis.Addr().String()
+	}
+	id := c.ID
+	if id == "" {
+		id = defaultID(s.advertised)
+	}
+	s.Server = NewServer(router.Subtree(), c.Pool, id, log)
+	gopts := ServerOptions()
+	if tlsCfg != nil && tlsCfg.Enabled() {
+		tc, err := tlsCfg.Config(log)
+		if err != nil {
+			return nil, fmt.Errorf("subtree: %w", err)
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
+		if tlsCfg.MutualTLS() && len(c.AuthorizedClients) > 0 {
+			a := authorizer{allowed: c.AuthorizedClients}
+			gopts = append(gopts, grpc.ChainUnaryInterceptor(a.unary()), grpc.ChainStreamInterceptor(a.stream()))
+		}
+	}
+	gs := grpc.NewServer(gopts...)
+	s.Server.Register(gs)
+	g.ServeGRPC("subtree", gs, lis)
+	g.OnStop(func(context.Context) error { s.Server.Shutdown(); return nil })
+	if c.Pool != "" {
+		if etcd == nil {
+			return nil, errors.New("-subtree-pool: needs -etcd (the registration lives there)")
+		}
+		bs := c.BlockSize
+		if bs == 0 {
+			var err error
+			if bs, err = blockSize(router.Config()); err != nil {
+				return nil, err
+			}
+		}
+		info := membership.RouterInfo{ID: id, GRPCAddress: s.advertised, Pool: c.Pool, BlockSize: bs}
+		reg, err := registry.RegisterRouter(ctx, etcd, info, c.RegisterTTL, log.With("component", "globalrouter.subtree.registration", "pool", c.Pool))
+		if err != nil {
+			return nil, fmt.Errorf("subtree: %w", err)
+		}
+		s.reg = reg
+		g.OnStop(func(context.Context) error { return reg.Close() })
+	}
+	log.Info("serving the subtree", "addr", lis.Addr().String(), "advertised", s.advertised, "pool", c.Pool, "tls", tlsCfg != nil && tlsCfg.Enabled())
+	return s, nil
+}
+
+// Addr is the address the service listens on.
+func (s *Service) Addr() string { return s.lis.Addr().String() }
+
+// Advertised is the address registered (or to list statically).
+func (s *Service) Advertised() string { return s.advertised }
+
+// blockSize is the one block size of cfg's pools.
+func blockSize(cfg globalrouter.Config) (int, error) {
+	var sizes []int
+	for _, p := range cfg.Pools {
+		if !slices.Contains(sizes, p.BlockSize) {
+			sizes = append(sizes, p.BlockSize)
+		}
+	}
+	if len(sizes) != 1 {
+		return 0, fmt.Errorf("-subtree-block-size: the pools have block sizes %v; say which one the subtree registers", sizes)
+	}
+	return sizes[0], nil
+}
+
+func defaultID(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	h, err := osHostname()
+	if err != nil || h == "" {
+		h = "kvgate"
+	}
+	return strings.NewReplacer("/", "-", " ", "-").Replace(h) + "-subtree-" + port
+}
+
+// stateChanging are the calls authorised by certificate under mutual TLS
+// (as a local router's lifecycle calls, localrouter/server/authz.go).
+var stateChanging = map[string]bool{
+	localrouterv1.LocalRouter_Commit_FullMethodName:              true,
+	localrouterv1.LocalRouter_Track_FullMethodName:               true,
+	localrouterv1.LocalRouter_Channel_FullMethodName:             true,
+	localrouterv1.LocalRouter_MarkPrefillComplete_FullMethodName: true,
+	localrouterv1.LocalRouter_Free_FullMethodName:                true,
+	localrouterv1.LocalRouter_DumpEvents_FullMethodName:          true,
+}
+
+type authorizer struct{ allowed []string }
+
+func (a authorizer) check(ctx context.Context, method string, req any) error {
+	changes := stateChanging[method]
+	if bw, ok := req.(*localrouterv1.BestWorkerRequest); ok && bw.GetRequestId() != "" {
+		changes = true
+	}
+	if !changes {
+		return nil
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
+			for _, n := range tlsconfig.PeerNames(ti.State.VerifiedChains[0][0]) {
+				if slices.Contains(a.allowed, n) {
+					return nil
+				}
+			}
+		}
+	}
+	return status.Error(codes.PermissionDenied, method+": caller not authorised: lifecycle calls need a client certificate named in -authorized-clients")
+}
+
+func (a authorizer) unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := a.check(ctx, info.FullMethod, req); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	}
+}
+
+func (a authorizer) stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := a.check(ss.Context(), info.FullMethod, nil); err != nil {
+			return err
+		}
+		return h(srv, ss)
+	}
+}
+
+var osHostname = os.Hostname
+
+// transportWindow: fixed HTTP/2 flow-control windows, as the local
+// router's (localrouter/server/grpcopts.go): no BDP pings riding along
+// every probe.
+const transportWindow = 1 << 20
+
+// ServerOptions are the subtree service's gRPC server options, as a local
+// router's (localrouter/server.GRPCServerOptions, without its metrics):
+// keepalive pings (a connection cut without a FIN ends its streams, which
+// frees their requests below), fixed flow-control windows, stream workers
+// reused across calls, the local router's message size bound.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.InitialWindowSize(transportWindow),
+		grpc.InitialConnWindowSize(transportWindow),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		grpc.MaxRecvMsgSize(server.MaxRecvMsgBytes),
+	}
+}
