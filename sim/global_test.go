@@ -48,6 +48,13 @@ pools:
     routers: {etcd: true}
 `
 
+// onePoolPipelined is onePool committing the probed worker (probe.commit:
+// pipelined): the two-step probe then commit draws the router's random
+// tie-breaks as the flat replay's one placing BestWorker does, so the
+// placements can be compared exactly. With the default (decide) the probe
+// and the decide-and-commit each draw one, and ties fall elsewhere.
+const onePoolPipelined = "probe: {commit: pipelined}\n" + onePool
+
 // The hashes Decide computes (globalrouter.BlockKeys) are the ones the flat
 // replay hands the local router (kvevents.AppendLocalHashes), so the
 // routers see the same prompts either way.
@@ -94,7 +101,7 @@ func TestConfigReplayOnePoolMatchesFlat(t *testing.T) {
 	flat.Policies = []Policy{Dynamo()}
 	want := runReport(t, flat).Results[0]
 	cfg := base
-	cfg.Global = &GlobalReplay{Config: globalConfig(t, onePool), Name: "one.yaml"}
+	cfg.Global = &GlobalReplay{Config: globalConfig(t, onePoolPipelined), Name: "one.yaml"}
 	rep := runReport(t, cfg)
 	got := rep.Results[0]
 	if got.Topology != "config:one.yaml" || got.Policy != "chain" {
@@ -350,7 +357,7 @@ func TestConfigReplayWorkerChain(t *testing.T) {
 	flat.Policies = []Policy{pol, Dynamo()}
 	flatRep := runReport(t, flat)
 	cfg := base
-	cfg.Global = &GlobalReplay{Config: globalConfig(t, onePool+"    worker_chain: [{name: prefix, weight: 1}]\n"), Name: "chain.yaml"}
+	cfg.Global = &GlobalReplay{Config: globalConfig(t, onePoolPipelined+"    worker_chain: [{name: prefix, weight: 1}]\n"), Name: "chain.yaml"}
 	got := runReport(t, cfg).Results[0]
 	if diff := cmp.Diff(flatRep.Results[0].workers, got.workers); diff != "" {
 		t.Errorf("placements differ from the flat replay of the same chain (-flat +config):\n%s", diff)
