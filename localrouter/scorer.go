@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
 )
@@ -157,6 +158,11 @@ type ChainInput struct {
 	LoRA, SessionKey string
 	// Cold: no candidate holds any block of the request.
 	Cold bool
+	// Now is the decision's time on the router's Clock.
+	Now time.Time
+	// PoolRanks is the number of the pool's worker ranks (every member,
+	// whatever the candidates of this decision).
+	PoolRanks int
 }
 
 // Filter leaves candidates out. Skip returns why candidate j is left out,
@@ -327,6 +333,19 @@ type workerChain struct {
 	// credit and scale, when set (the cost scorer's arguments), replace
 	// the Config's overlap_score_credit and prefill_load_scale.
 	credit, scale *float64
+	// costFrom is the scorer whose raw value is Selection.Cost (the ttft
+	// scorer's, in blocks of prefill time), -1: Dynamo's cost.
+	costFrom int
+}
+
+// selectionCost is Selection.Cost for the winner at position i among
+// s.cand: the ttft scorer's raw value when the chain has one, else
+// Dynamo's cost dynamo.
+func (c *workerChain) selectionCost(s *chainScratch, i int, dynamo float64) float64 {
+	if c.costFrom < 0 {
+		return dynamo
+	}
+	return s.raw[c.costFrom*len(s.cand)+i]
 }
 
 func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
@@ -334,7 +353,7 @@ func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
 	if dflt {
 		specs = DefaultWorkerChain()
 	}
-	c := &workerChain{report: !dflt}
+	c := &workerChain{report: !dflt, costFrom: -1}
 	seen := map[string]bool{}
 	for i, sp := range specs {
 		if seen[sp.Name] {
@@ -400,6 +419,9 @@ func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
 	}
 	if cs, ok := sc.(*costScorer); ok {
 		c.credit, c.scale = cs.credit, cs.scale
+	}
+	if _, ok := sc.(*ttftScorer); ok {
+		c.costFrom = len(c.scorers)
 	}
 	c.scorers = append(c.scorers, chainScorer{sp.Name, w, sc})
 	if o, ok := sc.(Observer); ok {
