@@ -75,8 +75,9 @@ type Config struct {
 
 	// WorkerChain is how BestWorker ranks the pool's workers: filters and
 	// weighted scorers (scorer.go; docs/localrouter.md "Worker chain").
-	// Empty: DefaultWorkerChain, the saturation filter then Dynamo's cost,
-	// which the fields above parameterise.
+	// Empty: DefaultWorkerChain, the saturation filter then the ttft
+	// scorer; CostWorkerChain is Dynamo's cost, which the fields above
+	// parameterise.
 	WorkerChain []ScorerSpec
 }
 
@@ -125,18 +126,18 @@ func FormatTierWeights(w [kvevents.NumTiers]float64) string {
 	return b.String()
 }
 
-// DefaultConfig returns Dynamo's defaults (overlap_score_credit 1,
-// prefill_load_scale 1, router_temperature 0).
+// DefaultConfig returns the defaults: Dynamo's cost parameters
+// (overlap_score_credit 1, prefill_load_scale 1, router_temperature 0),
+// which only the cost scorer reads, and the default worker chain
+// (an empty WorkerChain: DefaultWorkerChain, saturation then ttft).
 //
-// kvgate's principled default (docs/replay-results.md, "Round 2,
-// principled default") is a scorer, not these two numbers: the request's
-// predicted TTFT on the worker plus the delay its cache misses impose on
-// the requests arriving behind it. In this formula it comes out as
-// credit 2 and scale 766 (the replay's kvgate-cost policy; recompute the
-// scale for your GPU: KV capacity in tokens × prefill time per token ÷
-// (decode-step time at a full KV cache − at an empty one)), which beats
-// Dynamo's defaults on the Mooncake trace but not on the agentic trace's
-// mean TTFT (152 vs 148 ms), so the defaults stay Dynamo's.
+// ttft is kvgate's principled default (docs/replay-results.md, "Round 2,
+// principled default"; scorer_ttft.go): the request's predicted TTFT on
+// the worker plus the delay its cache misses impose on the requests
+// arriving behind it, from the engine's timing model. It beats Dynamo's
+// defaults on both target traces (Mooncake 6x mean TTFT 222 vs 382 ms,
+// agentic 9x 129 vs 148 ms). Dynamo's choice: WorkerChain =
+// CostWorkerChain() (-worker-chain cost).
 func DefaultConfig() Config {
 	return Config{
 		BlockSize:          16,

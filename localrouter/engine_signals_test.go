@@ -109,6 +109,7 @@ func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 
 func TestEngineSignalsInCost(t *testing.T) {
 	cfg := DefaultConfig()
+	cfg.WorkerChain = CostWorkerChain() // Dynamo's formula, asked for
 	cfg.BlockSize = 4
 	prompt := toks(16, 1)
 	// Equal cost without signals; a's engine has a queue and a fuller cache.

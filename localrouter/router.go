@@ -660,7 +660,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	}
 	cs := &s.chain
 	cs.in = ChainInput{Loads: s.loads, Overlap: s.overlapEq, Costs: s.costs, ISL: isl, RequestBlocks: len(s.local),
-		BlockSize: r.cfg.BlockSize, LoRA: req.LoRAName, SessionKey: req.SessionKey, Cold: cold}
+		BlockSize: r.cfg.BlockSize, LoRA: req.LoRAName, SessionKey: req.SessionKey, Cold: cold, Now: r.clock(), PoolRanks: len(mem.keys)}
 	skipped, saturated, allSaturated := r.chain.run(cs, opts.Worker != nil)
 	k := r.pick(cs.totals, p.temperature)
 	i := cs.cand[k]
@@ -668,7 +668,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	// Address and Router are the caller's to fill: it knows them.
 	sel := routing.Selection{
 		WorkerID: l.Worker.ID, DPRank: l.Worker.DPRank, OverlapBlocks: l.OverlapBlocks, PrefillTokens: l.PotentialPrefillTokens,
-		DecodeBlocks: l.PotentialDecodeBlocks, Cost: s.costs[i], RequestBlocks: len(s.local), Candidates: len(workers),
+		DecodeBlocks: l.PotentialDecodeBlocks, Cost: r.chain.selectionCost(cs, k, s.costs[i]), RequestBlocks: len(s.local), Candidates: len(workers),
 		BlockSize: r.cfg.BlockSize, ISL: isl,
 	}
 	if r.chain.report {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
 )
@@ -37,8 +38,12 @@ import (
 // with all of them), as the saturation filter always did. Filters are
 // never applied to a forced worker (BestWorkerOptions.Worker).
 //
-// The default chain (an empty Config.WorkerChain) is saturation then cost
-// at weight 1: today's choice, costs and tie-breaks exactly.
+// The default chain (an empty Config.WorkerChain) is saturation then ttft
+// (DefaultWorkerChain); Dynamo's choice, costs and tie-breaks exactly are
+// CostWorkerChain (saturation then cost at weight 1, "-worker-chain
+// cost"). Selection.Cost is the ttft scorer's value (predicted TTFT plus
+// the delay imposed, in blocks of prefill time) when the chain has it,
+// Dynamo's cost otherwise.
 
 // ScorerSpec is one entry of a worker chain: a filter or a scorer by name,
 // the scorer's weight, and its arguments. In YAML (pools.yaml's
@@ -61,9 +66,19 @@ type ScorerSpec struct {
 }
 
 // DefaultWorkerChain is the chain of a Config whose WorkerChain is empty:
-// the saturation filter, then Dynamo's cost.
+// the saturation filter, then the ttft scorer at the mocker's timing
+// (scorer_ttft.go: predicted TTFT plus the delay imposed on the requests
+// arriving behind; docs/localrouter.md "The ttft scorer").
 func DefaultWorkerChain() []ScorerSpec {
-	return []ScorerSpec{{Name: "saturation"}, {Name: "cost", Weight: 1}}
+	return []ScorerSpec{{Name: saturationName}, {Name: ttftName, Weight: 1}}
+}
+
+// CostWorkerChain is Dynamo's chain, the default before the ttft scorer:
+// the saturation filter, then Dynamo's cost (Config.OverlapScoreCredit,
+// PrefillLoadScale, the engine-signal weights). -worker-chain cost
+// selects it (the filter leaves none out unless saturation is set).
+func CostWorkerChain() []ScorerSpec {
+	return []ScorerSpec{{Name: saturationName}, {Name: "cost", Weight: 1}}
 }
 
 // String writes s as ParseWorkerChain reads one entry.
@@ -157,6 +172,11 @@ type ChainInput struct {
 	LoRA, SessionKey string
 	// Cold: no candidate holds any block of the request.
 	Cold bool
+	// Now is the decision's time on the router's Clock.
+	Now time.Time
+	// PoolRanks is the number of the pool's worker ranks (every member,
+	// whatever the candidates of this decision).
+	PoolRanks int
 }
 
 // Filter leaves candidates out. Skip returns why candidate j is left out,
@@ -327,14 +347,31 @@ type workerChain struct {
 	// credit and scale, when set (the cost scorer's arguments), replace
 	// the Config's overlap_score_credit and prefill_load_scale.
 	credit, scale *float64
+	// costFrom is the scorer whose raw value is Selection.Cost (the ttft
+	// scorer's, in blocks of prefill time), -1: Dynamo's cost.
+	costFrom int
+}
+
+// selectionCost is Selection.Cost for the winner at position i among
+// s.cand: the ttft scorer's raw value when the chain has one, else
+// Dynamo's cost dynamo.
+func (c *workerChain) selectionCost(s *chainScratch, i int, dynamo float64) float64 {
+	if c.costFrom < 0 {
+		return dynamo
+	}
+	return s.raw[c.costFrom*len(s.cand)+i]
 }
 
 func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
-	dflt := len(specs) == 0
-	if dflt {
+	if len(specs) == 0 {
 		specs = DefaultWorkerChain()
 	}
-	c := &workerChain{report: !dflt}
+	// The default chain and Dynamo's (one scorer, whose value is
+	// Selection.Cost) report no scores: their decision path allocates
+	// nothing.
+	f := FormatWorkerChain(specs)
+	plain := f == FormatWorkerChain(DefaultWorkerChain()) || f == FormatWorkerChain(CostWorkerChain()) || f == "cost" || f == "cost=1"
+	c := &workerChain{report: !plain, costFrom: -1}
 	seen := map[string]bool{}
 	for i, sp := range specs {
 		if seen[sp.Name] {
@@ -400,6 +437,9 @@ func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
 	}
 	if cs, ok := sc.(*costScorer); ok {
 		c.credit, c.scale = cs.credit, cs.scale
+	}
+	if _, ok := sc.(*ttftScorer); ok {
+		c.costFrom = len(c.scorers)
 	}
 	c.scorers = append(c.scorers, chainScorer{sp.Name, w, sc})
 	if o, ok := sc.(Observer); ok {

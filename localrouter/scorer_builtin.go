@@ -9,7 +9,10 @@ import (
 // The built-in filters and scorers. Each one's formula is in its doc
 // comment and in docs/localrouter.md ("Worker chain").
 
-const saturationName = "saturation"
+const (
+	saturationName = "saturation"
+	ttftName       = "ttft"
+)
 
 func init() {
 	must := func(err error) {
@@ -29,6 +32,7 @@ func init() {
 	must(RegisterScorer("lora-affinity", func(*ChainArgs) (Scorer, error) { return loraScorer{}, nil }))
 	must(RegisterScorer("session", newSessionScorer))
 	must(RegisterScorer("cold", newColdScorer))
+	must(RegisterScorer(ttftName, newTTFTScorer))
 }
 
 // saturationFilter leaves out the ranks whose engine reports saturation

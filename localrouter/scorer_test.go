@@ -79,13 +79,15 @@ func oldChoice(t *testing.T, r *Router, req Request, rnd *rand.Rand) (WorkerKey,
 
 // TestDefaultChainIsTheOldFormula: over random pools (cached prefixes on
 // the GPU and the CPU tier, requests in prefill and decode, engine
-// signals with saturation, random cost parameters) the default chain
+// signals with saturation, random cost parameters) Dynamo's chain
+// (CostWorkerChain, the default before the ttft scorer)
 // chooses what the formula it replaced chooses, at the same cost, with
 // the same tie-breaks (both draw from equally seeded sources).
 func TestDefaultChainIsTheOldFormula(t *testing.T) {
 	gen := rand.New(rand.NewPCG(7, 7))
 	for round := 0; round < 40; round++ {
 		cfg := DefaultConfig()
+		cfg.WorkerChain = CostWorkerChain() // Dynamo's formula, asked for
 		cfg.BlockSize = 4
 		cfg.PredictedTTL = 0 // predicted entries' recosting has its own tests (predicted_test.go)
 		cfg.OverlapScoreCredit = float64(gen.IntN(4))

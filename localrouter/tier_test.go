@@ -131,6 +131,7 @@ func TestTierAwareCost(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
+			cfg.WorkerChain = CostWorkerChain() // Dynamo's formula, asked for
 			cfg.BlockSize = 4
 			cfg.TierWeights = tc.weights
 			r := newRouter(t, cfg, "cpu-holder", "idle")

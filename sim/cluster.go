@@ -72,7 +72,11 @@ func (r *run) buildPools() error {
 		}
 	}
 	for _, s := range specs {
-		rt, err := localrouter.New(r.policy.routerConfig(cfg.BlockSize, cfg.PredictedTTL), localrouter.Options{
+		rc := r.policy.routerConfig(cfg.BlockSize, cfg.PredictedTTL)
+		if r.policy.Kind == KindTTFT {
+			rc.WorkerChain = r.policy.ttftChain(cfg)
+		}
+		rt, err := localrouter.New(rc, localrouter.Options{
 			Clock:         func() time.Time { return r.now },
 			Rand:          r.routerRand,
 			Logger:        discardLogger,
@@ -185,7 +189,7 @@ func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*w
 				}
 			}
 		}
-	case KindCost:
+	case KindCost, KindTTFT:
 		if len(pools) == 1 {
 			// One pool: the local router decides and records in one call,
 			// exactly as a flat deployment does.
@@ -222,11 +226,6 @@ func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*w
 		best := ranked[0]
 		p := byPool[best.Pool]
 		w = p.byKey[localrouter.WorkerKey{ID: best.Probe.WorkerID, DPRank: best.Probe.DPRank}]
-	case KindTTFT:
-		var err error
-		if w, err = r.chooseTTFT(ctx, pools, req, r.wl.reqs[idx].InputLength, id); err != nil {
-			return nil, err
-		}
 	}
 	key := w.key
 	if _, err := w.pool.router.BestWorker(ctx, req, localrouter.BestWorkerOptions{RequestID: id, Worker: &key}); err != nil {

@@ -101,7 +101,9 @@ func TestConfigReplayOnePoolMatchesFlat(t *testing.T) {
 	flat.Policies = []Policy{Dynamo()}
 	want := runReport(t, flat).Results[0]
 	cfg := base
-	cfg.Global = &GlobalReplay{Config: globalConfig(t, onePoolPipelined), Name: "one.yaml"}
+	// Dynamo's chain asked for, as the flat dynamo policy's (the
+	// library default is saturation,ttft).
+	cfg.Global = &GlobalReplay{Config: globalConfig(t, onePoolPipelined+"    worker_chain: [{name: saturation}, {name: cost}]\n"), Name: "one.yaml"}
 	rep := runReport(t, cfg)
 	got := rep.Results[0]
 	if got.Topology != "config:one.yaml" || got.Policy != "chain" {

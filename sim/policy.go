@@ -40,8 +40,9 @@ type Policy struct {
 	// (tier_weights none); by default they count at
 	// localrouter.DefaultTierWeights.
 	NoTiers bool
-	// Chain is the local routers' worker chain (KindCost only; empty: the
-	// default chain, Dynamo's cost with Credit, Scale and Temperature).
+	// Chain is the local routers' worker chain (KindCost only; empty:
+	// localrouter.CostWorkerChain, Dynamo's cost with Credit, Scale and
+	// Temperature).
 	// ParsePolicy makes one of "chain:<inline chain>".
 	Chain []localrouter.ScorerSpec
 	// Externality (KindTTFT only) weighs the GPU time of the request's own
@@ -264,6 +265,9 @@ func (p Policy) routerConfig(blockSize int, predictedTTL time.Duration) localrou
 	if p.Kind == KindCost {
 		c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature = p.Credit, p.Scale, p.Temperature
 		c.WorkerChain = p.Chain
+		if len(c.WorkerChain) == 0 { // Dynamo's cost, no longer the library default
+			c.WorkerChain = localrouter.CostWorkerChain()
+		}
 	}
 	if p.NoTiers {
 		for t := range c.TierWeights {

@@ -182,9 +182,6 @@ type run struct {
 	// poolChain is the global router's pool selection for cost policies
 	// across several pools.
 	poolChain *policies.Chain
-	// rates are the arrival-rate estimates of KindTTFT with ExtAuto, by
-	// the first pool of the candidate set (sim/ttft.go).
-	rates map[*pool]*arrivalRate
 
 	eventsRejected int
 

@@ -166,7 +166,7 @@ func flags(fs *config.FlagSet, c *Config) {
 			return err
 		},
 		GetFunc: func() string { return localrouter.FormatWorkerChain(r.WorkerChain) },
-	}, "worker-chain", "how workers are ranked: filters and weighted scorers inline (saturation,cost=1,prefix=2,cold=1/lru_size=512) or a YAML file (FILE.yaml, or @FILE) listing {name, weight, args}; empty: saturation then Dynamo's cost (docs/localrouter.md, Worker chain)")
+	}, "worker-chain", "how workers are ranked: filters and weighted scorers inline (saturation,cost=1,prefix=2,cold=1/lru_size=512) or a YAML file (FILE.yaml, or @FILE) listing {name, weight, args}; empty: saturation then ttft, the predicted-TTFT scorer; cost (or saturation,cost) for Dynamo's cost (docs/localrouter.md, Worker chain)")
 	fs.Var(config.Duration(&r.RequestExpiry), "router-request-expiry", "free requests still active after this long (duration, or seconds)")
 }
 

@@ -1,0 +1,230 @@
+package localrouter
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/mocker"
+)
+
+// ttftScorer is kvgate's principled scorer (docs/localrouter.md "The ttft
+// scorer"; derivation in docs/replay-results.md "Round 2, principled
+// default"): the waiting a request adds to the pool on a candidate, its
+// predicted time to first token there plus the delay its own uncached
+// prefill imposes on the requests expected to arrive behind it:
+//
+//	work  = the others' active prefill tokens + the request's uncached ones
+//	n     = ceil(work / chunk)                       (prefill iterations)
+//	ttft  = (n-1)·prefill(chunk) + prefill(work - (n-1)·chunk)
+//	      + n·decode(kv occupancy)   when the worker has requests running
+//	ext   = arrival rate per worker × ttft           (ext=auto; or a number)
+//	score = ttft + ext × uncached tokens × prefill time per token
+//
+// in milliseconds, written out in blocks of prefill time (score divided
+// by block_size × prefill(chunk) / chunk), the unit Selection.Cost keeps
+// when this scorer is in the chain, so that the global router's cost
+// policy compares pools in prefill time.
+//
+// prefill and decode are the mocker's timing model (mocker.DefaultTiming)
+// scaled to three numbers an operator measures on their GPU: prefill_ms,
+// one prefill iteration of a full chunk (max_num_batched_tokens, arg
+// chunk); decode_empty_ms and decode_full_ms, one decode step at an empty
+// and at a full KV cache; and the KV capacity kv_tokens. Occupancy is the
+// candidate's active decode blocks over the capacity, or the engine's
+// reported KV usage where it is scraped and higher.
+//
+// The arrival rate is the pool's placements (requests recorded with a
+// request id, or UpdateIndexer) counted with an exponential decay of time
+// constant 10 s on the router's Clock, divided by the pool's ranks; probes
+// read it without a lock. Cached blocks on lower tiers count at their
+// TierWeights (a CPU block at 0.8 saves 0.8 of its prefill).
+type ttftScorer struct {
+	chunk                                int
+	prefillMs, decodeEmptyMs, decodeFull float64
+	kvBlocks                             float64
+	blockSize                            int
+	ext                                  float64 // when !auto
+	auto                                 bool
+	// rate: the pool's placements (per rank: divided by PoolRanks).
+	rate                                  rateEstimator
+	prefillScale, decodeShape, decodeBase float64
+}
+
+// TTFT calibration defaults: mocker.DefaultTiming at a full chunk of 8,192
+// tokens and a 1 M-token KV cache.
+const (
+	DefaultTTFTChunk    = 8192
+	DefaultTTFTKVTokens = 1 << 20
+)
+
+// DefaultTTFTPrefillMillis, DefaultTTFTDecodeEmptyMillis and
+// DefaultTTFTDecodeFullMillis are the mocker's timing at those defaults.
+var (
+	DefaultTTFTPrefillMillis     = mocker.PrefillMillis(DefaultTTFTChunk)
+	DefaultTTFTDecodeEmptyMillis = mocker.DecodeMillis(0)
+	DefaultTTFTDecodeFullMillis  = mocker.DecodeMillis(1)
+)
+
+// TTFTRateWindow is the arrival-rate estimator's time constant.
+const TTFTRateWindow = 10 * time.Second
+
+func newTTFTScorer(a *ChainArgs) (Scorer, error) {
+	s := &ttftScorer{blockSize: a.Config.BlockSize}
+	num := func(key string, def float64, ok func(float64) bool, want string) (float64, error) {
+		v, err := a.Float(key, def)
+		if err != nil {
+			return 0, err
+		}
+		if !ok(v) {
+			return 0, fmt.Errorf("%w: worker chain %q: %s %g must be %s", ErrInvalidConfig, a.Entry, key, v, want)
+		}
+		return v, nil
+	}
+	pos := func(v float64) bool { return v > 0 }
+	count := func(v float64) bool { return v >= 1 && v == math.Trunc(v) && v <= 1<<40 }
+	chunk, err := num("chunk", DefaultTTFTChunk, count, "a token count ≥ 1")
+	if err != nil {
+		return nil, err
+	}
+	s.chunk = int(chunk)
+	if s.prefillMs, err = num("prefill_ms", DefaultTTFTPrefillMillis, pos, "> 0"); err != nil {
+		return nil, err
+	}
+	if s.decodeEmptyMs, err = num("decode_empty_ms", DefaultTTFTDecodeEmptyMillis, func(v float64) bool { return v >= 0 }, "≥ 0"); err != nil {
+		return nil, err
+	}
+	if s.decodeFull, err = num("decode_full_ms", DefaultTTFTDecodeFullMillis, func(v float64) bool { return v >= s.decodeEmptyMs }, "≥ decode_empty_ms"); err != nil {
+		return nil, err
+	}
+	kv, err := num("kv_tokens", DefaultTTFTKVTokens, func(v float64) bool { return v >= float64(s.blockSize) && v == math.Trunc(v) }, "a token count of at least one block")
+	if err != nil {
+		return nil, err
+	}
+	s.kvBlocks = math.Floor(kv / float64(s.blockSize))
+	ext, err := a.String("ext", "auto")
+	if err != nil {
+		return nil, err
+	}
+	if ext == "auto" {
+		s.auto = true
+	} else {
+		f, perr := strconv.ParseFloat(ext, 64)
+		if perr != nil || !(f >= 0) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("%w: worker chain %q: ext %q must be auto or a number ≥ 0", ErrInvalidConfig, a.Entry, ext)
+		}
+		s.ext = f
+	}
+	// The mocker's curves scaled to the measured points: prefill(t) =
+	// mocker.PrefillMillis(t) × prefill_ms / mocker.PrefillMillis(chunk);
+	// decode(p) = decode_empty + (decode_full − decode_empty) × the
+	// mocker's decode curve normalised to 0..1.
+	s.prefillScale = s.prefillMs / mocker.PrefillMillis(s.chunk)
+	s.decodeBase = mocker.DecodeMillis(0)
+	s.decodeShape = mocker.DecodeMillis(1) - s.decodeBase
+	return s, nil
+}
+
+func (s *ttftScorer) prefill(tokens int) float64 {
+	return mocker.PrefillMillis(tokens) * s.prefillScale
+}
+
+func (s *ttftScorer) decode(p float64) float64 {
+	return s.decodeEmptyMs + (s.decodeFull-s.decodeEmptyMs)*(mocker.DecodeMillis(p)-s.decodeBase)/s.decodeShape
+}
+
+// tokenMillis is the prefill time of one token in a full chunk.
+func (s *ttftScorer) tokenMillis() float64 { return s.prefillMs / float64(s.chunk) }
+
+// millis is the predicted score in ms of candidate j; perWorker is the
+// arrival rate per worker in requests/ms (ext=auto).
+func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
+	l := &in.Loads[j]
+	cachedTokens := int(math.Round(in.Overlap[j] * float64(in.BlockSize)))
+	own := max(in.ISL-cachedTokens, 0)
+	work := max(activePrefill(*l, in.ISL, in.BlockSize)+own, 1) // at least one token is computed
+	n := (work + s.chunk - 1) / s.chunk
+	ms := float64(n-1)*s.prefill(s.chunk) + s.prefill(work-(n-1)*s.chunk)
+	if l.ActiveRequests > 0 {
+		p := math.Min(float64(l.PotentialDecodeBlocks)/s.kvBlocks, 1)
+		if l.HasEngine && l.Engine.HasKVUsage {
+			p = math.Max(p, math.Min(l.Engine.KVUsage, 1))
+		}
+		ms += float64(n) * s.decode(p)
+	}
+	ext := s.ext
+	if s.auto {
+		ext = perWorker * ms
+	}
+	uncached := max(in.ISL-cachedTokens, 1)
+	return ms + ext*float64(uncached)*s.tokenMillis()
+}
+
+func (s *ttftScorer) Score(in *ChainInput, cand []int, out []float64) {
+	var perWorker float64
+	if s.auto {
+		// This request counts among the arrivals (as it will on placement).
+		perWorker = (s.rate.at(in.Now) + 1/TTFTRateWindow.Seconds()) / float64(max(in.PoolRanks, 1)) / 1000
+	}
+	block := s.tokenMillis() * float64(in.BlockSize)
+	for i, j := range cand {
+		out[i] = s.millis(in, j, perWorker) / block
+	}
+}
+
+// Chosen counts a placement in the pool's arrival rate.
+func (s *ttftScorer) Chosen(in *ChainInput, _ int) {
+	if s.auto {
+		s.rate.observe(in.Now)
+	}
+}
+
+// rateEstimator counts events with an exponential decay of time constant
+// TTFTRateWindow. Writers serialise on mu; readers never lock: a sequence
+// counter (odd while a write is in progress) tells them to retry.
+type rateEstimator struct {
+	mu        sync.Mutex
+	seq       atomic.Uint64
+	perSecond atomic.Uint64 // float64 bits: the rate at last
+	last      atomic.Int64  // UnixNano of the last event; 0: none yet
+}
+
+func decay(perSecond float64, from, to int64) float64 {
+	if from == 0 || to <= from {
+		return perSecond
+	}
+	return perSecond * math.Exp(-float64(to-from)/float64(TTFTRateWindow))
+}
+
+// observe counts one event at now.
+func (r *rateEstimator) observe(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := now.UnixNano()
+	last := r.last.Load()
+	v := decay(math.Float64frombits(r.perSecond.Load()), last, t) + 1/TTFTRateWindow.Seconds()
+	if t < last { // a clock stepping back: keep the later stamp
+		t = last
+	}
+	r.seq.Add(1)
+	r.perSecond.Store(math.Float64bits(v))
+	r.last.Store(t)
+	r.seq.Add(1)
+}
+
+// at returns the rate, in events/s, decayed to now.
+func (r *rateEstimator) at(now time.Time) float64 {
+	for {
+		s := r.seq.Load()
+		if s&1 != 0 {
+			continue
+		}
+		v, last := math.Float64frombits(r.perSecond.Load()), r.last.Load()
+		if r.seq.Load() == s {
+			return decay(v, last, now.UnixNano())
+		}
+	}
+}
