@@ -33,6 +33,7 @@ type options struct {
 	tokenizers map[string]Tokenizer
 	shadowFile string // WithShadowFile (shadow.go)
 	observe    func(Observation)
+	explainObs *explainSampler      // WithObserver (observe.go)
 	tracer     trace.TracerProvider // WithTracerProvider (tracing.go)
 }
 
