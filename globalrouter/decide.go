@@ -154,7 +154,7 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 		cands = append(cands, candidate(res))
 	}
 	var trace *policies.Trace
-	if p.explain || r.opts.observe != nil || r.log.Enabled(ctx, slog.LevelDebug) {
+	if p.explain || r.log.Enabled(ctx, slog.LevelDebug) || r.opts.explainObs.take(r.opts.now()) {
 		trace = &policies.Trace{}
 	}
 	if len(cands) == 0 {
@@ -332,7 +332,7 @@ func candidate(res probeResult) policies.Candidate {
 func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *TenancyConfig) (*prepared, error) {
 	p := &prepared{req: req, me: me, id: req.ID, hdr: hdr}
 	if p.id == "" {
-		p.id = fmt.Sprintf("kvgate-%016x", rand.Uint64())
+		p.id = newID()
 	}
 	t0 := r.opts.now()
 	var (
@@ -414,4 +414,17 @@ func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) 
 	one(len(eligible) - 1)
 	wg.Wait()
 	return results
+}
+
+// newID is a request id for a request that came without one
+// ("kvgate-" and 16 hex digits), without fmt on the request's path.
+func newID() string {
+	var b [23]byte
+	copy(b[:], "kvgate-")
+	v := rand.Uint64()
+	for i := 22; i >= 7; i-- {
+		b[i] = "0123456789abcdef"[v&0xf]
+		v >>= 4
+	}
+	return string(b[:])
 }

@@ -1,6 +1,9 @@
 package globalrouter
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Observation is one decision as an observer (a status page) sees it.
 type Observation struct {
@@ -21,10 +24,39 @@ type Observation struct {
 
 // WithObserver calls observe after every decision, on the request's
 // goroutine: it must not block, and must not keep the Decision's Lease.
-// With an observer every decision is explained (Decision.Explanation set),
-// which costs a few microseconds per request.
+//
+// Explaining a decision (the policy trace and its text) costs a few
+// microseconds and a few dozen allocations, so for the observer alone
+// decisions are explained on a sample: at most one every
+// ObserverExplainInterval (a status page at tens of requests a second
+// sees every one explained; at thousands, a few hundred a second are).
+// The others reach the observer with Explanation "". A decision the client
+// asked to explain, or any decision while the logger's debug level is on,
+// is explained as before.
 func WithObserver(observe func(Observation)) Option {
-	return func(o *options) { o.observe = observe }
+	return func(o *options) {
+		o.observe = observe
+		o.explainObs = &explainSampler{}
+	}
+}
+
+// ObserverExplainInterval is the least time between two decisions explained
+// for an observer alone (WithObserver).
+const ObserverExplainInterval = 10 * time.Millisecond
+
+// explainSampler lets one decision in each ObserverExplainInterval be
+// explained for the observer. Safe for concurrent use.
+type explainSampler struct{ next atomic.Int64 } // unix nanoseconds
+
+// take reports whether the decision at now is explained, and if so moves
+// the next slot on.
+func (s *explainSampler) take(now time.Time) bool {
+	if s == nil {
+		return false
+	}
+	t := now.UnixNano()
+	n := s.next.Load()
+	return t >= n && s.next.CompareAndSwap(n, t+int64(ObserverExplainInterval))
 }
 
 // GetID returns the request's ID ("" for a nil request).

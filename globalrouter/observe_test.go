@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
@@ -45,5 +46,52 @@ func TestObserver(t *testing.T) {
 	}
 	if lr := r.LastReload(); lr.Time.IsZero() || lr.Err != nil {
 		t.Errorf("last reload %+v, want New's, taken", lr)
+	}
+}
+
+// TestObserverExplainsOnASample: for the observer alone, decisions are
+// explained at most once per ObserverExplainInterval; a decision the client
+// asks to explain always is.
+func TestObserverExplainsOnASample(t *testing.T) {
+	ctx := testenv.Context(t)
+	c := newCluster(t)
+	var mu sync.Mutex
+	var seen []globalrouter.Observation
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	r, _ := newRouter(t, c.cfg, globalrouter.WithClock(clock), globalrouter.WithObserver(func(o globalrouter.Observation) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, o)
+	}))
+	decide := func(explain bool) {
+		t.Helper()
+		d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hello", Explain: explain})
+		if err != nil {
+			t.Fatal(err)
+		}
+		free(t, d)
+	}
+	decide(false) // explained: the first
+	decide(false) // not: same instant
+	decide(true)  // explained: asked for
+	mu.Lock()
+	now = now.Add(globalrouter.ObserverExplainInterval)
+	mu.Unlock()
+	decide(false) // explained: the interval passed
+	mu.Lock()
+	defer mu.Unlock()
+	want := []bool{true, false, true, true}
+	if len(seen) != len(want) {
+		t.Fatalf("%d observations, want %d", len(seen), len(want))
+	}
+	for i, o := range seen {
+		if got := o.Explanation != ""; got != want[i] {
+			t.Errorf("observation %d: explained %v, want %v (%q)", i, got, want[i], o.Explanation)
+		}
 	}
 }

@@ -34,6 +34,7 @@ type options struct {
 	shadowFile string         // WithShadowFile (shadow.go)
 	subtree    SubtreeOptions // WithSubtree (subtree.go)
 	observe    func(Observation)
+	explainObs *explainSampler      // WithObserver (observe.go)
 	tracer     trace.TracerProvider // WithTracerProvider (tracing.go)
 }
 

@@ -105,14 +105,18 @@ func (ix *Index) Predict(now time.Time, key WorkerKey, localHashes []uint64) {
 			ix.nodes++
 		}
 		k := approxKey{slot, c}
+		// A predicted entry holds its slot on the node (ix.hold), so a
+		// node without the slot has no entry: one map operation for a new
+		// block (the common case: a prompt's new suffix), two only for a
+		// block key already holds.
 		switch {
-		case p.lru.Contains(k):
-			p.lru.Add(k, exp)
 		case !c.workers.has(slot):
 			ix.hold(c, slot)
 			p.lru.Add(k, exp)
 			p.count(slot, 1)
 			p.recorded.Add(1)
+		case p.lru.Contains(k):
+			p.lru.Add(k, exp)
 		}
 		n = c
 	}
