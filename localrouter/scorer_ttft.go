@@ -21,7 +21,7 @@ import (
 //	n     = ceil(work / chunk)                       (prefill iterations)
 //	ttft  = (n-1)·prefill(chunk) + prefill(work - (n-1)·chunk)
 //	      + n·decode(kv occupancy)   when the worker has requests running
-//	ext   = arrival rate per worker × ttft           (ext=auto; or a number)
+//	ext   = 1 by default (or a number); ext=auto: arrival rate per worker × ttft
 //	score = ttft + ext × uncached tokens × prefill time per token
 //
 // in milliseconds, written out in blocks of prefill time (score divided
@@ -105,7 +105,7 @@ func newTTFTScorer(a *ChainArgs) (Scorer, error) {
 		return nil, err
 	}
 	s.kvBlocks = math.Floor(kv / float64(s.blockSize))
-	ext, err := a.String("ext", "auto")
+	ext, err := a.String("ext", "1")
 	if err != nil {
 		return nil, err
 	}

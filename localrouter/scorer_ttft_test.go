@@ -101,7 +101,7 @@ func TestTTFTScoreOrdersWorkers(t *testing.T) {
 func TestTTFTScoreMeasuredExternality(t *testing.T) {
 	const isl = 4096
 	l := PotentialLoad{PotentialPrefillTokens: isl + 6000, ActiveRequests: 2, PotentialDecodeBlocks: 1000}
-	m := newTestTTFT(t, nil)
+	m := newTestTTFT(t, map[string]string{"ext": "auto"})
 	ttft := m.millis(ttftIn(l, isl), 0, 0)
 	want := ttft + 0.004*ttft*isl*m.tokenMillis()
 	if got := m.millis(ttftIn(l, isl), 0, 0.004); math.Abs(got-want) > 1e-9*want {

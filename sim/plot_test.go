@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -90,7 +91,11 @@ func TestWritePNG(t *testing.T) {
 		{"flat and pools", []Topology{{Kind: TopologyFlat}, {Kind: TopologyPools, Pools: 2}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := testReport(t, Config{Topologies: tc.tops})
+			// kvgate-cost and kvgate (both the TTFT principle, one in
+			// Dynamo's formula) place the tiny trace alike: the later
+			// curve would hide the earlier's colour, so one is left out.
+			pols := slices.DeleteFunc(DefaultPolicies(), func(p Policy) bool { return p.Name == "kvgate-cost" })
+			rep := testReport(t, Config{Topologies: tc.tops, Policies: pols})
 			file := filepath.Join(t.TempDir(), "ttft.png")
 			var b bytes.Buffer
 			if err := rep.WritePNG(&b); err != nil {

@@ -69,8 +69,9 @@ func Dynamo() Policy {
 	return Policy{Name: "dynamo", Kind: KindCost, Credit: 1, Scale: 1}
 }
 
-// KVGate returns kvgate's default policy: the predicted-TTFT scorer
-// (KindTTFT, sim/ttft.go) with the externality measured (ext=auto).
+// KVGate returns kvgate's default policy, the local router's default
+// chain: the predicted-TTFT scorer (KindTTFT, localrouter/scorer_ttft.go)
+// with the externality fixed at one request (ext=1).
 //
 // The principle: place a request where it adds the least waiting to the
 // pool — its own time to first token on that worker, plus the delay its
@@ -82,17 +83,28 @@ func Dynamo() Policy {
 // each iteration also paying a decode step priced at the worker's KV
 // occupancy; the delay imposed is the GPU time of its uncached tokens
 // (tokens found cached cost nobody anything), once for each request
-// expected to arrive at that worker before this one's first token: the
-// pool's measured arrival rate per worker × the predicted TTFT. Nothing is
-// tuned but the rate estimator's 10 s time constant.
+// expected to arrive at that worker before this one's first token. At the
+// rates the targets are set at that is about one (arrival rate per worker
+// × predicted TTFT ≈ 1), and a fixed one keeps costs comparable across
+// pools: KVGateAuto measures it per pool instead, and two pools then rank
+// each other by two noisy local rates (13 % worse than flat on Mooncake).
 // docs/replay-results.md ("Round 2, principled default") has the
 // derivation and the measurements.
 //
 // Lower cache tiers are not in the scorer: compare KVGateCost and
 // "kvgate-no-tiers" for CPU-tier runs.
 func KVGate() Policy {
+	p := TTFT(1)
+	p.Name = "kvgate"
+	return p
+}
+
+// KVGateAuto is KVGate with the externality measured: the pool's arrival
+// rate per worker × the predicted TTFT (ext=auto; the rate estimator's
+// time constant is 10 s).
+func KVGateAuto() Policy {
 	p := TTFT(0)
-	p.Name, p.ExtAuto = "kvgate", true
+	p.Name, p.ExtAuto = "kvgate-auto", true
 	return p
 }
 
@@ -164,6 +176,8 @@ func ParsePolicy(s string) (Policy, error) {
 		return Dynamo(), nil
 	case "kvgate":
 		return KVGate(), nil
+	case "kvgate-auto":
+		return KVGateAuto(), nil
 	case "kvgate-cost":
 		return KVGateCost(), nil
 	case "kvgate-r1":
@@ -174,7 +188,7 @@ func ParsePolicy(s string) (Policy, error) {
 		return parseTTFT(s, args)
 	}
 	if kind != KindCost {
-		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-cost, kvgate-no-tiers, kvgate-r1, ttft:ext=… or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
+		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-auto, kvgate-cost, kvgate-no-tiers, kvgate-r1, ttft:ext=… or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
 	}
 	p := Dynamo()
 	p.Name = s

@@ -62,7 +62,10 @@ func TestTTFTChainIsTheRoutersScorer(t *testing.T) {
 			t.Errorf("%s: prefill_ms %s, want the mocker's at 8192 tokens", p.Name, got)
 		}
 	}
-	if got := KVGate().ttftChain(cfg)[1].Args["ext"]; got != "auto" {
-		t.Errorf("kvgate ext %q, want auto", got)
+	if got := KVGate().ttftChain(cfg)[1].Args["ext"]; got != "1" {
+		t.Errorf("kvgate ext %q, want 1 (the library default)", got)
+	}
+	if got := KVGateAuto().ttftChain(cfg)[1].Args["ext"]; got != "auto" {
+		t.Errorf("kvgate-auto ext %q, want auto", got)
 	}
 }
