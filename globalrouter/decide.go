@@ -406,10 +406,12 @@ func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) 
 	if len(eligible) == 0 {
 		return results
 	}
-	// One goroutine fewer than pools: the caller probes the last pool.
+	// The caller probes the last pool; the router's long-lived probers
+	// the others (probers.go): no goroutine started per decision.
 	var wg sync.WaitGroup
 	for i := range len(eligible) - 1 {
-		wg.Go(func() { one(i) })
+		wg.Add(1)
+		r.probers.run(func() { defer wg.Done(); one(i) })
 	}
 	one(len(eligible) - 1)
 	wg.Wait()

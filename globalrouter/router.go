@@ -39,6 +39,8 @@ type Router struct {
 	// recheckMu serialises the decide-and-commit rechecks (commit.go).
 	recheckMu sync.Mutex
 	st        atomic.Pointer[state]
+	// probers probe a decision's second and later pools (probers.go).
+	probers *probers
 
 	shadowRun  *shadowRunner                // shadow.go
 	tracer     trace.Tracer                 // nil: tracing off (tracing.go)
@@ -98,6 +100,7 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		_ = r.conns.Close()
 		return nil, err
 	}
+	r.probers = newProbers(defaultProbers)
 	r.st.Store(st)
 	r.noteReload(cfg.File, nil)
 	r.log.Info("global router configured", "pools", len(st.pools), "models", len(st.models), "chain", chainNames(st.chain), "file", cfg.File)
@@ -143,7 +146,9 @@ func (r *Router) Close() error {
 	if st := r.st.Swap(nil); st != nil {
 		st.retire()
 	}
-	return r.conns.Close()
+	err := r.conns.Close()
+	r.probers.close()
+	return err
 }
 
 // Decide implements Decider.
