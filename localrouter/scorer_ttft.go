@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvgate/kvgate/mocker"
+	"github.com/kvgate/kvgate/internal/timing"
 )
 
 // ttftScorer is kvgate's principled scorer (docs/localrouter.md "The ttft
@@ -64,9 +64,9 @@ const (
 // DefaultTTFTPrefillMillis, DefaultTTFTDecodeEmptyMillis and
 // DefaultTTFTDecodeFullMillis are the mocker's timing at those defaults.
 var (
-	DefaultTTFTPrefillMillis     = mocker.PrefillMillis(DefaultTTFTChunk)
-	DefaultTTFTDecodeEmptyMillis = mocker.DecodeMillis(0)
-	DefaultTTFTDecodeFullMillis  = mocker.DecodeMillis(1)
+	DefaultTTFTPrefillMillis     = timing.PrefillMillis(DefaultTTFTChunk)
+	DefaultTTFTDecodeEmptyMillis = timing.DecodeMillis(0)
+	DefaultTTFTDecodeFullMillis  = timing.DecodeMillis(1)
 )
 
 // TTFTRateWindow is the arrival-rate estimator's time constant.
@@ -119,21 +119,21 @@ func newTTFTScorer(a *ChainArgs) (Scorer, error) {
 		s.ext = f
 	}
 	// The mocker's curves scaled to the measured points: prefill(t) =
-	// mocker.PrefillMillis(t) × prefill_ms / mocker.PrefillMillis(chunk);
+	// timing.PrefillMillis(t) × prefill_ms / timing.PrefillMillis(chunk);
 	// decode(p) = decode_empty + (decode_full − decode_empty) × the
 	// mocker's decode curve normalised to 0..1.
-	s.prefillScale = s.prefillMs / mocker.PrefillMillis(s.chunk)
-	s.decodeBase = mocker.DecodeMillis(0)
-	s.decodeShape = mocker.DecodeMillis(1) - s.decodeBase
+	s.prefillScale = s.prefillMs / timing.PrefillMillis(s.chunk)
+	s.decodeBase = timing.DecodeMillis(0)
+	s.decodeShape = timing.DecodeMillis(1) - s.decodeBase
 	return s, nil
 }
 
 func (s *ttftScorer) prefill(tokens int) float64 {
-	return mocker.PrefillMillis(tokens) * s.prefillScale
+	return timing.PrefillMillis(tokens) * s.prefillScale
 }
 
 func (s *ttftScorer) decode(p float64) float64 {
-	return s.decodeEmptyMs + (s.decodeFull-s.decodeEmptyMs)*(mocker.DecodeMillis(p)-s.decodeBase)/s.decodeShape
+	return s.decodeEmptyMs + (s.decodeFull-s.decodeEmptyMs)*(timing.DecodeMillis(p)-s.decodeBase)/s.decodeShape
 }
 
 // tokenMillis is the prefill time of one token in a full chunk.

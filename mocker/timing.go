@@ -1,8 +1,9 @@
 package mocker
 
 import (
-	"math"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/timing"
 )
 
 // Batch is the shape of one engine iteration, what a Timing prices.
@@ -33,20 +34,12 @@ type DefaultTiming struct {
 
 var _ Timing = DefaultTiming{}
 
-// PrefillMillis is the prefill part of the model, in milliseconds.
-func PrefillMillis(newTokens int) float64 {
-	if newTokens <= 0 {
-		return 0
-	}
-	t := float64(newTokens)
-	return 4.21e-7*t*t + 0.01518*t + 16.5
-}
+// PrefillMillis is the prefill part of the model, in milliseconds
+// (internal/timing, shared with the local router's ttft scorer).
+func PrefillMillis(newTokens int) float64 { return timing.PrefillMillis(newTokens) }
 
 // DecodeMillis is the decode part of the model, in milliseconds.
-func DecodeMillis(kvUsage float64) float64 {
-	p := math.Min(math.Max(kvUsage, 0), 1)
-	return -25.74*p*p + 54.01*p + 5.74
-}
+func DecodeMillis(kvUsage float64) float64 { return timing.DecodeMillis(kvUsage) }
 
 // IterationTime implements Timing.
 func (m DefaultTiming) IterationTime(b Batch) time.Duration {

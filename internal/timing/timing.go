@@ -1,0 +1,27 @@
+// Package timing is the engine timing model shared by the mock engine
+// (mocker.DefaultTiming) and the local router's ttft scorer
+// (localrouter/scorer_ttft.go), which reads the same curves scaled to an
+// operator's measurements: the milliseconds of one iteration's prefill of n
+// new tokens and of one decode step at a KV usage (DESIGN.md §7). It is a
+// leaf: it imports nothing of kvgate, so the router does not depend on the
+// mock engine.
+package timing
+
+import "math"
+
+// PrefillMillis is the prefill part of an iteration computing newTokens
+// new tokens, in milliseconds (0 for none).
+func PrefillMillis(newTokens int) float64 {
+	if newTokens <= 0 {
+		return 0
+	}
+	t := float64(newTokens)
+	return 4.21e-7*t*t + 0.01518*t + 16.5
+}
+
+// DecodeMillis is the decode part of an iteration at kvUsage (clamped to
+// 0..1), in milliseconds.
+func DecodeMillis(kvUsage float64) float64 {
+	p := math.Min(math.Max(kvUsage, 0), 1)
+	return -25.74*p*p + 54.01*p + 5.74
+}
