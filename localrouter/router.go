@@ -134,9 +134,6 @@ type scratch struct {
 	// confirmed: each candidate's overlap held for real, not predicted
 	// (filled only while predicted entries exist).
 	confirmed []int
-	// kept and keptCosts: the candidates left after the saturation filter.
-	kept      []int
-	keptCosts []float64
 	// allowed holds the workers (and their slots) Allow admitted.
 	allowed      []WorkerKey
 	allowedSlots []int32

@@ -72,7 +72,7 @@ func ParseSweep(s string) ([]SweepParam, error) {
 			name = a
 		}
 		if !ok || name == "" {
-			return nil, fmt.Errorf("%w: sweep part %d %q: want name=value,value,...", ErrConfig, i+1, part)
+			return nil, fmt.Errorf("%w: sweep part %d %q: want name=value,value,…", ErrConfig, i+1, part)
 		}
 		p := SweepParam{Name: name}
 		for v := range strings.SplitSeq(vals, ",") {

@@ -50,9 +50,6 @@ import (
 // unanswered before the server stops reading (told in the hello).
 const ChannelMaxInFlight = 1024
 
-// channelWorkers run a stream's probes and commits.
-const channelWorkers = 8
-
 // ServiceName is the gRPC service (and health service) name.
 const ServiceName = "kvgate.localrouter.v1.LocalRouter"
 
