@@ -49,15 +49,15 @@ func parseTree(s, arg string) (Topology, error) {
 
 // validateTree checks that the workers split evenly over the leaf pools
 // and that the policy is a local router's (the tree runs the real routers:
-// the sim-side selections, random to ttft, have no router to run in).
+// the sim-side selections, random to kv-overlap, have no router to run in).
 func validateTree(c Config, t Topology) error {
 	leaves := t.Regions * t.RegionPools
 	if t.Regions < 1 || t.RegionPools < 1 || c.Workers%leaves != 0 {
 		return fmt.Errorf("%w: %d workers do not split into %d equal leaf pools (topology %s)", ErrConfig, c.Workers, leaves, t.Name())
 	}
 	for _, p := range c.Policies {
-		if p.Kind != KindCost {
-			return fmt.Errorf("%w: topology %s replays the local routers' chain: policy %q is chosen by the replay, not a router (use dynamo, kvgate-cost, cost:... or chain:...)", ErrConfig, t.Name(), p.Name)
+		if p.Kind != KindCost && p.Kind != KindTTFT {
+			return fmt.Errorf("%w: topology %s replays the local routers' chains: policy %q is chosen by the replay, not a router (use kvgate, ttft:..., dynamo, kvgate-cost, cost:... or chain:...)", ErrConfig, t.Name(), p.Name)
 		}
 	}
 	return nil
@@ -81,7 +81,11 @@ func (r *run) buildTree() error {
 			name := fmt.Sprintf("%s-p%d", region, j)
 			// Leaf 0 draws the flat replay's stream, so tree=1x1 breaks
 			// ties as flat does (routerStream).
-			rt, err := localrouter.New(r.policy.routerConfig(cfg.BlockSize, cfg.PredictedTTL), localrouter.Options{
+			rc := r.policy.routerConfig(cfg.BlockSize, cfg.PredictedTTL)
+			if r.policy.Kind == KindTTFT {
+				rc.WorkerChain = r.policy.ttftChain(cfg)
+			}
+			rt, err := localrouter.New(rc, localrouter.Options{
 				Clock:         r.clock,
 				Rand:          newRand(cfg.Seed, routerStream(leaf)),
 				Logger:        discardLogger,

@@ -19,7 +19,7 @@ func TestTreeTwoByTwoIsDeterministic(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := Config{Trace: tr, Seed: 3, Workers: 8, KVTokens: 8192, Rate: 4,
-		Topologies: []Topology{top}, Policies: []Policy{Dynamo()}}
+		Topologies: []Topology{top}, Policies: []Policy{KVGate()}}
 	rep := runReport(t, cfg)
 	r := rep.Results[0]
 	if r.Topology != "tree=2x2" {
@@ -66,27 +66,30 @@ func TestTreeTwoByTwoIsDeterministic(t *testing.T) {
 // replay of one pool, global_test.go).
 func TestTreeOneByOneMatchesFlat(t *testing.T) {
 	tr := randomTrace(t, 300, 7)
-	base := Config{Trace: tr, Seed: 5, Workers: 8, KVTokens: 8192, Rate: 4, Policies: []Policy{Dynamo()}}
-	flat := base
-	want := runReport(t, flat).Results[0]
-	tree := base
-	tree.Topologies = []Topology{{Kind: TopologyTree, Regions: 1, RegionPools: 1}}
-	tree.TreeCommit = globalrouter.CommitPipelined
-	got := runReport(t, tree).Results[0]
-	if diff := cmp.Diff(want.workers, got.workers); diff != "" {
-		t.Errorf("placements differ (-flat +tree):\n%s", diff)
-	}
-	if got.HitRatio != want.HitRatio || got.TTFTMS != want.TTFTMS || got.Completed != want.Completed {
-		t.Errorf("tree=1x1 hit %.4f TTFT %+v completed %d; flat hit %.4f TTFT %+v completed %d",
-			got.HitRatio, got.TTFTMS, got.Completed, want.HitRatio, want.TTFTMS, want.Completed)
-	}
-	if got.Completed != len(tr.Requests) {
-		t.Errorf("%d of %d completed", got.Completed, len(tr.Requests))
-	}
-	// The default commit still completes everything.
-	tree.TreeCommit = ""
-	if d := runReport(t, tree).Results[0]; d.Completed != len(tr.Requests) {
-		t.Errorf("decide-and-commit: %d of %d completed", d.Completed, len(tr.Requests))
+	for _, pol := range []Policy{Dynamo(), KVGate()} {
+		t.Run(pol.Name, func(t *testing.T) {
+			base := Config{Trace: tr, Seed: 5, Workers: 8, KVTokens: 8192, Rate: 4, Policies: []Policy{pol}}
+			want := runReport(t, base).Results[0]
+			tree := base
+			tree.Topologies = []Topology{{Kind: TopologyTree, Regions: 1, RegionPools: 1}}
+			tree.TreeCommit = globalrouter.CommitPipelined
+			got := runReport(t, tree).Results[0]
+			if diff := cmp.Diff(want.workers, got.workers); diff != "" {
+				t.Errorf("placements differ (-flat +tree):\n%s", diff)
+			}
+			if got.HitRatio != want.HitRatio || got.TTFTMS != want.TTFTMS || got.Completed != want.Completed {
+				t.Errorf("tree=1x1 hit %.4f TTFT %+v completed %d; flat hit %.4f TTFT %+v completed %d",
+					got.HitRatio, got.TTFTMS, got.Completed, want.HitRatio, want.TTFTMS, want.Completed)
+			}
+			if got.Completed != len(tr.Requests) {
+				t.Errorf("%d of %d completed", got.Completed, len(tr.Requests))
+			}
+			// The default commit still completes everything.
+			tree.TreeCommit = ""
+			if d := runReport(t, tree).Results[0]; d.Completed != len(tr.Requests) {
+				t.Errorf("decide-and-commit: %d of %d completed", d.Completed, len(tr.Requests))
+			}
+		})
 	}
 }
 
@@ -103,7 +106,7 @@ func TestParseTreeTopology(t *testing.T) {
 	for _, c := range []struct {
 		workers int
 		pol     Policy
-	}{{6, Dynamo()}, {8, KVGate()}, {8, Policy{Name: KindRandom, Kind: KindRandom}}} {
+	}{{6, Dynamo()}, {8, Policy{Name: KindRoundRobin, Kind: KindRoundRobin}}, {8, Policy{Name: KindRandom, Kind: KindRandom}}} {
 		cfg := Config{Trace: randomTrace(t, 5, 1), Workers: c.workers, Policies: []Policy{c.pol},
 			Topologies: []Topology{{Kind: TopologyTree, Regions: 2, RegionPools: 2}}}
 		if err := cfg.Validate(); !errors.Is(err, ErrConfig) {
