@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -37,6 +38,9 @@ type Topology struct {
 	PrefillWorkers int
 	// Config names the configuration of TopologyConfig (Config.Global).
 	Config string
+	// Regions and RegionPools shape TopologyTree: Regions region routers
+	// of RegionPools leaf pools each.
+	Regions, RegionPools int
 }
 
 // Name is the topology as the report labels it, e.g. "pools=2".
@@ -48,15 +52,24 @@ func (t Topology) Name() string {
 		return fmt.Sprintf("pools=%d", t.Pools)
 	case TopologyDisagg:
 		return fmt.Sprintf("disagg=%d", t.PrefillWorkers)
+	case TopologyTree:
+		return fmt.Sprintf("tree=%dx%d", t.Regions, t.RegionPools)
 	}
 	return t.Kind
 }
 
-// ParseTopology parses "flat", "pools", "pools=P", "disagg" or "disagg=K"
-// (K prefill workers). Zero counts take their defaults in Config.
+// ParseTopology parses "flat", "pools", "pools=P", "disagg", "disagg=K"
+// (K prefill workers) or "tree=RxP" (R regions of P pools; TopologyTree).
+// Zero counts take their defaults in Config.
 func ParseTopology(s string) (Topology, error) {
 	kind, arg, hasArg := strings.Cut(strings.TrimSpace(s), "=")
 	t := Topology{Kind: kind}
+	if kind == TopologyTree {
+		if !hasArg {
+			return t, fmt.Errorf("%w: topology %q: tree needs its shape, tree=REGIONSxPOOLS (e.g. tree=2x2)", ErrConfig, s)
+		}
+		return parseTree(s, arg)
+	}
 	n := 0
 	if hasArg {
 		var err error
@@ -74,7 +87,7 @@ func ParseTopology(s string) (Topology, error) {
 	case TopologyDisagg:
 		t.PrefillWorkers = n
 	default:
-		return t, fmt.Errorf("%w: unknown topology %q (want flat, pools[=P] or disagg[=prefill workers])", ErrConfig, s)
+		return t, fmt.Errorf("%w: unknown topology %q (want flat, pools[=P], disagg[=prefill workers] or tree=RxP)", ErrConfig, s)
 	}
 	return t, nil
 }
@@ -123,6 +136,9 @@ type Config struct {
 	// Decide, global.go) instead of Topologies × Policies: one simulation,
 	// topology "config:<Global.Name>".
 	Global *GlobalReplay
+	// TreeCommit, when set, is the probe.commit mode of TopologyTree's
+	// global routers (default: globalrouter's, decide-and-commit).
+	TreeCommit globalrouter.CommitMode
 	// Parallel is how many simulations run at once (1).
 	Parallel int
 	// Progress, when set, receives a progress bar.
@@ -215,6 +231,10 @@ func (c Config) Validate() error {
 		switch t.Kind {
 		case TopologyConfig:
 		case TopologyFlat:
+		case TopologyTree:
+			if err := validateTree(c, t); err != nil {
+				return err
+			}
 		case TopologyPools:
 			if t.Pools < 1 || c.Workers%t.Pools != 0 {
 				return fmt.Errorf("%w: %d workers do not split into %d equal pools", ErrConfig, c.Workers, t.Pools)

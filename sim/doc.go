@@ -32,6 +32,10 @@
 //     its chain and pool policies, over in-process local routers
 //     (pool.Local) per configured pool; the decision's lease drives the
 //     lifecycle. One pool of N workers replays exactly as the flat topology.
+//   - The tree (tree.go, "tree=RxP"): R region global routers of P pools
+//     of local routers each, under a top global router whose pools are the
+//     regions' in-process Subtree clients; the real Decide at every floor,
+//     "pool/worker" ids mapped back to the engines, leases as above.
 //   - Sweeps (sweep.go): every combination of named router parameters and
 //     chain arguments, and the Pareto front of mean/p99 TTFT vs hit ratio.
 //   - Policies (policy.go, ttft.go): random, round-robin, least-loaded,

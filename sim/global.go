@@ -349,10 +349,14 @@ func workerAddress(name string) func(localrouter.WorkerKey) string {
 	return func(k localrouter.WorkerKey) string { return k.ID + "." + name + ":8000" }
 }
 
-// closeGlobal stops the global router, then the clients.
+// closeGlobal stops the global router, then a tree's region routers, then
+// the clients.
 func (r *run) closeGlobal() {
 	if r.gr != nil {
 		_ = r.gr.Close()
+	}
+	for _, g := range r.regions {
+		_ = g.Close()
 	}
 	for _, c := range r.clients {
 		_ = c.Close()
@@ -403,7 +407,7 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 	key := r.mixKey(idx)
 	greq := &globalrouter.Request{ID: id, Path: "/v1/completions", Model: pickShare(r.models, key),
 		PromptTokens: r.wl.tokens(idx), Headers: map[string]string{}}
-	if len(r.cfg.Global.Priorities) > 0 {
+	if r.cfg.Global != nil && len(r.cfg.Global.Priorities) > 0 {
 		greq.Headers[globalrouter.HeaderPriority] = pickShare(r.cfg.Global.Priorities, splitmix(key))
 	}
 	d, err := r.gr.Decide(ctx, greq)
@@ -433,14 +437,23 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 }
 
 // endpointWorker is the simulated worker of a decision's endpoint.
+// In a tree (TopologyTree) the endpoint's pool is a region and its worker
+// id "leaf-pool/worker".
 func (r *run) endpointWorker(e globalrouter.Endpoint) (*worker, error) {
-	p := r.byPool[e.Pool]
-	if p == nil {
-		return nil, fmt.Errorf("decision names pool %q, which the replay lacks", e.Pool)
+	name, id := e.Pool, e.WorkerID
+	if r.topo.Kind == TopologyTree {
+		var err error
+		if name, id, err = r.treeEndpoint(e); err != nil {
+			return nil, err
+		}
 	}
-	w := p.byKey[localrouter.WorkerKey{ID: e.WorkerID, DPRank: e.DPRank}]
+	p := r.byPool[name]
+	if p == nil {
+		return nil, fmt.Errorf("decision names pool %q, which the replay lacks", name)
+	}
+	w := p.byKey[localrouter.WorkerKey{ID: id, DPRank: e.DPRank}]
 	if w == nil {
-		return nil, fmt.Errorf("decision names worker %s/%d of pool %q, which the replay lacks", e.WorkerID, e.DPRank, e.Pool)
+		return nil, fmt.Errorf("decision names worker %s/%d of pool %q, which the replay lacks", id, e.DPRank, name)
 	}
 	return w, nil
 }

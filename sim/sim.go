@@ -199,6 +199,8 @@ type run struct {
 	decodeOf     []*worker
 	models       []Share
 	decideErrors map[string]int
+	// regions are TopologyTree's region routers (tree.go), under gr.
+	regions []*globalrouter.Router
 }
 
 // clock is the simulation's virtual now, safe to read from any goroutine.
@@ -223,8 +225,11 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 	}
 	r.setNow(epoch)
 	build := r.buildPools
-	if topo.Kind == TopologyConfig {
+	switch topo.Kind {
+	case TopologyConfig:
 		build = r.buildGlobal
+	case TopologyTree:
+		build = r.buildTree
 	}
 	err := build()
 	defer func() {

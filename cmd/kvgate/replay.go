@@ -43,7 +43,7 @@ func replayCmd(ctx context.Context, cmdName string, args []string, stdout, stder
 		maxRequests = fs.Int("max-requests", 0, "replay only the first N requests (0: all)")
 		seed        = fs.Uint64("seed", 1, "seed of token expansion and every random choice")
 		workers     = fs.Int("workers", 8, "simulated workers in total")
-		topologies  = fs.String("topology", sim.TopologyFlat, "comma-separated topologies: flat, pools[=P], disagg[=prefill workers]")
+		topologies  = fs.String("topology", sim.TopologyFlat, "comma-separated topologies: flat, pools[=P], disagg[=prefill workers], tree=RxP (R region global routers of P pools each under a top global router, the real Decide at every floor; router policies only: kvgate, ttft:..., dynamo, kvgate-cost, cost:..., chain:...; docs/hierarchy.md)")
 		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate (predicted TTFT), kvgate-cost (its Dynamo-formula form), kvgate-no-tiers, kvgate-r1, ttft:ext=W, cost:credit=C,scale=S,temp=T,tiers=0|1, chain:<worker chain> (e.g. chain:cost=1/normalize=max,prefix=1,cold=0.3; docs/localrouter.md)")
 		blockSize   = fs.Int("block-size", 16, "KV block size of workers and routers, in tokens")
 		kvTokens    = fs.Int("kv-tokens", 1<<20, "KV cache capacity of each worker, in tokens")
