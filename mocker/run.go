@@ -303,6 +303,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	}
 
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	ConfigureHTTPServer(hs)
 	// Kill closes the server under the group: Serve ends with
 	// http.ErrServerClosed, which the group does not count as a failure,
 	// so the engine, the events and the registration carry on until ctx

@@ -842,3 +842,19 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(map[string]any{"count": len(ids), "max_model_len": s.cfg.MaxModelLen, "tokens": ids})
 }
+
+// ConfigureHTTPServer makes hs, a Server's listener, accept cleartext
+// HTTP/2 with prior knowledge (h2c) as well as HTTP/1.1, with 1,000
+// streams per connection (Go's default 250). vLLM (uvicorn) speaks
+// HTTP/1.1 only, so clients of real workers keep HTTP/1.1; a mocker also
+// accepting h2c serves a gateway multiplexing upstream streams (the soak).
+func ConfigureHTTPServer(hs *http.Server) {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	hs.Protocols = &p
+	if hs.HTTP2 == nil {
+		hs.HTTP2 = &http.HTTP2Config{}
+	}
+	hs.HTTP2.MaxConcurrentStreams = 1000
+}

@@ -534,3 +534,31 @@ func TestChatTokenizerMatchesRouter(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigureHTTPServerH2C: a server so configured answers h2c (prior
+// knowledge) and HTTP/1.1 alike.
+func TestConfigureHTTPServerH2C(t *testing.T) {
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, r.Proto)
+	}))
+	ConfigureHTTPServer(hs.Config)
+	hs.Start()
+	defer hs.Close()
+	var h2 http.Protocols
+	h2.SetUnencryptedHTTP2(true)
+	for _, tc := range []struct {
+		tr   *http.Transport
+		want string
+	}{{&http.Transport{Protocols: &h2}, "HTTP/2.0"}, {&http.Transport{}, "HTTP/1.1"}} {
+		resp, err := (&http.Client{Transport: tc.tr}).Get(hs.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		tc.tr.CloseIdleConnections()
+		if string(b) != tc.want {
+			t.Errorf("got %q, want %q", b, tc.want)
+		}
+	}
+}

@@ -45,6 +45,7 @@ func runBench(ctx context.Context, args []string) error {
 	soakSteady := fs.Duration("soak-steady-every", 50*time.Millisecond, "soak: one short request this often while the streams are held, for the steady-state decision figures (negative: none)")
 	soakProfile := fs.String("soak-profile", "", "soak: a directory for a CPU profile of the ramp and goroutine dumps (what the ramp waits on)")
 	soakChannel := fs.Bool("soak-channel", true, "soak: the global router uses the local-router channel (false: unary probes and Track streams)")
+	soakHTTP2 := fs.Bool("soak-http2", true, "soak: the load client and the gateway's upstream speak h2c (HTTP/2 multiplexed over a few connections; false: HTTP/1.1, ~4 fds per stream)")
 	asJSON := fs.Bool("json", false, "chaos, probe, soak: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -57,7 +58,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	if *soak > 0 {
 		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel, Speedup: *soakSpeedup, ProfileDir: *soakProfile,
-			Opening: *soakOpening, SteadyEvery: *soakSteady,
+			Opening: *soakOpening, SteadyEvery: *soakSteady, HTTP2: *soakHTTP2,
 			Progress: slog.New(slog.NewTextHandler(os.Stderr, nil))}, *asJSON)
 	}
 	if *withChaos {

@@ -27,8 +27,12 @@
 //     Extension's fallback semantics, as Envoy's override_host policy has
 //     them); the one that answered is reported as served (envoy.lb
 //     x-gateway-destination-endpoint-served) on the response path.
-//   - Upstreams are HTTP/1.1 (or what Config.Transport speaks); no retries,
-//     no timeouts other than the client's context and the filter's.
+//   - Upstreams are HTTP/1.1 (or what Config.Transport speaks), or h2c with
+//     Config.UpstreamHTTP2 (Envoy's cluster http2_protocol_options); no
+//     retries, no timeouts other than the client's context and the
+//     filter's. ConfigureServer makes the listener accept h2c (prior
+//     knowledge) besides HTTP/1.1, MaxConcurrentStreams streams per
+//     connection, as Envoy's codec_type AUTO does.
 //   - Only request trailers the client declared (Trailer header) are
 //     forwarded upstream.
 //   - Header handling is the connection manager's in outline only: hop-by-hop

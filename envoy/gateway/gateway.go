@@ -48,6 +48,32 @@ type Config struct {
 	// non-inference paths), as an Envoy route of their own would; "" means
 	// they get 503. Never taken from the client.
 	DefaultUpstream string
+	// UpstreamHTTP2 makes the Gateway-owned transport speak cleartext
+	// HTTP/2 with prior knowledge (h2c) to the workers, many streams over
+	// one connection, as an Envoy cluster with http2_protocol_options does.
+	// Off by default: vLLM (uvicorn) serves HTTP/1.1 only. Ignored when
+	// Transport is set.
+	UpstreamHTTP2 bool
+}
+
+// MaxConcurrentStreams is the HTTP/2 stream limit per connection that
+// ConfigureServer sets and the h2c upstream transport expects (Go's
+// default is 250; Envoy's is 2^31-1).
+const MaxConcurrentStreams = 1000
+
+// ConfigureServer makes srv, the gateway's listener, accept cleartext
+// HTTP/2 with prior knowledge (h2c) as well as HTTP/1.1, as Envoy's
+// listener with an http_connection_manager codec_type AUTO does, with
+// MaxConcurrentStreams streams per connection.
+func ConfigureServer(srv *http.Server) {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Protocols = &p
+	if srv.HTTP2 == nil {
+		srv.HTTP2 = &http.HTTP2Config{}
+	}
+	srv.HTTP2.MaxConcurrentStreams = MaxConcurrentStreams
 }
 
 // DefaultConfig returns the configuration matching the shipped bootstrap:
@@ -100,6 +126,14 @@ func New(conn grpc.ClientConnInterface, cfg Config, logger *slog.Logger) (*Gatew
 			IdleConnTimeout:     90 * time.Second,
 			// Envoy passes the body as is; so does the gateway.
 			DisableCompression: true,
+		}
+		if cfg.UpstreamHTTP2 {
+			var p http.Protocols
+			p.SetUnencryptedHTTP2(true)
+			g.owned.Protocols = &p
+			// More streams than one connection's limit open another
+			// connection (not StrictMaxConcurrentStreams).
+			g.owned.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: MaxConcurrentStreams}
 		}
 		g.transport = g.owned
 	}

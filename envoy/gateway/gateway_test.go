@@ -171,7 +171,9 @@ func startGatewayWith(t *testing.T, impl extprocv3.ExternalProcessorServer, reac
 	if err != nil {
 		t.Fatal(err)
 	}
-	front := httptest.NewServer(gw)
+	front := httptest.NewUnstartedServer(gw)
+	ConfigureServer(front.Config) // HTTP/1.1 and h2c, as the gateway runs
+	front.Start()
 	client := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(func() {
 		client.CloseIdleConnections()
@@ -486,4 +488,69 @@ func FuzzDestinations(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestGatewayH2C: a streaming request over h2c (prior knowledge) to the
+// gateway's listener, proxied over h2c to an upstream that speaks only
+// h2c, as an Envoy listener with codec_type AUTO and a cluster with
+// http2_protocol_options do; both hops must be HTTP/2.
+func TestGatewayH2C(t *testing.T) {
+	var h2only http.Protocols
+	h2only.SetUnencryptedHTTP2(true)
+	release := make(chan struct{})
+	upProto := make(chan int, 1)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upProto <- r.ProtoMajor
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = io.WriteString(w, "data: [done]\n\n")
+	}))
+	up.Config.Protocols = &h2only
+	up.Start()
+	defer up.Close()
+	url, _ := startGateway(t, true, func(c *Config) { c.UpstreamHTTP2 = true })
+	tr := &http.Transport{Protocols: &h2only}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("x-test-pick", up.Listener.Addr().String())
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Errorf("downstream protocol: got %s, want HTTP/2", resp.Proto)
+	}
+	if p := <-upProto; p != 2 {
+		t.Errorf("upstream protocol: got HTTP/%d, want HTTP/2", p)
+	}
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line != "DATA: FIRST\n" {
+		t.Errorf("first line: got %q", line)
+	}
+	close(release)
+	rest, err := io.ReadAll(rd)
+	if err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	if string(rest) != "\nDATA: [DONE]\n\n" {
+		t.Errorf("rest: got %q", rest)
+	}
 }

@@ -15,8 +15,26 @@ const (
 	fdsBase      = 4096
 )
 
-// SoakFDs is the RLIMIT_NOFILE a soak of streams streams needs.
+// SoakFDs is the RLIMIT_NOFILE a soak of streams streams needs over
+// HTTP/1.1 (a connection per stream, both hops).
 func SoakFDs(streams int) uint64 { return uint64(streams)*fdsPerStream + fdsBase }
+
+// h2StreamsPerConn is the streams an HTTP/2 connection carries in the soak
+// (gateway.MaxConcurrentStreams, the mocker's limit too).
+const h2StreamsPerConn = 1000
+
+// SoakFDsHTTP2 is the RLIMIT_NOFILE a soak of streams streams needs when
+// both hops multiplex over h2c: per hop, streams/limit + 1 connections of
+// two descriptors each (client→gateway; gateway→each of workers workers,
+// where the streams spread out and each worker may get its own
+// connections).
+func SoakFDsHTTP2(streams, workers int) uint64 {
+	if workers < 1 {
+		workers = 1
+	}
+	conns := uint64(streams/h2StreamsPerConn+1) + uint64(workers)*uint64(streams/h2StreamsPerConn/workers+1)
+	return 2*conns*2 + fdsBase // ×2 for reconnects and spares
+}
 
 // soakStreamsFor is how many streams a descriptor limit allows (0 when it
 // does not even cover the base).
@@ -44,7 +62,12 @@ var ErrFDLimit = errors.New("soak: file-descriptor limit too low")
 // starting anything rather than half-running. It returns the soft limit in
 // force afterwards.
 func raiseFDLimit(l fdLimiter, streams int) (uint64, error) {
-	need := SoakFDs(streams)
+	return raiseFDLimitTo(l, streams, SoakFDs(streams), fdsPerStream)
+}
+
+// raiseFDLimitTo is raiseFDLimit for a need computed per mode (SoakFDs,
+// SoakFDsHTTP2); perStream names the per-stream cost in the error.
+func raiseFDLimitTo(l fdLimiter, streams int, need uint64, perStream int) (uint64, error) {
 	cur, max, err := l.Get()
 	if err != nil {
 		return 0, fmt.Errorf("soak: read RLIMIT_NOFILE: %w", err)
@@ -60,7 +83,7 @@ func raiseFDLimit(l fdLimiter, streams int) (uint64, error) {
 		allowed := max // the most an unprivileged process can reach
 		return cur, fmt.Errorf("%w: %d streams need RLIMIT_NOFILE ≥ %d (%d per stream + %d), the limit is %d (hard %d) and raising it failed: %v; "+
 			"run as root or raise `ulimit -Hn`, or soak at most %d streams (what the hard limit allows)",
-			ErrFDLimit, streams, need, fdsPerStream, fdsBase, cur, max, err, soakStreamsFor(allowed))
+			ErrFDLimit, streams, need, perStream, fdsBase, cur, max, err, soakStreamsFor(allowed))
 	}
 	// Trust but verify: a limiter that accepts and does not apply is a
 	// half-run waiting to happen.

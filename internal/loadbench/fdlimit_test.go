@@ -91,3 +91,18 @@ func TestRaiseFDLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestSoakFDsHTTP2: multiplexed, 10,000 streams fit the 20,000 limit that
+// refuses them over HTTP/1.1, and the refusal logic holds per mode.
+func TestSoakFDsHTTP2(t *testing.T) {
+	h2 := SoakFDsHTTP2(10000, 16)
+	if h2 >= 20000 || h2 <= fdsBase {
+		t.Errorf("SoakFDsHTTP2(10000, 16) = %d, want within (%d, 20000)", h2, fdsBase)
+	}
+	if h1 := SoakFDs(10000); h1 <= 20000 {
+		t.Errorf("SoakFDs(10000) = %d, want > 20000", h1)
+	}
+	if SoakFDsHTTP2(20000, 16) <= h2 {
+		t.Errorf("SoakFDsHTTP2 does not grow with streams")
+	}
+}

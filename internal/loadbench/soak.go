@@ -58,6 +58,11 @@ type SoakConfig struct {
 	// debug=1: stacks counted) every 20 s of the ramp and once in the hold:
 	// what the ramp waits on.
 	ProfileDir string
+	// HTTP2: the load client reaches the gateway over h2c (a few
+	// connections, 1,000 streams each) and the gateway the mock workers
+	// too, so a held stream costs no descriptor of its own; false: HTTP/1.1,
+	// ~4 descriptors per stream.
+	HTTP2 bool
 	// Logger is the system's (the routers', workers', gateway's); Progress
 	// the soak's own (ramp progress, the limit raised; default Logger).
 	Logger, Progress *slog.Logger
@@ -148,11 +153,15 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	}
 	// Enough descriptors for every stream, or no soak at all: never a run
 	// that fails with "too many open files" halfway up the ramp.
-	fds, err := raiseFDLimit(sysFDLimit{}, cfg.Streams)
+	need, per := SoakFDs(cfg.Streams), fdsPerStream
+	if cfg.HTTP2 {
+		need, per = SoakFDsHTTP2(cfg.Streams, cfg.Pools*cfg.Workers), 0
+	}
+	fds, err := raiseFDLimitTo(sysFDLimit{}, cfg.Streams, need, per)
 	if err != nil {
 		return SoakResult{}, err
 	}
-	cfg.Progress.Info("soak: file-descriptor limit", "RLIMIT_NOFILE", fds, "need", SoakFDs(cfg.Streams))
+	cfg.Progress.Info("soak: file-descriptor limit", "RLIMIT_NOFILE", fds, "need", need, "http2", cfg.HTTP2)
 	// Sample the heap profile finely enough to attribute the streams'
 	// memory (restored at the end).
 	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
@@ -168,6 +177,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	ucfg.NumBlocks = 1 << 16
 	ucfg.MetricsPeriod = -1
 	ucfg.Logger = cfg.Logger
+	ucfg.UpstreamHTTP2 = cfg.HTTP2
 	if !cfg.Channel {
 		ucfg.GlobalOptions = []globalrouter.Option{globalrouter.WithDialer(pool.GRPCDialer())}
 	}
@@ -183,6 +193,15 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: -1, DisableCompression: true, ForceAttemptHTTP2: false,
+	}
+	if cfg.HTTP2 {
+		// h2c with prior knowledge; past a connection's stream limit the
+		// transport opens another (not StrictMaxConcurrentStreams):
+		// streams/1,000 + 1 connections.
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		tr.Protocols = &p
+		tr.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: h2StreamsPerConn}
 	}
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr}

@@ -103,6 +103,9 @@ type Config struct {
 	Topology string
 	// Speedup divides the mock workers' timing model (1: real-GPU-like).
 	Speedup float64
+	// UpstreamHTTP2: the gateway reaches the mock workers over h2c
+	// (gateway.Config.UpstreamHTTP2); default HTTP/1.1.
+	UpstreamHTTP2 bool
 	// NumBlocks is each worker's KV cache size in blocks (8192).
 	NumBlocks int
 	// MetricsPeriod is how often the local routers scrape their workers'
@@ -411,6 +414,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			break
 		}
 	}
+	gcfgw.UpstreamHTTP2 = cfg.UpstreamHTTP2
 	if s.gw, err = gateway.New(s.conn, gcfgw, cfg.Logger); err != nil {
 		return nil, err
 	}
@@ -420,6 +424,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}
 	s.gatewayAddr = glis.Addr().String()
 	s.gatewayHTTP = &http.Server{Handler: publicOnly(s.gw, xcfg.Defaults().InferencePaths), ReadHeaderTimeout: 10 * time.Second}
+	gateway.ConfigureServer(s.gatewayHTTP)
 	s.gatewayDone = make(chan error, 1)
 	go func() { s.gatewayDone <- s.gatewayHTTP.Serve(glis) }()
 
