@@ -15,7 +15,7 @@ import (
 type worker struct {
 	index int // in cluster.workers
 	key   localrouter.WorkerKey
-	pool  *pool
+	pool  *simPool
 	eng   *mocker.Engine
 	// busy accumulates the engine's iteration times (meteredTiming).
 	busy *time.Duration
@@ -25,8 +25,8 @@ type worker struct {
 	wake time.Time
 }
 
-// pool is a set of workers behind one local router.
-type pool struct {
+// simPool is a set of workers behind one local router.
+type simPool struct {
 	name    string
 	role    membership.Role
 	router  *localrouter.Router
@@ -85,7 +85,7 @@ func (r *run) buildPools() error {
 		if err != nil {
 			return err
 		}
-		p := &pool{name: s.name, role: s.role, router: rt, byKey: make(map[localrouter.WorkerKey]*worker)}
+		p := &simPool{name: s.name, role: s.role, router: rt, byKey: make(map[localrouter.WorkerKey]*worker)}
 		for range s.n {
 			w := &worker{index: len(r.workers), pool: p, busy: new(time.Duration)}
 			w.key = localrouter.WorkerKey{ID: fmt.Sprintf("w%d", w.index)}
@@ -124,7 +124,7 @@ func (r *run) buildPools() error {
 
 // candidates returns the pools a request may go to in its current phase:
 // the prefill pool then the decode pool when disaggregated, else every pool.
-func (r *run) candidates(decode bool) []*pool {
+func (r *run) candidates(decode bool) []*simPool {
 	if r.topo.Kind != TopologyDisagg {
 		return r.pools
 	}
@@ -137,7 +137,7 @@ func (r *run) candidates(decode bool) []*pool {
 // choose places request idx on a worker of one of pools and records it on
 // that pool's router under id. It is the global router's step (pool
 // selection) and the local router's (worker selection) in one.
-func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*worker, error) {
+func (r *run) choose(ctx context.Context, pools []*simPool, idx int, id string) (*worker, error) {
 	req := r.routerRequest(idx)
 	var w *worker
 	switch r.policy.Kind {
@@ -203,7 +203,7 @@ func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*w
 		// the global router's cost policy (policies.Cost: lowest cost
 		// normalised to tokens) rank the pools, as the global router does.
 		cands := make([]policies.Candidate, 0, len(pools))
-		byPool := make(map[string]*pool, len(pools))
+		byPool := make(map[string]*simPool, len(pools))
 		for _, p := range pools {
 			sel, err := p.router.BestWorker(ctx, req, localrouter.BestWorkerOptions{})
 			if err != nil {
@@ -235,7 +235,7 @@ func (r *run) choose(ctx context.Context, pools []*pool, idx int, id string) (*w
 }
 
 // nth returns the i-th worker of pools taken in order.
-func nth(pools []*pool, i int) *worker {
+func nth(pools []*simPool, i int) *worker {
 	for _, p := range pools {
 		if i < len(p.workers) {
 			return p.workers[i]

@@ -17,7 +17,7 @@ import (
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
-	kvpool "github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/tokenizer"
 )
 
@@ -35,7 +35,7 @@ const TopologyConfig = "config"
 //
 // The configuration is replayed as loaded, except what has no meaning in
 // virtual time or in a replay: each pool's routers become its in-process
-// router (kvpool.LocalAddress(name)); probe deadlines become an hour (the
+// router (pool.LocalAddress(name)); probe deadlines become an hour (the
 // in-process answer is immediate; a deadline would measure the machine
 // running the replay, not the system replayed); steering headers are
 // honoured for every caller (the replayed requests are the operator's own:
@@ -62,10 +62,10 @@ type GlobalReplay struct {
 	// Each pool starts from localrouter.DefaultConfig with the pool's
 	// block size, its worker_chain and Config.PredictedTTL.
 	Router func(poolName string, c *localrouter.Config)
-	// Client, when set, makes the kvpool.Client the global router reaches a
-	// pool's local router through (default kvpool.NewLocal(r, address)): the
+	// Client, when set, makes the pool.Client the global router reaches a
+	// pool's local router through (default pool.NewLocal(r, address)): the
 	// seam for pools that are themselves routers of a subtree.
-	Client func(poolName string, r *localrouter.Router, address func(localrouter.WorkerKey) string) kvpool.Client
+	Client func(poolName string, r *localrouter.Router, address func(localrouter.WorkerKey) string) pool.Client
 }
 
 // Share is one value of a mix and its weight.
@@ -155,7 +155,7 @@ func (g *GlobalReplay) defaultModel() string {
 func (g *GlobalReplay) poolWorkers(total int) ([]int, error) {
 	pools := g.Config.Pools
 	for name := range g.PoolWorkers {
-		if !slices.ContainsFunc(pools, func(p kvpool.Config) bool { return p.Name == name }) {
+		if !slices.ContainsFunc(pools, func(p pool.Config) bool { return p.Name == name }) {
 			return nil, fmt.Errorf("%w: pool workers: the configuration has no pool %q", ErrConfig, name)
 		}
 	}
@@ -240,7 +240,7 @@ func (r *run) buildGlobal() error {
 	if err != nil {
 		return err
 	}
-	clients := make(map[string]kvpool.Client, len(g.Config.Pools))
+	clients := make(map[string]pool.Client, len(g.Config.Pools))
 	gcfg := *g.Config
 	gcfg.Pools = slices.Clone(g.Config.Pools)
 	for i := range gcfg.Pools {
@@ -265,7 +265,7 @@ func (r *run) buildGlobal() error {
 		if role == "" {
 			role = membership.RoleAggregated
 		}
-		p := &pool{name: pc.Name, role: role, router: rt, byKey: make(map[localrouter.WorkerKey]*worker)}
+		p := &simPool{name: pc.Name, role: role, router: rt, byKey: make(map[localrouter.WorkerKey]*worker)}
 		r.pools = append(r.pools, p)
 		for range counts[i] {
 			w := &worker{index: len(r.workers), pool: p, busy: new(time.Duration)}
@@ -292,12 +292,12 @@ func (r *run) buildGlobal() error {
 		if g.Client != nil {
 			clients[pc.Name] = g.Client(pc.Name, rt, address)
 		} else {
-			clients[pc.Name] = kvpool.NewLocal(rt, address)
+			clients[pc.Name] = pool.NewLocal(rt, address)
 		}
-		pc.Routers = kvpool.Routers{Static: []string{kvpool.LocalAddress(pc.Name)}}
+		pc.Routers = pool.Routers{Static: []string{pool.LocalAddress(pc.Name)}}
 	}
 	r.clients = clients
-	r.byPool = make(map[string]*pool, len(r.pools))
+	r.byPool = make(map[string]*simPool, len(r.pools))
 	for _, p := range r.pools {
 		r.byPool[p.name] = p
 	}
@@ -305,7 +305,7 @@ func (r *run) buildGlobal() error {
 	gcfg.Trust.Steering = globalrouter.AccessOn
 	gcfg.Shadow = nil
 	opts := []globalrouter.Option{
-		globalrouter.WithDialer(kvpool.LocalDialer(clients)),
+		globalrouter.WithDialer(pool.LocalDialer(clients)),
 		globalrouter.WithClock(r.clock),
 		globalrouter.WithRegisterer(prometheus.NewRegistry()),
 		globalrouter.WithLogger(discardLogger),

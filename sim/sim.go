@@ -19,7 +19,7 @@ import (
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
-	kvpool "github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/pool"
 )
 
 var discardLogger = slog.New(slog.DiscardHandler)
@@ -172,7 +172,7 @@ type run struct {
 	now        time.Time
 	q          eventQueue
 	seq        uint64
-	pools      []*pool
+	pools      []*simPool
 	workers    []*worker
 	recs       []record
 	rng        *rand.Rand // the simulation's own choices (random, ties)
@@ -193,8 +193,8 @@ type run struct {
 	// its clients of the pools' routers, each request's lease and, when
 	// disaggregated, its decode worker.
 	gr           *globalrouter.Router
-	clients      map[string]kvpool.Client
-	byPool       map[string]*pool
+	clients      map[string]pool.Client
+	byPool       map[string]*simPool
 	leases       []globalrouter.Lease
 	decodeOf     []*worker
 	models       []Share

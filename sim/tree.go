@@ -12,7 +12,7 @@ import (
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
-	kvpool "github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/pool"
 )
 
 // TopologyTree is a tree of global routers (docs/hierarchy.md): Regions
@@ -68,15 +68,15 @@ func validateTree(c Config, t Topology) error {
 func (r *run) buildTree() error {
 	cfg, t := r.cfg, r.topo
 	per := cfg.Workers / (t.Regions * t.RegionPools)
-	r.clients = map[string]kvpool.Client{}
-	r.byPool = map[string]*pool{}
-	topClients := make(map[string]kvpool.Client, t.Regions)
-	var topPools []kvpool.Config
+	r.clients = map[string]pool.Client{}
+	r.byPool = map[string]*simPool{}
+	topClients := make(map[string]pool.Client, t.Regions)
+	var topPools []pool.Config
 	leaf := 0
 	for i := range t.Regions {
 		region := fmt.Sprintf("region-%d", i)
-		leafClients := make(map[string]kvpool.Client, t.RegionPools)
-		var pcs []kvpool.Config
+		leafClients := make(map[string]pool.Client, t.RegionPools)
+		var pcs []pool.Config
 		for j := range t.RegionPools {
 			name := fmt.Sprintf("%s-p%d", region, j)
 			// Leaf 0 draws the flat replay's stream, so tree=1x1 breaks
@@ -95,7 +95,7 @@ func (r *run) buildTree() error {
 				return fmt.Errorf("pool %q: %w", name, err)
 			}
 			leaf++
-			p := &pool{name: name, role: membership.RoleAggregated, router: rt, byKey: make(map[localrouter.WorkerKey]*worker)}
+			p := &simPool{name: name, role: membership.RoleAggregated, router: rt, byKey: make(map[localrouter.WorkerKey]*worker)}
 			r.pools = append(r.pools, p)
 			r.byPool[name] = p
 			for range per {
@@ -103,10 +103,10 @@ func (r *run) buildTree() error {
 					return fmt.Errorf("pool %q: %w", name, err)
 				}
 			}
-			c := kvpool.NewLocal(rt, workerAddress(name))
+			c := pool.NewLocal(rt, workerAddress(name))
 			leafClients[name] = c
 			r.clients[name] = c
-			pcs = append(pcs, kvpool.NewConfig(name, cfg.BlockSize, []string{treeModel}, kvpool.LocalAddress(name)))
+			pcs = append(pcs, pool.NewConfig(name, cfg.BlockSize, []string{treeModel}, pool.LocalAddress(name)))
 		}
 		rg, err := r.newTreeRouter(globalrouter.DefaultConfig(pcs...), leafClients)
 		if err != nil {
@@ -114,7 +114,7 @@ func (r *run) buildTree() error {
 		}
 		r.regions = append(r.regions, rg)
 		topClients[region] = rg.Subtree()
-		topPools = append(topPools, kvpool.NewConfig(region, cfg.BlockSize, []string{treeModel}, kvpool.LocalAddress(region)))
+		topPools = append(topPools, pool.NewConfig(region, cfg.BlockSize, []string{treeModel}, pool.LocalAddress(region)))
 	}
 	var err error
 	if r.gr, err = r.newTreeRouter(globalrouter.DefaultConfig(topPools...), topClients); err != nil {
@@ -130,13 +130,13 @@ func (r *run) buildTree() error {
 // newTreeRouter is a global router of the tree over clients, in virtual
 // time (probe deadlines an hour, as in the config replay). TreeCommit, when
 // set, is its probe.commit mode.
-func (r *run) newTreeRouter(gcfg globalrouter.Config, clients map[string]kvpool.Client) (*globalrouter.Router, error) {
+func (r *run) newTreeRouter(gcfg globalrouter.Config, clients map[string]pool.Client) (*globalrouter.Router, error) {
 	gcfg.Probe.Timeout, gcfg.Probe.MinTimeout = time.Hour, time.Hour
 	if r.cfg.TreeCommit != "" {
 		gcfg.Probe.Commit = r.cfg.TreeCommit
 	}
 	return globalrouter.New(gcfg,
-		globalrouter.WithDialer(kvpool.LocalDialer(clients)),
+		globalrouter.WithDialer(pool.LocalDialer(clients)),
 		globalrouter.WithClock(r.clock),
 		globalrouter.WithRegisterer(prometheus.NewRegistry()),
 		globalrouter.WithLogger(discardLogger),
@@ -146,7 +146,7 @@ func (r *run) newTreeRouter(gcfg globalrouter.Config, clients map[string]kvpool.
 }
 
 // addWorker adds an aggregated engine to pool p and its router.
-func (r *run) addWorker(p *pool, blockSize int) error {
+func (r *run) addWorker(p *simPool, blockSize int) error {
 	cfg := r.cfg
 	w := &worker{index: len(r.workers), pool: p, busy: new(time.Duration)}
 	w.key = localrouter.WorkerKey{ID: fmt.Sprintf("w%d", w.index)}
