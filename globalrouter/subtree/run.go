@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,13 +14,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
-	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/config"
 	"github.com/kvgate/kvgate/internal/runner"
@@ -172,8 +166,8 @@ func Start(ctx context.Context, c Config, lis net.Listener, router *globalrouter
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 		if tlsCfg.MutualTLS() && len(c.AuthorizedClients) > 0 {
-			a := authorizer{allowed: c.AuthorizedClients}
-			gopts = append(gopts, grpc.ChainUnaryInterceptor(a.unary()), grpc.ChainStreamInterceptor(a.stream()))
+			unary, stream := server.AuthorizationInterceptors(c.AuthorizedClients)
+			gopts = append(gopts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 		}
 	}
 	gs := grpc.NewServer(gopts...)
@@ -232,76 +226,9 @@ func defaultID(addr string) string {
 	return strings.NewReplacer("/", "-", " ", "-").Replace(h) + "-subtree-" + port
 }
 
-// stateChanging are the calls authorised by certificate under mutual TLS
-// (as a local router's lifecycle calls, localrouter/server/authz.go).
-var stateChanging = map[string]bool{
-	localrouterv1.LocalRouter_Commit_FullMethodName:              true,
-	localrouterv1.LocalRouter_Track_FullMethodName:               true,
-	localrouterv1.LocalRouter_Channel_FullMethodName:             true,
-	localrouterv1.LocalRouter_MarkPrefillComplete_FullMethodName: true,
-	localrouterv1.LocalRouter_Free_FullMethodName:                true,
-	localrouterv1.LocalRouter_DumpEvents_FullMethodName:          true,
-}
-
-type authorizer struct{ allowed []string }
-
-func (a authorizer) check(ctx context.Context, method string, req any) error {
-	changes := stateChanging[method]
-	if bw, ok := req.(*localrouterv1.BestWorkerRequest); ok && bw.GetRequestId() != "" {
-		changes = true
-	}
-	if !changes {
-		return nil
-	}
-	if p, ok := peer.FromContext(ctx); ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
-			for _, n := range tlsconfig.PeerNames(ti.State.VerifiedChains[0][0]) {
-				if slices.Contains(a.allowed, n) {
-					return nil
-				}
-			}
-		}
-	}
-	return status.Error(codes.PermissionDenied, method+": caller not authorised: lifecycle calls need a client certificate named in -authorized-clients")
-}
-
-func (a authorizer) unary() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if err := a.check(ctx, info.FullMethod, req); err != nil {
-			return nil, err
-		}
-		return h(ctx, req)
-	}
-}
-
-func (a authorizer) stream() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if err := a.check(ss.Context(), info.FullMethod, nil); err != nil {
-			return err
-		}
-		return h(srv, ss)
-	}
-}
-
 var osHostname = os.Hostname
 
-// transportWindow: fixed HTTP/2 flow-control windows, as the local
-// router's (localrouter/server/grpcopts.go): no BDP pings riding along
-// every probe.
-const transportWindow = 1 << 20
-
-// ServerOptions are the subtree service's gRPC server options, as a local
-// router's (localrouter/server.GRPCServerOptions, without its metrics):
-// keepalive pings (a connection cut without a FIN ends its streams, which
-// frees their requests below), fixed flow-control windows, stream workers
-// reused across calls, the local router's message size bound.
-func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.InitialWindowSize(transportWindow),
-		grpc.InitialConnWindowSize(transportWindow),
-		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
-		grpc.MaxRecvMsgSize(server.MaxRecvMsgBytes),
-	}
-}
+// ServerOptions are the subtree service's gRPC server options: a local
+// router's transport options (localrouter/server.TransportOptions, without
+// its metrics).
+func ServerOptions() []grpc.ServerOption { return server.TransportOptions() }

@@ -62,6 +62,17 @@ func (a authorizer) check(ctx context.Context, method string, req any) error {
 	return status.Error(codes.PermissionDenied, fmt.Sprintf("%s: caller not authorised: lifecycle calls need a client certificate named in -authorized-clients", method))
 }
 
+// AuthorizationInterceptors return the interceptors that allow the
+// local-router API's state-changing calls (lifecycle methods, a BestWorker
+// with request_id or update_indexer) only from peers whose verified client
+// certificate names one of allowed: what -authorized-clients installs on a
+// local router, and on a global router serving the same API for its
+// subtree (globalrouter/subtree).
+func AuthorizationInterceptors(allowed []string) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	a := authorizer{allowed: allowed}
+	return a.unary(), a.stream()
+}
+
 func (a authorizer) unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if err := a.check(ctx, info.FullMethod, req); err != nil {

@@ -25,9 +25,19 @@ const MaxRecvMsgBytes = 64 << 20
 // a pool of stream workers reused across RPCs instead of a new goroutine
 // per call.
 func GRPCServerOptions(m *Metrics) []grpc.ServerOption {
-	return []grpc.ServerOption{
+	return append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(m.UnaryInterceptor()),
 		grpc.ChainStreamInterceptor(m.StreamInterceptor()),
+	}, TransportOptions()...)
+}
+
+// TransportOptions are GRPCServerOptions without the metrics: keepalive
+// pings (a connection cut without a FIN ends its streams, which frees their
+// requests), fixed flow-control windows, stream workers reused across
+// calls, the message size bound. A global router serving the local-router
+// API for its subtree uses them too.
+func TransportOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.InitialWindowSize(transportWindow),
