@@ -11,7 +11,6 @@ import (
 	"time"
 	"unsafe"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
@@ -276,13 +275,7 @@ func (cs *chanStream) freeAll() {
 // send (the stream is then gone).
 func (cs *chanStream) fail(id uint64, err error) error {
 	st, _ := status.FromError(toStatus(err))
-	ce := &localrouterv1.ChannelError{Code: uint32(st.Code()), Message: st.Message()}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == localrouterv1.ErrorDomain {
-			ce.Reason = info.GetReason()
-		}
-	}
-	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Error{Error: ce}})
+	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Error{Error: localrouterv1.ChannelErrorOf(st)}})
 }
 
 func (cs *chanStream) send(m *localrouterv1.ChannelResponse) error {
