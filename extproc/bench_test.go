@@ -169,8 +169,8 @@ func BenchmarkDecision(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		cpu0 := cpuTime()
-		for i := 0; b.Loop(); i++ {
-			lat = append(lat, exchange(b, c, bodies[i%len(bodies)]))
+		for i := range b.N { // not b.Loop: b.N must be known to build the bodies
+			lat = append(lat, exchange(b, c, bodies[i]))
 		}
 		cpu := cpuTime() - cpu0
 		b.StopTimer()
