@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/kvgate/kvgate/globalrouter"
@@ -108,7 +110,7 @@ func (s *Server) RegisterHealth(g *grpc.Server) {
 func (s *Server) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
 	// A BUFFERED body arrives as one message: let it be as large as the
 	// cap (and a little more, so the cap answers 413, not gRPC).
-	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(s.cfg.MaxBodyBytes + 1<<20)}, opts...)
+	opts = append(transportOptions(s.cfg.MaxBodyBytes+1<<20), opts...)
 	g := grpc.NewServer(opts...)
 	s.Register(g)
 	errc := make(chan error, 1)
@@ -166,4 +168,34 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	x := newExchange(s, stream)
 	defer x.finish()
 	return x.run()
+}
+
+// transportWindow fixes the server's HTTP/2 receive windows. A set window
+// turns off grpc-go's bandwidth-delay-product estimation, whose PING frames
+// otherwise ride along every request body (Envoy probes nothing either: its
+// windows are a fixed 256 MiB by default): fewer frames and syscalls per
+// request. 1 MiB is a credit, not a buffer: the server reads as it goes.
+const transportWindow = 1 << 20
+
+// transportOptions are the ext_proc server's gRPC transport settings.
+//   - Keepalive pings: an ext_proc stream lasts as long as its HTTP request
+//     (a whole generation), so an Envoy that vanished without a FIN must not
+//     hold its requests' load until the kernel gives up; the pings end its
+//     streams within 30 s, and ending a stream frees its request.
+//   - A lenient ping policy: Envoy's connection_keepalive may ping as often
+//     as every second (grpc-go's default policy, 5 minutes, would answer a
+//     GOAWAY to any shorter interval, dropping every stream on the
+//     connection).
+//   - Fixed windows (transportWindow), stream workers reused across streams
+//     (their stacks already grown: a decision's call path is deep), and the
+//     receive bound, maxRecv.
+func transportOptions(maxRecv int) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxRecv),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 20 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+		grpc.InitialWindowSize(transportWindow),
+		grpc.InitialConnWindowSize(transportWindow),
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+	}
 }

@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/envoy/gateway"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
@@ -399,7 +400,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	go func() { s.extprocDone <- xsrv.Serve(xctx, xlis, xopts...) }()
 	s.Live = status.New(status.Options{Source: s.liveSnapshot, Recorder: s.Decisions})
 
-	if s.conn, err = grpc.NewClient(s.extprocAddr, grpc.WithTransportCredentials(xclient)); err != nil {
+	if s.conn, err = grpc.NewClient(s.extprocAddr, append(extprocclient.DialOptions(), grpc.WithTransportCredentials(xclient))...); err != nil {
 		return nil, fmt.Errorf("ext_proc client: %w", err)
 	}
 	gcfgw, err := gateway.DefaultConfig()

@@ -85,7 +85,9 @@ func StartOn(t testing.TB, addr, pool string, blockSize int, workers ...Worker) 
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
-	g := grpc.NewServer()
+	// The production transport (keepalive, fixed windows, stream workers):
+	// benchmarks over these routers measure what a deployment runs.
+	g := grpc.NewServer(server.TransportOptions()...)
 	srv.Register(g)
 	s := &Server{Router: r, Addr: lis.Addr().String(), grpc: g, done: make(chan struct{}), events: map[localrouter.WorkerKey]uint64{}}
 	go func() {
