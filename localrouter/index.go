@@ -41,6 +41,9 @@ type node struct {
 	c1      *node
 	more    map[uint64]*node
 	workers workerSet
+	// lists: for each entry list of the index (listKind), the slab index
+	// of the node's first entry there, 0 for none (entrylist.go).
+	lists [numLists]int32
 }
 
 func (n *node) child(h uint64) *node {
