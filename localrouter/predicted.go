@@ -102,14 +102,22 @@ func (ix *Index) Predict(now time.Time, key WorkerKey, localHashes []uint64) {
 			ix.nodes++
 		}
 		// A predicted entry holds its slot on the node (ix.hold), so a
-		// node without the slot has no entry: only a block key already
-		// holds is looked up, to refresh its entry if it is a prediction.
-		if !c.workers.has(slot) {
+		// node without the slot has no entry, but for one case: the
+		// worker's approximate-mode entry on it expired (Record and
+		// Predict on one index), releasing it. Then, too, the entry is
+		// refreshed, not doubled.
+		i := p.list.find(slot, c)
+		switch {
+		case !c.workers.has(slot):
 			ix.hold(c, slot)
-			p.list.push(slot, c, exp)
+			if i != 0 {
+				p.list.touch(i, exp)
+			} else {
+				p.list.push(slot, c, exp)
+			}
 			p.count(slot, 1)
 			p.recorded.Add(1)
-		} else if i := p.list.find(slot, c); i != 0 {
+		case i != 0:
 			p.list.touch(i, exp)
 		}
 		n = c

@@ -299,3 +299,28 @@ func TestPredictedSeveralWorkers(t *testing.T) {
 		t.Fatalf("stats after expiry: got %+v, want 0 entries, 2 expired", st)
 	}
 }
+
+// TestPredictedBoundWithinOneRequest: a request of more new blocks than
+// the bound leaves, after the bound's drop and then expiry, nothing held:
+// every entry dropped releases its block. (The LRU this list replaced,
+// sized at the bound plus two, evicted past it on its own, without
+// releasing: those blocks stayed held, as if the engine held them.)
+func TestPredictedBoundWithinOneRequest(t *testing.T) {
+	const bs = 4
+	ix, _ := NewIndex(bs, IndexOptions{MaxApproxEntries: 2, PredictedTTL: time.Second})
+	a := WorkerKey{"a", 0}
+	t0 := time.Unix(100, 0)
+	q := hashesOf(bs, 1, 2, 3, 4, 5, 6)
+	ix.Predict(t0, a, q)
+	st := ix.PredictedStats()
+	if st != (PredictedStats{Entries: 1, Recorded: 6, Expired: 5}) {
+		t.Fatalf("stats: got %+v, want 1 entry, 6 recorded, 5 expired", st)
+	}
+	if got := ix.Stats().Entries; got != 1 {
+		t.Fatalf("index entries: got %d, want 1 (the newest prediction)", got)
+	}
+	ix.Expire(t0.Add(time.Second))
+	if got := ix.Stats(); got.Entries != 0 || got.Nodes != 0 {
+		t.Fatalf("after expiry: got %d entries, %d nodes, want 0, 0", got.Entries, got.Nodes)
+	}
+}
