@@ -56,8 +56,8 @@ type ActiveSequences struct {
 	// Most blocks are active on one worker: their one-ref slices are
 	// carved from chunk and, once dropped, kept in spare for the next
 	// block, instead of one allocation per block added (refs.go).
-	chunk []blockRef
-	spare [][]blockRef
+	chunk  []blockRef
+	spare  [][]blockRef
 	prefix []int32 // scratch of activePrefix, per slot
 
 	unknownOps atomic.Uint64
