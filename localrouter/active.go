@@ -53,6 +53,11 @@ type ActiveSequences struct {
 	// with a reference count each. A worker's active blocks are prefix
 	// closed: a request holds every block before its last.
 	blocks map[uint64][]blockRef
+	// Most blocks are active on one worker: their one-ref slices are
+	// carved from chunk and, once dropped, kept in spare for the next
+	// block, instead of one allocation per block added (refs.go).
+	chunk  []blockRef
+	spare  [][]blockRef
 	prefix []int32 // scratch of activePrefix, per slot
 
 	unknownOps atomic.Uint64
@@ -111,7 +116,7 @@ func (a *ActiveSequences) Add(now time.Time, id string, key WorkerKey, seqHashes
 			}
 		}
 		if !found {
-			a.blocks[h] = append(refs, blockRef{slot, 1})
+			a.blocks[h] = a.addRef(refs, blockRef{slot, 1})
 			w.distinct++
 		}
 	}
@@ -166,14 +171,14 @@ func (a *ActiveSequences) freeLocked(r *activeReq) {
 			if refs[i].n == 0 {
 				w.distinct--
 				refs[i] = refs[len(refs)-1]
-				refs = refs[:len(refs)-1]
+				if len(refs) == 1 {
+					a.dropRefs(refs)
+					delete(a.blocks, h)
+				} else {
+					a.blocks[h] = refs[:len(refs)-1]
+				}
 			}
 			break
-		}
-		if len(refs) == 0 {
-			delete(a.blocks, h)
-		} else {
-			a.blocks[h] = refs
 		}
 	}
 	if w.requests == 0 {

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/kvgate/kvgate/kvevents"
 )
 
@@ -41,6 +40,9 @@ type node struct {
 	c1      *node
 	more    map[uint64]*node
 	workers workerSet
+	// lists: for each entry list of the index (listKind), the slab index
+	// of the node's first entry there, 0 for none (entrylist.go).
+	lists [numLists]int32
 }
 
 func (n *node) child(h uint64) *node {
@@ -102,12 +104,6 @@ type slotState struct {
 	size int
 }
 
-// approxKey identifies a (worker slot, node) pair in approximate mode.
-type approxKey struct {
-	slot int32
-	n    *node
-}
-
 // IndexStats are the index's counters since it was made.
 type IndexStats struct {
 	EventsApplied      uint64
@@ -146,8 +142,9 @@ type Index struct {
 	// (configuration guard; see ConfigWarning).
 	guard map[WorkerKey]*guardInfo
 
-	// approximate mode: LRU of (slot, node) with expiry times, oldest first.
-	approx    *simplelru.LRU[approxKey, time.Time]
+	// approximate mode: (slot, node) entries with their expiry, oldest
+	// first.
+	approx    entryList
 	ttl       time.Duration
 	maxApprox int
 
@@ -195,7 +192,7 @@ func NewIndex(blockSize int, opts IndexOptions) (*Index, error) {
 		ttl:       opts.TTL,
 		maxApprox: opts.MaxApproxEntries,
 	}
-	ix.approx, _ = simplelru.NewLRU[approxKey, time.Time](opts.MaxApproxEntries+1, ix.onApproxEvict)
+	ix.approx = newEntryList(approxList)
 	ix.pred.init(opts.PredictedTTL, opts.MaxApproxEntries)
 	return ix, nil
 }
@@ -490,11 +487,11 @@ func (ix *Index) clearSlot(slot int32) {
 	ss.engine = make(map[uint64]*node)
 	ss.aliases = nil
 	if ss.size > 0 { // approximate-mode entries
-		for _, k := range ix.approx.Keys() {
-			if k.slot == slot {
-				ix.approx.Remove(k)
+		ix.approx.each(func(i, s int32, _ *node) {
+			if s == slot {
+				ix.dropApprox(i)
 			}
-		}
+		})
 	}
 }
 
@@ -746,13 +743,23 @@ func (ix *Index) Record(now time.Time, key WorkerKey, localHashes []uint64) {
 			ix.nodes++
 		}
 		ix.hold(c, slot)
-		ix.approx.Add(approxKey{slot, c}, exp)
+		if i := ix.approx.find(slot, c); i != 0 {
+			ix.approx.touch(i, exp)
+		} else {
+			ix.approx.push(slot, c, exp)
+			// The bound is checked once per Record (below), and the bound
+			// plus one is a hard cap: a Record filling more than the room
+			// left drops the oldest as it goes, uncounted.
+			if ix.approx.len > ix.maxApprox+1 {
+				ix.dropApprox(ix.approx.oldest())
+			}
+		}
 		n = c
 	}
-	if ix.approx.Len() > ix.maxApprox {
+	if ix.approx.len > ix.maxApprox {
 		target := ix.maxApprox * 8 / 10
-		for ix.approx.Len() > target {
-			ix.approx.RemoveOldest()
+		for ix.approx.len > target {
+			ix.dropApprox(ix.approx.oldest())
 			ix.pruned.Add(1)
 		}
 	}
@@ -769,22 +776,24 @@ func (ix *Index) Expire(now time.Time) {
 
 func (ix *Index) expireLocked(now time.Time) {
 	for {
-		_, exp, ok := ix.approx.GetOldest()
-		if !ok || exp.After(now) {
+		i := ix.approx.oldest()
+		if i == 0 || !ix.approx.expired(i, now) {
 			return
 		}
-		ix.approx.RemoveOldest()
+		ix.dropApprox(i)
 	}
 }
 
-// onApproxEvict runs under mu (simplelru calls it synchronously).
-func (ix *Index) onApproxEvict(k approxKey, _ time.Time) {
-	// A node can be pruned while still in the LRU only if the worker was
-	// removed; then its slot no longer holds it and release is a no-op.
-	if k.n.parent == nil && k.n != &ix.root {
+// dropApprox drops approximate-mode entry i and releases its node. Caller
+// holds mu.
+func (ix *Index) dropApprox(i int32) {
+	slot, n := ix.approx.remove(i)
+	// A node can be pruned while it still has an entry only if the worker
+	// was removed; then its slot no longer holds it and release is a no-op.
+	if n.parent == nil && n != &ix.root {
 		return
 	}
-	ix.release(k.n, k.slot)
+	ix.release(n, slot)
 }
 
 // Dump returns the index as events that rebuild it when applied, in order,
@@ -848,11 +857,11 @@ func (ix *Index) dumpSlot(out []kvevents.RouterEvent, slot int32) []kvevents.Rou
 		return next
 	}
 	if len(ss.engine) == 0 && ss.size > 0 {
-		for _, k := range ix.approx.Keys() {
-			if k.slot == slot {
-				ms = append(ms, mapping{fresh(), k.n, depthOf(k.n)})
+		ix.approx.each(func(_, s int32, n *node) {
+			if s == slot {
+				ms = append(ms, mapping{fresh(), n, depthOf(n)})
 			}
-		}
+		})
 	}
 	sort.Slice(ms, func(i, j int) bool {
 		if ms[i].depth != ms[j].depth {

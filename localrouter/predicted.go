@@ -3,8 +3,6 @@ package localrouter
 import (
 	"sync/atomic"
 	"time"
-
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // Predicted entries (event mode): the blocks of a request routed to a
@@ -29,12 +27,11 @@ import (
 // predictions are the Index's predicted entries, oldest first. Guarded by
 // the Index's mu.
 type predictions struct {
-	// lru maps (slot, node) to the entry's expiry. Its capacity is kept
-	// above max so that it never evicts on its own: every removal goes
+	// list holds (slot, node) entries with their expiry. Every removal goes
 	// through the Index, which releases the node.
-	lru *simplelru.LRU[approxKey, time.Time]
-	ttl time.Duration
-	max int
+	list entryList
+	ttl  time.Duration
+	max  int
 	// perSlot counts each slot's entries, so that a worker without any is
 	// skipped at once.
 	perSlot []int32
@@ -58,7 +55,7 @@ func (p *predictions) init(ttl time.Duration, max int) {
 		ttl = 10 * time.Second
 	}
 	p.ttl, p.max = ttl, max
-	p.lru, _ = simplelru.NewLRU[approxKey, time.Time](max+2, nil)
+	p.list = newEntryList(predList)
 }
 
 // PredictedStats are the counters of predicted entries.
@@ -76,7 +73,7 @@ func (ix *Index) PredictedStats() PredictedStats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	return PredictedStats{
-		Entries:   ix.pred.lru.Len(),
+		Entries:   ix.pred.list.len,
 		Recorded:  ix.pred.recorded.Load(),
 		Confirmed: ix.pred.confirmed.Load(),
 		Expired:   ix.pred.expired.Load(),
@@ -104,25 +101,30 @@ func (ix *Index) Predict(now time.Time, key WorkerKey, localHashes []uint64) {
 			c = n.addChild(h)
 			ix.nodes++
 		}
-		k := approxKey{slot, c}
 		// A predicted entry holds its slot on the node (ix.hold), so a
-		// node without the slot has no entry: one map operation for a new
-		// block (the common case: a prompt's new suffix), two only for a
-		// block key already holds.
+		// node without the slot has no entry, but for one case: the
+		// worker's approximate-mode entry on it expired (Record and
+		// Predict on one index), releasing it. Then, too, the entry is
+		// refreshed, not doubled.
+		i := p.list.find(slot, c)
 		switch {
 		case !c.workers.has(slot):
 			ix.hold(c, slot)
-			p.lru.Add(k, exp)
+			if i != 0 {
+				p.list.touch(i, exp)
+			} else {
+				p.list.push(slot, c, exp)
+			}
 			p.count(slot, 1)
 			p.recorded.Add(1)
-		case p.lru.Contains(k):
-			p.lru.Add(k, exp)
+		case i != 0:
+			p.list.touch(i, exp)
 		}
 		n = c
 	}
-	if p.lru.Len() > p.max {
+	if p.list.len > p.max {
 		target := p.max * 8 / 10
-		for p.lru.Len() > target {
+		for p.list.len > target {
 			ix.dropOldestPredicted()
 		}
 	}
@@ -131,24 +133,25 @@ func (ix *Index) Predict(now time.Time, key WorkerKey, localHashes []uint64) {
 
 // dropOldestPredicted drops the oldest predicted entry. Caller holds mu.
 func (ix *Index) dropOldestPredicted() {
-	k, _, ok := ix.pred.lru.RemoveOldest()
-	if !ok {
+	i := ix.pred.list.oldest()
+	if i == 0 {
 		return
 	}
-	ix.pred.count(k.slot, -1)
+	slot, n := ix.pred.list.remove(i)
+	ix.pred.count(slot, -1)
 	ix.pred.expired.Add(1)
-	if k.n.parent == nil && k.n != &ix.root { // detached with its worker
+	if n.parent == nil && n != &ix.root { // detached with its worker
 		return
 	}
-	ix.release(k.n, k.slot)
+	ix.release(n, slot)
 }
 
 // expirePredictedLocked drops predicted entries whose TTL passed. Caller
 // holds mu.
 func (ix *Index) expirePredictedLocked(now time.Time) {
 	for {
-		_, exp, ok := ix.pred.lru.GetOldest()
-		if !ok || exp.After(now) {
+		i := ix.pred.list.oldest()
+		if i == 0 || !ix.pred.list.expired(i, now) {
 			return
 		}
 		ix.dropOldestPredicted()
@@ -159,9 +162,14 @@ func (ix *Index) expirePredictedLocked(now time.Time) {
 // nothing at all, leaving n unheld by slot but never pruned, so that the
 // caller (a Stored event) holds it at once as the engine's. Caller holds mu.
 func (ix *Index) confirmPredicted(slot int32, n *node) {
-	if !ix.pred.has(slot) || !ix.pred.lru.Remove(approxKey{slot, n}) {
+	if !ix.pred.has(slot) {
 		return
 	}
+	i := ix.pred.list.find(slot, n)
+	if i == 0 {
+		return
+	}
+	ix.pred.list.remove(i)
 	ix.pred.count(slot, -1)
 	ix.pred.confirmed.Add(1)
 	if n.workers.remove(slot) {
@@ -175,17 +183,17 @@ func (ix *Index) clearPredicted(slot int32) {
 	if !ix.pred.has(slot) {
 		return
 	}
-	for _, k := range ix.pred.lru.Keys() {
-		if k.slot != slot {
-			continue
+	ix.pred.list.each(func(i, s int32, n *node) {
+		if s != slot {
+			return
 		}
-		ix.pred.lru.Remove(k)
+		ix.pred.list.remove(i)
 		ix.pred.count(slot, -1)
-		if k.n.parent == nil && k.n != &ix.root {
-			continue
+		if n.parent == nil && n != &ix.root {
+			return
 		}
-		ix.release(k.n, slot)
-	}
+		ix.release(n, slot)
+	})
 }
 
 // ConfirmedPrefix returns how many of the first upTo blocks of localHashes
@@ -206,7 +214,7 @@ func (ix *Index) ConfirmedPrefix(key WorkerKey, localHashes []uint64, upTo int) 
 	n := &ix.root
 	for i := 0; i < upTo; i++ {
 		c := n.child(localHashes[i])
-		if c == nil || !c.workers.has(slot) || (predicted && ix.pred.lru.Contains(approxKey{slot, c})) {
+		if c == nil || !c.workers.has(slot) || (predicted && ix.pred.list.find(slot, c) != 0) {
 			return i
 		}
 		n = c
@@ -218,7 +226,7 @@ func (ix *Index) ConfirmedPrefix(key WorkerKey, localHashes []uint64, upTo int) 
 func (ix *Index) hasPredicted() bool {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	return ix.pred.lru.Len() > 0
+	return ix.pred.list.len > 0
 }
 
 // predicting reports whether placed requests record predicted entries.

@@ -205,3 +205,122 @@ func TestRouterPredictsInEventMode(t *testing.T) {
 		t.Fatalf("index entries with predicted_ttl 0: got %d, want 0", got)
 	}
 }
+
+// TestPredictedRefreshOrder: predicting a block again refreshes its TTL
+// and its place in the size bound's order, oldest dropped first.
+func TestPredictedRefreshOrder(t *testing.T) {
+	const bs = 4
+	a := WorkerKey{"a", 0}
+	t0 := time.Unix(100, 0)
+	p, q, r := hashesOf(bs, 1), hashesOf(bs, 2), hashesOf(bs, 3)
+	t.Run("expiry", func(t *testing.T) {
+		ix, _ := NewIndex(bs, IndexOptions{PredictedTTL: 10 * time.Second})
+		ix.Predict(t0, a, p)
+		ix.Predict(t0.Add(time.Second), a, q)
+		ix.Predict(t0.Add(2*time.Second), a, p) // p refreshed: now newer than q
+		ix.Expire(t0.Add(11 * time.Second))
+		if got := overlaps(ix, p); got["a/0"] != 1 {
+			t.Errorf("refreshed p after q's TTL: got overlaps %v, want a/0 holding it", got)
+		}
+		if got := overlaps(ix, q); len(got) != 0 {
+			t.Errorf("q past its TTL: got overlaps %v, want none", got)
+		}
+		ix.Expire(t0.Add(12 * time.Second))
+		if st := ix.PredictedStats(); st != (PredictedStats{Recorded: 2, Expired: 2}) {
+			t.Errorf("stats: got %+v, want 2 recorded, 2 expired", st)
+		}
+		if st := ix.Stats(); st.Entries != 0 || st.Nodes != 0 {
+			t.Errorf("index after expiry: got %d entries, %d nodes, want 0, 0", st.Entries, st.Nodes)
+		}
+	})
+	t.Run("bound", func(t *testing.T) {
+		// A bound of 2 drops down to 1 when a third entry comes: the
+		// oldest by last prediction go, the refreshed p stays.
+		ix, _ := NewIndex(bs, IndexOptions{MaxApproxEntries: 2})
+		ix.Predict(t0, a, p)
+		ix.Predict(t0, a, q)
+		ix.Predict(t0, a, p)
+		ix.Predict(t0, a, r)
+		for _, c := range []struct {
+			name string
+			q    []uint64
+			want int
+		}{{"p", p, 0}, {"q", q, 0}, {"r", r, 1}} {
+			if got := overlaps(ix, c.q)["a/0"]; got != c.want {
+				t.Errorf("overlap of %s: got %d, want %d", c.name, got, c.want)
+			}
+		}
+		ix.Predict(t0, a, p)
+		ix.Predict(t0, a, r) // refreshed, so q's arrival drops p
+		ix.Predict(t0, a, q)
+		if got := overlaps(ix, p)["a/0"]; got != 0 {
+			t.Errorf("overlap of p, the oldest: got %d, want 0", got)
+		}
+		if st := ix.PredictedStats(); st.Entries != 1 || st.Recorded != 5 || st.Expired != 4 {
+			t.Errorf("stats: got %+v, want 1 entry, 5 recorded, 4 expired", st)
+		}
+	})
+}
+
+// TestPredictedSeveralWorkers: a block predicted on several workers keeps
+// one entry per worker; a Stored event confirms only its own worker's, a
+// Cleared drops only its own, and expiry the rest.
+func TestPredictedSeveralWorkers(t *testing.T) {
+	const bs = 4
+	ix, _ := NewIndex(bs, IndexOptions{PredictedTTL: time.Second})
+	a, b, c := WorkerKey{"a", 0}, WorkerKey{"b", 0}, WorkerKey{"c", 0}
+	t0 := time.Unix(100, 0)
+	q := hashesOf(bs, 1, 2)
+	for _, k := range []WorkerKey{a, b, c} {
+		ix.Predict(t0, k, q)
+	}
+	mustApply(t, ix, chain("b", nil, 10, bs, 1, 2))
+	mustApply(t, ix, kvevents.RouterEvent{WorkerID: "a", Event: kvevents.Event{Cleared: true}})
+	if diff := cmp.Diff(map[string]int{"b/0": 2, "c/0": 2}, overlaps(ix, q)); diff != "" {
+		t.Fatalf("after b's Stored and a's Cleared (-want +got):\n%s", diff)
+	}
+	for _, k := range []WorkerKey{a, b, c} {
+		want := 0
+		if k == b {
+			want = 2
+		}
+		if got := ix.ConfirmedPrefix(k, q, 2); got != want {
+			t.Errorf("confirmed prefix of %s: got %d, want %d", k, got, want)
+		}
+	}
+	if st := ix.PredictedStats(); st != (PredictedStats{Entries: 2, Recorded: 6, Confirmed: 2}) {
+		t.Fatalf("stats: got %+v, want 2 entries (c's), 6 recorded, 2 confirmed", st)
+	}
+	ix.Expire(t0.Add(time.Second))
+	if diff := cmp.Diff(map[string]int{"b/0": 2}, overlaps(ix, q)); diff != "" {
+		t.Fatalf("after expiry (-want +got):\n%s", diff)
+	}
+	if st := ix.PredictedStats(); st.Entries != 0 || st.Expired != 2 {
+		t.Fatalf("stats after expiry: got %+v, want 0 entries, 2 expired", st)
+	}
+}
+
+// TestPredictedBoundWithinOneRequest: a request of more new blocks than
+// the bound leaves, after the bound's drop and then expiry, nothing held:
+// every entry dropped releases its block. (The LRU this list replaced,
+// sized at the bound plus two, evicted past it on its own, without
+// releasing: those blocks stayed held, as if the engine held them.)
+func TestPredictedBoundWithinOneRequest(t *testing.T) {
+	const bs = 4
+	ix, _ := NewIndex(bs, IndexOptions{MaxApproxEntries: 2, PredictedTTL: time.Second})
+	a := WorkerKey{"a", 0}
+	t0 := time.Unix(100, 0)
+	q := hashesOf(bs, 1, 2, 3, 4, 5, 6)
+	ix.Predict(t0, a, q)
+	st := ix.PredictedStats()
+	if st != (PredictedStats{Entries: 1, Recorded: 6, Expired: 5}) {
+		t.Fatalf("stats: got %+v, want 1 entry, 6 recorded, 5 expired", st)
+	}
+	if got := ix.Stats().Entries; got != 1 {
+		t.Fatalf("index entries: got %d, want 1 (the newest prediction)", got)
+	}
+	ix.Expire(t0.Add(time.Second))
+	if got := ix.Stats(); got.Entries != 0 || got.Nodes != 0 {
+		t.Fatalf("after expiry: got %d entries, %d nodes, want 0, 0", got.Entries, got.Nodes)
+	}
+}
