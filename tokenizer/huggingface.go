@@ -21,6 +21,7 @@ type hfTokenizer struct {
 	pre        []preStep
 	byteLevel  bool // vocab keys are raw bytes (ByteLevel pre-tokenizer)
 	vocab      map[string]uint32
+	vocabTab   *vocabTable // vocab for the per-piece lookups of encoding
 	byteIDs    [256]uint32 // byte-level: the id of each single byte
 	byteFB     [256]uint32 // SentencePiece byte fallback: <0xXX> ids
 	hasByteFB  bool
@@ -171,6 +172,7 @@ func parseHuggingFace(data []byte, name string) (*hfTokenizer, error) {
 		}
 		t.vocab[key] = id
 	}
+	t.vocabTab = newVocabTable(t.vocab)
 	if m.UnkToken != nil && *m.UnkToken != "" {
 		id, ok := m.Vocab[*m.UnkToken]
 		if !ok {
@@ -274,6 +276,7 @@ func (t *hfTokenizer) parseMerges(raw json.RawMessage, vocab map[string]uint32) 
 			t.model.merges[k] = uint64(rank)<<32 | uint64(c)
 		}
 	}
+	t.model.pairs = newPairTable(t.model.merges)
 	return nil
 }
 
@@ -324,7 +327,7 @@ func (t *hfTokenizer) appendPiece(ids []uint32, piece string) []uint32 {
 		return ids
 	}
 	if t.ignoreMrg {
-		if id, ok := t.vocab[piece]; ok {
+		if id, ok := t.vocabTab.get(piece); ok {
 			return append(ids, id)
 		}
 	}
@@ -337,7 +340,7 @@ func (t *hfTokenizer) appendPiece(ids []uint32, piece string) []uint32 {
 		unkRun := false
 		for i := 0; i < len(piece); {
 			_, n := utf8.DecodeRuneInString(piece[i:])
-			if id, ok := t.vocab[piece[i:i+n]]; ok {
+			if id, ok := t.vocabTab.get(piece[i : i+n]); ok {
 				ids = append(ids, id)
 				unkRun = false
 			} else if t.hasByteFB {

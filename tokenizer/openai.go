@@ -69,6 +69,7 @@ func rankedBPE(name string, ranks map[string]int, specials map[string]uint32, sp
 		t.vocab[tok] = uint32(r)
 		t.idToToken[r] = tok
 	}
+	t.vocabTab = newVocabTable(t.vocab)
 	for b := 0; b < 256; b++ {
 		t.byteIDs[b] = t.vocab[string([]byte{byte(b)})]
 	}
@@ -82,6 +83,7 @@ func rankedBPE(name string, ranks map[string]int, specials map[string]uint32, sp
 			}
 		}
 	}
+	t.model.pairs = newPairTable(t.model.merges)
 	var added []addedToken
 	for s, id := range specials {
 		t.idToToken[id] = s
