@@ -14,11 +14,15 @@ import (
 // (GPT-2, Llama-3, Qwen) or SentencePiece-style (Llama-2, Mistral: ▁ for
 // spaces, byte fallback).
 type hfTokenizer struct {
-	name       string
-	added      *addedMatcher // raw-text added tokens (normalized: false)
-	addedNorm  *addedMatcher // added tokens matched after normalization
-	normalize  []normalizer
-	pre        []preStep
+	name      string
+	added     *addedMatcher // raw-text added tokens (normalized: false)
+	addedNorm *addedMatcher // added tokens matched after normalization
+	normalize []normalizer
+	pre       []preStep
+	// nextPiece, when not nil, is the whole pre-tokenizer: a split pattern
+	// that finds its pieces one at a time, so encoding loops over them
+	// without a callback per piece (see appendPieces).
+	nextPiece  pieceFinder
 	byteLevel  bool // vocab keys are raw bytes (ByteLevel pre-tokenizer)
 	vocab      map[string]uint32
 	vocabTab   *vocabTable // vocab for the per-piece lookups of encoding
@@ -141,6 +145,7 @@ func parseHuggingFace(data []byte, name string) (*hfTokenizer, error) {
 		return nil, fmt.Errorf("pre_tokenizer: %w", err)
 	}
 	t.newlineSafe = newlineSafe(f.Normalizer, t.pre)
+	t.nextPiece = onlyPieceFinder(t.pre)
 	for _, p := range t.pre {
 		if st, ok := p.(splitStep); ok {
 			if _, ok := st.s.(*regexpSplitter); ok {
@@ -315,9 +320,29 @@ func (t *hfTokenizer) appendSegment(ids []uint32, s segment) []uint32 {
 			ids = append(ids, ns.id)
 			return
 		}
-		runPre(t.pre, ns.text, first && ns.start == 0, func(piece string) {
-			ids = t.appendPiece(ids, piece)
-		})
+		ids = t.appendPieces(ids, ns.text, first && ns.start == 0)
+	})
+	return ids
+}
+
+// appendPieces pre-tokenizes text and encodes its pieces.
+func (t *hfTokenizer) appendPieces(ids []uint32, text string, first bool) []uint32 {
+	if t.nextPiece == nil {
+		return t.appendPre(ids, text, first)
+	}
+	for i := 0; i < len(text); {
+		j := t.nextPiece.next(text, i)
+		ids = t.appendPiece(ids, text[i:j])
+		i = j
+	}
+	return ids
+}
+
+// appendPre is appendPieces for any pre-tokenizer. It is apart because its
+// callback would otherwise move ids to the heap on every call.
+func (t *hfTokenizer) appendPre(ids []uint32, text string, first bool) []uint32 {
+	runPre(t.pre, text, first, func(piece string) {
+		ids = t.appendPiece(ids, piece)
 	})
 	return ids
 }

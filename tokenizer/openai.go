@@ -63,6 +63,7 @@ func rankedBPE(name string, ranks map[string]int, specials map[string]uint32, sp
 		addedByID:   map[uint32]string{},
 		specialIDs:  map[uint32]bool{},
 		pre:         []preStep{splitStep{sp}},
+		nextPiece:   sp.(pieceFinder),
 		newlineSafe: true,
 	}
 	for tok, r := range ranks {

@@ -36,6 +36,19 @@ type splitter interface {
 	split(text string, emit func(piece string))
 }
 
+// pieceFinder is a splitter that finds its pieces one at a time: the piece
+// of s at i ends at next(s, i), for i < len(s). The hand-written splitters
+// are; split is the loop over next.
+type pieceFinder interface {
+	next(s string, i int) int
+}
+
+var (
+	_ pieceFinder = gpt2Splitter{}
+	_ pieceFinder = cl100kSplitter{}
+	_ pieceFinder = o200kSplitter{}
+)
+
 // newSplitter returns the hand-written splitter for a known pattern, or a
 // regexp2-backed one.
 func newSplitter(pattern string) (splitter, error) {
@@ -236,15 +249,15 @@ func spaceRun(s string, i, j int) int {
 
 type gpt2Splitter struct{}
 
-func (gpt2Splitter) split(s string, emit func(string)) {
+func (g gpt2Splitter) split(s string, emit func(string)) {
 	for i := 0; i < len(s); {
-		j := gpt2Next(s, i)
+		j := g.next(s, i)
 		emit(s[i:j])
 		i = j
 	}
 }
 
-func gpt2Next(s string, i int) int {
+func (gpt2Splitter) next(s string, i int) int {
 	if n := contraction(s, i, false); n > 0 {
 		return i + n
 	}
@@ -312,9 +325,9 @@ func (c cl100kSplitter) next(s string, i int) int {
 // o200kSplitter implements patO200K.
 type o200kSplitter struct{}
 
-func (o200kSplitter) split(s string, emit func(string)) {
+func (o o200kSplitter) split(s string, emit func(string)) {
 	for i := 0; i < len(s); {
-		j := o200kNext(s, i)
+		j := o.next(s, i)
 		emit(s[i:j])
 		i = j
 	}
@@ -373,7 +386,7 @@ func o200kWord(s string, j int, upperFirst bool) int {
 	}
 }
 
-func o200kNext(s string, i int) int {
+func (o200kSplitter) next(s string, i int) int {
 	r, n := runeAt(s, i)
 	cls := classOf(r)
 	prefix := cls != clsLetter && cls != clsNumber && r != '\r' && r != '\n'
