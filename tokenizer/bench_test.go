@@ -147,3 +147,44 @@ func benchConversation(b *testing.B) []Message {
 	}
 	return msgs
 }
+
+// BenchmarkEncodeChat8KB is the chat of one ext_proc decision with the
+// default tokenizer (cl100k_base, ChatML): a system prompt and three
+// rounds of user and assistant messages, ~8 KB rendered, through
+// EncodeChat (render + tokenize) with no prefix cache, so every call
+// tokenizes the whole chat as a new conversation does.
+func BenchmarkEncodeChat8KB(b *testing.B) {
+	m := mustLoad(b, Config{Backend: BackendOpenAI, Encoding: "cl100k_base", CacheSize: -1})
+	text := mixedText(b, 8<<10)
+	cut := func(s string, n int) (string, string) {
+		for !utf8.ValidString(s[:n]) {
+			n--
+		}
+		return s[:n], s[n:]
+	}
+	req := &ChatRequest{Messages: []Message{{Role: "system", Content: "You are a helpful assistant. Answer with code where it helps."}}, AddGenerationPrompt: true}
+	for i := 0; i < 3; i++ {
+		var u, a string
+		u, text = cut(text, 700)
+		a, text = cut(text, 1900)
+		req.Messages = append(req.Messages, Message{Role: "user", Content: u}, Message{Role: "assistant", Content: a})
+	}
+	req.Messages = append(req.Messages, Message{Role: "user", Content: text})
+	rendered, err := m.RenderChat(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ids, err := m.EncodeChat(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(rendered)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := m.EncodeChat(req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(ids))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
+}

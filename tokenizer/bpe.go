@@ -7,6 +7,8 @@ type bpe struct {
 	// merges maps a pair of token ids (left<<32 | right) to
 	// rank<<32 | merged id.
 	merges map[uint64]uint64
+	// pairs is merges as the table rank reads (see table.go).
+	pairs *pairTable
 }
 
 const noRank = ^uint32(0)
@@ -14,10 +16,7 @@ const noRank = ^uint32(0)
 func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
 
 func (m *bpe) rank(a, b uint32) (rank, id uint32) {
-	v, ok := m.merges[pairKey(a, b)]
-	if !ok {
-		return noRank, 0
-	}
+	v := m.pairs.get(pairKey(a, b))
 	return uint32(v >> 32), uint32(v)
 }
 

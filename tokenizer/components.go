@@ -137,6 +137,20 @@ func runPre(steps []preStep, piece string, first bool, emit func(string)) {
 
 type splitStep struct{ s splitter }
 
+// onlyPieceFinder returns the splitter of a pre-tokenizer that is a single
+// split step, when it finds its pieces one at a time; otherwise nil.
+func onlyPieceFinder(steps []preStep) pieceFinder {
+	if len(steps) != 1 {
+		return nil
+	}
+	st, ok := steps[0].(splitStep)
+	if !ok {
+		return nil
+	}
+	pf, _ := st.s.(pieceFinder)
+	return pf
+}
+
 func (st splitStep) apply(piece string, _ bool, emit func(string)) { st.s.split(piece, emit) }
 
 // prefixSpaceStep is ByteLevel's add_prefix_space.

@@ -14,13 +14,18 @@ import (
 // (GPT-2, Llama-3, Qwen) or SentencePiece-style (Llama-2, Mistral: ▁ for
 // spaces, byte fallback).
 type hfTokenizer struct {
-	name       string
-	added      *addedMatcher // raw-text added tokens (normalized: false)
-	addedNorm  *addedMatcher // added tokens matched after normalization
-	normalize  []normalizer
-	pre        []preStep
+	name      string
+	added     *addedMatcher // raw-text added tokens (normalized: false)
+	addedNorm *addedMatcher // added tokens matched after normalization
+	normalize []normalizer
+	pre       []preStep
+	// nextPiece, when not nil, is the whole pre-tokenizer: a split pattern
+	// that finds its pieces one at a time, so encoding loops over them
+	// without a callback per piece (see appendPieces).
+	nextPiece  pieceFinder
 	byteLevel  bool // vocab keys are raw bytes (ByteLevel pre-tokenizer)
 	vocab      map[string]uint32
+	vocabTab   *vocabTable // vocab for the per-piece lookups of encoding
 	byteIDs    [256]uint32 // byte-level: the id of each single byte
 	byteFB     [256]uint32 // SentencePiece byte fallback: <0xXX> ids
 	hasByteFB  bool
@@ -140,6 +145,7 @@ func parseHuggingFace(data []byte, name string) (*hfTokenizer, error) {
 		return nil, fmt.Errorf("pre_tokenizer: %w", err)
 	}
 	t.newlineSafe = newlineSafe(f.Normalizer, t.pre)
+	t.nextPiece = onlyPieceFinder(t.pre)
 	for _, p := range t.pre {
 		if st, ok := p.(splitStep); ok {
 			if _, ok := st.s.(*regexpSplitter); ok {
@@ -171,6 +177,7 @@ func parseHuggingFace(data []byte, name string) (*hfTokenizer, error) {
 		}
 		t.vocab[key] = id
 	}
+	t.vocabTab = newVocabTable(t.vocab)
 	if m.UnkToken != nil && *m.UnkToken != "" {
 		id, ok := m.Vocab[*m.UnkToken]
 		if !ok {
@@ -274,6 +281,7 @@ func (t *hfTokenizer) parseMerges(raw json.RawMessage, vocab map[string]uint32) 
 			t.model.merges[k] = uint64(rank)<<32 | uint64(c)
 		}
 	}
+	t.model.pairs = newPairTable(t.model.merges)
 	return nil
 }
 
@@ -312,9 +320,29 @@ func (t *hfTokenizer) appendSegment(ids []uint32, s segment) []uint32 {
 			ids = append(ids, ns.id)
 			return
 		}
-		runPre(t.pre, ns.text, first && ns.start == 0, func(piece string) {
-			ids = t.appendPiece(ids, piece)
-		})
+		ids = t.appendPieces(ids, ns.text, first && ns.start == 0)
+	})
+	return ids
+}
+
+// appendPieces pre-tokenizes text and encodes its pieces.
+func (t *hfTokenizer) appendPieces(ids []uint32, text string, first bool) []uint32 {
+	if t.nextPiece == nil {
+		return t.appendPre(ids, text, first)
+	}
+	for i := 0; i < len(text); {
+		j := t.nextPiece.next(text, i)
+		ids = t.appendPiece(ids, text[i:j])
+		i = j
+	}
+	return ids
+}
+
+// appendPre is appendPieces for any pre-tokenizer. It is apart because its
+// callback would otherwise move ids to the heap on every call.
+func (t *hfTokenizer) appendPre(ids []uint32, text string, first bool) []uint32 {
+	runPre(t.pre, text, first, func(piece string) {
+		ids = t.appendPiece(ids, piece)
 	})
 	return ids
 }
@@ -324,7 +352,7 @@ func (t *hfTokenizer) appendPiece(ids []uint32, piece string) []uint32 {
 		return ids
 	}
 	if t.ignoreMrg {
-		if id, ok := t.vocab[piece]; ok {
+		if id, ok := t.vocabTab.get(piece); ok {
 			return append(ids, id)
 		}
 	}
@@ -337,7 +365,7 @@ func (t *hfTokenizer) appendPiece(ids []uint32, piece string) []uint32 {
 		unkRun := false
 		for i := 0; i < len(piece); {
 			_, n := utf8.DecodeRuneInString(piece[i:])
-			if id, ok := t.vocab[piece[i:i+n]]; ok {
+			if id, ok := t.vocabTab.get(piece[i : i+n]); ok {
 				ids = append(ids, id)
 				unkRun = false
 			} else if t.hasByteFB {

@@ -63,12 +63,14 @@ func rankedBPE(name string, ranks map[string]int, specials map[string]uint32, sp
 		addedByID:   map[uint32]string{},
 		specialIDs:  map[uint32]bool{},
 		pre:         []preStep{splitStep{sp}},
+		nextPiece:   sp.(pieceFinder),
 		newlineSafe: true,
 	}
 	for tok, r := range ranks {
 		t.vocab[tok] = uint32(r)
 		t.idToToken[r] = tok
 	}
+	t.vocabTab = newVocabTable(t.vocab)
 	for b := 0; b < 256; b++ {
 		t.byteIDs[b] = t.vocab[string([]byte{byte(b)})]
 	}
@@ -82,6 +84,7 @@ func rankedBPE(name string, ranks map[string]int, specials map[string]uint32, sp
 			}
 		}
 	}
+	t.model.pairs = newPairTable(t.model.merges)
 	var added []addedToken
 	for s, id := range specials {
 		t.idToToken[id] = s

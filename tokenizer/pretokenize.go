@@ -36,6 +36,19 @@ type splitter interface {
 	split(text string, emit func(piece string))
 }
 
+// pieceFinder is a splitter that finds its pieces one at a time: the piece
+// of s at i ends at next(s, i), for i < len(s). The hand-written splitters
+// are; split is the loop over next.
+type pieceFinder interface {
+	next(s string, i int) int
+}
+
+var (
+	_ pieceFinder = gpt2Splitter{}
+	_ pieceFinder = cl100kSplitter{}
+	_ pieceFinder = o200kSplitter{}
+)
+
 // newSplitter returns the hand-written splitter for a known pattern, or a
 // regexp2-backed one.
 func newSplitter(pattern string) (splitter, error) {
@@ -56,7 +69,9 @@ func newSplitter(pattern string) (splitter, error) {
 	return &regexpSplitter{re: re}, nil
 }
 
-// Character classes, with an ASCII fast path.
+// Character classes, looked up in a table for the Basic Multilingual Plane:
+// the unicode package answers IsLetter by a binary search of its range
+// tables, a large part of splitting text that is not ASCII.
 const (
 	clsOther = iota // [^\s\p{L}\p{N}]
 	clsLetter
@@ -64,26 +79,41 @@ const (
 	clsSpace
 )
 
-var asciiClass = func() (t [utf8.RuneSelf]uint8) {
-	for r := rune(0); r < utf8.RuneSelf; r++ {
-		switch {
-		case unicode.IsLetter(r):
-			t[r] = clsLetter
-		case unicode.IsNumber(r):
-			t[r] = clsNumber
-		case unicode.IsSpace(r):
-			t[r] = clsSpace
-		default:
-			t[r] = clsOther
+// bmpClass is classOfSlow of every rune below U+10000, filled from the
+// range tables (a few tens of microseconds, where calling classOfSlow for
+// each rune takes milliseconds). The classes are disjoint.
+var bmpClass = func() *[0x10000]uint8 {
+	t := new([0x10000]uint8)
+	fill := func(rt *unicode.RangeTable, cls uint8) {
+		for _, rg := range rt.R16 {
+			for r := int(rg.Lo); r <= int(rg.Hi); r += int(rg.Stride) {
+				t[r] = cls
+			}
 		}
+		for _, rg := range rt.R32 {
+			for r := int(rg.Lo); r <= int(rg.Hi) && r < len(t); r += int(rg.Stride) {
+				t[r] = cls
+			}
+		}
+	}
+	fill(unicode.White_Space, clsSpace)
+	fill(unicode.Number, clsNumber)
+	fill(unicode.Letter, clsLetter)
+	// Latin-1, which the unicode package answers from its own table.
+	for r := rune(0); r < 0x100; r++ {
+		t[r] = classOfSlow(r)
 	}
 	return t
 }()
 
 func classOf(r rune) uint8 {
-	if r < utf8.RuneSelf {
-		return asciiClass[r]
+	if uint32(r) < uint32(len(bmpClass)) {
+		return bmpClass[r]
 	}
+	return classOfSlow(r)
+}
+
+func classOfSlow(r rune) uint8 {
 	switch {
 	case unicode.IsLetter(r):
 		return clsLetter
@@ -219,15 +249,15 @@ func spaceRun(s string, i, j int) int {
 
 type gpt2Splitter struct{}
 
-func (gpt2Splitter) split(s string, emit func(string)) {
+func (g gpt2Splitter) split(s string, emit func(string)) {
 	for i := 0; i < len(s); {
-		j := gpt2Next(s, i)
+		j := g.next(s, i)
 		emit(s[i:j])
 		i = j
 	}
 }
 
-func gpt2Next(s string, i int) int {
+func (gpt2Splitter) next(s string, i int) int {
 	if n := contraction(s, i, false); n > 0 {
 		return i + n
 	}
@@ -295,9 +325,9 @@ func (c cl100kSplitter) next(s string, i int) int {
 // o200kSplitter implements patO200K.
 type o200kSplitter struct{}
 
-func (o200kSplitter) split(s string, emit func(string)) {
+func (o o200kSplitter) split(s string, emit func(string)) {
 	for i := 0; i < len(s); {
-		j := o200kNext(s, i)
+		j := o.next(s, i)
 		emit(s[i:j])
 		i = j
 	}
@@ -356,7 +386,7 @@ func o200kWord(s string, j int, upperFirst bool) int {
 	}
 }
 
-func o200kNext(s string, i int) int {
+func (o200kSplitter) next(s string, i int) int {
 	r, n := runeAt(s, i)
 	cls := classOf(r)
 	prefix := cls != clsLetter && cls != clsNumber && r != '\r' && r != '\n'

@@ -103,3 +103,13 @@ func FuzzSplit(f *testing.F) {
 		}
 	})
 }
+
+// TestClassTable: the table gives the class the unicode package does for
+// every rune of the Basic Multilingual Plane.
+func TestClassTable(t *testing.T) {
+	for r := rune(0); r < 0x10000; r++ {
+		if got, want := classOf(r), classOfSlow(r); got != want {
+			t.Fatalf("classOf(%U) = %d, want %d", r, got, want)
+		}
+	}
+}
