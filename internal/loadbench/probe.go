@@ -10,7 +10,9 @@ package loadbench
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -41,6 +43,10 @@ type ProbeConfig struct {
 	PackedHashes bool
 	// Only runs one mode ("channel" or "unary"; "": both), for profiles.
 	Only string
+	// Profile, if set, receives a CPU profile of the paced windows only
+	// (from the first window's start to the last one's end: use it with
+	// Only), without the index build and the warm-up.
+	Profile io.Writer
 }
 
 // ProbeFigures are one mode's figures.
@@ -58,6 +64,11 @@ type ProbeFigures struct {
 type ProbeResult struct {
 	Channel ProbeFigures `json:"channel"`
 	Unary   ProbeFigures `json:"unary"`
+	// Harness is the pacing alone (the same callers, sleeps and
+	// per-probe contexts, a probe that does nothing): the part of each
+	// mode's CPU per probe that is the benchmark's own, not the
+	// transport's. It is not subtracted from the modes' figures.
+	Harness ProbeFigures `json:"harness"`
 }
 
 // CPUTime is the process's user+system CPU time (getrusage).
@@ -130,9 +141,10 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 			_, err := ch.BestWorker(ctx, p, client.BestWorkerOptions{})
 			return err
 		}, &acc{}},
+		{"harness", func(context.Context, client.Prompt) error { return nil }, &acc{}},
 	}
 	// Warm both (connections, the channel's stream, caches).
-	for _, md := range modes {
+	for _, md := range modes[:2] {
 		for i := range 200 {
 			if err := md.probe(ctx, prompts[i%len(prompts)]); err != nil {
 				return ProbeResult{}, fmt.Errorf("probe bench: %s warm-up: %w", md.name, err)
@@ -140,6 +152,12 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 		}
 	}
 	per := max(cfg.N/cfg.Rounds, 1)
+	if cfg.Profile != nil {
+		if err := pprof.StartCPUProfile(cfg.Profile); err != nil {
+			return ProbeResult{}, fmt.Errorf("probe bench: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for r := range cfg.Rounds {
 		for _, md := range modes {
 			if err := ctx.Err(); err != nil {
@@ -151,7 +169,7 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 			paced(ctx, cfg.Rate, per, cfg.Callers, r*per, prompts, md.probe, md.acc)
 		}
 	}
-	return ProbeResult{Unary: modes[0].acc.figures(), Channel: modes[1].acc.figures()}, nil
+	return ProbeResult{Unary: modes[0].acc.figures(), Channel: modes[1].acc.figures(), Harness: modes[2].acc.figures()}, nil
 }
 
 // acc accumulates one mode's rounds.
