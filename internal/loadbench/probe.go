@@ -59,6 +59,9 @@ type ProbeConfig struct {
 	// (from the first window's start to the last one's end: use it with
 	// Only), without the index build and the warm-up.
 	Profile io.Writer
+	// ServerProfile, with ServerProcess, is a file the server process
+	// writes its CPU profile of the same windows to.
+	ServerProfile string
 }
 
 // ProbeFigures are one mode's figures.
@@ -116,7 +119,7 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 		serverCPU func() (time.Duration, error)
 	)
 	if cfg.ServerProcess {
-		child, err := startProbeServer(ctx)
+		child, err := startProbeServer(ctx, cfg.ServerProfile)
 		if err != nil {
 			return ProbeResult{}, err
 		}
@@ -226,8 +229,12 @@ func serveProbe(ctx context.Context) (string, []benchfig.Prompt, func(), error) 
 	return lis.Addr().String(), w.Prompts, func() { g.Stop(); w.Router.Close() }, nil
 }
 
-// probeServerEnv marks the process Probe starts with ServerProcess.
-const probeServerEnv = "KVGATE_PROBE_SERVER"
+// probeServerEnv marks the process Probe starts with ServerProcess;
+// probeServerProfileEnv names its profile's file.
+const (
+	probeServerEnv        = "KVGATE_PROBE_SERVER"
+	probeServerProfileEnv = "KVGATE_PROBE_SERVER_PROFILE"
+)
 
 // ServeProbeServer, called first in main (or TestMain), makes this binary
 // the probe benchmark's server process when Probe started it so
@@ -237,19 +244,20 @@ const probeServerEnv = "KVGATE_PROBE_SERVER"
 //
 // The protocol on its standard streams: it writes "addr HOST:PORT" once
 // serving; to each line read it answers "cpu NANOSECONDS", its CPU time so
-// far.
+// far. It profiles its CPU from the first such line to the end when
+// Probe asked (ProbeConfig.ServerProfile).
 func ServeProbeServer() bool {
 	if os.Getenv(probeServerEnv) != "1" {
 		return false
 	}
-	if err := serveProbeServer(os.Stdin, os.Stdout); err != nil {
+	if err := serveProbeServer(os.Stdin, os.Stdout, os.Getenv(probeServerProfileEnv)); err != nil {
 		fmt.Fprintln(os.Stderr, "probe server:", err)
 		os.Exit(1)
 	}
 	return true
 }
 
-func serveProbeServer(in io.Reader, out io.Writer) error {
+func serveProbeServer(in io.Reader, out io.Writer, profile string) error {
 	addr, _, stop, err := serveProbe(context.Background())
 	if err != nil {
 		return err
@@ -260,6 +268,18 @@ func serveProbeServer(in io.Reader, out io.Writer) error {
 	}
 	lines := bufio.NewScanner(in)
 	for lines.Scan() {
+		if profile != "" {
+			f, err := os.Create(profile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return err
+			}
+			defer pprof.StopCPUProfile()
+			profile = ""
+		}
 		if _, err := fmt.Fprintf(out, "cpu %d\n", CPUTime().Nanoseconds()); err != nil {
 			return err
 		}
@@ -277,13 +297,13 @@ type probeServer struct {
 
 // startProbeServer re-executes this binary as the server process and
 // waits until it serves.
-func startProbeServer(ctx context.Context) (*probeServer, error) {
+func startProbeServer(ctx context.Context, profile string) (*probeServer, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("probe bench: server process: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, exe)
-	cmd.Env = append(os.Environ(), probeServerEnv+"=1")
+	cmd.Env = append(os.Environ(), probeServerEnv+"=1", probeServerProfileEnv+"="+profile)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

@@ -8,7 +8,8 @@ import (
 )
 
 var (
-	probeProfile       = flag.String("probeprofile", "", "write a CPU profile of the probe benchmark's paced window only (not the index build) to this file")
+	probeProfile       = flag.String("probeprofile", "", "write a CPU profile of the probe benchmark's paced window only (not the index build) to this file (and the server process's to FILE.server)")
+	probePacked        = flag.Bool("probepacked", false, "the probe benchmark's channel sends packed hashes")
 	probeServerProcess = flag.Bool("probeserverprocess", false, "serve the probe benchmark's router from a child process (client and server CPU apart)")
 )
 
@@ -29,7 +30,7 @@ func BenchmarkProbeUnary(b *testing.B)   { benchProbe(b, "unary") }
 func BenchmarkProbeHarness(b *testing.B) { benchProbe(b, "harness") }
 
 func benchProbe(b *testing.B, mode string) {
-	cfg := ProbeConfig{Rate: 5000, N: max(b.N, 100), Rounds: 1, Only: mode, ServerProcess: *probeServerProcess}
+	cfg := ProbeConfig{Rate: 5000, N: max(b.N, 100), Rounds: 1, Only: mode, ServerProcess: *probeServerProcess, PackedHashes: *probePacked}
 	if *probeProfile != "" && b.N > 1 {
 		f, err := os.Create(*probeProfile)
 		if err != nil {
@@ -37,6 +38,9 @@ func benchProbe(b *testing.B, mode string) {
 		}
 		defer f.Close()
 		cfg.Profile = f
+		if cfg.ServerProcess {
+			cfg.ServerProfile = *probeProfile + ".server"
+		}
 	}
 	res, err := Probe(context.Background(), cfg)
 	if err != nil {
