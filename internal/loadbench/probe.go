@@ -4,13 +4,22 @@
 // one run) and the soak (thousands of concurrent streaming requests through
 // the ext_proc server and the Envoy-faithful client to mock workers, then
 // every router's in-flight count back to 0). Both ends run in this process,
-// so CPU figures (getrusage) count client and server together.
+// so CPU figures (getrusage) count client and server together, unless the
+// probe benchmark's server runs in its own process (ProbeConfig.ServerProcess),
+// which measures each end apart.
 package loadbench
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
+	"runtime/pprof"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -41,6 +50,18 @@ type ProbeConfig struct {
 	PackedHashes bool
 	// Only runs one mode ("channel" or "unary"; "": both), for profiles.
 	Only string
+	// ServerProcess serves the router from a child process (this
+	// binary re-executed; its main must call ServeProbeServer first), so
+	// the client's CPU and the server's are measured apart and the
+	// client's garbage does not bring the index's heap to its next GC.
+	ServerProcess bool
+	// Profile, if set, receives a CPU profile of the paced windows only
+	// (from the first window's start to the last one's end: use it with
+	// Only), without the index build and the warm-up.
+	Profile io.Writer
+	// ServerProfile, with ServerProcess, is a file the server process
+	// writes its CPU profile of the same windows to.
+	ServerProfile string
 }
 
 // ProbeFigures are one mode's figures.
@@ -48,8 +69,11 @@ type ProbeFigures struct {
 	P50us         float64 `json:"p50_us"`
 	P99us         float64 `json:"p99_us"`
 	CPUusPerProbe float64 `json:"cpu_us_per_probe"`
-	Probes        int     `json:"probes"`
-	Errors        int     `json:"errors"`
+	// With ServerProcess, CPUusPerProbe is their sum.
+	ClientCPUusPerProbe float64 `json:"client_cpu_us_per_probe,omitempty"`
+	ServerCPUusPerProbe float64 `json:"server_cpu_us_per_probe,omitempty"`
+	Probes              int     `json:"probes"`
+	Errors              int     `json:"errors"`
 	// Rate is the probes per second achieved.
 	Rate float64 `json:"rate"`
 }
@@ -58,6 +82,11 @@ type ProbeFigures struct {
 type ProbeResult struct {
 	Channel ProbeFigures `json:"channel"`
 	Unary   ProbeFigures `json:"unary"`
+	// Harness is the pacing alone (the same callers, sleeps and
+	// per-probe contexts, a probe that does nothing): the part of each
+	// mode's CPU per probe that is the benchmark's own, not the
+	// transport's. It is not subtracted from the modes' figures.
+	Harness ProbeFigures `json:"harness"`
 }
 
 // CPUTime is the process's user+system CPU time (getrusage).
@@ -70,7 +99,8 @@ func CPUTime() time.Duration {
 // Probe serves the benchfig world (64 workers, ≈1M index entries, 200
 // requests in flight) over loopback gRPC with the production server
 // options, and offers cfg.Rate state-free probes of 512-block prompts per
-// second, alternately through a Channel and through unary BestWorker.
+// second, alternately through a Channel and through unary BestWorker; and
+// the same pacing with a probe that does nothing (ProbeResult.Harness).
 func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 	if cfg.Rate <= 0 || cfg.N < 100 {
 		return ProbeResult{}, fmt.Errorf("probe bench: need a positive rate and at least 100 probes (got rate %d, n %d)", cfg.Rate, cfg.N)
@@ -81,31 +111,30 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 	if cfg.Callers <= 0 {
 		cfg.Callers = 64
 	}
-	w, err := benchfig.BuildWorld()
-	if err != nil {
-		return ProbeResult{}, err
+	var (
+		addr    string
+		prompts []benchfig.Prompt
+		// serverCPU is the server process's CPU time so far, when it is
+		// not this one.
+		serverCPU func() (time.Duration, error)
+	)
+	if cfg.ServerProcess {
+		child, err := startProbeServer(ctx, cfg.ServerProfile)
+		if err != nil {
+			return ProbeResult{}, err
+		}
+		defer child.stop()
+		addr, serverCPU = child.addr, child.cpu
+		prompts = benchfig.MakePrompts(benchfig.Prompts, worldSeed)
+	} else {
+		a, world, stop, err := serveProbe(ctx)
+		if err != nil {
+			return ProbeResult{}, err
+		}
+		defer stop()
+		addr, prompts = a, world
 	}
-	defer w.Router.Close()
-	if err := w.AddActive(ctx); err != nil {
-		return ProbeResult{}, err
-	}
-	srv, err := server.New(server.Options{Router: w.Router, Pool: "bench", RouterID: "bench"})
-	if err != nil {
-		return ProbeResult{}, err
-	}
-	m, err := server.NewMetrics(prometheus.NewRegistry(), srv, nil)
-	if err != nil {
-		return ProbeResult{}, err
-	}
-	g := grpc.NewServer(server.GRPCServerOptions(m)...)
-	srv.Register(g)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return ProbeResult{}, err
-	}
-	go func() { _ = g.Serve(lis) }()
-	defer g.Stop()
-	c, err := client.Dial(lis.Addr().String(), nil)
+	c, err := client.Dial(addr, nil)
 	if err != nil {
 		return ProbeResult{}, err
 	}
@@ -113,9 +142,9 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 	ch := c.Channel(client.ChannelOptions{PackedHashes: cfg.PackedHashes})
 	defer ch.Close()
 
-	prompts := make([]client.Prompt, len(w.Prompts))
-	for i, p := range w.Prompts {
-		prompts[i] = client.HashPrompt(p.Local, benchfig.BlockSize)
+	hashed := make([]client.Prompt, len(prompts))
+	for i, p := range prompts {
+		hashed[i] = client.HashPrompt(p.Local, benchfig.BlockSize)
 	}
 	modes := []struct {
 		name  string
@@ -130,16 +159,23 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 			_, err := ch.BestWorker(ctx, p, client.BestWorkerOptions{})
 			return err
 		}, &acc{}},
+		{"harness", func(context.Context, client.Prompt) error { return nil }, &acc{}},
 	}
 	// Warm both (connections, the channel's stream, caches).
-	for _, md := range modes {
+	for _, md := range modes[:2] {
 		for i := range 200 {
-			if err := md.probe(ctx, prompts[i%len(prompts)]); err != nil {
+			if err := md.probe(ctx, hashed[i%len(hashed)]); err != nil {
 				return ProbeResult{}, fmt.Errorf("probe bench: %s warm-up: %w", md.name, err)
 			}
 		}
 	}
 	per := max(cfg.N/cfg.Rounds, 1)
+	if cfg.Profile != nil {
+		if err := pprof.StartCPUProfile(cfg.Profile); err != nil {
+			return ProbeResult{}, fmt.Errorf("probe bench: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for r := range cfg.Rounds {
 		for _, md := range modes {
 			if err := ctx.Err(); err != nil {
@@ -148,18 +184,187 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 			if cfg.Only != "" && cfg.Only != md.name {
 				continue
 			}
-			paced(ctx, cfg.Rate, per, cfg.Callers, r*per, prompts, md.probe, md.acc)
+			if err := paced(ctx, cfg.Rate, per, cfg.Callers, r*per, hashed, md.probe, serverCPU, md.acc); err != nil {
+				return ProbeResult{}, err
+			}
 		}
 	}
-	return ProbeResult{Unary: modes[0].acc.figures(), Channel: modes[1].acc.figures()}, nil
+	return ProbeResult{Unary: modes[0].acc.figures(), Channel: modes[1].acc.figures(), Harness: modes[2].acc.figures()}, nil
+}
+
+// worldSeed is benchfig.BuildWorld's prompts' seed: a client of a server
+// process makes the same prompts.
+const worldSeed = 7
+
+// serveProbe serves the benchfig world over loopback gRPC with the
+// production server options; it returns the address, the world's prompts
+// and how to stop.
+func serveProbe(ctx context.Context) (string, []benchfig.Prompt, func(), error) {
+	w, err := benchfig.BuildWorld()
+	if err != nil {
+		return "", nil, nil, err
+	}
+	if err := w.AddActive(ctx); err != nil {
+		w.Router.Close()
+		return "", nil, nil, err
+	}
+	srv, err := server.New(server.Options{Router: w.Router, Pool: "bench", RouterID: "bench"})
+	if err != nil {
+		w.Router.Close()
+		return "", nil, nil, err
+	}
+	m, err := server.NewMetrics(prometheus.NewRegistry(), srv, nil)
+	if err != nil {
+		w.Router.Close()
+		return "", nil, nil, err
+	}
+	g := grpc.NewServer(server.GRPCServerOptions(m)...)
+	srv.Register(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		w.Router.Close()
+		return "", nil, nil, err
+	}
+	go func() { _ = g.Serve(lis) }()
+	return lis.Addr().String(), w.Prompts, func() { g.Stop(); w.Router.Close() }, nil
+}
+
+// probeServerEnv marks the process Probe starts with ServerProcess;
+// probeServerProfileEnv names its profile's file.
+const (
+	probeServerEnv        = "KVGATE_PROBE_SERVER"
+	probeServerProfileEnv = "KVGATE_PROBE_SERVER_PROFILE"
+)
+
+// ServeProbeServer, called first in main (or TestMain), makes this binary
+// the probe benchmark's server process when Probe started it so
+// (ServerProcess): it serves the benchfig world until its standard input
+// closes, then returns true, and the caller exits. Otherwise it returns
+// false at once.
+//
+// The protocol on its standard streams: it writes "addr HOST:PORT" once
+// serving; to each line read it answers "cpu NANOSECONDS", its CPU time so
+// far. It profiles its CPU from the first such line to the end when
+// Probe asked (ProbeConfig.ServerProfile).
+func ServeProbeServer() bool {
+	if os.Getenv(probeServerEnv) != "1" {
+		return false
+	}
+	if err := serveProbeServer(os.Stdin, os.Stdout, os.Getenv(probeServerProfileEnv)); err != nil {
+		fmt.Fprintln(os.Stderr, "probe server:", err)
+		os.Exit(1)
+	}
+	return true
+}
+
+func serveProbeServer(in io.Reader, out io.Writer, profile string) error {
+	addr, _, stop, err := serveProbe(context.Background())
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if _, err := fmt.Fprintf(out, "addr %s\n", addr); err != nil {
+		return err
+	}
+	lines := bufio.NewScanner(in)
+	for lines.Scan() {
+		if profile != "" {
+			f, err := os.Create(profile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return err
+			}
+			defer pprof.StopCPUProfile()
+			profile = ""
+		}
+		if _, err := fmt.Fprintf(out, "cpu %d\n", CPUTime().Nanoseconds()); err != nil {
+			return err
+		}
+	}
+	return lines.Err()
+}
+
+// probeServer is a running server process.
+type probeServer struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Scanner
+	addr string
+}
+
+// startProbeServer re-executes this binary as the server process and
+// waits until it serves.
+func startProbeServer(ctx context.Context, profile string) (*probeServer, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("probe bench: server process: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, exe)
+	cmd.Env = append(os.Environ(), probeServerEnv+"=1", probeServerProfileEnv+"="+profile)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("probe bench: server process: %w", err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("probe bench: server process: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("probe bench: server process: %w", err)
+	}
+	ps := &probeServer{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	line, err := ps.line()
+	if a, ok := strings.CutPrefix(line, "addr "); err == nil && ok {
+		ps.addr = a
+		return ps, nil
+	}
+	ps.stop()
+	return nil, fmt.Errorf("probe bench: the server process did not start (does %s call loadbench.ServeProbeServer first?): got %q, %v", exe, line, err)
+}
+
+func (ps *probeServer) line() (string, error) {
+	if !ps.out.Scan() {
+		if err := ps.out.Err(); err != nil {
+			return "", err
+		}
+		return "", io.ErrUnexpectedEOF
+	}
+	return ps.out.Text(), nil
+}
+
+// cpu is the server process's CPU time so far.
+func (ps *probeServer) cpu() (time.Duration, error) {
+	if _, err := io.WriteString(ps.in, "cpu\n"); err != nil {
+		return 0, fmt.Errorf("probe bench: server process: %w", err)
+	}
+	line, err := ps.line()
+	if err != nil {
+		return 0, fmt.Errorf("probe bench: server process: %w", err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimPrefix(line, "cpu "), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("probe bench: server process: %q: %w", line, err)
+	}
+	return time.Duration(ns), nil
+}
+
+// stop closes the server process's input, which ends it, and waits.
+func (ps *probeServer) stop() {
+	_ = ps.in.Close()
+	_ = ps.cmd.Wait()
 }
 
 // acc accumulates one mode's rounds.
 type acc struct {
-	durs    []time.Duration
-	cpu     time.Duration
-	elapsed time.Duration
-	errors  int
+	durs      []time.Duration
+	cpu       time.Duration // this process's
+	serverCPU time.Duration // the server process's, if apart
+	elapsed   time.Duration
+	errors    int
 }
 
 func (a *acc) figures() ProbeFigures {
@@ -170,7 +375,11 @@ func (a *acc) figures() ProbeFigures {
 		Probes: n, Errors: a.errors,
 	}
 	if n > 0 {
-		f.CPUusPerProbe = float64(a.cpu.Nanoseconds()) / 1e3 / float64(n+a.errors)
+		per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(n+a.errors) }
+		f.CPUusPerProbe = per(a.cpu + a.serverCPU)
+		if a.serverCPU > 0 {
+			f.ClientCPUusPerProbe, f.ServerCPUusPerProbe = per(a.cpu), per(a.serverCPU)
+		}
 		f.Rate = float64(n+a.errors) / a.elapsed.Seconds()
 	}
 	return f
@@ -178,13 +387,21 @@ func (a *acc) figures() ProbeFigures {
 
 // paced offers n probes at rate per second from callers goroutines (probe
 // i at start + i/rate; a late caller does not skip), timing each from its
-// send.
-func paced(ctx context.Context, rate, n, callers, offset int, prompts []client.Prompt, probe func(context.Context, client.Prompt) error, a *acc) {
+// send. serverCPU (nil: the server is this process) is the server
+// process's CPU time.
+func paced(ctx context.Context, rate, n, callers, offset int, prompts []client.Prompt, probe func(context.Context, client.Prompt) error, serverCPU func() (time.Duration, error), a *acc) error {
 	interval := time.Second / time.Duration(rate)
 	durs := make([]time.Duration, n)
 	ok := make([]bool, n)
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	var server0 time.Duration
+	if serverCPU != nil {
+		var err error
+		if server0, err = serverCPU(); err != nil {
+			return err
+		}
+	}
 	cpu0 := CPUTime()
 	start := time.Now()
 	for range callers {
@@ -212,6 +429,13 @@ func paced(ctx context.Context, rate, n, callers, offset int, prompts []client.P
 	wg.Wait()
 	a.elapsed += time.Since(start)
 	a.cpu += CPUTime() - cpu0
+	if serverCPU != nil {
+		server1, err := serverCPU()
+		if err != nil {
+			return err
+		}
+		a.serverCPU += server1 - server0
+	}
 	for i, d := range durs {
 		if ok[i] {
 			a.durs = append(a.durs, d)
@@ -219,4 +443,5 @@ func paced(ctx context.Context, rate, n, callers, offset int, prompts []client.P
 			a.errors++
 		}
 	}
+	return nil
 }

@@ -154,6 +154,14 @@ type chanCall struct {
 	committed func(routing.Selection, error)
 	isl       int
 	slot      bool
+
+	// A pooled call's probe message, reused: Send marshals before it
+	// returns. Only the caller touches it; it is reset once sent, so the
+	// pool holds no prompt.
+	req    localrouterv1.ChannelRequest
+	wrap   localrouterv1.ChannelRequest_Probe
+	probe  localrouterv1.ChannelProbe
+	prompt localrouterv1.Prompt
 }
 
 type chanResult struct {
@@ -254,10 +262,14 @@ func (s *chanSession) deliver(c *chanCall, r chanResult) {
 	c.done <- r
 }
 
+// receive routes the router's answers until the stream breaks. It reuses
+// one response message: what a call is handed (the selection) is not part
+// of it but pointed to by it, and a receive resets it first.
 func (s *chanSession) receive() {
 	defer close(s.done)
+	m := new(localrouterv1.ChannelResponse)
 	for {
-		m, err := s.stream.Recv()
+		err := s.stream.RecvMsg(m)
 		if err != nil {
 			s.mu.Lock()
 			s.err = fromStatus(err)
@@ -315,20 +327,36 @@ func ctxError(ctx context.Context) error {
 	return fromStatus(status.FromContextError(ctx.Err()).Err())
 }
 
-// probeProto is p as a channel probe carries it, with ctx's deadline.
-func (s *chanSession) probeProto(ctx context.Context, p Prompt, o BestWorkerOptions) *localrouterv1.ChannelProbe {
-	out := &localrouterv1.ChannelProbe{ConfigOverride: overrideProto(o.Override), AllowedAddresses: o.AllowedAddresses}
-	if s.packed && len(p.BlockHashes) > 0 {
+// probeRequest is c's message for probe id: p as a channel probe carries
+// it (Prompt.proto's fields, or packed hashes), with ctx's deadline.
+func (s *chanSession) probeRequest(ctx context.Context, c *chanCall, id uint64, p Prompt, o BestWorkerOptions) *localrouterv1.ChannelRequest {
+	pr := &c.prompt
+	pr.BlockSize, pr.IslTokens, pr.LoraName, pr.SessionKey = uint32(p.BlockSize), uint32(p.ISL), p.LoRAName, p.SessionKey
+	out := &c.probe
+	out.ConfigOverride, out.AllowedAddresses, out.Prompt = overrideProto(o.Override), o.AllowedAddresses, pr
+	switch {
+	case s.packed && len(p.BlockHashes) > 0:
 		out.PackedHashes = packHashes(p.BlockHashes)
-		out.Prompt = &localrouterv1.Prompt{BlockSize: uint32(p.BlockSize), IslTokens: uint32(p.ISL), LoraName: p.LoRAName, SessionKey: p.SessionKey}
-	} else {
-		out.Prompt = p.proto()
+	case len(p.BlockHashes) > 0:
+		pr.BlockHashes = p.BlockHashes
+	default:
+		pr.TokenIds = p.Tokens
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		us := time.Until(dl).Microseconds()
 		out.TimeoutUs = uint32(min(max(us, 1), math.MaxUint32))
 	}
-	return out
+	c.wrap.Probe = out
+	c.req.Id, c.req.Msg = id, &c.wrap
+	return &c.req
+}
+
+// resetProbe drops c's probe message's references to the caller's prompt.
+func (c *chanCall) resetProbe() {
+	c.req.Reset()
+	c.wrap.Probe = nil
+	c.probe.Reset()
+	c.prompt.Reset()
 }
 
 // littleEndian: the host's u64s are laid out as packed_hashes is.
@@ -370,7 +398,9 @@ func (ch *Channel) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions
 		callPool.Put(c)
 		return routing.Selection{}, err
 	}
-	if err := s.send(&localrouterv1.ChannelRequest{Id: id, Msg: &localrouterv1.ChannelRequest_Probe{Probe: s.probeProto(ctx, p, o)}}); err != nil {
+	err = s.send(s.probeRequest(ctx, c, id, p, o))
+	c.resetProbe()
+	if err != nil {
 		if _, ok := s.take(id); ok {
 			s.release(c)
 			callPool.Put(c)

@@ -33,11 +33,23 @@ const (
 )
 
 // chanProbe is a probe read from a Channel stream, waiting for a worker.
+// It is reused (probePool) once its worker took it from the queue.
 type chanProbe struct {
 	id       uint64
 	in       *localrouterv1.ChannelProbe
 	deadline time.Time // zero: none
 	canceled atomic.Bool
+}
+
+var probePool = sync.Pool{New: func() any { return new(chanProbe) }}
+
+// prober is one worker's state, reused from probe to probe: the signals
+// report BestWorker fills and the answer's wrapping (gRPC's Send marshals
+// before it returns, so the message is free again once sent).
+type prober struct {
+	rep  localrouter.SignalsReport
+	sel  localrouterv1.ChannelResponse_Selection
+	resp localrouterv1.ChannelResponse
 }
 
 // chanStream is one Channel stream's state on the server.
@@ -85,8 +97,9 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var pr prober
 			for p := range probes {
-				cs.runProbe(p)
+				cs.runProbe(p, &pr)
 			}
 		}()
 	}
@@ -96,10 +109,13 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 	return err
 }
 
-// read handles the client's messages until the stream ends.
+// read handles the client's messages until the stream ends. It reuses one
+// request message: what outlives a message (a probe, strings) is not
+// part of it but pointed to by it, and a receive resets it first.
 func (cs *chanStream) read(probes chan<- *chanProbe) error {
+	in := new(localrouterv1.ChannelRequest)
 	for {
-		in, err := cs.stream.Recv()
+		err := cs.stream.RecvMsg(in)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -109,7 +125,8 @@ func (cs *chanStream) read(probes chan<- *chanProbe) error {
 		id := in.GetId()
 		switch m := in.GetMsg().(type) {
 		case *localrouterv1.ChannelRequest_Probe:
-			p := &chanProbe{id: id, in: m.Probe}
+			p := probePool.Get().(*chanProbe)
+			p.id, p.in = id, m.Probe
 			if t := m.Probe.GetTimeoutUs(); t > 0 {
 				p.deadline = time.Now().Add(time.Duration(t) * time.Microsecond)
 			}
@@ -141,29 +158,39 @@ func (cs *chanStream) read(probes chan<- *chanProbe) error {
 }
 
 // runProbe answers one probe, unless it was canceled or its deadline passed
-// while it was queued.
-func (cs *chanStream) runProbe(p *chanProbe) {
+// while it was queued. Once out of the queue, p is the worker's alone: it
+// goes back to probePool here.
+func (cs *chanStream) runProbe(p *chanProbe, pr *prober) {
 	cs.mu.Lock()
 	delete(cs.queued, p.id)
 	cs.mu.Unlock()
+	id, in, deadline, canceled := p.id, p.in, p.deadline, p.canceled.Load()
+	p.in, p.deadline = nil, time.Time{}
+	p.canceled.Store(false)
+	probePool.Put(p)
 	switch {
-	case p.canceled.Load():
-		_ = cs.fail(p.id, context.Canceled)
+	case canceled:
+		_ = cs.fail(id, context.Canceled)
 		return
-	case !p.deadline.IsZero() && time.Now().After(p.deadline):
-		_ = cs.fail(p.id, context.DeadlineExceeded)
+	case !deadline.IsZero() && time.Now().After(deadline):
+		_ = cs.fail(id, context.DeadlineExceeded)
 		return
 	}
-	sel, err := cs.s.probe(cs.ctx, p.in)
+	pr.rep = localrouter.SignalsReport{}
+	sel, err := cs.s.probe(cs.ctx, in, &pr.rep)
 	if err != nil {
-		_ = cs.fail(p.id, err)
+		_ = cs.fail(id, err)
 		return
 	}
-	_ = cs.send(&localrouterv1.ChannelResponse{Id: p.id, Msg: &localrouterv1.ChannelResponse_Selection{Selection: sel}})
+	pr.sel.Selection = sel
+	pr.resp.Id, pr.resp.Msg = id, &pr.sel
+	_ = cs.send(&pr.resp)
+	pr.sel.Selection = nil // not kept alive by the worker
 }
 
-// probe is BestWorker without a request id over a channel probe.
-func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe) (*localrouterv1.Selection, error) {
+// probe is BestWorker without a request id over a channel probe; rep is
+// filled with the choice's signals.
+func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe, rep *localrouter.SignalsReport) (*localrouterv1.Selection, error) {
 	prompt := in.GetPrompt()
 	if packed := in.GetPackedHashes(); len(packed) > 0 {
 		hashes, err := unpackHashes(packed)
@@ -180,14 +207,13 @@ func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe) (*lo
 	if err != nil {
 		return nil, err
 	}
-	var rep localrouter.SignalsReport
 	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
-		Override: override(in.GetConfigOverride()), Signals: &rep, Allow: s.allow(in.GetAllowedAddresses()),
+		Override: override(in.GetConfigOverride()), Signals: rep, Allow: s.allow(in.GetAllowedAddresses()),
 	})
 	if err != nil {
 		return nil, err
 	}
-	return s.withSignals(s.selection(sel), &rep), nil
+	return s.withSignals(s.selection(sel), rep), nil
 }
 
 // littleEndian: the host's u64s are laid out as packed_hashes is.
