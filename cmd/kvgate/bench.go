@@ -38,6 +38,7 @@ func runBench(ctx context.Context, args []string) error {
 	rate := fs.Int("rate", 5000, "probe: probes per second offered")
 	probes := fs.Int("probes", 20000, "probe: probes per mode")
 	packed := fs.Bool("packed-hashes", false, "probe: send the channel's hashes as packed bytes, not the repeated field")
+	serverProc := fs.Bool("probe-server-process", false, "probe: serve the local router from a child process, and print each end's CPU apart")
 	soak := fs.Int("soak", 0, "soak benchmark: this many concurrent streaming requests through ext_proc to mock workers")
 	soakHold := fs.Duration("soak-hold", 30*time.Second, "soak: how long the streams are held")
 	soakSpeedup := fs.Float64("soak-speedup", 0.002, "soak: the mock workers' timing speedup (below 1: slower than a GPU, so thousands of held streams decode a token every few seconds)")
@@ -54,7 +55,7 @@ func runBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("-probe and -soak: choose one")
 	}
 	if *probe {
-		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed}, *asJSON)
+		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed, ServerProcess: *serverProc}, *asJSON)
 	}
 	if *soak > 0 {
 		return benchSoak(ctx, loadbench.SoakConfig{Streams: *soak, Hold: *soakHold, Channel: *soakChannel, Speedup: *soakSpeedup, ProfileDir: *soakProfile,
@@ -124,13 +125,18 @@ func benchProbe(ctx context.Context, cfg loadbench.ProbeConfig, asJSON bool) err
 	if asJSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
-	fmt.Printf("%-8s %10s %10s %14s %10s %7s\n", "mode", "p50", "p99", "CPU/probe", "rate", "errors")
+	fmt.Printf("%-8s %10s %10s %14s %21s %10s %7s\n", "mode", "p50", "p99", "CPU/probe", "client / server CPU", "rate", "errors")
 	for _, r := range []struct {
 		name string
 		f    loadbench.ProbeFigures
-	}{{"channel", res.Channel}, {"unary", res.Unary}} {
-		fmt.Printf("%-8s %8.0fµs %8.0fµs %12.1fµs %9.0f/s %7d\n", r.name, r.f.P50us, r.f.P99us, r.f.CPUusPerProbe, r.f.Rate, r.f.Errors)
+	}{{"channel", res.Channel}, {"unary", res.Unary}, {"harness", res.Harness}} {
+		split := "-"
+		if cfg.ServerProcess && r.name != "harness" {
+			split = fmt.Sprintf("%.1fµs / %.1fµs", r.f.ClientCPUusPerProbe, r.f.ServerCPUusPerProbe)
+		}
+		fmt.Printf("%-8s %8.0fµs %8.0fµs %12.1fµs %21s %9.0f/s %7d\n", r.name, r.f.P50us, r.f.P99us, r.f.CPUusPerProbe, split, r.f.Rate, r.f.Errors)
 	}
+	fmt.Println("harness: the same pacing with a probe that does nothing (its CPU is in the others' too)")
 	if res.Channel.P99us > 0 && res.Channel.CPUusPerProbe > 0 {
 		fmt.Printf("unary/channel: p99 ×%.2f, CPU ×%.2f (targets: channel p99 ≤ 300µs, CPU/probe ≤ 25µs)\n",
 			res.Unary.P99us/res.Channel.P99us, res.Unary.CPUusPerProbe/res.Channel.CPUusPerProbe)

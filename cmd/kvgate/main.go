@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kvgate/kvgate/internal/loadbench"
 )
 
 // command is one subcommand: its name, a one-line summary, and its entry
@@ -36,6 +38,11 @@ func commands() []command {
 }
 
 func main() {
+	// `kvgate bench -probe -probe-server-process` re-executes this binary
+	// as its local-router process.
+	if loadbench.ServeProbeServer() {
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := run(ctx, os.Args[1:])
