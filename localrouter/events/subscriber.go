@@ -104,10 +104,15 @@ type workerState struct {
 	gen     uint64 // bumped by each dump and by removal, to drop stale answers
 	held    []kvevents.RouterEvent
 	redump  bool // held events were dropped: dump again when this one ends
-	synced  bool // a dump has been applied
-	fails   int  // dumps failed in a row
-	backoff time.Duration
-	retry   *time.Timer
+	// restartHeld: the dump in flight was asked for by an id 1 taken for a
+	// restart, which is held[0]. The dump is of that event's incarnation
+	// (asked after it arrived), so when it answers the event is covered,
+	// not a second restart.
+	restartHeld bool
+	synced      bool // a dump has been applied
+	fails       int  // dumps failed in a row
+	backoff     time.Duration
+	retry       *time.Timer
 }
 
 // New subscribes to kvevents.EventsSubject(opts.Pool) on nc (which the
@@ -320,6 +325,7 @@ func (s *Subscriber) sequence(w *workerState, ev kvevents.RouterEvent) {
 		s.gaps.Add(1)
 		s.log.Info("kv event publisher restarted; requesting a dump", "worker", w.id, "dp_rank", ev.DPRank, "last_event_id", last)
 		s.hold(w, ev)
+		w.restartHeld = len(w.held) == 1
 		s.startDump(w)
 	case ev.EventID <= last:
 		s.stale.Add(1)
@@ -383,6 +389,8 @@ func (s *Subscriber) finishDump(id string, gen uint64, reply kvevents.DumpReply,
 		return // removed, or superseded, meanwhile
 	}
 	w.dumping = false
+	restartHeld := w.restartHeld
+	w.restartHeld = false
 	if err == nil && reply.WorkerID != "" && reply.WorkerID != id {
 		err = fmt.Errorf("dump reply names worker %q", reply.WorkerID)
 	}
@@ -428,7 +436,7 @@ func (s *Subscriber) finishDump(id string, gen uint64, reply kvevents.DumpReply,
 			w.held = append(w.held, held[i:]...)
 			return
 		}
-		if ev.EventID == 1 && w.last[ev.DPRank] > 1 {
+		if ev.EventID == 1 && w.last[ev.DPRank] > 1 && !(i == 0 && restartHeld) {
 			// The publisher restarted while the dump was in flight, and the
 			// answer may come from the incarnation before it: ask again
 			// (the new one answers; at worst one extra dump).
