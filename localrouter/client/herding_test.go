@@ -23,9 +23,11 @@ import (
 // Three paths. Decide-and-commit — a BestWorker with a request id, or a
 // commit without a worker on the Track stream — must spread exactly by
 // capacity. A state-free probe, then the commit of the probed worker
-// pipelined on a Track stream (the global router's path) lets probes race
-// ahead of commits, so it is only checked not to herd onto one worker
-// (docs/localrouter.md, predicted entries, says by how much it skews).
+// pipelined on a Track stream (the global router's pipelined path) lets
+// probes race ahead of commits, so it runs in waves of one probe per worker
+// (the next wave probing once the last one's commits are answered) and is
+// only checked not to herd onto one worker (docs/localrouter.md, predicted
+// entries, says by how much it skews).
 func TestNoHerding(t *testing.T) {
 	for _, tc := range []struct{ credit, scale float64 }{{1, 1}, {8, 8}} {
 		for _, path := range []string{pathBestWorker, pathTrackCommit, pathProbeThenCommit} {
@@ -58,8 +60,23 @@ func testNoHerding(t *testing.T, cfg localrouter.Config, path string) {
 		t.Fatal(err)
 	}
 	pr := client.HashPrompt(hashes, 16)
+	// The probe-then-commit burst goes in waves of one probe per worker,
+	// each wave's commits answered before the next wave probes: probes of
+	// one wave may race ahead of its commits (state-free, they may all pick
+	// one worker), but the next wave must see them. All 64 at once would
+	// leave it to the scheduler whether any commit lands before the last
+	// probe (under -race on a busy machine, sometimes none does: then all
+	// pick one worker, rightly, and the check would fail by chance).
+	wave := burst
+	if path == pathProbeThenCommit {
+		wave = workers
+	}
+	starts := make([]chan struct{}, burst/wave)
+	waves := make([]sync.WaitGroup, len(starts))
+	for i := range starts {
+		starts[i] = make(chan struct{})
+	}
 	var (
-		start   = make(chan struct{})
 		wg      sync.WaitGroup
 		mu      sync.Mutex
 		placed  = map[string]int{}
@@ -75,9 +92,12 @@ func testNoHerding(t *testing.T, cfg localrouter.Config, path string) {
 	var answered sync.WaitGroup
 	for i := range burst {
 		wg.Add(1)
+		w := &waves[i/wave]
+		w.Add(1)
 		go func() {
 			defer wg.Done()
-			<-start
+			defer w.Done() // after its commit's answer, below
+			<-starts[i/wave]
 			if path == pathBestWorker {
 				sel, err := c.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: fmt.Sprint("r", i)})
 				if err != nil {
@@ -100,8 +120,10 @@ func testNoHerding(t *testing.T, cfg localrouter.Config, path string) {
 				worker = localrouter.Selected(sel)
 			}
 			answered.Add(1)
+			done := make(chan struct{})
 			tr, err := c.CommitAsync(ctx, fmt.Sprint("r", i), worker, pr, func(got routing.Selection, err error) {
 				defer answered.Done()
+				defer close(done)
 				if err != nil {
 					fail(err)
 					return
@@ -118,9 +140,13 @@ func testNoHerding(t *testing.T, cfg localrouter.Config, path string) {
 			mu.Lock()
 			tracker = append(tracker, tr)
 			mu.Unlock()
+			<-done
 		}()
 	}
-	close(start)
+	for i := range starts {
+		close(starts[i])
+		waves[i].Wait()
+	}
 	wg.Wait()
 	answered.Wait()
 	for _, tr := range tracker {
