@@ -43,6 +43,7 @@ import (
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -415,38 +416,5 @@ func (s *Server) Track(stream localrouterv1.LocalRouter_TrackServer) error {
 		return statusOf(codes.InvalidArgument, localrouterv1.ReasonInvalidArgument, "the first Track message must be commit or attach")
 	}
 	defer func() { _ = t.Free(context.WithoutCancel(ctx)) }() // break means free
-	if err := stream.Send(&localrouterv1.TrackResponse{Msg: &localrouterv1.TrackResponse_Committed{Committed: selection(sel)}}); err != nil {
-		return err
-	}
-	for {
-		in, err := stream.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-		ev, ok := in.GetMsg().(*localrouterv1.TrackRequest_Event)
-		if !ok {
-			return statusOf(codes.InvalidArgument, localrouterv1.ReasonInvalidArgument, "only events may follow the first Track message")
-		}
-		switch ev.Event {
-		case localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE:
-			if err := t.PrefillComplete(ctx); err != nil {
-				return toStatus(err)
-			}
-		case localrouterv1.TrackEvent_TRACK_EVENT_FREE:
-			if err := t.Free(ctx); err != nil {
-				return toStatus(err)
-			}
-		default:
-			return statusOf(codes.InvalidArgument, localrouterv1.ReasonInvalidArgument, fmt.Sprintf("unknown track event %v", ev.Event))
-		}
-		if err := stream.Send(&localrouterv1.TrackResponse{Msg: &localrouterv1.TrackResponse_Acked{Acked: ev.Event}}); err != nil {
-			return err
-		}
-		if ev.Event == localrouterv1.TrackEvent_TRACK_EVENT_FREE {
-			return nil
-		}
-	}
+	return server.ServeTrackEvents(ctx, stream, selection(sel), t, toStatus)
 }

@@ -51,15 +51,34 @@ func (s *Server) Track(stream localrouterv1.LocalRouter_TrackServer) error {
 	}
 	// The request is ours from here on: free it however the stream ends.
 	// The stream's context may be gone already, so free without it.
-	freed := false
+	req := &trackedRequest{s: s, id: id}
 	defer func() {
-		if !freed {
+		if !req.freed {
 			if err := s.free(context.WithoutCancel(ctx), id); err == nil {
 				s.log.Debug("request freed at the end of its track stream", "request_id", id)
 			}
 		}
 	}()
-	if err := stream.Send(&localrouterv1.TrackResponse{Msg: &localrouterv1.TrackResponse_Committed{Committed: s.selection(sel)}}); err != nil {
+	return ServeTrackEvents(ctx, stream, s.selection(sel), req, toStatus)
+}
+
+// TrackEvents is what a Track stream's events act on: the one request the
+// stream committed or attached. pool.Tracker is one.
+type TrackEvents interface {
+	PrefillComplete(ctx context.Context) error
+	Free(ctx context.Context) error
+}
+
+// ServeTrackEvents is a Track stream after its first message, for every
+// server of the local-router API (this one, a subtree's): it answers
+// committed, then applies each event to t and acknowledges it, until
+// TRACK_EVENT_FREE (acknowledged, then nil), the client closing its side
+// (nil) or an error. A message other than an event, or an unknown event,
+// ends the stream with INVALID_ARGUMENT (reason INVALID_ARGUMENT); t's
+// errors end it as toStatus makes them. Freeing the request when the stream
+// ends otherwise is the caller's.
+func ServeTrackEvents(ctx context.Context, stream localrouterv1.LocalRouter_TrackServer, committed *localrouterv1.Selection, t TrackEvents, toStatus func(error) error) error {
+	if err := stream.Send(&localrouterv1.TrackResponse{Msg: &localrouterv1.TrackResponse_Committed{Committed: committed}}); err != nil {
 		return err
 	}
 	for {
@@ -72,26 +91,48 @@ func (s *Server) Track(stream localrouterv1.LocalRouter_TrackServer) error {
 		}
 		ev, ok := in.GetMsg().(*localrouterv1.TrackRequest_Event)
 		if !ok {
-			return toStatus(fmt.Errorf("%w: only events may follow the first Track message", errInvalidArgument))
+			return invalidArgument("only events may follow the first Track message")
 		}
 		switch ev.Event {
 		case localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE:
-			if err := s.markPrefillComplete(ctx, id); err != nil {
+			if err := t.PrefillComplete(ctx); err != nil {
 				return toStatus(err)
 			}
 		case localrouterv1.TrackEvent_TRACK_EVENT_FREE:
-			freed = true
-			if err := s.free(ctx, id); err != nil {
+			if err := t.Free(ctx); err != nil {
 				return toStatus(err)
 			}
 		default:
-			return toStatus(fmt.Errorf("%w: unknown track event %v", errInvalidArgument, ev.Event))
+			return invalidArgument(fmt.Sprintf("unknown track event %v", ev.Event))
 		}
 		if err := stream.Send(&localrouterv1.TrackResponse{Msg: &localrouterv1.TrackResponse_Acked{Acked: ev.Event}}); err != nil {
 			return err
 		}
-		if freed {
+		if ev.Event == localrouterv1.TrackEvent_TRACK_EVENT_FREE {
 			return nil
 		}
 	}
+}
+
+// invalidArgument is this package's INVALID_ARGUMENT status of msg.
+func invalidArgument(msg string) error {
+	return toStatus(fmt.Errorf("%w: %s", errInvalidArgument, msg))
+}
+
+// trackedRequest is a request of this router's as a Track stream's events
+// see it; freed records that the stream's FREE event reached the router
+// (then the stream's end has nothing left to free).
+type trackedRequest struct {
+	s     *Server
+	id    string
+	freed bool
+}
+
+func (r *trackedRequest) PrefillComplete(ctx context.Context) error {
+	return r.s.markPrefillComplete(ctx, r.id)
+}
+
+func (r *trackedRequest) Free(ctx context.Context) error {
+	r.freed = true
+	return r.s.free(ctx, r.id)
 }
