@@ -7,12 +7,11 @@ import (
 	"strings"
 	"sync"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/server"
 )
 
 // LocalScheme prefixes the addresses LocalDialer dials: "local:NAME".
@@ -254,46 +253,25 @@ func (t *localTracker) free() bool {
 	return true
 }
 
-// localCodes are the gRPC codes the local router's service answers the
-// router's errors with (localrouter/server/errors.go's table).
-var localCodes = []struct {
-	err  error
-	code codes.Code
-}{
-	{localrouter.ErrEmptyRequest, codes.InvalidArgument},
-	{localrouter.ErrBlockSizeMismatch, codes.InvalidArgument},
-	{kvevents.ErrBlockSize, codes.InvalidArgument},
-	{localrouter.ErrInvalidConfig, codes.InvalidArgument},
-	{localrouter.ErrEmptyRequestID, codes.InvalidArgument},
-	{localrouter.ErrUnknownWorker, codes.NotFound},
-	{localrouter.ErrUnknownRequest, codes.NotFound},
-	{localrouter.ErrDuplicateRequest, codes.AlreadyExists},
-	{localrouter.ErrNotReady, codes.Unavailable},
-	{localrouter.ErrNoWorkers, codes.Unavailable},
-	{localrouter.ErrClosed, codes.Unavailable},
-	{localrouter.ErrNoAllowedWorker, codes.FailedPrecondition},
-}
-
-// codedError is a router error with the gRPC code its service would send.
+// codedError is a router error with the status its gRPC service would
+// answer it with (localrouter/server.RouterStatus).
 type codedError struct {
-	code codes.Code
-	err  error
+	st  *status.Status
+	err error
 }
 
 func (e *codedError) Error() string              { return e.err.Error() }
 func (e *codedError) Unwrap() error              { return e.err }
-func (e *codedError) GRPCStatus() *status.Status { return status.New(e.code, e.err.Error()) }
+func (e *codedError) GRPCStatus() *status.Status { return e.st }
 
-// localError gives a router error its gRPC code; context errors and
+// localError gives a router error its gRPC status; context errors and
 // unknown errors are returned as they are.
 func localError(err error) error {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	for _, c := range localCodes {
-		if errors.Is(err, c.err) {
-			return &codedError{code: c.code, err: err}
-		}
+	if st, ok := server.RouterStatus(err); ok {
+		return &codedError{st: st, err: err}
 	}
 	return err
 }

@@ -53,14 +53,25 @@ func toStatus(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	}
+	if st, ok := RouterStatus(err); ok {
+		return st.Err()
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// RouterStatus is the status this service answers a router error with
+// (one of errorCodes' sentinels: its code, and an ErrorInfo with its
+// reason), and whether err is one. An in-process caller of the router
+// (pool.Local) gives its errors the codes the service would.
+func RouterStatus(err error) (*status.Status, bool) {
 	for _, e := range errorCodes {
 		if errors.Is(err, e.err) {
 			st := status.New(e.code, err.Error())
 			if d, derr := st.WithDetails(&errdetails.ErrorInfo{Domain: localrouterv1.ErrorDomain, Reason: e.reason}); derr == nil {
 				st = d
 			}
-			return st.Err()
+			return st, true
 		}
 	}
-	return status.Error(codes.Internal, err.Error())
+	return nil, false
 }
