@@ -29,7 +29,12 @@ import (
 // That answer is the Primary, and the same-pool fallbacks are computed
 // from it: a burst of identical prompts, which all probed the same idle
 // state, is spread by the router's own accounting instead of herding onto
-// the worker the probes named. A refused commit (no worker left in the
+// the worker the probes named. Across pools, an answer costlier than the
+// probe (the pool got busier under the decision) is contended: the request
+// is placed again under Router.recheckMu and, if still costlier, rechecked
+// against the other pools (recheck). Only contended decisions take the
+// lock; the others commit concurrently, so the lock is never held across
+// an uncontended round trip. A refused commit (no worker left in the
 // bounds, an unknown request shape, a router that cannot be reached)
 // moves on to the next ranked pool; a commit with no answer in time, or
 // an answer outside the bounds (a router older than the bounds), falls
@@ -52,15 +57,26 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			return nil, fmt.Errorf("%w: the chain ranked pool %q, which the configuration lacks", ErrNoPool, c.Pool)
 		}
 		l := &lease{}
-		serial := decide && !pinned && c.Prefill == nil && i+1 < len(ranked)
-		if serial {
-			r.recheckMu.Lock()
-		}
+		rest := ranked[i+1:]
+		movable := decide && !pinned && c.Prefill == nil && len(rest) > 0
 		tr, sel, note, err := r.place(ctx, pe, p, c.Probe, decide, &l.mainRefused)
-		if err != nil {
-			if serial {
-				r.recheckMu.Unlock()
+		var moved string
+		if err == nil && movable && note == "" && sel.Cost > c.Probe.Cost {
+			// The pool got busier between its probe and its commit
+			// (decisions made on the same idle state landed first): place
+			// again, serialised, and let the chain decide on that answer.
+			var kept bool
+			r.recheckMu.Lock()
+			tr, sel, note, kept, err = r.replace(ctx, pe, p, c.Probe, tr, sel, &l.mainRefused)
+			if !kept && err == nil && note == "" && sel.Cost > c.Probe.Cost {
+				c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
 			}
+			r.recheckMu.Unlock()
+			if moved != "" {
+				pe = st.byName[c.Pool]
+			}
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -73,23 +89,10 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			continue
 		}
 		var notes []string
-		if note != "" {
-			notes = append(notes, note)
-		}
-		rest := ranked[i+1:]
-		if serial && note == "" && sel.Cost > c.Probe.Cost {
-			// The pool got busier between its probe and its commit
-			// (decisions made on the same idle state landed first): the
-			// chain decides again on the fresher answer.
-			var moved string
-			c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
-			if moved != "" {
-				notes = append(notes, moved)
-				pe = st.byName[c.Pool]
+		for _, n := range []string{note, moved} {
+			if n != "" {
+				notes = append(notes, n)
 			}
-		}
-		if serial {
-			r.recheckMu.Unlock()
 		}
 		d := &Decision{Primary: endpoint(c.Pool, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: l, DPRankBodyField: pe.cfg.DPRankBodyField}
 		d.Fallbacks = r.fallbacks(st, p, d.Primary, rest)
@@ -133,9 +136,10 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 // it is committed too (decide-and-commit), the chain ranks the two fresh
 // answers, and the loser's commit is freed: at most one move, one commit
 // and one free more, and only when the first pool's state changed under
-// the decision (a burst that probed the same state). Rechecks are
-// serialised (Router.recheckMu), so no recheck sees another's request held
-// twice. It returns the candidate kept, its tracker and selection, the
+// the decision (a burst that probed the same state). Rechecks, and the
+// placements they start from (replace), are serialised (Router.recheckMu),
+// and a request is held twice only inside one, so no recheck sees
+// another's request held twice. It returns the candidate kept, its tracker and selection, the
 // other candidates in rank order (the fallbacks) and, when the request
 // moved, a note.
 func (r *Router) recheck(ctx context.Context, st *state, p *prepared, c policies.Candidate, tr pool.Tracker, sel routing.Selection, rest []policies.Candidate) (policies.Candidate, pool.Tracker, routing.Selection, []policies.Candidate, string) {
@@ -173,6 +177,23 @@ func (r *Router) recheck(ctx context.Context, st *state, p *prepared, c policies
 	}
 	return alt, atr, asel, others, fmt.Sprintf("moved from %s (worker %s, cost %.4g at its commit, %.4g at its probe) to %s (worker %s, cost %.4g at its commit)",
 		c.Pool, sel.WorkerID, sel.Cost, c.Probe.Cost, alt.Pool, asel.WorkerID, asel.Cost)
+}
+
+// replace places request p on pool pe again, under Router.recheckMu: it
+// frees the placement tr (whose answer was sel) and waits for the free's
+// acknowledgement, then places the request anew, so that the answer counts
+// every move the serialised decisions before it made (the first answer,
+// taken without the lock, may predate them). A free that fails keeps the
+// first placement (kept, with tr and sel unchanged): the request stays
+// where it was committed, unchecked. An error is the new placement's: the
+// request is held nowhere and the decision moves on to the next candidate.
+func (r *Router) replace(ctx context.Context, pe *poolEntry, p *prepared, probed routing.Selection, tr pool.Tracker, sel routing.Selection, into *atomic.Pointer[error]) (_ pool.Tracker, _ routing.Selection, note string, kept bool, err error) {
+	if err := tr.Free(ctx); err != nil {
+		r.log.Warn("could not free a contended commit to place it again; keeping it", "request_id", p.id, "pool", pe.cfg.Name, "err", err)
+		return tr, sel, "", true, nil
+	}
+	ntr, nsel, note, err := r.place(ctx, pe, p, probed, true, into)
+	return ntr, nsel, note, false, err
 }
 
 // place records request p on pool pe, whose probe named probed: a

@@ -36,7 +36,9 @@ type Router struct {
 	ejector *pool.Ejector
 
 	reloadMu sync.Mutex // serialises Reload and Close
-	// recheckMu serialises the decide-and-commit rechecks (commit.go).
+	// recheckMu serialises the contended decide-and-commits: their second
+	// placement and their recheck (commit.go). Uncontended commits do not
+	// take it.
 	recheckMu sync.Mutex
 	st        atomic.Pointer[state]
 	// probers probe a decision's second and later pools (probers.go).
