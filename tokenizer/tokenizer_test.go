@@ -450,27 +450,56 @@ func TestChatCacheBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := m.cache.cache.Len(); n > 8 {
-		t.Errorf("cache holds %d entries, want <= 8", n)
+	c := m.cache
+	if c.live > 8 {
+		t.Errorf("cache holds %d entries, want <= 8", c.live)
 	}
-	var held int64
-	for _, k := range m.cache.cache.Keys() {
-		e, _ := m.cache.cache.Peek(k)
-		held += e.size()
-	}
-	if got := m.cache.used.Load(); got != held || got > m.cache.budget {
-		t.Errorf("cache accounts %d bytes, entries hold %d, budget %d", got, held, m.cache.budget)
-	}
+	checkChatCache(t, c)
 	// A chunk bigger than its share is not cached.
-	before := m.cache.cache.Len()
-	big := strings.Repeat("word ", int(m.cache.budget)/40)
+	before := c.live
+	big := strings.Repeat("word ", int(c.budget)/40)
 	if _, err := m.EncodeChat(&ChatRequest{Messages: []Message{{Role: "user", Content: big}}, AddGenerationPrompt: false}); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range m.cache.cache.Keys() {
-		if e, _ := m.cache.cache.Peek(k); e.size() > m.cache.budget/16 {
-			t.Errorf("a %d-byte chunk was cached (before: %d entries)", len(e.text), before)
+	for i := range c.slots {
+		if s := &c.slots[i]; c.isLive(s) && s.size() > c.budget/16 {
+			t.Errorf("a %d-byte chunk was cached (before: %d entries)", s.size(), before)
 		}
+	}
+	checkChatCache(t, c)
+}
+
+// checkChatCache checks the chat cache's accounting against its slots and
+// blocks: entries and bytes within the bounds, each counted once.
+func checkChatCache(t *testing.T, c *chatCache) {
+	t.Helper()
+	var live int
+	var held int64
+	perBlock := map[uint32]int{}
+	for i := range c.slots {
+		s := &c.slots[i]
+		if !c.isLive(s) {
+			continue
+		}
+		live++
+		held += s.size()
+		perBlock[s.block-1-c.first]++
+		if int(s.off)+int(s.size()) > len(c.bytesOf(s))+int(s.off) || int64(s.off)+s.size() > int64(len(c.blocks[s.block-1-c.first].buf)) {
+			t.Fatalf("slot %d names bytes past its block", i)
+		}
+	}
+	var arena int64
+	for k, b := range c.blocks {
+		arena += int64(cap(b.buf))
+		if perBlock[uint32(k)] != b.live {
+			t.Errorf("block %d counts %d live chunks, slots name %d", k, b.live, perBlock[uint32(k)])
+		}
+	}
+	if live != c.live || held != c.held || arena != c.arena {
+		t.Errorf("cache accounts %d entries, %d bytes, %d arena; slots hold %d, %d; blocks %d", c.live, c.held, c.arena, live, held, arena)
+	}
+	if c.live > c.maxEntries || c.arena > c.budget {
+		t.Errorf("cache holds %d entries (max %d), %d arena bytes (budget %d)", c.live, c.maxEntries, c.arena, c.budget)
 	}
 }
 
