@@ -35,10 +35,14 @@ func runBench(ctx context.Context, args []string) error {
 	fs.DurationVar(&cc.ErrorPause, "error-pause", cc.ErrorPause, "chaos: a client's pause after a failed request before its next (0: retry at once)")
 	fs.DurationVar(&cc.Up.ProbeTimeout, "probe-timeout", 0, "chaos: the global router's probe deadline (0: its default)")
 	probe := fs.Bool("probe", false, "side-by-side probe benchmark: the local-router channel against unary BestWorker on the same index")
-	rate := fs.Int("rate", 5000, "probe: probes per second offered")
+	rate := fs.Int("rate", 5000, "probe: probes per second offered; decision: requests per second (default 1000 there)")
 	probes := fs.Int("probes", 20000, "probe: probes per mode")
 	packed := fs.Bool("packed-hashes", false, "probe: send the channel's hashes as packed bytes, not the repeated field")
 	serverProc := fs.Bool("probe-server-process", false, "probe: serve the local router from a child process, and print each end's CPU apart")
+	decision := fs.Bool("decision", false, "paced decision benchmark: the Envoy-faithful client offers -rate 8 KB chat requests per second (-decision-n of them) to the ext_proc server of `kvgate up` (2 pools x 8 mock workers)")
+	decisionN := fs.Int("decision-n", 3000, "decision: requests")
+	decisionProfile := fs.String("decision-server-profile", "", "decision: a file for a CPU profile of kvgate's process over the paced window")
+	decisionProc := fs.Bool("decision-server-process", true, "decision: run kvgate's side in a child process, as a real Envoy is a process of its own (false: one process, one heap)")
 	soak := fs.Int("soak", 0, "soak benchmark: this many concurrent streaming requests through ext_proc to mock workers")
 	soakHold := fs.Duration("soak-hold", 30*time.Second, "soak: how long the streams are held")
 	soakSpeedup := fs.Float64("soak-speedup", 0.002, "soak: the mock workers' timing speedup (below 1: slower than a GPU, so thousands of held streams decode a token every few seconds)")
@@ -47,12 +51,19 @@ func runBench(ctx context.Context, args []string) error {
 	soakProfile := fs.String("soak-profile", "", "soak: a directory for a CPU profile of the ramp and goroutine dumps (what the ramp waits on)")
 	soakChannel := fs.Bool("soak-channel", true, "soak: the global router uses the local-router channel (false: unary probes and Track streams)")
 	soakHTTP2 := fs.Bool("soak-http2", true, "soak: the load client and the gateway's upstream speak h2c (HTTP/2 multiplexed over a few connections; false: HTTP/1.1, ~4 fds per stream)")
-	asJSON := fs.Bool("json", false, "chaos, probe, soak: print the report as JSON")
+	asJSON := fs.Bool("json", false, "chaos, decision, probe, soak: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *probe && *soak > 0 {
-		return fmt.Errorf("-probe and -soak: choose one")
+	if chosen := countTrue(*probe, *soak > 0, *decision); chosen > 1 {
+		return fmt.Errorf("-probe, -soak and -decision: choose one")
+	}
+	if *decision {
+		r := *rate
+		if !flagSet(fs, "rate") {
+			r = 1000
+		}
+		return benchDecision(ctx, loadbench.DecisionConfig{Rate: r, N: *decisionN, ServerProcess: *decisionProc, ServerProfile: *decisionProfile}, *asJSON)
 	}
 	if *probe {
 		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed, ServerProcess: *serverProc}, *asJSON)
@@ -140,6 +151,43 @@ func benchProbe(ctx context.Context, cfg loadbench.ProbeConfig, asJSON bool) err
 	if res.Channel.P99us > 0 && res.Channel.CPUusPerProbe > 0 {
 		fmt.Printf("unary/channel: p99 ×%.2f, CPU ×%.2f (targets: channel p99 ≤ 300µs, CPU/probe ≤ 25µs)\n",
 			res.Unary.P99us/res.Channel.P99us, res.Unary.CPUusPerProbe/res.Channel.CPUusPerProbe)
+	}
+	return nil
+}
+
+func countTrue(b ...bool) int {
+	n := 0
+	for _, x := range b {
+		if x {
+			n++
+		}
+	}
+	return n
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// benchDecision prints the paced decision figures.
+func benchDecision(ctx context.Context, cfg loadbench.DecisionConfig, asJSON bool) error {
+	fmt.Fprintf(os.Stderr, "decision: %d requests at %d/s (kvgate in its own process: %v); load average %s\n", cfg.N, cfg.Rate, cfg.ServerProcess, loadAverage())
+	res, err := loadbench.Decision(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	fmt.Printf("%-10s %10s %10s\n", "", "p50", "p99")
+	fmt.Printf("%-10s %8.0fµs %8.0fµs\n", "exchange", res.ExchangeP50us, res.ExchangeP99us)
+	fmt.Printf("%-10s %8.0fµs %8.0fµs   (target: p99 ≤ 1.5 ms at 1,000/s)\n", "decision", res.DecisionP50us, res.DecisionP99us)
+	if res.ServerProcess {
+		fmt.Printf("CPU per request: client %.0fµs, kvgate %.0fµs; %.0f req/s held\n", res.ClientCPUusPerReq, res.ServerCPUusPerReq, res.Rate)
+	} else {
+		fmt.Printf("CPU per request (client and kvgate in one process): %.0fµs; %.0f req/s held\n", res.ClientCPUusPerReq, res.Rate)
 	}
 	return nil
 }

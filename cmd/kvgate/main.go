@@ -40,7 +40,7 @@ func commands() []command {
 func main() {
 	// `kvgate bench -probe -probe-server-process` re-executes this binary
 	// as its local-router process.
-	if loadbench.ServeProbeServer() {
+	if loadbench.ServeChild() {
 		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -1,12 +1,14 @@
 // Package loadbench is `kvgate bench`'s load figures (BENCHMARKS.md,
 // "Performance"): the side-by-side probe benchmark (the local-router
 // Channel against today's unary BestWorker, on the same ≈1M-entry index in
-// one run) and the soak (thousands of concurrent streaming requests through
-// the ext_proc server and the Envoy-faithful client to mock workers, then
-// every router's in-flight count back to 0). Both ends run in this process,
-// so CPU figures (getrusage) count client and server together, unless the
-// probe benchmark's server runs in its own process (ProbeConfig.ServerProcess),
-// which measures each end apart.
+// one run), the paced decision benchmark (Decision: Envoy's side of the
+// ext_proc exchange against kvgate's, each in its own process) and the
+// soak (thousands of concurrent streaming requests through the ext_proc
+// server and the Envoy-faithful client to mock workers, then every
+// router's in-flight count back to 0). Both ends run in this process,
+// so CPU figures (getrusage) count client and server together, unless a
+// benchmark's server runs in its own process (ProbeConfig.ServerProcess,
+// DecisionConfig.ServerProcess), which measures each end apart.
 package loadbench
 
 import (
@@ -51,7 +53,7 @@ type ProbeConfig struct {
 	// Only runs one mode ("channel" or "unary"; "": both), for profiles.
 	Only string
 	// ServerProcess serves the router from a child process (this
-	// binary re-executed; its main must call ServeProbeServer first), so
+	// binary re-executed; its main must call ServeChild first), so
 	// the client's CPU and the server's are measured apart and the
 	// client's garbage does not bring the index's heap to its next GC.
 	ServerProcess bool
@@ -236,22 +238,29 @@ const (
 	probeServerProfileEnv = "KVGATE_PROBE_SERVER_PROFILE"
 )
 
-// ServeProbeServer, called first in main (or TestMain), makes this binary
-// the probe benchmark's server process when Probe started it so
-// (ServerProcess): it serves the benchfig world until its standard input
-// closes, then returns true, and the caller exits. Otherwise it returns
-// false at once.
+// ServeChild, called first in main (or TestMain), makes this binary a
+// benchmark's server process when the benchmark started it so
+// (ProbeConfig.ServerProcess, DecisionConfig.ServerProcess): it serves
+// until its standard input closes, then returns true, and the caller
+// exits. Otherwise it returns false at once.
 //
-// The protocol on its standard streams: it writes "addr HOST:PORT" once
-// serving; to each line read it answers "cpu NANOSECONDS", its CPU time so
-// far. It profiles its CPU from the first such line to the end when
-// Probe asked (ProbeConfig.ServerProfile).
-func ServeProbeServer() bool {
-	if os.Getenv(probeServerEnv) != "1" {
+// The probe server's protocol on its standard streams: it writes
+// "addr HOST:PORT" once serving the benchfig world; to each line read it
+// answers "cpu NANOSECONDS", its CPU time so far. It profiles its CPU from
+// the first such line to the end when Probe asked
+// (ProbeConfig.ServerProfile). The decision server's: serveDecisionServer.
+func ServeChild() bool {
+	var err error
+	switch {
+	case os.Getenv(probeServerEnv) == "1":
+		err = serveProbeServer(os.Stdin, os.Stdout, os.Getenv(probeServerProfileEnv))
+	case os.Getenv(decisionServerEnv) == "1":
+		err = serveDecisionServer(os.Stdin, os.Stdout, os.Getenv(decisionServerProfileEnv))
+	default:
 		return false
 	}
-	if err := serveProbeServer(os.Stdin, os.Stdout, os.Getenv(probeServerProfileEnv)); err != nil {
-		fmt.Fprintln(os.Stderr, "probe server:", err)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchmark server process:", err)
 		os.Exit(1)
 	}
 	return true
@@ -295,26 +304,32 @@ type probeServer struct {
 	addr string
 }
 
-// startProbeServer re-executes this binary as the server process and
-// waits until it serves.
+// startProbeServer re-executes this binary as the probe server process
+// and waits until it serves.
 func startProbeServer(ctx context.Context, profile string) (*probeServer, error) {
+	return startChild(ctx, "probe bench", probeServerEnv+"=1", probeServerProfileEnv+"="+profile)
+}
+
+// startChild re-executes this binary with env added (what names the
+// server to be) and waits for its first line, "addr ..."; addr is the rest.
+func startChild(ctx context.Context, what string, env ...string) (*probeServer, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, fmt.Errorf("probe bench: server process: %w", err)
+		return nil, fmt.Errorf("%s: server process: %w", what, err)
 	}
 	cmd := exec.CommandContext(ctx, exe)
-	cmd.Env = append(os.Environ(), probeServerEnv+"=1", probeServerProfileEnv+"="+profile)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, fmt.Errorf("probe bench: server process: %w", err)
+		return nil, fmt.Errorf("%s: server process: %w", what, err)
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, fmt.Errorf("probe bench: server process: %w", err)
+		return nil, fmt.Errorf("%s: server process: %w", what, err)
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("probe bench: server process: %w", err)
+		return nil, fmt.Errorf("%s: server process: %w", what, err)
 	}
 	ps := &probeServer{cmd: cmd, in: in, out: bufio.NewScanner(out)}
 	line, err := ps.line()
@@ -323,7 +338,7 @@ func startProbeServer(ctx context.Context, profile string) (*probeServer, error)
 		return ps, nil
 	}
 	ps.stop()
-	return nil, fmt.Errorf("probe bench: the server process did not start (does %s call loadbench.ServeProbeServer first?): got %q, %v", exe, line, err)
+	return nil, fmt.Errorf("%s: the server process did not start (does %s call loadbench.ServeChild first?): got %q, %v", what, exe, line, err)
 }
 
 func (ps *probeServer) line() (string, error) {

@@ -13,9 +13,9 @@ var (
 	probeServerProcess = flag.Bool("probeserverprocess", false, "serve the probe benchmark's router from a child process (client and server CPU apart)")
 )
 
-// TestMain lets the test binary be the probe benchmark's server process.
+// TestMain lets the test binary be a benchmark's server process.
 func TestMain(m *testing.M) {
-	if ServeProbeServer() {
+	if ServeChild() {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
