@@ -1,7 +1,6 @@
 package extproc_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,32 +49,11 @@ func benchBody(series string, i int) ([]byte, []tokenizer.Message) {
 // routers of 8 workers each (pooltest), the real global router, the real
 // ext_proc server on loopback gRPC, the Envoy-faithful client in the
 // shipped bootstrap's modes.
-// timedDecider records how long each decision took inside the ext_proc
-// server, so that a paced run reports the decision's own percentiles
-// beside the whole exchange's.
-type timedDecider struct {
-	d   globalrouter.Decider
-	mu  sync.Mutex
-	lat []time.Duration
-}
-
-func (t *timedDecider) Decide(ctx context.Context, req *globalrouter.Request) (*globalrouter.Decision, error) {
-	t0 := time.Now()
-	d, err := t.d.Decide(ctx, req)
-	el := time.Since(t0)
-	t.mu.Lock()
-	t.lat = append(t.lat, el)
-	t.mu.Unlock()
-	return d, err
-}
-
-// benchSystem is the Envoy-faithful client of an ext_proc server over
-// benchRouter, and the server's decisions' timings.
-func benchSystem(b *testing.B) (*extprocclient.Client, *timedDecider) {
+func benchSystem(b *testing.B) *extprocclient.Client {
 	b.Helper()
-	timed := &timedDecider{d: benchRouter(b)}
-	conn, _ := startServer(b, extproc.Config{}, timed)
-	return envoyClient(b, conn, allModes[1]), timed
+	router := benchRouter(b)
+	conn, _ := startServer(b, extproc.Config{}, router)
+	return envoyClient(b, conn, allModes[1])
 }
 
 // benchRouter is the real global router over two real local routers of 8
@@ -155,9 +133,7 @@ func quantile(d []time.Duration, q float64) time.Duration {
 // bodies and the ratio, (parallel) requests per second per core, and the
 // CPU per request of the whole process (cpu-µs/req: client, ext_proc
 // server, global router and local routers, all here), which is what decides
-// whether a paced rate fits the machine's cores. The paced run also
-// reports the decision's own p50/p99 (decide-p50-µs, decide-p99-µs: the
-// Decider's call inside the ext_proc server, without the client's side).
+// whether a paced rate fits the machine's cores.
 //
 //	go test -run '^$' -bench BenchmarkDecision -benchtime 3000x ./extproc
 func BenchmarkDecision(b *testing.B) {
@@ -180,7 +156,7 @@ func BenchmarkDecision(b *testing.B) {
 		return total / time.Duration(max(n, 1))
 	}
 	b.Run("latency", func(b *testing.B) {
-		c, _ := benchSystem(b)
+		c := benchSystem(b)
 		for i := range 32 { // warm connections
 			body, _ := benchBody("warm", i)
 			exchange(b, c, body)
@@ -255,7 +231,7 @@ func BenchmarkDecision(b *testing.B) {
 		b.ReportMetric(float64(p50)/float64(tokMean), "decide/tokenize")
 	})
 	b.Run("throughput", func(b *testing.B) {
-		c, _ := benchSystem(b)
+		c := benchSystem(b)
 		for i := range 32 {
 			body, _ := benchBody("warm", i)
 			exchange(b, c, body)
@@ -290,7 +266,7 @@ func BenchmarkDecision(b *testing.B) {
 	b.Run("paced-1000rps", func(b *testing.B) {
 		// Open loop at 1,000 requests/s: each request starts on schedule
 		// whether or not the previous ones finished.
-		c, timed := benchSystem(b)
+		c := benchSystem(b)
 		for i := range 32 {
 			body, _ := benchBody("warm", i)
 			exchange(b, c, body)
@@ -319,9 +295,6 @@ func BenchmarkDecision(b *testing.B) {
 		cpu := cpuTime() - cpu0
 		b.StopTimer()
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")
-		dl := timed.lat[len(timed.lat)-b.N:] // the paced window's decisions
-		b.ReportMetric(float64(quantile(dl, 0.99).Microseconds()), "decide-p99-µs")
-		b.ReportMetric(float64(quantile(dl, 0.5).Microseconds()), "decide-p50-µs")
 		// The tokenize-only baseline of the same bodies, after the paced
 		// window (not during it: it would add its own load), so that the
 		// ratio is side by side in one run.
