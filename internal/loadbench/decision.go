@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -249,22 +248,19 @@ func serveDecisionServer(in io.Reader, out io.Writer, profile string) error {
 		return err
 	}
 	lines := bufio.NewScanner(in)
+	stopProfile := func() {}
+	defer func() { stopProfile() }() // if the input closes first
 	for n := 0; lines.Scan(); n++ {
 		b, _ := json.Marshal(ds.snapshot())
 		switch {
 		case profile == "":
 		case n == 0:
-			f, err := os.Create(profile)
-			if err != nil {
+			if stopProfile, err = startCPUProfile(profile); err != nil {
 				return err
 			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return err
-			}
-			defer pprof.StopCPUProfile() // if the input closes first
 		case n == 1:
-			pprof.StopCPUProfile()
+			stopProfile()
+			stopProfile = func() {}
 		}
 		if _, err := fmt.Fprintf(out, "snap %s\n", b); err != nil {
 			return err

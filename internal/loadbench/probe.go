@@ -276,17 +276,13 @@ func serveProbeServer(in io.Reader, out io.Writer, profile string) error {
 		return err
 	}
 	lines := bufio.NewScanner(in)
+	stopProfile := func() {}
+	defer func() { stopProfile() }()
 	for lines.Scan() {
 		if profile != "" {
-			f, err := os.Create(profile)
-			if err != nil {
+			if stopProfile, err = startCPUProfile(profile); err != nil {
 				return err
 			}
-			defer f.Close()
-			if err := pprof.StartCPUProfile(f); err != nil {
-				return err
-			}
-			defer pprof.StopCPUProfile()
 			profile = ""
 		}
 		if _, err := fmt.Fprintf(out, "cpu %d\n", CPUTime().Nanoseconds()); err != nil {
@@ -294,6 +290,19 @@ func serveProbeServer(in io.Reader, out io.Writer, profile string) error {
 		}
 	}
 	return lines.Err()
+}
+
+// startCPUProfile profiles this process's CPU to the file path until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // probeServer is a running server process.
