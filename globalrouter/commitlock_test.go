@@ -1,0 +1,95 @@
+package globalrouter_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/pool/pooltest"
+)
+
+// hold holds back the answer to the decide-and-commit of one request: its
+// commit reaches the local router, but the global router does not hear
+// back until release is closed.
+type hold struct {
+	request string
+	sent    chan struct{} // closed once the held commit is sent
+	release chan struct{}
+	once    sync.Once
+}
+
+// heldClient is a local-router client whose commits of hold.request are
+// held back.
+type heldClient struct {
+	pool.Client
+	h *hold
+}
+
+func (c heldClient) CommitAsync(ctx context.Context, cm pool.Commit, committed func(routing.Selection, error)) (pool.Tracker, error) {
+	if cm.RequestID != c.h.request {
+		return c.Client.CommitAsync(ctx, cm, committed)
+	}
+	tr, err := c.Client.CommitAsync(ctx, cm, func(sel routing.Selection, err error) {
+		go func() {
+			<-c.h.release
+			committed(sel, err)
+		}()
+	})
+	c.h.once.Do(func() { close(c.h.sent) })
+	return tr, err
+}
+
+// TestUncontendedCommitsDoNotWait: a decision whose decide-and-commit is
+// still waiting for its local router's answer does not hold up other
+// decisions' commits. Before, every multi-pool commit held one router-wide
+// lock across its round trip, so the Decides here would wait for the
+// first's answer (and the test would hang until its deadline). Only a
+// contended commit (an answer costlier than its probe) serialises.
+func TestUncontendedCommitsDoNotWait(t *testing.T) {
+	ctx := testenv.Context(t)
+	a := pooltest.Start(t, "pool-0", 16, pooltest.Workers("a", 4)...)
+	b := pooltest.Start(t, "pool-1", 16, pooltest.Workers("b", 4)...)
+	h := &hold{request: "slow", sent: make(chan struct{}), release: make(chan struct{})}
+	base := pool.ChannelDialer()
+	dial := func(addr string) (pool.Client, error) {
+		c, err := base(addr)
+		if err != nil {
+			return nil, err
+		}
+		return heldClient{Client: c, h: h}, nil
+	}
+	r, _ := newRouter(t, herdConfig(a, b), globalrouter.WithDialer(dial))
+	slow := make(chan error, 1)
+	go func() {
+		d, err := r.Decide(ctx, &globalrouter.Request{ID: "slow", Model: model, PromptTokens: herdTokens(512)})
+		if err == nil {
+			err = d.Lease.Free(ctx)
+		}
+		slow <- err
+	}()
+	select {
+	case <-h.sent:
+	case <-ctx.Done():
+		t.Fatal("the held commit was never sent")
+	}
+	for i := range 4 {
+		tokens := herdTokens(512)
+		for k := range tokens {
+			tokens[k] += uint32(10000 * (i + 1)) // another prompt: no shared prefix
+		}
+		d, err := r.Decide(ctx, &globalrouter.Request{ID: fmt.Sprint("fast-", i), Model: model, PromptTokens: tokens})
+		if err != nil {
+			t.Fatalf("Decide fast-%d while slow's commit is unanswered: %v", i, err)
+		}
+		free(t, d)
+	}
+	close(h.release)
+	if err := <-slow; err != nil {
+		t.Errorf("the held decision: %v", err)
+	}
+}
