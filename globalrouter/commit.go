@@ -72,6 +72,14 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 				c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
 			}
 			r.recheckMu.Unlock()
+			outcome := "kept"
+			switch {
+			case err != nil:
+				outcome = "refused"
+			case moved != "":
+				outcome = "moved"
+			}
+			r.m.contended.WithLabelValues(pe.cfg.Name, outcome).Inc()
 			if moved != "" {
 				pe = st.byName[c.Pool]
 			}

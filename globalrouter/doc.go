@@ -10,9 +10,11 @@
 // router choosing and recording the worker in one call within the
 // request's subset less the ejected workers, waited for within the probe
 // deadline; its answer is the Primary, so a burst that probed the same
-// idle state spreads by capacity. Multi-pool commits are serialised per
-// Router, with one recheck against the runner-up pool when the commit's
-// answer is costlier than the probe. pipelined: the probed worker's
+// idle state spreads by capacity. A commit whose answer is costlier than
+// its probe is contended: it is placed again, serialised per Router with
+// the other contended commits, then rechecked once against the runner-up
+// pool (kvgate_globalrouter_contended_commits_total); uncontended commits
+// take no lock. pipelined: the probed worker's
 // commit is sent on the request's stream, not waited for (one round trip
 // less); a refusal afterwards leaves the request on the probed worker,
 // unaccounted there, and is counted

@@ -91,7 +91,7 @@ func testDecideNoHerding(t *testing.T, dialer pool.Dialer, layout []int, mode gl
 	}
 	cfg := herdConfig(servers...)
 	cfg.Probe.Commit = mode
-	r, _ := newRouter(t, cfg, globalrouter.WithDialer(dialer))
+	r, reg := newRouter(t, cfg, globalrouter.WithDialer(dialer))
 	tokens := herdTokens(8192)
 	var (
 		start = make(chan struct{})
@@ -148,6 +148,11 @@ func testDecideNoHerding(t *testing.T, dialer pool.Dialer, layout []int, mode gl
 	t.Logf("%s: placed %v", mode, placed)
 	if mode == globalrouter.CommitPipelined {
 		return // the herding being measured, not a contract
+	}
+	// Across pools the burst is spread by contended commits that moved;
+	// within one pool there is nothing to move to.
+	if moved := countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "moved"); (moved > 0) != (len(layout) > 1) {
+		t.Errorf("%v moved contended commits over %d pools", moved, len(layout))
 	}
 	fair := burst / workers
 	for i, n := range layout {

@@ -13,6 +13,9 @@ type metrics struct {
 	reloads   *prometheus.CounterVec   // result
 	// refusedCommits counts commits local routers refused, by pool.
 	refusedCommits *prometheus.CounterVec
+	// contended counts decide-and-commits placed again under the recheck
+	// lock (commit.go), by pool and outcome.
+	contended *prometheus.CounterVec
 	// bestEffort counts decisions made on the last known state, by pool.
 	bestEffort *prometheus.CounterVec
 	// ejections counts passive-health ejections of workers, by pool.
@@ -52,6 +55,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_globalrouter_refused_commits_total",
 			Help: "Commits a local router refused, by pool: before the decision (the next candidate was tried) or after it (pipelined; the request went to the probed worker unaccounted).",
 		}, []string{"pool"}),
+		contended: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_contended_commits_total",
+			Help: "Decide-and-commits whose answer was costlier than their probe (the pool got busier under the decision), placed again under the router's recheck lock, by pool and outcome (kept: stayed on the pool; moved: the recheck moved the request to another pool; refused: placing it again failed).",
+		}, []string{"pool", "outcome"}),
 		bestEffort: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_best_effort_total",
 			Help: "Decisions made on the last known state because no local router of any eligible pool could be reached, by pool (the request is not accounted on any router).",
@@ -61,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Connection failures to workers reported by the response path (passive health), by pool.",
 		}, []string{"pool"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.bestEffort, m.ejections} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.ejections} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

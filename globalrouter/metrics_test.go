@@ -16,6 +16,29 @@ func globalrouterTokenizer(backend, path string) tokenizer.Config {
 	return tokenizer.Config{Backend: backend, Path: path}
 }
 
+// countByLabel sums counter name's series whose label key is value.
+func countByLabel(t *testing.T, reg *prometheus.Registry, name, key, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == key && l.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
 func mustCounter(t *testing.T, reg *prometheus.Registry, name, label string) prometheus.Collector {
 	t.Helper()
 	mfs, err := reg.Gather()
