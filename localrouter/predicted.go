@@ -211,13 +211,17 @@ func (ix *Index) ConfirmedPrefix(key WorkerKey, localHashes []uint64, upTo int) 
 		return 0
 	}
 	predicted := ix.pred.has(slot)
-	n := rootID
+	id, n := rootID, ix.tree.at(rootID)
 	for i := 0; i < upTo; i++ {
-		c := ix.childOf(n, localHashes[i])
-		if c == 0 || !ix.tree.at(c).workers.has(slot, &ix.wx) || (predicted && ix.pred.list.find(slot, c) != 0) {
+		c := ix.child(id, n, localHashes[i])
+		if c == 0 {
 			return i
 		}
-		n = c
+		n = ix.tree.at(c)
+		if !n.workers.has(slot, &ix.wx) || (predicted && ix.pred.list.find(slot, c) != 0) {
+			return i
+		}
+		id = c
 	}
 	return upTo
 }

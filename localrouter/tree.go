@@ -211,9 +211,17 @@ func (t *childTable) resize(size int) {
 // child returns the child of node p (n = the node itself) with local hash
 // h, 0 if none. Caller holds mu.
 func (ix *Index) child(p nodeID, n *node, h uint64) nodeID {
-	if n.c1 != 0 && n.c1Hash == h {
+	if n.c1Hash == h && n.c1 != 0 {
 		return n.c1
 	}
+	return ix.otherChild(p, n, h)
+}
+
+// otherChild is child past the inline one (apart so that child inlines
+// into the walks).
+//
+//go:noinline
+func (ix *Index) otherChild(p nodeID, n *node, h uint64) nodeID {
 	if n.more != 0 {
 		return ix.kids.get(p, h)
 	}
