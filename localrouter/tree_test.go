@@ -413,3 +413,28 @@ func TestDetachedEntriesStayHarmless(t *testing.T) {
 		t.Fatalf("predicted stats %+v, want none left, one expired", st)
 	}
 }
+
+// TestDumpSkipsDetachedEntries: an approximate-mode entry whose node went
+// (its worker's predicted entry on the same node expired first, releasing
+// the shared hold) holds nothing; Dump leaves it out and rebuilds the rest.
+func TestDumpSkipsDetachedEntries(t *testing.T) {
+	ix, _ := NewIndex(2, IndexOptions{TTL: time.Minute, PredictedTTL: time.Second})
+	key := WorkerKey{"a", 0}
+	t0 := time.Unix(1000, 0)
+	ix.Predict(t0, key, hashesOf(2, 8))
+	ix.Record(t0, key, hashesOf(2, 8)) // the same hold, a second entry
+	ix.Record(t0, key, hashesOf(2, 9))
+	ix.Expire(t0.Add(2 * time.Second)) // the prediction expires, freeing node 8
+	if got := overlaps(ix, hashesOf(2, 8)); len(got) != 0 {
+		t.Fatalf("block 8 still held: %v", got)
+	}
+	re, _ := NewIndex(2, IndexOptions{})
+	for _, ev := range ix.Dump() {
+		if err := re.Apply(ev); err != nil {
+			t.Fatalf("applying dump event %+v: %v", ev, err)
+		}
+	}
+	if got := overlaps(re, hashesOf(2, 9)); got["a/0"] != 1 || len(overlaps(re, hashesOf(2, 8))) != 0 {
+		t.Fatalf("rebuilt index: block 9 %v, block 8 %v; want only block 9", got, overlaps(re, hashesOf(2, 8)))
+	}
+}
