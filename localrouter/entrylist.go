@@ -53,8 +53,11 @@ func newEntryList(kind listKind, tree *nodeSlab) entryList {
 func (l *entryList) since(now time.Time) int64 { return int64(now.Sub(l.epoch)) }
 
 // find returns the index of slot's entry on n, 0 if it has none.
-func (l *entryList) find(slot int32, n nodeID) int32 {
-	for i := l.tree.at(n).lists[l.kind]; i != 0; i = l.slab[i].sib {
+func (l *entryList) find(slot int32, n nodeID) int32 { return l.findOn(slot, l.tree.at(n)) }
+
+// findOn is find for the node itself.
+func (l *entryList) findOn(slot int32, n *node) int32 {
+	for i := n.lists[l.kind]; i != 0; i = l.slab[i].sib {
 		if l.slab[i].slot == slot {
 			return i
 		}
@@ -65,6 +68,11 @@ func (l *entryList) find(slot int32, n nodeID) int32 {
 // push adds slot's entry on n, which must have none, as the newest, and
 // returns its index.
 func (l *entryList) push(slot int32, id nodeID, exp time.Time) int32 {
+	return l.pushOn(slot, id, l.tree.at(id), exp)
+}
+
+// pushOn is push for node id given as n too.
+func (l *entryList) pushOn(slot int32, id nodeID, n *node, exp time.Time) int32 {
 	if l.epoch.IsZero() {
 		l.epoch = exp
 	}
@@ -75,7 +83,6 @@ func (l *entryList) push(slot int32, id nodeID, exp time.Time) int32 {
 		i = int32(len(l.slab))
 		l.slab = append(l.slab, listEntry{})
 	}
-	n := l.tree.at(id)
 	l.slab[i] = listEntry{n: id, exp: l.since(exp), slot: slot, sib: n.lists[l.kind]}
 	n.lists[l.kind] = i
 	l.link(i)

@@ -219,8 +219,11 @@ func (ix *Index) findEngine(key WorkerKey, first kvevents.Tier, eh uint64) nodeI
 }
 
 // hold marks n as held by slot. Caller holds mu.
-func (ix *Index) hold(n nodeID, slot int32) bool {
-	if ix.tree.at(n).workers.add(slot, &ix.wx) {
+func (ix *Index) hold(n nodeID, slot int32) bool { return ix.holdNode(ix.tree.at(n), slot) }
+
+// holdNode is hold for the node itself.
+func (ix *Index) holdNode(n *node, slot int32) bool {
+	if n.workers.add(slot, &ix.wx) {
 		ix.slots[slot].size++
 		ix.entries++
 		if ix.slots[slot].tier != kvevents.TierGPU {
@@ -701,27 +704,28 @@ func (ix *Index) Record(now time.Time, key WorkerKey, localHashes []uint64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	slot := ix.slotFor(key)
-	n := rootID
+	n, nn := rootID, ix.tree.at(rootID)
 	exp := now.Add(ix.ttl)
 	for _, h := range localHashes {
-		c := ix.childOf(n, h)
+		c := ix.child(n, nn, h)
 		if c == 0 {
 			c = ix.addChild(n, h)
 			ix.nodes++
 		}
-		ix.hold(c, slot)
-		if i := ix.approx.find(slot, c); i != 0 {
+		cn := ix.tree.at(c)
+		ix.holdNode(cn, slot)
+		if i := ix.approx.findOn(slot, cn); i != 0 {
 			ix.approx.touch(i, exp)
 		} else {
-			ix.approx.push(slot, c, exp)
+			ix.approx.pushOn(slot, c, cn, exp)
 			// The bound is checked once per Record (below), and the bound
 			// plus one is a hard cap: a Record filling more than the room
 			// left drops the oldest as it goes, uncounted.
 			if ix.approx.len > ix.maxApprox+1 {
-				ix.dropApprox(ix.approx.oldest())
+				ix.dropApprox(ix.approx.oldest()) // never c's: c is held, so its node stays
 			}
 		}
-		n = c
+		n, nn = c, cn
 	}
 	if ix.approx.len > ix.maxApprox {
 		target := ix.maxApprox * 8 / 10

@@ -94,33 +94,34 @@ func (ix *Index) Predict(now time.Time, key WorkerKey, localHashes []uint64) {
 	p := &ix.pred
 	slot := ix.slotFor(key)
 	exp := now.Add(p.ttl)
-	n := rootID
+	n, nn := rootID, ix.tree.at(rootID)
 	for _, h := range localHashes {
-		c := ix.childOf(n, h)
+		c := ix.child(n, nn, h)
 		if c == 0 {
 			c = ix.addChild(n, h)
 			ix.nodes++
 		}
+		cn := ix.tree.at(c)
 		// A predicted entry holds its slot on the node (ix.hold), so a
 		// node without the slot has no entry, but for one case: the
 		// worker's approximate-mode entry on it expired (Record and
 		// Predict on one index), releasing it. Then, too, the entry is
 		// refreshed, not doubled.
-		i := p.list.find(slot, c)
+		i := p.list.findOn(slot, cn)
 		switch {
-		case !ix.tree.at(c).workers.has(slot, &ix.wx):
-			ix.hold(c, slot)
+		case !cn.workers.has(slot, &ix.wx):
+			ix.holdNode(cn, slot)
 			if i != 0 {
 				p.list.touch(i, exp)
 			} else {
-				p.list.push(slot, c, exp)
+				p.list.pushOn(slot, c, cn, exp)
 			}
 			p.count(slot, 1)
 			p.recorded.Add(1)
 		case i != 0:
 			p.list.touch(i, exp)
 		}
-		n = c
+		n, nn = c, cn
 	}
 	if p.list.len > p.max {
 		target := p.max * 8 / 10
@@ -218,7 +219,7 @@ func (ix *Index) ConfirmedPrefix(key WorkerKey, localHashes []uint64, upTo int) 
 			return i
 		}
 		n = ix.tree.at(c)
-		if !n.workers.has(slot, &ix.wx) || (predicted && ix.pred.list.find(slot, c) != 0) {
+		if !n.workers.has(slot, &ix.wx) || (predicted && ix.pred.list.findOn(slot, n) != 0) {
 			return i
 		}
 		id = c
