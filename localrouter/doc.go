@@ -7,11 +7,14 @@
 //
 //   - Index: a radix tree over local block hashes (kvevents hashing); each
 //     node records which (worker, dp_rank) hold it in a bitset, so a lookup
-//     intersects one machine word per block for pools of up to 64 ranks. It
-//     is fed by engine KV events (Apply), or, in approximate mode, by the
-//     router's own decisions (Record, with a TTL and a size bound). With
-//     events, each placed request's blocks are also recorded as predicted
-//     entries on its worker (Predict, predicted.go: a short TTL, confirmed
+//     intersects one machine word per block for pools of up to 64 ranks.
+//     The tree holds no Go pointers (tree.go: nodes in a slab named by id,
+//     children past the first in one open-addressing table), so the GC
+//     does not walk it. It is fed by engine KV events (Apply), or, in
+//     approximate mode, by the router's own decisions (Record, with a TTL
+//     and a size bound). With events, each placed request's blocks are
+//     also recorded as predicted entries on its worker (Predict,
+//     predicted.go: a short TTL, confirmed
 //     by the engine's Stored, never over a block the engine holds, dropped
 //     by Cleared), so the next decision sees them. Each
 //     cache tier of a worker (GPU, CPU, disk, external: the events'

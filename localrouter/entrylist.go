@@ -25,6 +25,7 @@ const (
 // it (find only reads).
 type entryList struct {
 	kind listKind
+	tree *nodeSlab // the nodes the entries name (the Index's)
 	// slab[0] is the sentinel: its next is the oldest entry, its prev the
 	// newest, so that index 0 also means "none".
 	slab []listEntry
@@ -37,22 +38,25 @@ type entryList struct {
 }
 
 type listEntry struct {
-	n          *node
-	exp        int64 // expiry, in ns after epoch
+	n          nodeID // 0: detached, its node was freed (detach)
+	exp        int64  // expiry, in ns after epoch
 	slot       int32
 	prev, next int32 // neighbours in the list (0: the sentinel)
 	sib        int32 // next entry of the same node (0: none)
 }
 
-func newEntryList(kind listKind) entryList {
-	return entryList{kind: kind, slab: make([]listEntry, 1)}
+func newEntryList(kind listKind, tree *nodeSlab) entryList {
+	return entryList{kind: kind, tree: tree, slab: make([]listEntry, 1)}
 }
 
 // since is now as an expiry of the list.
 func (l *entryList) since(now time.Time) int64 { return int64(now.Sub(l.epoch)) }
 
 // find returns the index of slot's entry on n, 0 if it has none.
-func (l *entryList) find(slot int32, n *node) int32 {
+func (l *entryList) find(slot int32, n nodeID) int32 { return l.findOn(slot, l.tree.at(n)) }
+
+// findOn is find for the node itself.
+func (l *entryList) findOn(slot int32, n *node) int32 {
 	for i := n.lists[l.kind]; i != 0; i = l.slab[i].sib {
 		if l.slab[i].slot == slot {
 			return i
@@ -63,7 +67,12 @@ func (l *entryList) find(slot int32, n *node) int32 {
 
 // push adds slot's entry on n, which must have none, as the newest, and
 // returns its index.
-func (l *entryList) push(slot int32, n *node, exp time.Time) int32 {
+func (l *entryList) push(slot int32, id nodeID, exp time.Time) int32 {
+	return l.pushOn(slot, id, l.tree.at(id), exp)
+}
+
+// pushOn is push for node id given as n too.
+func (l *entryList) pushOn(slot int32, id nodeID, n *node, exp time.Time) int32 {
 	if l.epoch.IsZero() {
 		l.epoch = exp
 	}
@@ -74,7 +83,7 @@ func (l *entryList) push(slot int32, n *node, exp time.Time) int32 {
 		i = int32(len(l.slab))
 		l.slab = append(l.slab, listEntry{})
 	}
-	l.slab[i] = listEntry{n: n, exp: l.since(exp), slot: slot, sib: n.lists[l.kind]}
+	l.slab[i] = listEntry{n: id, exp: l.since(exp), slot: slot, sib: n.lists[l.kind]}
 	n.lists[l.kind] = i
 	l.link(i)
 	l.len++
@@ -88,17 +97,19 @@ func (l *entryList) touch(i int32, exp time.Time) {
 	l.link(i)
 }
 
-// remove drops entry i and returns its slot and node.
-func (l *entryList) remove(i int32) (int32, *node) {
+// remove drops entry i and returns its slot and node (0 if detached).
+func (l *entryList) remove(i int32) (int32, nodeID) {
 	e := l.slab[i]
 	l.unlink(i)
-	for p := &e.n.lists[l.kind]; *p != 0; p = &l.slab[*p].sib {
-		if *p == i {
-			*p = e.sib
-			break
+	if e.n != 0 {
+		for p := &l.tree.at(e.n).lists[l.kind]; *p != 0; p = &l.slab[*p].sib {
+			if *p == i {
+				*p = e.sib
+				break
+			}
 		}
 	}
-	l.slab[i] = listEntry{next: l.free} // drop the node pointer for the GC
+	l.slab[i] = listEntry{next: l.free}
 	l.free = i
 	l.len--
 	return e.slot, e.n
@@ -112,7 +123,7 @@ func (l *entryList) expired(i int32, now time.Time) bool { return l.slab[i].exp 
 
 // each calls f for every entry, oldest first; f may remove the entry it is
 // given.
-func (l *entryList) each(f func(i int32, slot int32, n *node)) {
+func (l *entryList) each(f func(i int32, slot int32, n nodeID)) {
 	for i := l.slab[0].next; i != 0; {
 		next := l.slab[i].next
 		f(i, l.slab[i].slot, l.slab[i].n)
@@ -132,4 +143,15 @@ func (l *entryList) unlink(i int32) {
 	e := &l.slab[i]
 	l.slab[e.prev].next = e.next
 	l.slab[e.next].prev = e.prev
+}
+
+// detach unlinks node n's entries from it, which is being freed: they
+// stay in the list, naming node 0, until removed as usual.
+func (l *entryList) detach(n *node) {
+	for i := n.lists[l.kind]; i != 0; {
+		e := &l.slab[i]
+		i = e.sib
+		e.n, e.sib = 0, 0
+	}
+	n.lists[l.kind] = 0
 }

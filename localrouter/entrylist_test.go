@@ -12,13 +12,15 @@ import (
 // test's nodes are named a, b, … by their local hash 0, 1, …).
 func order(l *entryList) []string {
 	var out []string
-	l.each(func(_, slot int32, n *node) { out = append(out, fmt.Sprintf("%c/%d", 'a'+n.local, slot)) })
+	l.each(func(_, slot int32, n nodeID) { out = append(out, fmt.Sprintf("%c/%d", 'a'+l.tree.at(n).local, slot)) })
 	return out
 }
 
 func TestEntryList(t *testing.T) {
-	l := newEntryList(predList)
-	x, y := &node{local: 0}, &node{local: 1}
+	tree := newNodeSlab()
+	l := newEntryList(predList, &tree)
+	x, y := tree.alloc(), tree.alloc()
+	tree.at(x).local, tree.at(y).local = 0, 1
 	t0 := time.Unix(100, 0)
 	ix0 := l.push(0, x, t0.Add(1*time.Second))
 	l.push(1, x, t0.Add(2*time.Second)) // a second entry on the same node
@@ -28,11 +30,11 @@ func TestEntryList(t *testing.T) {
 	}
 	for _, c := range []struct {
 		slot int32
-		n    *node
+		n    nodeID
 		want int32
 	}{{0, x, ix0}, {0, y, iy}, {1, y, 0}, {2, x, 0}} {
 		if got := l.find(c.slot, c.n); got != c.want {
-			t.Errorf("find(%d, %c): got %d, want %d", c.slot, 'a'+c.n.local, got, c.want)
+			t.Errorf("find(%d, %c): got %d, want %d", c.slot, 'a'+tree.at(c.n).local, got, c.want)
 		}
 	}
 	// A touch makes the entry the newest, with its new expiry.
@@ -45,7 +47,7 @@ func TestEntryList(t *testing.T) {
 	}
 	// Removing the node's first entry keeps its other one findable.
 	if slot, n := l.remove(ix0); slot != 0 || n != x {
-		t.Fatalf("remove: got slot %d node %c, want 0 a", slot, 'a'+n.local)
+		t.Fatalf("remove: got slot %d node %c, want 0 a", slot, 'a'+tree.at(n).local)
 	}
 	if l.find(0, x) != 0 || l.find(1, x) == 0 {
 		t.Fatalf("after removing x's slot 0 entry: find(0, x) = %d, find(1, x) = %d, want 0 and an entry", l.find(0, x), l.find(1, x))
@@ -64,7 +66,7 @@ func TestEntryList(t *testing.T) {
 	for l.oldest() != 0 {
 		l.remove(l.oldest())
 	}
-	if l.len != 0 || x.lists[predList] != 0 || y.lists[predList] != 0 {
-		t.Fatalf("emptied: %d entries, node heads %d %d, want 0 0 0", l.len, x.lists[predList], y.lists[predList])
+	if l.len != 0 || tree.at(x).lists[predList] != 0 || tree.at(y).lists[predList] != 0 {
+		t.Fatalf("emptied: %d entries, node heads %d %d, want 0 0 0", l.len, tree.at(x).lists[predList], tree.at(y).lists[predList])
 	}
 }

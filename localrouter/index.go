@@ -30,57 +30,6 @@ var (
 	ErrBlockSizeMismatch = errors.New("stored block has the wrong number of tokens")
 )
 
-// node is one block in the prefix tree. Its identity is its path of local
-// hashes from the root; children are found by local hash. Most nodes have a
-// single child, kept inline; the rest go to a map.
-type node struct {
-	local   uint64
-	parent  *node
-	c1Hash  uint64
-	c1      *node
-	more    map[uint64]*node
-	workers workerSet
-	// lists: for each entry list of the index (listKind), the slab index
-	// of the node's first entry there, 0 for none (entrylist.go).
-	lists [numLists]int32
-}
-
-func (n *node) child(h uint64) *node {
-	if n.c1 != nil && n.c1Hash == h {
-		return n.c1
-	}
-	if n.more != nil {
-		return n.more[h]
-	}
-	return nil
-}
-
-func (n *node) addChild(h uint64) *node {
-	c := &node{local: h, parent: n}
-	if n.c1 == nil {
-		n.c1Hash, n.c1 = h, c
-		return c
-	}
-	if n.more == nil {
-		n.more = make(map[uint64]*node, 2)
-	}
-	n.more[h] = c
-	return c
-}
-
-func (n *node) removeChild(c *node) {
-	if n.c1 == c {
-		n.c1, n.c1Hash = nil, 0
-		return
-	}
-	delete(n.more, c.local)
-	if len(n.more) == 0 {
-		n.more = nil
-	}
-}
-
-func (n *node) leaf() bool { return n.c1 == nil && len(n.more) == 0 }
-
 // slotKey names one cache tier of one (worker, dp_rank): the index keeps
 // each tier of a worker in its own slot, so a node's worker set says which
 // tiers hold it.
@@ -95,11 +44,11 @@ type slotState struct {
 	tier kvevents.Tier
 	live bool
 	// engine maps the engine's block hashes to nodes (event mode).
-	engine map[uint64]*node
+	engine map[uint64]nodeID
 	// aliases counts extra engine hashes mapped to an already-held node (an
 	// engine storing the same content twice under two hashes): the node is
 	// dropped only when its last mapping goes.
-	aliases map[*node]int
+	aliases map[nodeID]int32
 	// size is the number of nodes this worker holds.
 	size int
 }
@@ -127,8 +76,13 @@ type IndexStats struct {
 type Index struct {
 	blockSize int
 
-	mu      sync.RWMutex
-	root    node
+	mu sync.RWMutex
+	// tree is the prefix tree's nodes, the root at id 0; kids the children
+	// that are not their parent's inline one; wx the worker sets' overflow
+	// words (tree.go, bitset.go: no Go pointers in any of them).
+	tree    nodeSlab
+	kids    childTable
+	wx      wordArena
 	slots   []slotState
 	table   slotTable[slotKey]
 	nodes   int
@@ -188,12 +142,13 @@ func NewIndex(blockSize int, opts IndexOptions) (*Index, error) {
 	}
 	ix := &Index{
 		blockSize: blockSize,
+		tree:      newNodeSlab(),
 		table:     newSlotTable[slotKey](),
 		ttl:       opts.TTL,
 		maxApprox: opts.MaxApproxEntries,
 	}
-	ix.approx = newEntryList(approxList)
-	ix.pred.init(opts.PredictedTTL, opts.MaxApproxEntries)
+	ix.approx = newEntryList(approxList, &ix.tree)
+	ix.pred.init(opts.PredictedTTL, opts.MaxApproxEntries, &ix.tree)
 	return ix, nil
 }
 
@@ -210,7 +165,7 @@ func (ix *Index) tierSlotFor(key WorkerKey, t kvevents.Tier) int32 {
 	s, fresh := ix.table.acquire(slotKey{key, t})
 	if fresh {
 		ix.slots = grow(ix.slots, s)
-		ix.slots[s] = slotState{key: key, tier: t, live: true, engine: make(map[uint64]*node)}
+		ix.slots[s] = slotState{key: key, tier: t, live: true, engine: make(map[uint64]nodeID)}
 		if t != kvevents.TierGPU {
 			if ix.tiered == nil {
 				ix.tiered = make(map[WorkerKey]*[kvevents.NumTiers]int32)
@@ -233,10 +188,11 @@ func (ix *Index) lookup(key WorkerKey) (int32, bool) {
 
 // findEngine returns the node worker key holds under engine hash eh,
 // looking in tier first, then in its other tiers (an engine keeps a
-// block's hash when it offloads or reloads it). Caller holds mu.
-func (ix *Index) findEngine(key WorkerKey, first kvevents.Tier, eh uint64) *node {
+// block's hash when it offloads or reloads it); 0 if none. Caller holds
+// mu.
+func (ix *Index) findEngine(key WorkerKey, first kvevents.Tier, eh uint64) nodeID {
 	if s, ok := ix.table.lookup(slotKey{key, first}); ok {
-		if n := ix.slots[s].engine[eh]; n != nil {
+		if n := ix.slots[s].engine[eh]; n != 0 {
 			return n
 		}
 	}
@@ -254,17 +210,20 @@ func (ix *Index) findEngine(key WorkerKey, first kvevents.Tier, eh uint64) *node
 			s = ts[t] - 1
 		}
 		if s >= 0 {
-			if n := ix.slots[s].engine[eh]; n != nil {
+			if n := ix.slots[s].engine[eh]; n != 0 {
 				return n
 			}
 		}
 	}
-	return nil
+	return 0
 }
 
 // hold marks n as held by slot. Caller holds mu.
-func (ix *Index) hold(n *node, slot int32) bool {
-	if n.workers.add(slot) {
+func (ix *Index) hold(n nodeID, slot int32) bool { return ix.holdNode(ix.tree.at(n), slot) }
+
+// holdNode is hold for the node itself.
+func (ix *Index) holdNode(n *node, slot int32) bool {
+	if n.workers.add(slot, &ix.wx) {
 		ix.slots[slot].size++
 		ix.entries++
 		if ix.slots[slot].tier != kvevents.TierGPU {
@@ -276,8 +235,8 @@ func (ix *Index) hold(n *node, slot int32) bool {
 }
 
 // release drops slot from n and prunes empty leaves upward. Caller holds mu.
-func (ix *Index) release(n *node, slot int32) {
-	if !n.workers.remove(slot) {
+func (ix *Index) release(n nodeID, slot int32) {
+	if n == 0 || !ix.tree.at(n).workers.remove(slot, &ix.wx) {
 		return
 	}
 	ix.slots[slot].size--
@@ -288,13 +247,19 @@ func (ix *Index) release(n *node, slot int32) {
 	ix.prune(n)
 }
 
-func (ix *Index) prune(n *node) {
-	for n != &ix.root && n.workers.empty() && n.leaf() {
+// prune frees n and its ancestors up from it while they are empty leaves.
+// Caller holds mu for writing.
+func (ix *Index) prune(id nodeID) {
+	for id != rootID {
+		n := ix.tree.at(id)
+		if !n.workers.empty() || !n.leaf() {
+			return
+		}
 		p := n.parent
-		p.removeChild(n)
-		n.parent = nil
+		ix.removeChild(p, id)
+		ix.freeNode(id)
 		ix.nodes--
-		n = p
+		id = p
 	}
 }
 
@@ -364,10 +329,10 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 		ix.storeByRef(key, tier, st)
 		return nil
 	}
-	parent := &ix.root
+	parent := rootID
 	if st.ParentHash != nil {
 		p := ix.findEngine(key, tier, *st.ParentHash)
-		if p == nil {
+		if p == 0 {
 			return fmt.Errorf("%w: parent engine hash %d", ErrUnknownParent, *st.ParentHash)
 		}
 		parent = p
@@ -376,9 +341,9 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 	ss := &ix.slots[slot]
 	for _, b := range st.Blocks {
 		h := b.Hash(seed)
-		c := parent.child(h)
-		if c == nil {
-			c = parent.addChild(h)
+		c := ix.childOf(parent, h)
+		if c == 0 {
+			c = ix.addChild(parent, h)
 			ix.nodes++
 		}
 		old, remap := ss.engine[b.EngineHash]
@@ -390,7 +355,7 @@ func (ix *Index) applyStored(key WorkerKey, st *kvevents.Stored) error {
 		ix.confirmPredicted(slot, c)
 		if !ix.hold(c, slot) {
 			if ss.aliases == nil {
-				ss.aliases = make(map[*node]int)
+				ss.aliases = make(map[nodeID]int32)
 			}
 			ss.aliases[c]++
 		}
@@ -413,7 +378,7 @@ func (ix *Index) storeByRef(key WorkerKey, tier kvevents.Tier, st *kvevents.Stor
 	slot := int32(-1)
 	for _, b := range st.Blocks {
 		n := ix.findEngine(key, tier, b.EngineHash)
-		if n == nil {
+		if n == 0 {
 			ix.refUnknown.Add(1)
 			continue
 		}
@@ -428,7 +393,7 @@ func (ix *Index) storeByRef(key WorkerKey, tier kvevents.Tier, st *kvevents.Stor
 		ss.engine[b.EngineHash] = n
 		if !ix.hold(n, slot) {
 			if ss.aliases == nil {
-				ss.aliases = make(map[*node]int)
+				ss.aliases = make(map[nodeID]int32)
 			}
 			ss.aliases[n]++
 		}
@@ -440,14 +405,14 @@ func (ix *Index) storeByRef(key WorkerKey, tier kvevents.Tier, st *kvevents.Stor
 }
 
 // unmap removes one engine-hash mapping of slot. Caller holds mu.
-func (ix *Index) unmap(slot int32, eh uint64, n *node) {
+func (ix *Index) unmap(slot int32, eh uint64, n nodeID) {
 	delete(ix.slots[slot].engine, eh)
 	ix.drop(slot, n)
 }
 
 // drop releases one mapping of slot to n: an alias if there is one, else
 // the node itself. Caller holds mu.
-func (ix *Index) drop(slot int32, n *node) {
+func (ix *Index) drop(slot int32, n nodeID) {
 	ss := &ix.slots[slot]
 	if a := ss.aliases[n]; a > 0 {
 		if a == 1 {
@@ -481,13 +446,16 @@ func (ix *Index) applyRemoved(key WorkerKey, rm *kvevents.Removed) {
 func (ix *Index) clearSlot(slot int32) {
 	ix.clearPredicted(slot)
 	ss := &ix.slots[slot]
+	// An aliased node is released once; its other mappings find it freed
+	// (a zeroed node in the free list: nothing is allocated meanwhile), so
+	// their release is a no-op, as before.
 	for _, n := range ss.engine {
 		ix.release(n, slot)
 	}
-	ss.engine = make(map[uint64]*node)
+	ss.engine = make(map[uint64]nodeID)
 	ss.aliases = nil
 	if ss.size > 0 { // approximate-mode entries
-		ix.approx.each(func(i, s int32, _ *node) {
+		ix.approx.each(func(i, s int32, _ nodeID) {
 			if s == slot {
 				ix.dropApprox(i)
 			}
@@ -554,9 +522,9 @@ type Matches struct {
 	// lower-tier blocks have none (their GPU Overlap says it all).
 	Tiers   []TierMatch
 	scratch words
-	slots   []int32 // index slot of each Overlaps entry
-	pos     []int32 // index slot → 1 + position in Overlaps (0: none)
-	path    []*node
+	slots   []int32  // index slot of each Overlaps entry
+	pos     []int32  // index slot → 1 + position in Overlaps (0: none)
+	path    []nodeID // matchTiers' walk
 }
 
 // TiersOf returns worker key's per-tier run (see TierMatch), or ok false
@@ -607,22 +575,23 @@ func (ix *Index) FindMatches(localHashes []uint64, m *Matches) {
 	if len(ix.tiered) > 0 {
 		ix.matchTiers(localHashes, m)
 	}
-	n := &ix.root
+	id, n := rootID, ix.tree.at(rootID)
 	depth := 0
 	for i, h := range localHashes {
-		c := n.child(h)
-		if c == nil {
+		c := ix.child(id, n, h)
+		if c == 0 {
 			break
 		}
+		cn := ix.tree.at(c)
 		if i == 0 {
-			m.scratch = m.scratch.load(&c.workers)
-			if c.workers.empty() {
+			m.scratch = m.scratch.load(&cn.workers, &ix.wx)
+			if cn.workers.empty() {
 				return
 			}
-		} else if !m.scratch.intersect(&c.workers, func(slot int32) { m.add(ix, slot, i) }) {
+		} else if !m.scratch.intersect(&cn.workers, &ix.wx, func(slot int32) { m.add(ix, slot, i) }) {
 			return
 		}
-		n = c
+		id, n = c, cn
 		depth = i + 1
 	}
 	if depth == 0 {
@@ -642,14 +611,14 @@ func (ix *Index) FindMatches(localHashes []uint64, m *Matches) {
 // the fastest tier holding it. Caller holds mu.
 func (ix *Index) matchTiers(localHashes []uint64, m *Matches) {
 	m.path = m.path[:0]
-	n := &ix.root
+	id, n := rootID, ix.tree.at(rootID)
 	for _, h := range localHashes {
-		c := n.child(h)
-		if c == nil {
+		c := ix.child(id, n, h)
+		if c == 0 {
 			break
 		}
 		m.path = append(m.path, c)
-		n = c
+		id, n = c, ix.tree.at(c)
 	}
 	if len(m.path) == 0 {
 		return
@@ -665,8 +634,9 @@ func (ix *Index) matchTiers(localHashes []uint64, m *Matches) {
 		tm := TierMatch{Worker: key}
 	walk:
 		for _, c := range m.path {
+			ws := &ix.tree.at(c).workers
 			for t, s := range slots {
-				if s >= 0 && c.workers.has(s) {
+				if s >= 0 && ws.has(s, &ix.wx) {
 					tm.Blocks[t]++
 					continue walk
 				}
@@ -734,27 +704,28 @@ func (ix *Index) Record(now time.Time, key WorkerKey, localHashes []uint64) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	slot := ix.slotFor(key)
-	n := &ix.root
+	n, nn := rootID, ix.tree.at(rootID)
 	exp := now.Add(ix.ttl)
 	for _, h := range localHashes {
-		c := n.child(h)
-		if c == nil {
-			c = n.addChild(h)
+		c := ix.child(n, nn, h)
+		if c == 0 {
+			c = ix.addChild(n, h)
 			ix.nodes++
 		}
-		ix.hold(c, slot)
-		if i := ix.approx.find(slot, c); i != 0 {
+		cn := ix.tree.at(c)
+		ix.holdNode(cn, slot)
+		if i := ix.approx.findOn(slot, cn); i != 0 {
 			ix.approx.touch(i, exp)
 		} else {
-			ix.approx.push(slot, c, exp)
+			ix.approx.pushOn(slot, c, cn, exp)
 			// The bound is checked once per Record (below), and the bound
 			// plus one is a hard cap: a Record filling more than the room
 			// left drops the oldest as it goes, uncounted.
 			if ix.approx.len > ix.maxApprox+1 {
-				ix.dropApprox(ix.approx.oldest())
+				ix.dropApprox(ix.approx.oldest()) // never c's: c is held, so its node stays
 			}
 		}
-		n = c
+		n, nn = c, cn
 	}
 	if ix.approx.len > ix.maxApprox {
 		target := ix.maxApprox * 8 / 10
@@ -788,9 +759,11 @@ func (ix *Index) expireLocked(now time.Time) {
 // holds mu.
 func (ix *Index) dropApprox(i int32) {
 	slot, n := ix.approx.remove(i)
-	// A node can be pruned while it still has an entry only if the worker
-	// was removed; then its slot no longer holds it and release is a no-op.
-	if n.parent == nil && n != &ix.root {
+	// A node can be freed while it still has an entry (detached, n is 0)
+	// only if the worker was removed or another entry of the worker
+	// released it; then its slot no longer holds it, and there is nothing
+	// to release.
+	if n == 0 {
 		return
 	}
 	ix.release(n, slot)
@@ -824,9 +797,9 @@ func (ix *Index) Dump() []kvevents.RouterEvent {
 	return out
 }
 
-func depthOf(n *node) int {
+func (ix *Index) depthOf(n nodeID) int {
 	d := 0
-	for ; n.parent != nil; n = n.parent {
+	for ; n != rootID; n = ix.tree.at(n).parent {
 		d++
 	}
 	return d
@@ -836,12 +809,12 @@ func (ix *Index) dumpSlot(out []kvevents.RouterEvent, slot int32) []kvevents.Rou
 	ss := &ix.slots[slot]
 	type mapping struct {
 		eh    uint64
-		n     *node
+		n     nodeID
 		depth int
 	}
 	var ms []mapping
 	for eh, n := range ss.engine {
-		ms = append(ms, mapping{eh, n, depthOf(n)})
+		ms = append(ms, mapping{eh, n, ix.depthOf(n)})
 	}
 	// Approximate-mode entries have no engine hash: give them stand-ins.
 	used := make(map[uint64]bool, len(ss.engine))
@@ -857,9 +830,9 @@ func (ix *Index) dumpSlot(out []kvevents.RouterEvent, slot int32) []kvevents.Rou
 		return next
 	}
 	if len(ss.engine) == 0 && ss.size > 0 {
-		ix.approx.each(func(_, s int32, n *node) {
-			if s == slot {
-				ms = append(ms, mapping{fresh(), n, depthOf(n)})
+		ix.approx.each(func(_, s int32, n nodeID) {
+			if s == slot && n != 0 { // a detached entry holds nothing
+				ms = append(ms, mapping{fresh(), n, ix.depthOf(n)})
 			}
 		})
 	}
@@ -869,8 +842,8 @@ func (ix *Index) dumpSlot(out []kvevents.RouterEvent, slot int32) []kvevents.Rou
 		}
 		return ms[i].eh < ms[j].eh
 	})
-	primary := make(map[*node]uint64, len(ms)) // node → an engine hash of it
-	standIn := make(map[*node]uint64)
+	primary := make(map[nodeID]uint64, len(ms)) // node → an engine hash of it
+	standIn := make(map[nodeID]uint64)
 	var standIns []uint64
 	var eventID uint64
 	medium := ""
@@ -884,9 +857,9 @@ func (ix *Index) dumpSlot(out []kvevents.RouterEvent, slot int32) []kvevents.Rou
 	}
 	// parentRef returns the engine hash to store n's children under,
 	// creating stand-ins for ancestors the worker does not hold.
-	var parentRef func(n *node) *uint64
-	parentRef = func(n *node) *uint64 {
-		if n == &ix.root {
+	var parentRef func(n nodeID) *uint64
+	parentRef = func(n nodeID) *uint64 {
+		if n == rootID {
 			return nil
 		}
 		if eh, ok := primary[n]; ok {
@@ -895,17 +868,19 @@ func (ix *Index) dumpSlot(out []kvevents.RouterEvent, slot int32) []kvevents.Rou
 		if eh, ok := standIn[n]; ok {
 			return &eh
 		}
-		pp := parentRef(n.parent)
+		nn := ix.tree.at(n)
+		pp := parentRef(nn.parent)
 		eh := fresh()
 		standIn[n] = eh
 		standIns = append(standIns, eh)
-		h := n.local
+		h := nn.local
 		emit(pp, []kvevents.Block{{EngineHash: eh, LocalHash: &h}})
 		return &eh
 	}
 	for _, m := range ms {
-		p := parentRef(m.n.parent)
-		h := m.n.local
+		mn := ix.tree.at(m.n)
+		p := parentRef(mn.parent)
+		h := mn.local
 		emit(p, []kvevents.Block{{EngineHash: m.eh, LocalHash: &h}})
 		if _, ok := primary[m.n]; !ok {
 			primary[m.n] = m.eh

@@ -194,35 +194,45 @@ func TestIndexRemoveWorkerAndTreeSize(t *testing.T) {
 	}
 }
 
+// childrenOf returns the children of node n: its inline one, then those in
+// the child table. Caller holds mu.
+func (ix *Index) childrenOf(n nodeID) []nodeID {
+	var out []nodeID
+	if c := ix.tree.at(n).c1; c != 0 {
+		out = append(out, c)
+	}
+	for _, s := range ix.kids.slots {
+		if s.child != 0 && s.parent == n {
+			out = append(out, s.child)
+		}
+	}
+	return out
+}
+
 // snapshot is a canonical picture of an index: per worker, the set of paths
 // (sequence hashes) it holds.
 func snapshot(ix *Index) map[string][]uint64 {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	out := map[string][]uint64{}
-	var walk func(n *node, path uint64, depth int)
-	walk = func(n *node, path uint64, depth int) {
-		visit := func(c *node) {
-			p := c.local
+	var walk func(n nodeID, path uint64, depth int)
+	walk = func(n nodeID, path uint64, depth int) {
+		for _, c := range ix.childrenOf(n) {
+			cn := ix.tree.at(c)
+			p := cn.local
 			if depth > 0 {
-				p = kvevents.ChainHash(path, c.local)
+				p = kvevents.ChainHash(path, cn.local)
 			}
 			for s := range ix.slots {
-				if ix.slots[s].live && c.workers.has(int32(s)) {
+				if ix.slots[s].live && cn.workers.has(int32(s), &ix.wx) {
 					k := ix.slots[s].key.String()
 					out[k] = append(out[k], p)
 				}
 			}
 			walk(c, p, depth+1)
 		}
-		if n.c1 != nil {
-			visit(n.c1)
-		}
-		for _, c := range n.more {
-			visit(c)
-		}
 	}
-	walk(&ix.root, 0, 0)
+	walk(rootID, 0, 0)
 	for k := range out {
 		sort.Slice(out[k], func(i, j int) bool { return out[k][i] < out[k][j] })
 	}

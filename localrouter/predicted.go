@@ -50,12 +50,12 @@ func (p *predictions) has(slot int32) bool {
 	return int(slot) < len(p.perSlot) && p.perSlot[slot] > 0
 }
 
-func (p *predictions) init(ttl time.Duration, max int) {
+func (p *predictions) init(ttl time.Duration, max int, tree *nodeSlab) {
 	if ttl <= 0 {
 		ttl = 10 * time.Second
 	}
 	p.ttl, p.max = ttl, max
-	p.list = newEntryList(predList)
+	p.list = newEntryList(predList, tree)
 }
 
 // PredictedStats are the counters of predicted entries.
@@ -94,33 +94,34 @@ func (ix *Index) Predict(now time.Time, key WorkerKey, localHashes []uint64) {
 	p := &ix.pred
 	slot := ix.slotFor(key)
 	exp := now.Add(p.ttl)
-	n := &ix.root
+	n, nn := rootID, ix.tree.at(rootID)
 	for _, h := range localHashes {
-		c := n.child(h)
-		if c == nil {
-			c = n.addChild(h)
+		c := ix.child(n, nn, h)
+		if c == 0 {
+			c = ix.addChild(n, h)
 			ix.nodes++
 		}
+		cn := ix.tree.at(c)
 		// A predicted entry holds its slot on the node (ix.hold), so a
 		// node without the slot has no entry, but for one case: the
 		// worker's approximate-mode entry on it expired (Record and
 		// Predict on one index), releasing it. Then, too, the entry is
 		// refreshed, not doubled.
-		i := p.list.find(slot, c)
+		i := p.list.findOn(slot, cn)
 		switch {
-		case !c.workers.has(slot):
-			ix.hold(c, slot)
+		case !cn.workers.has(slot, &ix.wx):
+			ix.holdNode(cn, slot)
 			if i != 0 {
 				p.list.touch(i, exp)
 			} else {
-				p.list.push(slot, c, exp)
+				p.list.pushOn(slot, c, cn, exp)
 			}
 			p.count(slot, 1)
 			p.recorded.Add(1)
 		case i != 0:
 			p.list.touch(i, exp)
 		}
-		n = c
+		n, nn = c, cn
 	}
 	if p.list.len > p.max {
 		target := p.max * 8 / 10
@@ -140,7 +141,7 @@ func (ix *Index) dropOldestPredicted() {
 	slot, n := ix.pred.list.remove(i)
 	ix.pred.count(slot, -1)
 	ix.pred.expired.Add(1)
-	if n.parent == nil && n != &ix.root { // detached with its worker
+	if n == 0 { // detached: freed with its worker, or released by another entry
 		return
 	}
 	ix.release(n, slot)
@@ -161,7 +162,7 @@ func (ix *Index) expirePredictedLocked(now time.Time) {
 // confirmPredicted turns slot's predicted entry on n, if any, into
 // nothing at all, leaving n unheld by slot but never pruned, so that the
 // caller (a Stored event) holds it at once as the engine's. Caller holds mu.
-func (ix *Index) confirmPredicted(slot int32, n *node) {
+func (ix *Index) confirmPredicted(slot int32, n nodeID) {
 	if !ix.pred.has(slot) {
 		return
 	}
@@ -172,7 +173,7 @@ func (ix *Index) confirmPredicted(slot int32, n *node) {
 	ix.pred.list.remove(i)
 	ix.pred.count(slot, -1)
 	ix.pred.confirmed.Add(1)
-	if n.workers.remove(slot) {
+	if ix.tree.at(n).workers.remove(slot, &ix.wx) {
 		ix.slots[slot].size--
 		ix.entries--
 	}
@@ -183,13 +184,13 @@ func (ix *Index) clearPredicted(slot int32) {
 	if !ix.pred.has(slot) {
 		return
 	}
-	ix.pred.list.each(func(i, s int32, n *node) {
+	ix.pred.list.each(func(i, s int32, n nodeID) {
 		if s != slot {
 			return
 		}
 		ix.pred.list.remove(i)
 		ix.pred.count(slot, -1)
-		if n.parent == nil && n != &ix.root {
+		if n == 0 {
 			return
 		}
 		ix.release(n, slot)
@@ -211,13 +212,17 @@ func (ix *Index) ConfirmedPrefix(key WorkerKey, localHashes []uint64, upTo int) 
 		return 0
 	}
 	predicted := ix.pred.has(slot)
-	n := &ix.root
+	id, n := rootID, ix.tree.at(rootID)
 	for i := 0; i < upTo; i++ {
-		c := n.child(localHashes[i])
-		if c == nil || !c.workers.has(slot) || (predicted && ix.pred.list.find(slot, c) != 0) {
+		c := ix.child(id, n, localHashes[i])
+		if c == 0 {
 			return i
 		}
-		n = c
+		n = ix.tree.at(c)
+		if !n.workers.has(slot, &ix.wx) || (predicted && ix.pred.list.findOn(slot, n) != 0) {
+			return i
+		}
+		id = c
 	}
 	return upTo
 }
