@@ -136,18 +136,19 @@ func benchProbe(ctx context.Context, cfg loadbench.ProbeConfig, asJSON bool) err
 	if asJSON {
 		return json.NewEncoder(os.Stdout).Encode(res)
 	}
-	fmt.Printf("%-8s %10s %10s %14s %21s %10s %7s\n", "mode", "p50", "p99", "CPU/probe", "client / server CPU", "rate", "errors")
+	fmt.Printf("%-10s %10s %10s %14s %21s %10s %7s\n", "mode", "p50", "p99", "CPU/probe", "client / server CPU", "rate", "errors")
 	for _, r := range []struct {
 		name string
 		f    loadbench.ProbeFigures
-	}{{"channel", res.Channel}, {"unary", res.Unary}, {"harness", res.Harness}} {
+	}{{"channel", res.Channel}, {"unary", res.Unary}, {"harness", res.Harness}, {"grpc-floor", res.GRPCFloor}} {
 		split := "-"
 		if cfg.ServerProcess && r.name != "harness" {
 			split = fmt.Sprintf("%.1fµs / %.1fµs", r.f.ClientCPUusPerProbe, r.f.ServerCPUusPerProbe)
 		}
-		fmt.Printf("%-8s %8.0fµs %8.0fµs %12.1fµs %21s %9.0f/s %7d\n", r.name, r.f.P50us, r.f.P99us, r.f.CPUusPerProbe, split, r.f.Rate, r.f.Errors)
+		fmt.Printf("%-10s %8.0fµs %8.0fµs %12.1fµs %21s %9.0f/s %7d\n", r.name, r.f.P50us, r.f.P99us, r.f.CPUusPerProbe, split, r.f.Rate, r.f.Errors)
 	}
 	fmt.Println("harness: the same pacing with a probe that does nothing (its CPU is in the others' too)")
+	fmt.Println("grpc-floor: a probe-sized request and an empty answer on a bare gRPC stream to the same server: the transport alone")
 	if res.Channel.P99us > 0 && res.Channel.CPUusPerProbe > 0 {
 		fmt.Printf("unary/channel: p99 ×%.2f, CPU ×%.2f (targets: channel p99 ≤ 300µs, CPU/probe ≤ 25µs)\n",
 			res.Unary.P99us/res.Channel.P99us, res.Unary.CPUusPerProbe/res.Channel.CPUusPerProbe)

@@ -29,6 +29,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/localrouter/client"
@@ -50,7 +52,8 @@ type ProbeConfig struct {
 	// PackedHashes sends the channel's hashes as packed bytes instead of
 	// the repeated field.
 	PackedHashes bool
-	// Only runs one mode ("channel" or "unary"; "": both), for profiles.
+	// Only runs one mode ("channel", "unary", "harness" or "grpc-floor";
+	// "": all), for profiles.
 	Only string
 	// ServerProcess serves the router from a child process (this
 	// binary re-executed; its main must call ServeChild first), so
@@ -89,6 +92,10 @@ type ProbeResult struct {
 	// mode's CPU per probe that is the benchmark's own, not the
 	// transport's. It is not subtracted from the modes' figures.
 	Harness ProbeFigures `json:"harness"`
+	// GRPCFloor is a request the size of a probe's hashes and an empty
+	// answer on a bare gRPC stream to the same server, no router work
+	// (floor.go): the transport's own latency and CPU.
+	GRPCFloor ProbeFigures `json:"grpc_floor"`
 }
 
 // CPUTime is the process's user+system CPU time (getrusage).
@@ -102,7 +109,8 @@ func CPUTime() time.Duration {
 // requests in flight) over loopback gRPC with the production server
 // options, and offers cfg.Rate state-free probes of 512-block prompts per
 // second, alternately through a Channel and through unary BestWorker; and
-// the same pacing with a probe that does nothing (ProbeResult.Harness).
+// the same pacing with a probe that does nothing (ProbeResult.Harness) and
+// a bare gRPC round trip of a probe's size (ProbeResult.GRPCFloor).
 func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 	if cfg.Rate <= 0 || cfg.N < 100 {
 		return ProbeResult{}, fmt.Errorf("probe bench: need a positive rate and at least 100 probes (got rate %d, n %d)", cfg.Rate, cfg.N)
@@ -143,6 +151,16 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 	defer c.Close()
 	ch := c.Channel(client.ChannelOptions{PackedHashes: cfg.PackedHashes})
 	defer ch.Close()
+	floorConn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return ProbeResult{}, err
+	}
+	defer floorConn.Close()
+	floor, err := newFloorClient(ctx, floorConn, 8*benchfig.Blocks)
+	if err != nil {
+		return ProbeResult{}, err
+	}
+	defer floor.close()
 
 	hashed := make([]client.Prompt, len(prompts))
 	for i, p := range prompts {
@@ -162,9 +180,10 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 			return err
 		}, &acc{}},
 		{"harness", func(context.Context, client.Prompt) error { return nil }, &acc{}},
+		{"grpc-floor", func(ctx context.Context, _ client.Prompt) error { return floor.roundTrip(ctx) }, &acc{}},
 	}
-	// Warm both (connections, the channel's stream, caches).
-	for _, md := range modes[:2] {
+	// Warm them (connections, the streams, caches).
+	for _, md := range modes {
 		for i := range 200 {
 			if err := md.probe(ctx, hashed[i%len(hashed)]); err != nil {
 				return ProbeResult{}, fmt.Errorf("probe bench: %s warm-up: %w", md.name, err)
@@ -191,7 +210,7 @@ func Probe(ctx context.Context, cfg ProbeConfig) (ProbeResult, error) {
 			}
 		}
 	}
-	return ProbeResult{Unary: modes[0].acc.figures(), Channel: modes[1].acc.figures(), Harness: modes[2].acc.figures()}, nil
+	return ProbeResult{Unary: modes[0].acc.figures(), Channel: modes[1].acc.figures(), Harness: modes[2].acc.figures(), GRPCFloor: modes[3].acc.figures()}, nil
 }
 
 // worldSeed is benchfig.BuildWorld's prompts' seed: a client of a server
@@ -222,6 +241,7 @@ func serveProbe(ctx context.Context) (string, []benchfig.Prompt, func(), error) 
 	}
 	g := grpc.NewServer(server.GRPCServerOptions(m)...)
 	srv.Register(g)
+	testgrpc.RegisterBenchmarkServiceServer(g, floorService{})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		w.Router.Close()

@@ -24,10 +24,12 @@ func TestMain(m *testing.M) {
 // BenchmarkProbeChannel and BenchmarkProbeUnary are one mode of the probe
 // benchmark each, for profiles (-probeprofile, or go test -cpuprofile
 // with the index build); b.N probes at 5,000/s. BenchmarkProbeHarness is
-// the pacing alone, a probe that does nothing.
-func BenchmarkProbeChannel(b *testing.B) { benchProbe(b, "channel") }
-func BenchmarkProbeUnary(b *testing.B)   { benchProbe(b, "unary") }
-func BenchmarkProbeHarness(b *testing.B) { benchProbe(b, "harness") }
+// the pacing alone, a probe that does nothing; BenchmarkProbeGRPCFloor a
+// bare gRPC round trip of a probe's size.
+func BenchmarkProbeChannel(b *testing.B)   { benchProbe(b, "channel") }
+func BenchmarkProbeUnary(b *testing.B)     { benchProbe(b, "unary") }
+func BenchmarkProbeHarness(b *testing.B)   { benchProbe(b, "harness") }
+func BenchmarkProbeGRPCFloor(b *testing.B) { benchProbe(b, "grpc-floor") }
 
 func benchProbe(b *testing.B, mode string) {
 	cfg := ProbeConfig{Rate: 5000, N: max(b.N, 100), Rounds: 1, Only: mode, ServerProcess: *probeServerProcess, PackedHashes: *probePacked}
@@ -46,7 +48,7 @@ func benchProbe(b *testing.B, mode string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	f := map[string]ProbeFigures{"channel": res.Channel, "unary": res.Unary, "harness": res.Harness}[mode]
+	f := map[string]ProbeFigures{"channel": res.Channel, "unary": res.Unary, "harness": res.Harness, "grpc-floor": res.GRPCFloor}[mode]
 	b.ReportMetric(f.P99us, "p99-µs")
 	b.ReportMetric(f.CPUusPerProbe, "cpu-µs/probe")
 	if cfg.ServerProcess {
@@ -65,7 +67,7 @@ func TestProbeSmoke(t *testing.T) {
 		if err != nil {
 			t.Fatalf("server process %v: %v", apart, err)
 		}
-		for name, f := range map[string]ProbeFigures{"channel": res.Channel, "unary": res.Unary, "harness": res.Harness} {
+		for name, f := range map[string]ProbeFigures{"channel": res.Channel, "unary": res.Unary, "harness": res.Harness, "grpc-floor": res.GRPCFloor} {
 			if f.Probes != 200 || f.Errors != 0 {
 				t.Errorf("server process %v: %s: %d probes answered, %d failed; want 200, 0", apart, name, f.Probes, f.Errors)
 			}
