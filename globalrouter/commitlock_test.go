@@ -3,8 +3,10 @@ package globalrouter_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/globalrouter"
@@ -91,5 +93,41 @@ func TestUncontendedCommitsDoNotWait(t *testing.T) {
 	close(h.release)
 	if err := <-slow; err != nil {
 		t.Errorf("the held decision: %v", err)
+	}
+}
+
+// TestTimedOutDecideStaysAccounted: a decide-and-commit whose answer does
+// not come within its deadline falls back to the pipelined commit of the
+// probed worker, and the request is then held on the local router once,
+// as a decided request would be, until its lease is freed.
+func TestTimedOutDecideStaysAccounted(t *testing.T) {
+	ctx := testenv.Context(t)
+	srv := pooltest.Start(t, "pool-0", 16, pooltest.Workers("a", 2)...)
+	h := &hold{request: "late", sent: make(chan struct{}), release: make(chan struct{})}
+	base := pool.ChannelDialer()
+	dial := func(addr string) (pool.Client, error) {
+		c, err := base(addr)
+		if err != nil {
+			return nil, err
+		}
+		return heldClient{Client: c, h: h}, nil
+	}
+	cfg := herdConfig(srv)
+	cfg.Probe.Timeout, cfg.Probe.MinTimeout = 300*time.Millisecond, 300*time.Millisecond
+	r, _ := newRouter(t, cfg, globalrouter.WithDialer(dial))
+	d, err := r.Decide(ctx, &globalrouter.Request{ID: "late", Model: model, PromptTokens: herdTokens(256), Explain: true})
+	if err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	if !strings.Contains(d.Explanation, "fell back") {
+		t.Fatalf("the decide-and-commit did not fall back: %q", d.Explanation)
+	}
+	if err := srv.WaitActive(ctx, 1); err != nil {
+		t.Fatalf("after a decide-and-commit fell back: %v", err)
+	}
+	close(h.release)
+	free(t, d)
+	if err := srv.WaitIdle(ctx); err != nil {
+		t.Fatalf("after the lease was freed: %v", err)
 	}
 }
