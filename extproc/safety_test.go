@@ -34,7 +34,10 @@ func realRouter(t *testing.T, mutate func(*globalrouter.Config)) (*globalrouter.
 	t.Helper()
 	lr := pooltest.Start(t, "pool-a", 16, pooltest.Workers("a", 3)...)
 	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{"m"}, lr.Addr))
-	cfg.Probe.Timeout = 10 * time.Second // behaviour, not speed, on a shared machine
+	// Behaviour, not speed, on a shared machine: without the floor the
+	// adaptive deadline (4 × p99, from 25 ms) fires under a starved -race
+	// run and the decision goes best-effort, unaccounted.
+	cfg.Probe.Timeout, cfg.Probe.MinTimeout = 10*time.Second, 10*time.Second
 	if mutate != nil {
 		mutate(&cfg)
 	}
