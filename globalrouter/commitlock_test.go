@@ -46,6 +46,18 @@ func (c heldClient) CommitAsync(ctx context.Context, cm pool.Commit, committed f
 	return tr, err
 }
 
+// heldDialer is the channel dialer whose clients hold back h's commits.
+func heldDialer(h *hold) pool.Dialer {
+	base := pool.ChannelDialer()
+	return func(addr string) (pool.Client, error) {
+		c, err := base(addr)
+		if err != nil {
+			return nil, err
+		}
+		return heldClient{Client: c, h: h}, nil
+	}
+}
+
 // TestUncontendedCommitsDoNotWait: a decision whose decide-and-commit is
 // still waiting for its local router's answer does not hold up other
 // decisions' commits. Before, every multi-pool commit held one router-wide
@@ -57,14 +69,7 @@ func TestUncontendedCommitsDoNotWait(t *testing.T) {
 	a := pooltest.Start(t, "pool-0", 16, pooltest.Workers("a", 4)...)
 	b := pooltest.Start(t, "pool-1", 16, pooltest.Workers("b", 4)...)
 	h := &hold{request: "slow", sent: make(chan struct{}), release: make(chan struct{})}
-	base := pool.ChannelDialer()
-	dial := func(addr string) (pool.Client, error) {
-		c, err := base(addr)
-		if err != nil {
-			return nil, err
-		}
-		return heldClient{Client: c, h: h}, nil
-	}
+	dial := heldDialer(h)
 	r, _ := newRouter(t, herdConfig(a, b), globalrouter.WithDialer(dial))
 	slow := make(chan error, 1)
 	go func() {
@@ -104,14 +109,7 @@ func TestTimedOutDecideStaysAccounted(t *testing.T) {
 	ctx := testenv.Context(t)
 	srv := pooltest.Start(t, "pool-0", 16, pooltest.Workers("a", 2)...)
 	h := &hold{request: "late", sent: make(chan struct{}), release: make(chan struct{})}
-	base := pool.ChannelDialer()
-	dial := func(addr string) (pool.Client, error) {
-		c, err := base(addr)
-		if err != nil {
-			return nil, err
-		}
-		return heldClient{Client: c, h: h}, nil
-	}
+	dial := heldDialer(h)
 	cfg := herdConfig(srv)
 	cfg.Probe.Timeout, cfg.Probe.MinTimeout = 300*time.Millisecond, 300*time.Millisecond
 	r, _ := newRouter(t, cfg, globalrouter.WithDialer(dial))

@@ -23,10 +23,8 @@ import (
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/benchfig"
-	"github.com/kvgate/kvgate/localrouter"
-	"github.com/kvgate/kvgate/localrouter/server"
-	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/pool"
+	"github.com/kvgate/kvgate/pool/pooltest"
 )
 
 // DecisionConfig is the paced decision benchmark (`kvgate bench
@@ -97,7 +95,8 @@ func (c *DecisionConfig) defaults() {
 
 // decisionSide is kvgate's side of the decision benchmark: the shape of
 // extproc's BenchmarkDecision (the issue's "2 pools x 8 workers"), pools
-// of local routers on loopback gRPC with the production transport, the
+// of local routers on loopback gRPC with the production transport
+// (pooltest.Serve, the routers extproc's benchmark runs), the
 // global router (the default chain and tokenizer) and the ext_proc server,
 // without etcd, NATS or workers (the exchange ends when Envoy would
 // connect to the worker).
@@ -149,32 +148,12 @@ func startDecisionSide(pools, workers int) (_ *decisionSide, err error) {
 	var pcs []pool.Config
 	for p := range pools {
 		name := fmt.Sprintf("pool-%d", p)
-		cfg := localrouter.DefaultConfig()
-		cfg.BlockSize = blockSize
-		r, err := localrouter.New(cfg, localrouter.Options{SweepInterval: -1})
+		lr, err := pooltest.Serve("127.0.0.1:0", name, blockSize, pooltest.Workers(name, workers)...)
 		if err != nil {
 			return nil, err
 		}
-		stops = append(stops, func() { _ = r.Close() })
-		dir := decisionDirectory{}
-		for w := range workers {
-			id := fmt.Sprintf("%s-w%d", name, w)
-			r.AddWorker(id, 1)
-			dir[id] = membership.WorkerInfo{ID: id, Address: fmt.Sprintf("10.0.%d.%d:8000", p, w+1), DPSize: 1, BlockSize: blockSize, Model: "*"}
-		}
-		srv, err := server.New(server.Options{Router: r, Directory: dir, Pool: name, RouterID: name + "-router"})
-		if err != nil {
-			return nil, err
-		}
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		g := grpc.NewServer(server.TransportOptions()...)
-		srv.Register(g)
-		go func() { _ = g.Serve(lis) }()
-		stops = append(stops, g.Stop)
-		pcs = append(pcs, pool.NewConfig(name, blockSize, []string{decisionModel}, lis.Addr().String()))
+		stops = append(stops, lr.Close)
+		pcs = append(pcs, pool.NewConfig(name, blockSize, []string{decisionModel}, lr.Addr))
 	}
 	gcfg := globalrouter.DefaultConfig(pcs...)
 	router, err := globalrouter.New(gcfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
@@ -201,21 +180,6 @@ func startDecisionSide(pools, workers int) (_ *decisionSide, err error) {
 // decisionModel is the model the benchmark's pools serve and its requests
 // name.
 const decisionModel = "m"
-
-type decisionDirectory map[string]membership.WorkerInfo
-
-func (d decisionDirectory) Worker(id string) (membership.WorkerInfo, bool) {
-	w, ok := d[id]
-	return w, ok
-}
-
-func (d decisionDirectory) Workers() []membership.WorkerInfo {
-	out := make([]membership.WorkerInfo, 0, len(d))
-	for _, w := range d {
-		out = append(out, w)
-	}
-	return out
-}
 
 // serverSnapshot is what kvgate's side reports at the start and the end
 // of the paced window: its CPU time so far and the decisions' durations
@@ -372,7 +336,9 @@ func Decision(ctx context.Context, cfg DecisionConfig) (DecisionResult, error) {
 	for i, e := range errs {
 		if e != nil {
 			res.Errors++
-			firstErr = cmpErr(firstErr, e)
+			if firstErr == nil {
+				firstErr = e
+			}
 			continue
 		}
 		ok = append(ok, lat[i])
@@ -393,13 +359,6 @@ func Decision(ctx context.Context, cfg DecisionConfig) (DecisionResult, error) {
 		return res, fmt.Errorf("decision bench: %d of %d exchanges failed, the first: %w", res.Errors, cfg.N, firstErr)
 	}
 	return res, nil
-}
-
-func cmpErr(first, e error) error {
-	if first != nil {
-		return first
-	}
-	return e
 }
 
 // decisionBody is the benchmark's 8 KB chat body: a system line that makes

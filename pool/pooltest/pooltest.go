@@ -66,11 +66,22 @@ func Start(t testing.TB, pool string, blockSize int, workers ...Worker) *Server 
 // router back).
 func StartOn(t testing.TB, addr, pool string, blockSize int, workers ...Worker) *Server {
 	t.Helper()
+	s, err := Serve(addr, pool, blockSize, workers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Serve is StartOn outside a test (benchmarks of kvgate bench): the caller
+// stops the router with Close.
+func Serve(addr, pool string, blockSize int, workers ...Worker) (*Server, error) {
 	cfg := localrouter.DefaultConfig()
 	cfg.BlockSize = blockSize
 	r, err := localrouter.New(cfg, localrouter.Options{SweepInterval: -1})
 	if err != nil {
-		t.Fatalf("localrouter.New: %v", err)
+		return nil, fmt.Errorf("localrouter.New: %w", err)
 	}
 	dir := directory{}
 	for _, w := range workers {
@@ -79,11 +90,13 @@ func StartOn(t testing.TB, addr, pool string, blockSize int, workers ...Worker) 
 	}
 	srv, err := server.New(server.Options{Router: r, Directory: dir, Pool: pool, RouterID: pool + "-router"})
 	if err != nil {
-		t.Fatalf("server.New: %v", err)
+		_ = r.Close()
+		return nil, fmt.Errorf("server.New: %w", err)
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		t.Fatalf("listen: %v", err)
+		_ = r.Close()
+		return nil, fmt.Errorf("listen: %w", err)
 	}
 	// The production transport (keepalive, fixed windows, stream workers):
 	// benchmarks over these routers measure what a deployment runs.
@@ -94,11 +107,13 @@ func StartOn(t testing.TB, addr, pool string, blockSize int, workers ...Worker) 
 		defer close(s.done)
 		_ = g.Serve(lis)
 	}()
-	t.Cleanup(func() {
-		s.Stop()
-		_ = r.Close()
-	})
-	return s
+	return s, nil
+}
+
+// Close stops serving and closes the router.
+func (s *Server) Close() {
+	s.Stop()
+	_ = s.Router.Close()
 }
 
 // Stop stops serving at once (open streams break); idempotent.
