@@ -27,6 +27,7 @@ import (
 	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/internal/tracing"
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -210,6 +211,9 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	}
 	gcfg, err := globalrouter.LoadConfig(o.PoolsFile, nil)
 	if err != nil {
+		return err
+	}
+	if err := gcfg.CheckWorkerChains(localrouter.PoolChainCheck(nil)); err != nil {
 		return err
 	}
 	decisions := status.NewRecorder(20) // the status page's last decisions

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -65,7 +64,7 @@ func filterSubset(s *Subset, results []probeResult) (misses int) {
 	for i := range results {
 		res := &results[i]
 		switch {
-		case res.err != nil && errors.Is(res.err, localrouter.ErrNoAllowedWorker):
+		case res.err != nil && errors.Is(res.err, routing.ErrNoAllowedWorker):
 			res.err = fmt.Errorf("pool %q: %w: %w", res.pe.cfg.Name, errSubsetMiss, res.err)
 		case res.err == nil && s != nil && !s.allows(res.sel.Address):
 			res.err = fmt.Errorf("pool %q: worker %s at %s: %w", res.pe.cfg.Name, res.sel.WorkerID, res.sel.Address, errSubsetMiss)

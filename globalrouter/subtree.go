@@ -15,7 +15,6 @@ import (
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -188,7 +187,7 @@ func (s *Subtree) enter(ctx context.Context) (context.Context, *state, error) {
 	}
 	st := s.r.acquire()
 	if st == nil {
-		return ctx, nil, treeErr(codes.Unavailable, localrouterv1.ReasonClosed, localrouter.ErrClosed, "the global router is closed")
+		return ctx, nil, treeErr(codes.Unavailable, localrouterv1.ReasonClosed, routing.ErrClosed, "the global router is closed")
 	}
 	return pool.WithHops(ctx, h+1), st, nil
 }
@@ -213,9 +212,9 @@ func (s *Subtree) eligible(st *state, p pool.Prompt) ([]*poolEntry, error) {
 	}
 	if len(out) == 0 {
 		if len(sizes) == 0 {
-			return nil, treeErr(codes.Unavailable, localrouterv1.ReasonNoWorkers, localrouter.ErrNoWorkers, "the subtree has no pool that can answer")
+			return nil, treeErr(codes.Unavailable, localrouterv1.ReasonNoWorkers, routing.ErrNoWorkers, "the subtree has no pool that can answer")
 		}
-		return nil, treeErr(codes.InvalidArgument, localrouterv1.ReasonBlockSizeMismatch, localrouter.ErrBlockSizeMismatch,
+		return nil, treeErr(codes.InvalidArgument, localrouterv1.ReasonBlockSizeMismatch, routing.ErrBlockSizeMismatch,
 			"block size %d: no pool of the subtree has it (its pools have %v)", p.BlockSize, sizes)
 	}
 	return out, nil
@@ -441,7 +440,7 @@ func (s *Subtree) Loads(ctx context.Context, p pool.Prompt) ([]routing.Selection
 // is the owning pool's: it must be freed.
 func (s *Subtree) Commit(ctx context.Context, c pool.Commit) (pool.Tracker, routing.Selection, error) {
 	if c.RequestID == "" {
-		return nil, routing.Selection{}, treeErr(codes.InvalidArgument, localrouterv1.ReasonEmptyRequestID, localrouter.ErrEmptyRequestID, "subtree commit: no request id")
+		return nil, routing.Selection{}, treeErr(codes.InvalidArgument, localrouterv1.ReasonEmptyRequestID, routing.ErrEmptyRequestID, "subtree commit: no request id")
 	}
 	ctx, st, err := s.enter(ctx)
 	if err != nil {
@@ -502,12 +501,12 @@ func withBlockSize(sel routing.Selection, pe *poolEntry) routing.Selection {
 func (s *Subtree) owner(st *state, c pool.Commit) (*poolEntry, string, error) {
 	name, worker, ok := SplitWorker(c.WorkerID)
 	if !ok {
-		return nil, "", treeErr(codes.NotFound, localrouterv1.ReasonUnknownWorker, localrouter.ErrUnknownWorker,
+		return nil, "", treeErr(codes.NotFound, localrouterv1.ReasonUnknownWorker, routing.ErrUnknownWorker,
 			"worker %q: a subtree's worker ids are pool/worker", c.WorkerID)
 	}
 	pe := st.byName[name]
 	if pe == nil {
-		return nil, "", treeErr(codes.NotFound, localrouterv1.ReasonUnknownWorker, localrouter.ErrUnknownWorker,
+		return nil, "", treeErr(codes.NotFound, localrouterv1.ReasonUnknownWorker, routing.ErrUnknownWorker,
 			"worker %q: the subtree has no pool %q", c.WorkerID, name)
 	}
 	return pe, worker, nil

@@ -1,21 +1,21 @@
 package localrouter
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
 // Errors of the lifecycle state.
 var (
 	// ErrDuplicateRequest: Add with a request id that is already active.
-	ErrDuplicateRequest = errors.New("request id is already active")
+	ErrDuplicateRequest = routing.ErrDuplicateRequest
 	// ErrEmptyRequestID: Add without a request id.
-	ErrEmptyRequestID = errors.New("empty request id")
+	ErrEmptyRequestID = routing.ErrEmptyRequestID
 )
 
 type activeReq struct {

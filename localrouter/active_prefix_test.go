@@ -50,7 +50,7 @@ func TestActivePrefixMatchesLinear(t *testing.T) {
 			for k := rng.IntN(4); k > 0; k-- {
 				seq = append(seq, rng.Uint64())
 			}
-			w := WorkerKey{fmt.Sprint("w", rng.IntN(5)), 0}
+			w := WorkerKey{ID: fmt.Sprint("w", rng.IntN(5)), DPRank: 0}
 			a.Add(time.Now(), fmt.Sprint("r", r), w, seq, len(seq)*16, 0, 16)
 		}
 		q := bases[rng.IntN(len(bases))][:1+rng.IntN(40)]

@@ -1,7 +1,6 @@
 package localrouter
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -16,6 +15,9 @@ import (
 // Config is a local router's configuration, Dynamo's KvRouterConfig plus the
 // pool's block size. DefaultConfig returns the defaults; Validate checks it.
 type Config struct {
+	// Scorers are the filters and scorers WorkerChain may name (nil: the
+	// built-ins, BuiltinScorers).
+	Scorers *ScorerRegistry
 	// BlockSize is the pool's KV block size in tokens (default 16).
 	BlockSize int
 	// OverlapScoreCredit weighs cached blocks against prefill work (1.0).
@@ -154,7 +156,7 @@ func DefaultConfig() Config {
 }
 
 // ErrInvalidConfig wraps every configuration error.
-var ErrInvalidConfig = errors.New("invalid router config")
+var ErrInvalidConfig = routing.ErrInvalidConfig
 
 // Validate reports the first field out of range.
 func (c Config) Validate() error {

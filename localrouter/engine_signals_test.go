@@ -59,18 +59,18 @@ func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 			if sel.WorkerID == "a" {
 				t.Errorf("chose saturated worker a: %+v", sel)
 			}
-			if len(rep.Skipped) != 1 || rep.Skipped[0].Worker != (WorkerKey{"a", 0}) || !strings.Contains(rep.Skipped[0].Reason, tt.wantSkip) {
+			if len(rep.Skipped) != 1 || rep.Skipped[0].Worker != (WorkerKey{ID: "a", DPRank: 0}) || !strings.Contains(rep.Skipped[0].Reason, tt.wantSkip) {
 				t.Errorf("skipped = %+v, want a with a reason containing %q", rep.Skipped, tt.wantSkip)
 			}
 		})
 	}
-	if _, ok := r.EngineSignals(WorkerKey{"a", 5}); ok {
+	if _, ok := r.EngineSignals(WorkerKey{ID: "a", DPRank: 5}); ok {
 		t.Error("signals of a rank beyond dp_size were kept")
 	}
 	// One rank reported by a one-rank worker is its rank 0, whatever its
 	// label (vLLM's external DP load balancing).
 	r.SetEngineSignals("b", map[uint32]signals.Sample{3: {Engine: "vllm", Waiting: 1}})
-	if got, ok := r.EngineSignals(WorkerKey{"b", 0}); !ok || got.Waiting != 1 {
+	if got, ok := r.EngineSignals(WorkerKey{ID: "b", DPRank: 0}); !ok || got.Waiting != 1 {
 		t.Errorf("b rank 0 = %+v, %v; want the one rank its engine reported", got, ok)
 	}
 	r.SetEngineSignals("b", nil)
@@ -78,7 +78,7 @@ func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 	// A forced worker is never skipped; every worker saturated skips none.
 	sat := signals.Sample{Engine: "vllm", Waiting: 50}
 	r.SetEngineSignals("a", map[uint32]signals.Sample{0: sat})
-	sel, rep = best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"a", 0}})
+	sel, rep = best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{ID: "a", DPRank: 0}})
 	if sel.WorkerID != "a" || len(rep.Skipped) != 0 {
 		t.Errorf("forced worker: %+v, %+v; want a, nothing skipped", sel, rep)
 	}
@@ -102,7 +102,7 @@ func TestBestWorkerSkipsSaturatedEngine(t *testing.T) {
 
 	// Removing a worker forgets its signals.
 	r.RemoveWorker("c")
-	if _, ok := r.EngineSignals(WorkerKey{"c", 0}); ok {
+	if _, ok := r.EngineSignals(WorkerKey{ID: "c", DPRank: 0}); ok {
 		t.Error("signals of a removed worker were kept")
 	}
 }
@@ -138,8 +138,8 @@ func TestEngineSignalsInCost(t *testing.T) {
 		if err != nil || len(loads) != 2 || !loads[0].HasEngine || loads[0].Engine.Waiting != 3 || loads[1].HasEngine {
 			t.Errorf("PotentialLoads = %+v, %v; want a's engine signals on a only", loads, err)
 		}
-		a, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"a", 0}})
-		b, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{"b", 0}})
+		a, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{ID: "a", DPRank: 0}})
+		b, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{ID: "b", DPRank: 0}})
 		if got, want := a.Cost-b.Cost, 2*3+10*0.5; got != want {
 			t.Errorf("engine term = %v, want waiting_weight*3 + kv_usage_weight*0.5 = %v", got, want)
 		}

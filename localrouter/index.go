@@ -8,17 +8,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 )
 
 // WorkerKey names one data-parallel rank of one worker: the unit the index
-// and the cost function reason about.
-type WorkerKey struct {
-	ID     string
-	DPRank uint32
-}
-
-func (k WorkerKey) String() string { return fmt.Sprintf("%s/%d", k.ID, k.DPRank) }
+// and the cost function reason about (api/routing).
+type WorkerKey = routing.WorkerKey
 
 // Errors of Index.Apply. Each is counted in IndexStats as well.
 var (
@@ -27,7 +23,7 @@ var (
 	ErrUnknownParent = errors.New("stored event's parent block is unknown for this worker")
 	// ErrBlockSizeMismatch: a Stored block's token count differs from the
 	// index's block size. The event is rejected whole.
-	ErrBlockSizeMismatch = errors.New("stored block has the wrong number of tokens")
+	ErrBlockSizeMismatch = routing.ErrBlockSizeMismatch
 )
 
 // slotKey names one cache tier of one (worker, dp_rank): the index keeps
@@ -271,7 +267,7 @@ func (ix *Index) Apply(ev kvevents.RouterEvent) error {
 		ix.rejected.Add(1)
 		return err
 	}
-	key := WorkerKey{ev.WorkerID, ev.DPRank}
+	key := WorkerKey{ID: ev.WorkerID, DPRank: ev.DPRank}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	var err error

@@ -182,7 +182,7 @@ func TestIndexRemoveWorkerAndTreeSize(t *testing.T) {
 	ix.Apply(stored("a", nil, blk(1, 1, 2), blk(2, 2, 2)))
 	ix.Apply(kvevents.RouterEvent{WorkerID: "a", DPRank: 1, Event: kvevents.Event{Stored: &kvevents.Stored{Blocks: []kvevents.Block{blk(1, 1, 2)}}}})
 	ix.Apply(stored("b", nil, blk(1, 1, 2)))
-	if got := ix.TreeSize(WorkerKey{"a", 0}); got != 2 {
+	if got := ix.TreeSize(WorkerKey{ID: "a", DPRank: 0}); got != 2 {
 		t.Errorf("TreeSize(a/0) = %d, want 2", got)
 	}
 	ix.RemoveWorker("a")
@@ -246,7 +246,7 @@ func TestDumpRoundTrip(t *testing.T) {
 	ix.Apply(stored("b", nil, blk(1, 1, 2), blk(2, 2, 2)))
 	ix.Apply(removed("b", 1)) // b keeps a block whose parent it lost
 	ix.Apply(stored("a", nil, blk(9, 1, 2)))
-	ix.Record(time.Now(), WorkerKey{"c", 0}, hashesOf(2, 5, 6))
+	ix.Record(time.Now(), WorkerKey{ID: "c", DPRank: 0}, hashesOf(2, 5, 6))
 
 	dump := ix.Dump()
 	re, _ := NewIndex(2, IndexOptions{})
@@ -278,13 +278,13 @@ func TestDumpRoundTrip(t *testing.T) {
 func TestApproximateTTLAndBound(t *testing.T) {
 	ix, _ := NewIndex(2, IndexOptions{TTL: time.Minute, MaxApproxEntries: 10})
 	t0 := time.Unix(1000, 0)
-	ix.Record(t0, WorkerKey{"a", 0}, hashesOf(2, 1, 2, 3))
-	ix.Record(t0.Add(30*time.Second), WorkerKey{"b", 0}, hashesOf(2, 1, 2))
+	ix.Record(t0, WorkerKey{ID: "a", DPRank: 0}, hashesOf(2, 1, 2, 3))
+	ix.Record(t0.Add(30*time.Second), WorkerKey{ID: "b", DPRank: 0}, hashesOf(2, 1, 2))
 	if diff := cmp.Diff(map[string]int{"a/0": 3, "b/0": 2}, overlaps(ix, hashesOf(2, 1, 2, 3))); diff != "" {
 		t.Errorf("before expiry (-want +got):\n%s", diff)
 	}
 	// Reuse refreshes a's first block only.
-	ix.Record(t0.Add(50*time.Second), WorkerKey{"a", 0}, hashesOf(2, 1))
+	ix.Record(t0.Add(50*time.Second), WorkerKey{ID: "a", DPRank: 0}, hashesOf(2, 1))
 	ix.Expire(t0.Add(61 * time.Second))
 	if diff := cmp.Diff(map[string]int{"a/0": 1, "b/0": 2}, overlaps(ix, hashesOf(2, 1, 2, 3))); diff != "" {
 		t.Errorf("after a's entries expired (-want +got):\n%s", diff)
@@ -295,7 +295,7 @@ func TestApproximateTTLAndBound(t *testing.T) {
 	}
 	// Size bound: 12 entries > 10 → pruned to 8, oldest first.
 	for i := 0; i < 12; i++ {
-		ix.Record(t0.Add(300*time.Second), WorkerKey{fmt.Sprintf("w%d", i), 0}, hashesOf(2, uint32(100+i)))
+		ix.Record(t0.Add(300*time.Second), WorkerKey{ID: fmt.Sprintf("w%d", i), DPRank: 0}, hashesOf(2, uint32(100+i)))
 	}
 	st := ix.Stats()
 	if st.Entries > 10 || st.ApproxEntriesPrune == 0 {
@@ -454,7 +454,7 @@ func FuzzApply(f *testing.F) {
 				t.Fatalf("step %d %+v: model error %v, index error %v", step, ev.Event, merr, ierr)
 			}
 			for _, w := range workers {
-				if got, want := ix.TreeSize(WorkerKey{w, 0}), m.size(w); got != want {
+				if got, want := ix.TreeSize(WorkerKey{ID: w, DPRank: 0}), m.size(w); got != want {
 					t.Fatalf("step %d: tree size of %s = %d, want %d", step, w, got, want)
 				}
 			}

@@ -29,7 +29,7 @@ func mustApply(t *testing.T, ix *Index, ev kvevents.RouterEvent) {
 func TestPredictedConfirmedByStoredEvent(t *testing.T) {
 	const bs = 4
 	ix, _ := NewIndex(bs, IndexOptions{PredictedTTL: time.Second})
-	a := WorkerKey{"a", 0}
+	a := WorkerKey{ID: "a", DPRank: 0}
 	t0 := time.Unix(100, 0)
 	q := hashesOf(bs, 1, 2, 3)
 	ix.Predict(t0, a, q)
@@ -69,7 +69,7 @@ func TestPredictedConfirmedByStoredEvent(t *testing.T) {
 func TestPredictedNeverDropsEngineBlocks(t *testing.T) {
 	const bs = 4
 	ix, _ := NewIndex(bs, IndexOptions{PredictedTTL: time.Second})
-	a := WorkerKey{"a", 0}
+	a := WorkerKey{ID: "a", DPRank: 0}
 	t0 := time.Unix(100, 0)
 	q := hashesOf(bs, 1, 2, 3, 4)
 	mustApply(t, ix, chain("a", nil, 10, bs, 1, 2))
@@ -106,7 +106,7 @@ func TestPredictedNeverDropsEngineBlocks(t *testing.T) {
 func TestPredictedDroppedByCleared(t *testing.T) {
 	const bs = 4
 	ix, _ := NewIndex(bs, IndexOptions{})
-	a, b := WorkerKey{"a", 0}, WorkerKey{"b", 0}
+	a, b := WorkerKey{ID: "a", DPRank: 0}, WorkerKey{ID: "b", DPRank: 0}
 	q := hashesOf(bs, 1, 2)
 	now := time.Unix(100, 0)
 	ix.Predict(now, a, q)
@@ -138,7 +138,7 @@ func TestPredictedBound(t *testing.T) {
 	ix, _ := NewIndex(bs, IndexOptions{MaxApproxEntries: 10})
 	now := time.Unix(100, 0)
 	for i := range 5 {
-		ix.Predict(now, WorkerKey{"a", 0}, hashesOf(bs, uint32(10*i+1), uint32(10*i+2), uint32(10*i+3)))
+		ix.Predict(now, WorkerKey{ID: "a", DPRank: 0}, hashesOf(bs, uint32(10*i+1), uint32(10*i+2), uint32(10*i+3)))
 	}
 	st := ix.PredictedStats()
 	if st.Entries > 10 || st.Entries+int(st.Expired) != 15 {
@@ -210,7 +210,7 @@ func TestRouterPredictsInEventMode(t *testing.T) {
 // and its place in the size bound's order, oldest dropped first.
 func TestPredictedRefreshOrder(t *testing.T) {
 	const bs = 4
-	a := WorkerKey{"a", 0}
+	a := WorkerKey{ID: "a", DPRank: 0}
 	t0 := time.Unix(100, 0)
 	p, q, r := hashesOf(bs, 1), hashesOf(bs, 2), hashesOf(bs, 3)
 	t.Run("expiry", func(t *testing.T) {
@@ -268,7 +268,7 @@ func TestPredictedRefreshOrder(t *testing.T) {
 func TestPredictedSeveralWorkers(t *testing.T) {
 	const bs = 4
 	ix, _ := NewIndex(bs, IndexOptions{PredictedTTL: time.Second})
-	a, b, c := WorkerKey{"a", 0}, WorkerKey{"b", 0}, WorkerKey{"c", 0}
+	a, b, c := WorkerKey{ID: "a", DPRank: 0}, WorkerKey{ID: "b", DPRank: 0}, WorkerKey{ID: "c", DPRank: 0}
 	t0 := time.Unix(100, 0)
 	q := hashesOf(bs, 1, 2)
 	for _, k := range []WorkerKey{a, b, c} {
@@ -308,7 +308,7 @@ func TestPredictedSeveralWorkers(t *testing.T) {
 func TestPredictedBoundWithinOneRequest(t *testing.T) {
 	const bs = 4
 	ix, _ := NewIndex(bs, IndexOptions{MaxApproxEntries: 2, PredictedTTL: time.Second})
-	a := WorkerKey{"a", 0}
+	a := WorkerKey{ID: "a", DPRank: 0}
 	t0 := time.Unix(100, 0)
 	q := hashesOf(bs, 1, 2, 3, 4, 5, 6)
 	ix.Predict(t0, a, q)

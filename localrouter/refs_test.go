@@ -37,7 +37,7 @@ func TestActiveRefsRecycled(t *testing.T) {
 			for k := rng.IntN(3); k > 0; k-- {
 				seq = append(seq, rng.Uint64())
 			}
-			id, key := fmt.Sprint("r", op), WorkerKey{fmt.Sprint("w", rng.IntN(3)), 0}
+			id, key := fmt.Sprint("r", op), WorkerKey{ID: fmt.Sprint("w", rng.IntN(3)), DPRank: 0}
 			if err := a.Add(now, id, key, seq, len(seq)*16, 0, 16); err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +69,7 @@ func TestActiveRefsRecycled(t *testing.T) {
 			t.Fatalf("op %d: refs (-want +got):\n%s", op, diff)
 		}
 		for w := range 3 {
-			key, n := WorkerKey{fmt.Sprint("w", w), 0}, 0
+			key, n := WorkerKey{ID: fmt.Sprint("w", w), DPRank: 0}, 0
 			for _, ws := range want {
 				if ws[key] > 0 {
 					n++

@@ -17,17 +17,18 @@ import (
 	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
-// Errors of Router methods. The gRPC service maps them to status codes.
+// Errors of Router methods (api/routing's sentinels). The gRPC service maps
+// them to status codes.
 var (
-	ErrClosed         = errors.New("router is closed")
-	ErrNoWorkers      = errors.New("no workers in the pool")
-	ErrNotReady       = errors.New("router is not ready: fewer workers than min_initial_workers")
-	ErrUnknownWorker  = errors.New("unknown worker")
-	ErrEmptyRequest   = errors.New("request has neither token ids nor block hashes")
-	ErrUnknownRequest = errors.New("unknown request id")
+	ErrClosed         = routing.ErrClosed
+	ErrNoWorkers      = routing.ErrNoWorkers
+	ErrNotReady       = routing.ErrNotReady
+	ErrUnknownWorker  = routing.ErrUnknownWorker
+	ErrEmptyRequest   = routing.ErrEmptyRequest
+	ErrUnknownRequest = routing.ErrUnknownRequest
 	// ErrNoAllowedWorker: BestWorkerOptions.Allow admitted none of the
 	// pool's workers (an endpoint subset that names none of them).
-	ErrNoAllowedWorker = errors.New("no worker of the pool is in the allowed set")
+	ErrNoAllowedWorker = routing.ErrNoAllowedWorker
 )
 
 // Options are a Router's dependencies; zero values take defaults.
@@ -349,7 +350,7 @@ func (r *Router) setSignals(id string, ranks map[uint32]signals.Sample, keep boo
 			rank = 0
 		}
 		if int(rank) < dp {
-			next[WorkerKey{id, rank}] = smp
+			next[WorkerKey{ID: id, DPRank: rank}] = smp
 			changed = true
 		}
 	}
@@ -393,7 +394,7 @@ func (m *members) with(id string, dpSize int, ix *Index) *members {
 	}
 	for k, v := range n.dp {
 		for d := 0; d < v; d++ {
-			n.keys = append(n.keys, WorkerKey{k, uint32(d)})
+			n.keys = append(n.keys, WorkerKey{ID: k, DPRank: uint32(d)})
 		}
 	}
 	sort.Slice(n.keys, func(i, j int) bool {
@@ -421,7 +422,7 @@ func (r *Router) Ready() bool { return len(r.members.Load().dp) >= r.cfg.MinInit
 func (r *Router) ApplyEvent(ev kvevents.RouterEvent) error {
 	r.applyMu.RLock()
 	defer r.applyMu.RUnlock()
-	key := WorkerKey{ev.WorkerID, ev.DPRank}
+	key := WorkerKey{ID: ev.WorkerID, DPRank: ev.DPRank}
 	if !r.members.Load().has(key) {
 		r.unknownWorkerEvents.Add(1)
 		return fmt.Errorf("%w: %s/%d", ErrUnknownWorker, ev.WorkerID, ev.DPRank)
@@ -494,7 +495,7 @@ type BestWorkerOptions struct {
 }
 
 // Selected is the worker key of a selection.
-func Selected(s routing.Selection) WorkerKey { return WorkerKey{ID: s.WorkerID, DPRank: s.DPRank} }
+func Selected(s routing.Selection) WorkerKey { return routing.Selected(s) }
 
 // SignalsReport is the engine-signal side of a BestWorker choice, filled
 // in when BestWorkerOptions.Signals points at one.

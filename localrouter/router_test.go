@@ -144,7 +144,7 @@ func TestLifecycleShiftsLoad(t *testing.T) {
 
 func TestPotentialLoadsSharedBlocksCountOnce(t *testing.T) {
 	a := NewActiveSequences()
-	w := WorkerKey{"a", 0}
+	w := WorkerKey{ID: "a", DPRank: 0}
 	now := time.Now()
 	seq := []uint64{1, 2, 3, 4}
 	if err := a.Add(now, "r1", w, seq, 16, 0, 4); err != nil {
@@ -157,10 +157,10 @@ func TestPotentialLoadsSharedBlocksCountOnce(t *testing.T) {
 		t.Errorf("duplicate Add = %v, want ErrDuplicateRequest", err)
 	}
 	// Active: {1,2,3,4,9} = 5 distinct; prefill 16 + (12-8) = 20.
-	got := a.PotentialLoads(nil, []WorkerKey{w, {"b", 0}}, []uint64{1, 2, 3, 7}, 16, 4, []int{3, 0})
+	got := a.PotentialLoads(nil, []WorkerKey{w, {ID: "b", DPRank: 0}}, []uint64{1, 2, 3, 7}, 16, 4, []int{3, 0})
 	want := []PotentialLoad{
 		{Worker: w, PotentialPrefillTokens: 4 + 20, PotentialDecodeBlocks: 5 + 1, OverlapBlocks: 3, ActiveRequests: 2},
-		{Worker: WorkerKey{"b", 0}, PotentialPrefillTokens: 16, PotentialDecodeBlocks: 4},
+		{Worker: WorkerKey{ID: "b", DPRank: 0}, PotentialPrefillTokens: 16, PotentialDecodeBlocks: 4},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("PotentialLoads (-want +got):\n%s", diff)
@@ -243,8 +243,8 @@ func TestBadRequests(t *testing.T) {
 	}{
 		{"empty", Request{}, BestWorkerOptions{}, ErrEmptyRequest},
 		{"wrong block size", Request{LocalHashes: []uint64{1}, BlockSize: 32}, BestWorkerOptions{}, ErrBlockSizeMismatch},
-		{"unknown forced worker", Request{Tokens: toks(16, 0)}, BestWorkerOptions{Worker: &WorkerKey{"zz", 0}}, ErrUnknownWorker},
-		{"dp rank out of range", Request{Tokens: toks(16, 0)}, BestWorkerOptions{Worker: &WorkerKey{"a", 1}}, ErrUnknownWorker},
+		{"unknown forced worker", Request{Tokens: toks(16, 0)}, BestWorkerOptions{Worker: &WorkerKey{ID: "zz", DPRank: 0}}, ErrUnknownWorker},
+		{"dp rank out of range", Request{Tokens: toks(16, 0)}, BestWorkerOptions{Worker: &WorkerKey{ID: "a", DPRank: 1}}, ErrUnknownWorker},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -271,16 +271,16 @@ func TestRemoveWorkerDropsState(t *testing.T) {
 	r := newRouter(t, cfg, "a", "b")
 	ctx := testenv.Context(t)
 	storeTokens(t, r, "a", toks(16, 0))
-	if _, err := r.Commit(ctx, "r1", WorkerKey{"a", 0}, Request{Tokens: toks(16, 0)}); err != nil {
+	if _, err := r.Commit(ctx, "r1", WorkerKey{ID: "a", DPRank: 0}, Request{Tokens: toks(16, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	if ids := r.RemoveWorker("a"); len(ids) != 1 || ids[0] != "r1" {
 		t.Errorf("RemoveWorker freed %v, want [r1]", ids)
 	}
-	if got := r.Index().TreeSize(WorkerKey{"a", 0}); got != 0 {
+	if got := r.Index().TreeSize(WorkerKey{ID: "a", DPRank: 0}); got != 0 {
 		t.Errorf("tree size after removal = %d", got)
 	}
-	if diff := cmp.Diff([]WorkerKey{{"b", 0}}, r.Workers()); diff != "" {
+	if diff := cmp.Diff([]WorkerKey{{ID: "b", DPRank: 0}}, r.Workers()); diff != "" {
 		t.Errorf("workers (-want +got):\n%s", diff)
 	}
 }
@@ -364,7 +364,7 @@ func TestNoEventsAfterRemoval(t *testing.T) {
 	}()
 	r.RemoveWorker("a")
 	<-done
-	if got := r.Index().TreeSize(WorkerKey{"a", 0}); got != 0 {
+	if got := r.Index().TreeSize(WorkerKey{ID: "a", DPRank: 0}); got != 0 {
 		t.Errorf("removed worker holds %d blocks", got)
 	}
 }
@@ -408,7 +408,7 @@ func TestUpdateIndexerIgnoredWithKVEvents(t *testing.T) {
 	storeTokens(t, r, "a", prompt)
 	now = now.Add(time.Hour) // past any approximate TTL
 	r.Sweep()
-	if got := r.Index().TreeSize(WorkerKey{"a", 0}); got != 2 {
+	if got := r.Index().TreeSize(WorkerKey{ID: "a", DPRank: 0}); got != 2 {
 		t.Errorf("tree size after the TTL = %d, want the engine's 2 blocks", got)
 	}
 }
@@ -425,7 +425,7 @@ func TestShrinkingDPSizeDropsRanks(t *testing.T) {
 	if err := r.ApplyEvent(ev); err != nil {
 		t.Fatal(err)
 	}
-	rank1 := WorkerKey{"a", 1}
+	rank1 := WorkerKey{ID: "a", DPRank: 1}
 	if _, err := r.Commit(testenv.Context(t), "q", rank1, Request{Tokens: toks(8, 0)}); err != nil {
 		t.Fatal(err)
 	}

@@ -46,24 +46,9 @@ import (
 // Dynamo's cost otherwise.
 
 // ScorerSpec is one entry of a worker chain: a filter or a scorer by name,
-// the scorer's weight, and its arguments. In YAML (pools.yaml's
-// worker_chain, the local router's -worker-chain file):
-//
-//   - name: cost
-//     weight: 1
-//   - name: cold
-//     weight: 0.5
-//     args: {lru_size: 512}
-type ScorerSpec struct {
-	// Name is a registered filter or scorer.
-	Name string `yaml:"name"`
-	// Weight multiplies a scorer's raw value (0 or unset: 1). Filters take
-	// none.
-	Weight float64 `yaml:"weight"`
-	// Args are the entry's arguments; an argument it does not know is an
-	// error naming it.
-	Args map[string]string `yaml:"args"`
-}
+// the scorer's weight, and its arguments (api/routing, shared with the
+// pools file's worker_chain on the client side).
+type ScorerSpec = routing.ScorerSpec
 
 // DefaultWorkerChain is the chain of a Config whose WorkerChain is empty:
 // the saturation filter, then the ttft scorer at the mocker's timing
@@ -79,20 +64,6 @@ func DefaultWorkerChain() []ScorerSpec {
 // selects it (the filter leaves none out unless saturation is set).
 func CostWorkerChain() []ScorerSpec {
 	return []ScorerSpec{{Name: saturationName}, {Name: "cost", Weight: 1}}
-}
-
-// String writes s as ParseWorkerChain reads one entry.
-func (s ScorerSpec) String() string {
-	var b strings.Builder
-	b.WriteString(s.Name)
-	if s.Weight != 0 {
-		b.WriteByte('=')
-		b.WriteString(strconv.FormatFloat(s.Weight, 'g', -1, 64))
-	}
-	for _, k := range slices.Sorted(maps.Keys(s.Args)) {
-		fmt.Fprintf(&b, "/%s=%s", k, s.Args[k])
-	}
-	return b.String()
 }
 
 // FormatWorkerChain writes specs as ParseWorkerChain reads them.
@@ -396,13 +367,7 @@ func ValidateScorerSpec(i int, sp ScorerSpec, cfg Config) error {
 
 // add builds entry i and appends it to c.
 func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
-	chainMu.RLock()
-	f, ok := chainRegs[sp.Name]
-	var filters, scorers []string
-	if !ok {
-		filters, scorers = chainEntriesLocked()
-	}
-	chainMu.RUnlock()
+	f, ok, filters, scorers := cfg.Scorers.lookup(sp.Name)
 	if !ok {
 		return fmt.Errorf("%w: worker chain entry %d: unknown filter or scorer %q (filters: %s; scorers: %s)", ErrInvalidConfig, i+1, sp.Name, strings.Join(filters, ", "), strings.Join(scorers, ", "))
 	}

@@ -114,7 +114,7 @@ func TestDefaultChainIsTheOldFormula(t *testing.T) {
 			prompts[i] = toks(8+4*gen.IntN(8), uint32(1000*i))
 		}
 		for step := 0; step < 60; step++ {
-			w := WorkerKey{workers[gen.IntN(n)], 0}
+			w := WorkerKey{ID: workers[gen.IntN(n)], DPRank: 0}
 			p := prompts[gen.IntN(len(prompts))]
 			switch gen.IntN(5) {
 			case 0: // the worker caches a prefix of p, on the GPU or the CPU
@@ -271,7 +271,7 @@ func TestPrefixScorerAloneFollowsTheCache(t *testing.T) {
 	storeTokens(t, r, "c", prompt[:8])
 	// Load c heavily: the prefix scorer alone does not care.
 	for i := 0; i < 5; i++ {
-		if _, err := r.Commit(testenv.Context(t), fmt.Sprint("x", i), WorkerKey{"c", 0}, Request{Tokens: toks(64, uint32(5000+100*i))}); err != nil {
+		if _, err := r.Commit(testenv.Context(t), fmt.Sprint("x", i), WorkerKey{ID: "c", DPRank: 0}, Request{Tokens: toks(64, uint32(5000+100*i))}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -286,9 +286,9 @@ func TestPrefixScorerAloneFollowsTheCache(t *testing.T) {
 
 func TestLoadScorersNormalise(t *testing.T) {
 	in := &ChainInput{ISL: 8, BlockSize: 4, Loads: []PotentialLoad{
-		{Worker: WorkerKey{"a", 0}, PotentialPrefillTokens: 8, PotentialDecodeBlocks: 2},
-		{Worker: WorkerKey{"b", 0}, PotentialPrefillTokens: 28, PotentialDecodeBlocks: 8, HasEngine: true, Engine: signals.Sample{Waiting: 4, Running: 2, KVUsage: 0.5, HasKVUsage: true}},
-		{Worker: WorkerKey{"c", 0}, PotentialPrefillTokens: 18, PotentialDecodeBlocks: 4, HasEngine: true, Engine: signals.Sample{Waiting: 2, Running: 4}},
+		{Worker: WorkerKey{ID: "a", DPRank: 0}, PotentialPrefillTokens: 8, PotentialDecodeBlocks: 2},
+		{Worker: WorkerKey{ID: "b", DPRank: 0}, PotentialPrefillTokens: 28, PotentialDecodeBlocks: 8, HasEngine: true, Engine: signals.Sample{Waiting: 4, Running: 2, KVUsage: 0.5, HasKVUsage: true}},
+		{Worker: WorkerKey{ID: "c", DPRank: 0}, PotentialPrefillTokens: 18, PotentialDecodeBlocks: 4, HasEngine: true, Engine: signals.Sample{Waiting: 2, Running: 4}},
 	}}
 	cand := []int{0, 1, 2}
 	for _, tt := range []struct {
@@ -364,7 +364,7 @@ func TestColdScorerProbesDoNotMoveTheOrder(t *testing.T) {
 	if _, err := r.Commit(testenv.Context(t), "c1", Selected(first), Request{Tokens: toks(16, 1)}); err != nil {
 		t.Fatal(err)
 	}
-	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 7777)}, BestWorkerOptions{Worker: &WorkerKey{first.WorkerID, 0}})
+	sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 7777)}, BestWorkerOptions{Worker: &WorkerKey{ID: first.WorkerID, DPRank: 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +392,7 @@ func TestSessionScorerSticksWithinBounds(t *testing.T) {
 	}
 	// Overload the home worker past (1 + slack) × the mean: the session moves.
 	for i := 0; i < 3; i++ {
-		if _, err := r.Commit(testenv.Context(t), fmt.Sprint("load", i), WorkerKey{home, 0}, Request{Tokens: toks(200, uint32(50000+1000*i))}); err != nil {
+		if _, err := r.Commit(testenv.Context(t), fmt.Sprint("load", i), WorkerKey{ID: home, DPRank: 0}, Request{Tokens: toks(200, uint32(50000+1000*i))}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -424,7 +424,7 @@ func TestLoRAFilterAndScorer(t *testing.T) {
 	// a is the least loaded, but lacks the adapter (the LoRA name is in
 	// the block hashes: no cache is shared with the base model's).
 	for _, w := range []string{"b", "c"} {
-		if _, err := r.Commit(testenv.Context(t), "busy-"+w, WorkerKey{w, 0}, Request{Tokens: toks(64, 7000)}); err != nil {
+		if _, err := r.Commit(testenv.Context(t), "busy-"+w, WorkerKey{ID: w, DPRank: 0}, Request{Tokens: toks(64, 7000)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -343,7 +343,7 @@ func TestIndexDifferentialDeep(t *testing.T) {
 					t.Fatalf("step %d: %d nodes, want %d", step, got, want)
 				}
 				for _, w := range workers {
-					if got, want := ix.TreeSize(WorkerKey{w, 0}), m.size(w); got != want {
+					if got, want := ix.TreeSize(WorkerKey{ID: w, DPRank: 0}), m.size(w); got != want {
 						t.Fatalf("step %d: tree size of %s = %d, want %d", step, w, got, want)
 					}
 				}
@@ -393,7 +393,7 @@ func TestIndexDifferentialDeep(t *testing.T) {
 // for a block the worker holds from an event.
 func TestDetachedEntriesStayHarmless(t *testing.T) {
 	ix, _ := NewIndex(2, IndexOptions{TTL: time.Second, PredictedTTL: 10 * time.Second})
-	key := WorkerKey{"a", 0}
+	key := WorkerKey{ID: "a", DPRank: 0}
 	t0 := time.Unix(1000, 0)
 	q := hashesOf(2, 8)
 	ix.Predict(t0, key, q)
@@ -419,7 +419,7 @@ func TestDetachedEntriesStayHarmless(t *testing.T) {
 // the shared hold) holds nothing; Dump leaves it out and rebuilds the rest.
 func TestDumpSkipsDetachedEntries(t *testing.T) {
 	ix, _ := NewIndex(2, IndexOptions{TTL: time.Minute, PredictedTTL: time.Second})
-	key := WorkerKey{"a", 0}
+	key := WorkerKey{ID: "a", DPRank: 0}
 	t0 := time.Unix(1000, 0)
 	ix.Predict(t0, key, hashesOf(2, 8))
 	ix.Record(t0, key, hashesOf(2, 8)) // the same hold, a second entry

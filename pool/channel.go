@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
 )
 
@@ -108,7 +107,7 @@ func (c *channelClient) CommitAsync(ctx context.Context, cm Commit, committed fu
 			committed(sel, err)
 		}
 	}
-	t, err := c.channel(ctx).CommitAsyncWith(ctx, cm.RequestID, localrouter.WorkerKey{ID: cm.WorkerID, DPRank: cm.DPRank}, cm.Prompt.client(), cm.options(), listen)
+	t, err := c.channel(ctx).CommitAsyncWith(ctx, cm.RequestID, routing.WorkerKey{ID: cm.WorkerID, DPRank: cm.DPRank}, cm.Prompt.client(), cm.options(), listen)
 	if err != nil {
 		if c.unimplemented(err) {
 			return c.grpcClient.CommitAsync(ctx, cm, committed)

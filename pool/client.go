@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
 )
 
@@ -108,7 +107,7 @@ func (g *grpcClient) Loads(ctx context.Context, p Prompt) ([]routing.Selection, 
 
 func (g *grpcClient) CommitAsync(ctx context.Context, c Commit, committed func(routing.Selection, error)) (Tracker, error) {
 	// Pool.CommitAsync names the router in the answer: no wrapper here.
-	t, err := g.c.CommitAsyncWith(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.client(), c.options(), committed)
+	t, err := g.c.CommitAsyncWith(ctx, c.RequestID, routing.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.client(), c.options(), committed)
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +188,7 @@ var (
 	ErrAllEjected = errors.New("every worker ejected")
 	// ErrUnknownWorker: the local router knows no such worker (or rank):
 	// the router's own sentinel, matched across the wire.
-	ErrUnknownWorker = localrouter.ErrUnknownWorker
+	ErrUnknownWorker = routing.ErrUnknownWorker
 	// ErrClosed: the pool or its connections were closed.
 	ErrClosed = errors.New("pool closed")
 )

@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,8 +12,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/config"
-	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -45,11 +46,11 @@ type Config struct {
 	PolicyFile string `yaml:"policy_file"`
 	// WorkerChain is how the pool's local routers rank its workers:
 	// filters and weighted scorers, a list of {name, weight, args}
-	// (localrouter.ScorerSpec; docs/localrouter.md "Worker chain"). Empty:
+	// (routing.ScorerSpec; docs/localrouter.md "Worker chain"). Empty:
 	// the default chain (saturation, then Dynamo's cost). The local routers
 	// that `kvgate up` starts take it; a local router started on its own
 	// takes the same list with -worker-chain.
-	WorkerChain []localrouter.ScorerSpec `yaml:"worker_chain"`
+	WorkerChain []routing.ScorerSpec `yaml:"worker_chain"`
 
 	// File and node locate the pool in its configuration for errors.
 	File string     `yaml:"-"`
@@ -132,17 +133,47 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// validateWorkerChain checks the worker chain against the pool's router
-// defaults; from a file, errors point at the faulty entry's line.
+// validateWorkerChain checks the worker chain's shape: every entry named,
+// no name twice, weights finite and ≥ 0. Which names and arguments exist
+// is the local router's registry's to say (CheckWorkerChain); the client
+// side does not link it.
 func (c *Config) validateWorkerChain() error {
-	rc := localrouter.DefaultConfig()
-	rc.BlockSize = c.BlockSize
-	if n := c.field("worker_chain"); n != nil && c.File != "" {
-		_, err := localrouter.DecodeWorkerChain(c.File, fmt.Sprintf("pool %q: worker_chain", c.Name), n, rc)
-		return err
+	seen := make(map[string]bool, len(c.WorkerChain))
+	for i, sp := range c.WorkerChain {
+		switch {
+		case sp.Name == "":
+			return c.errorf("worker_chain", "entry %d: name required", i+1)
+		case seen[sp.Name]:
+			return c.errorf("worker_chain", "entry %d: %q named twice", i+1, sp.Name)
+		case !(sp.Weight >= 0) || math.IsInf(sp.Weight, 0):
+			return c.errorf("worker_chain", "entry %d: weight %g must be > 0", i+1, sp.Weight)
+		}
+		seen[sp.Name] = true
 	}
-	if err := localrouter.ValidateWorkerChain(c.WorkerChain, rc); err != nil {
-		return c.errorf("worker_chain", "%s", strings.TrimPrefix(err.Error(), localrouter.ErrInvalidConfig.Error()+": "))
+	return nil
+}
+
+// ChainCheck checks a pool's worker chain against a local router's
+// registry of filters and scorers (localrouter.CheckPoolWorkerChain):
+// from a file, n is the worker_chain node and file the file's name, so the
+// error can point at the faulty entry's line; what names the field in
+// errors. blockSize is the pool's.
+type ChainCheck func(file, what string, n *yaml.Node, specs []routing.ScorerSpec, blockSize int) error
+
+// CheckWorkerChain checks the pool's worker chain with check (nil: nothing
+// to check). The process that links both the pools file and a local
+// router's registry (the ext_proc assembly, kvgate policy check, the
+// replay) calls it after Validate.
+func (c *Config) CheckWorkerChain(check ChainCheck) error {
+	if check == nil || len(c.WorkerChain) == 0 {
+		return nil
+	}
+	what := fmt.Sprintf("pool %q: worker_chain", c.Name)
+	if n := c.field("worker_chain"); n != nil && c.File != "" {
+		return check(c.File, what, n, c.WorkerChain, c.BlockSize)
+	}
+	if err := check("", what, nil, c.WorkerChain, c.BlockSize); err != nil {
+		return c.errorf("worker_chain", "%s", strings.TrimPrefix(err.Error(), routing.ErrInvalidConfig.Error()+": "))
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -35,7 +36,7 @@ func TestDecodeWorkerChain(t *testing.T) {
 		{"bad weight", "    - {name: cost, weight: -2}\n", `weight -2 must be > 0`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := decode(t, dir, "- name: a\n  models: [m]\n  routers: {etcd: true}\n  worker_chain:\n"+tt.chain)
+			_, err := decodeChecked(t, dir, "- name: a\n  models: [m]\n  routers: {etcd: true}\n  worker_chain:\n"+tt.chain)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got error %v, want one containing %q", err, tt.want)
 			}
@@ -43,8 +44,28 @@ func TestDecodeWorkerChain(t *testing.T) {
 	}
 	// Built in Go: the error names the field.
 	c := pool.NewConfig("g", 16, []string{"m"}, "127.0.0.1:1")
-	c.WorkerChain = []localrouter.ScorerSpec{{Name: "nope"}}
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `pool "g": worker_chain: worker chain entry 1: unknown filter or scorer "nope"`) {
-		t.Errorf("Validate: %v", err)
+	c.WorkerChain = []routing.ScorerSpec{{Name: "nope"}}
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate (the chain's shape only): %v", err)
 	}
+	if err := c.CheckWorkerChain(localrouter.PoolChainCheck(nil)); err == nil || !strings.Contains(err.Error(), `pool "g": worker_chain: worker chain entry 1: unknown filter or scorer "nope"`) {
+		t.Errorf("CheckWorkerChain: %v", err)
+	}
+}
+
+// decodeChecked is decode, then each pool's worker chain checked against
+// the local router's built-in scorers (what the ext_proc assembly and
+// kvgate policy check do).
+func decodeChecked(t *testing.T, dir, text string) ([]pool.Config, error) {
+	t.Helper()
+	cfgs, err := decode(t, dir, text)
+	if err != nil {
+		return nil, err
+	}
+	for i := range cfgs {
+		if err := cfgs[i].CheckWorkerChain(localrouter.PoolChainCheck(nil)); err != nil {
+			return nil, err
+		}
+	}
+	return cfgs, nil
 }

@@ -30,7 +30,7 @@
 //   - The config replay (global.go, Config.Global): a global router
 //     configuration replayed through the real globalrouter.Router.Decide,
 //     its chain and pool policies, over in-process local routers
-//     (pool.Local) per configured pool; the decision's lease drives the
+//     (inproc.Client) per configured pool; the decision's lease drives the
 //     lifecycle. One pool of N workers replays exactly as the flat topology.
 //   - The tree (tree.go, "tree=RxP"): R region global routers of P pools
 //     of local routers each, under a top global router whose pools are the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/inproc"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
@@ -29,7 +30,7 @@ const TopologyConfig = "config"
 // GlobalReplay replays a global router configuration: every request goes
 // through globalrouter.Router.Decide (the configured chain: model match,
 // priority, SLO grid, disaggregation, weights, ...), which probes and
-// commits on in-process local routers (pool.Local, over the local dialer),
+// commits on in-process local routers (inproc.Client, over the local dialer),
 // one per pool of the configuration, serving simulated engines in virtual
 // time. What is deployed is what is measured.
 //
@@ -63,7 +64,7 @@ type GlobalReplay struct {
 	// block size, its worker_chain and Config.PredictedTTL.
 	Router func(poolName string, c *localrouter.Config)
 	// Client, when set, makes the pool.Client the global router reaches a
-	// pool's local router through (default pool.NewLocal(r, address)): the
+	// pool's local router through (default inproc.New(r, address)): the
 	// seam for pools that are themselves routers of a subtree.
 	Client func(poolName string, r *localrouter.Router, address func(localrouter.WorkerKey) string) pool.Client
 }
@@ -292,7 +293,7 @@ func (r *run) buildGlobal() error {
 		if g.Client != nil {
 			clients[pc.Name] = g.Client(pc.Name, rt, address)
 		} else {
-			clients[pc.Name] = pool.NewLocal(rt, address)
+			clients[pc.Name] = inproc.New(rt, address)
 		}
 		pc.Routers = pool.Routers{Static: []string{pool.LocalAddress(pc.Name)}}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/inproc"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/pool"
@@ -103,7 +104,7 @@ func (r *run) buildTree() error {
 					return fmt.Errorf("pool %q: %w", name, err)
 				}
 			}
-			c := pool.NewLocal(rt, workerAddress(name))
+			c := inproc.New(rt, workerAddress(name))
 			leafClients[name] = c
 			r.clients[name] = c
 			pcs = append(pcs, pool.NewConfig(name, cfg.BlockSize, []string{treeModel}, pool.LocalAddress(name)))

@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -100,6 +101,9 @@ func policyCheck(args []string, stdout, stderr io.Writer) error {
 func checkConfig(path, shadowPath string, w io.Writer) error {
 	cfg, err := globalrouter.LoadConfig(path, nil)
 	if err != nil {
+		return err
+	}
+	if err := cfg.CheckWorkerChains(localrouter.PoolChainCheck(nil)); err != nil {
 		return err
 	}
 	if shadowPath != "" {

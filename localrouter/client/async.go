@@ -13,7 +13,6 @@ import (
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/localrouter"
 )
 
 // connState is what CommitAsync needs of a connection to wait for it to be
@@ -38,13 +37,13 @@ type connState interface {
 // AsyncTracker is freed, or the connection breaks, which frees the request
 // on the router too. An error means nothing was committed and committed is
 // not called. The AsyncTracker must be freed, a refused commit's too.
-func (c *Client) CommitAsync(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt, committed func(routing.Selection, error)) (*AsyncTracker, error) {
+func (c *Client) CommitAsync(ctx context.Context, id string, worker routing.WorkerKey, p Prompt, committed func(routing.Selection, error)) (*AsyncTracker, error) {
 	return c.CommitAsyncWith(ctx, id, worker, p, CommitOptions{}, committed)
 }
 
 // CommitAsyncWith is CommitAsync with options, which bound a commit
 // without a worker (decide-and-commit).
-func (c *Client) CommitAsyncWith(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt, o CommitOptions, committed func(routing.Selection, error)) (*AsyncTracker, error) {
+func (c *Client) CommitAsyncWith(ctx context.Context, id string, worker routing.WorkerKey, p Prompt, o CommitOptions, committed func(routing.Selection, error)) (*AsyncTracker, error) {
 	if err := c.waitReady(ctx); err != nil {
 		return nil, err
 	}

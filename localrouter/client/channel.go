@@ -17,12 +17,11 @@ import (
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/localrouter"
 )
 
 // DefaultChannelMaxInFlight bounds a Channel's unanswered probes and
 // commits when ChannelOptions.MaxInFlight is zero (the server's own bound,
-// localrouter/server.ChannelMaxInFlight).
+// the server's ChannelMaxInFlight).
 const DefaultChannelMaxInFlight = 1024
 
 // ChannelOptions configure a Channel.
@@ -438,13 +437,13 @@ func (ch *Channel) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions
 // the send. The request is freed by the ChannelTracker's Free or when the
 // stream breaks. An error means nothing was committed and committed is
 // not called.
-func (ch *Channel) CommitAsync(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt, committed func(routing.Selection, error)) (*ChannelTracker, error) {
+func (ch *Channel) CommitAsync(ctx context.Context, id string, worker routing.WorkerKey, p Prompt, committed func(routing.Selection, error)) (*ChannelTracker, error) {
 	return ch.CommitAsyncWith(ctx, id, worker, p, CommitOptions{}, committed)
 }
 
 // CommitAsyncWith is CommitAsync with options, which bound a commit
 // without a worker (decide-and-commit).
-func (ch *Channel) CommitAsyncWith(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt, o CommitOptions, committed func(routing.Selection, error)) (*ChannelTracker, error) {
+func (ch *Channel) CommitAsyncWith(ctx context.Context, id string, worker routing.WorkerKey, p Prompt, o CommitOptions, committed func(routing.Selection, error)) (*ChannelTracker, error) {
 	if committed == nil {
 		committed = func(routing.Selection, error) {}
 	}
@@ -545,7 +544,7 @@ func (t *ChannelTracker) Free(ctx context.Context) error {
 		t.mu.Unlock()
 		err := t.s.event(ctx, t.commitID, localrouterv1.TrackEvent_TRACK_EVENT_FREE)
 		switch {
-		case err == nil, errors.Is(err, errStreamEnded), errors.Is(err, localrouter.ErrUnknownRequest):
+		case err == nil, errors.Is(err, errStreamEnded), errors.Is(err, routing.ErrUnknownRequest):
 			// Freed; or by the stream's end; or never committed.
 		default:
 			t.freeErr = err

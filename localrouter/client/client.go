@@ -35,7 +35,6 @@ import (
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
-	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
@@ -187,11 +186,11 @@ type BestWorkerOptions struct {
 	// Signals, when set, receives the chosen rank's engine signals and the
 	// ranks skipped for engine saturation (when the router scrapes its
 	// workers' metrics).
-	Signals *localrouter.SignalsReport
+	Signals *SignalsReport
 	// AllowedAddresses, when not empty, restricts the choice to the
 	// workers at these host:port addresses (or hosts, without a port);
 	// none of them in the pool: an error wrapping
-	// localrouter.ErrNoAllowedWorker. A router older than the field
+	// routing.ErrNoAllowedWorker. A router older than the field
 	// ignores it: callers check the answer's Address.
 	AllowedAddresses []string
 }
@@ -221,13 +220,13 @@ func (c *Client) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions) 
 }
 
 // signalsReport converts the engine-signal side of a wire answer.
-func signalsReport(s *localrouterv1.Selection) localrouter.SignalsReport {
-	rep := localrouter.SignalsReport{AllSaturated: s.GetAllSaturated()}
+func signalsReport(s *localrouterv1.Selection) SignalsReport {
+	rep := SignalsReport{AllSaturated: s.GetAllSaturated()}
 	if e := s.GetEngine(); e != nil {
 		rep.Engine, rep.HasEngine = engineSample(e), true
 	}
 	for _, sk := range s.GetSkipped() {
-		rep.Skipped = append(rep.Skipped, localrouter.Skip{Worker: localrouter.WorkerKey{ID: sk.GetWorkerId(), DPRank: sk.GetDpRank()}, Reason: sk.GetReason()})
+		rep.Skipped = append(rep.Skipped, Skip{Worker: routing.WorkerKey{ID: sk.GetWorkerId(), DPRank: sk.GetDpRank()}, Reason: sk.GetReason()})
 	}
 	return rep
 }
@@ -245,8 +244,43 @@ func engineSample(e *localrouterv1.EngineSignals) signals.Sample {
 
 // PotentialLoad is one worker rank's load if the prompt were placed there.
 type PotentialLoad struct {
-	localrouter.PotentialLoad
+	Worker routing.WorkerKey
+	// Address is the worker's host:port.
 	Address string
+	// PotentialPrefillTokens: this request's uncached tokens plus the
+	// prefill tokens of the worker's requests still in prefill.
+	PotentialPrefillTokens int
+	// PotentialDecodeBlocks: the worker's distinct active blocks plus this
+	// request's blocks not already active there.
+	PotentialDecodeBlocks int
+	OverlapBlocks         int
+	ActiveRequests        int
+	// Engine is the rank's engine signals, when its metrics are scraped
+	// (HasEngine); Saturation says why BestWorker would skip it ("" when
+	// it would not).
+	Engine     signals.Sample
+	HasEngine  bool
+	Saturation string
+}
+
+// SignalsReport is the engine-signal side of a BestWorker answer (the
+// local router's localrouter.SignalsReport, as the wire carries it).
+type SignalsReport struct {
+	// Engine is the chosen rank's engine signals, when its metrics are
+	// scraped (HasEngine).
+	Engine    signals.Sample
+	HasEngine bool
+	// Skipped lists the ranks the worker chain's filters left out, with
+	// why; AllSaturated: every candidate was saturated and the best of all
+	// was chosen.
+	Skipped      []Skip
+	AllSaturated bool
+}
+
+// Skip is a rank BestWorker left out, and why.
+type Skip struct {
+	Worker routing.WorkerKey
+	Reason string
 }
 
 // PotentialLoads returns every worker rank's potential load for p.
@@ -257,11 +291,11 @@ func (c *Client) PotentialLoads(ctx context.Context, p Prompt) ([]PotentialLoad,
 	}
 	out := make([]PotentialLoad, 0, len(r.GetLoads()))
 	for _, l := range r.GetLoads() {
-		out = append(out, PotentialLoad{Address: l.GetAddress(), PotentialLoad: localrouter.PotentialLoad{
-			Worker:                 localrouter.WorkerKey{ID: l.GetWorkerId(), DPRank: l.GetDpRank()},
+		out = append(out, PotentialLoad{Address: l.GetAddress(),
+			Worker:                 routing.WorkerKey{ID: l.GetWorkerId(), DPRank: l.GetDpRank()},
 			PotentialPrefillTokens: int(l.GetPotentialPrefillTokens()), PotentialDecodeBlocks: int(l.GetPotentialDecodeBlocks()),
 			OverlapBlocks: int(l.GetOverlapBlocks()), ActiveRequests: int(l.GetActiveRequests()),
-		}})
+		})
 		if e := l.GetEngine(); e != nil {
 			last := &out[len(out)-1]
 			last.Engine, last.HasEngine, last.Saturation = engineSample(e), true, e.GetSaturation()
@@ -281,11 +315,11 @@ type CommitOptions struct {
 	AllowedAddresses []string
 	// ExcludedAddresses are workers (host:port, exactly) never chosen
 	// (a caller's passive health ejected them). None left: an error
-	// wrapping localrouter.ErrNoAllowedWorker.
+	// wrapping routing.ErrNoAllowedWorker.
 	ExcludedAddresses []string
 }
 
-func commitProto(id string, worker localrouter.WorkerKey, p Prompt, o CommitOptions) *localrouterv1.CommitRequest {
+func commitProto(id string, worker routing.WorkerKey, p Prompt, o CommitOptions) *localrouterv1.CommitRequest {
 	r := &localrouterv1.CommitRequest{RequestId: id, WorkerId: worker.ID, DpRank: worker.DPRank, Prompt: p.proto()}
 	if worker.ID == "" {
 		r.ConfigOverride, r.AllowedAddresses, r.ExcludedAddresses = overrideProto(o.Override), o.AllowedAddresses, o.ExcludedAddresses
@@ -297,7 +331,7 @@ func commitProto(id string, worker localrouter.WorkerKey, p Prompt, o CommitOpti
 // the router's answer. No stream is opened: the caller frees the request
 // (Free) or it expires. Track is the same commit with a lifecycle stream;
 // CommitAsync the pipelined one.
-func (c *Client) Commit(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt) (routing.Selection, error) {
+func (c *Client) Commit(ctx context.Context, id string, worker routing.WorkerKey, p Prompt) (routing.Selection, error) {
 	r, err := c.rpc.Commit(ctx, commitProto(id, worker, p, CommitOptions{}))
 	if err != nil {
 		return routing.Selection{}, fromStatus(err)

@@ -6,12 +6,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
-	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/api/routing"
 )
 
 // Error is a failed call to the service. It unwraps to the router's
 // sentinel error when the server named one (errors.Is(err,
-// localrouter.ErrUnknownRequest) works across the wire), and keeps the gRPC
+// routing.ErrUnknownRequest) works across the wire), and keeps the gRPC
 // status (status.FromError works too).
 type Error struct {
 	Code    codes.Code
@@ -26,17 +26,17 @@ func (e *Error) Unwrap() error              { return e.err }
 func (e *Error) GRPCStatus() *status.Status { return e.st }
 
 var reasons = map[string]error{
-	localrouterv1.ReasonEmptyRequest:      localrouter.ErrEmptyRequest,
-	localrouterv1.ReasonBlockSizeMismatch: localrouter.ErrBlockSizeMismatch,
-	localrouterv1.ReasonInvalidConfig:     localrouter.ErrInvalidConfig,
-	localrouterv1.ReasonEmptyRequestID:    localrouter.ErrEmptyRequestID,
-	localrouterv1.ReasonUnknownWorker:     localrouter.ErrUnknownWorker,
-	localrouterv1.ReasonUnknownRequest:    localrouter.ErrUnknownRequest,
-	localrouterv1.ReasonDuplicateRequest:  localrouter.ErrDuplicateRequest,
-	localrouterv1.ReasonNotReady:          localrouter.ErrNotReady,
-	localrouterv1.ReasonNoWorkers:         localrouter.ErrNoWorkers,
-	localrouterv1.ReasonClosed:            localrouter.ErrClosed,
-	localrouterv1.ReasonNoAllowedWorker:   localrouter.ErrNoAllowedWorker,
+	localrouterv1.ReasonEmptyRequest:      routing.ErrEmptyRequest,
+	localrouterv1.ReasonBlockSizeMismatch: routing.ErrBlockSizeMismatch,
+	localrouterv1.ReasonInvalidConfig:     routing.ErrInvalidConfig,
+	localrouterv1.ReasonEmptyRequestID:    routing.ErrEmptyRequestID,
+	localrouterv1.ReasonUnknownWorker:     routing.ErrUnknownWorker,
+	localrouterv1.ReasonUnknownRequest:    routing.ErrUnknownRequest,
+	localrouterv1.ReasonDuplicateRequest:  routing.ErrDuplicateRequest,
+	localrouterv1.ReasonNotReady:          routing.ErrNotReady,
+	localrouterv1.ReasonNoWorkers:         routing.ErrNoWorkers,
+	localrouterv1.ReasonClosed:            routing.ErrClosed,
+	localrouterv1.ReasonNoAllowedWorker:   routing.ErrNoAllowedWorker,
 }
 
 // fromStatus converts a gRPC error to *Error.

@@ -14,14 +14,13 @@ import (
 	"sync"
 
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/localrouter"
 )
 
 // GenerateOptions shape a Generate call. The zero value routes
 // automatically with the router's cost parameters.
 type GenerateOptions struct {
 	// Worker forces the worker (custom routing); nil lets the router choose.
-	Worker *localrouter.WorkerKey
+	Worker *routing.WorkerKey
 	// Override changes the router's cost parameters for this request.
 	Override *routing.Override
 	// RequestID names the request in the router (default: random).
@@ -75,7 +74,7 @@ type Stream struct {
 // ctx bounds the whole completion, not only this call.
 func (c *Client) Generate(ctx context.Context, tokens []uint32, model string, opts GenerateOptions) (*Stream, error) {
 	if len(tokens) == 0 {
-		return nil, localrouter.ErrEmptyRequest
+		return nil, routing.ErrEmptyRequest
 	}
 	id := opts.RequestID
 	if id == "" {
@@ -88,7 +87,7 @@ func (c *Client) Generate(ctx context.Context, tokens []uint32, model string, op
 		if err != nil {
 			return nil, err
 		}
-		k := localrouter.Selected(sel)
+		k := routing.Selected(sel)
 		worker = &k
 	}
 	// The Track stream owns the request from its commit on: if this
@@ -100,7 +99,7 @@ func (c *Client) Generate(ctx context.Context, tokens []uint32, model string, op
 	sel := tr.Selection()
 	if sel.Address == "" {
 		tr.Close()
-		return nil, fmt.Errorf("worker %s has no registered address", localrouter.Selected(sel))
+		return nil, fmt.Errorf("worker %s has no registered address", routing.Selected(sel))
 	}
 	body := map[string]any{"model": model, "prompt": tokens, "stream": true}
 	if opts.MaxTokens > 0 {
@@ -140,13 +139,13 @@ func (c *Client) Generate(ctx context.Context, tokens []uint32, model string, op
 	resp, err := c.http.Do(req)
 	if err != nil {
 		tr.Close()
-		return nil, fmt.Errorf("worker %s at %s: %w", localrouter.Selected(sel), sel.Address, err)
+		return nil, fmt.Errorf("worker %s at %s: %w", routing.Selected(sel), sel.Address, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
 		tr.Close()
-		return nil, fmt.Errorf("worker %s at %s: %s: %s", localrouter.Selected(sel), sel.Address, resp.Status, bytes.TrimSpace(msg))
+		return nil, fmt.Errorf("worker %s at %s: %s: %s", routing.Selected(sel), sel.Address, resp.Status, bytes.TrimSpace(msg))
 	}
 	return &Stream{sel: sel, tracker: tr, body: resp.Body, sse: newSSEReader(resp.Body)}, nil
 }
@@ -196,10 +195,10 @@ func (s *Stream) Recv() (Chunk, error) {
 		}
 		var cc completionChunk
 		if err := json.Unmarshal(data, &cc); err != nil {
-			return Chunk{}, s.fail(fmt.Errorf("worker %s: bad completion chunk: %w", localrouter.Selected(s.sel), err))
+			return Chunk{}, s.fail(fmt.Errorf("worker %s: bad completion chunk: %w", routing.Selected(s.sel), err))
 		}
 		if cc.Error != nil {
-			return Chunk{}, s.fail(fmt.Errorf("worker %s: %s", localrouter.Selected(s.sel), cc.Error.Message))
+			return Chunk{}, s.fail(fmt.Errorf("worker %s: %s", routing.Selected(s.sel), cc.Error.Message))
 		}
 		if len(cc.Choices) == 0 {
 			continue // e.g. a usage-only chunk

@@ -9,7 +9,6 @@ import (
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/localrouter"
 )
 
 // Tracker holds a request's Track stream: the router frees the request when
@@ -29,7 +28,7 @@ type Tracker struct {
 
 // Track commits request id on worker over a new Track stream. The stream
 // lives as long as ctx: when ctx ends, the request is freed.
-func (c *Client) Track(ctx context.Context, id string, worker localrouter.WorkerKey, p Prompt) (*Tracker, error) {
+func (c *Client) Track(ctx context.Context, id string, worker routing.WorkerKey, p Prompt) (*Tracker, error) {
 	return c.track(ctx, id, p.isl(), &localrouterv1.TrackRequest{Msg: &localrouterv1.TrackRequest_Commit{Commit: commitProto(id, worker, p, CommitOptions{})}})
 }
 

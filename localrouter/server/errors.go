@@ -62,7 +62,7 @@ func toStatus(err error) error {
 // RouterStatus is the status this service answers a router error with
 // (one of errorCodes' sentinels: its code, and an ErrorInfo with its
 // reason), and whether err is one. An in-process caller of the router
-// (pool.Local) gives its errors the codes the service would.
+// (inproc.Client) gives its errors the codes the service would.
 func RouterStatus(err error) (*status.Status, bool) {
 	for _, e := range errorCodes {
 		if errors.Is(err, e.err) {

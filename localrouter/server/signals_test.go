@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testenv"
-	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
 )
 
@@ -49,7 +48,7 @@ func TestEngineSignalsOverGRPC(t *testing.T) {
 	ctx := testenv.Context(t)
 	p := client.Prompt{Tokens: seqTokens(1, 64)}
 	testenv.Eventually(t, testTimeout, func() (string, bool) {
-		var rep localrouter.SignalsReport
+		var rep client.SignalsReport
 		sel, err := c.BestWorker(ctx, p, client.BestWorkerOptions{Signals: &rep})
 		if err != nil {
 			return err.Error(), false

@@ -1,10 +1,13 @@
-package pool
+// Package inproc is the local router in process: a pool.Client over a
+// *localrouter.Router, without gRPC. The replay (sim) and tests run the
+// global router against local routers through it (with pool.LocalDialer).
+// It is the one place that joins the client side (pool) to the local
+// router's core; neither pool nor globalrouter imports it.
+package inproc
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc/status"
@@ -12,20 +15,15 @@ import (
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/server"
+	"github.com/kvgate/kvgate/pool"
 )
 
-// LocalScheme prefixes the addresses LocalDialer dials: "local:NAME".
-const LocalScheme = "local:"
-
-// LocalAddress is the address of the in-process client named name.
-func LocalAddress(name string) string { return LocalScheme + name }
-
-// Local is a Client over an in-process *localrouter.Router: the replay's
+// Client is a pool.Client over an in-process *localrouter.Router: the replay's
 // (sim) and tests' way to run the global router against local routers
 // without gRPC. Probe is BestWorker without a request id (Override and
-// Allowed honoured), Loads is PotentialLoads, CommitAsync is Commit on the
+// Allowed honoured), Loads is PotentialLoads, CommitAsync is pool.Commit on the
 // named worker, or BestWorker with the request id (decide and commit in one
-// call) when Commit.WorkerID is "", and a Tracker's calls are
+// call) when pool.Commit.WorkerID is "", and a pool.Tracker's calls are
 // MarkPrefillComplete and Free.
 //
 // Every call runs on the caller's goroutine and is done when it returns:
@@ -38,9 +36,9 @@ func LocalAddress(name string) string { return LocalScheme + name }
 // circuits judge them as they judge the gRPC client's.
 //
 // Safe for concurrent use. Close frees the requests of the Trackers still
-// open (as a broken stream does) and refuses later calls with ErrClosed;
+// open (as a broken stream does) and refuses later calls with pool.ErrClosed;
 // it does not close the router, which its owner closes.
-type Local struct {
+type Client struct {
 	r       *localrouter.Router
 	address func(localrouter.WorkerKey) string
 
@@ -49,58 +47,34 @@ type Local struct {
 	open   map[*localTracker]struct{}
 }
 
-var _ Client = (*Local)(nil)
+var _ pool.Client = (*Client)(nil)
 
-// NewLocal returns a Client over r; address maps a worker rank to the
+// New returns a Client over r; address maps a worker rank to the
 // address a selection names (the worker's host:port; nil: none).
-func NewLocal(r *localrouter.Router, address func(localrouter.WorkerKey) string) *Local {
+func New(r *localrouter.Router, address func(localrouter.WorkerKey) string) *Client {
 	if address == nil {
 		address = func(localrouter.WorkerKey) string { return "" }
 	}
-	return &Local{r: r, address: address, open: make(map[*localTracker]struct{})}
+	return &Client{r: r, address: address, open: make(map[*localTracker]struct{})}
 }
 
-// LocalDialer returns a Dialer of the clients of clients by name: address
-// "local:NAME" dials clients[NAME]. Any Client works (a Local, or another
-// in-process client). The dialed Client's Close does nothing: the clients
-// are shared (a Conns closes a connection when its last user leaves and
-// dials again on a reload), and whoever made them closes them.
-func LocalDialer(clients map[string]Client) Dialer {
-	return func(addr string) (Client, error) {
-		name, ok := strings.CutPrefix(addr, LocalScheme)
-		if !ok {
-			return nil, fmt.Errorf("local dialer: address %q does not start with %q", addr, LocalScheme)
-		}
-		c, ok := clients[name]
-		if !ok {
-			return nil, fmt.Errorf("local dialer: no in-process client named %q (address %q)", name, addr)
-		}
-		return sharedClient{c}, nil
-	}
-}
-
-// sharedClient is a dialed client whose Close leaves the client open.
-type sharedClient struct{ Client }
-
-func (sharedClient) Close() error { return nil }
-
-func (p Prompt) local() localrouter.Request {
+func request(p pool.Prompt) localrouter.Request {
 	return localrouter.Request{Tokens: p.Tokens, LocalHashes: p.Hashes, BlockSize: p.BlockSize, ISL: p.ISL, LoRAName: p.LoRA}
 }
 
-func (l *Local) check(ctx context.Context) error {
+func (l *Client) check(ctx context.Context) error {
 	l.mu.Lock()
 	closed := l.closed
 	l.mu.Unlock()
 	if closed {
-		return ErrClosed
+		return pool.ErrClosed
 	}
 	return ctx.Err()
 }
 
 // allow is the worker filter of an address subset (as the local router's
 // service builds it from allowed_addresses).
-func (l *Local) allow(allowed []string) func(localrouter.WorkerKey) bool {
+func (l *Client) allow(allowed []string) func(localrouter.WorkerKey) bool {
 	if len(allowed) == 0 {
 		return nil
 	}
@@ -108,11 +82,11 @@ func (l *Local) allow(allowed []string) func(localrouter.WorkerKey) bool {
 }
 
 // Probe implements Client.
-func (l *Local) Probe(ctx context.Context, p Prompt) (routing.Selection, error) {
+func (l *Client) Probe(ctx context.Context, p pool.Prompt) (routing.Selection, error) {
 	if err := l.check(ctx); err != nil {
 		return routing.Selection{}, err
 	}
-	sel, err := l.r.BestWorker(ctx, p.local(), localrouter.BestWorkerOptions{Override: p.Override, Allow: l.allow(p.Allowed)})
+	sel, err := l.r.BestWorker(ctx, request(p), localrouter.BestWorkerOptions{Override: p.Override, Allow: l.allow(p.Allowed)})
 	if err != nil {
 		return routing.Selection{}, localError(err)
 	}
@@ -121,11 +95,11 @@ func (l *Local) Probe(ctx context.Context, p Prompt) (routing.Selection, error) 
 }
 
 // Loads implements Client.
-func (l *Local) Loads(ctx context.Context, p Prompt) ([]routing.Selection, error) {
+func (l *Client) Loads(ctx context.Context, p pool.Prompt) ([]routing.Selection, error) {
 	if err := l.check(ctx); err != nil {
 		return nil, err
 	}
-	ls, err := l.r.PotentialLoads(ctx, p.local())
+	ls, err := l.r.PotentialLoads(ctx, request(p))
 	if err != nil {
 		return nil, localError(err)
 	}
@@ -140,9 +114,9 @@ func (l *Local) Loads(ctx context.Context, p Prompt) ([]routing.Selection, error
 
 // CommitAsync implements Client. The commit is made before it returns;
 // committed (nil: nobody listens) then gets the answer on a goroutine of
-// its own. A refused commit still returns its Tracker (whose
+// its own. A refused commit still returns its pool.Tracker (whose
 // PrefillComplete returns the refusal; Free does nothing).
-func (l *Local) CommitAsync(ctx context.Context, c Commit, committed func(routing.Selection, error)) (Tracker, error) {
+func (l *Client) CommitAsync(ctx context.Context, c pool.Commit, committed func(routing.Selection, error)) (pool.Tracker, error) {
 	if err := l.check(ctx); err != nil {
 		return nil, err
 	}
@@ -154,10 +128,10 @@ func (l *Local) CommitAsync(ctx context.Context, c Commit, committed func(routin
 		err error
 	)
 	if c.WorkerID == "" {
-		sel, err = l.r.BestWorker(ctx, c.Prompt.local(), localrouter.BestWorkerOptions{
+		sel, err = l.r.BestWorker(ctx, request(c.Prompt), localrouter.BestWorkerOptions{
 			RequestID: c.RequestID, Override: c.Prompt.Override, Allow: l.allow(c.Prompt.Allowed)})
 	} else {
-		sel, err = l.r.Commit(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, c.Prompt.local())
+		sel, err = l.r.Commit(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, request(c.Prompt))
 	}
 	t := &localTracker{l: l, id: c.RequestID}
 	if err != nil {
@@ -170,7 +144,7 @@ func (l *Local) CommitAsync(ctx context.Context, c Commit, committed func(routin
 		if l.closed { // closed meanwhile: the request must not stay on the router
 			l.mu.Unlock()
 			_ = l.r.Free(ctx, c.RequestID)
-			return nil, ErrClosed
+			return nil, pool.ErrClosed
 		}
 		l.open[t] = struct{}{}
 		l.mu.Unlock()
@@ -182,7 +156,7 @@ func (l *Local) CommitAsync(ctx context.Context, c Commit, committed func(routin
 }
 
 // Close implements Client: the open Trackers' requests are freed.
-func (l *Local) Close() error {
+func (l *Client) Close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -198,9 +172,9 @@ func (l *Local) Close() error {
 	return nil
 }
 
-// localTracker is a request committed through a Local.
+// localTracker is a request committed through a Client.
 type localTracker struct {
-	l  *Local
+	l  *Client
 	id string
 
 	mu      sync.Mutex
@@ -208,7 +182,7 @@ type localTracker struct {
 	refused error // the commit's refusal
 }
 
-// PrefillComplete implements Tracker: MarkPrefillComplete, once; nothing
+// PrefillComplete implements pool.Tracker: MarkPrefillComplete, once; nothing
 // after Free; a refused commit's refusal.
 func (t *localTracker) PrefillComplete(ctx context.Context) error {
 	t.mu.Lock()
@@ -228,7 +202,7 @@ func (t *localTracker) PrefillComplete(ctx context.Context) error {
 	return localError(err)
 }
 
-// Free implements Tracker: Free on the router, once.
+// Free implements pool.Tracker: Free on the router, once.
 func (t *localTracker) Free(ctx context.Context) error {
 	if !t.free() {
 		return nil

@@ -1,4 +1,4 @@
-package pool_test
+package inproc_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/inproc"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -84,7 +85,7 @@ func commitAndWait(t *testing.T, c pool.Client, cm pool.Commit) (pool.Tracker, a
 
 func TestLocalProbeIsStateFreeAndNamesAddresses(t *testing.T) {
 	r, addr := localRouter(t, 3)
-	c := pool.NewLocal(r, addr)
+	c := inproc.New(r, addr)
 	p, toks := localPrompt(t, 1, 4)
 	cache(t, r, "w2", toks)
 	sel, err := c.Probe(context.Background(), p)
@@ -118,7 +119,7 @@ func TestLocalProbeIsStateFreeAndNamesAddresses(t *testing.T) {
 
 func TestLocalLoads(t *testing.T) {
 	r, addr := localRouter(t, 3)
-	c := pool.NewLocal(r, addr)
+	c := inproc.New(r, addr)
 	p, toks := localPrompt(t, 1, 4)
 	cache(t, r, "w1", toks[:2*localBS])
 	ls, err := c.Loads(context.Background(), p)
@@ -141,7 +142,7 @@ func TestLocalLoads(t *testing.T) {
 
 func TestLocalCommitOnNamedWorkerAndTracker(t *testing.T) {
 	r, addr := localRouter(t, 2)
-	c := pool.NewLocal(r, addr)
+	c := inproc.New(r, addr)
 	p, _ := localPrompt(t, 1, 4)
 	tr, a := commitAndWait(t, c, pool.Commit{RequestID: "a", WorkerID: "w1", Prompt: p})
 	if a.err != nil || a.sel.WorkerID != "w1" || a.sel.Address != "10.0.0.1:8000" {
@@ -177,7 +178,7 @@ func TestLocalCommitOnNamedWorkerAndTracker(t *testing.T) {
 
 func TestLocalDecideAndCommit(t *testing.T) {
 	r, addr := localRouter(t, 4)
-	c := pool.NewLocal(r, addr)
+	c := inproc.New(r, addr)
 	p, toks := localPrompt(t, 1, 4)
 	cache(t, r, "w3", toks)
 	tr, a := commitAndWait(t, c, pool.Commit{RequestID: "a", Prompt: p})
@@ -203,7 +204,7 @@ func TestLocalDecideAndCommit(t *testing.T) {
 
 func TestLocalRefusedCommit(t *testing.T) {
 	r, addr := localRouter(t, 2)
-	c := pool.NewLocal(r, addr)
+	c := inproc.New(r, addr)
 	p, _ := localPrompt(t, 1, 2)
 	tr, a := commitAndWait(t, c, pool.Commit{RequestID: "a", WorkerID: "nope", Prompt: p})
 	if !errors.Is(a.err, pool.ErrUnknownWorker) || status.Code(a.err) != codes.NotFound {
@@ -232,7 +233,7 @@ func TestLocalRefusedCommit(t *testing.T) {
 
 func TestLocalCloseFreesOpenTrackers(t *testing.T) {
 	r, addr := localRouter(t, 2)
-	c := pool.NewLocal(r, addr)
+	c := inproc.New(r, addr)
 	p, _ := localPrompt(t, 1, 2)
 	tr, _ := commitAndWait(t, c, pool.Commit{RequestID: "a", WorkerID: "w0", Prompt: p})
 	commitAndWait(t, c, pool.Commit{RequestID: "b", WorkerID: "w1", Prompt: p})
@@ -252,7 +253,7 @@ func TestLocalCloseFreesOpenTrackers(t *testing.T) {
 
 func TestLocalDialer(t *testing.T) {
 	r, addr := localRouter(t, 2)
-	l := pool.NewLocal(r, addr)
+	l := inproc.New(r, addr)
 	dial := pool.LocalDialer(map[string]pool.Client{"a": l})
 	c, err := dial(pool.LocalAddress("a"))
 	if err != nil {
@@ -277,7 +278,7 @@ func TestLocalDialer(t *testing.T) {
 // tracker reach the router.
 func TestLocalThroughPool(t *testing.T) {
 	r, addr := localRouter(t, 3)
-	conns := pool.NewConns(pool.LocalDialer(map[string]pool.Client{"a": pool.NewLocal(r, addr)}), pool.CircuitOptions{}, time.Now)
+	conns := pool.NewConns(pool.LocalDialer(map[string]pool.Client{"a": inproc.New(r, addr)}), pool.CircuitOptions{}, time.Now)
 	defer conns.Close()
 	cfg := pool.NewConfig("a", localBS, []string{"m"}, pool.LocalAddress("a"))
 	if err := cfg.Validate(); err != nil {
@@ -310,7 +311,7 @@ func TestLocalThroughPool(t *testing.T) {
 // the race detector) and checks every request ends freed.
 func TestLocalConcurrent(t *testing.T) {
 	r, addr := localRouter(t, 4)
-	c := pool.NewLocal(r, addr)
+	c := inproc.New(r, addr)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
