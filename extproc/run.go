@@ -22,7 +22,7 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/globalrouter/subtree"
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/internal/tlsconfig"

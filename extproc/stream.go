@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/internal/sse"
+	"github.com/kvgate/kvgate/lib/sse"
 )
 
 // exchange is the state machine of one ext_proc stream. It runs on the

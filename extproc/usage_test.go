@@ -2,7 +2,7 @@ package extproc
 
 import "testing"
 
-// The SSE parser's tests (split-invariance, bounds) are internal/sse's.
+// The SSE parser's tests (split-invariance, bounds) are lib/sse's.
 
 func TestUsageOf(t *testing.T) {
 	for _, tc := range []struct {

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/timing"
+	"github.com/kvgate/kvgate/lib/timing"
 )
 
 // ttftScorer is kvgate's principled scorer (docs/localrouter.md "The ttft

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/kvevents"

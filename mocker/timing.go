@@ -3,7 +3,7 @@ package mocker
 import (
 	"time"
 
-	"github.com/kvgate/kvgate/internal/timing"
+	"github.com/kvgate/kvgate/lib/timing"
 )
 
 // Batch is the shape of one engine iteration, what a Timing prices.
@@ -35,7 +35,7 @@ type DefaultTiming struct {
 var _ Timing = DefaultTiming{}
 
 // PrefillMillis is the prefill part of the model, in milliseconds
-// (internal/timing, shared with the local router's ttft scorer).
+// (lib/timing, shared with the local router's ttft scorer).
 func PrefillMillis(newTokens int) float64 { return timing.PrefillMillis(newTokens) }
 
 // DecodeMillis is the decode part of the model, in milliseconds.

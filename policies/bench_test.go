@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/policies"
 )
 

@@ -6,7 +6,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // Built-in policy names.

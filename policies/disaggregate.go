@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // Disaggregate pairs decode pools with a prefill pool, per request, when

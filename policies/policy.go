@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/membership"
 )
 

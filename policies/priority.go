@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // NamePriority is the priority policy's name.

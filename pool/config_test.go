@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 )

@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/internal/chaos"
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/loadbench"
 	"github.com/kvgate/kvgate/localrouter"
 )

@@ -8,7 +8,7 @@ import (
 	"os"
 	"strconv"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/tokenizer"

@@ -7,7 +7,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/kvevents/relay"
 	"github.com/kvgate/kvgate/membership"
 )

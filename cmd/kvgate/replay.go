@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/sim"
 )
 

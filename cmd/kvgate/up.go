@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/up"
 	"github.com/kvgate/kvgate/localrouter"

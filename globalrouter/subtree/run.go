@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/localrouter/server"

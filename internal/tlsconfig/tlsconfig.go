@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // Server is a TLS server's configuration (flags -tls-cert-file,

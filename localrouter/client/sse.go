@@ -3,7 +3,7 @@ package client
 import (
 	"io"
 
-	"github.com/kvgate/kvgate/internal/sse"
+	"github.com/kvgate/kvgate/lib/sse"
 )
 
 // maxSSELine bounds one SSE line and one event's data (a generous bound
@@ -12,7 +12,7 @@ const maxSSELine = 4 << 20
 
 var errSSELineTooLong = sse.ErrTooLong
 
-// sseReader reads the data of Server-Sent Events (internal/sse): each
+// sseReader reads the data of Server-Sent Events (lib/sse): each
 // event's data lines joined by "\n".
 type sseReader struct{ r *sse.Reader }
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/localrouter"
 )
@@ -104,7 +104,7 @@ func (c Config) Validate() error {
 }
 
 // flags defines the configuration's flags on fs, bound to c. Each flag
-// -foo-bar is also read from KVGATE_FOO_BAR (internal/config); the router
+// -foo-bar is also read from KVGATE_FOO_BAR (lib/config); the router
 // knobs also take Dynamo's variable names, with a lower precedence.
 func flags(fs *config.FlagSet, c *Config) {
 	r := &c.Router

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/config"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 func TestFlagSetEnv(t *testing.T) {
