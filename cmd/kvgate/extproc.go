@@ -5,18 +5,18 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/kvgate/kvgate/extproc"
+	"github.com/kvgate/kvgate/internal/extprocd"
 )
 
 // runExtproc runs the global router as Envoy's ext_proc server: flags →
-// extproc.Options → extproc.Run.
+// extprocd.Options → extprocd.Run.
 func runExtproc(ctx context.Context, args []string) error {
-	o, err := extproc.ParseFlags("extproc", args, os.Stderr)
+	o, err := extprocd.ParseFlags("extproc", args, os.Stderr)
 	if err != nil {
 		return err
 	}
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(o.LogLevel)) // checked by ParseFlags
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	return extproc.Run(ctx, o, log)
+	return extprocd.Run(ctx, o, log)
 }

@@ -39,11 +39,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvgate/kvgate/api/localrouter/track"
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/localrouter"
-	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -186,7 +185,7 @@ func toStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, localrouter.ErrUnknownRequest):
+	case errors.Is(err, routing.ErrUnknownRequest):
 		return statusOf(codes.NotFound, localrouterv1.ReasonUnknownRequest, err.Error())
 	}
 	if st, ok := status.FromError(err); ok {
@@ -416,5 +415,5 @@ func (s *Server) Track(stream localrouterv1.LocalRouter_TrackServer) error {
 		return statusOf(codes.InvalidArgument, localrouterv1.ReasonInvalidArgument, "the first Track message must be commit or attach")
 	}
 	defer func() { _ = t.Free(context.WithoutCancel(ctx)) }() // break means free
-	return server.ServeTrackEvents(ctx, stream, selection(sel), t, toStatus)
+	return track.Serve(ctx, stream, selection(sel), t, toStatus)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
+	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 	"github.com/kvgate/kvgate/tokenizer"
@@ -60,7 +61,7 @@ func newRouter(t testing.TB, cfg globalrouter.Config, tok globalrouter.Tokenizer
 func serve(t testing.TB, r *globalrouter.Router, lis net.Listener) *subtree.Server {
 	t.Helper()
 	s := subtree.NewServer(r.Subtree(), "region", "region-router", quiet())
-	g := grpc.NewServer(subtree.ServerOptions()...)
+	g := grpc.NewServer(server.TransportOptions()...)
 	s.Register(g)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
@@ -359,25 +360,5 @@ func TestLoopOverGRPC(t *testing.T) {
 	_, err = a.Decide(ctx, &globalrouter.Request{ID: "r", Model: model, Prompt: long(50)})
 	if err == nil || !strings.Contains(err.Error(), "routing loop") {
 		t.Errorf("Decide over the loop: %v", err)
-	}
-}
-
-func TestConfigFlags(t *testing.T) {
-	for _, tt := range []struct {
-		c    subtree.Config
-		want string
-	}{
-		{subtree.Config{Pool: "p"}, "-subtree-pool: needs -subtree-listen"},
-		{subtree.Config{Listen: "nope"}, "-subtree-listen"},
-		{subtree.Config{Listen: ":99999"}, "bad port"},
-		{subtree.Config{Listen: ":9300", Pool: "a/b"}, "-subtree-pool"},
-		{subtree.Config{Listen: ":9300", MaxDepth: -1}, "-subtree-max-depth"},
-	} {
-		if err := tt.c.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("%+v: %v, want %q", tt.c, err, tt.want)
-		}
-	}
-	if got := (subtree.Config{Listen: ":9300"}).ListenAddr(); got != "127.0.0.1:9300" {
-		t.Errorf("a port alone listens on %q, want loopback", got)
 	}
 }

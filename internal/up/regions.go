@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/globalrouter/subtree"
+	"github.com/kvgate/kvgate/internal/subtreed"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/membership/registry"
 	"github.com/kvgate/kvgate/pool"
@@ -94,7 +95,7 @@ func (s *System) startRegions(ctx context.Context, pools []pool.Config, opts fun
 			return nil, fmt.Errorf("region %s: %w", name, err)
 		}
 		rg.Server = subtree.NewServer(rg.Router.Subtree(), name, name+"-router", s.cfg.Logger)
-		rg.grpc = grpc.NewServer(subtree.ServerOptions()...)
+		rg.grpc = grpc.NewServer(subtreed.ServerOptions()...)
 		rg.Server.Register(rg.grpc)
 		go func() { rg.done <- rg.grpc.Serve(lis) }()
 		info := membership.RouterInfo{ID: name + "-router", GRPCAddress: rg.Addr, Pool: name, BlockSize: s.cfg.BlockSize}

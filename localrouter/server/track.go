@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/kvgate/kvgate/api/localrouter/track"
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter"
@@ -62,61 +63,13 @@ func (s *Server) Track(stream localrouterv1.LocalRouter_TrackServer) error {
 	return ServeTrackEvents(ctx, stream, s.selection(sel), req, toStatus)
 }
 
-// TrackEvents is what a Track stream's events act on: the one request the
-// stream committed or attached. pool.Tracker is one.
-type TrackEvents interface {
-	PrefillComplete(ctx context.Context) error
-	Free(ctx context.Context) error
-}
+// TrackEvents is what a Track stream's events act on (api/localrouter/track).
+type TrackEvents = track.Events
 
-// ServeTrackEvents is a Track stream after its first message, for every
-// server of the local-router API (this one, a subtree's): it answers
-// committed, then applies each event to t and acknowledges it, until
-// TRACK_EVENT_FREE (acknowledged, then nil), the client closing its side
-// (nil) or an error. A message other than an event, or an unknown event,
-// ends the stream with INVALID_ARGUMENT (reason INVALID_ARGUMENT); t's
-// errors end it as toStatus makes them. Freeing the request when the stream
-// ends otherwise is the caller's.
+// ServeTrackEvents is a Track stream after its first message
+// (api/localrouter/track.Serve, shared with a global router's subtree).
 func ServeTrackEvents(ctx context.Context, stream localrouterv1.LocalRouter_TrackServer, committed *localrouterv1.Selection, t TrackEvents, toStatus func(error) error) error {
-	if err := stream.Send(&localrouterv1.TrackResponse{Msg: &localrouterv1.TrackResponse_Committed{Committed: committed}}); err != nil {
-		return err
-	}
-	for {
-		in, err := stream.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-		ev, ok := in.GetMsg().(*localrouterv1.TrackRequest_Event)
-		if !ok {
-			return invalidArgument("only events may follow the first Track message")
-		}
-		switch ev.Event {
-		case localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE:
-			if err := t.PrefillComplete(ctx); err != nil {
-				return toStatus(err)
-			}
-		case localrouterv1.TrackEvent_TRACK_EVENT_FREE:
-			if err := t.Free(ctx); err != nil {
-				return toStatus(err)
-			}
-		default:
-			return invalidArgument(fmt.Sprintf("unknown track event %v", ev.Event))
-		}
-		if err := stream.Send(&localrouterv1.TrackResponse{Msg: &localrouterv1.TrackResponse_Acked{Acked: ev.Event}}); err != nil {
-			return err
-		}
-		if ev.Event == localrouterv1.TrackEvent_TRACK_EVENT_FREE {
-			return nil
-		}
-	}
-}
-
-// invalidArgument is this package's INVALID_ARGUMENT status of msg.
-func invalidArgument(msg string) error {
-	return toStatus(fmt.Errorf("%w: %s", errInvalidArgument, msg))
+	return track.Serve(ctx, stream, committed, t, toStatus)
 }
 
 // trackedRequest is a request of this router's as a Track stream's events

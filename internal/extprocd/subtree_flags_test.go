@@ -1,4 +1,4 @@
-package extproc
+package extprocd
 
 import (
 	"fmt"

@@ -1,4 +1,9 @@
-package extproc
+// Package extprocd is the `kvgate extproc` process: its flags, the
+// configuration file and its watch, etcd and the local routers' TLS,
+// tracing, the admin listener with /metrics and the live status page, the
+// gRPC health listener and the subtree service, around the ext_proc
+// server (extproc) and the global router (globalrouter).
+package extprocd
 
 import (
 	"context"
@@ -20,13 +25,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/globalrouter/subtree"
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
+	"github.com/kvgate/kvgate/internal/subtreed"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/internal/tracing"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -38,7 +44,7 @@ const DefaultGCPercent = 400
 // Options configure the `kvgate extproc` process: the server's Config plus
 // the global router's configuration file and the process around them.
 type Options struct {
-	Config
+	extproc.Config
 	// PoolsFile is the global router's configuration (pools, policies,
 	// models), read with globalrouter.LoadConfig.
 	PoolsFile string
@@ -78,7 +84,7 @@ type Options struct {
 	GCPercent int
 	// Subtree serves the router's subtree to a parent global router
 	// (-subtree-*, off by default; docs/hierarchy.md).
-	Subtree subtree.Config
+	Subtree subtreed.Config
 }
 
 // ParseFlags builds Options from the defaults, the environment (each flag
@@ -89,7 +95,7 @@ func ParseFlags(name string, args []string, usage io.Writer) (Options, error) {
 }
 
 func parseFlags(name string, args []string, getenv func(string) string, usage io.Writer) (Options, error) {
-	o := Options{Config: Config{}.Defaults(), LogLevel: "info", MetricsAddr: config.DefaultExtprocAdminAddr}
+	o := Options{Config: extproc.Config{}.Defaults(), LogLevel: "info", MetricsAddr: config.DefaultExtprocAdminAddr}
 	fs := config.NewFlagSet(name, usage)
 	fs.StringVar(&o.Addr, "addr", o.Addr, "gRPC listen address of the ext_proc service")
 	fs.StringVar(&o.PoolsFile, "config", "", "global router configuration file: pools, policies, models (required; see examples/pools.yaml)")
@@ -264,12 +270,12 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	}
 	defer router.Close()
 	if slis != nil {
-		if _, err := subtree.Start(ctx, o.Subtree, slis, router, &o.TLS, etcdCli, g, logger); err != nil {
+		if _, err := subtreed.Start(ctx, o.Subtree, slis, router, &o.TLS, etcdCli, g, logger); err != nil {
 			_ = g.Stop(context.WithoutCancel(ctx))
 			return err
 		}
 	}
-	srv, err := New(o.Config, router, logger, reg)
+	srv, err := extproc.New(o.Config, router, logger, reg)
 	if err != nil {
 		return err
 	}

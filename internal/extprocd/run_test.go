@@ -1,4 +1,4 @@
-package extproc
+package extprocd
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvgate/kvgate/envoy/extprocclient"
+	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
 
@@ -33,7 +34,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	if o.PoolsFile != "p.yaml" || o.Addr != ":1234" || len(o.Etcd) != 2 || o.Etcd[1] != "http://b:2379" ||
 		o.RequestBodyMode != extprocfilterv3.ProcessingMode_BUFFERED || len(o.InferencePaths) != 2 || !o.HeaderFallbacks ||
-		o.MaxBodyBytes != DefaultMaxBodyBytes || o.ShadowFile != "s.yaml" || o.OTLPEndpoint != "otel:4317" || o.OTLPInsecure {
+		o.MaxBodyBytes != extproc.DefaultMaxBodyBytes || o.ShadowFile != "s.yaml" || o.OTLPEndpoint != "otel:4317" || o.OTLPInsecure {
 		t.Errorf("options %+v", o)
 	}
 	for _, args := range [][]string{

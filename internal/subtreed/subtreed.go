@@ -1,4 +1,8 @@
-package subtree
+// Package subtreed is the process assembly of a global router's subtree
+// service (`kvgate extproc -subtree-*`; docs/hierarchy.md): its flags, its
+// listener and TLS, its etcd registration. The service itself is
+// globalrouter/subtree.
+package subtreed
 
 import (
 	"context"
@@ -17,9 +21,10 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/lib/config"
+	"github.com/kvgate/kvgate/globalrouter/subtree"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/membership/registry"
@@ -129,7 +134,7 @@ func (c Config) RouterOption(extra ...string) globalrouter.Option {
 
 // Service is the running subtree service.
 type Service struct {
-	Server     *Server
+	Server     *subtree.Server
 	lis        net.Listener
 	advertised string
 	reg        *registry.Registration
@@ -157,7 +162,7 @@ func Start(ctx context.Context, c Config, lis net.Listener, router *globalrouter
 	if id == "" {
 		id = defaultID(s.advertised)
 	}
-	s.Server = NewServer(router.Subtree(), c.Pool, id, log)
+	s.Server = subtree.NewServer(router.Subtree(), c.Pool, id, log)
 	gopts := ServerOptions()
 	if tlsCfg != nil && tlsCfg.Enabled() {
 		tc, err := tlsCfg.Config(log)
