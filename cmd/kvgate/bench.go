@@ -12,8 +12,8 @@ import (
 
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/internal/chaos"
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/loadbench"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
 )
 

@@ -5,16 +5,16 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/kvgate/kvgate/localrouter/server"
+	"github.com/kvgate/kvgate/internal/localrouterd"
 )
 
 // runLocalRouter runs one pool's local router: flags and environment →
-// server.Config → server.Run.
+// localrouterd.Config → localrouterd.Run.
 func runLocalRouter(ctx context.Context, args []string) error {
-	cfg, err := server.ParseFlags("localrouter", args, os.Getenv, os.Stderr)
+	cfg, err := localrouterd.ParseFlags("localrouter", args, os.Getenv, os.Stderr)
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	return server.Run(ctx, cfg, server.Deps{Logger: log})
+	return localrouterd.Run(ctx, cfg, localrouterd.Deps{Logger: log})
 }

@@ -7,8 +7,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/kvevents/relay"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/membership"
 )
 

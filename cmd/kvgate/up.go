@@ -8,9 +8,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/mocker"
 )

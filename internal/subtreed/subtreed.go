@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/globalrouter/subtree"
+	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/lib/config"
@@ -171,7 +172,7 @@ func Start(ctx context.Context, c Config, lis net.Listener, router *globalrouter
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 		if tlsCfg.MutualTLS() && len(c.AuthorizedClients) > 0 {
-			unary, stream := server.AuthorizationInterceptors(c.AuthorizedClients)
+			unary, stream := localrouterd.AuthorizationInterceptors(c.AuthorizedClients)
 			gopts = append(gopts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 		}
 	}

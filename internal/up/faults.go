@@ -4,9 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kvgate/kvgate/localrouter/server"
 )
 
 // Fault controls: the fault tests and `kvgate bench --chaos` take parts of
@@ -21,7 +20,7 @@ func (p *Pool) RestartRouter(ctx context.Context) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	r, err := server.Start(ctx, p.rcfg, server.Deps{Logger: p.log, Registry: reg})
+	r, err := localrouterd.Start(ctx, p.rcfg, localrouterd.Deps{Logger: p.log, Registry: reg})
 	if err != nil {
 		return fmt.Errorf("pool %s: local router: %w", p.Name, err)
 	}

@@ -41,12 +41,12 @@ import (
 	"github.com/kvgate/kvgate/envoy/gateway"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/embedded"
+	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
-	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/tokenizer"
@@ -188,10 +188,10 @@ func (c *Config) defaults() {
 // Pool is one running pool: its local router and its workers.
 type Pool struct {
 	Name    string
-	Router  *server.Service
+	Router  *localrouterd.Service
 	Workers []*Worker
 	stopped atomic.Bool // read by the status page while a test stops it
-	rcfg    server.Config
+	rcfg    localrouterd.Config
 	log     *slog.Logger
 	// Registry holds the local router's metrics (kvgate_localrouter_*).
 	Registry *prometheus.Registry
@@ -307,7 +307,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	for _, ps := range cfg.Pools {
 		p := &Pool{Name: ps.Name, Registry: prometheus.NewRegistry()}
 		s.Pools = append(s.Pools, p)
-		rc := server.DefaultConfig()
+		rc := localrouterd.DefaultConfig()
 		rc.Pool = ps.Name
 		rc.RouterID = ps.Name + "-router"
 		rc.GRPCAddr = net.JoinHostPort(cfg.Host, "0")
@@ -323,7 +323,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 			rc.AuthorizedClients = []string{secureClientName}
 		}
 		p.rcfg, p.log = rc, cfg.Logger
-		if p.Router, err = server.Start(ctx, rc, server.Deps{Logger: cfg.Logger, Registry: p.Registry}); err != nil {
+		if p.Router, err = localrouterd.Start(ctx, rc, localrouterd.Deps{Logger: cfg.Logger, Registry: p.Registry}); err != nil {
 			return nil, fmt.Errorf("pool %s: local router: %w", ps.Name, err)
 		}
 		for i := range ps.Workers {

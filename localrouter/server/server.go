@@ -1,8 +1,9 @@
 // Package server is a pool's local router as a service (DESIGN.md §4, §7):
 // the gRPC API of api/localrouter/v1 over a localrouter.Router, with health,
-// reflection and Prometheus metrics, and the process around it (Start, Run):
-// etcd membership and registration, NATS KV events and replica sync, flags
-// and environment.
+// reflection and Prometheus metrics. The process around it (flags and
+// environment, etcd membership and registration, NATS KV events and
+// replica sync, TLS and its client authorization, the admin listener) is
+// internal/localrouterd.
 //
 // Errors of the router become gRPC statuses here and nowhere else: each
 // carries a google.rpc.ErrorInfo whose reason is one of localrouterv1's

@@ -1,4 +1,4 @@
-package server
+package localrouterd
 
 import (
 	"errors"
@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
 )
 

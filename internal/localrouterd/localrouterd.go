@@ -1,4 +1,10 @@
-package server
+// Package localrouterd is the `kvgate localrouter` process: its flags and
+// environment (config.go), the gRPC and admin listeners, TLS and the
+// authorization of lifecycle calls by client certificate (authz.go), etcd
+// membership and registration, NATS KV events and replica sync, engine
+// metrics scraping (localrouterd.go: Start, Run), around the service
+// (localrouter/server) and the router (localrouter).
+package localrouterd
 
 import (
 	"context"
@@ -22,6 +28,7 @@ import (
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/events"
 	"github.com/kvgate/kvgate/localrouter/replica"
+	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/localrouter/signals"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/membership/registry"
@@ -44,7 +51,7 @@ type Service struct {
 	cfg        Config
 	log        *slog.Logger
 	router     *localrouter.Router
-	srv        *Server
+	srv        *server.Server
 	group      *runner.Group
 	grpcLis    net.Listener
 	httpLis    net.Listener
@@ -116,7 +123,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		}
 	}
 	var replicaStats func() replica.Stats
-	var observer Observer
+	var observer server.Observer
 	if cfg.Router.ReplicaSync {
 		if s.sync, err = replica.New(s.nc, s.router, replica.Options{Pool: cfg.Pool, RouterID: cfg.RouterID, Logger: log}); err != nil {
 			return nil, err
@@ -124,7 +131,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		replicaStats, observer = s.sync.Stats, s.sync
 	}
 	s.watcher = registry.NewWatcher(s.etcd, cfg.Pool, (*workerSet)(s), registry.WatcherOptions{BlockSize: cfg.Router.BlockSize, Logger: log})
-	opts := Options{Router: s.router, Directory: s.watcher, Observer: observer, RouterID: cfg.RouterID, Pool: cfg.Pool, Logger: base}
+	opts := server.Options{Router: s.router, Directory: s.watcher, Observer: observer, RouterID: cfg.RouterID, Pool: cfg.Pool, Logger: base}
 	if s.sub != nil {
 		opts.EventStats = s.sub.Stats
 	}
@@ -137,10 +144,10 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		}
 		opts.ScrapeStats, opts.MetricsPeriod = s.scraper.Stats, cfg.MetricsPeriod
 	}
-	if s.srv, err = New(opts); err != nil {
+	if s.srv, err = server.New(opts); err != nil {
 		return nil, err
 	}
-	m, err := NewMetrics(reg, s.srv, replicaStats)
+	m, err := server.NewMetrics(reg, s.srv, replicaStats)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
@@ -163,7 +170,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	if s.grpcLis, err = runner.Listen("grpc-addr", cfg.GRPCAddr); err != nil {
 		return nil, err
 	}
-	gopts := GRPCServerOptions(m)
+	gopts := server.GRPCServerOptions(m)
 	if creds != nil {
 		gopts = append(gopts, grpc.Creds(creds))
 		if cfg.TLS.MutualTLS() && len(cfg.AuthorizedClients) > 0 {
@@ -232,8 +239,8 @@ type workerSet Service
 
 var (
 	_ registry.Handler = (*workerSet)(nil)
-	_ Directory        = (*registry.Watcher)(nil)
-	_ Observer         = (*replica.Sync)(nil)
+	_ server.Directory = (*registry.Watcher)(nil)
+	_ server.Observer  = (*replica.Sync)(nil)
 	_ events.Target    = (*localrouter.Router)(nil)
 )
 

@@ -1,4 +1,4 @@
-package server
+package localrouterd
 
 import (
 	"errors"
@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/client"
+	"github.com/kvgate/kvgate/localrouter/server"
 	"github.com/kvgate/kvgate/membership"
 )
 
@@ -188,7 +189,7 @@ func TestMinInitialWorkersGate(t *testing.T) {
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
 	health := func() healthpb.HealthCheckResponse_ServingStatus {
-		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: ServiceName})
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: server.ServiceName})
 		if err != nil {
 			t.Fatalf("health check: %v", err)
 		}
@@ -360,7 +361,7 @@ func TestReflectionListsTheServices(t *testing.T) {
 	for _, s := range resp.GetListServicesResponse().GetService() {
 		got = append(got, s.GetName())
 	}
-	for _, want := range []string{ServiceName, "grpc.health.v1.Health"} {
+	for _, want := range []string{server.ServiceName, "grpc.health.v1.Health"} {
 		if !slices.Contains(got, want) {
 			t.Errorf("reflection lists %v, want %s among them", got, want)
 		}
