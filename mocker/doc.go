@@ -62,8 +62,8 @@
 // steps it at the times it asks for, with a Clock (RealClock), streams
 // tokens to HTTP handlers and hands each step's KV events to a KVSink:
 // ZMQSink (vLLM's wire format, for `kvgate relay`), PublisherSink (NATS via
-// kvevents.Publisher) or FuncSink. Start/Run assemble a whole process:
-// listener, sink, etcd self-registration.
+// kvevents.Publisher) or FuncSink. The process around it (listener, sink,
+// TLS, etcd self-registration) is internal/mockerd's.
 //
 // An Engine is not safe for concurrent use; the HTTP server serialises
 // access with a mutex.

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/internal/mockerd"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
@@ -30,10 +31,10 @@ func TestZMQDataParallel(t *testing.T) {
 	log := testenv.Logger(t)
 	mctx, stopMocker := context.WithCancel(ctx)
 	defer stopMocker()
-	inst, err := mocker.Start(mctx, mocker.RunConfig{
+	inst, err := mockerd.Start(mctx, mockerd.RunConfig{
 		Server: mocker.ServerConfig{Model: "m", DPSize: 2, Engine: mocker.Config{BlockSize: 4, NumBlocks: 64, Speedup: 200}},
-		Listen: "127.0.0.1:0", Pool: "p", Events: mocker.EventsZMQ, ZMQEndpoint: "tcp://127.0.0.1:0",
-	}, mocker.RunDeps{Logger: log, Registry: prometheus.NewRegistry()})
+		Listen: "127.0.0.1:0", Pool: "p", Events: mockerd.EventsZMQ, ZMQEndpoint: "tcp://127.0.0.1:0",
+	}, mockerd.RunDeps{Logger: log, Registry: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,9 +112,9 @@ func TestZMQDataParallel(t *testing.T) {
 func TestZMQEndpointOffsetRefusesBadEndpoints(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := mocker.Start(ctx, mocker.RunConfig{
-		Server: mocker.ServerConfig{DPSize: 2}, Listen: "127.0.0.1:0", Events: mocker.EventsZMQ, ZMQEndpoint: "ipc:///tmp/x",
-	}, mocker.RunDeps{Logger: testenv.Logger(t)})
+	_, err := mockerd.Start(ctx, mockerd.RunConfig{
+		Server: mocker.ServerConfig{DPSize: 2}, Listen: "127.0.0.1:0", Events: mockerd.EventsZMQ, ZMQEndpoint: "ipc:///tmp/x",
+	}, mockerd.RunDeps{Logger: testenv.Logger(t)})
 	if err == nil || !strings.Contains(err.Error(), "tcp://host:port") {
 		t.Errorf("Start with an ipc endpoint and 2 ranks: %v, want an error asking for tcp://host:port", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/internal/mockerd"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/kvevents/relay"
@@ -85,13 +86,13 @@ func TestMockerRelayIndexAgree(t *testing.T) {
 	const bs = 4
 	mctx, stopMocker := context.WithCancel(ctx)
 	defer stopMocker()
-	inst, err := mocker.Start(mctx, mocker.RunConfig{
+	inst, err := mockerd.Start(mctx, mockerd.RunConfig{
 		Server: mocker.ServerConfig{Model: "m", Engine: mocker.Config{
 			BlockSize: bs, NumBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 64, Speedup: 200,
 		}},
-		Listen: "127.0.0.1:0", Pool: "p", Events: mocker.EventsZMQ, ZMQEndpoint: "tcp://127.0.0.1:0",
+		Listen: "127.0.0.1:0", Pool: "p", Events: mockerd.EventsZMQ, ZMQEndpoint: "tcp://127.0.0.1:0",
 		ZMQReplayEndpoint: "tcp://127.0.0.1:0",
-	}, mocker.RunDeps{Logger: log, Registry: prometheus.NewRegistry(), Etcd: cli})
+	}, mockerd.RunDeps{Logger: log, Registry: prometheus.NewRegistry(), Etcd: cli})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,10 +254,10 @@ func TestMockerNATSModeDump(t *testing.T) {
 	nc := testenv.ConnectNATS(t, testenv.StartNATS(t))
 	mctx, stop := context.WithCancel(ctx)
 	defer stop()
-	inst, err := mocker.Start(mctx, mocker.RunConfig{
+	inst, err := mockerd.Start(mctx, mockerd.RunConfig{
 		Server: mocker.ServerConfig{Engine: mocker.Config{BlockSize: 4, NumBlocks: 32, Speedup: 500}},
-		Listen: "127.0.0.1:0", Pool: "p", WorkerID: "w9", Events: mocker.EventsNATS,
-	}, mocker.RunDeps{Logger: testenv.Logger(t), Registry: prometheus.NewRegistry(), NATS: nc})
+		Listen: "127.0.0.1:0", Pool: "p", WorkerID: "w9", Events: mockerd.EventsNATS,
+	}, mockerd.RunDeps{Logger: testenv.Logger(t), Registry: prometheus.NewRegistry(), NATS: nc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,9 @@ type Config struct {
 	CPUReloadBandwidth float64
 }
 
+// Defaults returns c with every unset field set to its default.
+func (c Config) Defaults() Config { return c.withDefaults() }
+
 func (c Config) withDefaults() Config {
 	def := func(v *int, d int) {
 		if *v == 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/internal/mockerd"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/membership"
@@ -29,11 +30,11 @@ func TestStaleWhileNATSDown(t *testing.T) {
 	defer nc.Close()
 	_, cli := testenv.StartEtcd(t)
 	mctx, stop := context.WithCancel(ctx)
-	inst, err := mocker.Start(mctx, mocker.RunConfig{
+	inst, err := mockerd.Start(mctx, mockerd.RunConfig{
 		Server: mocker.ServerConfig{Engine: mocker.Config{BlockSize: 4, NumBlocks: 32, Speedup: 500}},
-		Listen: "127.0.0.1:0", Pool: "p", WorkerID: "w1", Events: mocker.EventsNATS,
+		Listen: "127.0.0.1:0", Pool: "p", WorkerID: "w1", Events: mockerd.EventsNATS,
 		StaleAfter: 100 * time.Millisecond, LeaseTTL: 5 * time.Second,
-	}, mocker.RunDeps{Logger: testenv.Logger(t), Registry: prometheus.NewRegistry(), NATS: nc, Etcd: cli})
+	}, mockerd.RunDeps{Logger: testenv.Logger(t), Registry: prometheus.NewRegistry(), NATS: nc, Etcd: cli})
 	if err != nil {
 		t.Fatal(err)
 	}

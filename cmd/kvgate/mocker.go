@@ -8,15 +8,16 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/kvgate/kvgate/internal/mockerd"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/tokenizer"
 )
 
-// runMocker is `kvgate mocker`: flags → mocker.RunConfig → mocker.Run.
+// runMocker is `kvgate mocker`: flags → mockerd.RunConfig → mockerd.Run.
 func runMocker(ctx context.Context, args []string) error {
-	var cfg mocker.RunConfig
+	var cfg mockerd.RunConfig
 	e := &cfg.Server.Engine
 	e.Role = membership.RoleAggregated
 	fs := config.NewFlagSet("mocker", os.Stderr)
@@ -40,7 +41,7 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Server.DPSize, "dp-size", 1, "data-parallel ranks, each with its own KV cache (X-Data-Parallel-Rank or routed_dp_rank picks one); events=zmq binds one PUB socket per rank at --zmq-endpoint's port + rank, as vLLM does")
 	fs.Int64Var(&cfg.Server.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "largest request body accepted (413 past it); keep it equal to the router's max_body_bytes for the model")
 	fs.IntVar(&cfg.Server.MaxModelLen, "max-model-len", 0, "context length in tokens: prompt + max_tokens past it is a 400 (default: num-blocks × block-size)")
-	fs.StringVar(&cfg.Events, "events", mocker.EventsZMQ, "KV events: zmq (vLLM format, for kvgate relay), nats (direct), none")
+	fs.StringVar(&cfg.Events, "events", mockerd.EventsZMQ, "KV events: zmq (vLLM format, for kvgate relay), nats (direct), none")
 	fs.StringVar(&cfg.ZMQEndpoint, "zmq-endpoint", config.DefaultMockerZMQEndpoint, "ZMQ PUB bind endpoint (events=zmq; tcp://*:5557 for every interface)")
 	fs.StringVar(&cfg.ZMQTopic, "zmq-topic", "kv-events", "ZMQ topic (events=zmq)")
 	fs.StringVar(&cfg.ZMQReplayEndpoint, "zmq-replay-endpoint", "", "serve vLLM's replay socket here, e.g. tcp://*:5558 (events=zmq)")
@@ -69,7 +70,7 @@ func runMocker(ctx context.Context, args []string) error {
 	cfg.Listen = net.JoinHostPort(*host, strconv.Itoa(*port))
 	cfg.Server.LoRAs = config.SplitList(*loras)
 	cfg.EtcdEndpoints = config.SplitList(*etcd)
-	return mocker.Run(ctx, cfg, mocker.RunDeps{Logger: log})
+	return mockerd.Run(ctx, cfg, mockerd.RunDeps{Logger: log})
 }
 
 // mockerTokenizer is the tokenizer the mocker's flags name, configured as

@@ -12,10 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvgate/kvgate/internal/mockerd"
 	"github.com/kvgate/kvgate/mocker"
 )
 
-// Worker is one running mock engine (mocker.Start): its OpenAI API on a
+// Worker is one running mock engine (mockerd.Start): its OpenAI API on a
 // loopback port, its KV events published to NATS, registered in etcd under
 // its pool.
 type Worker struct {
@@ -25,7 +26,7 @@ type Worker struct {
 	// DPSize is its number of data-parallel ranks.
 	DPSize int
 
-	inst   *mocker.Instance
+	inst   *mockerd.Instance
 	cancel context.CancelFunc
 	// what Restart needs to start it again
 	spec workerSpec
@@ -50,13 +51,13 @@ func startWorker(ctx context.Context, spec workerSpec, nc *nats.Conn, cli *clien
 	if listen == "" {
 		listen = net.JoinHostPort(spec.host, "0")
 	}
-	inst, err := mocker.Start(runCtx, mocker.RunConfig{
+	inst, err := mockerd.Start(runCtx, mockerd.RunConfig{
 		Server:   mocker.ServerConfig{Engine: spec.engine, Model: spec.model, Tokenizer: spec.tok, DPSize: spec.dpSize, MaxBodyBytes: spec.maxBody},
 		Listen:   listen,
 		Pool:     spec.pool,
 		WorkerID: spec.id,
-		Events:   mocker.EventsNATS,
-	}, mocker.RunDeps{Logger: log.With("worker", spec.id), Registry: prometheus.NewRegistry(), NATS: nc, Etcd: cli})
+		Events:   mockerd.EventsNATS,
+	}, mockerd.RunDeps{Logger: log.With("worker", spec.id), Registry: prometheus.NewRegistry(), NATS: nc, Etcd: cli})
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("worker %s: %w", spec.id, err)
@@ -86,7 +87,7 @@ func (w *Worker) close(ctx context.Context) error {
 	}
 }
 
-// Kill makes the worker fail as a crashed process does (mocker.Instance.Kill):
+// Kill makes the worker fail as a crashed process does (mockerd.Instance.Kill):
 // its listener and connections close at once, streams in flight break;
 // it stays registered until Restart or Close.
 func (w *Worker) Kill() { w.inst.Kill() }

@@ -1,4 +1,8 @@
-package mocker
+// Package mockerd is the `kvgate mocker` process: a simulated inference
+// engine (mocker.Server) with its listener, its KV-event sink (ZMQ or
+// NATS, one per data-parallel rank), TLS and etcd self-registration
+// (Start, Run).
+package mockerd
 
 import (
 	"context"
@@ -15,12 +19,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
 	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/membership/registry"
+	"github.com/kvgate/kvgate/mocker"
 )
 
 // KV event modes of a running mocker.
@@ -32,7 +37,7 @@ const (
 
 // RunConfig is a whole mocker process: HTTP API, KV events, registration.
 type RunConfig struct {
-	Server ServerConfig
+	Server mocker.ServerConfig
 	// Listen is the HTTP listen address (127.0.0.1:8001; port 0 picks one).
 	Listen string
 	// Advertise is the host:port registered in etcd; defaults to the
@@ -75,7 +80,7 @@ type RunDeps struct {
 
 // Instance is a started mocker.
 type Instance struct {
-	Server *Server
+	Server *mocker.Server
 	// Addr is the HTTP address actually bound.
 	Addr string
 	// WorkerID is the worker's id in events and in etcd.
@@ -164,7 +169,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	if err := cfg.Server.Engine.Validate(); err != nil {
 		return nil, err
 	}
-	engCfg := cfg.Server.Engine.withDefaults()
+	engCfg := cfg.Server.Engine.Defaults()
 
 	// The instance runs on a runner.Group like kvgate's other processes:
 	// what Start opens is closed by the group's OnStop, in reverse order,
@@ -204,8 +209,8 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 
 	inst = &Instance{WorkerID: cfg.WorkerID, done: make(chan struct{})}
 	dpSize := max(cfg.Server.DPSize, 1)
-	var sink KVSink
-	var sinks []KVSink
+	var sink mocker.KVSink
+	var sinks []mocker.KVSink
 	stale := &registry.StaleMarker{Logger: log}
 	switch cfg.Events {
 	case EventsZMQ:
@@ -217,7 +222,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 			if err != nil {
 				return nil, fmt.Errorf("mocker: --zmq-endpoint: %w", err)
 			}
-			z, err := NewZMQSink(runCtx, ep, cfg.ZMQTopic, engCfg.BlockSize, uint32(r))
+			z, err := mocker.NewZMQSink(runCtx, ep, cfg.ZMQTopic, engCfg.BlockSize, uint32(r))
 			if err != nil {
 				return nil, fmt.Errorf("mocker: %w", err)
 			}
@@ -261,10 +266,10 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 			return nil, fmt.Errorf("mocker: %w", err)
 		}
 		closeOnStop(func() { pub.Close() })
-		sink = PublisherSink{Publisher: pub}
+		sink = mocker.PublisherSink{Publisher: pub}
 		if dpSize > 1 {
 			for r := range dpSize {
-				sinks = append(sinks, PublisherSink{Publisher: pub, DPRank: uint32(r)})
+				sinks = append(sinks, mocker.PublisherSink{Publisher: pub, DPRank: uint32(r)})
 			}
 		}
 	case EventsNone:
@@ -272,7 +277,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		return nil, fmt.Errorf("mocker: unknown events mode %q (want zmq, nats or none)", cfg.Events)
 	}
 
-	srv, err := NewServer(cfg.Server, ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink, Sinks: sinks})
+	srv, err := mocker.NewServer(cfg.Server, mocker.ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink, Sinks: sinks})
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +294,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		role := engCfg.Role
 		reg, err := registry.Register(ctx, cli, cfg.Pool, membership.WorkerInfo{
 			ID: cfg.WorkerID, Address: cfg.Advertise, DPSize: dpSize, BlockSize: engCfg.BlockSize,
-			Model: srv.cfg.Model, Role: role, KVCapacityBlocks: engCfg.NumBlocks,
+			Model: srv.Model(), Role: role, KVCapacityBlocks: engCfg.NumBlocks,
 		}, cfg.LeaseTTL, log)
 		if err != nil {
 			return nil, fmt.Errorf("mocker: %w", err)
@@ -303,7 +308,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 	}
 
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	ConfigureHTTPServer(hs)
+	mocker.ConfigureHTTPServer(hs)
 	// Kill closes the server under the group: Serve ends with
 	// http.ErrServerClosed, which the group does not count as a failure,
 	// so the engine, the events and the registration carry on until ctx
