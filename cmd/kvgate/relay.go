@@ -7,15 +7,16 @@ import (
 	"os"
 	"strings"
 
+	"github.com/kvgate/kvgate/internal/relayd"
 	"github.com/kvgate/kvgate/kvevents/relay"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/membership"
 )
 
-// runRelay is `kvgate relay`: flags → relay.Config → relay.Serve.
+// runRelay is `kvgate relay`: flags → relay.Config → relayd.Serve.
 func runRelay(ctx context.Context, args []string) error {
 	var cfg relay.Config
-	var sc relay.ServeConfig
+	var sc relayd.ServeConfig
 	w := &cfg.Worker
 	w.Role = membership.RoleAggregated
 	fs := config.NewFlagSet("relay", os.Stderr)
@@ -67,5 +68,5 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	cfg.Register = w.Address != ""
 	sc.EtcdEndpoints = config.SplitList(*etcd)
-	return relay.Serve(ctx, cfg, sc, log)
+	return relayd.Serve(ctx, cfg, sc, log)
 }
