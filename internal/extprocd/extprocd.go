@@ -34,6 +34,7 @@ import (
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -82,6 +83,12 @@ type Options struct {
 	// live heap stays small, so a higher target trades a little memory for
 	// far fewer collections and a much shorter latency tail.
 	GCPercent int
+	// Policies are the pool policies the configuration may name (nil: the
+	// built-ins); Scorers the worker-chain filters and scorers its pools'
+	// worker_chain may name (nil: the built-ins). Not flags: a program
+	// adds its own with app.WithPolicy and app.WithScorer.
+	Policies *policies.Registry
+	Scorers  *localrouter.ScorerRegistry
 	// Subtree serves the router's subtree to a parent global router
 	// (-subtree-*, off by default; docs/hierarchy.md).
 	Subtree subtreed.Config
@@ -215,15 +222,18 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 		}
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(tc)))
 	}
-	gcfg, err := globalrouter.LoadConfig(o.PoolsFile, nil)
+	gcfg, err := globalrouter.LoadConfig(o.PoolsFile, o.Policies)
 	if err != nil {
 		return err
 	}
-	if err := gcfg.CheckWorkerChains(localrouter.PoolChainCheck(nil)); err != nil {
+	if err := gcfg.CheckWorkerChains(localrouter.PoolChainCheck(o.Scorers)); err != nil {
 		return err
 	}
 	decisions := status.NewRecorder(20) // the status page's last decisions
 	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg), globalrouter.WithShadowFile(o.ShadowFile)}
+	if o.Policies != nil {
+		opts = append(opts, globalrouter.WithPolicies(o.Policies))
+	}
 	if mlis != nil {
 		opts = append(opts, globalrouter.WithObserver(decisions.Observe))
 	}

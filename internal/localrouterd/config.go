@@ -175,7 +175,14 @@ func flags(fs *config.FlagSet, c *Config) {
 // command-line flags. Every error names the flag or variable at fault.
 // -h returns flag.ErrHelp after printing the usage to usage.
 func ParseFlags(name string, args []string, getenv func(string) string, usage io.Writer) (Config, error) {
+	return ParseFlagsWith(name, args, getenv, usage, nil)
+}
+
+// ParseFlagsWith is ParseFlags with the worker chain's filters and scorers
+// taken from scorers (nil: the built-ins; Config.Router.Scorers).
+func ParseFlagsWith(name string, args []string, getenv func(string) string, usage io.Writer, scorers *localrouter.ScorerRegistry) (Config, error) {
 	c := DefaultConfig()
+	c.Router.Scorers = scorers
 	fs := config.NewFlagSet(name, usage)
 	flags(fs, &c)
 	if err := fs.Parse(args, getenv); err != nil {

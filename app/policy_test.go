@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -42,7 +42,7 @@ func TestPolicyCheck(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			err := policyCmd(context.Background(), tt.args, &stdout, &stderr)
+			err := policyCmd(context.Background(), nil, tt.args, &stdout, &stderr)
 			if got := exitStatus(err); got != tt.status {
 				t.Errorf("exit status %d (err %v), want %d", got, err, tt.status)
 			}
@@ -72,12 +72,12 @@ func TestPolicyCheck(t *testing.T) {
 // TestPolicyCheckExamples: every shipped example configuration checks
 // clean (their output is not pinned: the examples change).
 func TestPolicyCheckExamples(t *testing.T) {
-	files, err := filepath.Glob("../../examples/pools*.yaml")
+	files, err := filepath.Glob("../examples/pools*.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("examples: %v, %v", files, err)
 	}
 	var stdout, stderr bytes.Buffer
-	if err := policyCmd(context.Background(), append([]string{"check"}, files...), &stdout, &stderr); err != nil {
+	if err := policyCmd(context.Background(), nil, append([]string{"check"}, files...), &stdout, &stderr); err != nil {
 		t.Fatalf("%v\n%s%s", err, stdout.String(), stderr.String())
 	}
 	for _, f := range files {
@@ -92,7 +92,7 @@ func TestPolicyCheckExamples(t *testing.T) {
 // accounted for.
 func TestPolicyReplay(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	err := policyCmd(context.Background(), []string{"replay", "testdata/policy/good.yaml",
+	err := policyCmd(context.Background(), nil, []string{"replay", "testdata/policy/good.yaml",
 		"--generate", "agentic:sessions=6,max_turns=3,seed=2", "--max-requests", "40", "--workers", "4",
 		"--pool-workers", "pool-a=1", "--models", "llama-3-8b=1", "--json"}, &stdout, &stderr)
 	if err != nil {

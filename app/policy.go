@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -27,19 +27,19 @@ var errCheckFailed = errors.New("check failed")
 // runPolicy is `kvgate policy SUBCOMMAND`: check (validate a global router
 // configuration and show what it builds). Exit status: 0 valid, 1 invalid,
 // 2 bad usage.
-func runPolicy(ctx context.Context, args []string) error {
-	return policyCmd(ctx, args, os.Stdout, os.Stderr)
+func runPolicy(ctx context.Context, args []string, x *extensions) error {
+	return policyCmd(ctx, x, args, os.Stdout, os.Stderr)
 }
 
 const policyUsage = "usage: kvgate policy check [-shadow-config FILE] CONFIG (one or more)\n       kvgate policy replay CONFIG --trace T|--generate G [kvgate replay flags]"
 
-func policyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func policyCmd(ctx context.Context, x *extensions, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return &usageError{errors.New(policyUsage)}
 	}
 	switch args[0] {
 	case "check":
-		return policyCheck(args[1:], stdout, stderr)
+		return policyCheck(x, args[1:], stdout, stderr)
 	case "replay":
 		return policyReplay(ctx, args[1:], stdout, stderr)
 	}
@@ -61,7 +61,7 @@ func policyReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return replayCmd(ctx, "policy replay", append([]string{"--config", args[0]}, args[1:]...), stdout, stderr)
 }
 
-func policyCheck(args []string, stdout, stderr io.Writer) error {
+func policyCheck(x *extensions, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("policy check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	shadow := fs.String("shadow-config", "", "a shadow file (the candidate chain, as kvgate extproc -shadow-config reads it) to check with each configuration")
@@ -84,7 +84,7 @@ func policyCheck(args []string, stdout, stderr io.Writer) error {
 		if i > 0 {
 			fmt.Fprintln(stdout)
 		}
-		if err := checkConfig(path, *shadow, stdout); err != nil {
+		if err := checkConfig(x, path, *shadow, stdout); err != nil {
 			failed = true
 			fmt.Fprintf(stdout, "%s: INVALID\n", path)
 			fmt.Fprintf(stderr, "%v\n", err)
@@ -98,12 +98,12 @@ func policyCheck(args []string, stdout, stderr io.Writer) error {
 
 // checkConfig validates path (with shadowPath's candidate chain when set)
 // and prints what it builds.
-func checkConfig(path, shadowPath string, w io.Writer) error {
-	cfg, err := globalrouter.LoadConfig(path, nil)
+func checkConfig(x *extensions, path, shadowPath string, w io.Writer) error {
+	cfg, err := globalrouter.LoadConfig(path, x.policyRegistry())
 	if err != nil {
 		return err
 	}
-	if err := cfg.CheckWorkerChains(localrouter.PoolChainCheck(nil)); err != nil {
+	if err := cfg.CheckWorkerChains(localrouter.PoolChainCheck(x.scorerRegistry())); err != nil {
 		return err
 	}
 	if shadowPath != "" {
@@ -112,7 +112,7 @@ func checkConfig(path, shadowPath string, w io.Writer) error {
 			return err
 		}
 		cfg.Shadow = sc
-		if err := cfg.Validate(nil); err != nil {
+		if err := cfg.Validate(x.policyRegistry()); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 
 // runLocalRouter runs one pool's local router: flags and environment →
 // localrouterd.Config → localrouterd.Run.
-func runLocalRouter(ctx context.Context, args []string) error {
-	cfg, err := localrouterd.ParseFlags("localrouter", args, os.Getenv, os.Stderr)
+func runLocalRouter(ctx context.Context, args []string, x *extensions) error {
+	cfg, err := localrouterd.ParseFlagsWith("localrouter", args, os.Getenv, os.Stderr, x.scorerRegistry())
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 // runExtproc runs the global router as Envoy's ext_proc server: flags →
 // extprocd.Options → extprocd.Run.
-func runExtproc(ctx context.Context, args []string) error {
+func runExtproc(ctx context.Context, args []string, x *extensions) error {
 	o, err := extprocd.ParseFlags("extproc", args, os.Stderr)
 	if err != nil {
 		return err
@@ -18,5 +18,6 @@ func runExtproc(ctx context.Context, args []string) error {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(o.LogLevel)) // checked by ParseFlags
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	o.Policies, o.Scorers = x.policyRegistry(), x.scorerRegistry()
 	return extprocd.Run(ctx, o, log)
 }
