@@ -61,7 +61,10 @@
 // a Mover, so the request follows the fallback that served it; Ready),
 // subtree.go (Subtree: the router answering a parent's probe for its whole
 // subtree, commits forwarded by pool-qualified worker id, loops refused;
-// served over gRPC by globalrouter/subtree; docs/hierarchy.md).
+// served over gRPC by globalrouter/subtree; docs/hierarchy.md),
+// workerchain.go (CheckWorkerChains: the pools' worker chains checked
+// against a local router's scorer registry, by the process that links one;
+// Validate checks their shape only).
 //
 // Trust (trust.go, TrustConfig): the headers that steer routing (pins,
 // priority, SLO targets, cost overrides) are honoured for the callers

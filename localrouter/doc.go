@@ -28,7 +28,12 @@
 //   - Router: membership, the two above, and BestWorker / PotentialLoads /
 //     Commit / MarkPrefillComplete / Free / DumpEvents. BestWorker answers
 //     a routing.Selection (api/routing; Selected gives its WorkerKey) and
-//     takes a routing.Override, the types the whole request path shares.
+//     takes a routing.Override, the types the whole request path shares;
+//     WorkerKey, ScorerSpec and the error sentinels (ErrClosed,
+//     ErrUnknownRequest, ...) are api/routing's too, aliased here, so the
+//     client side (localrouter/client, pool, globalrouter) never links this
+//     package. localrouter/inproc runs a Router in process as a pool.Client
+//     (the replay's transport).
 //   - Engine signals (package signals): what each rank's engine reports on
 //     its metrics endpoint, handed in by SetEngineSignals. They add
 //     Config.WaitingWeight and KVUsageWeight terms to the cost (0 by
@@ -39,7 +44,9 @@
 //     filters (saturation, lora) then weighted scorers (cost, prefix,
 //     prefill, decode, waiting, running, kv-usage, lora-affinity, session,
 //     cold), built once from Config.WorkerChain by a registry of named
-//     constructors. The default chain, saturation then cost, is Dynamo's
+//     constructors (Config.Scorers, a ScorerRegistry: scorer_registry.go;
+//     nil is the built-ins). PoolChainCheck (poolchain.go) checks a pools
+//     file's worker chains against one, for the process that links both. The default chain, saturation then cost, is Dynamo's
 //     choice exactly; other chains report each scorer's part in
 //     routing.Selection.Scores. Stateful scorers (cold) keep their own
 //     mutex, a leaf.

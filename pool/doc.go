@@ -34,6 +34,13 @@
 // Tracker's stream outlives the request's context and frees the request on
 // the local router when it is freed or breaks.
 //
+// A pool's worker_chain (Config.WorkerChain, []routing.ScorerSpec) is
+// checked for its shape by Validate; the names and arguments only the
+// local router's scorer registry knows are checked by CheckWorkerChain with
+// a ChainCheck the process passes in (localrouter.PoolChainCheck), since
+// pool never links the local router's core. LocalDialer (localdial.go)
+// dials in-process clients by name, such as localrouter/inproc's.
+//
 // # Concurrency and ownership
 //
 // A Pool is safe for concurrent use. Its list of local routers is an

@@ -1,11 +1,14 @@
 // Package routing holds the vocabulary every floor of the request path
-// shares: the worker a local router chose for a request (Selection) and the
-// per-request change of its cost parameters (Override). It is a leaf: it
-// imports nothing of kvgate, so the local router, its Go client, the pool
-// layer, the policies and the global router all speak these two types; the
-// protobuf messages (api/localrouter/v1 Selection and ConfigOverride) are
-// the wire form, converted only by the local router's gRPC server and its
-// Go client.
+// shares: the worker a local router chose for a request (Selection; its
+// WorkerKey, Selected), the per-request change of its cost parameters
+// (Override), a worker-chain entry (ScorerSpec, chain.go) and the errors a
+// local router answers with (ErrUnknownRequest, ErrNoAllowedWorker, ...:
+// worker.go). It is a leaf: it imports nothing of kvgate, so the local
+// router, its Go client, the pool layer, the policies and the global router
+// all speak these types without the client side linking the local
+// router's core; the protobuf messages (api/localrouter/v1 Selection and
+// ConfigOverride, the Reason… of an error) are the wire form, converted
+// only by the local router's gRPC server and its Go client.
 package routing
 
 import (
