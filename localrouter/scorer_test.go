@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter/signals"
 )
 

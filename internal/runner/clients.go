@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
-	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/internal/tlsconfig"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // Etcd is an etcd client's configuration: endpoints and TLS (flags -etcd,
