@@ -51,3 +51,39 @@ func TestWorkerChainFlag(t *testing.T) {
 		})
 	}
 }
+
+// countScorer is a scorer of this test's own: a worker's requests in flight.
+type countScorer struct{}
+
+func (countScorer) Score(in *localrouter.ChainInput, cand []int, out []float64) {
+	for k, j := range cand {
+		out[k] = float64(in.Loads[j].ActiveRequests)
+	}
+}
+
+// TestWorkerChainFlagScorers: a scorer added to a registry (app.WithScorer)
+// is accepted by -worker-chain and carried to the router's Config; the
+// built-ins alone refuse it, and the shared built-ins are not changed.
+func TestWorkerChainFlagScorers(t *testing.T) {
+	args := []string{"--pool", "p", "--etcd", "e:1", "--nats", "n", "--router-id", "r", "--worker-chain", "saturation,count=1"}
+	reg := localrouter.BuiltinScorers()
+	if err := reg.RegisterScorer("count", func(*localrouter.ChainArgs) (localrouter.Scorer, error) { return countScorer{}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.RegisterScorer("count", func(*localrouter.ChainArgs) (localrouter.Scorer, error) { return countScorer{}, nil }); err == nil {
+		t.Error("a name registered twice: no error")
+	}
+	c, err := ParseFlagsWith("localrouter", args, func(string) string { return "" }, io.Discard, reg)
+	if err != nil {
+		t.Fatalf("with the scorer registered: %v", err)
+	}
+	if got := localrouter.FormatWorkerChain(c.Router.WorkerChain); got != "saturation,count=1" || c.Router.Scorers != reg {
+		t.Errorf("chain %q, scorers %p; want saturation,count=1 and %p", got, c.Router.Scorers, reg)
+	}
+	if _, err := ParseFlags("localrouter", args, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), `unknown filter or scorer "count"`) {
+		t.Errorf("the built-ins alone: %v, want count refused", err)
+	}
+	if _, err := ParseFlagsWith("localrouter", args, func(string) string { return "" }, io.Discard, localrouter.BuiltinScorers()); err == nil {
+		t.Error("a fresh BuiltinScorers() knows count: registries are not independent")
+	}
+}
