@@ -13,9 +13,11 @@
 //	}
 //
 // A policy added with WithPolicy may be named in the configuration's
-// chain (kvgate extproc, kvgate policy check); a scorer added with
-// WithScorer or WithFilter in a worker chain (kvgate localrouter
-// -worker-chain, a pool's worker_chain). examples/custompolicy is one.
+// chain (kvgate extproc, kvgate policy check, kvgate up); a scorer added
+// with WithScorer or WithFilter in a worker chain (kvgate localrouter
+// -worker-chain, kvgate up -pool-a-worker-chain, a pool's worker_chain as
+// kvgate extproc and kvgate policy check read it). kvgate replay and
+// policy replay still use the built-ins. examples/custompolicy is one.
 //
 // Each subcommand lives in its own file and hands off to a package at
 // once (the processes are internal/*d; cmd/kvgate/main.go only calls
@@ -42,7 +44,7 @@ type command struct {
 
 func commands(x *extensions) []command {
 	return []command{
-		{"up", "start the whole system locally (embedded etcd and NATS, mock workers, routers, gateway)", runUp},
+		{"up", "start the whole system locally (embedded etcd and NATS, mock workers, routers, gateway)", func(ctx context.Context, args []string) error { return runUp(ctx, args, x) }},
 		{"extproc", "run the global router: the Envoy ext_proc server", func(ctx context.Context, args []string) error { return runExtproc(ctx, args, x) }},
 		{"localrouter", "run one pool's local router (gRPC)", func(ctx context.Context, args []string) error { return runLocalRouter(ctx, args, x) }},
 		{"mocker", "run a simulated inference engine (OpenAI API, KV events)", runMocker},

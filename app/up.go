@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/up"
 	"github.com/kvgate/kvgate/lib/config"
@@ -17,7 +18,7 @@ import (
 
 // runUp starts the whole system locally (`make run`): flags → up.Config →
 // up.Run.
-func runUp(ctx context.Context, args []string) error {
+func runUp(ctx context.Context, args []string, x *extensions) error {
 	cfg := up.DefaultConfig()
 	fs := config.NewFlagSet("up", os.Stderr)
 	fs.StringVar(&cfg.GatewayAddr, "gateway-addr", cfg.GatewayAddr, "HTTP address of the gateway (Envoy's place)")
@@ -53,9 +54,15 @@ func runUp(ctx context.Context, args []string) error {
 	}
 	dpSizes := make([]int, *b)
 	dpSizes[*b-1] = *dp
+	cfg.Scorers = x.scorerRegistry()
+	if reg := x.policyRegistry(); reg != nil {
+		cfg.GlobalOptions = append(cfg.GlobalOptions, globalrouter.WithPolicies(reg))
+	}
 	cfg.Pools = []up.PoolSpec{{Name: "pool-a", Workers: *a}, {Name: "pool-b", Workers: *b, DPSizes: dpSizes}}
 	for i, spec := range []string{*chainA, *chainB} {
-		chain, err := localrouter.LoadWorkerChain(spec, localrouter.DefaultConfig())
+		rc := localrouter.DefaultConfig()
+		rc.Scorers = x.scorerRegistry()
+		chain, err := localrouter.LoadWorkerChain(spec, rc)
 		if err != nil {
 			return fmt.Errorf("-%s-worker-chain: %w", cfg.Pools[i].Name, err)
 		}

@@ -123,7 +123,10 @@ type Config struct {
 	// GlobalOptions are added to the global router's options, last
 	// (benchmarks choose its local-router dialer with them).
 	GlobalOptions []globalrouter.Option
-	Logger        *slog.Logger
+	// Scorers are the worker-chain filters and scorers the pools' local
+	// routers may name (nil: the built-ins; app.WithScorer adds to them).
+	Scorers *localrouter.ScorerRegistry
+	Logger  *slog.Logger
 	// TracerProvider traces the global router's decisions (nil: off).
 	TracerProvider trace.TracerProvider
 }
@@ -317,6 +320,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		rc.RegisterTTL = 5 * time.Second
 		rc.Router.BlockSize = cfg.BlockSize
 		rc.Router.WorkerChain = ps.WorkerChain
+		rc.Router.Scorers = cfg.Scorers
 		rc.MetricsPeriod = max(cfg.MetricsPeriod, 0)
 		if sec != nil {
 			rc.TLS = sec.routerServer
