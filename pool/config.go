@@ -140,13 +140,21 @@ func (c *Config) Validate() error {
 func (c *Config) validateWorkerChain() error {
 	seen := make(map[string]bool, len(c.WorkerChain))
 	for i, sp := range c.WorkerChain {
+		var msg string
 		switch {
 		case sp.Name == "":
-			return c.errorf("worker_chain", "entry %d: name required", i+1)
+			msg = "name required"
 		case seen[sp.Name]:
-			return c.errorf("worker_chain", "entry %d: %q named twice", i+1, sp.Name)
+			msg = fmt.Sprintf("%q named twice", sp.Name)
 		case !(sp.Weight >= 0) || math.IsInf(sp.Weight, 0):
-			return c.errorf("worker_chain", "entry %d: weight %g must be > 0", i+1, sp.Weight)
+			msg = fmt.Sprintf("weight %g must be > 0", sp.Weight)
+		}
+		if msg != "" {
+			// From a file, the error points at the entry.
+			if n := c.field("worker_chain"); n != nil && c.File != "" && n.Kind == yaml.SequenceNode && i < len(n.Content) {
+				return config.Errorf(c.File, n.Content[i], fmt.Sprintf("pool %q: worker_chain[%d]", c.Name, i), "%s", msg)
+			}
+			return c.errorf("worker_chain", "entry %d: %s", i+1, msg)
 		}
 		seen[sp.Name] = true
 	}

@@ -42,6 +42,12 @@ func TestDecodeWorkerChain(t *testing.T) {
 			}
 		})
 	}
+	// The shape is Validate's own (no registry needed): from a file, the
+	// error points at the entry.
+	if _, err := decode(t, dir, "- name: a\n  models: [m]\n  routers: {etcd: true}\n  worker_chain:\n    - name: cost\n    - name: cost\n"); err == nil ||
+		!strings.Contains(err.Error(), `pools.yaml:6:7: pool "a": worker_chain[1]: "cost" named twice`) {
+		t.Errorf("a name twice: %v", err)
+	}
 	// Built in Go: the error names the field.
 	c := pool.NewConfig("g", 16, []string{"m"}, "127.0.0.1:1")
 	c.WorkerChain = []routing.ScorerSpec{{Name: "nope"}}
