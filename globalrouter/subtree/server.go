@@ -18,9 +18,12 @@
 // on a local router); one committed by Commit or BestWorker(request_id)
 // lives until Free, or until a Track stream attaches to it.
 //
-// Start runs it as part of `kvgate extproc` (-subtree-listen): the
-// listener, TLS and -authorized-clients as the local router's gRPC, and
-// the etcd registration as a router of -subtree-pool.
+// internal/subtreed runs it as part of `kvgate extproc` (-subtree-listen):
+// the listener, TLS and -authorized-clients as the local router's gRPC,
+// and the etcd registration as a router of -subtree-pool. The Track
+// stream's events are api/localrouter/track's loop, shared with the local
+// router's server, so this package links neither the local router's core
+// nor its server.
 package subtree
 
 import (
