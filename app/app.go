@@ -13,11 +13,11 @@
 //	}
 //
 // A policy added with WithPolicy may be named in the configuration's
-// chain (kvgate extproc, kvgate policy check, kvgate up); a scorer added
-// with WithScorer or WithFilter in a worker chain (kvgate localrouter
-// -worker-chain, kvgate up -pool-a-worker-chain, a pool's worker_chain as
-// kvgate extproc and kvgate policy check read it). kvgate replay and
-// policy replay still use the built-ins. examples/custompolicy is one.
+// chain, a scorer added with WithScorer or WithFilter in a worker chain
+// (kvgate localrouter -worker-chain, kvgate up -pool-a-worker-chain, a
+// pool's worker_chain), wherever the binary reads them: kvgate extproc,
+// localrouter, up, policy check, replay --config and policy replay.
+// examples/custompolicy is one.
 //
 // Each subcommand lives in its own file and hands off to a package at
 // once (the processes are internal/*d; cmd/kvgate/main.go only calls
@@ -49,7 +49,7 @@ func commands(x *extensions) []command {
 		{"localrouter", "run one pool's local router (gRPC)", func(ctx context.Context, args []string) error { return runLocalRouter(ctx, args, x) }},
 		{"mocker", "run a simulated inference engine (OpenAI API, KV events)", runMocker},
 		{"relay", "relay a vLLM/SGLang ZMQ KV-event stream to NATS", runRelay},
-		{"replay", "replay a trace against simulated workers: compare policies, replay a configuration (--config), sweep parameters (--sweep)", runReplay},
+		{"replay", "replay a trace against simulated workers: compare policies, replay a configuration (--config), sweep parameters (--sweep)", func(ctx context.Context, args []string) error { return runReplay(ctx, args, x) }},
 		{"tokenize", "print the token ids and block hashes the router computes for a request body (stdin)", runTokenize},
 		{"bench", "run the built-in micro-benchmarks and print the figures (-chaos: the load-and-chaos run)", runBench},
 		{"policy", "check a global router configuration (the chain it builds, each pool's policy section; exit status 0/1/2), or replay it on a trace", func(ctx context.Context, args []string) error { return runPolicy(ctx, args, x) }},

@@ -41,7 +41,7 @@ func policyCmd(ctx context.Context, x *extensions, args []string, stdout, stderr
 	case "check":
 		return policyCheck(x, args[1:], stdout, stderr)
 	case "replay":
-		return policyReplay(ctx, args[1:], stdout, stderr)
+		return policyReplay(ctx, x, args[1:], stdout, stderr)
 	}
 	return &usageError{fmt.Errorf("unknown policy subcommand %q (want check or replay)", args[0])}
 }
@@ -49,7 +49,7 @@ func policyCmd(ctx context.Context, x *extensions, args []string, stdout, stderr
 // policyReplay is `kvgate policy replay CONFIG [flags]`: kvgate replay
 // --config CONFIG [flags], the configuration replayed through the real
 // Decide against simulated workers (docs/replay.md).
-func policyReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func policyReplay(ctx context.Context, x *extensions, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return &usageError{errors.New("replay: the configuration file comes first: " + policyUsage)}
 	}
@@ -58,7 +58,7 @@ func policyReplay(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return &usageError{errors.New("replay: the configuration is the first argument; --config does not apply")}
 		}
 	}
-	return replayCmd(ctx, "policy replay", append([]string{"--config", args[0]}, args[1:]...), stdout, stderr)
+	return replayCmd(ctx, x, "policy replay", append([]string{"--config", args[0]}, args[1:]...), stdout, stderr)
 }
 
 func policyCheck(x *extensions, args []string, stdout, stderr io.Writer) error {

@@ -120,7 +120,7 @@ func TestPolicyReplay(t *testing.T) {
 	}
 	// kvgate replay --config is the same replay.
 	var again bytes.Buffer
-	err = replayCmd(context.Background(), "replay", []string{"--config", "testdata/policy/good.yaml",
+	err = replayCmd(context.Background(), nil, "replay", []string{"--config", "testdata/policy/good.yaml",
 		"--generate", "agentic:sessions=6,max_turns=3,seed=2", "--max-requests", "40", "--workers", "4",
 		"--pool-workers", "pool-a=1", "--models", "llama-3-8b=1", "--json"}, &again, &stderr)
 	if err != nil {
@@ -144,7 +144,7 @@ func TestReplayFlagConflicts(t *testing.T) {
 		{"--config", "testdata/policy/good.yaml", "--generate", "agentic", "--pool-workers", "pool-z=1"},
 	} {
 		var stdout, stderr bytes.Buffer
-		if err := replayCmd(context.Background(), "replay", args, &stdout, &stderr); err == nil {
+		if err := replayCmd(context.Background(), nil, "replay", args, &stdout, &stderr); err == nil {
 			t.Errorf("replay %v: no error", args)
 		}
 	}

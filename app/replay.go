@@ -14,18 +14,19 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/lib/config"
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/sim"
 )
 
 // runReplay replays a trace against simulated workers and compares routing
 // policies (sim.Run), replays a global router configuration (--config), or
 // sweeps parameters (--sweep, sim.Sweep).
-func runReplay(ctx context.Context, args []string) error {
-	return replayCmd(ctx, "replay", args, os.Stdout, os.Stderr)
+func runReplay(ctx context.Context, args []string, x *extensions) error {
+	return replayCmd(ctx, x, "replay", args, os.Stdout, os.Stderr)
 }
 
 // replayCmd is kvgate replay (cmdName: the command that runs it, for usage).
-func replayCmd(ctx context.Context, cmdName string, args []string, stdout, stderr io.Writer) error {
+func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string, stdout, stderr io.Writer) error {
 	fs := config.NewFlagSet(cmdName, stderr)
 	var (
 		configPath  = fs.String("config", "", "replay this global router configuration (the real Decide: its pools, chain and pool policies) instead of --topology × --policies")
@@ -100,11 +101,17 @@ func replayCmd(ctx context.Context, cmdName string, args []string, stdout, stder
 	}
 	var global *sim.GlobalReplay
 	if *configPath != "" {
-		gc, err := globalrouter.LoadConfig(*configPath, nil)
+		gc, err := globalrouter.LoadConfig(*configPath, x.policyRegistry())
 		if err != nil {
 			return err
 		}
-		global = &sim.GlobalReplay{Config: gc, Name: filepath.Base(*configPath)}
+		if err := gc.CheckWorkerChains(localrouter.PoolChainCheck(x.scorerRegistry())); err != nil {
+			return err
+		}
+		global = &sim.GlobalReplay{Config: gc, Name: filepath.Base(*configPath), Policies: x.policyRegistry()}
+		if reg := x.scorerRegistry(); reg != nil {
+			global.Router = func(_ string, c *localrouter.Config) { c.Scorers = reg }
+		}
 		if *poolWorkers != "" {
 			if global.PoolWorkers, err = sim.ParsePoolWorkers(*poolWorkers); err != nil {
 				return fmt.Errorf("--pool-workers: %w", err)

@@ -67,6 +67,9 @@ type GlobalReplay struct {
 	// pool's local router through (default inproc.New(r, address)): the
 	// seam for pools that are themselves routers of a subtree.
 	Client func(poolName string, r *localrouter.Router, address func(localrouter.WorkerKey) string) pool.Client
+	// Policies are the pool policies Config's chain may name (nil: the
+	// built-ins; the registry Config was loaded with).
+	Policies *policies.Registry
 }
 
 // Share is one value of a mix and its weight.
@@ -310,6 +313,9 @@ func (r *run) buildGlobal() error {
 		globalrouter.WithClock(r.clock),
 		globalrouter.WithRegisterer(prometheus.NewRegistry()),
 		globalrouter.WithLogger(discardLogger),
+	}
+	if g.Policies != nil {
+		opts = append(opts, globalrouter.WithPolicies(g.Policies))
 	}
 	models := map[string]bool{"*": true}
 	for _, pc := range gcfg.Pools {

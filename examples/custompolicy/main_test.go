@@ -30,6 +30,13 @@ func TestOptionsTakeEffect(t *testing.T) {
 	if err == nil || !strings.Contains(stderr, `unknown filter or scorer "fewest-requests"`) {
 		t.Errorf("policy check without the scorer: %v, %q; want fewest-requests refused", err, stderr)
 	}
+	// The replay of the configuration builds both (the global router's
+	// chain, each pool's local router).
+	replay := []string{"policy", "replay", "pools.yaml", "--generate", "agentic:sessions=4,max_turns=2,seed=1",
+		"--max-requests", "20", "--workers", "2", "--json"}
+	if _, err := runCapturing(t, func() error { return app.Run(ctx, replay, options()...) }); err != nil {
+		t.Errorf("policy replay with the options: %v", err)
+	}
 	// A name taken is refused before anything runs.
 	if err := app.Run(ctx, []string{"policy", "check", "pools.yaml"}, app.WithScorer("ttft", newFewestRequests)); err == nil || !strings.Contains(err.Error(), "ttft") {
 		t.Errorf("a scorer named as a built-in: %v, want an error", err)
