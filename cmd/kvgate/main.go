@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -34,6 +35,7 @@ func commands() []command {
 		{"tokenize", "print the token ids and block hashes the router computes for a request body (stdin)", runTokenize},
 		{"bench", "run the built-in micro-benchmarks and print the figures (-chaos: the load-and-chaos run)", runBench},
 		{"policy", "check a global router configuration (the chain it builds, each pool's policy section; exit status 0/1/2), or replay it on a trace", runPolicy},
+		{"version", "print the module version and the VCS revision this binary was built from", runVersion},
 	}
 }
 
@@ -65,10 +67,24 @@ func exitStatus(err error) int {
 	return 1
 }
 
+// run runs the subcommand args name. No subcommand is bad usage (the
+// usage, exit status 2); -h, --help and help print it (exit status 0), and
+// `help SUBCOMMAND` is `SUBCOMMAND -h`.
 func run(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage()
-		return nil
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return &usageError{errors.New("no subcommand given")}
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		usage(os.Stderr)
+		return flag.ErrHelp
+	case "help":
+		if len(args) == 1 {
+			usage(os.Stderr)
+			return flag.ErrHelp
+		}
+		args = []string{args[1], "-h"}
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -78,13 +94,13 @@ func run(ctx context.Context, args []string) error {
 			return nil
 		}
 	}
-	usage()
-	return fmt.Errorf("unknown subcommand %q", args[0])
+	usage(os.Stderr)
+	return &usageError{fmt.Errorf("unknown subcommand %q", args[0])}
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: kvgate <subcommand> [flags]\n\nsubcommands:")
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: kvgate <subcommand> [flags]   (kvgate <subcommand> -h for its flags)\n\nsubcommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(os.Stderr, "  %-12s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}
 }

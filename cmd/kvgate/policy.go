@@ -37,6 +37,9 @@ func policyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return &usageError{errors.New(policyUsage)}
 	}
 	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintln(stderr, policyUsage+"\n\ncheck: validate each configuration, print what it builds (kvgate policy check -h)\nreplay: replay a configuration on a trace (kvgate policy replay -h)")
+		return flag.ErrHelp
 	case "check":
 		return policyCheck(args[1:], stdout, stderr)
 	case "replay":
@@ -49,6 +52,10 @@ func policyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // --config CONFIG [flags], the configuration replayed through the real
 // Decide against simulated workers (docs/replay.md).
 func policyReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprintln(stderr, "usage: kvgate policy replay CONFIG --trace T|--generate G [kvgate replay flags]\n\nkvgate replay --config CONFIG: the configuration replayed through the real Decide\nagainst simulated workers (docs/replay.md); its flags are kvgate replay's (kvgate replay -h).")
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return &usageError{errors.New("replay: the configuration file comes first: " + policyUsage)}
 	}

@@ -89,7 +89,7 @@ func (c Config) Validate() error {
 	case len(c.Etcd) == 0:
 		return errors.New("--etcd (KVGATE_ETCD) is required")
 	case c.NATS == "" && (c.Router.UseKVEvents || c.Router.ReplicaSync):
-		return errors.New("--nats (KVGATE_NATS) is required unless --router-use-kv-events=false and --router-replica-sync=false")
+		return errors.New("--nats-url (KVGATE_NATS_URL) is required unless --router-use-kv-events=false and --router-replica-sync=false")
 	case c.RouterID == "" || strings.ContainsAny(c.RouterID, "/ "):
 		return fmt.Errorf("--router-id %q: must be non-empty without '/' or ' '", c.RouterID)
 	case c.RegisterTTL < time.Second:
@@ -110,7 +110,8 @@ func flags(fs *config.FlagSet, c *Config) {
 	r := &c.Router
 	fs.Var(config.String(&c.Pool), "pool", "pool this router serves (required)")
 	fs.Var(config.String(&c.RouterID), "router-id", "this replica's id (default: hostname-random)")
-	fs.Var(config.String(&c.GRPCAddr), "grpc-addr", "gRPC listen address")
+	fs.Var(config.String(&c.GRPCAddr), "addr", "gRPC listen address")
+	fs.Deprecated("grpc-addr", "addr")
 	fs.Var(config.String(&c.AdvertiseAddr), "advertise-addr", "gRPC address registered in etcd (default: the listen address)")
 	fs.Var(config.String(&c.MetricsAddr), "admin-addr", "admin HTTP listen address: /metrics (empty: none)")
 	fs.Alias("metrics-addr", "admin-addr")
@@ -119,7 +120,8 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS SANs or CN) allowed lifecycle calls (Commit, Track, Free, MarkPrefillComplete, DumpEvents); empty: any verified client")
 	fs.Var(config.List(&c.Etcd), "etcd", "etcd endpoints, comma-separated (required)")
 	c.EtcdTLS.Flags(fs, "etcd", "etcd", false)
-	fs.Var(config.String(&c.NATS), "nats", "NATS URL (required with KV events or replica sync)")
+	fs.Var(config.String(&c.NATS), "nats-url", "NATS URL (required with KV events or replica sync)")
+	fs.Deprecated("nats", "nats-url")
 	c.NATSTLS.Flags(fs, "nats", "the NATS servers", false)
 	fs.StringVar(&c.NATSCredsFile, "nats-creds-file", c.NATSCredsFile, "NATS credentials file (JWT and NKey seed)")
 	fs.Var(config.Duration(&c.RegisterTTL), "register-ttl", "lease TTL of the router's etcd registration")
