@@ -1,6 +1,8 @@
 package globalrouter
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -374,12 +376,15 @@ func parseConfig(file string, data []byte) (*Config, error) {
 		return nil, err
 	}
 	var fc fileConfig
-	if err := config.DecodeStrict(file, "", doc, &fc); err != nil {
-		return nil, err
-	}
+	// Both decoded before either error returns: one run reports the
+	// unknown fields at the top and every pool's errors.
+	top := config.DecodeStrict(file, "", doc, &fc)
 	pools, err := pool.DecodeConfigs(file, &fc.Pools)
-	if err != nil {
-		return nil, err
+	if top != nil || err != nil {
+		if top == nil || err == nil {
+			return nil, cmp.Or(top, err)
+		}
+		return nil, errors.Join(top, err)
 	}
 	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, File: file, sum: watchSum(file, data)}
 	if c.Shadow != nil {

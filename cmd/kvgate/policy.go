@@ -30,7 +30,7 @@ func runPolicy(ctx context.Context, args []string) error {
 	return policyCmd(ctx, args, os.Stdout, os.Stderr)
 }
 
-const policyUsage = "usage: kvgate policy check [-shadow-config FILE] CONFIG (one or more)\n       kvgate policy replay CONFIG --trace T|--generate G [kvgate replay flags]"
+const policyUsage = "usage: kvgate policy check [-shadow-config FILE] [-etcd ENDPOINTS] CONFIG (one or more)\n       kvgate policy replay CONFIG --trace T|--generate G [kvgate replay flags]"
 
 func policyCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -71,8 +71,9 @@ func policyCheck(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("policy check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	shadow := fs.String("shadow-config", "", "a shadow file (the candidate chain, as kvgate extproc -shadow-config reads it) to check with each configuration")
+	etcd := fs.String("etcd", "", "the etcd endpoints kvgate extproc will be given (as its -etcd): without them, a pool that discovers its routers in etcd (routers.etcd) is warned about, since kvgate extproc refuses to start")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvgate policy check [-shadow-config FILE] CONFIG...\n\nValidates each global router configuration strictly (errors as file:line:column)\nand prints the chain it builds and what each pool's policy section resolves to.\nExit status: 0 all valid, 1 one is not, 2 bad usage.")
+		fmt.Fprintln(stderr, "usage: kvgate policy check [-shadow-config FILE] [-etcd ENDPOINTS] CONFIG...\n\nValidates each global router configuration strictly (errors as file:line:column)\nand prints the chain it builds and what each pool's policy section resolves to.\nExit status: 0 all valid, 1 one is not, 2 bad usage.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -90,7 +91,7 @@ func policyCheck(args []string, stdout, stderr io.Writer) error {
 		if i > 0 {
 			fmt.Fprintln(stdout)
 		}
-		if err := checkConfig(path, *shadow, stdout); err != nil {
+		if err := checkConfig(path, *shadow, *etcd != "", stdout, stderr); err != nil {
 			failed = true
 			fmt.Fprintf(stdout, "%s: INVALID\n", path)
 			fmt.Fprintf(stderr, "%v\n", err)
@@ -103,8 +104,9 @@ func policyCheck(args []string, stdout, stderr io.Writer) error {
 }
 
 // checkConfig validates path (with shadowPath's candidate chain when set)
-// and prints what it builds.
-func checkConfig(path, shadowPath string, w io.Writer) error {
+// and prints what it builds; warnings (what kvgate extproc would refuse
+// with its flags, withEtcd: -etcd given) go to warn.
+func checkConfig(path, shadowPath string, withEtcd bool, w, warn io.Writer) error {
 	cfg, err := globalrouter.LoadConfig(path, nil)
 	if err != nil {
 		return err
@@ -159,6 +161,14 @@ func checkConfig(path, shadowPath string, w io.Writer) error {
 	}
 	for _, p := range cfg.Pools {
 		fmt.Fprintf(&b, "  %s: role %s, models [%s], block size %d, weight %v\n", p.Name, p.Role, strings.Join(p.Models, " "), p.BlockSize, p.Weight)
+		if p.Routers.Etcd {
+			b.WriteString("    routers: discovered in etcd (kvgate extproc -etcd)\n")
+			if !withEtcd {
+				fmt.Fprintf(warn, "warning: %s: pool %q: routers.etcd is set: kvgate extproc needs -etcd ENDPOINTS with this file, and refuses to start without (check with -etcd to say it will have them)\n", path, p.Name)
+			}
+		} else {
+			fmt.Fprintf(&b, "    routers: %s\n", strings.Join(p.Routers.Static, ", "))
+		}
 		switch {
 		case p.PolicyFile != "":
 			fmt.Fprintf(&b, "    policy file %s → %s\n", p.PolicyFile, resolvedPolicyFile(path, p.PolicyFile))
