@@ -25,7 +25,7 @@ var pageTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
 		switch s {
 		case "ok", "closed":
 			return "ok"
-		case "recovering", "half-open":
+		case "recovering", "half-open", "not probed yet":
 			return "warn"
 		}
 		return "bad"

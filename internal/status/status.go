@@ -48,7 +48,8 @@ type Fact struct {
 type Pool struct {
 	Name string `json:"name"`
 	Role string `json:"role"`
-	// State is the pool as the global router sees it: ok, recovering,
+	// State is the pool as the global router sees it (PoolState): ok,
+	// not probed yet, unreachable, recovering,
 	// circuit open, no local router.
 	State   string   `json:"state"`
 	Routers []Router `json:"routers"`
