@@ -212,6 +212,11 @@ func (m *Model) Approximate() bool { return m.approximate }
 // HasChatTemplate reports whether RenderChat can render locally.
 func (m *Model) HasChatTemplate() bool { return m.chat != nil }
 
+// RendersTools reports whether the model's chat template renders a
+// request's tools (false without a template): a chat with tools rendered
+// by one that does not loses them from its ids, silently.
+func (m *Model) RendersTools() bool { return m.chat != nil && m.chat.tools }
+
 // Encode: see Tokenizer.
 func (m *Model) Encode(text string) ([]uint32, error) {
 	ids, err := m.tok.Encode(text)
