@@ -152,3 +152,20 @@ func TestReplayFlagConflicts(t *testing.T) {
 		}
 	}
 }
+
+// TestReplaySaysWhereItWrote: --plot and --json-out name the files written.
+func TestReplaySaysWhereItWrote(t *testing.T) {
+	dir := t.TempDir()
+	plot, js := filepath.Join(dir, "cdf.svg"), filepath.Join(dir, "rep.json")
+	var stdout, stderr bytes.Buffer
+	err := replayCmd(context.Background(), "replay", []string{"--generate", "agentic:sessions=2,max_turns=2,seed=1",
+		"--max-requests", "8", "--workers", "2", "--policies", "random", "--plot", plot, "--json-out", js}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"wrote the TTFT CDF and hit ratio chart to " + plot, "wrote the report as JSON to " + js} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}

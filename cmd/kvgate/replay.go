@@ -139,7 +139,7 @@ func replayCmd(ctx context.Context, cmdName string, args []string, stdout, stder
 		}
 		name = *generate
 		if *generateOut != "" {
-			if err := writeFile(*generateOut, trace.WriteMooncake); err != nil {
+			if err := writeFile(stderr, "the generated trace", *generateOut, trace.WriteMooncake); err != nil {
 				return err
 			}
 		}
@@ -179,7 +179,7 @@ func replayCmd(ctx context.Context, cmdName string, args []string, stdout, stder
 			return err
 		}
 		if *jsonOut != "" {
-			if err := writeFile(*jsonOut, sw.WriteJSON); err != nil {
+			if err := writeFile(stderr, "the sweep as JSON", *jsonOut, sw.WriteJSON); err != nil {
 				return err
 			}
 		}
@@ -193,13 +193,13 @@ func replayCmd(ctx context.Context, cmdName string, args []string, stdout, stder
 		return err
 	}
 	if *plot != "" {
-		err := writeFile(*plot, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) })
+		err := writeFile(stderr, "the TTFT CDF and hit ratio chart", *plot, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) })
 		if err != nil {
 			return err
 		}
 	}
 	if *jsonOut != "" {
-		if err := writeFile(*jsonOut, rep.WriteJSON); err != nil {
+		if err := writeFile(stderr, "the report as JSON", *jsonOut, rep.WriteJSON); err != nil {
 			return err
 		}
 	}
@@ -214,7 +214,9 @@ func isTerminal(f *os.File) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-func writeFile(path string, write func(io.Writer) error) error {
+// writeFile writes path with write, then says on log what it wrote
+// where (the absolute path), so a --plot or --json-out is found.
+func writeFile(log io.Writer, what, path string, write func(io.Writer) error) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
@@ -223,5 +225,12 @@ func writeFile(path string, write func(io.Writer) error) error {
 		f.Close()
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	fmt.Fprintf(log, "wrote %s to %s\n", what, path)
+	return nil
 }
