@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"os"
 
 	"github.com/kvgate/kvgate/extproc"
+	"github.com/kvgate/kvgate/internal/config"
 )
 
 // runExtproc runs the global router as Envoy's ext_proc server: flags →
@@ -15,8 +15,9 @@ func runExtproc(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(o.LogLevel)) // checked by ParseFlags
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	log, err := config.Logging{Level: o.LogLevel, Format: o.LogFormat}.Logger(os.Stderr)
+	if err != nil {
+		return err // checked by ParseFlags
+	}
 	return extproc.Run(ctx, o, log)
 }

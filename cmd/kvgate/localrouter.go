@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"os"
 
 	"github.com/kvgate/kvgate/localrouter/server"
@@ -15,6 +14,9 @@ func runLocalRouter(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	log, err := cfg.Log.Logger(os.Stderr)
+	if err != nil {
+		return err
+	}
 	return server.Run(ctx, cfg, server.Deps{Logger: log})
 }

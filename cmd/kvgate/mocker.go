@@ -61,11 +61,12 @@ func runMocker(ctx context.Context, args []string) error {
 	tokBackend := fs.String("tokenizer", tokenizer.BackendOpenAI, "tokenizer: openai (with -encoding), huggingface (with -tokenizer-dir) or word (the built-in word tokenizer); use the router's, so both compute the same token ids")
 	tokDir := fs.String("tokenizer-dir", "", "model folder with tokenizer.json and tokenizer_config.json (-tokenizer huggingface)")
 	encoding := fs.String("encoding", "cl100k_base", "OpenAI encoding (-tokenizer openai): cl100k_base or o200k_base")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
+	var logging config.Logging
+	logging.Flags(fs, "info")
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
-	log, err := engineSideLogger(*level)
+	log, err := logging.Logger(os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -119,10 +120,3 @@ func mockerTokenizer(backend, dir, encoding, model string, log *slog.Logger) (mo
 	return nil, fmt.Errorf("-tokenizer %q: want openai, huggingface or word", backend)
 }
 
-func engineSideLogger(level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level: %w", err)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
-}

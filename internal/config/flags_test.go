@@ -143,3 +143,40 @@ func TestFlagSetUsageAndDeprecated(t *testing.T) {
 		t.Errorf("deprecated env: got url %q, output %q", url, out.String())
 	}
 }
+
+// TestLogging: -log-format picks JSON (the default) or text; bad values
+// are refused naming the flag.
+func TestLogging(t *testing.T) {
+	for _, tt := range []struct {
+		args   []string
+		prefix string
+		err    string
+	}{
+		{nil, `{"time":`, ""},
+		{[]string{"-log-format", "text"}, "time=", ""},
+		{[]string{"-log-format", "xml"}, "", "-log-format"},
+		{[]string{"-log-level", "loud"}, "", "-log-level"},
+	} {
+		var l config.Logging
+		fs := config.NewFlagSet("t", io.Discard)
+		l.Flags(fs, "info")
+		if err := fs.Parse(tt.args, nil); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		log, err := l.Logger(&out)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%v: got error %v, want one naming %s", tt.args, err, tt.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Info("hello")
+		if !strings.HasPrefix(out.String(), tt.prefix) {
+			t.Errorf("%v: logged %q, want it to start %q", tt.args, out.String(), tt.prefix)
+		}
+	}
+}

@@ -44,6 +44,9 @@ type Config struct {
 	Etcd []string
 	// EtcdTLS is the etcd client's TLS.
 	EtcdTLS tlsconfig.Client
+	// Log is -log-level and -log-format (the process's logger; JSON
+	// lines at info by default).
+	Log config.Logging
 	// NATS URL (required when the router uses KV events or replica sync).
 	NATS string
 	// NATSTLS and NATSCredsFile secure the NATS client.
@@ -69,6 +72,12 @@ func (c Config) Defaults() Config {
 	}
 	if c.MetricsAddr == "" {
 		c.MetricsAddr = config.DefaultLocalRouterAdminAddr
+	}
+	if c.Log.Level == "" {
+		c.Log.Level = "info"
+	}
+	if c.Log.Format == "" {
+		c.Log.Format = config.LogJSON
 	}
 	if c.RegisterTTL == 0 {
 		c.RegisterTTL = 10 * time.Second
@@ -100,6 +109,9 @@ func (c Config) Validate() error {
 	if err := c.TLS.Validate(); err != nil {
 		return err
 	}
+	if err := c.Log.Validate(); err != nil {
+		return err
+	}
 	return c.Router.Validate()
 }
 
@@ -125,6 +137,7 @@ func flags(fs *config.FlagSet, c *Config) {
 	c.NATSTLS.Flags(fs, "nats", "the NATS servers", false)
 	fs.StringVar(&c.NATSCredsFile, "nats-creds-file", c.NATSCredsFile, "NATS credentials file (JWT and NKey seed)")
 	fs.Var(config.Duration(&c.RegisterTTL), "register-ttl", "lease TTL of the router's etcd registration")
+	c.Log.Flags(fs, "info")
 
 	fs.Var(config.Int(&r.BlockSize, 1), "block-size", "KV block size in tokens")
 	fs.Alias("router-block-size", "block-size")

@@ -53,6 +53,7 @@ func TestParseFlags(t *testing.T) {
 		{"deprecated names", []string{"--grpc-addr=:2", "--nats=nats://old:4222"}, nil, want(func(c *Config) {
 			c.GRPCAddr, c.NATS = ":2", "nats://old:4222"
 		})},
+		{"log flags", []string{"--log-format=text", "--log-level=debug"}, nil, want(func(c *Config) { c.Log.Format, c.Log.Level = "text", "debug" })},
 		{"deprecated environment name", nil, map[string]string{"KVGATE_GRPC_ADDR": ":3"}, want(func(c *Config) { c.GRPCAddr = ":3" })},
 		{"short names", []string{"--block-size=32", "--min-initial-workers=2"}, nil, want(func(c *Config) {
 			c.Router.BlockSize, c.Router.MinInitialWorkers = 32, 2
@@ -105,6 +106,7 @@ func TestParseFlagsErrorsNameTheSource(t *testing.T) {
 		{"missing pool", []string{"--pool="}, nil, "--pool (KVGATE_POOL) is required"},
 		{"missing nats", []string{"--nats-url="}, nil, "--nats-url (KVGATE_NATS_URL) is required"},
 		{"stray argument", []string{"extra"}, nil, "unexpected arguments"},
+		{"bad log format", []string{"--log-format=xml"}, nil, `-log-format "xml": want json or text`},
 		{"negative metrics period", []string{"--router-metrics-period=-1s"}, nil, "-router-metrics-period: must be positive"},
 		{"saturation kv usage above 1", []string{"--router-saturation-kv-usage=1.5"}, nil, "saturation_kv_usage 1.5 must be within 0..1"},
 	}
