@@ -45,6 +45,9 @@ func explain(p *prepared, results []probeResult, ranked []policies.Candidate, tr
 	}
 	if why := decidedBy(trace, initial, winner); why != "" {
 		fmt.Fprintf(&b, ": ranked first by %s", why)
+		if why == costPolicy || why == configOrder {
+			writeCostComparison(&b, results, ranked, w.Pool, why == configOrder)
+		}
 	}
 	if w.Prefill != nil {
 		fmt.Fprintf(&b, ", prefill on %s/%s (uncached %d tokens)", w.Prefill.Pool, w.Prefill.Probe.WorkerID, w.Probe.UncachedTokens())
@@ -74,9 +77,59 @@ func decidedBy(t *policies.Trace, initial, winner string) string {
 		prev = first
 	}
 	if why == "" && len(t.Steps) > 0 {
-		why = "configuration order (no policy reordered it)"
+		why = configOrder
+		for _, s := range t.Steps {
+			if s.Policy == costPolicy {
+				// First already, and the cost policy kept it there: the
+				// cost agreed, which writeCostComparison shows.
+				why = costPolicy
+			}
+		}
 	}
 	return why
+}
+
+const (
+	costPolicy  = "cost"
+	configOrder = "configuration order (no policy reordered it)"
+)
+
+// costWords is how an explanation names a probe's cost: its unit and
+// direction, in one place.
+const costWords = "cost (lower is better)"
+
+// writeCostComparison adds the winner's cost against each other pool still
+// ranked, e.g. " (cost (lower is better) 28.06 against pool-b 56.06)"; with
+// orderOnly (no cost policy in the chain) only when the winner was also the
+// cheapest, so the reader sees that the order and the cost agreed.
+func writeCostComparison(b *strings.Builder, results []probeResult, ranked []policies.Candidate, winner string, orderOnly bool) {
+	cost := map[string]float64{}
+	for _, res := range results {
+		if res.err == nil {
+			cost[res.pe.cfg.Name] = res.sel.Cost
+		}
+	}
+	wc, ok := cost[winner]
+	if !ok {
+		return
+	}
+	var others []string
+	seen := map[string]bool{winner: true}
+	for _, c := range ranked {
+		oc, ok := cost[c.Pool]
+		if seen[c.Pool] || !ok {
+			continue
+		}
+		seen[c.Pool] = true
+		if orderOnly && oc < wc {
+			return
+		}
+		others = append(others, fmt.Sprintf("%s %.4g", c.Pool, oc))
+	}
+	if len(others) == 0 {
+		return
+	}
+	fmt.Fprintf(b, " (%s %.4g against %s)", costWords, wc, strings.Join(others, ", "))
 }
 
 // formatScores writes a worker's chain scores as name:contribution,...
