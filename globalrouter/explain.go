@@ -2,6 +2,7 @@ package globalrouter
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -43,12 +44,7 @@ func explain(p *prepared, results []probeResult, ranked []policies.Candidate, tr
 			break
 		}
 	}
-	if why := decidedBy(trace, initial, winner); why != "" {
-		fmt.Fprintf(&b, ": ranked first by %s", why)
-		if why == costPolicy || why == configOrder {
-			writeCostComparison(&b, results, ranked, w.Pool, why == configOrder)
-		}
-	}
+	writeWhy(&b, decidedBy(trace, initial, winner), trace, results, ranked, w.Pool)
 	if w.Prefill != nil {
 		fmt.Fprintf(&b, ", prefill on %s/%s (uncached %d tokens)", w.Prefill.Pool, w.Prefill.Probe.WorkerID, w.Probe.UncachedTokens())
 	}
@@ -78,13 +74,6 @@ func decidedBy(t *policies.Trace, initial, winner string) string {
 	}
 	if why == "" && len(t.Steps) > 0 {
 		why = configOrder
-		for _, s := range t.Steps {
-			if s.Policy == costPolicy {
-				// First already, and the cost policy kept it there: the
-				// cost agreed, which writeCostComparison shows.
-				why = costPolicy
-			}
-		}
 	}
 	return why
 }
@@ -92,17 +81,37 @@ func decidedBy(t *policies.Trace, initial, winner string) string {
 const (
 	costPolicy  = "cost"
 	configOrder = "configuration order (no policy reordered it)"
+	// costWords is how an explanation names a probe's cost: its unit
+	// and direction, in one place.
+	costWords = "cost (lower is better)"
 )
 
-// costWords is how an explanation names a probe's cost: its unit and
-// direction, in one place.
-const costWords = "cost (lower is better)"
+// writeWhy writes why the winner pool won. A winner first in
+// configuration order that a cost policy kept first, strictly cheaper than
+// every other pool ranked, is credited to the cost; either way the costs
+// are shown when they agree with the outcome.
+func writeWhy(b *strings.Builder, why string, t *policies.Trace, results []probeResult, ranked []policies.Candidate, winner string) {
+	if why == "" {
+		return
+	}
+	against, cheapest := costComparison(results, ranked, winner)
+	if why == configOrder && cheapest && slices.ContainsFunc(t.Steps, func(s policies.Step) bool { return s.Policy == costPolicy }) {
+		why = costPolicy
+	}
+	switch {
+	case why == costPolicy && against != "":
+		fmt.Fprintf(b, ": ranked first by %s: %s", costWords, against)
+	case why == configOrder && cheapest:
+		fmt.Fprintf(b, ": ranked first by %s; %s %s", why, costWords, against)
+	default:
+		fmt.Fprintf(b, ": ranked first by %s", why)
+	}
+}
 
-// writeCostComparison adds the winner's cost against each other pool still
-// ranked, e.g. " (cost (lower is better) 28.06 against pool-b 56.06)"; with
-// orderOnly (no cost policy in the chain) only when the winner was also the
-// cheapest, so the reader sees that the order and the cost agreed.
-func writeCostComparison(b *strings.Builder, results []probeResult, ranked []policies.Candidate, winner string, orderOnly bool) {
+// costComparison renders the winner's probe cost against each other pool
+// still ranked ("28.06 against pool-b 56.06"; "" when there is none) and
+// whether the winner's is strictly the lowest.
+func costComparison(results []probeResult, ranked []policies.Candidate, winner string) (string, bool) {
 	cost := map[string]float64{}
 	for _, res := range results {
 		if res.err == nil {
@@ -111,9 +120,10 @@ func writeCostComparison(b *strings.Builder, results []probeResult, ranked []pol
 	}
 	wc, ok := cost[winner]
 	if !ok {
-		return
+		return "", false
 	}
 	var others []string
+	cheapest := true
 	seen := map[string]bool{winner: true}
 	for _, c := range ranked {
 		oc, ok := cost[c.Pool]
@@ -121,15 +131,13 @@ func writeCostComparison(b *strings.Builder, results []probeResult, ranked []pol
 			continue
 		}
 		seen[c.Pool] = true
-		if orderOnly && oc < wc {
-			return
-		}
+		cheapest = cheapest && wc < oc
 		others = append(others, fmt.Sprintf("%s %.4g", c.Pool, oc))
 	}
 	if len(others) == 0 {
-		return
+		return "", false
 	}
-	fmt.Fprintf(b, " (%s %.4g against %s)", costWords, wc, strings.Join(others, ", "))
+	return fmt.Sprintf("%.4g against %s", wc, strings.Join(others, ", ")), cheapest
 }
 
 // formatScores writes a worker's chain scores as name:contribution,...

@@ -24,40 +24,38 @@ func TestFormatScores(t *testing.T) {
 	}
 }
 
-// TestExplainCreditsTheCost: a winner first in configuration order that the
-// cost policy kept first is credited to the cost, with both pools' costs;
-// without a cost policy it is configuration order, the costs shown only
-// when they agree.
+// TestExplainCreditsTheCost: a winner first in configuration order that a
+// cost policy kept first, strictly cheaper, is credited to the cost, with
+// both pools' costs; a tie, or no cost policy, is configuration order, the
+// costs shown only when they agree.
 func TestExplainCreditsTheCost(t *testing.T) {
-	results := []probeResult{
-		{pe: &poolEntry{cfg: pool.Config{Name: "pool-a"}}, sel: routing.Selection{Cost: 28.06}},
-		{pe: &poolEntry{cfg: pool.Config{Name: "pool-b"}}, sel: routing.Selection{Cost: 56.06}},
+	probe := func(costA, costB float64) []probeResult {
+		return []probeResult{
+			{pe: &poolEntry{cfg: pool.Config{Name: "pool-a"}}, sel: routing.Selection{Cost: costA}},
+			{pe: &poolEntry{cfg: pool.Config{Name: "pool-b"}}, sel: routing.Selection{Cost: costB}},
+		}
 	}
+	withCost := []policies.Step{{Policy: "model-match", Pools: []string{"pool-a", "pool-b"}}, {Policy: "cost", Pools: []string{"pool-a", "pool-b"}}}
+	noCost := withCost[:1]
 	ranked := []policies.Candidate{{Pool: "pool-a"}, {Pool: "pool-b"}}
 	for _, tt := range []struct {
-		name  string
-		steps []policies.Step
-		want  string
+		name    string
+		steps   []policies.Step
+		results []probeResult
+		want    string
 	}{
-		{"cost kept the first", []policies.Step{{Policy: "model-match", Pools: []string{"pool-a", "pool-b"}}, {Policy: "cost", Pools: []string{"pool-a", "pool-b"}}},
-			"cost (cost (lower is better) 28.06 against pool-b 56.06)"},
-		{"no cost policy", []policies.Step{{Policy: "model-match", Pools: []string{"pool-a", "pool-b"}}},
-			"configuration order (no policy reordered it) (cost (lower is better) 28.06 against pool-b 56.06)"},
+		{"cost kept the first", withCost, probe(28.06, 56.06), ": ranked first by cost (lower is better): 28.06 against pool-b 56.06"},
+		{"a tie is the order", withCost, probe(50.28, 50.28), ": ranked first by configuration order (no policy reordered it)"},
+		{"no cost policy, cost agrees", noCost, probe(28.06, 56.06), ": ranked first by configuration order (no policy reordered it); cost (lower is better) 28.06 against pool-b 56.06"},
+		{"no cost policy, cost disagrees", noCost, probe(56.06, 28.06), ": ranked first by configuration order (no policy reordered it)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var b strings.Builder
-			why := decidedBy(&policies.Trace{Steps: tt.steps}, "pool-a", "pool-a")
-			b.WriteString(why)
-			writeCostComparison(&b, results, ranked, "pool-a", why == configOrder)
+			tr := &policies.Trace{Steps: tt.steps}
+			writeWhy(&b, decidedBy(tr, "pool-a", "pool-a"), tr, tt.results, ranked, "pool-a")
 			if b.String() != tt.want {
 				t.Errorf("got %q, want %q", b.String(), tt.want)
 			}
 		})
-	}
-	// Configuration order against the cost: no comparison claimed.
-	var b strings.Builder
-	writeCostComparison(&b, results, []policies.Candidate{{Pool: "pool-b"}, {Pool: "pool-a"}}, "pool-b", true)
-	if b.String() != "" {
-		t.Errorf("order against the cost: got %q, want nothing", b.String())
 	}
 }
