@@ -1,4 +1,4 @@
-// Package membership is who is alive in a kvgate system (DESIGN.md §7): the
+// Package membership is who is alive in a kvgate system: the
 // etcd keys under which workers and local routers register, the records
 // stored there (WorkerInfo, RouterInfo), and the one Role type that workers,
 // pools and policies share.

@@ -1,6 +1,6 @@
 // Package policies decides, for one request, which pool (and which of the
 // pool's probed workers) serves it, and in what order the others are
-// fallbacks (DESIGN.md §6).
+// fallbacks.
 //
 // A Policy sees the request view (Request) and an immutable snapshot of the
 // candidates: per pool its probe result, health, role, weight and load

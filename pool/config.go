@@ -46,7 +46,8 @@ type Config struct {
 	// WorkerChain is how the pool's local routers rank its workers:
 	// filters and weighted scorers, a list of {name, weight, args}
 	// (localrouter.ScorerSpec; docs/localrouter.md "Worker chain"). Empty:
-	// the default chain (saturation, then Dynamo's cost). The local routers
+	// the default chain (saturation, then ttft, the predicted-TTFT scorer;
+	// "cost" is Dynamo's). The local routers
 	// that `kvgate up` starts take it; a local router started on its own
 	// takes the same list with -worker-chain.
 	WorkerChain []localrouter.ScorerSpec `yaml:"worker_chain"`

@@ -1,4 +1,4 @@
-// Package registry is membership's etcd half (DESIGN.md §7): registering a
+// Package registry is membership's etcd half: registering a
 // worker or a local router under a lease, and following a pool's workers or
 // routers live.
 //
