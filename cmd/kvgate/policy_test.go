@@ -169,3 +169,13 @@ func TestReplaySaysWhereItWrote(t *testing.T) {
 		}
 	}
 }
+
+// TestShadowExample: the shipped shadow file checks clean with pools.yaml,
+// as docs/operating.md runs it.
+func TestShadowExample(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := policyCmd(context.Background(), []string{"check", "-etcd", "127.0.0.1:2379", "-shadow-config", "../../examples/shadow-candidate.yaml", "../../examples/pools.yaml"}, &stdout, &stderr)
+	if err != nil || stderr.Len() > 0 || !strings.Contains(stdout.String(), "shadow chain (5 policies") {
+		t.Errorf("err %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+}
