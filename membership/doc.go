@@ -12,4 +12,7 @@
 // lease expires. This package is plain data with no etcd dependency, so the
 // policies and the KV-event code can import it; registration with leases and
 // watching live in membership/registry.
+//
+// Files: records.go (Role, WorkerInfo, RouterInfo, the key prefixes and
+// keys).
 package membership
