@@ -119,4 +119,3 @@ func mockerTokenizer(backend, dir, encoding, model string, log *slog.Logger) (mo
 	}
 	return nil, fmt.Errorf("-tokenizer %q: want openai, huggingface or word", backend)
 }
-
