@@ -200,42 +200,51 @@ func (c *Config) Validate(reg *policies.Registry) error {
 
 // validate is Validate returning the chain it built: the Router's, built
 // once per configuration.
+//
+// Every error is reported, not only the first (joined): one run of `kvgate
+// policy check` lists them all.
 func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 	if len(c.Pools) == 0 {
 		return nil, fmt.Errorf("%s: %w: no pools", c.file(), policies.ErrConfig)
 	}
+	var errs []error
+	fail := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %w: "+format, append([]any{c.file(), policies.ErrConfig}, args...)...))
+	}
 	if c.Probe.MinTimeout > c.Probe.Timeout {
-		return nil, fmt.Errorf("%s: %w: probe.min_timeout %v is above probe.timeout %v", c.file(), policies.ErrConfig, c.Probe.MinTimeout, c.Probe.Timeout)
+		fail("probe.min_timeout %v is above probe.timeout %v", c.Probe.MinTimeout, c.Probe.Timeout)
 	}
 	if r := c.Probe.FailureRatio; r < 0 || r > 1 {
-		return nil, fmt.Errorf("%s: %w: probe.failure_ratio %v: want a share between 0 and 1", c.file(), policies.ErrConfig, r)
+		fail("probe.failure_ratio %v: want a share between 0 and 1", r)
 	}
 	if c.Probe.OpenAfterFailures < 0 || c.Probe.OpenAfterTimeouts < 0 || c.Probe.RatioMinCalls < 0 || c.Probe.SamePoolFallbacks < -1 {
-		return nil, fmt.Errorf("%s: %w: probe: counts must not be negative", c.file(), policies.ErrConfig)
+		fail("probe: counts must not be negative")
 	}
 	switch c.Probe.Commit {
 	case CommitDecide, CommitPipelined, "":
 	default:
-		return nil, fmt.Errorf("%s: %w: probe.commit %q: want %q or %q", c.file(), policies.ErrConfig, c.Probe.Commit, CommitDecide, CommitPipelined)
+		fail("probe.commit %q: want %q or %q", c.Probe.Commit, CommitDecide, CommitPipelined)
 	}
 	if err := c.Trust.validate(c.file()); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
 	if err := c.Tenancy.validate(c.file()); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
 	if c.Probe.BackoffMax < c.Probe.BackoffBase {
-		return nil, fmt.Errorf("%s: %w: probe.backoff_max %v is below probe.backoff_base %v", c.file(), policies.ErrConfig, c.Probe.BackoffMax, c.Probe.BackoffBase)
+		fail("probe.backoff_max %v is below probe.backoff_base %v", c.Probe.BackoffMax, c.Probe.BackoffBase)
 	}
 	names := map[string]bool{}
 	served := map[string]bool{}
 	for i := range c.Pools {
 		p := &c.Pools[i]
 		if err := p.Validate(); err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		if names[p.Name] {
-			return nil, fmt.Errorf("%s: %w: pool %q defined twice", c.file(), policies.ErrConfig, p.Name)
+			fail("pool %q defined twice", p.Name)
+			continue
 		}
 		names[p.Name] = true
 		for _, m := range p.Models {
@@ -246,24 +255,30 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 	for _, m := range c.Models {
 		switch {
 		case m.Name == "":
-			return nil, fmt.Errorf("%s: %w: models: entry without a name", c.file(), policies.ErrConfig)
+			fail("models: entry without a name")
 		case seen[m.Name]:
-			return nil, fmt.Errorf("%s: %w: models: %q listed twice", c.file(), policies.ErrConfig, m.Name)
+			fail("models: %q listed twice", m.Name)
 		case m.MaxBodyBytes < 0:
-			return nil, fmt.Errorf("%s: %w: models: %q: max_body_bytes %d must not be negative", c.file(), policies.ErrConfig, m.Name, m.MaxBodyBytes)
+			fail("models: %q: max_body_bytes %d must not be negative", m.Name, m.MaxBodyBytes)
 		case !served[m.Name] && !served["*"]:
-			return nil, fmt.Errorf("%s: %w: models: %q has a tokenizer but no pool serves it", c.file(), policies.ErrConfig, m.Name)
+			fail("models: %q has a tokenizer but no pool serves it", m.Name)
 		}
 		seen[m.Name] = true
 	}
 	chain, err := c.buildChain(reg)
 	if err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
 	if err := c.buildShadow(reg); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
-	return chain, nil
+	switch len(errs) {
+	case 0:
+		return chain, nil
+	case 1:
+		return nil, errs[0]
+	}
+	return nil, errors.Join(errs...)
 }
 
 func (c *Config) buildChain(reg *policies.Registry) (*policies.Chain, error) {

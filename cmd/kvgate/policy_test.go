@@ -33,6 +33,7 @@ func TestPolicyCheck(t *testing.T) {
 		{"bad-shadow-file", []string{"check", "-shadow-config", "testdata/policy/bad-shadow.yaml", "testdata/policy/good.yaml"}, 1},
 		{"bad-shadow-block", []string{"check", "testdata/policy/bad-shadow-block.yaml"}, 1},
 		{"every-error-in-one-run", []string{"check", "testdata/policy/two-typos.yaml"}, 1},
+		{"errors-of-every-kind", []string{"check", "testdata/policy/errors-of-every-kind.yaml"}, 1},
 		{"etcd-given", []string{"check", "-etcd", "127.0.0.1:2379", "testdata/policy/good.yaml"}, 0},
 		{"help", []string{"-h"}, 0},
 		{"one-bad-of-two", []string{"check", "testdata/policy/good.yaml", "testdata/policy/unknown-field.yaml"}, 1},
