@@ -11,6 +11,10 @@
 // router's from its pools); a Recorder keeps the last decisions
 // (globalrouter.WithObserver(rec.Observe)). Page.Run samples the workers'
 // cumulative prefix-cache counters for the chart.
+//
+// Files: status.go (Page, Snapshot, Source, Recorder, the chart, Handler),
+// page.go (the HTML template), router.go (a global router's pools, state
+// and configuration as the page shows them).
 package status
 
 import (

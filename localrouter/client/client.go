@@ -18,6 +18,11 @@
 // id, MarkPrefillComplete, Free), hierarchical probing of several routers
 // (BestWorker without a request id, then Commit on the best), and custom
 // routing on PotentialLoads (Generate with a forced worker).
+//
+// Files: client.go (Client, Dial, New, options), generate.go (Generate:
+// route, stream, free), sse.go (the engine's SSE stream), track.go
+// (Tracker: the lifecycle stream), async.go (CommitAsync, AsyncTracker),
+// channel.go (Channel: the probe channel), errors.go (Error, gRPC status).
 package client
 
 import (

@@ -19,6 +19,10 @@
 // It is a package apart from membership so that the records and the Role
 // type, which policies and the KV-event code import, do not pull in the
 // etcd client.
+//
+// Files: register.go (Register, RegisterRouter: leased keys), stale.go
+// (StaleMarker: a worker's stale flag), watch.go (WatchPrefix), workers.go
+// (Watcher: a pool's workers for a Handler).
 package registry
 
 import (
