@@ -43,6 +43,9 @@ type Config struct {
 	sum [32]byte
 	// shadowChain is Shadow's chain, built by validate.
 	shadowChain *policies.Chain
+	// at locates the sections validate's errors name ("probe",
+	// "models[i]") in the file, for file:line:column (nil: built in Go).
+	at map[string]*yaml.Node
 }
 
 // ProbeConfig bounds the probes of the pools' local routers, says when a
@@ -208,22 +211,21 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		return nil, fmt.Errorf("%s: %w: no pools", c.file(), policies.ErrConfig)
 	}
 	var errs []error
-	fail := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %w: "+format, append([]any{c.file(), policies.ErrConfig}, args...)...))
-	}
+	fail := func(format string, args ...any) { c.failAt(&errs, "", format, args...) }
+	probe := func(format string, args ...any) { c.failAt(&errs, "probe", format, args...) }
 	if c.Probe.MinTimeout > c.Probe.Timeout {
-		fail("probe.min_timeout %v is above probe.timeout %v", c.Probe.MinTimeout, c.Probe.Timeout)
+		probe("probe.min_timeout %v is above probe.timeout %v", c.Probe.MinTimeout, c.Probe.Timeout)
 	}
 	if r := c.Probe.FailureRatio; r < 0 || r > 1 {
-		fail("probe.failure_ratio %v: want a share between 0 and 1", r)
+		probe("probe.failure_ratio %v: want a share between 0 and 1", r)
 	}
 	if c.Probe.OpenAfterFailures < 0 || c.Probe.OpenAfterTimeouts < 0 || c.Probe.RatioMinCalls < 0 || c.Probe.SamePoolFallbacks < -1 {
-		fail("probe: counts must not be negative")
+		probe("probe: counts must not be negative")
 	}
 	switch c.Probe.Commit {
 	case CommitDecide, CommitPipelined, "":
 	default:
-		fail("probe.commit %q: want %q or %q", c.Probe.Commit, CommitDecide, CommitPipelined)
+		probe("probe.commit %q: want %q or %q", c.Probe.Commit, CommitDecide, CommitPipelined)
 	}
 	if err := c.Trust.validate(c.file()); err != nil {
 		errs = append(errs, err)
@@ -232,7 +234,7 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		errs = append(errs, err)
 	}
 	if c.Probe.BackoffMax < c.Probe.BackoffBase {
-		fail("probe.backoff_max %v is below probe.backoff_base %v", c.Probe.BackoffMax, c.Probe.BackoffBase)
+		probe("probe.backoff_max %v is below probe.backoff_base %v", c.Probe.BackoffMax, c.Probe.BackoffBase)
 	}
 	names := map[string]bool{}
 	served := map[string]bool{}
@@ -252,16 +254,17 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		}
 	}
 	seen := map[string]bool{}
-	for _, m := range c.Models {
+	for i, m := range c.Models {
+		model := func(format string, args ...any) { c.failAt(&errs, fmt.Sprintf("models[%d]", i), format, args...) }
 		switch {
 		case m.Name == "":
-			fail("models: entry without a name")
+			model("models: entry without a name")
 		case seen[m.Name]:
-			fail("models: %q listed twice", m.Name)
+			model("models: %q listed twice", m.Name)
 		case m.MaxBodyBytes < 0:
-			fail("models: %q: max_body_bytes %d must not be negative", m.Name, m.MaxBodyBytes)
+			model("models: %q: max_body_bytes %d must not be negative", m.Name, m.MaxBodyBytes)
 		case !served[m.Name] && !served["*"]:
-			fail("models: %q has a tokenizer but no pool serves it", m.Name)
+			model("models: %q has a tokenizer but no pool serves it", m.Name)
 		}
 		seen[m.Name] = true
 	}
@@ -279,6 +282,17 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		return nil, errs[0]
 	}
 	return nil, errors.Join(errs...)
+}
+
+// failAt appends an error of the configuration at the section key names
+// (c.at; "" or unknown: the file alone): "file:line:column: invalid policy
+// configuration: message".
+func (c *Config) failAt(errs *[]error, key, format string, args ...any) {
+	where := c.file()
+	if n := c.at[key]; n != nil {
+		where = fmt.Sprintf("%s:%d:%d", where, n.Line, n.Column)
+	}
+	*errs = append(*errs, fmt.Errorf("%s: %w: "+format, append([]any{where, policies.ErrConfig}, args...)...))
 }
 
 func (c *Config) buildChain(reg *policies.Registry) (*policies.Chain, error) {
@@ -384,6 +398,27 @@ func readConfig(path string) (*Config, error) {
 	return parseConfig(path, data)
 }
 
+// sections locates the top-level keys validate names: "probe" (its key)
+// and each "models[i]" entry.
+func sections(doc *yaml.Node) map[string]*yaml.Node {
+	at := map[string]*yaml.Node{}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return at
+	}
+	top := doc.Content[0].Content
+	for i := 0; i+1 < len(top); i += 2 {
+		switch k, v := top[i], top[i+1]; k.Value {
+		case "probe":
+			at["probe"] = k
+		case "models":
+			for j, m := range v.Content {
+				at[fmt.Sprintf("models[%d]", j)] = m
+			}
+		}
+	}
+	return at
+}
+
 // parseConfig decodes data strictly and applies the defaults.
 func parseConfig(file string, data []byte) (*Config, error) {
 	doc, err := config.ParseFile(file, data)
@@ -401,7 +436,7 @@ func parseConfig(file string, data []byte) (*Config, error) {
 		}
 		return nil, errors.Join(top, err)
 	}
-	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, File: file, sum: watchSum(file, data)}
+	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, File: file, sum: watchSum(file, data), at: sections(doc)}
 	if c.Shadow != nil {
 		c.Shadow.setFile(file)
 	}
