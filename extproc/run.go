@@ -215,6 +215,11 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	if err != nil {
 		return err
 	}
+	for _, p := range gcfg.Pools {
+		if p.Routers.Etcd && len(o.Etcd) == 0 {
+			return fmt.Errorf("%s: pool %q discovers its local routers in etcd (routers.etcd): give -etcd ENDPOINTS", o.PoolsFile, p.Name)
+		}
+	}
 	decisions := status.NewRecorder(20) // the status page's last decisions
 	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg), globalrouter.WithShadowFile(o.ShadowFile)}
 	if mlis != nil {
