@@ -13,9 +13,12 @@ TEST_PREP :=
 
 .PHONY: run test bench lint proto build tools fuzz
 
-## run: start the whole system locally on embedded defaults
+## run: start the whole system locally on embedded defaults (built, then
+## run without `go run`, which exits 1 when interrupted: Ctrl-C after a
+## clean stop ends make with status 0)
 run:
-	$(GO) run ./cmd/kvgate up
+	$(GO) build -o bin/kvgate ./cmd/kvgate
+	exec bin/kvgate up
 
 ## test: every test, race detector on, installing what it needs
 test: $(TEST_PREP)

@@ -1,6 +1,6 @@
 // Package app is the kvgate binary as a library: Main runs a subcommand
 // (extproc, localrouter, mocker, relay, up, replay, bench, tokenize,
-// policy) exactly as cmd/kvgate does, and Options add a program's own pool
+// policy, version) exactly as cmd/kvgate does, and Options add a program's own pool
 // policies and worker scorers to the built-ins without copying a process's
 // Run (the way grpc-go's ServerOption or Caddy's modules extend a server):
 //
@@ -29,6 +29,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/kvgate/kvgate/internal/loadbench"
@@ -53,6 +54,7 @@ func commands(x *extensions) []command {
 		{"tokenize", "print the token ids and block hashes the router computes for a request body (stdin)", runTokenize},
 		{"bench", "run the built-in micro-benchmarks and print the figures (-chaos: the load-and-chaos run)", runBench},
 		{"policy", "check a global router configuration (the chain it builds, each pool's policy section; exit status 0/1/2), or replay it on a trace", func(ctx context.Context, args []string) error { return runPolicy(ctx, args, x) }},
+		{"version", "print the module version and the VCS revision this binary was built from", runVersion},
 	}
 }
 
@@ -86,15 +88,28 @@ func exitStatus(err error) int {
 }
 
 // Run runs the subcommand args[0] with args[1:] and returns its error (Main
-// without the exit status).
+// without the exit status). No subcommand is bad usage (the usage, exit
+// status 2); -h, --help and help print it (flag.ErrHelp, exit status 0),
+// and `help SUBCOMMAND` is `SUBCOMMAND -h`.
 func Run(ctx context.Context, args []string, opts ...Option) error {
 	x, err := newExtensions(opts)
 	if err != nil {
 		return err
 	}
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage()
-		return nil
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return &usageError{errors.New("no subcommand given")}
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		usage(os.Stderr)
+		return flag.ErrHelp
+	case "help":
+		if len(args) == 1 {
+			usage(os.Stderr)
+			return flag.ErrHelp
+		}
+		args = []string{args[1], "-h"}
 	}
 	for _, c := range commands(x) {
 		if c.name == args[0] {
@@ -104,13 +119,13 @@ func Run(ctx context.Context, args []string, opts ...Option) error {
 			return nil
 		}
 	}
-	usage()
-	return fmt.Errorf("unknown subcommand %q", args[0])
+	usage(os.Stderr)
+	return &usageError{fmt.Errorf("unknown subcommand %q", args[0])}
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: kvgate <subcommand> [flags]\n\nsubcommands:")
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: kvgate <subcommand> [flags]   (kvgate <subcommand> -h for its flags)\n\nsubcommands:")
 	for _, c := range commands(nil) {
-		fmt.Fprintf(os.Stderr, "  %-12s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}
 }

@@ -2,10 +2,10 @@ package app
 
 import (
 	"context"
-	"log/slog"
 	"os"
 
 	"github.com/kvgate/kvgate/internal/extprocd"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // runExtproc runs the global router as Envoy's ext_proc server: flags →
@@ -15,9 +15,10 @@ func runExtproc(ctx context.Context, args []string, x *extensions) error {
 	if err != nil {
 		return err
 	}
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(o.LogLevel)) // checked by ParseFlags
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	log, err := config.Logging{Level: o.LogLevel, Format: o.LogFormat}.Logger(os.Stderr)
+	if err != nil {
+		return err // checked by ParseFlags
+	}
 	o.Policies, o.Scorers = x.policyRegistry(), x.scorerRegistry()
 	return extprocd.Run(ctx, o, log)
 }

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"log/slog"
 	"os"
 
 	"github.com/kvgate/kvgate/internal/localrouterd"
@@ -15,6 +14,9 @@ func runLocalRouter(ctx context.Context, args []string, x *extensions) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	log, err := cfg.Log.Logger(os.Stderr)
+	if err != nil {
+		return err
+	}
 	return localrouterd.Run(ctx, cfg, localrouterd.Deps{Logger: log})
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -21,9 +22,14 @@ func runMocker(ctx context.Context, args []string) error {
 	e := &cfg.Server.Engine
 	e.Role = membership.RoleAggregated
 	fs := config.NewFlagSet("mocker", os.Stderr)
-	host := fs.String("host", "127.0.0.1", "HTTP listen host (0.0.0.0 for every interface)")
-	port := fs.Int("port", 8001, "HTTP listen port")
-	fs.StringVar(&cfg.Advertise, "advertise", "", "host:port registered in etcd (default: the listen address)")
+	cfg.Listen = "127.0.0.1:8001"
+	fs.StringVar(&cfg.Listen, "addr", cfg.Listen, "HTTP listen address (0.0.0.0:8001 for every interface)")
+	fs.Var(listenPart(&cfg.Listen, false), "host", "HTTP listen host")
+	fs.MarkDeprecated("host", "-addr")
+	fs.Var(listenPart(&cfg.Listen, true), "port", "HTTP listen port")
+	fs.MarkDeprecated("port", "-addr")
+	fs.StringVar(&cfg.Advertise, "advertise-addr", "", "host:port registered in etcd (default: the listen address)")
+	fs.Deprecated("advertise", "advertise-addr")
 	fs.StringVar(&cfg.Server.Model, "model", "mock-model", "served model name")
 	loras := fs.String("lora", "", "comma-separated LoRA adapter names also served")
 	fs.IntVar(&e.BlockSize, "block-size", 16, "KV block size in tokens")
@@ -56,21 +62,46 @@ func runMocker(ctx context.Context, args []string) error {
 	tokBackend := fs.String("tokenizer", tokenizer.BackendOpenAI, "tokenizer: openai (with -encoding), huggingface (with -tokenizer-dir) or word (the built-in word tokenizer); use the router's, so both compute the same token ids")
 	tokDir := fs.String("tokenizer-dir", "", "model folder with tokenizer.json and tokenizer_config.json (-tokenizer huggingface)")
 	encoding := fs.String("encoding", "cl100k_base", "OpenAI encoding (-tokenizer openai): cl100k_base or o200k_base")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
+	var logging config.Logging
+	logging.Flags(fs, "info")
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
-	log, err := engineSideLogger(*level)
+	log, err := logging.Logger(os.Stderr)
 	if err != nil {
 		return err
 	}
 	if cfg.Server.Tokenizer, err = mockerTokenizer(*tokBackend, *tokDir, *encoding, cfg.Server.Model, log); err != nil {
 		return err
 	}
-	cfg.Listen = net.JoinHostPort(*host, strconv.Itoa(*port))
 	cfg.Server.LoRAs = config.SplitList(*loras)
 	cfg.EtcdEndpoints = config.SplitList(*etcd)
 	return mockerd.Run(ctx, cfg, mockerd.RunDeps{Logger: log})
+}
+
+// listenPart is the deprecated -host (port false) or -port flag: it sets
+// that part of the -addr value at p.
+func listenPart(p *string, port bool) *config.Value {
+	return &config.Value{
+		Kind: map[bool]string{false: "string", true: "int"}[port],
+		SetFunc: func(v string) error {
+			h, pt, err := net.SplitHostPort(*p)
+			if err != nil {
+				return err
+			}
+			if port {
+				if _, err := strconv.ParseUint(v, 10, 16); err != nil {
+					return errors.New("not a port number")
+				}
+				pt = v
+			} else {
+				h = v
+			}
+			*p = net.JoinHostPort(h, pt)
+			return nil
+		},
+		GetFunc: func() string { return "" },
+	}
 }
 
 // mockerTokenizer is the tokenizer the mocker's flags name, configured as
@@ -88,12 +119,4 @@ func mockerTokenizer(backend, dir, encoding, model string, log *slog.Logger) (mo
 		return tokenizer.Load(tokenizer.Config{Model: model, Backend: backend, Path: dir, Logger: log})
 	}
 	return nil, fmt.Errorf("-tokenizer %q: want openai, huggingface or word", backend)
-}
-
-func engineSideLogger(level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("-log-level: %w", err)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
 }

@@ -31,13 +31,16 @@ func runPolicy(ctx context.Context, args []string, x *extensions) error {
 	return policyCmd(ctx, x, args, os.Stdout, os.Stderr)
 }
 
-const policyUsage = "usage: kvgate policy check [-shadow-config FILE] CONFIG (one or more)\n       kvgate policy replay CONFIG --trace T|--generate G [kvgate replay flags]"
+const policyUsage = "usage: kvgate policy check [-shadow-config FILE] [-etcd ENDPOINTS] CONFIG (one or more)\n       kvgate policy replay CONFIG --trace T|--generate G [kvgate replay flags]"
 
 func policyCmd(ctx context.Context, x *extensions, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return &usageError{errors.New(policyUsage)}
 	}
 	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintln(stderr, policyUsage+"\n\ncheck: validate each configuration, print what it builds (kvgate policy check -h)\nreplay: replay a configuration on a trace (kvgate policy replay -h)")
+		return flag.ErrHelp
 	case "check":
 		return policyCheck(x, args[1:], stdout, stderr)
 	case "replay":
@@ -50,6 +53,10 @@ func policyCmd(ctx context.Context, x *extensions, args []string, stdout, stderr
 // --config CONFIG [flags], the configuration replayed through the real
 // Decide against simulated workers (docs/replay.md).
 func policyReplay(ctx context.Context, x *extensions, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprintln(stderr, "usage: kvgate policy replay CONFIG --trace T|--generate G [kvgate replay flags]\n\nkvgate replay --config CONFIG: the configuration replayed through the real Decide\nagainst simulated workers (docs/replay.md); its flags are kvgate replay's (kvgate replay -h).")
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		return &usageError{errors.New("replay: the configuration file comes first: " + policyUsage)}
 	}
@@ -65,8 +72,9 @@ func policyCheck(x *extensions, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("policy check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	shadow := fs.String("shadow-config", "", "a shadow file (the candidate chain, as kvgate extproc -shadow-config reads it) to check with each configuration")
+	etcd := fs.String("etcd", "", "the etcd endpoints kvgate extproc will be given (as its -etcd): without them, a pool that discovers its routers in etcd (routers.etcd) is warned about, since kvgate extproc refuses to start")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kvgate policy check [-shadow-config FILE] CONFIG...\n\nValidates each global router configuration strictly (errors as file:line:column)\nand prints the chain it builds and what each pool's policy section resolves to.\nExit status: 0 all valid, 1 one is not, 2 bad usage.")
+		fmt.Fprintln(stderr, "usage: kvgate policy check [-shadow-config FILE] [-etcd ENDPOINTS] CONFIG...\n\nValidates each global router configuration strictly (errors as file:line:column)\nand prints the chain it builds and what each pool's policy section resolves to.\nExit status: 0 all valid, 1 one is not, 2 bad usage.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -84,7 +92,7 @@ func policyCheck(x *extensions, args []string, stdout, stderr io.Writer) error {
 		if i > 0 {
 			fmt.Fprintln(stdout)
 		}
-		if err := checkConfig(x, path, *shadow, stdout); err != nil {
+		if err := checkConfig(x, path, *shadow, *etcd != "", stdout, stderr); err != nil {
 			failed = true
 			fmt.Fprintf(stdout, "%s: INVALID\n", path)
 			fmt.Fprintf(stderr, "%v\n", err)
@@ -97,8 +105,9 @@ func policyCheck(x *extensions, args []string, stdout, stderr io.Writer) error {
 }
 
 // checkConfig validates path (with shadowPath's candidate chain when set)
-// and prints what it builds.
-func checkConfig(x *extensions, path, shadowPath string, w io.Writer) error {
+// and prints what it builds; warnings (what kvgate extproc would refuse
+// with its flags, withEtcd: -etcd given) go to warn.
+func checkConfig(x *extensions, path, shadowPath string, withEtcd bool, w, warn io.Writer) error {
 	cfg, err := globalrouter.LoadConfig(path, x.policyRegistry())
 	if err != nil {
 		return err
@@ -156,6 +165,14 @@ func checkConfig(x *extensions, path, shadowPath string, w io.Writer) error {
 	}
 	for _, p := range cfg.Pools {
 		fmt.Fprintf(&b, "  %s: role %s, models [%s], block size %d, weight %v\n", p.Name, p.Role, strings.Join(p.Models, " "), p.BlockSize, p.Weight)
+		if p.Routers.Etcd {
+			b.WriteString("    routers: discovered in etcd (kvgate extproc -etcd)\n")
+			if !withEtcd {
+				fmt.Fprintf(warn, "warning: %s: pool %q: routers.etcd is set: kvgate extproc needs -etcd ENDPOINTS with this file, and refuses to start without (check with -etcd to say it will have them)\n", path, p.Name)
+			}
+		} else {
+			fmt.Fprintf(&b, "    routers: %s\n", strings.Join(p.Routers.Static, ", "))
+		}
 		switch {
 		case p.PolicyFile != "":
 			fmt.Fprintf(&b, "    policy file %s → %s\n", p.PolicyFile, resolvedPolicyFile(path, p.PolicyFile))

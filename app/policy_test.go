@@ -32,6 +32,10 @@ func TestPolicyCheck(t *testing.T) {
 		{"missing-policy-file", []string{"check", "testdata/policy/missing-policy-file.yaml"}, 1},
 		{"bad-shadow-file", []string{"check", "-shadow-config", "testdata/policy/bad-shadow.yaml", "testdata/policy/good.yaml"}, 1},
 		{"bad-shadow-block", []string{"check", "testdata/policy/bad-shadow-block.yaml"}, 1},
+		{"every-error-in-one-run", []string{"check", "testdata/policy/two-typos.yaml"}, 1},
+		{"errors-of-every-kind", []string{"check", "testdata/policy/errors-of-every-kind.yaml"}, 1},
+		{"etcd-given", []string{"check", "-etcd", "127.0.0.1:2379", "testdata/policy/good.yaml"}, 0},
+		{"help", []string{"-h"}, 0},
 		{"one-bad-of-two", []string{"check", "testdata/policy/good.yaml", "testdata/policy/unknown-field.yaml"}, 1},
 		{"no-file", []string{"check"}, 2},
 		{"unknown-flag", []string{"check", "-strict", "x.yaml"}, 2},
@@ -147,5 +151,32 @@ func TestReplayFlagConflicts(t *testing.T) {
 		if err := replayCmd(context.Background(), nil, "replay", args, &stdout, &stderr); err == nil {
 			t.Errorf("replay %v: no error", args)
 		}
+	}
+}
+
+// TestReplaySaysWhereItWrote: --plot and --json-out name the files written.
+func TestReplaySaysWhereItWrote(t *testing.T) {
+	dir := t.TempDir()
+	plot, js := filepath.Join(dir, "cdf.svg"), filepath.Join(dir, "rep.json")
+	var stdout, stderr bytes.Buffer
+	err := replayCmd(context.Background(), nil, "replay", []string{"--generate", "agentic:sessions=2,max_turns=2,seed=1",
+		"--max-requests", "8", "--workers", "2", "--policies", "random", "--plot", plot, "--json-out", js}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"wrote the TTFT CDF and hit ratio chart to " + plot, "wrote the report as JSON to " + js} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}
+
+// TestShadowExample: the shipped shadow file checks clean with pools.yaml,
+// as docs/operating.md runs it.
+func TestShadowExample(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := policyCmd(context.Background(), nil, []string{"check", "-etcd", "127.0.0.1:2379", "-shadow-config", "../examples/shadow-candidate.yaml", "../examples/pools.yaml"}, &stdout, &stderr)
+	if err != nil || stderr.Len() > 0 || !strings.Contains(stdout.String(), "shadow chain (5 policies") {
+		t.Errorf("err %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
 }

@@ -40,14 +40,15 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&sc.MetricsAddr, "admin-addr", "", "admin HTTP listen address: Prometheus /metrics (empty: none; loopback recommended)")
 	fs.Alias("metrics-addr", "admin-addr")
 	loraIDs := fs.String("lora-ids", "", "adapter names of engine lora ids, for engines that send lora_id without lora_name: id=name,… (vLLM's integer ids, SGLang's string ids)")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
+	var logging config.Logging
+	logging.Flags(fs, "info")
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
 	if w.ID == "" {
 		return errors.New("-worker-id is required")
 	}
-	log, err := engineSideLogger(*level)
+	log, err := logging.Logger(os.Stderr)
 	if err != nil {
 		return err
 	}

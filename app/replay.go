@@ -146,7 +146,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		}
 		name = *generate
 		if *generateOut != "" {
-			if err := writeFile(*generateOut, trace.WriteMooncake); err != nil {
+			if err := writeFile(stderr, "the generated trace", *generateOut, trace.WriteMooncake); err != nil {
 				return err
 			}
 		}
@@ -186,7 +186,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 			return err
 		}
 		if *jsonOut != "" {
-			if err := writeFile(*jsonOut, sw.WriteJSON); err != nil {
+			if err := writeFile(stderr, "the sweep as JSON", *jsonOut, sw.WriteJSON); err != nil {
 				return err
 			}
 		}
@@ -200,13 +200,13 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		return err
 	}
 	if *plot != "" {
-		err := writeFile(*plot, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) })
+		err := writeFile(stderr, "the TTFT CDF and hit ratio chart", *plot, func(w io.Writer) error { return rep.WritePlot(w, plotFormat) })
 		if err != nil {
 			return err
 		}
 	}
 	if *jsonOut != "" {
-		if err := writeFile(*jsonOut, rep.WriteJSON); err != nil {
+		if err := writeFile(stderr, "the report as JSON", *jsonOut, rep.WriteJSON); err != nil {
 			return err
 		}
 	}
@@ -221,7 +221,9 @@ func isTerminal(f *os.File) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-func writeFile(path string, write func(io.Writer) error) error {
+// writeFile writes path with write, then says on log what it wrote
+// where (the absolute path), so a --plot or --json-out is found.
+func writeFile(log io.Writer, what, path string, write func(io.Writer) error) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
@@ -230,5 +232,12 @@ func writeFile(path string, write func(io.Writer) error) error {
 		f.Close()
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	fmt.Fprintf(log, "wrote %s to %s\n", what, path)
+	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/kvevents"
@@ -53,10 +55,12 @@ type mmItem struct {
 // runTokenize is `kvgate tokenize`: a request body on stdin, the ids the
 // router hashes and their block hashes on stdout.
 func runTokenize(_ context.Context, args []string) error {
-	return tokenize(args, os.Stdin, os.Stdout)
+	return tokenize(args, os.Stdin, os.Stdout, os.Stderr)
 }
 
-func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
+// tokenize is `kvgate tokenize`; warnings (what the ids may not show) go
+// to stderr.
+func tokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tokenize", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: kvgate tokenize [flags] < body.json\n\nReads an OpenAI completions or chat completions body (or, with --path, a Responses API or Anthropic messages body) and prints the token ids the router hashes, Dynamo's local and sequence block hashes (unsigned decimal; salted with --cache-salt or the body's cache_salt, media items in the blocks they overlap) and the rendered prompt.")
@@ -125,6 +129,11 @@ func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 		if err != nil {
 			return badInput("--config: %v", err)
 		}
+		// The router refuses a model no pool serves (404 unknown_model):
+		// hashes printed for one would be hashes it never computes.
+		if known := servedModels(gc); !slices.Contains(known, name) && !slices.Contains(known, "*") {
+			return badInput("--config %s: no pool serves model %q (known: %s)", *config, name, strings.Join(known, ", "))
+		}
 		cfg = gc.TokenizerFor(name)
 	}
 	cfg.Logger = discardLogger()
@@ -139,6 +148,9 @@ func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 		// As the router encodes a chat: ids and media items.
 		if out.IDs, mm, err = globalrouter.EncodeChat(tok, body.Chat); err != nil {
 			return badInput("stdin: %v", err)
+		}
+		if len(body.Chat.Tools) > 0 && !tok.RendersTools() {
+			fmt.Fprintf(stderr, "warning: the chat has tools, but tokenizer %s has no chat template that renders them: the ids below omit the tools (an engine whose template renders them computes others)\n", tok.Name())
 		}
 		out.MMHashes = body.Chat.MMHashes
 		for i, s := range mm {
@@ -169,3 +181,17 @@ func tokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// servedModels lists the models some pool of gc serves, sorted.
+func servedModels(gc *globalrouter.Config) []string {
+	var out []string
+	for _, p := range gc.Pools {
+		for _, m := range p.Models {
+			if !slices.Contains(out, m) {
+				out = append(out, m)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -15,7 +16,7 @@ import (
 func TestTokenize(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"user","content":"hello there, how are you today my friend?"}],"tools":[{"type":"function","function":{"name":"f"}}]}`
 	var out bytes.Buffer
-	if err := tokenize([]string{"--encoding", "cl100k_base", "--block-size", "4", "--lora", "ad"}, strings.NewReader(body), &out); err != nil {
+	if err := tokenize([]string{"--encoding", "cl100k_base", "--block-size", "4", "--lora", "ad"}, strings.NewReader(body), &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	var got tokenizeOutput
@@ -71,8 +72,10 @@ func TestTokenizeBadInput(t *testing.T) {
 		{[]string{"--encoding", "cl100k_base", "--block-size", "0"}, `{"model":"m","prompt":"x"}`, "--block-size"},
 		{[]string{"--tokenizer-dir", "/nonexistent"}, `{"model":"m","prompt":"x"}`, "/nonexistent"},
 		{[]string{"--config", "/nonexistent.yaml", "--model", "m"}, `{"model":"m","prompt":"x"}`, "--config"},
+		{[]string{"--config", "../examples/pools-local.yaml", "--model", "nosuch"}, `{"prompt":"x"}`, `no pool serves model "nosuch" (known: mock-model)`},
+		{[]string{"--config", "../examples/pools-local.yaml"}, `{"model":"nosuch","prompt":"x"}`, `no pool serves model "nosuch"`},
 	} {
-		err := tokenize(tc.args, strings.NewReader(tc.in), &bytes.Buffer{})
+		err := tokenize(tc.args, strings.NewReader(tc.in), &bytes.Buffer{}, io.Discard)
 		var ue *usageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("tokenize(%q, %s) = %v, want a usage error (exit 2) containing %q", tc.args, tc.in, err, tc.want)
@@ -88,7 +91,7 @@ func TestTokenizeCacheSalt(t *testing.T) {
 	run := func(args []string, body string) (tokenizeOutput, error) {
 		t.Helper()
 		var out bytes.Buffer
-		err := tokenize(append([]string{"--encoding", "cl100k_base", "--block-size", "4"}, args...), strings.NewReader(body), &out)
+		err := tokenize(append([]string{"--encoding", "cl100k_base", "--block-size", "4"}, args...), strings.NewReader(body), &out, io.Discard)
 		var got tokenizeOutput
 		if err == nil {
 			if err := json.Unmarshal(out.Bytes(), &got); err != nil {
@@ -139,7 +142,7 @@ func TestTokenizeMedia(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"system","content":"You describe pictures for people who cannot see them, carefully."},
 		{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"text","text":"What is in it? Say it in a few words."}]}]}`
 	var out bytes.Buffer
-	if err := tokenize([]string{"--encoding", "cl100k_base", "--block-size", "4"}, strings.NewReader(body), &out); err != nil {
+	if err := tokenize([]string{"--encoding", "cl100k_base", "--block-size", "4"}, strings.NewReader(body), &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	var got tokenizeOutput
@@ -168,5 +171,35 @@ func TestTokenizeMedia(t *testing.T) {
 	}
 	if !slicesEqual(got.IDs, ids) || !slicesEqual(got.LocalHashes, local) {
 		t.Errorf("printed ids/hashes are not the router's")
+	}
+}
+
+// TestTokenizeWarnsOfUnrenderedTools: a chat with tools, rendered by a
+// template that does not render them (cl100k_base's ChatML), says so on
+// stderr; one without tools does not.
+func TestTokenizeWarnsOfUnrenderedTools(t *testing.T) {
+	const tools = `,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]`
+	for _, tc := range []struct {
+		body string
+		warn bool
+	}{
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}]` + tools + `}`, true},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, false},
+	} {
+		var stderr bytes.Buffer
+		if err := tokenize([]string{"--encoding", "cl100k_base"}, strings.NewReader(tc.body), io.Discard, &stderr); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(stderr.String(), "warning: the chat has tools"); got != tc.warn {
+			t.Errorf("body %s: warned %v (stderr %q), want %v", tc.body, got, stderr.String(), tc.warn)
+		}
+	}
+}
+
+// TestTokenizeKnownModel: --config with a model some pool serves prints its ids.
+func TestTokenizeKnownModel(t *testing.T) {
+	var out bytes.Buffer
+	if err := tokenize([]string{"--config", "../examples/pools-local.yaml", "--model", "mock-model"}, strings.NewReader(`{"prompt":"x"}`), &out, io.Discard); err != nil {
+		t.Fatal(err)
 	}
 }

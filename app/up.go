@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"time"
 
@@ -38,13 +37,14 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	topology := fs.String("topology", up.TopologyFlat, "flat (the pools under the one global router) or regions (2 regions x 2 pools: two region routers serving their subtrees, under the global router behind the gateway; docs/hierarchy.md)")
 	regionWorkers := fs.Int("region-pool-workers", 2, "workers in each pool of -topology regions")
 	otlp := fs.String("otlp-endpoint", "", `OTLP/gRPC collector host:port to trace the global router's decisions to, without TLS ("" : off)`)
-	level := fs.String("log-level", "warn", "debug, info, warn or error (logs go to stderr)")
+	var logging config.Logging
+	logging.Flags(fs, "warn")
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-		return fmt.Errorf("-log-level: %w", err)
+	log, err := logging.Logger(os.Stderr)
+	if err != nil {
+		return err
 	}
 	if *a < 1 || *b < 1 {
 		return errors.New("each pool needs at least one worker")
@@ -78,7 +78,7 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	default:
 		return fmt.Errorf("-topology %q: want %s or %s", *topology, up.TopologyFlat, up.TopologyRegions)
 	}
-	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	cfg.Logger = log
 	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: *otlp, Insecure: true, Service: "kvgate-up"})
 	if err != nil {
 		return err

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net/http"
 	"os"
@@ -8,6 +10,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
@@ -27,6 +30,30 @@ func TestSecureServing(t *testing.T) {
 	}
 	if _, err := os.Stat(s.CAFile); err != nil {
 		t.Fatalf("CA file: %v", err)
+	}
+	// The client certificate a local router's mutual TLS asks for is
+	// printed too, and with it (and the CA) a client reads a local router.
+	if s.ClientCertFile == "" || !strings.Contains(s.Summary(), s.ClientCertFile) || !strings.Contains(s.Summary(), s.ClientKeyFile) {
+		t.Fatalf("client certificate %q, key %q not in the summary:\n%s", s.ClientCertFile, s.ClientKeyFile, s.Summary())
+	}
+	cert, err := tls.LoadX509KeyPair(s.ClientCertFile, s.ClientKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots, MinVersion: tls.VersionTLS12}
+	mtls, err := grpc.NewClient(s.Pools[0].Router.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mtls.Close()
+	if _, err := localrouterv1.NewLocalRouterClient(mtls).Workers(testenv.ContextWithTimeout(t, testTimeout), &localrouterv1.WorkersRequest{}); err != nil {
+		t.Errorf("Workers with the printed client certificate: %v", err)
 	}
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	r := chat(t, ctx, httpClient(t), s, chatBody("mock-llama", "Tell me about KV caches.", true, 4))

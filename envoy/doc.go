@@ -16,4 +16,7 @@
 // The Kubernetes manifests (deploy/, built by examples/gateway) are
 // validated by the deploy/validate module; this package's tests load their
 // pools files. docs/envoy.md and docs/kubernetes.md walk through them.
+//
+// Files: bootstrap.go (the embedded bootstrap.yaml, DecodeBootstrap,
+// Validate, the ext_proc filter and its ClientConfig).
 package envoy

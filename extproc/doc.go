@@ -87,4 +87,16 @@
 // {pool}, kvgate_extproc_tokens_total{pool,kind} (from the responses' usage,
 // SSE parsed across chunks) and kvgate_extproc_streams_active, on the
 // registry the caller injects.
+//
+// # Files
+//
+// server.go (Server, New, Config, Register, Serve), config.go (Config,
+// Defaults, Validate), stream.go (one ext_proc exchange: the request and
+// response phases), body.go (parsing a request body), bodymode.go (what the
+// body modes share) with bodymode_buffered.go, bodymode_streamed.go,
+// bodymode_fullduplex.go and bodymode_other.go, reply.go (immediate
+// responses: HTTP errors, 413, routing headers), usage.go (token usage from
+// the responses), epp.go (the endpoint-picker protocol: subset, served
+// endpoint, health), metrics.go, run.go (the process: Options, ParseFlags,
+// Run).
 package extproc

@@ -1,6 +1,8 @@
 package globalrouter
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -41,6 +43,9 @@ type Config struct {
 	sum [32]byte
 	// shadowChain is Shadow's chain, built by validate.
 	shadowChain *policies.Chain
+	// at locates the sections validate's errors name ("probe",
+	// "models[i]") in the file, for file:line:column (nil: built in Go).
+	at map[string]*yaml.Node
 }
 
 // ProbeConfig bounds the probes of the pools' local routers, says when a
@@ -198,42 +203,50 @@ func (c *Config) Validate(reg *policies.Registry) error {
 
 // validate is Validate returning the chain it built: the Router's, built
 // once per configuration.
+//
+// Every error is reported, not only the first (joined): one run of `kvgate
+// policy check` lists them all.
 func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 	if len(c.Pools) == 0 {
 		return nil, fmt.Errorf("%s: %w: no pools", c.file(), policies.ErrConfig)
 	}
+	var errs []error
+	fail := func(format string, args ...any) { c.failAt(&errs, "", format, args...) }
+	probe := func(format string, args ...any) { c.failAt(&errs, "probe", format, args...) }
 	if c.Probe.MinTimeout > c.Probe.Timeout {
-		return nil, fmt.Errorf("%s: %w: probe.min_timeout %v is above probe.timeout %v", c.file(), policies.ErrConfig, c.Probe.MinTimeout, c.Probe.Timeout)
+		probe("probe.min_timeout %v is above probe.timeout %v", c.Probe.MinTimeout, c.Probe.Timeout)
 	}
 	if r := c.Probe.FailureRatio; r < 0 || r > 1 {
-		return nil, fmt.Errorf("%s: %w: probe.failure_ratio %v: want a share between 0 and 1", c.file(), policies.ErrConfig, r)
+		probe("probe.failure_ratio %v: want a share between 0 and 1", r)
 	}
 	if c.Probe.OpenAfterFailures < 0 || c.Probe.OpenAfterTimeouts < 0 || c.Probe.RatioMinCalls < 0 || c.Probe.SamePoolFallbacks < -1 {
-		return nil, fmt.Errorf("%s: %w: probe: counts must not be negative", c.file(), policies.ErrConfig)
+		probe("probe: counts must not be negative")
 	}
 	switch c.Probe.Commit {
 	case CommitDecide, CommitPipelined, "":
 	default:
-		return nil, fmt.Errorf("%s: %w: probe.commit %q: want %q or %q", c.file(), policies.ErrConfig, c.Probe.Commit, CommitDecide, CommitPipelined)
+		probe("probe.commit %q: want %q or %q", c.Probe.Commit, CommitDecide, CommitPipelined)
 	}
 	if err := c.Trust.validate(c.file()); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
 	if err := c.Tenancy.validate(c.file()); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
 	if c.Probe.BackoffMax < c.Probe.BackoffBase {
-		return nil, fmt.Errorf("%s: %w: probe.backoff_max %v is below probe.backoff_base %v", c.file(), policies.ErrConfig, c.Probe.BackoffMax, c.Probe.BackoffBase)
+		probe("probe.backoff_max %v is below probe.backoff_base %v", c.Probe.BackoffMax, c.Probe.BackoffBase)
 	}
 	names := map[string]bool{}
 	served := map[string]bool{}
 	for i := range c.Pools {
 		p := &c.Pools[i]
 		if err := p.Validate(); err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		if names[p.Name] {
-			return nil, fmt.Errorf("%s: %w: pool %q defined twice", c.file(), policies.ErrConfig, p.Name)
+			fail("pool %q defined twice", p.Name)
+			continue
 		}
 		names[p.Name] = true
 		for _, m := range p.Models {
@@ -241,27 +254,45 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		}
 	}
 	seen := map[string]bool{}
-	for _, m := range c.Models {
+	for i, m := range c.Models {
+		model := func(format string, args ...any) { c.failAt(&errs, fmt.Sprintf("models[%d]", i), format, args...) }
 		switch {
 		case m.Name == "":
-			return nil, fmt.Errorf("%s: %w: models: entry without a name", c.file(), policies.ErrConfig)
+			model("models: entry without a name")
 		case seen[m.Name]:
-			return nil, fmt.Errorf("%s: %w: models: %q listed twice", c.file(), policies.ErrConfig, m.Name)
+			model("models: %q listed twice", m.Name)
 		case m.MaxBodyBytes < 0:
-			return nil, fmt.Errorf("%s: %w: models: %q: max_body_bytes %d must not be negative", c.file(), policies.ErrConfig, m.Name, m.MaxBodyBytes)
+			model("models: %q: max_body_bytes %d must not be negative", m.Name, m.MaxBodyBytes)
 		case !served[m.Name] && !served["*"]:
-			return nil, fmt.Errorf("%s: %w: models: %q has a tokenizer but no pool serves it", c.file(), policies.ErrConfig, m.Name)
+			model("models: %q has a tokenizer but no pool serves it", m.Name)
 		}
 		seen[m.Name] = true
 	}
 	chain, err := c.buildChain(reg)
 	if err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
 	if err := c.buildShadow(reg); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
-	return chain, nil
+	switch len(errs) {
+	case 0:
+		return chain, nil
+	case 1:
+		return nil, errs[0]
+	}
+	return nil, errors.Join(errs...)
+}
+
+// failAt appends an error of the configuration at the section key names
+// (c.at; "" or unknown: the file alone): "file:line:column: invalid policy
+// configuration: message".
+func (c *Config) failAt(errs *[]error, key, format string, args ...any) {
+	where := c.file()
+	if n := c.at[key]; n != nil {
+		where = fmt.Sprintf("%s:%d:%d", where, n.Line, n.Column)
+	}
+	*errs = append(*errs, fmt.Errorf("%s: %w: "+format, append([]any{where, policies.ErrConfig}, args...)...))
 }
 
 func (c *Config) buildChain(reg *policies.Registry) (*policies.Chain, error) {
@@ -367,6 +398,27 @@ func readConfig(path string) (*Config, error) {
 	return parseConfig(path, data)
 }
 
+// sections locates the top-level keys validate names: "probe" (its key)
+// and each "models[i]" entry.
+func sections(doc *yaml.Node) map[string]*yaml.Node {
+	at := map[string]*yaml.Node{}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return at
+	}
+	top := doc.Content[0].Content
+	for i := 0; i+1 < len(top); i += 2 {
+		switch k, v := top[i], top[i+1]; k.Value {
+		case "probe":
+			at["probe"] = k
+		case "models":
+			for j, m := range v.Content {
+				at[fmt.Sprintf("models[%d]", j)] = m
+			}
+		}
+	}
+	return at
+}
+
 // parseConfig decodes data strictly and applies the defaults.
 func parseConfig(file string, data []byte) (*Config, error) {
 	doc, err := config.ParseFile(file, data)
@@ -374,14 +426,17 @@ func parseConfig(file string, data []byte) (*Config, error) {
 		return nil, err
 	}
 	var fc fileConfig
-	if err := config.DecodeStrict(file, "", doc, &fc); err != nil {
-		return nil, err
-	}
+	// Both decoded before either error returns: one run reports the
+	// unknown fields at the top and every pool's errors.
+	top := config.DecodeStrict(file, "", doc, &fc)
 	pools, err := pool.DecodeConfigs(file, &fc.Pools)
-	if err != nil {
-		return nil, err
+	if top != nil || err != nil {
+		if top == nil || err == nil {
+			return nil, cmp.Or(top, err)
+		}
+		return nil, errors.Join(top, err)
 	}
-	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, File: file, sum: watchSum(file, data)}
+	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, File: file, sum: watchSum(file, data), at: sections(doc)}
 	if c.Shadow != nil {
 		c.Shadow.setFile(file)
 	}

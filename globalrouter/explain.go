@@ -2,6 +2,7 @@ package globalrouter
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -43,9 +44,7 @@ func explain(p *prepared, results []probeResult, ranked []policies.Candidate, tr
 			break
 		}
 	}
-	if why := decidedBy(trace, initial, winner); why != "" {
-		fmt.Fprintf(&b, ": ranked first by %s", why)
-	}
+	writeWhy(&b, decidedBy(trace, initial, winner), trace, results, ranked, w.Pool)
 	if w.Prefill != nil {
 		fmt.Fprintf(&b, ", prefill on %s/%s (uncached %d tokens)", w.Prefill.Pool, w.Prefill.Probe.WorkerID, w.Probe.UncachedTokens())
 	}
@@ -74,9 +73,71 @@ func decidedBy(t *policies.Trace, initial, winner string) string {
 		prev = first
 	}
 	if why == "" && len(t.Steps) > 0 {
-		why = "configuration order (no policy reordered it)"
+		why = configOrder
 	}
 	return why
+}
+
+const (
+	costPolicy  = "cost"
+	configOrder = "configuration order (no policy reordered it)"
+	// costWords is how an explanation names a probe's cost: its unit
+	// and direction, in one place.
+	costWords = "cost (lower is better)"
+)
+
+// writeWhy writes why the winner pool won. A winner first in
+// configuration order that a cost policy kept first, strictly cheaper than
+// every other pool ranked, is credited to the cost; either way the costs
+// are shown when they agree with the outcome.
+func writeWhy(b *strings.Builder, why string, t *policies.Trace, results []probeResult, ranked []policies.Candidate, winner string) {
+	if why == "" {
+		return
+	}
+	against, cheapest := costComparison(results, ranked, winner)
+	if why == configOrder && cheapest && slices.ContainsFunc(t.Steps, func(s policies.Step) bool { return s.Policy == costPolicy }) {
+		why = costPolicy
+	}
+	switch {
+	case why == costPolicy && against != "":
+		fmt.Fprintf(b, ": ranked first by %s: %s", costWords, against)
+	case why == configOrder && cheapest:
+		fmt.Fprintf(b, ": ranked first by %s; %s %s", why, costWords, against)
+	default:
+		fmt.Fprintf(b, ": ranked first by %s", why)
+	}
+}
+
+// costComparison renders the winner's probe cost against each other pool
+// still ranked ("28.06 against pool-b 56.06"; "" when there is none) and
+// whether the winner's is strictly the lowest.
+func costComparison(results []probeResult, ranked []policies.Candidate, winner string) (string, bool) {
+	cost := map[string]float64{}
+	for _, res := range results {
+		if res.err == nil {
+			cost[res.pe.cfg.Name] = res.sel.Cost
+		}
+	}
+	wc, ok := cost[winner]
+	if !ok {
+		return "", false
+	}
+	var others []string
+	cheapest := true
+	seen := map[string]bool{winner: true}
+	for _, c := range ranked {
+		oc, ok := cost[c.Pool]
+		if seen[c.Pool] || !ok {
+			continue
+		}
+		seen[c.Pool] = true
+		cheapest = cheapest && wc < oc
+		others = append(others, fmt.Sprintf("%s %.4g", c.Pool, oc))
+	}
+	if len(others) == 0 {
+		return "", false
+	}
+	return fmt.Sprintf("%.4g against %s", wc, strings.Join(others, ", ")), cheapest
 }
 
 // formatScores writes a worker's chain scores as name:contribution,...

@@ -1,6 +1,6 @@
 package kvevents
 
-// NATS subjects shared by publishers, relays and routers (DESIGN.md §7).
+// NATS subjects shared by publishers, relays and routers.
 // Who is alive (the etcd keys and records) is package membership's.
 
 // EventsSubject is the NATS subject of a pool's KV events.

@@ -36,8 +36,9 @@
 //     (the replay's transport).
 //   - Engine signals (package signals): what each rank's engine reports on
 //     its metrics endpoint, handed in by SetEngineSignals. They add
-//     Config.WaitingWeight and KVUsageWeight terms to the cost (0 by
-//     default: Dynamo's cost unchanged) and let BestWorker skip, with a
+//     Config.WaitingWeight and KVUsageWeight terms to the cost scorer's
+//     value (0 by default: Dynamo's cost unchanged), feed the waiting and
+//     kv-usage scorers, and let BestWorker skip, with a
 //     reason, a rank its engine reports saturated (Config.Saturation;
 //     BestWorkerOptions.Signals receives the skips).
 //   - The worker chain (scorer.go): how BestWorker ranks the candidates,
@@ -46,8 +47,11 @@
 //     cold), built once from Config.WorkerChain by a registry of named
 //     constructors (Config.Scorers, a ScorerRegistry: scorer_registry.go;
 //     nil is the built-ins). PoolChainCheck (poolchain.go) checks a pools
-//     file's worker chains against one, for the process that links both. The default chain, saturation then cost, is Dynamo's
-//     choice exactly; other chains report each scorer's part in
+//     file's worker chains against one, for the process that links both.
+//     The default chain is saturation then ttft (the predicted-TTFT
+//     scorer; DefaultWorkerChain); saturation then cost (CostWorkerChain,
+//     "-worker-chain cost") is Dynamo's choice exactly. Chains other than
+//     the default report each scorer's part in
 //     routing.Selection.Scores. Stateful scorers (cold) keep their own
 //     mutex, a leaf.
 //

@@ -553,8 +553,8 @@ func (r *Router) check() error {
 }
 
 // BestWorker chooses the worker for req under the pool's worker chain
-// (Config.WorkerChain; by default Dynamo's cost after the saturation
-// filter): the lowest total (temperature 0, ties at random) or a softmax
+// (Config.WorkerChain; by default the saturation filter then the ttft
+// scorer, predicted TTFT; "cost" for Dynamo's): the lowest total (temperature 0, ties at random) or a softmax
 // sample (temperature > 0). Without opts.RequestID (or UpdateIndexer)
 // nothing changes; with it the request is recorded.
 func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOptions) (routing.Selection, error) {

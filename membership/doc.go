@@ -1,4 +1,4 @@
-// Package membership is who is alive in a kvgate system (DESIGN.md §7): the
+// Package membership is who is alive in a kvgate system: the
 // etcd keys under which workers and local routers register, the records
 // stored there (WorkerInfo, RouterInfo), and the one Role type that workers,
 // pools and policies share.
@@ -12,4 +12,7 @@
 // lease expires. This package is plain data with no etcd dependency, so the
 // policies and the KV-event code can import it; registration with leases and
 // watching live in membership/registry.
+//
+// Files: records.go (Role, WorkerInfo, RouterInfo, the key prefixes and
+// keys).
 package membership

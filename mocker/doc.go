@@ -102,7 +102,7 @@
 // recently admitted sequence is preempted: its blocks are released and it is
 // recomputed later (recomputation reuses whatever is still cached).
 //
-// An iteration's duration comes from Timing, by default DESIGN.md §7's
+// An iteration's duration comes from Timing, by default Dynamo's mocker's
 // model: prefill ms = 4.21e-7·t² + 0.01518·t + 16.5 over the t uncached
 // prompt tokens computed, plus decode ms = −25.74p² + 54.01p + 5.74 at KV
 // usage p when any sequence decodes, divided by Config.Speedup.

@@ -23,7 +23,7 @@ type Timing interface {
 	IterationTime(b Batch) time.Duration
 }
 
-// DefaultTiming is the timing model of DESIGN.md §7, fitted on a real GPU
+// DefaultTiming is the timing model fitted on a real GPU
 // (Dynamo's mocker): prefill ms = 4.21e-7·t² + 0.01518·t + 16.5 for t new
 // tokens; decode ms = −25.74p² + 54.01p + 5.74 at KV occupancy p. An
 // iteration that both prefills and decodes costs the sum. Speedup (≥ 1 runs

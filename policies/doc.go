@@ -1,6 +1,6 @@
 // Package policies decides, for one request, which pool (and which of the
 // pool's probed workers) serves it, and in what order the others are
-// fallbacks (DESIGN.md §6).
+// fallbacks.
 //
 // A Policy sees the request view (Request) and an immutable snapshot of the
 // candidates: per pool its probe result, health, role, weight and load
@@ -23,4 +23,11 @@
 // The package is a leaf: it imports no router package. The global router
 // (package globalrouter) builds the candidates from its probes and turns the
 // ranking into a routing decision.
+//
+// Files: policy.go (Policy, Request, Candidate, Role, SLO, Health),
+// chain.go (Chain, Step, Trace), registry.go (Registry, Args, Factory,
+// DecodeChain, RegisterBuiltins), section.go (Spec, Section, PoolSection,
+// PosError), builtins.go (model-match, header-match, kv-overlap, cost,
+// failover), weighted.go (weighted, session-affinity), disaggregate.go,
+// slogrid.go (slo-grid), priority.go.
 package policies

@@ -113,6 +113,7 @@ type circuit struct {
 	backoff   time.Duration
 	openUntil time.Time
 	trial     bool // half-open: the trial probe is in flight
+	answered  bool // the router answered a call at least once
 	// The ratio window (tumbling).
 	winStart     time.Time
 	calls, fails int
@@ -155,6 +156,13 @@ func (c *circuit) available() bool {
 	return true
 }
 
+// everAnswered reports whether the router answered any call yet.
+func (c *circuit) everAnswered() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.answered
+}
+
 // success records a call the router answered. It closes a half-open
 // circuit; a late answer to a call made before the circuit opened leaves
 // an open one open (its backoff runs its course).
@@ -163,6 +171,7 @@ func (c *circuit) success() {
 	defer c.mu.Unlock()
 	c.window()
 	c.calls++
+	c.answered = true
 	switch c.state {
 	case CircuitOpen:
 		return

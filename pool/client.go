@@ -128,7 +128,7 @@ type Tracker interface {
 }
 
 // Prompt is what a local router needs of a request: the local block hashes
-// of its complete blocks at the pool's block size (DESIGN.md §3).
+// of its complete blocks at the pool's block size.
 type Prompt struct {
 	Hashes []uint64
 	// Tokens are sent instead of Hashes for a prompt shorter than one

@@ -47,7 +47,8 @@ type Config struct {
 	// WorkerChain is how the pool's local routers rank its workers:
 	// filters and weighted scorers, a list of {name, weight, args}
 	// (routing.ScorerSpec; docs/localrouter.md "Worker chain"). Empty:
-	// the default chain (saturation, then Dynamo's cost). The local routers
+	// the default chain (saturation, then ttft, the predicted-TTFT scorer;
+	// "cost" is Dynamo's). The local routers
 	// that `kvgate up` starts take it; a local router started on its own
 	// takes the same list with -worker-chain.
 	WorkerChain []routing.ScorerSpec `yaml:"worker_chain"`
@@ -246,37 +247,52 @@ func DecodeConfigs(file string, n *yaml.Node) ([]Config, error) {
 	}
 	out := make([]Config, 0, len(n.Content))
 	names := map[string]bool{}
+	var errs []error // every pool is checked: one run reports each pool's error
 	for i, pn := range n.Content {
-		var c Config
-		if err := config.DecodeStrict(file, fmt.Sprintf("pools[%d]", i), pn, &c); err != nil {
-			return nil, err
-		}
-		c.File, c.node = file, pn
-		c.Defaults()
-		c.Policy.SetFile(file)
-		if c.PolicyFile != "" && len(c.Policy) > 0 {
-			return nil, c.errorf("policy_file", "policy and policy_file are exclusive")
-		}
-		if c.PolicyFile != "" {
-			sec, err := LoadPolicyFile(resolve(file, c.PolicyFile))
-			if err != nil {
-				if _, positioned := errors.AsType[*policies.PosError](err); !positioned {
-					return nil, c.errorf("policy_file", "%v", err) // unreadable: point at the reference
-				}
-				return nil, err
-			}
-			c.Policy = sec
-		}
-		if err := c.Validate(); err != nil {
-			return nil, err
+		c, err := decodeConfig(file, i, pn)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
 		if names[c.Name] {
-			return nil, c.errorf("name", "pool %q defined twice", c.Name)
+			errs = append(errs, c.errorf("name", "pool %q defined twice", c.Name))
+			continue
 		}
 		names[c.Name] = true
 		out = append(out, c)
 	}
+	if len(errs) == 1 {
+		return nil, errs[0]
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
 	return out, nil
+}
+
+// decodeConfig decodes and validates the pool at index i of file.
+func decodeConfig(file string, i int, pn *yaml.Node) (Config, error) {
+	var c Config
+	if err := config.DecodeStrict(file, fmt.Sprintf("pools[%d]", i), pn, &c); err != nil {
+		return c, err
+	}
+	c.File, c.node = file, pn
+	c.Defaults()
+	c.Policy.SetFile(file)
+	if c.PolicyFile != "" && len(c.Policy) > 0 {
+		return c, c.errorf("policy_file", "policy and policy_file are exclusive")
+	}
+	if c.PolicyFile != "" {
+		sec, err := LoadPolicyFile(resolve(file, c.PolicyFile))
+		if err != nil {
+			if _, positioned := errors.AsType[*policies.PosError](err); !positioned {
+				return c, c.errorf("policy_file", "%v", err) // unreadable: point at the reference
+			}
+			return c, err
+		}
+		c.Policy = sec
+	}
+	return c, c.Validate()
 }
 
 // LoadPolicyFile reads a pool policy file: a mapping of policy name to that

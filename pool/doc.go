@@ -1,4 +1,4 @@
-// Package pool is the global router's view of its pools (DESIGN.md §2, §5):
+// Package pool is the global router's view of its pools:
 // what a pool is (Config: name, role, models, block size, where its local
 // routers are, its policy section), the clients to each pool's local
 // routers, the state-free probes under a deadline, the commits and Track

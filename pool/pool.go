@@ -616,6 +616,9 @@ type RouterStatus struct {
 	State     CircuitState
 	Failures  int
 	OpenUntil time.Time
+	// Answered: the router answered at least one call (a closed circuit
+	// that never did is not known to be reachable).
+	Answered bool
 }
 
 // Routers reports the pool's routers and their circuits.
@@ -624,7 +627,7 @@ func (p *Pool) Routers() []RouterStatus {
 	out := make([]RouterStatus, len(rs))
 	for i, c := range rs {
 		st, f, until := c.circuit.snapshot()
-		out[i] = RouterStatus{Address: c.addr, State: st, Failures: f, OpenUntil: until}
+		out[i] = RouterStatus{Address: c.addr, State: st, Failures: f, OpenUntil: until, Answered: c.circuit.everAnswered()}
 	}
 	return out
 }

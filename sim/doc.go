@@ -23,7 +23,7 @@
 //     delayed) KV event deliveries, ordered by virtual time and, at equal
 //     times, by the order they were scheduled, so a run is a pure function
 //     of its Config and seed.
-//   - Topologies (cluster.go): one flat pool; P pools behind a global
+//   - Topologies (config.go: Config, Topology; cluster.go): one flat pool; P pools behind a global
 //     selection step (state-free BestWorker probes of every pool ranked by
 //     the global router's policies.Cost, lowest normalised cost first); a
 //     disaggregated prefill pool and decode pool.
@@ -47,7 +47,8 @@
 //     all workers, the physical limit of prefix reuse, and of one LRU
 //     cache holding the pool's total KV capacity, what perfect routing
 //     without duplication could keep.
-//   - Reporting (report.go, plot.go): a terminal table, JSON, and an SVG or PNG
+//   - Reporting (report.go, plot.go with plot_svg.go and plot_png.go,
+//     progress.go: the progress bar): a terminal table, JSON, and an SVG or PNG
 //     with each policy's TTFT CDF and hit ratio.
 //
 // Run is the entry point; the kvgate replay command is a thin flag parser

@@ -37,6 +37,9 @@ type chatTemplate struct {
 	// native renders a well-known template without gonja (chatnative.go);
 	// nil for others.
 	native nativeRender
+	// tools: the template reads the request's tools (mentions them at
+	// all); one that does not renders a chat with tools as without.
+	tools bool
 }
 
 func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) {
@@ -62,7 +65,7 @@ func newChatTemplate(source string, vars map[string]any) (*chatTemplate, error) 
 	if err != nil {
 		return nil, fmt.Errorf("chat template: %w", err)
 	}
-	return &chatTemplate{tmpl: t, vars: vars, native: nativeChat(source, vars)}, nil
+	return &chatTemplate{tmpl: t, vars: vars, native: nativeChat(source, vars), tools: strings.Contains(source, "tools")}, nil
 }
 
 // render renders a chat request: natively when the template is a known

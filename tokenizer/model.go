@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,6 +68,11 @@ type Model struct {
 	chat        *chatTemplate // nil: no template
 	cache       *chatCache    // nil: no chat cache
 	tokens      prometheus.Counter
+	// log, model and toolsWarned: the one warning that a chat's tools
+	// were rendered by a template that does not render them.
+	log         *slog.Logger
+	model       string
+	toolsWarned atomic.Bool
 }
 
 var _ Tokenizer = (*Model)(nil)
@@ -169,6 +175,7 @@ func Load(cfg Config) (*Model, error) {
 	} else {
 		logger.Info("tokenizer loaded", "model", cfg.Model, "backend", m.backend, "tokenizer", m.tok.Name(), "chat_template", m.chat != nil, "approximate", false)
 	}
+	m.log, m.model = logger, cfg.Model
 	return m, nil
 }
 
@@ -211,6 +218,11 @@ func (m *Model) Approximate() bool { return m.approximate }
 
 // HasChatTemplate reports whether RenderChat can render locally.
 func (m *Model) HasChatTemplate() bool { return m.chat != nil }
+
+// RendersTools reports whether the model's chat template renders a
+// request's tools (false without a template): a chat with tools rendered
+// by one that does not loses them from its ids, silently.
+func (m *Model) RendersTools() bool { return m.chat != nil && m.chat.tools }
 
 // Encode: see Tokenizer.
 func (m *Model) Encode(text string) ([]uint32, error) {
@@ -255,6 +267,9 @@ func (m *Model) EncodeChat(req *ChatRequest) ([]uint32, error) {
 		text, err := m.RenderChat(req)
 		if err != nil {
 			return nil, err
+		}
+		if len(req.Tools) > 0 && !m.chat.tools && m.log != nil && m.toolsWarned.CompareAndSwap(false, true) {
+			m.log.Warn("a chat with tools was rendered by a chat template that does not render tools: its ids omit them, unlike an engine whose template renders them (warned once)", "model", m.model, "tokenizer", m.tok.Name())
 		}
 		seg, ok := tok.(segmenter)
 		switch {

@@ -39,9 +39,11 @@ type Selection struct {
 	// the request (the cost terms).
 	PrefillTokens int
 	DecodeBlocks  int
-	// Cost is the local router's cost for the worker, in blocks of
-	// BlockSize: Dynamo's cost (the worker chain's cost scorer), whatever
-	// the pool's chain, so that pools compare.
+	// Cost is the local router's cost for the worker, lower is better:
+	// under a chain with the ttft scorer (the default, saturation then
+	// ttft) the predicted TTFT plus the delay imposed, in blocks of
+	// prefill time; otherwise Dynamo's cost (the cost scorer), in blocks
+	// of BlockSize.
 	Cost float64
 	// Candidates is how many (worker, dp_rank) the router considered.
 	Candidates int

@@ -117,4 +117,17 @@
 //     the direction is ended with what passed (Envoy's exact behaviour there
 //     is not specified by the reference).
 //   - Stats, tracing, access-log fields other than Info.
+//
+// Files: client.go (Client, New, Request, Result, Process), config.go
+// (Config, FromFilterConfig: the filter's settings), dial.go (DialOptions),
+// stream.go (Stream: one HTTP exchange through the filter), side.go (one
+// direction's callback state, timer, mode), bodymode.go (what each body
+// mode shares) with bodymode_none.go, bodymode_buffered.go,
+// bodymode_streamed.go and bodymode_fullduplex.go (one mode each),
+// response.go (the processor's answers: phase checks, mode override,
+// dynamic metadata, route cache), mutation.go (header mutation rules),
+// headers.go (HeaderField, Headers), frame.go (Frame, LocalReply, Info),
+// failure.go (failure_mode_allow, gRPC errors, message timeouts), queue.go
+// (the stream's event queue), epp.go (the endpoint-picker protocol: subset
+// hint, destinations, served endpoint).
 package extprocclient

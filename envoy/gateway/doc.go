@@ -50,4 +50,6 @@
 //     them yet, whose pending frames are dropped as Envoy drops them), and
 //     ends the ext_proc stream, so the router frees the request; a client
 //     never waits for its own timeout.
+//
+// Files: gateway.go (Config, Gateway, New, ServeHTTP, Close).
 package gateway

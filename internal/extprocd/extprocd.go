@@ -77,6 +77,8 @@ type Options struct {
 	OTLPInsecure bool
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// LogFormat is json (the default) or text.
+	LogFormat string
 	// GCPercent is the garbage collector's target (debug.SetGCPercent),
 	// applied when the GOGC environment variable is not set; 0 leaves the
 	// runtime's default. The decision path allocates per request while the
@@ -125,6 +127,7 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	fs.BoolVar(&o.HeaderFallbacks, "header-fallbacks", false, "no-op, accepted for old command lines: x-gateway-destination-endpoint always carries the ordered list (primary, then fallbacks), the same value as the envoy.lb metadata")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&o.LogFormat, "log-format", config.LogJSON, "json (one object a line, as every kvgate subcommand logs by default) or text")
 	fs.IntVar(&o.GCPercent, "gc-percent", DefaultGCPercent, "garbage collector target when GOGC is not set (0: the runtime's default)")
 	if err := fs.Parse(args, getenv); err != nil {
 		return Options{}, err
@@ -143,8 +146,8 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	if o.PoolsFile == "" {
 		return Options{}, errors.New("-config: required (the pools and policies; see examples/pools.yaml)")
 	}
-	if _, err := parseLevel(o.LogLevel); err != nil {
-		return Options{}, fmt.Errorf("-log-level: %w", err)
+	if err := (config.Logging{Level: o.LogLevel, Format: o.LogFormat}).Validate(); err != nil {
+		return Options{}, err
 	}
 	if err := o.TLS.Validate(); err != nil {
 		return Options{}, err
@@ -228,6 +231,11 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	}
 	if err := gcfg.CheckWorkerChains(localrouter.PoolChainCheck(o.Scorers)); err != nil {
 		return err
+	}
+	for _, p := range gcfg.Pools {
+		if p.Routers.Etcd && len(o.Etcd) == 0 {
+			return fmt.Errorf("%s: pool %q discovers its local routers in etcd (routers.etcd): give -etcd ENDPOINTS", o.PoolsFile, p.Name)
+		}
 	}
 	decisions := status.NewRecorder(20) // the status page's last decisions
 	opts := []globalrouter.Option{globalrouter.WithLogger(logger), globalrouter.WithRegisterer(reg), globalrouter.WithShadowFile(o.ShadowFile)}

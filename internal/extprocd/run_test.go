@@ -171,3 +171,23 @@ func startRun(ctx context.Context, o Options, lis, mlis net.Listener) (stop func
 	go func() { done <- run(runCtx, o, slog.New(slog.DiscardHandler), lis, mlis) }()
 	return func() error { cancel(); return <-done }
 }
+
+// TestRunRefusesEtcdPoolsWithoutEtcd: a pool that discovers its local
+// routers in etcd, with no -etcd given, is refused at start naming the
+// pool and the flag.
+func TestRunRefusesEtcdPoolsWithoutEtcd(t *testing.T) {
+	o, err := ParseFlags("extproc", []string{"-config", "../../examples/pools.yaml", "-admin-addr", ""}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = run(ctx, o, slog.New(slog.DiscardHandler), lis, nil)
+	if err == nil || !strings.Contains(err.Error(), `pool "pool-b" discovers its local routers in etcd (routers.etcd): give -etcd ENDPOINTS`) {
+		t.Errorf("got %v, want the etcd pool refused naming -etcd", err)
+	}
+}

@@ -44,6 +44,9 @@ type Config struct {
 	Etcd []string
 	// EtcdTLS is the etcd client's TLS.
 	EtcdTLS tlsconfig.Client
+	// Log is -log-level and -log-format (the process's logger; JSON
+	// lines at info by default).
+	Log config.Logging
 	// NATS URL (required when the router uses KV events or replica sync).
 	NATS string
 	// NATSTLS and NATSCredsFile secure the NATS client.
@@ -70,6 +73,12 @@ func (c Config) Defaults() Config {
 	if c.MetricsAddr == "" {
 		c.MetricsAddr = config.DefaultLocalRouterAdminAddr
 	}
+	if c.Log.Level == "" {
+		c.Log.Level = "info"
+	}
+	if c.Log.Format == "" {
+		c.Log.Format = config.LogJSON
+	}
 	if c.RegisterTTL == 0 {
 		c.RegisterTTL = 10 * time.Second
 	}
@@ -89,7 +98,7 @@ func (c Config) Validate() error {
 	case len(c.Etcd) == 0:
 		return errors.New("--etcd (KVGATE_ETCD) is required")
 	case c.NATS == "" && (c.Router.UseKVEvents || c.Router.ReplicaSync):
-		return errors.New("--nats (KVGATE_NATS) is required unless --router-use-kv-events=false and --router-replica-sync=false")
+		return errors.New("--nats-url (KVGATE_NATS_URL) is required unless --router-use-kv-events=false and --router-replica-sync=false")
 	case c.RouterID == "" || strings.ContainsAny(c.RouterID, "/ "):
 		return fmt.Errorf("--router-id %q: must be non-empty without '/' or ' '", c.RouterID)
 	case c.RegisterTTL < time.Second:
@@ -98,6 +107,9 @@ func (c Config) Validate() error {
 		return errors.New("-authorized-clients needs mutual TLS: set -tls-client-ca-file")
 	}
 	if err := c.TLS.Validate(); err != nil {
+		return err
+	}
+	if err := c.Log.Validate(); err != nil {
 		return err
 	}
 	return c.Router.Validate()
@@ -110,7 +122,8 @@ func flags(fs *config.FlagSet, c *Config) {
 	r := &c.Router
 	fs.Var(config.String(&c.Pool), "pool", "pool this router serves (required)")
 	fs.Var(config.String(&c.RouterID), "router-id", "this replica's id (default: hostname-random)")
-	fs.Var(config.String(&c.GRPCAddr), "grpc-addr", "gRPC listen address")
+	fs.Var(config.String(&c.GRPCAddr), "addr", "gRPC listen address")
+	fs.Deprecated("grpc-addr", "addr")
 	fs.Var(config.String(&c.AdvertiseAddr), "advertise-addr", "gRPC address registered in etcd (default: the listen address)")
 	fs.Var(config.String(&c.MetricsAddr), "admin-addr", "admin HTTP listen address: /metrics (empty: none)")
 	fs.Alias("metrics-addr", "admin-addr")
@@ -119,10 +132,12 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS SANs or CN) allowed lifecycle calls (Commit, Track, Free, MarkPrefillComplete, DumpEvents); empty: any verified client")
 	fs.Var(config.List(&c.Etcd), "etcd", "etcd endpoints, comma-separated (required)")
 	c.EtcdTLS.Flags(fs, "etcd", "etcd", false)
-	fs.Var(config.String(&c.NATS), "nats", "NATS URL (required with KV events or replica sync)")
+	fs.Var(config.String(&c.NATS), "nats-url", "NATS URL (required with KV events or replica sync)")
+	fs.Deprecated("nats", "nats-url")
 	c.NATSTLS.Flags(fs, "nats", "the NATS servers", false)
 	fs.StringVar(&c.NATSCredsFile, "nats-creds-file", c.NATSCredsFile, "NATS credentials file (JWT and NKey seed)")
 	fs.Var(config.Duration(&c.RegisterTTL), "register-ttl", "lease TTL of the router's etcd registration")
+	c.Log.Flags(fs, "info")
 
 	fs.Var(config.Int(&r.BlockSize, 1), "block-size", "KV block size in tokens")
 	fs.Alias("router-block-size", "block-size")

@@ -12,7 +12,7 @@ import (
 )
 
 func TestParseFlags(t *testing.T) {
-	base := []string{"--pool", "p", "--etcd", "a:2379,b:2379", "--nats", "nats://n:4222", "--router-id", "r1"}
+	base := []string{"--pool", "p", "--etcd", "a:2379,b:2379", "--nats-url", "nats://n:4222", "--router-id", "r1"}
 	want := func(edit func(*Config)) Config {
 		c := DefaultConfig()
 		c.Pool, c.Etcd, c.NATS, c.RouterID = "p", []string{"a:2379", "b:2379"}, "nats://n:4222", "r1"
@@ -32,7 +32,7 @@ func TestParseFlags(t *testing.T) {
 			"--router-overlap-score-credit=0.5", "--router-prefill-load-scale", "2", "--router-temperature=0.3",
 			"--router-use-kv-events=false", "--router-track-active-blocks=false", "--router-replica-sync",
 			"--router-ttl=30s", "--router-max-tree-size=1000", "--router-min-initial-workers=3", "--router-request-expiry=60",
-			"--router-block-size=64", "--grpc-addr=:1", "--metrics-addr=", "--advertise-addr=h:1", "--register-ttl=3s",
+			"--router-block-size=64", "--addr=:1", "--metrics-addr=", "--advertise-addr=h:1", "--register-ttl=3s",
 		}, nil, want(func(c *Config) {
 			r := &c.Router
 			r.OverlapScoreCredit, r.PrefillLoadScale, r.RouterTemperature = 0.5, 2, 0.3
@@ -50,6 +50,11 @@ func TestParseFlags(t *testing.T) {
 		{"metrics period from the environment, 0 disables", []string{"--router-metrics-period=0s"}, map[string]string{
 			"KVGATE_ROUTER_METRICS_PERIOD": "5", "KVGATE_ROUTER_SATURATION_WAITING": "3",
 		}, want(func(c *Config) { c.Router.SaturationWaiting = 3 })},
+		{"deprecated names", []string{"--grpc-addr=:2", "--nats=nats://old:4222"}, nil, want(func(c *Config) {
+			c.GRPCAddr, c.NATS = ":2", "nats://old:4222"
+		})},
+		{"log flags", []string{"--log-format=text", "--log-level=debug"}, nil, want(func(c *Config) { c.Log.Format, c.Log.Level = "text", "debug" })},
+		{"deprecated environment name", nil, map[string]string{"KVGATE_GRPC_ADDR": ":3"}, want(func(c *Config) { c.GRPCAddr = ":3" })},
 		{"short names", []string{"--block-size=32", "--min-initial-workers=2"}, nil, want(func(c *Config) {
 			c.Router.BlockSize, c.Router.MinInitialWorkers = 32, 2
 		})},
@@ -82,7 +87,7 @@ func TestParseFlags(t *testing.T) {
 }
 
 func TestParseFlagsErrorsNameTheSource(t *testing.T) {
-	base := []string{"--pool", "p", "--etcd", "e:1", "--nats", "n"}
+	base := []string{"--pool", "p", "--etcd", "e:1", "--nats-url", "n"}
 	tests := []struct {
 		name string
 		args []string
@@ -99,8 +104,9 @@ func TestParseFlagsErrorsNameTheSource(t *testing.T) {
 		{"bad kvgate env", nil, map[string]string{"KVGATE_ROUTER_MIN_INITIAL_WORKERS": "-2"}, `KVGATE_ROUTER_MIN_INITIAL_WORKERS="-2": must be ≥ 0`},
 		{"bad block size env", nil, map[string]string{"DYN_KV_CACHE_BLOCK_SIZE": "sixteen"}, "DYN_KV_CACHE_BLOCK_SIZE"},
 		{"missing pool", []string{"--pool="}, nil, "--pool (KVGATE_POOL) is required"},
-		{"missing nats", []string{"--nats="}, nil, "--nats (KVGATE_NATS) is required"},
+		{"missing nats", []string{"--nats-url="}, nil, "--nats-url (KVGATE_NATS_URL) is required"},
 		{"stray argument", []string{"extra"}, nil, "unexpected arguments"},
+		{"bad log format", []string{"--log-format=xml"}, nil, `-log-format "xml": want json or text`},
 		{"negative metrics period", []string{"--router-metrics-period=-1s"}, nil, "-router-metrics-period: must be positive"},
 		{"saturation kv usage above 1", []string{"--router-saturation-kv-usage=1.5"}, nil, "saturation_kv_usage 1.5 must be within 0..1"},
 	}

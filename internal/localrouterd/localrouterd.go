@@ -167,7 +167,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		})
 	}
 
-	if s.grpcLis, err = runner.Listen("grpc-addr", cfg.GRPCAddr); err != nil {
+	if s.grpcLis, err = runner.Listen("addr", cfg.GRPCAddr); err != nil {
 		return nil, err
 	}
 	gopts := server.GRPCServerOptions(m)

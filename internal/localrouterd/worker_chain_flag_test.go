@@ -11,7 +11,7 @@ import (
 )
 
 func TestWorkerChainFlag(t *testing.T) {
-	base := []string{"--pool", "p", "--etcd", "e:1", "--nats", "n", "--router-id", "r"}
+	base := []string{"--pool", "p", "--etcd", "e:1", "--nats-url", "n", "--router-id", "r"}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "chain.yaml")
 	if err := os.WriteFile(file, []byte("- name: saturation\n- {name: cost, args: {normalize: max}}\n- {name: cold, weight: 0.5}\n"), 0o644); err != nil {

@@ -5,6 +5,8 @@ import (
 	"html/template"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/globalrouter"
 )
 
 var pageTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
@@ -21,11 +23,12 @@ var pageTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format("15:04:05.000")
 	},
+	"explainInterval": func() string { return globalrouter.ObserverExplainInterval.String() },
 	"stateClass": func(s string) string {
 		switch s {
 		case "ok", "closed":
 			return "ok"
-		case "recovering", "half-open":
+		case "recovering", "half-open", "not probed yet":
 			return "warn"
 		}
 		return "bad"
@@ -49,7 +52,7 @@ th{background:#f6f8fa}td.l,th.l{text-align:left}
 code{background:#f6f8fa;padding:0 .3em}
 .ok{color:#1a7f37}.warn{color:#9a6700}.bad{color:#cf222e;font-weight:bold}
 .expl{font-family:ui-monospace,monospace;font-size:.8em;max-width:60em;text-align:left;white-space:normal}
-#live-indicator{font-size:.8em;color:#57606a}
+#live-indicator{font-size:.8em;color:#57606a}.muted{color:#8c959f}
 </style></head><body>
 <h1>{{.Title}}</h1>
 <p id="live-indicator">rendered at {{clock .Time}} UTC<noscript> · JavaScript is off: reload the page for fresh numbers</noscript></p>
@@ -86,9 +89,9 @@ code{background:#f6f8fa;padding:0 .3em}
 <td data-field="hit-rate">{{pct .HitRate}}</td><td class="l">{{.Chart}}</td></tr>{{end}}</tbody></table>{{end}}
 {{end}}
 <h2>Last decisions</h2>
-{{if .Decisions}}<table id="decisions"><thead><tr><th class="l">time (UTC)</th><th class="l">request</th><th class="l">model</th><th class="l">outcome</th><th class="l">pool / worker</th><th>overlap</th><th>µs</th><th class="l">why</th></tr></thead>
+{{if .Decisions}}<table id="decisions"><thead><tr><th class="l">time (UTC)</th><th class="l">request</th><th class="l">model</th><th class="l">outcome</th><th class="l">pool / worker</th><th>overlap</th><th>µs</th><th class="l">why <small>(explained on a sample: at most one decision every {{explainInterval}}, the others blank; x-kvgate-explain: 1 explains a request of yours)</small></th></tr></thead>
 <tbody>{{range .Decisions}}<tr><td class="l">{{clock .Time}}</td><td class="l">{{.RequestID}}</td><td class="l">{{.Model}}</td><td class="l {{stateClass .Outcome}}">{{.Outcome}}</td>
-<td class="l">{{.Pool}}{{if .Worker}} / {{.Worker}}{{end}}</td><td>{{.Overlap}}/{{.Blocks}}</td><td>{{.Micros}}</td><td class="expl">{{.Explanation}}</td></tr>{{end}}</tbody></table>
+<td class="l">{{.Pool}}{{if .Worker}} / {{.Worker}}{{end}}</td><td>{{.Overlap}}/{{.Blocks}}</td><td>{{.Micros}}</td><td class="expl">{{if .Explanation}}{{.Explanation}}{{else}}<span class="muted">not sampled</span>{{end}}</td></tr>{{end}}</tbody></table>
 {{else}}<p>No decision yet.</p>{{end}}
 <h2>Configuration</h2>
 <table id="config"><tbody>

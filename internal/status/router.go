@@ -27,7 +27,10 @@ func RouterPools(r *globalrouter.Router, gather prometheus.Gatherer) []Pool {
 	return out
 }
 
-// PoolState is a pool's state as the global router sees it.
+// PoolState is a pool's state as the global router sees it: ok only when
+// one of its local routers has answered; "not probed yet" before any
+// request reached it, "unreachable" when its routers failed and none
+// ever answered.
 func PoolState(h globalrouter.PoolHealth) string {
 	switch {
 	case h.Health.Routers == 0:
@@ -37,7 +40,18 @@ func PoolState(h globalrouter.PoolHealth) string {
 	case h.Health.Recovering:
 		return "recovering"
 	}
-	return "ok"
+	answered, failures := false, 0
+	for _, r := range h.Routers {
+		answered = answered || r.Answered
+		failures += r.Failures
+	}
+	switch {
+	case answered:
+		return "ok"
+	case failures > 0:
+		return "unreachable"
+	}
+	return "not probed yet"
 }
 
 func circuit(s pool.CircuitState) string {

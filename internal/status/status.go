@@ -11,6 +11,10 @@
 // router's from its pools); a Recorder keeps the last decisions
 // (globalrouter.WithObserver(rec.Observe)). Page.Run samples the workers'
 // cumulative prefix-cache counters for the chart.
+//
+// Files: status.go (Page, Snapshot, Source, Recorder, the chart, Handler),
+// page.go (the HTML template), router.go (a global router's pools, state
+// and configuration as the page shows them).
 package status
 
 import (
@@ -48,7 +52,8 @@ type Fact struct {
 type Pool struct {
 	Name string `json:"name"`
 	Role string `json:"role"`
-	// State is the pool as the global router sees it: ok, recovering,
+	// State is the pool as the global router sees it (PoolState): ok,
+	// not probed yet, unreachable, recovering,
 	// circuit open, no local router.
 	State   string   `json:"state"`
 	Routers []Router `json:"routers"`
@@ -259,14 +264,29 @@ func hitRates(pts []point) ([]HitSample, float64) {
 	return out, float64(h) / float64(q)
 }
 
-const chartW, chartH = 160.0, 32.0
+// The chart's size and its plot area: the y axis (0 %..100 %) labelled on
+// the left, the time axis (-window..now) below.
+const (
+	chartW, chartH      = 200.0, 46.0
+	plotX0, plotX1      = 30.0, 198.0
+	plotTop, plotBottom = 3.0, 35.0
+)
 
 // chart draws the hit rate over the window ending at now: 0 % at the
-// bottom, 100 % at the top; intervals without queries leave gaps.
+// bottom, 100 % at the top, both labelled, the window's start and now
+// under the time axis; intervals without queries leave gaps.
 func chart(hs []HitSample, window time.Duration, now time.Time) template.HTML {
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg class="chart" width="%g" height="%g" viewBox="0 0 %g %g" role="img" aria-label="prefix hit rate over the last %s">`, chartW, chartH, chartW, chartH, window)
-	fmt.Fprintf(&b, `<rect width="%g" height="%g" fill="#f6f8fa"/><line x1="0" y1="%g" x2="%g" y2="%g" stroke="#ddd"/>`, chartW, chartH, chartH/2, chartW, chartH/2)
+	pw, ph := plotX1-plotX0, plotBottom-plotTop
+	fmt.Fprintf(&b, `<svg class="chart" width="%g" height="%g" viewBox="0 0 %g %g" role="img" aria-label="prefix hit rate, 0 to 100 %%, over the last %s">`, chartW, chartH, chartW, chartH, window)
+	fmt.Fprintf(&b, `<rect x="%g" y="%g" width="%g" height="%g" fill="#f6f8fa" stroke="#d0d7de"/><line x1="%g" y1="%g" x2="%g" y2="%g" stroke="#ddd"/>`,
+		plotX0, plotTop, pw, ph, plotX0, plotTop+ph/2, plotX1, plotTop+ph/2)
+	const label = `<text x="%g" y="%g" font-size="8" fill="#57606a" text-anchor="%s">%s</text>`
+	fmt.Fprintf(&b, label, plotX0-2, plotTop+6, "end", "100 %")
+	fmt.Fprintf(&b, label, plotX0-2, plotTop+ph/2+3, "end", "50 %")
+	fmt.Fprintf(&b, label, plotX0-2, plotBottom, "end", "0 %")
+	fmt.Fprintf(&b, label, plotX0, chartH-2, "start", "−"+window.String())
+	fmt.Fprintf(&b, label, plotX1, chartH-2, "end", "now")
 	var seg []string
 	flush := func() {
 		if len(seg) == 1 {
@@ -282,11 +302,11 @@ func chart(hs []HitSample, window time.Duration, now time.Time) template.HTML {
 			flush()
 			continue
 		}
-		x := chartW - float64(now.Sub(s.Time))/float64(window)*chartW
-		if x < 0 {
+		x := plotX1 - float64(now.Sub(s.Time))/float64(window)*pw
+		if x < plotX0 {
 			continue
 		}
-		y := chartH - 1 - s.HitRate*(chartH-2)
+		y := plotBottom - s.HitRate*ph
 		seg = append(seg, fmt.Sprintf("%.1f,%.1f", x, y))
 	}
 	flush()

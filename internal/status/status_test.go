@@ -89,7 +89,8 @@ func TestPageServerRendered(t *testing.T) {
 		`<td data-field="hit-rate">75.0%</td>`, // 150 hits of 200 queries over the window
 		`<b data-field="pool-in-flight">3</b>`, `<span data-field="decisions">7</span>`,
 		`class="bad" data-field="state">circuit open</span>`, "circuit <span class=\"bad\">open</span> (2 failures)",
-		"<svg class=\"chart\"", "<polyline",
+		"<svg class=\"chart\"", "<polyline", ">100 %</text>", ">0 %</text>", ">now</text>", // the chart's scale
+		"explained on a sample: at most one decision every 10ms",
 		"why 2 &lt;b&gt;", "no pool reachable", "model-match → cost", "refused: pools.yaml:3:1: bad",
 		"<noscript>", `fetch("fragment"`,
 	} {

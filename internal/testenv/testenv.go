@@ -7,6 +7,10 @@
 //
 // Both helpers are safe to call from parallel tests; each call starts its
 // own server.
+//
+// Files: testenv.go (embedded etcd and NATS, Eventually), restart.go
+// (servers a test stops and restarts on the same port), context.go
+// (contexts with the test's deadline), leak.go (IgnoreLeaks).
 package testenv
 
 import (

@@ -20,6 +20,8 @@ const secureClientName = "kvgate-extproc"
 // client certificate for the global router; the files live in dir.
 type secure struct {
 	dir, caFile   string
+	cliCert       string // the global router's client certificate and key:
+	cliKey        string // what a local router's mutual TLS asks of a client
 	routerServer  tlsconfig.Server
 	routerClient  credentials.TransportCredentials
 	extprocServer credentials.TransportCredentials
@@ -54,6 +56,7 @@ func newSecure(host string) (_ *secure, err error) {
 	if err != nil {
 		return nil, err
 	}
+	s.cliCert, s.cliKey = cliCert, cliKey
 	s.routerServer = tlsconfig.Server{CertFile: srvCert, KeyFile: srvKey, ClientCAFile: s.caFile}
 	xs, err := (tlsconfig.Server{CertFile: srvCert, KeyFile: srvKey}).Config(nil)
 	if err != nil {

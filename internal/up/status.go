@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -82,16 +83,7 @@ func (s *System) Status() Status {
 	}
 	for _, h := range hs {
 		health[h.Pool] = [2]int{h.Health.Routers, h.Health.Available}
-		switch {
-		case h.Health.Routers == 0:
-			state[h.Pool] = "no local router"
-		case h.Health.Available == 0:
-			state[h.Pool] = "circuit open"
-		case h.Health.Recovering:
-			state[h.Pool] = "recovering"
-		default:
-			state[h.Pool] = "ok"
-		}
+		state[h.Pool] = status.PoolState(h)
 	}
 	for _, p := range s.Pools {
 		ps := PoolStatus{Name: p.Name, Router: p.Router.GRPCAddr(), RouterState: state[p.Name],

@@ -238,6 +238,11 @@ type System struct {
 	Decisions *status.Recorder
 
 	extprocAddr string
+	// ClientCertFile and ClientKeyFile are a client certificate the local
+	// routers' mutual TLS accepts (the global router's), for a client such
+	// as grpcurl under SecureServing; removed by Close.
+	ClientCertFile, ClientKeyFile string
+
 	// CAFile is the CA to trust for the ext_proc and local-router hops
 	// under SecureServing ("" otherwise); removed by Close.
 	CAFile       string
@@ -288,7 +293,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		if sec, err = newSecure(cfg.Host); err != nil {
 			return nil, err
 		}
-		s.tlsDir, s.CAFile = sec.dir, sec.caFile
+		s.tlsDir, s.CAFile, s.ClientCertFile, s.ClientKeyFile = sec.dir, sec.caFile, sec.cliCert, sec.cliKey
 	}
 	if s.etcd, err = startEtcd(ctx, cfg.Host); err != nil {
 		return nil, err
@@ -600,6 +605,8 @@ func (s *System) Summary() string {
 	fmt.Fprintf(&b, "  %-22s %s\n", "ext_proc (gRPC)", s.extprocAddr)
 	if s.CAFile != "" {
 		fmt.Fprintf(&b, "  %-22s %s (TLS on ext_proc, mutual TLS on local routers)\n", "CA to trust", s.CAFile)
+		fmt.Fprintf(&b, "  %-22s %s, key %s (a local router asks its clients for one)\n", "client certificate", s.ClientCertFile, s.ClientKeyFile)
+		fmt.Fprintf(&b, "  %-22s removed when kvgate up stops: copy them to keep them\n", "")
 	}
 	for _, rg := range s.Regions {
 		fmt.Fprintf(&b, "  %-22s %s (subtree of %v, registered as pool %s)\n", rg.Name+" router", rg.Addr, rg.Pools, rg.Name)

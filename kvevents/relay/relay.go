@@ -5,7 +5,7 @@
 //	vLLM --kv-events-config '{"enable_kv_cache_events":true,"publisher":"zmq",
 //	      "endpoint":"tcp://*:5557","topic":"kv-events"}'
 //	kvgate relay --zmq tcp://127.0.0.1:5557 --pool a --worker-id w1 \
-//	      --address 10.0.0.7:8000 --block-size 16 --nats … --etcd …
+//	      --address 10.0.0.7:8000 --block-size 16 --nats-url … --etcd …
 //
 // Messages are decoded by a kvevents.EngineDecoder (Options.Decoder; the
 // vLLM/SGLang msgpack one by default) and republished through a

@@ -17,6 +17,10 @@
 //
 // Default addresses shared by several subcommands live here too, so they
 // cannot drift apart; every server binds loopback unless told otherwise.
+//
+// Files: flags.go (FlagSet: environment, aliases, deprecated names, typed
+// usage; the Value flag types), logging.go (Logging: -log-level and
+// -log-format), yaml.go (PosError, ParseFile, DecodeStrict, FixFile).
 package config
 
 // Default listen addresses. Every one is loopback: binding wider is an

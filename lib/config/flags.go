@@ -25,8 +25,9 @@ func EnvName(flagName string) string {
 // where needed, then Parse. Not safe for concurrent use.
 type FlagSet struct {
 	*flag.FlagSet
-	aliases map[string]string   // alias → canonical flag
-	extra   map[string][]string // canonical flag → extra env names, lowest precedence first
+	aliases    map[string]string   // alias → canonical flag
+	deprecated map[string]string   // deprecated flag → the flag to use instead
+	extra      map[string][]string // canonical flag → extra env names, lowest precedence first
 }
 
 // NewFlagSet returns an empty FlagSet that reports errors instead of
@@ -34,12 +35,71 @@ type FlagSet struct {
 func NewFlagSet(name string, out io.Writer) *FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(out)
-	f := &FlagSet{FlagSet: fs, aliases: map[string]string{}, extra: map[string][]string{}}
+	f := &FlagSet{FlagSet: fs, aliases: map[string]string{}, deprecated: map[string]string{}, extra: map[string][]string{}}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: kvgate %s [flags]\n\nflags (the environment variables in brackets set them too; the command line wins):\n", name)
-		fs.PrintDefaults()
+		f.PrintDefaults()
 	}
 	return f
+}
+
+// PrintDefaults prints every flag as flag.PrintDefaults does, but names
+// each flag's type (int, float, duration, list, string), including the
+// flags built from a Value, which the flag package calls "value".
+func (f *FlagSet) PrintDefaults() {
+	var b strings.Builder
+	f.VisitAll(func(fl *flag.Flag) {
+		fmt.Fprintf(&b, "  -%s", fl.Name)
+		name, usage := flag.UnquoteUsage(fl)
+		if name == "value" { // a Value, or another flag.Value: all read text
+			name = "string"
+			if v, ok := fl.Value.(*Value); ok && v.Kind != "" {
+				name = v.Kind
+			}
+		}
+		if isBool(fl.Value) {
+			name = ""
+		}
+		if name != "" {
+			b.WriteString(" " + name)
+		}
+		b.WriteString("\n    \t")
+		b.WriteString(strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if d := fl.DefValue; d != "" && d != "0" && d != "false" && d != "0s" {
+			if name == "string" {
+				fmt.Fprintf(&b, " (default %q)", d)
+			} else {
+				fmt.Fprintf(&b, " (default %v)", d)
+			}
+		}
+		b.WriteString("\n")
+	})
+	fmt.Fprint(f.Output(), b.String())
+}
+
+func isBool(v flag.Value) bool {
+	b, ok := v.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// Deprecated is Alias for an old name kept for old command lines: using it
+// (on the command line or as KVGATE_<ALIAS>) still works and prints a
+// warning naming the flag to use instead.
+func (f *FlagSet) Deprecated(alias, canonical string) {
+	f.Alias(alias, canonical)
+	f.Lookup(alias).Usage = "deprecated alias of -" + canonical
+	f.deprecated[alias] = "-" + canonical
+}
+
+// MarkDeprecated marks the defined flag name as kept for old command lines
+// only: using it warns, naming use (e.g. "-addr") instead.
+func (f *FlagSet) MarkDeprecated(name, use string) {
+	fl := f.Lookup(name)
+	if fl == nil {
+		panic("config: deprecating undefined flag -" + name)
+	}
+	fl.Usage = "deprecated: use " + use + " (" + fl.Usage + ")"
+	f.deprecated[name] = use
 }
 
 // Alias defines -alias as another name of the already defined -canonical.
@@ -93,6 +153,11 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string) error {
 	if f.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", f.Args())
 	}
+	f.Visit(func(fl *flag.Flag) {
+		if use, ok := f.deprecated[fl.Name]; ok {
+			fmt.Fprintf(f.Output(), "warning: -%s is deprecated; use %s\n", fl.Name, use)
+		}
+	})
 	if getenv == nil {
 		return nil
 	}
@@ -114,6 +179,11 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string) error {
 			if v == "" {
 				continue
 			}
+			if a, ok := strings.CutPrefix(env, EnvPrefix); ok {
+				if use, ok := f.deprecated[strings.ToLower(strings.ReplaceAll(a, "_", "-"))]; ok {
+					fmt.Fprintf(f.Output(), "warning: %s is deprecated; use %s (%s)\n", env, use, EnvName(strings.TrimPrefix(use, "-")))
+				}
+			}
 			if err := fl.Value.Set(v); err != nil {
 				errs = append(errs, fmt.Errorf("environment variable %s=%q: %w (flag -%s)", env, v, err, fl.Name))
 			}
@@ -129,6 +199,9 @@ type Value struct {
 	GetFunc func() string
 	// Bool makes it a boolean flag (-x means -x=true).
 	Bool bool
+	// Kind names the value's type in the usage (int, float, duration,
+	// list; empty: string).
+	Kind string
 }
 
 func (v *Value) String() string {
@@ -148,6 +221,7 @@ func (v *Value) IsBoolFlag() bool { return v.Bool }
 // elements are dropped.
 func List(p *[]string) *Value {
 	return &Value{
+		Kind:    "list",
 		SetFunc: func(s string) error { *p = SplitList(s); return nil },
 		GetFunc: func() string { return strings.Join(*p, ",") },
 	}
@@ -168,6 +242,7 @@ func SplitList(s string) []string {
 // Int is an integer flag of at least minimum.
 func Int(p *int, minimum int) *Value {
 	return &Value{
+		Kind: "int",
 		SetFunc: func(s string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(s))
 			if err != nil {
@@ -186,6 +261,7 @@ func Int(p *int, minimum int) *Value {
 // Float is a finite, non-negative number flag.
 func Float(p *float64) *Value {
 	return &Value{
+		Kind: "float",
 		SetFunc: func(s string) error {
 			f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 			if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
@@ -221,6 +297,7 @@ func Bool(p *bool) *Value {
 // number of seconds ("120").
 func Duration(p *time.Duration) *Value {
 	return &Value{
+		Kind: "duration",
 		SetFunc: func(s string) error {
 			s = strings.TrimSpace(s)
 			d, err := time.ParseDuration(s)

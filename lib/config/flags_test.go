@@ -91,3 +91,92 @@ func TestYAMLErrorsNameFileAndLine(t *testing.T) {
 		t.Errorf("syntax error: got %v", err)
 	}
 }
+
+// TestFlagSetUsageAndDeprecated: the usage names each flag's type (never
+// "value"), and a deprecated alias still sets its flag but warns.
+func TestFlagSetUsageAndDeprecated(t *testing.T) {
+	var n int
+	var d time.Duration
+	var l []string
+	var s, url string
+	var b bool
+	var out strings.Builder
+	fs := config.NewFlagSet("t", &out)
+	fs.Var(config.Int(&n, 0), "count", "how many")
+	fs.Var(config.Duration(&d), "wait", "how long")
+	fs.Var(config.List(&l), "peers", "who")
+	fs.Var(config.String(&s), "name", "what")
+	fs.Var(config.Bool(&b), "on", "whether")
+	fs.StringVar(&url, "nats-url", "nats://x", "NATS")
+	fs.Deprecated("nats", "nats-url")
+	if err := fs.Parse([]string{"-h"}, nil); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: got %v, want flag.ErrHelp", err)
+	}
+	usage := out.String()
+	for _, want := range []string{"-count int\n", "-wait duration\n", "-peers list\n", "-name string\n", "-on\n", "-nats-url string\n", "deprecated alias of -nats-url", `(default "nats://x")`} {
+		if !strings.Contains(usage, want) {
+			t.Errorf("usage lacks %q:\n%s", want, usage)
+		}
+	}
+	if strings.Contains(usage, " value\n") {
+		t.Errorf("usage names a type \"value\":\n%s", usage)
+	}
+
+	out.Reset()
+	fs = config.NewFlagSet("t", &out)
+	fs.StringVar(&url, "nats-url", "nats://x", "NATS")
+	fs.Deprecated("nats", "nats-url")
+	if err := fs.Parse([]string{"-nats", "nats://y"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if url != "nats://y" || !strings.Contains(out.String(), "warning: -nats is deprecated; use -nats-url") {
+		t.Errorf("deprecated flag: got url %q, output %q", url, out.String())
+	}
+	out.Reset()
+	fs = config.NewFlagSet("t", &out)
+	fs.StringVar(&url, "nats-url", "nats://x", "NATS")
+	fs.Deprecated("nats", "nats-url")
+	if err := fs.Parse(nil, func(k string) string { return map[string]string{"KVGATE_NATS": "nats://z"}[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if url != "nats://z" || !strings.Contains(out.String(), "warning: KVGATE_NATS is deprecated; use -nats-url (KVGATE_NATS_URL)") {
+		t.Errorf("deprecated env: got url %q, output %q", url, out.String())
+	}
+}
+
+// TestLogging: -log-format picks JSON (the default) or text; bad values
+// are refused naming the flag.
+func TestLogging(t *testing.T) {
+	for _, tt := range []struct {
+		args   []string
+		prefix string
+		err    string
+	}{
+		{nil, `{"time":`, ""},
+		{[]string{"-log-format", "text"}, "time=", ""},
+		{[]string{"-log-format", "xml"}, "", "-log-format"},
+		{[]string{"-log-level", "loud"}, "", "-log-level"},
+	} {
+		var l config.Logging
+		fs := config.NewFlagSet("t", io.Discard)
+		l.Flags(fs, "info")
+		if err := fs.Parse(tt.args, nil); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		log, err := l.Logger(&out)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%v: got error %v, want one naming %s", tt.args, err, tt.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.Info("hello")
+		if !strings.HasPrefix(out.String(), tt.prefix) {
+			t.Errorf("%v: logged %q, want it to start %q", tt.args, out.String(), tt.prefix)
+		}
+	}
+}

@@ -79,14 +79,18 @@ func ParseFile(file string, data []byte) (*yaml.Node, error) {
 // of out's struct types (yaml tags). Types implementing yaml.Unmarshaler
 // check their own keys. Errors are PosErrors in file; what prefixes the
 // field path.
+//
+// Every unknown key is reported, and the known ones are still decoded, so a
+// caller can go on checking the rest and report every error in one run.
 func DecodeStrict(file, what string, n *yaml.Node, out any) error {
-	if err := checkKnown(file, n, reflect.TypeOf(out), what); err != nil {
-		return err
-	}
+	unknown := checkKnown(file, n, reflect.TypeOf(out), what)
 	if err := n.Decode(out); err != nil {
-		return wrapDecodeError(file, what, err)
+		if unknown == nil {
+			return wrapDecodeError(file, what, err)
+		}
+		return errors.Join(unknown, wrapDecodeError(file, what, err))
 	}
-	return nil
+	return unknown
 }
 
 func wrapDecodeError(file, what string, err error) error {
@@ -117,68 +121,73 @@ var (
 	nodeType        = reflect.TypeOf(yaml.Node{})
 )
 
+// checkKnown reports every unknown key under n, not only the first, so one
+// run of `kvgate policy check` lists every typo.
 func checkKnown(file string, n *yaml.Node, t reflect.Type, path string) error {
+	var errs []error
+	checkKnownAll(file, n, t, path, &errs)
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
+}
+
+func checkKnownAll(file string, n *yaml.Node, t reflect.Type, path string, errs *[]error) {
 	for n != nil && (n.Kind == yaml.DocumentNode || n.Kind == yaml.AliasNode) {
 		if n.Kind == yaml.AliasNode {
 			n = n.Alias
 			continue
 		}
 		if len(n.Content) == 0 {
-			return nil
+			return
 		}
 		n = n.Content[0]
 	}
 	if n == nil || t == nil {
-		return nil
+		return
 	}
 	if t.Implements(unmarshalerType) || reflect.PointerTo(t).Implements(unmarshalerType) {
-		return nil
+		return
 	}
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 		if t.Implements(unmarshalerType) || reflect.PointerTo(t).Implements(unmarshalerType) {
-			return nil
+			return
 		}
 	}
 	if t == nodeType {
-		return nil
+		return
 	}
 	switch t.Kind() {
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
-			return nil // Decode reports the type error
+			return // Decode reports the type error
 		}
 		fields := yamlFields(t)
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			ft, ok := fields[k.Value]
 			if !ok {
-				return Errorf(file, k, path, "unknown field %q (known: %s)", k.Value, knownList(fields))
+				*errs = append(*errs, Errorf(file, k, path, "unknown field %q (known: %s)", k.Value, knownList(fields)))
+				continue
 			}
-			if err := checkKnown(file, v, ft, join(path, k.Value)); err != nil {
-				return err
-			}
+			checkKnownAll(file, v, ft, join(path, k.Value), errs)
 		}
 	case reflect.Slice, reflect.Array:
 		if n.Kind != yaml.SequenceNode {
-			return nil
+			return
 		}
 		for i, c := range n.Content {
-			if err := checkKnown(file, c, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
+			checkKnownAll(file, c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), errs)
 		}
 	case reflect.Map:
 		if n.Kind != yaml.MappingNode {
-			return nil
+			return
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			if err := checkKnown(file, n.Content[i+1], t.Elem(), join(path, n.Content[i].Value)); err != nil {
-				return err
-			}
+			checkKnownAll(file, n.Content[i+1], t.Elem(), join(path, n.Content[i].Value), errs)
 		}
 	}
-	return nil
 }
 
 func join(path, field string) string {

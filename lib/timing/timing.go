@@ -2,7 +2,7 @@
 // (mocker.DefaultTiming) and the local router's ttft scorer
 // (localrouter/scorer_ttft.go), which reads the same curves scaled to an
 // operator's measurements: the milliseconds of one iteration's prefill of n
-// new tokens and of one decode step at a KV usage (DESIGN.md §7). It is a
+// new tokens and of one decode step at a KV usage. It is a
 // leaf: it imports nothing of kvgate, so the router does not depend on the
 // mock engine.
 package timing

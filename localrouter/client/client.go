@@ -13,11 +13,16 @@
 // pipelined commit the global router uses: its answer goes to a listener,
 // the stream outlives the context and ends with AsyncTracker.Free).
 //
-// The four ways to use it (DESIGN.md §9) are the package examples:
+// The four ways to use it (docs/localrouter.md) are the package examples:
 // automatic routing (Generate), manual lifecycle (BestWorker with a request
 // id, MarkPrefillComplete, Free), hierarchical probing of several routers
 // (BestWorker without a request id, then Commit on the best), and custom
 // routing on PotentialLoads (Generate with a forced worker).
+//
+// Files: client.go (Client, Dial, New, options), generate.go (Generate:
+// route, stream, free), sse.go (the engine's SSE stream), track.go
+// (Tracker: the lifecycle stream), async.go (CommitAsync, AsyncTracker),
+// channel.go (Channel: the probe channel), errors.go (Error, gRPC status).
 package client
 
 import (

@@ -1,5 +1,5 @@
 // Package events feeds a local router's KV index from its pool's NATS event
-// subject (DESIGN.md §3, §7).
+// subject.
 //
 // Events are applied in id order per (worker, dp_rank). A worker that joins,
 // an event-id gap, or a publisher restart (ids starting again at 1) makes the

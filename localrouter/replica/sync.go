@@ -1,6 +1,6 @@
 // Package replica shares request lifecycle events between the replicas of
 // one pool's local router over NATS (kvevents.ActiveSeqsSubject), so each
-// replica sees the whole pool's load (DESIGN.md §4, Dynamo's replica_sync).
+// replica sees the whole pool's load (Dynamo's replica_sync).
 //
 // A replica publishes what it records itself (a request added to a worker,
 // its prefill completed, its free) and applies what the others publish to

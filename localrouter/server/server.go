@@ -1,4 +1,4 @@
-// Package server is a pool's local router as a service (DESIGN.md §4, §7):
+// Package server is a pool's local router as a service:
 // the gRPC API of api/localrouter/v1 over a localrouter.Router, with health,
 // reflection and Prometheus metrics. The process around it (flags and
 // environment, etcd membership and registration, NATS KV events and

@@ -1,4 +1,4 @@
-// Package registry is membership's etcd half (DESIGN.md §7): registering a
+// Package registry is membership's etcd half: registering a
 // worker or a local router under a lease, and following a pool's workers or
 // routers live.
 //
@@ -19,6 +19,10 @@
 // It is a package apart from membership so that the records and the Role
 // type, which policies and the KV-event code import, do not pull in the
 // etcd client.
+//
+// Files: register.go (Register, RegisterRouter: leased keys), stale.go
+// (StaleMarker: a worker's stale flag), watch.go (WatchPrefix), workers.go
+// (Watcher: a pool's workers for a Handler).
 package registry
 
 import (
