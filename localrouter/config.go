@@ -79,6 +79,10 @@ type Config struct {
 	// scorer; CostWorkerChain is Dynamo's cost, which the fields above
 	// parameterise.
 	WorkerChain []ScorerSpec
+	// Scorers is the registry WorkerChain's entries are built from (nil:
+	// BuiltinScorers). A program adds its own filters and scorers to
+	// BuiltinScorers() and sets it here.
+	Scorers *ScorerRegistry
 }
 
 // DefaultTierWeights are TierWeights' defaults (llm-d's).

@@ -5,10 +5,8 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
@@ -20,9 +18,9 @@ import (
 // sample at router_temperature > 0, as the cost alone always did).
 //
 // The chain is built once per configuration (New), never per request,
-// from specs naming registered filters and scorers (RegisterFilter,
-// RegisterScorer), as pool policies are built from their registry
-// (policies.Registry).
+// from specs naming filters and scorers of the Config's ScorerRegistry
+// (Config.Scorers; nil: BuiltinScorers), as pool policies are built from
+// their registry (policies.Registry).
 //
 // Normalisation: every scorer but cost gives each candidate a raw value in
 // [0, 1] (prefix: [-1, 0], a reward), lower being better, so that weights
@@ -265,57 +263,6 @@ type (
 	ScorerFactory func(*ChainArgs) (Scorer, error)
 )
 
-type chainFactory struct {
-	filter FilterFactory
-	scorer ScorerFactory
-}
-
-var (
-	chainMu   sync.RWMutex
-	chainRegs = map[string]chainFactory{}
-)
-
-// RegisterFilter adds a filter under name; a name already registered (as
-// a filter or a scorer) is an error.
-func RegisterFilter(name string, f FilterFactory) error {
-	return register(name, chainFactory{filter: f}, f == nil)
-}
-
-// RegisterScorer adds a scorer under name; a name already registered (as
-// a filter or a scorer) is an error.
-func RegisterScorer(name string, f ScorerFactory) error {
-	return register(name, chainFactory{scorer: f}, f == nil)
-}
-
-func register(name string, f chainFactory, isNil bool) error {
-	if name == "" || isNil {
-		return fmt.Errorf("localrouter: register worker chain entry %q: empty name or nil factory", name)
-	}
-	chainMu.Lock()
-	defer chainMu.Unlock()
-	if _, ok := chainRegs[name]; ok {
-		return fmt.Errorf("localrouter: worker chain entry %q registered twice", name)
-	}
-	chainRegs[name] = f
-	return nil
-}
-
-// ChainEntries lists the registered filters and scorers, sorted.
-func ChainEntries() (filters, scorers []string) {
-	chainMu.RLock()
-	defer chainMu.RUnlock()
-	for name, f := range chainRegs {
-		if f.filter != nil {
-			filters = append(filters, name)
-		} else {
-			scorers = append(scorers, name)
-		}
-	}
-	sort.Strings(filters)
-	sort.Strings(scorers)
-	return filters, scorers
-}
-
 // ValidateWorkerChain builds specs against cfg and returns the first
 // error: an unknown filter or scorer, an unknown or bad argument, a bad
 // weight. Errors name the entry.
@@ -396,14 +343,10 @@ func ValidateScorerSpec(i int, sp ScorerSpec, cfg Config) error {
 
 // add builds entry i and appends it to c.
 func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
-	chainMu.RLock()
-	f, ok := chainRegs[sp.Name]
-	var filters, scorers []string
+	reg := cfg.registry()
+	f, ok := reg.lookup(sp.Name)
 	if !ok {
-		filters, scorers = chainEntriesLocked()
-	}
-	chainMu.RUnlock()
-	if !ok {
+		filters, scorers := reg.Entries()
 		return fmt.Errorf("%w: worker chain entry %d: unknown filter or scorer %q (filters: %s; scorers: %s)", ErrInvalidConfig, i+1, sp.Name, strings.Join(filters, ", "), strings.Join(scorers, ", "))
 	}
 	a := &ChainArgs{Entry: sp.Name, Config: cfg, args: sp.Args, used: map[string]bool{}}
@@ -446,19 +389,6 @@ func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
 		c.observers = append(c.observers, o)
 	}
 	return nil
-}
-
-func chainEntriesLocked() (filters, scorers []string) {
-	for name, f := range chainRegs {
-		if f.filter != nil {
-			filters = append(filters, name)
-		} else {
-			scorers = append(scorers, name)
-		}
-	}
-	sort.Strings(filters)
-	sort.Strings(scorers)
-	return filters, scorers
 }
 
 // chainScratch is the chain's per-request scratch (in the Router's scratch).
