@@ -22,7 +22,7 @@ func explain(p *prepared, results []probeResult, ranked []policies.Candidate, tr
 			continue
 		}
 		s := res.sel
-		fmt.Fprintf(&b, " %s/%d@%s overlap %d/%d blocks of %d, uncached %d tokens, cost %.4g (%s, %d workers);",
+		fmt.Fprintf(&b, " %s/%d@%s overlap %d/%d blocks of %d, uncached %d tokens, cost %.4g ms (%s, %d workers);",
 			s.WorkerID, s.DPRank, s.Address, s.OverlapBlocks, s.RequestBlocks, res.pe.cfg.BlockSize,
 			s.UncachedTokens(), s.Cost, res.dur.Round(1000), s.Candidates)
 	}

@@ -39,9 +39,14 @@ import (
 // The default chain (an empty Config.WorkerChain) is saturation then ttft
 // (DefaultWorkerChain); Dynamo's choice, costs and tie-breaks exactly are
 // CostWorkerChain (saturation then cost at weight 1, "-worker-chain
-// cost"). Selection.Cost is the ttft scorer's value (predicted TTFT plus
-// the delay imposed, in blocks of prefill time) when the chain has it,
-// Dynamo's cost otherwise.
+// cost").
+//
+// Selection.Cost is in one unit whatever the chain, so that the global
+// router compares pools: the ttft scorer's prediction for the chosen
+// worker in milliseconds (its TTFT plus the delay it imposes), by the
+// chain's ttft scorer when it has one, else by one at the default
+// calibration. Selection.ChainScore is the winner's total in the chain's
+// own units.
 
 // ScorerSpec is one entry of a worker chain: a filter or a scorer by name,
 // the scorer's weight, and its arguments. In YAML (pools.yaml's
@@ -294,19 +299,15 @@ type workerChain struct {
 	// credit and scale, when set (the cost scorer's arguments), replace
 	// the Config's overlap_score_credit and prefill_load_scale.
 	credit, scale *float64
-	// costFrom is the scorer whose raw value is Selection.Cost (the ttft
-	// scorer's, in blocks of prefill time), -1: Dynamo's cost.
-	costFrom int
+	// timing is the ttft scorer whose prediction is Selection.Cost: the
+	// chain's own (its first), else one at the default calibration.
+	timing *ttftScorer
 }
 
-// selectionCost is Selection.Cost for the winner at position i among
-// s.cand: the ttft scorer's raw value when the chain has one, else
-// Dynamo's cost dynamo.
-func (c *workerChain) selectionCost(s *chainScratch, i int, dynamo float64) float64 {
-	if c.costFrom < 0 {
-		return dynamo
-	}
-	return s.raw[c.costFrom*len(s.cand)+i]
+// selectionCost is Selection.Cost for candidate j of in: the predicted
+// waiting in milliseconds (ttftScorer.millis), whatever the chain.
+func (c *workerChain) selectionCost(in *ChainInput, j int) float64 {
+	return c.timing.millis(in, j, c.timing.perWorker(in))
 }
 
 func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
@@ -318,7 +319,7 @@ func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
 	// nothing.
 	f := FormatWorkerChain(specs)
 	plain := f == FormatWorkerChain(DefaultWorkerChain()) || f == FormatWorkerChain(CostWorkerChain()) || f == "cost" || f == "cost=1"
-	c := &workerChain{report: !plain, costFrom: -1}
+	c := &workerChain{report: !plain}
 	seen := map[string]bool{}
 	for i, sp := range specs {
 		if seen[sp.Name] {
@@ -331,6 +332,13 @@ func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
 	}
 	if len(c.scorers) == 0 {
 		return nil, fmt.Errorf("%w: worker chain has no scorer (filters only)", ErrInvalidConfig)
+	}
+	if c.timing == nil {
+		t, err := newTTFTScorer(&ChainArgs{Entry: ttftName, Config: cfg, used: map[string]bool{}})
+		if err != nil {
+			return nil, err
+		}
+		c.timing = t.(*ttftScorer)
 	}
 	return c, nil
 }
@@ -381,8 +389,8 @@ func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
 	if cs, ok := sc.(*costScorer); ok {
 		c.credit, c.scale = cs.credit, cs.scale
 	}
-	if _, ok := sc.(*ttftScorer); ok {
-		c.costFrom = len(c.scorers)
+	if t, ok := sc.(*ttftScorer); ok && c.timing == nil {
+		c.timing = t
 	}
 	c.scorers = append(c.scorers, chainScorer{sp.Name, w, sc})
 	if o, ok := sc.(Observer); ok {

@@ -149,8 +149,8 @@ func TestDefaultChainIsTheOldFormula(t *testing.T) {
 					t.Fatal(err)
 				}
 				want, wantCost := oldChoice(t, r, req, ref)
-				if Selected(sel) != want || sel.Cost != wantCost || len(sel.Scores) != 0 {
-					t.Fatalf("round %d step %d (cfg %+v): chain chose %v at cost %g (scores %v), the old formula %v at %g", round, step, cfg, Selected(sel), sel.Cost, sel.Scores, want, wantCost)
+				if Selected(sel) != want || sel.ChainScore != wantCost || len(sel.Scores) != 0 {
+					t.Fatalf("round %d step %d (cfg %+v): chain chose %v at cost %g (scores %v), the old formula %v at %g", round, step, cfg, Selected(sel), sel.ChainScore, sel.Scores, want, wantCost)
 				}
 			}
 		}
@@ -251,8 +251,8 @@ func TestChainReportsEachScore(t *testing.T) {
 	}
 	// b: cost = prefill 8 - 4 cached + 8 decode blocks = 12; prefix -4/8;
 	// decode: all three hold 8 blocks with the request: 1.
-	if got := sel.Scores[0].Raw; got != 12 || sel.Cost != 12 {
-		t.Errorf("cost raw %g, Cost %g; want 12", got, sel.Cost)
+	if got := sel.Scores[0].Raw; got != 12 {
+		t.Errorf("cost raw %g, want 12", got)
 	}
 	if got := sel.Scores[1].Raw; got != -0.5 {
 		t.Errorf("prefix raw %g, want -0.5", got)
@@ -260,8 +260,8 @@ func TestChainReportsEachScore(t *testing.T) {
 	if got := sel.Scores[2].Raw; got != 1 {
 		t.Errorf("decode raw %g, want 1", got)
 	}
-	if total != 12-5+2 {
-		t.Errorf("total %g, want 9", total)
+	if total != 12-5+2 || sel.ChainScore != total {
+		t.Errorf("total %g, ChainScore %g; want 9", total, sel.ChainScore)
 	}
 }
 

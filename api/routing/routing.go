@@ -36,10 +36,17 @@ type Selection struct {
 	// the request (the cost terms).
 	PrefillTokens int
 	DecodeBlocks  int
-	// Cost is the local router's cost for the worker, in blocks of
-	// BlockSize: Dynamo's cost (the worker chain's cost scorer), whatever
-	// the pool's chain, so that pools compare.
+	// Cost is the predicted waiting, in milliseconds, that placing the
+	// request on the worker adds: its time to first token there plus the
+	// delay its uncached prefill imposes on the requests behind it, from
+	// the engine timing model (the worker chain's ttft scorer; the default
+	// calibration when the chain has none). One unit whatever the pool's
+	// chain, so that pools compare (the global router's cost policy).
 	Cost float64
+	// ChainScore is the worker's total under the pool's worker chain, in
+	// the chain's own units (blocks of prefill time under ttft, Dynamo's
+	// cost in blocks under cost); it compares workers of one pool only.
+	ChainScore float64
 	// Candidates is how many (worker, dp_rank) the router considered.
 	Candidates int
 	// Router is the address of the local router that answered ("" in
@@ -47,7 +54,7 @@ type Selection struct {
 	Router string
 	// Scores are each scorer's part in the winner's total under the pool's
 	// worker chain (localrouter.ScorerSpec), in chain order; empty under
-	// the default chain, whose one term is Cost.
+	// the default chain and Dynamo's, whose one term is ChainScore.
 	Scores []Score
 }
 
