@@ -98,6 +98,8 @@ type Router struct {
 	unknownWorkerEvents atomic.Uint64
 	saturationSkips     atomic.Uint64
 	closed              atomic.Bool
+	// overrideNoted: OverrideNote was logged (once per router).
+	overrideNoted atomic.Bool
 	stop                chan struct{}
 	done                chan struct{}
 }
@@ -566,6 +568,9 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	p, err := r.cfg.params(opts.Override)
 	if err != nil {
 		return routing.Selection{}, err
+	}
+	if o := opts.Override; o != nil && (o.OverlapScoreCredit != nil || o.PrefillLoadScale != nil) && !r.chain.readsOverride() && !r.overrideNoted.Swap(true) {
+		r.log.Warn(OverrideNote(r.cfg.WorkerChain))
 	}
 	mem := r.members.Load()
 	if len(mem.dp) < r.cfg.MinInitialWorkers {

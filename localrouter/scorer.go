@@ -299,6 +299,8 @@ type workerChain struct {
 	// credit and scale, when set (the cost scorer's arguments), replace
 	// the Config's overlap_score_credit and prefill_load_scale.
 	credit, scale *float64
+	// cost: the chain has the cost scorer (it reads the cost parameters).
+	cost bool
 	// timing is the ttft scorer whose prediction is Selection.Cost: the
 	// chain's own (its first), else one at the default calibration.
 	timing *ttftScorer
@@ -387,7 +389,7 @@ func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
 		return err
 	}
 	if cs, ok := sc.(*costScorer); ok {
-		c.credit, c.scale = cs.credit, cs.scale
+		c.credit, c.scale, c.cost = cs.credit, cs.scale, true
 	}
 	if t, ok := sc.(*ttftScorer); ok && c.timing == nil {
 		c.timing = t
