@@ -98,10 +98,11 @@ type Router struct {
 	unknownWorkerEvents atomic.Uint64
 	saturationSkips     atomic.Uint64
 	closed              atomic.Bool
-	// overrideNoted: OverrideNote was logged (once per router).
-	overrideNoted atomic.Bool
 	stop                chan struct{}
 	done                chan struct{}
+
+	// overrideNoted: OverrideNote was logged (once per router).
+	overrideNoted atomic.Bool
 }
 
 // members is an immutable membership snapshot.
