@@ -77,13 +77,14 @@ func oldChoice(t *testing.T, r *Router, req Request, rnd *rand.Rand) (WorkerKey,
 	return loads[best].Worker, costs[best]
 }
 
-// TestDefaultChainIsTheOldFormula: over random pools (cached prefixes on
+// TestCostChainIsTheOldFormula: over random pools (cached prefixes on
 // the GPU and the CPU tier, requests in prefill and decode, engine
 // signals with saturation, random cost parameters) Dynamo's chain
-// (CostWorkerChain, the default before the ttft scorer)
-// chooses what the formula it replaced chooses, at the same cost, with
-// the same tie-breaks (both draw from equally seeded sources).
-func TestDefaultChainIsTheOldFormula(t *testing.T) {
+// (CostWorkerChain, the default before the ttft scorer; the default chain
+// is TestDefaultChainIsSaturationThenTTFT's) chooses what the formula it
+// replaced chooses, at the same cost (ChainScore), with the same
+// tie-breaks (both draw from equally seeded sources).
+func TestCostChainIsTheOldFormula(t *testing.T) {
 	gen := rand.New(rand.NewPCG(7, 7))
 	for round := 0; round < 40; round++ {
 		cfg := DefaultConfig()
@@ -155,6 +156,67 @@ func TestDefaultChainIsTheOldFormula(t *testing.T) {
 			}
 		}
 		r.Close()
+	}
+}
+
+// TestDefaultChainIsSaturationThenTTFT: a Config without a WorkerChain
+// ranks exactly as one naming DefaultWorkerChain, saturation then the ttft
+// scorer: same choice, same ChainScore (the ttft prediction in blocks of
+// prefill time, which Cost holds in milliseconds), same tie-breaks.
+func TestDefaultChainIsSaturationThenTTFT(t *testing.T) {
+	if got := FormatWorkerChain(DefaultWorkerChain()); got != "saturation,ttft=1" {
+		t.Fatalf("DefaultWorkerChain = %s, want saturation,ttft=1", got)
+	}
+	gen := rand.New(rand.NewPCG(3, 3))
+	mk := func(chain []ScorerSpec, seed uint64) *Router {
+		cfg := DefaultConfig()
+		cfg.BlockSize, cfg.WorkerChain, cfg.SaturationWaiting = 4, chain, 2
+		r, err := New(cfg, Options{Rand: rand.New(rand.NewPCG(seed, 1)), SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	def, named := mk(nil, 9), mk(DefaultWorkerChain(), 9)
+	for _, r := range []*Router{def, named} {
+		for _, w := range []string{"a", "b", "c"} {
+			r.AddWorker(w, 1)
+		}
+	}
+	blockMs := DefaultTTFTPrefillMillis / DefaultTTFTChunk * 4
+	for step := range 80 {
+		p := toks(8+4*gen.IntN(8), uint32(1000*gen.IntN(3)))
+		w := WorkerKey{[]string{"a", "b", "c"}[gen.IntN(3)], 0}
+		switch gen.IntN(4) {
+		case 0:
+			k := 4 * (1 + gen.IntN(len(p)/4))
+			for _, r := range []*Router{def, named} {
+				storeTokens(t, r, w.ID, p[:k])
+			}
+		case 1:
+			waiting := float64(gen.IntN(4))
+			for _, r := range []*Router{def, named} {
+				r.SetEngineSignals(w.ID, map[uint32]signals.Sample{0: {Engine: "vllm", Waiting: waiting}})
+			}
+		default:
+			id := fmt.Sprint("r", step)
+			a, err := def.BestWorker(testenv.Context(t), Request{Tokens: p}, BestWorkerOptions{RequestID: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := named.BestWorker(testenv.Context(t), Request{Tokens: p}, BestWorkerOptions{RequestID: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if Selected(a) != Selected(b) || a.ChainScore != b.ChainScore || a.Cost != b.Cost || len(a.Scores) != 0 {
+				t.Fatalf("step %d: the default chain chose %v (score %g, cost %g, scores %v), saturation,ttft %v (score %g, cost %g)",
+					step, Selected(a), a.ChainScore, a.Cost, a.Scores, Selected(b), b.ChainScore, b.Cost)
+			}
+			if d := a.ChainScore*blockMs - a.Cost; math.Abs(d) > 1e-9*a.Cost {
+				t.Fatalf("step %d: ChainScore %g blocks of prefill time is %g ms, Cost %g ms", step, a.ChainScore, a.ChainScore*blockMs, a.Cost)
+			}
+		}
 	}
 }
 
