@@ -108,6 +108,22 @@ func (c Config) Unread(scraped bool) []string {
 	return out
 }
 
+// EngineMetricEntries lists the entries of chain (DefaultWorkerChain when
+// empty) that read the workers' engine metrics: without scraping
+// (kvgate localrouter --router-metrics-period) they see nothing.
+func EngineMetricEntries(chain []ScorerSpec) []string {
+	if len(chain) == 0 {
+		chain = DefaultWorkerChain()
+	}
+	var out []string
+	for _, sp := range chain {
+		if _, ok := engineEntries[sp.Name]; ok || (sp.Name == saturationName && (sp.Args["waiting"] != "" || sp.Args["kv_usage"] != "")) {
+			out = append(out, sp.Name)
+		}
+	}
+	return out
+}
+
 // readsOverride reports whether the chain reads a ConfigOverride's
 // overlap_score_credit and prefill_load_scale (it has the cost scorer).
 func (c *workerChain) readsOverride() bool { return c.cost }

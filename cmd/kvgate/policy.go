@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -167,6 +168,12 @@ func checkConfig(path, shadowPath string, w io.Writer) error {
 				line = fmt.Sprintf(" (%s:%d)", sec.File, sec.Node.Line)
 			}
 			fmt.Fprintf(&b, "      %s: %s%s\n", name, flow(sec.Node), line)
+		}
+		if len(p.WorkerChain) > 0 {
+			fmt.Fprintf(&b, "    worker chain %s: its local routers take it with kvgate localrouter -pools-file %s -pool %s\n", localrouter.FormatWorkerChain(p.WorkerChain), path, p.Name)
+			if e := localrouter.EngineMetricEntries(p.WorkerChain); len(e) > 0 {
+				fmt.Fprintf(&b, "    warning: worker chain entries %s read the workers' engine metrics: start the pool's local routers with -router-metrics-period, or they see nothing there\n", strings.Join(e, ", "))
+			}
 		}
 	}
 	if sc := cfg.ShadowChain(); sc != nil {
