@@ -294,7 +294,7 @@ type workerChain struct {
 	scorers   []chainScorer
 	observers []Observer
 	// report: the answer lists each scorer's contribution (every chain but
-	// the default, whose one term is Selection.Cost).
+	// the default and Dynamo's, whose one term is Selection.ChainScore).
 	report bool
 	// credit and scale, when set (the cost scorer's arguments), replace
 	// the Config's overlap_score_credit and prefill_load_scale.
@@ -317,8 +317,8 @@ func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
 		specs = DefaultWorkerChain()
 	}
 	// The default chain and Dynamo's (one scorer, whose value is
-	// Selection.Cost) report no scores: their decision path allocates
-	// nothing.
+	// Selection.ChainScore) report no scores: their decision path
+	// allocates nothing.
 	f := FormatWorkerChain(specs)
 	plain := f == FormatWorkerChain(DefaultWorkerChain()) || f == FormatWorkerChain(CostWorkerChain()) || f == "cost" || f == "cost=1"
 	c := &workerChain{report: !plain}
