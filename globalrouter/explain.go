@@ -14,7 +14,7 @@ import (
 func explain(p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, refused []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "model=%s isl=%d", p.req.Model, len(p.tokens))
-	b.WriteString("; probes:")
+	b.WriteString("; probes (cost: the predicted ms the request adds, lower wins):")
 	for _, res := range results {
 		fmt.Fprintf(&b, " %s", res.pe.cfg.Name)
 		if res.err != nil {
