@@ -74,7 +74,9 @@ func (s Selection) CachedTokens() int { return s.OverlapBlocks * s.BlockSize }
 func (s Selection) UncachedTokens() int { return max(0, s.ISL-s.CachedTokens()) }
 
 // Override changes a local router's cost parameters for one request; nil
-// fields keep the router's values.
+// fields keep the router's values. OverlapScoreCredit and PrefillLoadScale
+// are read by the worker chain's cost scorer only: under a chain without
+// it (the default) they change nothing, and the router logs so once.
 type Override struct {
 	OverlapScoreCredit *float64
 	PrefillLoadScale   *float64
