@@ -95,6 +95,13 @@ func (c Config) Unread(scraped bool) []string {
 		set: c.SaturationWaiting != d.SaturationWaiting, value: strconv.Itoa(c.SaturationWaiting), arg: "waiting", engine: true})
 	check(saturationReads, satSpec, knob{name: "saturation_kv_usage", flag: "router-saturation-kv-usage",
 		set: c.SaturationKVUsage != d.SaturationKVUsage, value: num(c.SaturationKVUsage), arg: "kv_usage", engine: true})
+	// The index's lifetimes: each is read by one index mode only.
+	if c.UseKVEvents && c.TTL != d.TTL {
+		out = append(out, fmt.Sprintf("ttl (--router-ttl) = %v is read by the approximate index only; this router indexes KV events (--router-use-kv-events=true)", c.TTL))
+	}
+	if !c.UseKVEvents && c.PredictedTTL != d.PredictedTTL {
+		out = append(out, fmt.Sprintf("predicted_ttl (--router-predicted-ttl) = %v is read with KV events only; this router runs the approximate index (--router-use-kv-events=false)", c.PredictedTTL))
+	}
 	if !scraped {
 		for _, sp := range specs {
 			if does, ok := engineEntries[sp.Name]; ok {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/testenv"
@@ -56,6 +57,9 @@ func TestUnreadNamesEverySilentKnob(t *testing.T) {
 			`worker chain entry "kv-usage" reads`,
 		}},
 		{"engine scorers scraped", func(c *Config) { c.WorkerChain = chain("prefix,waiting,kv-usage") }, true, nil},
+		{"ttl with KV events", func(c *Config) { c.TTL = time.Minute }, true, []string{"ttl (--router-ttl) = 1m0s is read by the approximate index only"}},
+		{"ttl, approximate", func(c *Config) { c.TTL, c.UseKVEvents = time.Minute, false }, true, nil},
+		{"predicted ttl, approximate", func(c *Config) { c.PredictedTTL, c.UseKVEvents = 0, false }, true, []string{"predicted_ttl (--router-predicted-ttl) = 0s is read with KV events only"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
