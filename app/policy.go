@@ -189,6 +189,12 @@ func checkConfig(x *extensions, path, shadowPath string, withEtcd bool, w, warn 
 			}
 			fmt.Fprintf(&b, "      %s: %s%s\n", name, flow(sec.Node), line)
 		}
+		if len(p.WorkerChain) > 0 {
+			fmt.Fprintf(&b, "    worker chain %s: its local routers take it with kvgate localrouter -pools-file %s -pool %s\n", localrouter.FormatWorkerChain(p.WorkerChain), path, p.Name)
+			if e := localrouter.EngineMetricEntries(p.WorkerChain); len(e) > 0 {
+				fmt.Fprintf(&b, "    warning: worker chain entries %s read the workers' engine metrics: start the pool's local routers with -router-metrics-period, or they see nothing there\n", strings.Join(e, ", "))
+			}
+		}
 	}
 	if sc := cfg.ShadowChain(); sc != nil {
 		fmt.Fprintf(&b, "shadow chain (%d policies; ranks alongside the live chain, never commits):\n", len(sc))

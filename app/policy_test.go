@@ -27,6 +27,7 @@ func TestPolicyCheck(t *testing.T) {
 		{"good", []string{"check", "testdata/policy/good.yaml"}, 0},
 		{"shadow-file", []string{"check", "-shadow-config", "testdata/policy/shadow.yaml", "testdata/policy/good.yaml"}, 0},
 		{"shadow-block", []string{"check", "testdata/policy/shadow-block.yaml"}, 0},
+		{"worker-chain", []string{"check", "testdata/policy/worker-chain.yaml"}, 0},
 		{"unknown-field", []string{"check", "testdata/policy/unknown-field.yaml"}, 1},
 		{"bad-policy-file", []string{"check", "testdata/policy/bad-policy-file.yaml"}, 1},
 		{"missing-policy-file", []string{"check", "testdata/policy/missing-policy-file.yaml"}, 1},

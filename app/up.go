@@ -30,7 +30,6 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	b := fs.Int("pool-b-workers", 2, "workers in pool-b")
 	dp := fs.Int("pool-b-dp-size", 2, "data-parallel ranks of pool-b's last worker (each rank its own KV cache)")
 	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (negative: never)")
-	fs.Bool("header-fallbacks", false, "no-op, accepted for old command lines: x-gateway-destination-endpoint always carries the ordered list (primary, then fallbacks), the same value as the envoy.lb metadata")
 	fs.BoolVar(&cfg.SecureServing, "secure-serving", false, "TLS on the ext_proc hop and mutual TLS on the local-router hop, with a CA made at start (its file is printed)")
 	chainA := fs.String("pool-a-worker-chain", "", "pool-a's worker chain, inline or a YAML file (as kvgate localrouter -worker-chain; empty: the default)")
 	chainB := fs.String("pool-b-worker-chain", "", "pool-b's worker chain (as -pool-a-worker-chain)")

@@ -59,8 +59,8 @@ type Config struct {
 	ReadinessInterval time.Duration
 	// HeaderFallbacks is ignored: the x-gateway-destination-endpoint
 	// header always carries the same ordered list as the envoy.lb metadata
-	// (the endpoint-picker protocol forbids different values). Kept so old
-	// configurations and the -header-fallbacks flag still parse.
+	// (the endpoint-picker protocol forbids different values). Kept so Go
+	// code setting it still compiles; the -header-fallbacks flag is gone.
 	//
 	// Deprecated: a no-op.
 	HeaderFallbacks bool

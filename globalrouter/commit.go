@@ -183,7 +183,7 @@ func (r *Router) recheck(ctx context.Context, st *state, p *prepared, c policies
 			others = append(others, o)
 		}
 	}
-	return alt, atr, asel, others, fmt.Sprintf("moved from %s (worker %s, cost %.4g at its commit, %.4g at its probe) to %s (worker %s, cost %.4g at its commit)",
+	return alt, atr, asel, others, fmt.Sprintf("moved from %s (worker %s, cost %.4g ms at its commit, %.4g ms at its probe) to %s (worker %s, cost %.4g ms at its commit)",
 		c.Pool, sel.WorkerID, sel.Cost, c.Probe.Cost, alt.Pool, asel.WorkerID, asel.Cost)
 }
 

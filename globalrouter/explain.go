@@ -15,7 +15,7 @@ import (
 func explain(p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, refused []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "model=%s isl=%d", p.req.Model, len(p.tokens))
-	b.WriteString("; probes:")
+	b.WriteString("; probes (cost: the predicted ms the request adds, lower wins):")
 	for _, res := range results {
 		fmt.Fprintf(&b, " %s", res.pe.cfg.Name)
 		if res.err != nil {
@@ -23,7 +23,7 @@ func explain(p *prepared, results []probeResult, ranked []policies.Candidate, tr
 			continue
 		}
 		s := res.sel
-		fmt.Fprintf(&b, " %s/%d@%s overlap %d/%d blocks of %d, uncached %d tokens, cost %.4g (%s, %d workers);",
+		fmt.Fprintf(&b, " %s/%d@%s overlap %d/%d blocks of %d, uncached %d tokens, cost %.4g ms (%s, %d workers);",
 			s.WorkerID, s.DPRank, s.Address, s.OverlapBlocks, s.RequestBlocks, res.pe.cfg.BlockSize,
 			s.UncachedTokens(), s.Cost, res.dur.Round(1000), s.Candidates)
 	}

@@ -338,18 +338,15 @@ func SplitWorker(id string) (poolName, worker string, ok bool) {
 	return poolName, worker, ok && poolName != "" && worker != ""
 }
 
-// Normalised is the subtree's cost of candidate c: its local router's cost
-// (blocks of c's block size) in tokens, divided by the pool's scale in this
-// router's cost policy (1 without one), then back in blocks of the
-// prompt's block size. A parent's `cost` policy multiplies by the block
-// size and divides by its own scale for the subtree: pools of different
-// subtrees compare in tokens, each pool's speed declared once, where it is
-// configured.
+// normalisedCost is the subtree's cost of candidate c: its local router's
+// cost (milliseconds, one unit whatever the pool's worker chain) divided
+// by the pool's scale in this router's cost policy (1 without one). A
+// parent's `cost` policy divides by its own scale for the subtree: each
+// pool's speed declared once, where it is configured.
 func normalisedCost(st *state, c policies.Candidate) float64 {
-	bs := float64(max(c.Probe.BlockSize, 1))
 	for _, pol := range st.chain.Policies() {
 		if cp, ok := pol.(*policies.Cost); ok {
-			return cp.Normalised(c) / bs
+			return cp.Normalised(c)
 		}
 	}
 	return c.Probe.Cost

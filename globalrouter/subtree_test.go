@@ -276,11 +276,10 @@ func TestSubtreeLoopAtConfigLoad(t *testing.T) {
 	}
 }
 
-// The subtree's cost is its winner's local-router cost divided by the
-// winning pool's scale in the subtree's cost policy (in blocks of the
-// prompt's block size): a parent's cost policy then compares pools of
-// different subtrees in tokens, each pool's speed declared where it is
-// configured.
+// The subtree's cost is its winner's local-router cost (milliseconds)
+// divided by the winning pool's scale in the subtree's cost policy: a
+// parent's cost policy then compares pools of different subtrees in
+// milliseconds, each pool's speed declared where it is configured.
 func TestSubtreeNormalisedCost(t *testing.T) {
 	ctx := testenv.Context(t)
 	c := newCluster(t)

@@ -15,9 +15,6 @@ import (
 // Config is a local router's configuration, Dynamo's KvRouterConfig plus the
 // pool's block size. DefaultConfig returns the defaults; Validate checks it.
 type Config struct {
-	// Scorers are the filters and scorers WorkerChain may name (nil: the
-	// built-ins, BuiltinScorers).
-	Scorers *ScorerRegistry
 	// BlockSize is the pool's KV block size in tokens (default 16).
 	BlockSize int
 	// OverlapScoreCredit weighs cached blocks against prefill work (1.0).
@@ -81,6 +78,10 @@ type Config struct {
 	// scorer; CostWorkerChain is Dynamo's cost, which the fields above
 	// parameterise.
 	WorkerChain []ScorerSpec
+	// Scorers is the registry WorkerChain's entries are built from (nil:
+	// BuiltinScorers). A program adds its own filters and scorers to
+	// BuiltinScorers() and sets it here.
+	Scorers *ScorerRegistry
 }
 
 // DefaultTierWeights are TierWeights' defaults (llm-d's).

@@ -42,18 +42,21 @@
 //     reason, a rank its engine reports saturated (Config.Saturation;
 //     BestWorkerOptions.Signals receives the skips).
 //   - The worker chain (scorer.go): how BestWorker ranks the candidates,
-//     filters (saturation, lora) then weighted scorers (cost, prefix,
-//     prefill, decode, waiting, running, kv-usage, lora-affinity, session,
-//     cold), built once from Config.WorkerChain by a registry of named
-//     constructors (Config.Scorers, a ScorerRegistry: scorer_registry.go;
-//     nil is the built-ins). PoolChainCheck (poolchain.go) checks a pools
-//     file's worker chains against one, for the process that links both.
-//     The default chain is saturation then ttft (the predicted-TTFT
-//     scorer; DefaultWorkerChain); saturation then cost (CostWorkerChain,
-//     "-worker-chain cost") is Dynamo's choice exactly. Chains other than
-//     the default report each scorer's part in
-//     routing.Selection.Scores. Stateful scorers (cold) keep their own
-//     mutex, a leaf.
+//     filters (saturation, lora) then weighted scorers (ttft, cost,
+//     prefix, prefill, decode, waiting, running, kv-usage, lora-affinity,
+//     session, cold; scorer_builtin.go, scorer_ttft.go), built once from
+//     Config.WorkerChain by the Config's ScorerRegistry
+//     (scorer_registry.go: Config.Scorers, nil for BuiltinScorers; no
+//     package state), from inline specs or strict YAML (scorer_yaml.go,
+//     also a pool's worker_chain in the global router's pools file).
+//     PoolChainCheck (poolchain.go) checks a pools file's worker chains
+//     against a registry, for the process that links both. The default
+//     chain is saturation then ttft; saturation then cost is Dynamo's
+//     choice exactly. Selection.Cost is the ttft prediction in ms whatever
+//     the chain, Selection.ChainScore the chain's own total; other chains
+//     report each scorer's part in routing.Selection.Scores.
+//     Config.Unread (scorer_knobs.go) names the settings the chain does
+//     not read. Stateful scorers (cold) keep their own mutex, a leaf.
 //
 // # Concurrency
 //

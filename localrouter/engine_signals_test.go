@@ -120,8 +120,8 @@ func TestEngineSignalsInCost(t *testing.T) {
 		before, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{})
 		r.SetEngineSignals("a", load)
 		after, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{})
-		if before.Cost != after.Cost {
-			t.Errorf("cost %v with signals, %v without; want equal at weights 0", after.Cost, before.Cost)
+		if before.ChainScore != after.ChainScore {
+			t.Errorf("cost %v with signals, %v without; want equal at weights 0", after.ChainScore, before.ChainScore)
 		}
 	})
 	t.Run("weights steer away", func(t *testing.T) {
@@ -140,7 +140,7 @@ func TestEngineSignalsInCost(t *testing.T) {
 		}
 		a, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{ID: "a", DPRank: 0}})
 		b, _ := best(t, r, Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{ID: "b", DPRank: 0}})
-		if got, want := a.Cost-b.Cost, 2*3+10*0.5; got != want {
+		if got, want := a.ChainScore-b.ChainScore, 2*3+10*0.5; got != want {
 			t.Errorf("engine term = %v, want waiting_weight*3 + kv_usage_weight*0.5 = %v", got, want)
 		}
 	})

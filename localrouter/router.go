@@ -101,6 +101,9 @@ type Router struct {
 	closed              atomic.Bool
 	stop                chan struct{}
 	done                chan struct{}
+
+	// overrideNoted: OverrideNote was logged (once per router).
+	overrideNoted atomic.Bool
 }
 
 // members is an immutable membership snapshot.
@@ -568,6 +571,9 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	if err != nil {
 		return routing.Selection{}, err
 	}
+	if o := opts.Override; o != nil && (o.OverlapScoreCredit != nil || o.PrefillLoadScale != nil) && !r.chain.readsOverride() && !r.overrideNoted.Swap(true) {
+		r.log.Warn(OverrideNote(r.cfg.WorkerChain))
+	}
 	mem := r.members.Load()
 	if len(mem.dp) < r.cfg.MinInitialWorkers {
 		return routing.Selection{}, ErrNotReady
@@ -666,7 +672,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	// Address and Router are the caller's to fill: it knows them.
 	sel := routing.Selection{
 		WorkerID: l.Worker.ID, DPRank: l.Worker.DPRank, OverlapBlocks: l.OverlapBlocks, PrefillTokens: l.PotentialPrefillTokens,
-		DecodeBlocks: l.PotentialDecodeBlocks, Cost: r.chain.selectionCost(cs, k, s.costs[i]), RequestBlocks: len(s.local), Candidates: len(workers),
+		DecodeBlocks: l.PotentialDecodeBlocks, Cost: r.chain.selectionCost(&cs.in, i), ChainScore: cs.totals[k], RequestBlocks: len(s.local), Candidates: len(workers),
 		BlockSize: r.cfg.BlockSize, ISL: isl,
 	}
 	if r.chain.report {

@@ -5,10 +5,8 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
@@ -20,9 +18,9 @@ import (
 // sample at router_temperature > 0, as the cost alone always did).
 //
 // The chain is built once per configuration (New), never per request,
-// from specs naming registered filters and scorers (RegisterFilter,
-// RegisterScorer), as pool policies are built from their registry
-// (policies.Registry).
+// from specs naming filters and scorers of the Config's ScorerRegistry
+// (Config.Scorers; nil: BuiltinScorers), as pool policies are built from
+// their registry (policies.Registry).
 //
 // Normalisation: every scorer but cost gives each candidate a raw value in
 // [0, 1] (prefix: [-1, 0], a reward), lower being better, so that weights
@@ -41,9 +39,14 @@ import (
 // The default chain (an empty Config.WorkerChain) is saturation then ttft
 // (DefaultWorkerChain); Dynamo's choice, costs and tie-breaks exactly are
 // CostWorkerChain (saturation then cost at weight 1, "-worker-chain
-// cost"). Selection.Cost is the ttft scorer's value (predicted TTFT plus
-// the delay imposed, in blocks of prefill time) when the chain has it,
-// Dynamo's cost otherwise.
+// cost").
+//
+// Selection.Cost is in one unit whatever the chain, so that the global
+// router compares pools: the ttft scorer's prediction for the chosen
+// worker in milliseconds (its TTFT plus the delay it imposes), by the
+// chain's ttft scorer when it has one, else by one at the default
+// calibration. Selection.ChainScore is the winner's total in the chain's
+// own units.
 
 // ScorerSpec is one entry of a worker chain: a filter or a scorer by name,
 // the scorer's weight, and its arguments (api/routing, shared with the
@@ -236,57 +239,6 @@ type (
 	ScorerFactory func(*ChainArgs) (Scorer, error)
 )
 
-type chainFactory struct {
-	filter FilterFactory
-	scorer ScorerFactory
-}
-
-var (
-	chainMu   sync.RWMutex
-	chainRegs = map[string]chainFactory{}
-)
-
-// RegisterFilter adds a filter under name; a name already registered (as
-// a filter or a scorer) is an error.
-func RegisterFilter(name string, f FilterFactory) error {
-	return register(name, chainFactory{filter: f}, f == nil)
-}
-
-// RegisterScorer adds a scorer under name; a name already registered (as
-// a filter or a scorer) is an error.
-func RegisterScorer(name string, f ScorerFactory) error {
-	return register(name, chainFactory{scorer: f}, f == nil)
-}
-
-func register(name string, f chainFactory, isNil bool) error {
-	if name == "" || isNil {
-		return fmt.Errorf("localrouter: register worker chain entry %q: empty name or nil factory", name)
-	}
-	chainMu.Lock()
-	defer chainMu.Unlock()
-	if _, ok := chainRegs[name]; ok {
-		return fmt.Errorf("localrouter: worker chain entry %q registered twice", name)
-	}
-	chainRegs[name] = f
-	return nil
-}
-
-// ChainEntries lists the registered filters and scorers, sorted.
-func ChainEntries() (filters, scorers []string) {
-	chainMu.RLock()
-	defer chainMu.RUnlock()
-	for name, f := range chainRegs {
-		if f.filter != nil {
-			filters = append(filters, name)
-		} else {
-			scorers = append(scorers, name)
-		}
-	}
-	sort.Strings(filters)
-	sort.Strings(scorers)
-	return filters, scorers
-}
-
 // ValidateWorkerChain builds specs against cfg and returns the first
 // error: an unknown filter or scorer, an unknown or bad argument, a bad
 // weight. Errors name the entry.
@@ -313,24 +265,22 @@ type workerChain struct {
 	scorers   []chainScorer
 	observers []Observer
 	// report: the answer lists each scorer's contribution (every chain but
-	// the default, whose one term is Selection.Cost).
+	// the default and Dynamo's, whose one term is Selection.ChainScore).
 	report bool
 	// credit and scale, when set (the cost scorer's arguments), replace
 	// the Config's overlap_score_credit and prefill_load_scale.
 	credit, scale *float64
-	// costFrom is the scorer whose raw value is Selection.Cost (the ttft
-	// scorer's, in blocks of prefill time), -1: Dynamo's cost.
-	costFrom int
+	// cost: the chain has the cost scorer (it reads the cost parameters).
+	cost bool
+	// timing is the ttft scorer whose prediction is Selection.Cost: the
+	// chain's own (its first), else one at the default calibration.
+	timing *ttftScorer
 }
 
-// selectionCost is Selection.Cost for the winner at position i among
-// s.cand: the ttft scorer's raw value when the chain has one, else
-// Dynamo's cost dynamo.
-func (c *workerChain) selectionCost(s *chainScratch, i int, dynamo float64) float64 {
-	if c.costFrom < 0 {
-		return dynamo
-	}
-	return s.raw[c.costFrom*len(s.cand)+i]
+// selectionCost is Selection.Cost for candidate j of in: the predicted
+// waiting in milliseconds (ttftScorer.millis), whatever the chain.
+func (c *workerChain) selectionCost(in *ChainInput, j int) float64 {
+	return c.timing.millis(in, j, c.timing.perWorker(in))
 }
 
 func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
@@ -338,11 +288,11 @@ func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
 		specs = DefaultWorkerChain()
 	}
 	// The default chain and Dynamo's (one scorer, whose value is
-	// Selection.Cost) report no scores: their decision path allocates
-	// nothing.
+	// Selection.ChainScore) report no scores: their decision path
+	// allocates nothing.
 	f := FormatWorkerChain(specs)
 	plain := f == FormatWorkerChain(DefaultWorkerChain()) || f == FormatWorkerChain(CostWorkerChain()) || f == "cost" || f == "cost=1"
-	c := &workerChain{report: !plain, costFrom: -1}
+	c := &workerChain{report: !plain}
 	seen := map[string]bool{}
 	for i, sp := range specs {
 		if seen[sp.Name] {
@@ -356,6 +306,13 @@ func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
 	if len(c.scorers) == 0 {
 		return nil, fmt.Errorf("%w: worker chain has no scorer (filters only)", ErrInvalidConfig)
 	}
+	if c.timing == nil {
+		t, err := newTTFTScorer(&ChainArgs{Entry: ttftName, Config: cfg, used: map[string]bool{}})
+		if err != nil {
+			return nil, err
+		}
+		c.timing = t.(*ttftScorer)
+	}
 	return c, nil
 }
 
@@ -367,8 +324,10 @@ func ValidateScorerSpec(i int, sp ScorerSpec, cfg Config) error {
 
 // add builds entry i and appends it to c.
 func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
-	f, ok, filters, scorers := cfg.Scorers.lookup(sp.Name)
+	reg := cfg.registry()
+	f, ok := reg.lookup(sp.Name)
 	if !ok {
+		filters, scorers := reg.Entries()
 		return fmt.Errorf("%w: worker chain entry %d: unknown filter or scorer %q (filters: %s; scorers: %s)", ErrInvalidConfig, i+1, sp.Name, strings.Join(filters, ", "), strings.Join(scorers, ", "))
 	}
 	a := &ChainArgs{Entry: sp.Name, Config: cfg, args: sp.Args, used: map[string]bool{}}
@@ -401,29 +360,16 @@ func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
 		return err
 	}
 	if cs, ok := sc.(*costScorer); ok {
-		c.credit, c.scale = cs.credit, cs.scale
+		c.credit, c.scale, c.cost = cs.credit, cs.scale, true
 	}
-	if _, ok := sc.(*ttftScorer); ok {
-		c.costFrom = len(c.scorers)
+	if t, ok := sc.(*ttftScorer); ok && c.timing == nil {
+		c.timing = t
 	}
 	c.scorers = append(c.scorers, chainScorer{sp.Name, w, sc})
 	if o, ok := sc.(Observer); ok {
 		c.observers = append(c.observers, o)
 	}
 	return nil
-}
-
-func chainEntriesLocked() (filters, scorers []string) {
-	for name, f := range chainRegs {
-		if f.filter != nil {
-			filters = append(filters, name)
-		} else {
-			scorers = append(scorers, name)
-		}
-	}
-	sort.Strings(filters)
-	sort.Strings(scorers)
-	return filters, scorers
 }
 
 // chainScratch is the chain's per-request scratch (in the Router's scratch).

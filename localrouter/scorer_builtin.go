@@ -6,34 +6,18 @@ import (
 	"sync"
 )
 
-// The built-in filters and scorers. Each one's formula is in its doc
-// comment and in docs/localrouter.md ("Worker chain").
+// The built-in filters and scorers, registered by RegisterBuiltinScorers
+// (scorer_registry.go). Each one's formula is in its doc comment and in
+// docs/localrouter.md ("Worker chain").
 
 const (
 	saturationName = "saturation"
 	ttftName       = "ttft"
+	costName       = "cost"
+	waitingName    = "waiting"
+	runningName    = "running"
+	kvUsageName    = "kv-usage"
 )
-
-func init() {
-	must := func(err error) {
-		if err != nil {
-			panic(err)
-		}
-	}
-	must(RegisterFilter(saturationName, newSaturationFilter))
-	must(RegisterFilter("lora", func(*ChainArgs) (Filter, error) { return loraFilter{}, nil }))
-	must(RegisterScorer("cost", newCostScorer))
-	must(RegisterScorer("prefix", func(*ChainArgs) (Scorer, error) { return prefixScorer{}, nil }))
-	must(RegisterScorer("prefill", func(*ChainArgs) (Scorer, error) { return loadScorer(prefillLoad), nil }))
-	must(RegisterScorer("decode", func(*ChainArgs) (Scorer, error) { return loadScorer(decodeLoad), nil }))
-	must(RegisterScorer("waiting", func(*ChainArgs) (Scorer, error) { return loadScorer(waitingLoad), nil }))
-	must(RegisterScorer("running", func(*ChainArgs) (Scorer, error) { return loadScorer(runningLoad), nil }))
-	must(RegisterScorer("kv-usage", func(*ChainArgs) (Scorer, error) { return kvUsageScorer{}, nil }))
-	must(RegisterScorer("lora-affinity", func(*ChainArgs) (Scorer, error) { return loraScorer{}, nil }))
-	must(RegisterScorer("session", newSessionScorer))
-	must(RegisterScorer("cold", newColdScorer))
-	must(RegisterScorer(ttftName, newTTFTScorer))
-}
 
 // saturationFilter leaves out the ranks whose engine reports saturation
 // (Config.Saturation: waiting ≥ waiting, or KV usage ≥ kv_usage with

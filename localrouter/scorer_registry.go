@@ -1,48 +1,71 @@
 package localrouter
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
 )
 
-// ScorerRegistry is a set of worker-chain filters and scorers by name: the
-// names a Config's worker chain may use (Config.Scorers; nil: the
-// built-ins). Safe for concurrent use.
+// ScorerRegistry maps worker-chain entry names to the factories of filters
+// and scorers, as policies.Registry does for pool policies. It is safe for
+// concurrent use. A Config's Scorers names the registry its WorkerChain is
+// built from (nil: BuiltinScorers); a program adds its own scorers to the
+// built-ins:
 //
-// A minimal version of the explicit registry (issue 22, item 3): the
-// built-ins are still filled in by scorer_builtin.go; BuiltinScorers copies
-// them into a fresh registry a program can add its own to.
+//	reg := localrouter.BuiltinScorers()
+//	if err := reg.RegisterScorer("my-scorer", newMyScorer); err != nil { ... }
+//	cfg.Scorers = reg
+//	cfg.WorkerChain = []localrouter.ScorerSpec{{Name: "saturation"}, {Name: "my-scorer", Weight: 1}}
 type ScorerRegistry struct {
-	mu      sync.RWMutex
-	entries map[string]chainFactory
+	mu sync.RWMutex
+	m  map[string]chainFactory
+}
+
+// ErrDuplicateEntry is wrapped by RegisterScorer and RegisterFilter when
+// the name is already registered (as a filter or a scorer).
+var ErrDuplicateEntry = errors.New("worker chain entry already registered")
+
+type chainFactory struct {
+	filter FilterFactory
+	scorer ScorerFactory
 }
 
 // NewScorerRegistry returns an empty registry.
 func NewScorerRegistry() *ScorerRegistry {
-	return &ScorerRegistry{entries: map[string]chainFactory{}}
+	return &ScorerRegistry{m: map[string]chainFactory{}}
 }
 
 // BuiltinScorers returns a fresh registry holding the built-in filters and
-// scorers.
+// scorers (RegisterBuiltinScorers); adding to it changes no other.
 func BuiltinScorers() *ScorerRegistry {
 	r := NewScorerRegistry()
-	chainMu.RLock()
-	defer chainMu.RUnlock()
-	for name, f := range chainRegs {
-		r.entries[name] = f
+	if err := RegisterBuiltinScorers(r); err != nil {
+		panic(err) // the built-in names are distinct
 	}
 	return r
 }
 
+// builtinScorers is the registry a Config without Scorers builds from;
+// never exposed, so never added to.
+var builtinScorers = sync.OnceValue(BuiltinScorers)
+
+// registry is the registry c's WorkerChain is built from.
+func (c Config) registry() *ScorerRegistry {
+	if c.Scorers != nil {
+		return c.Scorers
+	}
+	return builtinScorers()
+}
+
 // RegisterFilter adds a filter under name; a name already registered (as
-// a filter or a scorer) is an error.
+// a filter or a scorer) is an error wrapping ErrDuplicateEntry.
 func (r *ScorerRegistry) RegisterFilter(name string, f FilterFactory) error {
 	return r.register(name, chainFactory{filter: f}, f == nil)
 }
 
 // RegisterScorer adds a scorer under name; a name already registered (as
-// a filter or a scorer) is an error.
+// a filter or a scorer) is an error wrapping ErrDuplicateEntry.
 func (r *ScorerRegistry) RegisterScorer(name string, f ScorerFactory) error {
 	return r.register(name, chainFactory{scorer: f}, f == nil)
 }
@@ -53,37 +76,72 @@ func (r *ScorerRegistry) register(name string, f chainFactory, isNil bool) error
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.entries[name]; ok {
-		return fmt.Errorf("localrouter: worker chain entry %q registered twice", name)
+	if _, ok := r.m[name]; ok {
+		return fmt.Errorf("localrouter: register %q: %w", name, ErrDuplicateEntry)
 	}
-	r.entries[name] = f
+	r.m[name] = f
 	return nil
 }
 
-// lookup finds name in r (nil: the built-ins); when it is missing, it
-// lists the names r knows, for the error.
-func (r *ScorerRegistry) lookup(name string) (f chainFactory, ok bool, filters, scorers []string) {
-	if r == nil {
-		chainMu.RLock()
-		defer chainMu.RUnlock()
-		if f, ok = chainRegs[name]; !ok {
-			filters, scorers = chainEntriesLocked()
-		}
-		return f, ok, filters, scorers
-	}
+// Entries lists the registered filters and scorers, sorted.
+func (r *ScorerRegistry) Entries() (filters, scorers []string) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	if f, ok = r.entries[name]; ok {
-		return f, true, nil, nil
-	}
-	for n, e := range r.entries {
-		if e.filter != nil {
-			filters = append(filters, n)
+	for name, f := range r.m {
+		if f.filter != nil {
+			filters = append(filters, name)
 		} else {
-			scorers = append(scorers, n)
+			scorers = append(scorers, name)
 		}
 	}
 	sort.Strings(filters)
 	sort.Strings(scorers)
-	return f, false, filters, scorers
+	return filters, scorers
+}
+
+func (r *ScorerRegistry) lookup(name string) (chainFactory, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	f, ok := r.m[name]
+	return f, ok
+}
+
+// ChainEntries lists the built-in filters and scorers, sorted.
+func ChainEntries() (filters, scorers []string) { return builtinScorers().Entries() }
+
+// RegisterBuiltinScorers registers the built-in filters and scorers in r
+// (scorer_builtin.go; docs/localrouter.md "Worker chain").
+func RegisterBuiltinScorers(r *ScorerRegistry) error {
+	for _, f := range []struct {
+		name string
+		f    FilterFactory
+	}{
+		{saturationName, newSaturationFilter},
+		{"lora", func(*ChainArgs) (Filter, error) { return loraFilter{}, nil }},
+	} {
+		if err := r.RegisterFilter(f.name, f.f); err != nil {
+			return err
+		}
+	}
+	for _, s := range []struct {
+		name string
+		f    ScorerFactory
+	}{
+		{costName, newCostScorer},
+		{"prefix", func(*ChainArgs) (Scorer, error) { return prefixScorer{}, nil }},
+		{"prefill", func(*ChainArgs) (Scorer, error) { return loadScorer(prefillLoad), nil }},
+		{"decode", func(*ChainArgs) (Scorer, error) { return loadScorer(decodeLoad), nil }},
+		{waitingName, func(*ChainArgs) (Scorer, error) { return loadScorer(waitingLoad), nil }},
+		{runningName, func(*ChainArgs) (Scorer, error) { return loadScorer(runningLoad), nil }},
+		{kvUsageName, func(*ChainArgs) (Scorer, error) { return kvUsageScorer{}, nil }},
+		{"lora-affinity", func(*ChainArgs) (Scorer, error) { return loraScorer{}, nil }},
+		{"session", newSessionScorer},
+		{"cold", newColdScorer},
+		{ttftName, newTTFTScorer},
+	} {
+		if err := r.RegisterScorer(s.name, s.f); err != nil {
+			return err
+		}
+	}
+	return nil
 }

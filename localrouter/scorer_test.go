@@ -77,13 +77,14 @@ func oldChoice(t *testing.T, r *Router, req Request, rnd *rand.Rand) (WorkerKey,
 	return loads[best].Worker, costs[best]
 }
 
-// TestDefaultChainIsTheOldFormula: over random pools (cached prefixes on
+// TestCostChainIsTheOldFormula: over random pools (cached prefixes on
 // the GPU and the CPU tier, requests in prefill and decode, engine
 // signals with saturation, random cost parameters) Dynamo's chain
-// (CostWorkerChain, the default before the ttft scorer)
-// chooses what the formula it replaced chooses, at the same cost, with
-// the same tie-breaks (both draw from equally seeded sources).
-func TestDefaultChainIsTheOldFormula(t *testing.T) {
+// (CostWorkerChain, the default before the ttft scorer; the default chain
+// is TestDefaultChainIsSaturationThenTTFT's) chooses what the formula it
+// replaced chooses, at the same cost (ChainScore), with the same
+// tie-breaks (both draw from equally seeded sources).
+func TestCostChainIsTheOldFormula(t *testing.T) {
 	gen := rand.New(rand.NewPCG(7, 7))
 	for round := 0; round < 40; round++ {
 		cfg := DefaultConfig()
@@ -149,12 +150,73 @@ func TestDefaultChainIsTheOldFormula(t *testing.T) {
 					t.Fatal(err)
 				}
 				want, wantCost := oldChoice(t, r, req, ref)
-				if Selected(sel) != want || sel.Cost != wantCost || len(sel.Scores) != 0 {
-					t.Fatalf("round %d step %d (cfg %+v): chain chose %v at cost %g (scores %v), the old formula %v at %g", round, step, cfg, Selected(sel), sel.Cost, sel.Scores, want, wantCost)
+				if Selected(sel) != want || sel.ChainScore != wantCost || len(sel.Scores) != 0 {
+					t.Fatalf("round %d step %d (cfg %+v): chain chose %v at cost %g (scores %v), the old formula %v at %g", round, step, cfg, Selected(sel), sel.ChainScore, sel.Scores, want, wantCost)
 				}
 			}
 		}
 		r.Close()
+	}
+}
+
+// TestDefaultChainIsSaturationThenTTFT: a Config without a WorkerChain
+// ranks exactly as one naming DefaultWorkerChain, saturation then the ttft
+// scorer: same choice, same ChainScore (the ttft prediction in blocks of
+// prefill time, which Cost holds in milliseconds), same tie-breaks.
+func TestDefaultChainIsSaturationThenTTFT(t *testing.T) {
+	if got := FormatWorkerChain(DefaultWorkerChain()); got != "saturation,ttft=1" {
+		t.Fatalf("DefaultWorkerChain = %s, want saturation,ttft=1", got)
+	}
+	gen := rand.New(rand.NewPCG(3, 3))
+	mk := func(chain []ScorerSpec, seed uint64) *Router {
+		cfg := DefaultConfig()
+		cfg.BlockSize, cfg.WorkerChain, cfg.SaturationWaiting = 4, chain, 2
+		r, err := New(cfg, Options{Rand: rand.New(rand.NewPCG(seed, 1)), SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	def, named := mk(nil, 9), mk(DefaultWorkerChain(), 9)
+	for _, r := range []*Router{def, named} {
+		for _, w := range []string{"a", "b", "c"} {
+			r.AddWorker(w, 1)
+		}
+	}
+	blockMs := DefaultTTFTPrefillMillis / DefaultTTFTChunk * 4
+	for step := range 80 {
+		p := toks(8+4*gen.IntN(8), uint32(1000*gen.IntN(3)))
+		w := WorkerKey{ID: []string{"a", "b", "c"}[gen.IntN(3)], DPRank: 0}
+		switch gen.IntN(4) {
+		case 0:
+			k := 4 * (1 + gen.IntN(len(p)/4))
+			for _, r := range []*Router{def, named} {
+				storeTokens(t, r, w.ID, p[:k])
+			}
+		case 1:
+			waiting := float64(gen.IntN(4))
+			for _, r := range []*Router{def, named} {
+				r.SetEngineSignals(w.ID, map[uint32]signals.Sample{0: {Engine: "vllm", Waiting: waiting}})
+			}
+		default:
+			id := fmt.Sprint("r", step)
+			a, err := def.BestWorker(testenv.Context(t), Request{Tokens: p}, BestWorkerOptions{RequestID: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := named.BestWorker(testenv.Context(t), Request{Tokens: p}, BestWorkerOptions{RequestID: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if Selected(a) != Selected(b) || a.ChainScore != b.ChainScore || a.Cost != b.Cost || len(a.Scores) != 0 {
+				t.Fatalf("step %d: the default chain chose %v (score %g, cost %g, scores %v), saturation,ttft %v (score %g, cost %g)",
+					step, Selected(a), a.ChainScore, a.Cost, a.Scores, Selected(b), b.ChainScore, b.Cost)
+			}
+			if d := a.ChainScore*blockMs - a.Cost; math.Abs(d) > 1e-9*a.Cost {
+				t.Fatalf("step %d: ChainScore %g blocks of prefill time is %g ms, Cost %g ms", step, a.ChainScore, a.ChainScore*blockMs, a.Cost)
+			}
+		}
 	}
 }
 
@@ -251,8 +313,8 @@ func TestChainReportsEachScore(t *testing.T) {
 	}
 	// b: cost = prefill 8 - 4 cached + 8 decode blocks = 12; prefix -4/8;
 	// decode: all three hold 8 blocks with the request: 1.
-	if got := sel.Scores[0].Raw; got != 12 || sel.Cost != 12 {
-		t.Errorf("cost raw %g, Cost %g; want 12", got, sel.Cost)
+	if got := sel.Scores[0].Raw; got != 12 {
+		t.Errorf("cost raw %g, want 12", got)
 	}
 	if got := sel.Scores[1].Raw; got != -0.5 {
 		t.Errorf("prefix raw %g, want -0.5", got)
@@ -260,8 +322,8 @@ func TestChainReportsEachScore(t *testing.T) {
 	if got := sel.Scores[2].Raw; got != 1 {
 		t.Errorf("decode raw %g, want 1", got)
 	}
-	if total != 12-5+2 {
-		t.Errorf("total %g, want 9", total)
+	if total != 12-5+2 || sel.ChainScore != total {
+		t.Errorf("total %g, ChainScore %g; want 9", total, sel.ChainScore)
 	}
 }
 

@@ -25,9 +25,11 @@ import (
 //	score = ttft + ext × uncached tokens × prefill time per token
 //
 // in milliseconds, written out in blocks of prefill time (score divided
-// by block_size × prefill(chunk) / chunk), the unit Selection.Cost keeps
-// when this scorer is in the chain, so that the global router's cost
-// policy compares pools in prefill time.
+// by block_size × prefill(chunk) / chunk), so that its weight compares
+// with the other scorers'. Selection.Cost is the milliseconds themselves,
+// for the chosen worker (by this scorer's calibration when it is in the
+// chain, the default one otherwise), the unit the global router's cost
+// policy compares pools in.
 //
 // prefill and decode are the mocker's timing model (mocker.DefaultTiming)
 // scaled to three numbers an operator measures on their GPU: prefill_ms,
@@ -163,12 +165,18 @@ func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
 	return ms + ext*float64(uncached)*s.tokenMillis()
 }
 
-func (s *ttftScorer) Score(in *ChainInput, cand []int, out []float64) {
-	var perWorker float64
-	if s.auto {
-		// This request counts among the arrivals (as it will on placement).
-		perWorker = (s.rate.at(in.Now) + 1/TTFTRateWindow.Seconds()) / float64(max(in.PoolRanks, 1)) / 1000
+// perWorker is the arrival rate per worker in requests/ms (ext=auto; 0
+// otherwise), this request counted among the arrivals (as it will be on
+// placement).
+func (s *ttftScorer) perWorker(in *ChainInput) float64 {
+	if !s.auto {
+		return 0
 	}
+	return (s.rate.at(in.Now) + 1/TTFTRateWindow.Seconds()) / float64(max(in.PoolRanks, 1)) / 1000
+}
+
+func (s *ttftScorer) Score(in *ChainInput, cand []int, out []float64) {
+	perWorker := s.perWorker(in)
 	block := s.tokenMillis() * float64(in.BlockSize)
 	for i, j := range cand {
 		out[i] = s.millis(in, j, perWorker) / block

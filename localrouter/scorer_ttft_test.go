@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/mocker"
 )
 
@@ -144,6 +145,52 @@ func TestTTFTArgs(t *testing.T) {
 		}
 		if err == nil {
 			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// TestSelectionCostIsOneUnit: Selection.Cost is the ttft prediction in
+// milliseconds whatever the chain (the global router compares it across
+// pools), the chain's own total is ChainScore: under the default chain
+// ChainScore is the same prediction in blocks of prefill time; under
+// Dynamo's it is Dynamo's cost, and Cost is still the milliseconds.
+func TestSelectionCostIsOneUnit(t *testing.T) {
+	prompt := toks(64, 1)
+	costs := map[string]float64{}
+	for _, chain := range []string{"saturation,ttft", "cost", "prefix=2,decode", "ttft/prefill_ms=5000"} {
+		r := chainRouter(t, chain, nil)
+		storeTokens(t, r, "b", prompt[:32])
+		if _, err := r.Commit(testenv.Context(t), "x", WorkerKey{ID: "a", DPRank: 0}, Request{Tokens: toks(64, 900)}); err != nil {
+			t.Fatal(err)
+		}
+		sel, err := r.BestWorker(testenv.Context(t), Request{Tokens: prompt}, BestWorkerOptions{Worker: &WorkerKey{ID: "b", DPRank: 0}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		costs[chain] = sel.Cost
+		blockMs := DefaultTTFTPrefillMillis / DefaultTTFTChunk * 4
+		switch chain {
+		case "saturation,ttft":
+			if got := sel.ChainScore * blockMs; math.Abs(got-sel.Cost) > 1e-9*sel.Cost {
+				t.Errorf("%s: ChainScore %g blocks = %g ms, Cost %g ms; want equal", chain, sel.ChainScore, got, sel.Cost)
+			}
+		case "cost":
+			// b: prefill (64-32)/4 = 8 blocks, decode 16 blocks.
+			if sel.ChainScore != 8+16 {
+				t.Errorf("%s: ChainScore %g, want Dynamo's cost 24", chain, sel.ChainScore)
+			}
+		case "ttft/prefill_ms=5000":
+			if sel.Cost <= costs["saturation,ttft"] {
+				t.Errorf("%s: Cost %g ms, want above the default calibration's %g", chain, sel.Cost, costs["saturation,ttft"])
+			}
+		}
+		if !(sel.Cost > 0) {
+			t.Errorf("%s: Cost %g, want > 0 ms", chain, sel.Cost)
+		}
+	}
+	for _, chain := range []string{"cost", "prefix=2,decode"} {
+		if costs[chain] != costs["saturation,ttft"] {
+			t.Errorf("Cost under %s %g ms, under the default chain %g ms; want one unit", chain, costs[chain], costs["saturation,ttft"])
 		}
 	}
 }

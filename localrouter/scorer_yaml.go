@@ -81,3 +81,69 @@ func LoadWorkerChain(s string, cfg Config) ([]ScorerSpec, error) {
 	}
 	return DecodeWorkerChain(path, "worker_chain", doc, cfg)
 }
+
+// PoolDefaultBlockSize is the block size of a pool whose entry in the
+// pools file sets none (pool.DefaultBlockSize).
+const PoolDefaultBlockSize = 16
+
+// LoadPoolWorkerChain reads pool's section of a global router's
+// configuration file (the pools file kvgate extproc reads, from the same
+// file or ConfigMap): its worker_chain, strictly decoded and checked
+// against cfg with file:line errors (nil when the pool sets none), and
+// its block_size (PoolDefaultBlockSize when unset). The pool's other
+// fields are the global router's, not read here. A file without that pool
+// is an error naming the pools it has.
+func LoadPoolWorkerChain(file, pool string, cfg Config) ([]ScorerSpec, int, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: pools file: %w", ErrInvalidConfig, err)
+	}
+	doc, err := config.ParseFile(file, data)
+	if err != nil {
+		return nil, 0, err
+	}
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		doc = doc.Content[0]
+	}
+	pools := field(doc, "pools")
+	if pools == nil || pools.Kind != yaml.SequenceNode {
+		return nil, 0, config.Errorf(file, doc, "pools", "no list of pools")
+	}
+	var names []string
+	for _, pn := range pools.Content {
+		name := field(pn, "name")
+		if name == nil {
+			continue
+		}
+		if name.Value != pool {
+			names = append(names, name.Value)
+			continue
+		}
+		bs := PoolDefaultBlockSize
+		if n := field(pn, "block_size"); n != nil {
+			if err := n.Decode(&bs); err != nil || bs <= 0 {
+				return nil, 0, config.Errorf(file, n, fmt.Sprintf("pool %q: block_size", pool), "want a positive number of tokens")
+			}
+		}
+		cfg.BlockSize = bs
+		specs, err := DecodeWorkerChain(file, fmt.Sprintf("pool %q: worker_chain", pool), field(pn, "worker_chain"), cfg)
+		if err != nil {
+			return nil, 0, err
+		}
+		return specs, bs, nil
+	}
+	return nil, 0, config.Errorf(file, pools, "pools", "no pool %q (pools: %s)", pool, strings.Join(names, ", "))
+}
+
+// field is the value of key in mapping n, nil when absent.
+func field(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}

@@ -147,9 +147,14 @@ func (KVOverlap) Rank(_ *Request, cands []Candidate) ([]Candidate, error) {
 }
 
 // Cost ranks pools by their best worker's local-router cost, lowest first.
-// Costs are in blocks of each pool's block size, so they are normalised to
-// tokens (cost × block size) and divided by the pool's `scale` (per pool,
-// default 1: a pool of twice-as-fast workers declares 2). Scorer.
+// A local router's cost (routing.Selection.Cost) is in one unit whatever
+// its pool's worker chain: the predicted waiting in milliseconds that the
+// request adds on that worker (its TTFT plus the delay it imposes, from
+// the engine timing model the pool's ttft scorer is calibrated to). It is
+// divided by the pool's `scale` (per pool, default 1), for pools whose
+// local routers run the default calibration on faster workers: a pool of
+// twice-as-fast workers declares 2 (better: calibrate its ttft scorer).
+// Scorer.
 type Cost struct {
 	scale map[string]float64
 }
@@ -180,14 +185,14 @@ func newCost(a Args) (Policy, error) {
 // Name implements Policy.
 func (*Cost) Name() string { return NameCost }
 
-// Normalised returns the candidate's cost in tokens, divided by its pool's
-// scale.
+// Normalised returns the candidate's cost (milliseconds) divided by its
+// pool's scale.
 func (c *Cost) Normalised(cd Candidate) float64 {
 	s, ok := c.scale[cd.Pool]
 	if !ok {
 		s = 1
 	}
-	return cd.Probe.Cost * float64(max(cd.Probe.BlockSize, 1)) / s
+	return cd.Probe.Cost / s
 }
 
 // Rank implements Policy.

@@ -95,8 +95,10 @@ func TestPolicies(t *testing.T) {
 		{name: "model-match drops all", policy: "model-match", in: []policies.Candidate{other}, want: []string{}},
 		{name: "kv-overlap ranks by cached tokens across block sizes", policy: "kv-overlap", in: []policies.Candidate{a, b, c}, want: []string{"b", "c", "a"}},
 		{name: "kv-overlap is stable on ties", policy: "kv-overlap", in: []policies.Candidate{cand("x", "aggregated", 1, 16, 0, 0), cand("y", "aggregated", 1, 16, 0, 0)}, want: []string{"x", "y"}},
-		{name: "cost ranks by normalised cost", policy: "cost", in: []policies.Candidate{a, b, c}, want: []string{"c", "a", "b"}},
-		{name: "cost scale per pool", policy: "cost", poolArgs: map[string]string{"b": "scale: 4"}, in: []policies.Candidate{a, b, c}, want: []string{"b", "c", "a"}},
+		// Costs are milliseconds whatever the block size: b's 3 (64-token
+		// blocks) beats c's 8 and a's 10 (16-token blocks).
+		{name: "cost ranks by cost in ms, not by block size", policy: "cost", in: []policies.Candidate{a, b, c}, want: []string{"b", "c", "a"}},
+		{name: "cost scale per pool", policy: "cost", poolArgs: map[string]string{"a": "scale: 4"}, in: []policies.Candidate{a, b, c}, want: []string{"a", "b", "c"}},
 		{name: "failover tiers", policy: "failover", poolArgs: map[string]string{"a": "tier: 1", "c": "tier: 2"}, in: []policies.Candidate{c, a, b}, want: []string{"b", "a", "c"}},
 		{name: "failover keeps order within a tier", policy: "failover", in: []policies.Candidate{c, a, b}, want: []string{"c", "a", "b"}},
 		{name: "header-match requires headers", policy: "header-match", poolArgs: map[string]string{"a": "headers: {x-tenant: [acme]}", "b": "headers: {X-Canary: []}"},

@@ -47,10 +47,12 @@ type Config struct {
 	// WorkerChain is how the pool's local routers rank its workers:
 	// filters and weighted scorers, a list of {name, weight, args}
 	// (routing.ScorerSpec; docs/localrouter.md "Worker chain"). Empty:
-	// the default chain (saturation, then ttft, the predicted-TTFT scorer;
-	// "cost" is Dynamo's). The local routers
-	// that `kvgate up` starts take it; a local router started on its own
-	// takes the same list with -worker-chain.
+	// the default chain (saturation, then the ttft scorer). The global
+	// router only validates it; the pool's local routers take it from
+	// this file, started with `kvgate localrouter -pools-file FILE -pool
+	// NAME` (the same file or ConfigMap; they refuse a -worker-chain as
+	// well), as the replay does; `kvgate up` gives its local routers its
+	// own -pool-a-worker-chain / -pool-b-worker-chain.
 	WorkerChain []routing.ScorerSpec `yaml:"worker_chain"`
 
 	// File and node locate the pool in its configuration for errors.

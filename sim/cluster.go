@@ -200,8 +200,9 @@ func (r *run) choose(ctx context.Context, pools []*simPool, idx int, id string) 
 			return pools[0].byKey[localrouter.Selected(sel)], nil
 		}
 		// Several pools: probe each with a state-free BestWorker and let
-		// the global router's cost policy (policies.Cost: lowest cost
-		// normalised to tokens) rank the pools, as the global router does.
+		// the global router's cost policy (policies.Cost: lowest cost, the
+		// predicted ms whatever the chain) rank the pools, as the global
+		// router does.
 		cands := make([]policies.Candidate, 0, len(pools))
 		byPool := make(map[string]*simPool, len(pools))
 		for _, p := range pools {

@@ -13,7 +13,7 @@ import (
 // mocker's timing divided by the speedup, their chunk and KV capacity),
 // so that what the replay measures is the scorer a deployment runs.
 // Several pools are ranked by the global router's cost policy on
-// Selection.Cost, the ttft scorer's value in blocks of prefill time.
+// Selection.Cost, the ttft scorer's prediction in milliseconds.
 func (p Policy) ttftChain(cfg Config) []localrouter.ScorerSpec {
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 	ext := "auto"

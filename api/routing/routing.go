@@ -39,12 +39,17 @@ type Selection struct {
 	// the request (the cost terms).
 	PrefillTokens int
 	DecodeBlocks  int
-	// Cost is the local router's cost for the worker, lower is better:
-	// under a chain with the ttft scorer (the default, saturation then
-	// ttft) the predicted TTFT plus the delay imposed, in blocks of
-	// prefill time; otherwise Dynamo's cost (the cost scorer), in blocks
-	// of BlockSize.
+	// Cost is the predicted waiting, in milliseconds, that placing the
+	// request on the worker adds: its time to first token there plus the
+	// delay its uncached prefill imposes on the requests behind it, from
+	// the engine timing model (the worker chain's ttft scorer; the default
+	// calibration when the chain has none). One unit whatever the pool's
+	// chain, so that pools compare (the global router's cost policy).
 	Cost float64
+	// ChainScore is the worker's total under the pool's worker chain, in
+	// the chain's own units (blocks of prefill time under ttft, Dynamo's
+	// cost in blocks under cost); it compares workers of one pool only.
+	ChainScore float64
 	// Candidates is how many (worker, dp_rank) the router considered.
 	Candidates int
 	// Router is the address of the local router that answered ("" in
@@ -52,7 +57,7 @@ type Selection struct {
 	Router string
 	// Scores are each scorer's part in the winner's total under the pool's
 	// worker chain (localrouter.ScorerSpec), in chain order; empty under
-	// the default chain, whose one term is Cost.
+	// the default chain and Dynamo's, whose one term is ChainScore.
 	Scores []Score
 }
 
@@ -72,7 +77,9 @@ func (s Selection) CachedTokens() int { return s.OverlapBlocks * s.BlockSize }
 func (s Selection) UncachedTokens() int { return max(0, s.ISL-s.CachedTokens()) }
 
 // Override changes a local router's cost parameters for one request; nil
-// fields keep the router's values.
+// fields keep the router's values. OverlapScoreCredit and PrefillLoadScale
+// are read by the worker chain's cost scorer only: under a chain without
+// it (the default) they change nothing, and the router logs so once.
 type Override struct {
 	OverlapScoreCredit *float64
 	PrefillLoadScale   *float64

@@ -202,7 +202,7 @@ func selection(sel routing.Selection) *localrouterv1.Selection {
 		WorkerId: sel.WorkerID, DpRank: sel.DPRank, Address: sel.Address,
 		OverlapBlocks: uint32(sel.OverlapBlocks), RequestBlocks: uint32(sel.RequestBlocks),
 		PotentialPrefillTokens: uint32(sel.PrefillTokens), PotentialDecodeBlocks: uint32(sel.DecodeBlocks),
-		Cost: sel.Cost, Candidates: uint32(sel.Candidates), BlockSize: uint32(sel.BlockSize),
+		Cost: sel.Cost, ChainScore: sel.ChainScore, Candidates: uint32(sel.Candidates), BlockSize: uint32(sel.BlockSize),
 		Scores: scores(sel.Scores),
 	}
 }

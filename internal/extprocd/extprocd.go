@@ -124,7 +124,6 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body accepted (413 past it)")
 	reqMode := fs.String("request-body-mode", o.RequestBodyMode.String(), "request body mode assumed when Envoy does not say: FULL_DUPLEX_STREAMED or BUFFERED")
 	respMode := fs.String("response-body-mode", o.ResponseBodyMode.String(), "response body mode assumed when Envoy does not say: STREAMED, FULL_DUPLEX_STREAMED or BUFFERED")
-	fs.BoolVar(&o.HeaderFallbacks, "header-fallbacks", false, "no-op, accepted for old command lines: x-gateway-destination-endpoint always carries the ordered list (primary, then fallbacks), the same value as the envoy.lb metadata")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", config.LogJSON, "json (one object a line, as every kvgate subcommand logs by default) or text")

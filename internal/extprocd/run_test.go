@@ -27,13 +27,13 @@ import (
 
 func TestParseFlags(t *testing.T) {
 	o, err := ParseFlags("extproc", []string{"-config", "p.yaml", "-addr", ":1234", "-etcd", "http://a:2379, http://b:2379",
-		"-request-body-mode", "buffered", "-inference-paths", "/v1/completions,/v2/generate", "-header-fallbacks",
+		"-request-body-mode", "buffered", "-inference-paths", "/v1/completions,/v2/generate",
 		"-shadow-config", "s.yaml", "-otlp-endpoint", "otel:4317", "-otlp-insecure=false"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o.PoolsFile != "p.yaml" || o.Addr != ":1234" || len(o.Etcd) != 2 || o.Etcd[1] != "http://b:2379" ||
-		o.RequestBodyMode != extprocfilterv3.ProcessingMode_BUFFERED || len(o.InferencePaths) != 2 || !o.HeaderFallbacks ||
+		o.RequestBodyMode != extprocfilterv3.ProcessingMode_BUFFERED || len(o.InferencePaths) != 2 ||
 		o.MaxBodyBytes != extproc.DefaultMaxBodyBytes || o.ShadowFile != "s.yaml" || o.OTLPEndpoint != "otel:4317" || o.OTLPInsecure {
 		t.Errorf("options %+v", o)
 	}

@@ -57,6 +57,11 @@ type Config struct {
 	// MetricsPeriod is how often each worker's engine metrics endpoint is
 	// scraped (localrouter/signals; 0 disables, the default).
 	MetricsPeriod time.Duration
+	// PoolsFile is the global router's configuration file (the pools file
+	// kvgate extproc reads, e.g. the same ConfigMap mounted): when set, the
+	// router takes Pool's worker_chain from it, and refuses a block size
+	// other than the pool's there (ParseFlags).
+	PoolsFile string
 	// Router is the router's own configuration.
 	Router localrouter.Config
 }
@@ -142,14 +147,14 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.Int(&r.BlockSize, 1), "block-size", "KV block size in tokens")
 	fs.Alias("router-block-size", "block-size")
 	fs.Env("block-size", "DYN_KV_CACHE_BLOCK_SIZE")
-	fs.Var(config.Float(&r.OverlapScoreCredit), "router-overlap-score-credit", "weight of cached blocks against prefill work")
+	fs.Var(config.Float(&r.OverlapScoreCredit), "router-overlap-score-credit", "weight of cached blocks against prefill work; read by the cost worker-chain scorer only (not by the default chain saturation,ttft: set, it is warned about)")
 	fs.Env("router-overlap-score-credit", "DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT")
-	fs.Var(config.Float(&r.PrefillLoadScale), "router-prefill-load-scale", "weight of prefill work against decode load")
+	fs.Var(config.Float(&r.PrefillLoadScale), "router-prefill-load-scale", "weight of prefill work against decode load; read by the cost worker-chain scorer only (not by the default chain saturation,ttft: set, it is warned about)")
 	fs.Env("router-prefill-load-scale", "DYN_ROUTER_PREFILL_LOAD_SCALE")
 	fs.Var(config.Float(&r.RouterTemperature), "router-temperature", "0 picks the cheapest worker; > 0 samples a softmax over costs")
 	fs.Env("router-temperature", "DYN_ROUTER_TEMPERATURE")
 	fs.Var(config.Bool(&r.UseKVEvents), "router-use-kv-events", "index from engine KV events (false: approximate index from the router's decisions)")
-	fs.Var(config.Bool(&r.TrackActiveBlocks), "router-track-active-blocks", "count active decode blocks in the cost")
+	fs.Var(config.Bool(&r.TrackActiveBlocks), "router-track-active-blocks", "count active decode blocks in the cost; read by the cost worker-chain scorer only (not by the default chain: false is warned about)")
 	fs.Var(config.Bool(&r.ReplicaSync), "router-replica-sync", "share request lifecycle with the pool's other router replicas")
 	fs.Var(config.Duration(&r.TTL), "router-ttl", "TTL of approximate-index entries (duration, or seconds)")
 	fs.Var(config.DurationOrZero(&r.PredictedTTL), "router-predicted-ttl", "with KV events, how long a placed request's blocks stay predicted on its worker until the engine's events confirm them (duration, or seconds; 0: none)")
@@ -158,10 +163,10 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Alias("router-min-initial-workers", "min-initial-workers")
 	fs.Env("min-initial-workers", "DYN_ROUTER_MIN_INITIAL_WORKERS")
 	fs.Var(config.DurationOrZero(&c.MetricsPeriod), "router-metrics-period", "scrape each worker's engine metrics (vLLM/SGLang /metrics) this often (duration, or seconds; 0 disables)")
-	fs.Var(config.Float(&r.WaitingWeight), "router-waiting-weight", "cost in blocks per request waiting in the engine's queue (engine metrics; 0: unused)")
-	fs.Var(config.Float(&r.KVUsageWeight), "router-kv-usage-weight", "cost in blocks of a full engine KV cache, proportionally below (engine metrics; 0: unused)")
-	fs.Var(config.Float(&r.SaturationKVUsage), "router-saturation-kv-usage", "skip a rank whose engine reports KV usage at least this (0..1) with requests waiting (0 disables)")
-	fs.Var(config.Int(&r.SaturationWaiting, 0), "router-saturation-waiting", "skip a rank whose engine reports this many waiting requests or more (0 disables)")
+	fs.Var(config.Float(&r.WaitingWeight), "router-waiting-weight", "cost in blocks per request waiting in the engine's queue (0: unused); read by the cost worker-chain scorer only, where engine metrics are scraped (-router-metrics-period); otherwise set, it is warned about")
+	fs.Var(config.Float(&r.KVUsageWeight), "router-kv-usage-weight", "cost in blocks of a full engine KV cache, proportionally below (0: unused); read by the cost worker-chain scorer only, where engine metrics are scraped (-router-metrics-period); otherwise set, it is warned about")
+	fs.Var(config.Float(&r.SaturationKVUsage), "router-saturation-kv-usage", "skip a rank whose engine reports KV usage at least this (0..1) with requests waiting (0 disables); read by the saturation worker-chain filter, where engine metrics are scraped")
+	fs.Var(config.Int(&r.SaturationWaiting, 0), "router-saturation-waiting", "skip a rank whose engine reports this many waiting requests or more (0 disables); read by the saturation worker-chain filter, where engine metrics are scraped")
 	fs.Var(&config.Value{
 		SetFunc: func(v string) error {
 			w, err := localrouter.ParseTierWeights(v)
@@ -172,6 +177,7 @@ func flags(fs *config.FlagSet, c *Config) {
 		},
 		GetFunc: func() string { return localrouter.FormatTierWeights(r.TierWeights) },
 	}, "router-tier-weights", "credit of a cached block per lower cache tier, relative to the GPU (tier=weight,…; none: ignore offloaded blocks)")
+	fs.Var(config.String(&c.PoolsFile), "pools-file", "the global router's configuration file (kvgate extproc -config, e.g. the same ConfigMap): take -pool's worker_chain from it (exclusive with -worker-chain) and check -block-size against the pool's")
 	fs.Var(&config.Value{
 		SetFunc: func(v string) error {
 			specs, err := localrouter.LoadWorkerChain(v, *r)
@@ -206,10 +212,40 @@ func ParseFlagsWith(name string, args []string, getenv func(string) string, usag
 	if c.RouterID == "" {
 		c.RouterID = defaultRouterID()
 	}
+	if err := c.applyPoolsFile(); err != nil {
+		return Config{}, err
+	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// applyPoolsFile takes the pool's worker_chain from PoolsFile (when set):
+// the one chain a deployment configures for the pool, in the file the
+// global router reads too. A -worker-chain as well, or a block size other
+// than the pool's, is refused: two answers to one question.
+func (c *Config) applyPoolsFile() error {
+	if c.PoolsFile == "" {
+		return nil
+	}
+	if c.Pool == "" {
+		return errors.New("-pools-file: -pool names the pool to read")
+	}
+	specs, bs, err := localrouter.LoadPoolWorkerChain(c.PoolsFile, c.Pool, c.Router)
+	if err != nil {
+		return fmt.Errorf("-pools-file: %w", err)
+	}
+	if bs != c.Router.BlockSize {
+		return fmt.Errorf("-pools-file: %s: pool %q has block_size %d, this router -block-size %d: set them equal", c.PoolsFile, c.Pool, bs, c.Router.BlockSize)
+	}
+	if len(specs) > 0 {
+		if len(c.Router.WorkerChain) > 0 {
+			return fmt.Errorf("-worker-chain and -pools-file (%s: pool %q: worker_chain) both set the worker chain: keep one", c.PoolsFile, c.Pool)
+		}
+		c.Router.WorkerChain = specs
+	}
+	return nil
 }
 
 func defaultRouterID() string {

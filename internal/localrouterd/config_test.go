@@ -4,11 +4,14 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvgate/kvgate/localrouter"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -125,6 +128,66 @@ func TestParseFlagsErrorsNameTheSource(t *testing.T) {
 	for _, s := range []string{"--router-temperature", "DYN_ROUTER_TEMPERATURE", "KVGATE_ROUTER_REPLICA_SYNC"} {
 		if !strings.Contains(b.String(), strings.TrimPrefix(s, "-")) {
 			t.Errorf("usage does not mention %s", s)
+		}
+	}
+}
+
+// TestPoolsFile: -pools-file F takes -pool's worker_chain from the global
+// router's file (the pools file's worker_chain configures the pool's
+// local routers), and refuses what would make two answers to one
+// question: a -worker-chain as well, a block size other than the pool's.
+func TestPoolsFile(t *testing.T) {
+	dir := t.TempDir()
+	file := dir + "/pools.yaml"
+	pools := `chain: [cost]
+pools:
+  - name: p
+    models: [m]
+    block_size: 32
+    routers: {etcd: true}
+    worker_chain:
+      - name: saturation
+      - {name: cost, weight: 1}
+  - name: q
+    models: [m]
+    routers: {etcd: true}
+  - name: bad
+    models: [m]
+    routers: {etcd: true}
+    worker_chain:
+      - {name: cost, args: {normalise: max}}
+`
+	if err := os.WriteFile(file, []byte(pools), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	parse := func(args ...string) (Config, error) {
+		base := []string{"--etcd", "e:1", "--nats", "n", "--pools-file", file}
+		return ParseFlags("localrouter", append(base, args...), func(string) string { return "" }, io.Discard)
+	}
+	c, err := parse("--pool", "p", "--block-size", "32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := localrouter.FormatWorkerChain(c.Router.WorkerChain); got != "saturation,cost=1" {
+		t.Errorf("pool p's chain %q, want the file's saturation,cost=1", got)
+	}
+	if c, err := parse("--pool", "q"); err != nil || len(c.Router.WorkerChain) != 0 {
+		t.Errorf("pool q (no worker_chain): chain %v, %v; want the default", c.Router.WorkerChain, err)
+	}
+	if c, err := parse("--pool", "q", "--worker-chain", "cost"); err != nil || localrouter.FormatWorkerChain(c.Router.WorkerChain) != "cost" {
+		t.Errorf("pool q with -worker-chain: chain %v, %v; want cost", c.Router.WorkerChain, err)
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pool", "p"}, `pool "p" has block_size 32, this router -block-size 16`},
+		{[]string{"--pool", "p", "--block-size", "32", "--worker-chain", "cost"}, "both set the worker chain"},
+		{[]string{"--pool", "nosuch"}, `no pool "nosuch" (pools: p, q, bad)`},
+		{[]string{"--pool", "bad"}, `pools.yaml:17:9: pool "bad": worker_chain[0]: worker chain "cost": unknown argument "normalise"`},
+	} {
+		if _, err := parse(tt.args...); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: error %v, want one containing %q", tt.args, err, tt.want)
 		}
 	}
 }

@@ -108,6 +108,9 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 	if s.router, err = localrouter.New(cfg.Router, ropts); err != nil {
 		return nil, err
 	}
+	for _, why := range cfg.Router.Unread(cfg.MetricsPeriod > 0) {
+		log.Warn("setting takes no effect", "pool", cfg.Pool, "why", why)
+	}
 	if s.etcd, err = (runner.Etcd{Endpoints: cfg.Etcd, TLS: cfg.EtcdTLS}).Client(ctx); err != nil {
 		return nil, err
 	}

@@ -16,9 +16,12 @@ import (
 // by capacity instead of landing on one. Each placement records the
 // request's blocks as predicted on its worker (KV events on) and charges it
 // their prefill, and placing decisions are serialised, so the next decision
-// sees that worker loaded. With Dynamo's cost (credit 1, scale 1) and with
+// sees that worker loaded. Under the default chain (saturation, ttft) and
+// under Dynamo's cost chain, the latter with credit 1, scale 1 and with
 // the replay's kvgate row (credit 8, scale 8), under which predicted blocks
-// weighed like cached ones would draw the burst onto the first worker.
+// weighed like cached ones would draw the burst onto the first worker
+// (credit and scale are read by the cost scorer only: under the default
+// chain they are no axis).
 //
 // Three paths. Decide-and-commit — a BestWorker with a request id, or a
 // commit without a worker on the Track stream — must spread exactly by
@@ -29,11 +32,23 @@ import (
 // only checked not to herd onto one worker (docs/localrouter.md, predicted
 // entries, says by how much it skews).
 func TestNoHerding(t *testing.T) {
-	for _, tc := range []struct{ credit, scale float64 }{{1, 1}, {8, 8}} {
+	for _, tc := range []struct {
+		name          string
+		chain         []localrouter.ScorerSpec
+		credit, scale float64
+	}{
+		{"default-chain", nil, 1, 1},
+		{"cost/credit=1,scale=1", localrouter.CostWorkerChain(), 1, 1},
+		{"cost/credit=8,scale=8", localrouter.CostWorkerChain(), 8, 8},
+	} {
 		for _, path := range []string{pathBestWorker, pathTrackCommit, pathProbeThenCommit} {
-			t.Run(fmt.Sprintf("credit=%g,scale=%g/%s", tc.credit, tc.scale, path), func(t *testing.T) {
+			t.Run(tc.name+"/"+path, func(t *testing.T) {
 				cfg := localrouter.DefaultConfig()
+				cfg.WorkerChain = tc.chain
 				cfg.OverlapScoreCredit, cfg.PrefillLoadScale = tc.credit, tc.scale
+				if u := cfg.Unread(false); len(u) > 0 {
+					t.Fatalf("a setting of the case is not read: %q", u)
+				}
 				testNoHerding(t, cfg, path)
 			})
 		}

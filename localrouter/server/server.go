@@ -229,7 +229,7 @@ func (s *Server) selection(sel routing.Selection) *localrouterv1.Selection {
 		WorkerId: sel.WorkerID, DpRank: sel.DPRank, Address: s.address(sel.WorkerID),
 		OverlapBlocks: uint32(sel.OverlapBlocks), RequestBlocks: uint32(sel.RequestBlocks),
 		PotentialPrefillTokens: uint32(sel.PrefillTokens), PotentialDecodeBlocks: uint32(sel.DecodeBlocks),
-		Cost: sel.Cost, Candidates: uint32(sel.Candidates), BlockSize: uint32(s.r.Config().BlockSize),
+		Cost: sel.Cost, ChainScore: sel.ChainScore, Candidates: uint32(sel.Candidates), BlockSize: uint32(s.r.Config().BlockSize),
 		Scores: scores(sel.Scores),
 	}
 }
@@ -481,7 +481,25 @@ func (s *Server) Workers(ctx context.Context, _ *localrouterv1.WorkersRequest) (
 		}
 		w.Ranks = append(w.Ranks, rl)
 	}
+	if unread := s.unread(); len(unread) > 0 {
+		// No silent knob: every worker's warning says what the router's
+		// configuration leaves unread.
+		for _, w := range out.Workers {
+			w.ConfigWarning = strings.Join(append(nonEmpty(w.ConfigWarning), unread...), "; ")
+		}
+	}
 	return out, nil
+}
+
+// unread lists the router's settings that take no effect, with why
+// (localrouter.Config.Unread).
+func (s *Server) unread() []string { return s.r.Config().Unread(s.opts.MetricsPeriod > 0) }
+
+func nonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return []string{s}
 }
 
 // Stats implements localrouterv1.LocalRouterServer.
@@ -508,6 +526,8 @@ func (s *Server) Stats(ctx context.Context, _ *localrouterv1.StatsRequest) (*loc
 			SaturationKvUsage: cfg.SaturationKVUsage, SaturationWaiting: uint32(cfg.SaturationWaiting),
 			MetricsPeriodSeconds: s.opts.MetricsPeriod.Seconds(),
 			TierWeights:          localrouter.FormatTierWeights(cfg.TierWeights),
+			WorkerChain:          localrouter.FormatWorkerChain(chainOrDefault(cfg.WorkerChain)),
+			Warnings:             s.unread(),
 		},
 		SaturationSkips: s.r.SaturationSkips(),
 	}
@@ -520,4 +540,12 @@ func (s *Server) Stats(ctx context.Context, _ *localrouterv1.StatsRequest) (*loc
 		out.EventGaps, out.Dumps = es.Gaps, es.Dumps
 	}
 	return out, nil
+}
+
+// chainOrDefault is chain, or the default chain when it is empty.
+func chainOrDefault(chain []localrouter.ScorerSpec) []localrouter.ScorerSpec {
+	if len(chain) == 0 {
+		return localrouter.DefaultWorkerChain()
+	}
+	return chain
 }

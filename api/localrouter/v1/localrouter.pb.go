@@ -175,7 +175,11 @@ func (x *Prompt) GetSessionKey() string {
 }
 
 // ConfigOverride changes cost parameters for one request; unset fields keep
-// the router's values.
+// the router's values. overlap_score_credit and prefill_load_scale are
+// read by the worker chain's cost scorer only: under a chain without it
+// (the default, saturation,ttft) they change nothing; the router accepts
+// them, and logs a warning naming its chain the first time one arrives.
+// router_temperature applies under every chain.
 type ConfigOverride struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	OverlapScoreCredit *float64               `protobuf:"fixed64,1,opt,name=overlap_score_credit,json=overlapScoreCredit,proto3,oneof" json:"overlap_score_credit,omitempty"`
@@ -251,8 +255,16 @@ type Selection struct {
 	// included.
 	PotentialPrefillTokens uint32 `protobuf:"varint,6,opt,name=potential_prefill_tokens,json=potentialPrefillTokens,proto3" json:"potential_prefill_tokens,omitempty"`
 	// The worker's distinct active blocks, this request's included.
-	PotentialDecodeBlocks uint32  `protobuf:"varint,7,opt,name=potential_decode_blocks,json=potentialDecodeBlocks,proto3" json:"potential_decode_blocks,omitempty"`
-	Cost                  float64 `protobuf:"fixed64,8,opt,name=cost,proto3" json:"cost,omitempty"`
+	PotentialDecodeBlocks uint32 `protobuf:"varint,7,opt,name=potential_decode_blocks,json=potentialDecodeBlocks,proto3" json:"potential_decode_blocks,omitempty"`
+	// The predicted waiting, in milliseconds, that placing the request on
+	// this worker adds: its time to first token there plus the delay its
+	// uncached prefill imposes on the requests arriving behind it, from the
+	// engine timing model (the worker chain's ttft scorer, with the chain's
+	// calibration when it has that scorer, the default calibration
+	// otherwise). Lower is better. It is in this one unit whatever the
+	// pool's worker chain, so that a global router compares it across
+	// pools; the chain's own total is chain_score.
+	Cost float64 `protobuf:"fixed64,8,opt,name=cost,proto3" json:"cost,omitempty"`
 	// Number of (worker, dp_rank) candidates considered.
 	Candidates uint32 `protobuf:"varint,9,opt,name=candidates,proto3" json:"candidates,omitempty"`
 	// The pool's block size.
@@ -265,9 +277,15 @@ type Selection struct {
 	// Every candidate was saturated, so none was skipped.
 	AllSaturated bool `protobuf:"varint,13,opt,name=all_saturated,json=allSaturated,proto3" json:"all_saturated,omitempty"`
 	// Each scorer's part in the chosen worker's total under the pool's
-	// worker chain, in chain order; empty under the default chain, whose
-	// one term is cost. cost stays Dynamo's cost whatever the chain.
-	Scores        []*Score `protobuf:"bytes,14,rep,name=scores,proto3" json:"scores,omitempty"`
+	// worker chain, in chain order; empty under the default chain and
+	// Dynamo's (saturation then one scorer), whose one term is chain_score.
+	Scores []*Score `protobuf:"bytes,14,rep,name=scores,proto3" json:"scores,omitempty"`
+	// The chosen worker's total under the pool's worker chain (the weighted
+	// sum of its scorers' values, lower is better), in the chain's own
+	// units: blocks of prefill time under the ttft scorer, Dynamo's cost in
+	// blocks under the cost scorer. It compares workers of one pool only;
+	// across pools compare cost.
+	ChainScore    float64 `protobuf:"fixed64,15,opt,name=chain_score,json=chainScore,proto3" json:"chain_score,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -398,6 +416,13 @@ func (x *Selection) GetScores() []*Score {
 		return x.Scores
 	}
 	return nil
+}
+
+func (x *Selection) GetChainScore() float64 {
+	if x != nil {
+		return x.ChainScore
+	}
+	return 0
 }
 
 // Score is one scorer of the worker chain: its raw value for the worker,
@@ -1739,7 +1764,8 @@ type Worker struct {
 	Ranks            []*RankLoad            `protobuf:"bytes,8,rep,name=ranks,proto3" json:"ranks,omitempty"`
 	// Why nothing this worker caches is indexed, and the flag that fixes it
 	// (the configuration guard: every stored event skipped for its block
-	// size, e.g. SGLang's default page_size 1); empty when all is well.
+	// size, e.g. SGLang's default page_size 1), then each router setting
+	// that takes no effect (RouterConfig.warnings); empty when all is well.
 	ConfigWarning string `protobuf:"bytes,20,opt,name=config_warning,json=configWarning,proto3" json:"config_warning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1948,7 +1974,14 @@ type RouterConfig struct {
 	MetricsPeriodSeconds float64 `protobuf:"fixed64,16,opt,name=metrics_period_seconds,json=metricsPeriodSeconds,proto3" json:"metrics_period_seconds,omitempty"`
 	// Credit of a block cached on a lower tier, relative to the GPU
 	// ("cpu=0.8,disk=0.3,external=0.2").
-	TierWeights   string `protobuf:"bytes,20,opt,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty"`
+	TierWeights string `protobuf:"bytes,20,opt,name=tier_weights,json=tierWeights,proto3" json:"tier_weights,omitempty"`
+	// The worker chain, in the inline form ("saturation,ttft").
+	WorkerChain string `protobuf:"bytes,21,opt,name=worker_chain,json=workerChain,proto3" json:"worker_chain,omitempty"`
+	// Each setting that takes no effect under this configuration, and why
+	// (e.g. a cost parameter under a chain without the cost scorer, an
+	// engine scorer while engine metrics are not scraped); also in every
+	// Worker's config_warning.
+	Warnings      []string `protobuf:"bytes,22,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2100,6 +2133,20 @@ func (x *RouterConfig) GetTierWeights() string {
 		return x.TierWeights
 	}
 	return ""
+}
+
+func (x *RouterConfig) GetWorkerChain() string {
+	if x != nil {
+		return x.WorkerChain
+	}
+	return ""
+}
+
+func (x *RouterConfig) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type StatsResponse struct {
@@ -2862,7 +2909,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x12router_temperature\x18\x03 \x01(\x01H\x02R\x11routerTemperature\x88\x01\x01B\x17\n" +
 	"\x15_overlap_score_creditB\x15\n" +
 	"\x13_prefill_load_scaleB\x15\n" +
-	"\x13_router_temperature\"\xc7\x04\n" +
+	"\x13_router_temperature\"\xe8\x04\n" +
 	"\tSelection\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x18\n" +
@@ -2881,7 +2928,9 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x06engine\x18\v \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\x12>\n" +
 	"\askipped\x18\f \x03(\v2$.kvgate.localrouter.v1.SkippedWorkerR\askipped\x12#\n" +
 	"\rall_saturated\x18\r \x01(\bR\fallSaturated\x124\n" +
-	"\x06scores\x18\x0e \x03(\v2\x1c.kvgate.localrouter.v1.ScoreR\x06scores\"i\n" +
+	"\x06scores\x18\x0e \x03(\v2\x1c.kvgate.localrouter.v1.ScoreR\x06scores\x12\x1f\n" +
+	"\vchain_score\x18\x0f \x01(\x01R\n" +
+	"chainScore\"i\n" +
 	"\x05Score\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03raw\x18\x02 \x01(\x01R\x03raw\x12\x16\n" +
@@ -2988,7 +3037,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x0fWorkersResponse\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x127\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1d.kvgate.localrouter.v1.WorkerR\aworkers\"\x0e\n" +
-	"\fStatsRequest\"\xe5\x05\n" +
+	"\fStatsRequest\"\xa4\x06\n" +
 	"\fRouterConfig\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x120\n" +
@@ -3009,7 +3058,9 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x13saturation_kv_usage\x18\x0e \x01(\x01R\x11saturationKvUsage\x12-\n" +
 	"\x12saturation_waiting\x18\x0f \x01(\rR\x11saturationWaiting\x124\n" +
 	"\x16metrics_period_seconds\x18\x10 \x01(\x01R\x14metricsPeriodSeconds\x12!\n" +
-	"\ftier_weights\x18\x14 \x01(\tR\vtierWeights\"\xd4\x05\n" +
+	"\ftier_weights\x18\x14 \x01(\tR\vtierWeights\x12!\n" +
+	"\fworker_chain\x18\x15 \x01(\tR\vworkerChain\x12\x1a\n" +
+	"\bwarnings\x18\x16 \x03(\tR\bwarnings\"\xd4\x05\n" +
 	"\rStatsResponse\x12\x1b\n" +
 	"\trouter_id\x18\x01 \x01(\tR\brouterId\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x14\n" +
