@@ -1,0 +1,79 @@
+package docwalk
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+// TestExtract pins the extraction rules on a small document.
+func TestExtract(t *testing.T) {
+	doc := "# t\n" +
+		"```sh\n" +
+		"make run    # comment\n" +
+		"            # more comment\n" +
+		"curl -s http://127.0.0.1:8080/x \\\n" +
+		"  -d '{\n" +
+		"  \"a\": 1}'\n" +
+		"etcd --data-dir /tmp/etcd &  nats-server -p 4222 &\n" +
+		"for q in 1 2; do\n" +
+		"  echo $q\n" +
+		"done\n" +
+		"```\n" +
+		"```\n" +
+		"kvgate is up (1s to start)\n" +
+		"  gateway (HTTP)  http://127.0.0.1:8080\n" +
+		"```\n" +
+		"```\n" +
+		"kvgate tokenize --encoding cl100k_base < body.json\n" +
+		"```\n" +
+		"<!-- docwalk: skip because -->\n" +
+		"```console\n" +
+		"$ kvgate policy check x.yaml\n" +
+		"x.yaml: INVALID\n" +
+		"```\n" +
+		"```yaml\n" +
+		"kvgate: 1\n" +
+		"```\n"
+	p := filepath.Join(t.TempDir(), "d.md")
+	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := extract(p, "d.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Line         int
+		Text         string
+		BG           bool
+		Output, Skip string
+	}
+	var got []row
+	for _, c := range cs {
+		got = append(got, row{c.line, c.text, c.bg, c.output, c.skip})
+	}
+	want := []row{
+		{3, "make run    # comment", false, "", ""},
+		{5, "curl -s http://127.0.0.1:8080/x \\\n  -d '{\n  \"a\": 1}'", false, "", ""},
+		{8, "etcd --data-dir /tmp/etcd", true, "", ""},
+		{8, "nats-server -p 4222", true, "", ""},
+		{9, "for q in 1 2; do\n  echo $q\ndone", false, "", ""},
+		{18, "kvgate tokenize --encoding cl100k_base < body.json", false, "", ""},
+		{22, "kvgate policy check x.yaml", false, "x.yaml: INVALID\n", "because"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got\n%#v\nwant\n%#v", got, want)
+	}
+	for _, c := range []struct{ text, prog string }{
+		{"ETCDCTL_API=3 etcdctl get x", "etcdctl"},
+		{`PROMPT="$(for i in 1; do printf 'a %d' $i; done)"`, "printf"},
+		{`A="x y"`, ""},
+		{"kvgate up", "kvgate"},
+	} {
+		if got := programOf(c.text); got != c.prog {
+			t.Errorf("programOf(%q) = %q, want %q", c.text, got, c.prog)
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package docwalk
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The reviewed tables of the walk. A command runs unless a row here says
+// otherwise; every row must match a command of the documents (a stale row
+// fails the test), so adding, excluding or expecting is a conscious edit.
+
+// kind is what the walk does with a program.
+type kind int
+
+const (
+	run     kind = iota // run in bash; exit 0 wanted
+	tool                // run when the program is on PATH, else reported as not run
+	never               // not run, for the reason given
+	standIn             // not run: something the walk starts itself stands for it
+)
+
+type program struct {
+	kind   kind
+	reason string
+}
+
+// programs is every program a document's command may start with. An
+// unknown one fails the walk: classify it here.
+var programs = map[string]program{
+	"kvgate":     {run, "the binary under test (bin/kvgate and go run ./cmd/kvgate run the one built binary)"},
+	"bin/kvgate": {run, "as kvgate"},
+	"curl":       {run, "against the walk's servers, ports moved"},
+	"sed":        {run, ""},
+	"for":        {run, "a shell loop: its body runs"},
+	"echo":       {run, ""},
+	"printf":     {run, ""},
+	"grep":       {run, ""},
+	"seq":        {run, ""},
+	"go":         {run, "go run of a package in the module runs its prebuilt binary; other go commands as rows below say"},
+
+	"grpcurl": {tool, "not installed by make test (a Go build of it costs more than the walk): the gRPC calls run where grpcurl is on PATH"},
+	"etcdctl": {tool, "not installed by make test (etcd runs embedded): runs where etcdctl is on PATH"},
+	"envoy":   {tool, "not installed by make test: e2e and the ext_proc tests play Envoy's part; runs where envoy is on PATH"},
+
+	"etcd":        {standIn, "an etcd embedded in the test (internal/embedded, the one kvgate up runs) takes its place; its address is moved to it"},
+	"nats-server": {standIn, "a NATS server embedded in the test takes its place; its address is moved to it"},
+
+	"make":    {never, "make run is the `kvgate up` the walk starts itself; make test runs this walk"},
+	"kubectl": {never, "needs a Kubernetes cluster; deploy/validate builds and validates the overlays in make test"},
+	"helm":    {never, "needs a Kubernetes cluster"},
+	"vllm":    {never, "needs a GPU and vLLM"},
+}
+
+// rule matches the commands of one document whose text contains match.
+type rule struct {
+	file, match, reason string
+}
+
+func (r rule) String() string { return fmt.Sprintf("%s %q", r.file, r.match) }
+
+// skips are commands not run although their program runs elsewhere.
+var skips = []rule{
+	{"docs/localrouter.md", "kvgate localrouter ... --worker-chain", "a fragment: `...` elides the connection flags"},
+	{"docs/mocker.md", "kvgate relay --zmq tcp://127.0.0.1:5557 --pool pool-a --worker-id gpu-0", "relays the vLLM above (not run) in a cluster: host names nats and etcd"},
+	{"docs/security.md", "kvgate localrouter --pool a", "needs a cluster's certificate files under /tls and host names etcd, nats"},
+	{"docs/security.md", "kvgate extproc --config pools.yaml", "needs a cluster's certificate files under /tls"},
+	{"docs/tokenizer.md", "--tokenizer-dir /models/qwen3", "needs a Hugging Face tokenizer folder; the tokenizer tests cover the backend"},
+	{"docs/tokenizer.md", "--config pools.yaml --model qwen3", "needs the reader's pools file with a model qwen3 and a tokenizer for it"},
+	{"docs/tokenizer.md", "go test -run '^$' -bench", "a benchmark: make bench runs it"},
+	{"docs/operating.md", "kvgate policy check pools.yaml", "shows the error output of a file with a typo, not shipped"},
+	{"docs/envoy.md", "http://127.0.0.1:10000", "talks to the Envoy of the lines above, which needs envoy (not installed)"},
+}
+
+// standIns are commands the walk does not run because it starts their
+// equivalent itself.
+var standIns = []rule{
+	{"docs/envoy.md", "go run ./cmd/kvgate up", "the walk's own kvgate up (free ports) stands for it"},
+	{"README.md", "go build -o bin/kvgate ./cmd/kvgate", "the walk builds the binary once"},
+	{"docs/localrouter.md", "go build -o bin/kvgate ./cmd/kvgate", "the walk builds the binary once"},
+}
+
+// expectation: the output of the matching commands must match every
+// regexp; a curl row with an HTTP status in want replaces the 2xx rule.
+type expectation struct {
+	file, match string
+	want        []string
+}
+
+var expectations = []expectation{
+	{"README.md", "curl -si http://127.0.0.1:8080/v1/chat/completions", []string{`(?m)^HTTP/1.1 200`, `(?mi)^x-kvgate-pool: pool-`, `(?mi)^x-kvgate-worker-id: `}},
+	{"docs/quickstart.md", `"content":"Tell me about KV caches."}]}'`, []string{`(?m)^HTTP/1.1 200`, `(?mi)^x-kvgate-pool: pool-a`, `(?mi)^x-kvgate-overlap-blocks: \d+`}},
+	{"docs/quickstart.md", `"stream":true,"max_tokens":3`, []string{`(?mi)^content-type: text/event-stream`, `data: \[DONE\]`, `"completion_tokens":3`}},
+	{"docs/quickstart.md", `for q in 1 2 3`, []string{`(?mi)^x-kvgate-overlap-blocks: [1-9]\d*`}},
+	{"docs/quickstart.md", `x-kvgate-explain: 1`, []string{`(?i)x-kvgate-explain: model=mock-llama`, `winner pool-`}},
+	{"docs/quickstart.md", `-H 'x-kvgate-pool: pool-b'`, []string{`(?mi)^x-kvgate-pool: pool-b`, `(?mi)^x-kvgate-worker-id: pool-b-w1`}},
+	{"docs/quickstart.md", `"model":"gpt-5"`, []string{`(?m)^HTTP/1.1 404`, `(?mi)^x-kvgate-dropped-reason: unknown_model`, `model_not_found`}},
+	{"docs/mocker.md", "curl -N http://127.0.0.1:8001/v1/completions", []string{`data: \[DONE\]`, `"completion_tokens":4`}},
+	{"docs/operating.md", "kvgate policy check examples/pools.yaml", []string{`ok|valid|OK`}},
+}
+
+// knownFailing are the commands that fail today, each with the error seen;
+// the walk runs them and wants them to fail. Fix the document or the
+// binary, then remove the row (the walk fails on a row that passes).
+var knownFailing = []rule{}
+
+// fixtures are the files the documents name that the repository does not
+// ship, written into each document's working folder (paths relative to
+// it; ../ is the folder above, where ../shared/traces lives).
+var fixtures = map[string]string{
+	"body.json":      `{"model":"mock-llama","messages":[{"role":"user","content":"Tell me about KV caches."}]}` + "\n",
+	"anthropic.json": `{"model":"mock-llama","max_tokens":8,"messages":[{"role":"user","content":"Tell me about KV caches."}]}` + "\n",
+	// the candidate shadow chain of docs/operating.md's YAML block, its
+	// keys at the top level as the document says
+	"candidate.yaml": "chain: [model-match, header-match, cost, failover, kv-overlap]\n",
+	// a short Mooncake trace for the replay commands (the documents'
+	// ../shared/traces file is not in the repository)
+	"trace.jsonl": mooncakeTrace(),
+	"../shared/traces/mooncake_synthetic_trace.jsonl": mooncakeTrace(),
+}
+
+// replayCap bounds the requests of a replay command (--max-requests is
+// set, or lowered, to it): the walk checks that the command runs, not its
+// figures, within its time budget.
+const replayCap = 80
+
+// mooncakeTrace is a small trace of the Mooncake format: requests sharing
+// prefixes of 512-token blocks, 100 ms apart.
+func mooncakeTrace() string {
+	var b strings.Builder
+	for i := range replayCap {
+		n := 2 + i%5
+		ids := make([]string, n)
+		for j := range n {
+			if j < n/2 {
+				ids[j] = fmt.Sprint(j + 1000*(i%3))
+			} else {
+				ids[j] = fmt.Sprint(100000 + i*10 + j)
+			}
+		}
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [%s]}`+"\n",
+			i*100, n*512-100, 4+i%7, strings.Join(ids, ", "))
+	}
+	return b.String()
+}
+
+// hiddenPorts are flags whose defaults bind a fixed port a document's
+// command leaves implicit; the walk moves them to free ports through the
+// environment (KVGATE_<FLAG>).
+var hiddenPorts = map[string]string{
+	"KVGATE_ZMQ_ENDPOINT": "tcp://127.0.0.1:%d", // kvgate mocker's events=zmq default
+}
