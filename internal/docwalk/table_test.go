@@ -39,7 +39,7 @@ var programs = map[string]program{
 	"go":         {run, "go run of a package in the module runs its prebuilt binary; other go commands as rows below say"},
 
 	"grpcurl": {tool, "not installed by make test (a Go build of it costs more than the walk): the gRPC calls run where grpcurl is on PATH"},
-	"etcdctl": {tool, "not installed by make test (etcd runs embedded): runs where etcdctl is on PATH"},
+	"etcdctl": {run, "the walk's stand-in (internal/docwalk/etcdctl: get [--prefix], put) on the document's embedded etcd; etcdctl itself is not installed by make test"},
 	"envoy":   {tool, "not installed by make test: e2e and the ext_proc tests play Envoy's part; runs where envoy is on PATH"},
 
 	"etcd":        {standIn, "an etcd embedded in the test (internal/embedded, the one kvgate up runs) takes its place; its address is moved to it"},
@@ -95,6 +95,8 @@ var expectations = []expectation{
 	{"docs/quickstart.md", `-H 'x-kvgate-pool: pool-b'`, []string{`(?mi)^x-kvgate-pool: pool-b`, `(?mi)^x-kvgate-worker-id: pool-b-w1`}},
 	{"docs/quickstart.md", `"model":"gpt-5"`, []string{`(?m)^HTTP/1.1 404`, `(?mi)^x-kvgate-dropped-reason: unknown_model`, `model_not_found`}},
 	{"docs/mocker.md", "curl -N http://127.0.0.1:8001/v1/completions", []string{`data: \[DONE\]`, `"completion_tokens":4`}},
+	{"docs/localrouter.md", "etcdctl get --prefix /kvgate/pools/demo/routers/", []string{`(?m)^/kvgate/pools/demo/routers/\S+$`, `"pool":"demo"`, `"grpc_address":"127\.0\.0\.1:\d+"`}},
+	{"docs/localrouter.md", "go run ./examples/patterns/query", []string{`best worker:`, `"WorkerID": "w1"`}},
 	{"docs/operating.md", "kvgate policy check examples/pools.yaml", []string{`ok|valid|OK`}},
 }
 

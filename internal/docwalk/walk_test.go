@@ -138,7 +138,7 @@ var goRunRE = regexp.MustCompile(`\bgo run (\./[A-Za-z0-9_./-]+)`)
 // build.
 func build(t *testing.T, root string, docs map[string][]command) binaries {
 	b := binaries{dir: t.TempDir(), runs: map[string]string{}}
-	pkgs := map[string]bool{"./cmd/kvgate": true}
+	pkgs := map[string]bool{"./cmd/kvgate": true, "./internal/docwalk/etcdctl": true}
 	for _, cs := range docs {
 		for _, c := range cs {
 			for _, m := range goRunRE.FindAllStringSubmatch(c.text, -1) {
@@ -266,7 +266,6 @@ type walker struct {
 	file string
 
 	dir, tmp string
-	env      []string
 	ports    map[string]string  // the document's host:port → the walk's
 	owner    map[string]*server // the walk's host:port → the server listening there
 	servers  []*server
@@ -324,7 +323,16 @@ func (w *walker) setup() {
 			w.t.Fatal(err)
 		}
 	}
-	w.env = cleanEnv(w.bin.dir, w.tmp)
+}
+
+// env is a command's environment: cleanEnv, fresh hidden ports, and the
+// document's etcd for etcdctl.
+func (w *walker) env() []string {
+	env := cleanEnv(w.bin.dir, w.tmp)
+	if w.etcd != "" {
+		env = append(env, "ETCDCTL_ENDPOINTS=http://"+w.etcd)
+	}
+	return env
 }
 
 var (
@@ -604,7 +612,7 @@ func (w *walker) run(c command, where string, known bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", w.script(text))
-	cmd.Dir, cmd.Env = w.dir, w.env
+	cmd.Dir, cmd.Env = w.dir, w.env()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = stopTimeout
@@ -735,7 +743,7 @@ func (w *walker) serve(c command, where string, known bool) {
 		}
 	}
 	cmd := exec.Command("bash", "-c", w.script("exec "+text))
-	cmd.Dir, cmd.Env = w.dir, w.env
+	cmd.Dir, cmd.Env = w.dir, w.env()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
