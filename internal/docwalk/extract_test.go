@@ -17,6 +17,7 @@ type command struct {
 	output string // the lines after a `$ ` prompt, up to the next prompt
 	expect []*regexp.Regexp
 	skip   string // a docwalk: skip comment's reason
+	inline bool   // an inline code span of the prose
 }
 
 func (c command) String() string { return fmt.Sprintf("%s:%d: %s", c.file, c.line, c.text) }
@@ -76,6 +77,7 @@ func extract(path, file string) ([]command, error) {
 				in, lang, block, fenceAt = true, m[1], nil, n
 			} else if strings.TrimSpace(line) != "" {
 				skip, expects = "", nil
+				cmds = append(cmds, inlineCommands(file, n, line)...)
 			}
 			continue
 		}
@@ -324,4 +326,38 @@ func stripComment(s string) string {
 		return ""
 	}
 	return t
+}
+
+var (
+	spanRE        = regexp.MustCompile("`([^`]+)`")
+	inlineProgRE  = regexp.MustCompile(`^(?:kvgate|bin/kvgate|go run \./cmd/kvgate|curl)\s`)
+	placeholderRE = regexp.MustCompile(`…|\.\.\.|<[^>]*>|(^|\s)[A-Z][A-Z0-9_]*(\s|$)`)
+)
+
+// inlineCommands are the commands among a prose line's code spans: a span
+// that starts with kvgate (bin/kvgate, go run ./cmd/kvgate) and gives an
+// argument after the subcommand, or a curl with an argument, and holds no
+// placeholder (…, ..., <x>, an upper-case word like CONFIG or T). The
+// rest (`kvgate extproc`, `kvgate replay --config CONFIG`) name things.
+func inlineCommands(file string, n int, line string) []command {
+	var cmds []command
+	for _, m := range spanRE.FindAllStringSubmatch(line, -1) {
+		text := strings.TrimSpace(m[1])
+		if !inlineProgRE.MatchString(text+" ") || placeholderRE.MatchString(text) {
+			continue
+		}
+		words := strings.Fields(strings.Replace(text, "go run ./cmd/kvgate", "kvgate", 1))
+		need := 3 // kvgate SUB ARG
+		switch {
+		case words[0] == "curl":
+			need = 2
+		case len(words) > 1 && words[1] == "policy":
+			need = 4 // kvgate policy check|replay ARG
+		}
+		if len(words) < need {
+			continue
+		}
+		cmds = append(cmds, command{file: file, line: n, text: text, inline: true})
+	}
+	return cmds
 }

@@ -77,3 +77,16 @@ func TestExtract(t *testing.T) {
 		}
 	}
 }
+
+func TestInlineCommands(t *testing.T) {
+	line := "run `kvgate extproc --config examples/pools.yaml`, not `kvgate extproc`, `kvgate policy check CONFIG...`, " +
+		"`kvgate mocker --etcd …`, `kvgate <sub> -h`, `go run ./cmd/kvgate up -h`, `kvgate replay --config pools.yaml --trace T`, `curl -s 127.0.0.1:9901/stats | grep x`, `kvgate policy replay`"
+	var got []string
+	for _, c := range inlineCommands("f.md", 7, line) {
+		got = append(got, c.text)
+	}
+	want := []string{"kvgate extproc --config examples/pools.yaml", "go run ./cmd/kvgate up -h", "curl -s 127.0.0.1:9901/stats | grep x"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q\nwant %q", got, want)
+	}
+}

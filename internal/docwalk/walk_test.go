@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -240,11 +241,11 @@ func cleanEnv(binDir, tmp string) []string {
 		}
 		env = append(env, kv)
 	}
-	env = append(env, "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"), "TMPDIR="+tmp)
-	for k, f := range hiddenPorts {
-		env = append(env, k+"="+fmt.Sprintf(f, freePort()))
-	}
-	return env
+	return append(env, "PATH="+binDir+string(os.PathListSeparator)+os.Getenv("PATH"), "TMPDIR="+tmp)
+}
+
+func envName(flag string) string {
+	return "KVGATE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
 func freePort() int {
@@ -325,14 +326,18 @@ func (w *walker) setup() {
 	}
 }
 
-// env is a command's environment: cleanEnv, fresh hidden ports, and the
-// document's etcd for etcdctl.
-func (w *walker) env() []string {
-	env := cleanEnv(w.bin.dir, w.tmp)
+// env is a command's environment: cleanEnv, a free port for each hidden
+// port (hidden: flag → its value), and the document's etcd for etcdctl.
+func (w *walker) env() (env []string, hidden map[string]string) {
+	env, hidden = cleanEnv(w.bin.dir, w.tmp), map[string]string{}
+	for flag, f := range hiddenPorts {
+		hidden[flag] = fmt.Sprintf(f, freePort())
+		env = append(env, envName(flag)+"="+hidden[flag])
+	}
 	if w.etcd != "" {
 		env = append(env, "ETCDCTL_ENDPOINTS=http://"+w.etcd)
 	}
-	return env
+	return env, hidden
 }
 
 var (
@@ -510,7 +515,12 @@ func (w *walker) step(c command) {
 
 var serverRE = regexp.MustCompile(`^(?:\S+=\S+\s+)*(?:kvgate|bin/kvgate|go run \./cmd/kvgate)\s+(localrouter|mocker|extproc|relay|up)\b`)
 
-func isServer(text string) bool { return serverRE.MatchString(strings.TrimSpace(text)) }
+var helpRE = regexp.MustCompile(`\s--?(h|help)(\s|$)`)
+
+// isServer reports whether the command starts a server (not its -h).
+func isServer(text string) bool {
+	return serverRE.MatchString(strings.TrimSpace(text)) && !helpRE.MatchString(text)
+}
 
 var (
 	addrRE   = regexp.MustCompile(`\b(127\.0\.0\.1|localhost):(\d{2,5})\b`)
@@ -544,7 +554,8 @@ func (w *walker) rewrite(text string) string {
 			}
 		} else {
 			loc := replayRE.FindStringIndex(text)
-			text = text[:loc[1]] + fmt.Sprintf("--max-requests %d ", replayCap) + text[loc[1]:]
+			head := strings.TrimRight(text[:loc[1]], " ")
+			text = head + fmt.Sprintf(" --max-requests %d ", replayCap) + strings.TrimLeft(text[loc[1]:], " ")
 		}
 	}
 	return text
@@ -612,7 +623,8 @@ func (w *walker) run(c command, where string, known bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", w.script(text))
-	cmd.Dir, cmd.Env = w.dir, w.env()
+	cmd.Dir = w.dir
+	cmd.Env, _ = w.env()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = stopTimeout
@@ -725,15 +737,25 @@ func (s *server) stop() error {
 // first, as the reader would have.
 func (w *walker) serve(c command, where string, known bool) {
 	text := w.rewrite(c.text)
+	env, hidden := w.env()
 	var addrs []string
-	for _, m := range listenRE.FindAllStringSubmatch(text, -1) {
-		a := m[2]
-		if m[1] == "port" {
+	add := func(flag, a string) {
+		if flag == "port" {
 			a = "127.0.0.1:" + a
 		}
-		a = strings.TrimPrefix(a, "tcp://")
-		if _, _, err := net.SplitHostPort(a); err == nil {
+		a = strings.Replace(strings.TrimPrefix(a, "tcp://"), "*:", "127.0.0.1:", 1)
+		if _, _, err := net.SplitHostPort(a); err == nil && !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
+		}
+	}
+	given := map[string]bool{}
+	for _, m := range listenRE.FindAllStringSubmatch(text, -1) {
+		given[m[1]] = true
+		add(m[1], m[2])
+	}
+	for _, flag := range serverListens[serverRE.FindStringSubmatch(strings.TrimSpace(c.text))[1]] {
+		if !given[flag] {
+			add(flag, hidden[flag])
 		}
 	}
 	for _, a := range addrs {
@@ -743,7 +765,7 @@ func (w *walker) serve(c command, where string, known bool) {
 		}
 	}
 	cmd := exec.Command("bash", "-c", w.script("exec "+text))
-	cmd.Dir, cmd.Env = w.dir, w.env()
+	cmd.Dir, cmd.Env = w.dir, env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
