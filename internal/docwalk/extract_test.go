@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"sort"
 	"strings"
 )
 
@@ -47,6 +48,7 @@ func extract(path, file string) ([]command, error) {
 		in       bool
 		lang     string
 		block    []docLine
+		para     []docLine // the prose paragraph so far
 		skip     string
 		expects  []*regexp.Regexp
 		n        int
@@ -74,10 +76,15 @@ func extract(path, file string) ([]command, error) {
 				continue
 			}
 			if m := fenceRE.FindStringSubmatch(line); m != nil {
+				cmds = append(cmds, inlineCommands(file, para)...)
+				para = nil
 				in, lang, block, fenceAt = true, m[1], nil, n
 			} else if strings.TrimSpace(line) != "" {
 				skip, expects = "", nil
-				cmds = append(cmds, inlineCommands(file, n, line)...)
+				para = append(para, docLine{n, line})
+			} else {
+				cmds = append(cmds, inlineCommands(file, para)...)
+				para = nil
 			}
 			continue
 		}
@@ -96,6 +103,7 @@ func extract(path, file string) ([]command, error) {
 		}
 		block = append(block, docLine{n, line})
 	}
+	cmds = append(cmds, inlineCommands(file, para)...)
 	if annotErr != nil {
 		return nil, annotErr
 	}
@@ -334,15 +342,27 @@ var (
 	placeholderRE = regexp.MustCompile(`…|\.\.\.|<[^>]*>|(^|\s)[A-Z][A-Z0-9_]*(\s|$)`)
 )
 
-// inlineCommands are the commands among a prose line's code spans: a span
+// inlineCommands are the commands among a prose paragraph's code spans
+// (a span may wrap lines; it counts from its first line): a span
 // that starts with kvgate (bin/kvgate, go run ./cmd/kvgate) and gives an
 // argument after the subcommand, or a curl with an argument, and holds no
 // placeholder (…, ..., <x>, an upper-case word like CONFIG or T). The
 // rest (`kvgate extproc`, `kvgate replay --config CONFIG`) name things.
-func inlineCommands(file string, n int, line string) []command {
-	var cmds []command
-	for _, m := range spanRE.FindAllStringSubmatch(line, -1) {
-		text := strings.TrimSpace(m[1])
+func inlineCommands(file string, para []docLine) []command {
+	var (
+		cmds   []command
+		b      strings.Builder
+		starts []int // offset of each line in b
+	)
+	for _, l := range para {
+		starts = append(starts, b.Len())
+		b.WriteString(l.text + "\n")
+	}
+	joined := b.String()
+	for _, loc := range spanRE.FindAllStringSubmatchIndex(joined, -1) {
+		text := strings.Join(strings.Fields(joined[loc[2]:loc[3]]), " ")
+		i := sort.SearchInts(starts, loc[0]+1) - 1
+		n := para[i].n
 		if !inlineProgRE.MatchString(text+" ") || placeholderRE.MatchString(text) {
 			continue
 		}

@@ -1,6 +1,7 @@
 package docwalk
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -82,10 +83,11 @@ func TestInlineCommands(t *testing.T) {
 	line := "run `kvgate extproc --config examples/pools.yaml`, not `kvgate extproc`, `kvgate policy check CONFIG...`, " +
 		"`kvgate mocker --etcd …`, `kvgate <sub> -h`, `go run ./cmd/kvgate up -h`, `kvgate replay --config pools.yaml --trace T`, `curl -s 127.0.0.1:9901/stats | grep x`, `kvgate policy replay`"
 	var got []string
-	for _, c := range inlineCommands("f.md", 7, line) {
-		got = append(got, c.text)
+	for _, c := range inlineCommands("f.md", []docLine{{7, line}, {8, "wrapped `go run"}, {9, "./cmd/kvgate up -gateway-addr 127.0.0.1:8081`."}}) {
+		got = append(got, fmt.Sprint(c.line, " ", c.text))
 	}
-	want := []string{"kvgate extproc --config examples/pools.yaml", "go run ./cmd/kvgate up -h", "curl -s 127.0.0.1:9901/stats | grep x"}
+	want := []string{"7 kvgate extproc --config examples/pools.yaml", "7 go run ./cmd/kvgate up -h", "7 curl -s 127.0.0.1:9901/stats | grep x",
+		"8 go run ./cmd/kvgate up -gateway-addr 127.0.0.1:8081"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q\nwant %q", got, want)
 	}

@@ -31,6 +31,9 @@ const (
 
 // TestDocs walks every document's commands (doc.go).
 func TestDocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kvgate and runs every document's commands (about 30 s): not in -short")
+	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
@@ -285,6 +288,9 @@ func (w *walker) walk(cs []command) {
 	}
 	w.stopServers()
 	w.t.Logf("%s: ran %d, not run %d, tool absent %d", w.file, len(w.ran), len(w.skipped), len(w.absent))
+	for _, s := range w.ran {
+		w.t.Logf("  ran: %s", s)
+	}
 	for _, s := range w.skipped {
 		w.t.Logf("  not run: %s", s)
 	}
@@ -630,7 +636,7 @@ func (w *walker) run(c command, where string, known bool) {
 	cmd.WaitDelay = stopTimeout
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
-	w.ran = append(w.ran, where)
+	w.ran = append(w.ran, fmt.Sprintf("%s %s (%v)", where, firstLine(c.text), time.Since(start).Round(time.Millisecond)))
 	problem := ""
 	if err != nil {
 		problem = fmt.Sprintf("exit: %v", err)
@@ -769,7 +775,7 @@ func (w *walker) serve(c command, where string, known bool) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
-	w.ran = append(w.ran, where)
+	w.ran = append(w.ran, fmt.Sprintf("%s %s (server)", where, firstLine(c.text)))
 	if err := cmd.Start(); err != nil {
 		w.t.Fatal(err)
 	}
