@@ -15,7 +15,7 @@ type command struct {
 	line   int    // 1-based line of its first line
 	text   string // its lines, continuations kept
 	bg     bool   // ends in & (or is followed by another command on its line after &)
-	output string // the lines after a `$ ` prompt, up to the next prompt
+	output string // what the document shows it prints: the lines after its `$ ` prompt, or an unmarked block right after its block
 	expect []*regexp.Regexp
 	skip   string // a docwalk: skip comment's reason
 	inline bool   // an inline code span of the prose
@@ -55,6 +55,7 @@ func extract(path, file string) ([]command, error) {
 		sc       = bufio.NewScanner(f)
 		fenceAt  int
 		annotErr error
+		shownFor = -1 // the command an unmarked output block right after its block shows
 	)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -80,7 +81,7 @@ func extract(path, file string) ([]command, error) {
 				para = nil
 				in, lang, block, fenceAt = true, m[1], nil, n
 			} else if strings.TrimSpace(line) != "" {
-				skip, expects = "", nil
+				skip, expects, shownFor = "", nil, -1
 				para = append(para, docLine{n, line})
 			} else {
 				cmds = append(cmds, inlineCommands(file, para)...)
@@ -97,7 +98,18 @@ func extract(path, file string) ([]command, error) {
 			for i := range cs {
 				cs[i].skip, cs[i].expect = skip, expects
 			}
-			cmds = append(cmds, cs...)
+			switch {
+			case len(cs) > 0:
+				cmds = append(cmds, cs...)
+				shownFor = len(cmds) - 1
+			case lang == "" && shownFor >= 0:
+				for _, l := range block {
+					cmds[shownFor].output += l.text + "\n"
+				}
+				shownFor = -1
+			default:
+				shownFor = -1
+			}
 			skip, expects = "", nil
 			continue
 		}

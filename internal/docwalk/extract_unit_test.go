@@ -22,6 +22,10 @@ func TestExtract(t *testing.T) {
 		"  echo $q\n" +
 		"done\n" +
 		"```\n" +
+		"\n" +
+		"```\n" +
+		"1\n" +
+		"```\n" +
 		"```\n" +
 		"kvgate is up (1s to start)\n" +
 		"  gateway (HTTP)  http://127.0.0.1:8080\n" +
@@ -60,9 +64,9 @@ func TestExtract(t *testing.T) {
 		{5, "curl -s http://127.0.0.1:8080/x \\\n  -d '{\n  \"a\": 1}'", false, "", ""},
 		{8, "etcd --data-dir /tmp/etcd", true, "", ""},
 		{8, "nats-server -p 4222", true, "", ""},
-		{9, "for q in 1 2; do\n  echo $q\ndone", false, "", ""},
-		{18, "kvgate tokenize --encoding cl100k_base < body.json", false, "", ""},
-		{22, "kvgate policy check x.yaml", false, "x.yaml: INVALID\n", "because"},
+		{9, "for q in 1 2; do\n  echo $q\ndone", false, "1\n", ""},
+		{22, "kvgate tokenize --encoding cl100k_base < body.json", false, "", ""},
+		{26, "kvgate policy check x.yaml", false, "x.yaml: INVALID\n", "because"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got\n%#v\nwant\n%#v", got, want)

@@ -646,7 +646,32 @@ func (w *walker) run(c command, where string, known bool) {
 	w.verdict(c, where, text, known, problem, string(out), time.Since(start))
 }
 
-var statusRE = regexp.MustCompile(`(?m)^HTTP/[0-9.]+ (\d{3})`)
+var (
+	statusRE      = regexp.MustCompile(`(?m)^HTTP/[0-9.]+ (\d{3})`)
+	shownHeaderRE = regexp.MustCompile(`(?mi)^\s*(x-[a-z0-9-]+|content-type):`)
+)
+
+// tableHeader is the column header of a replay report (its line whose
+// first word is topology or pareto), spaces collapsed.
+func tableHeader(out string) (string, bool) {
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) > 2 && (f[0] == "topology" || f[0] == "pareto") {
+			return strings.Join(f, " "), true
+		}
+	}
+	return "", false
+}
+
+// firstStatus is the first status of a response that is not 1xx.
+func firstStatus(out string) string {
+	for _, m := range statusRE.FindAllStringSubmatch(out, -1) {
+		if m[1][0] != '1' {
+			return m[1]
+		}
+	}
+	return "(none)"
+}
 
 // checkOutput applies the expectations and, to a curl's printed status
 // lines, the 2xx rule.
@@ -662,6 +687,27 @@ func (w *walker) checkOutput(c command, out string) string {
 		}
 		if !regexp.MustCompile(s).MatchString(out) {
 			return fmt.Sprintf("output does not match %q", s)
+		}
+	}
+	// what the document shows: its status, its X-* and Content-Type
+	// header names, its end of stream
+	if m := statusRE.FindStringSubmatch(c.output); m != nil {
+		statusExpected = true
+		if got := firstStatus(out); got != m[1] {
+			return fmt.Sprintf("HTTP status %s where the document shows %s", got, m[1])
+		}
+	}
+	for _, m := range shownHeaderRE.FindAllStringSubmatch(c.output, -1) {
+		if !regexp.MustCompile(`(?mi)^` + regexp.QuoteMeta(m[1]) + `:`).MatchString(out) {
+			return fmt.Sprintf("no header %s, which the document shows", m[1])
+		}
+	}
+	if strings.Contains(c.output, "data: [DONE]") && !strings.Contains(out, "data: [DONE]") {
+		return "no data: [DONE], which the document shows"
+	}
+	if shown, ok := tableHeader(c.output); ok {
+		if got, _ := tableHeader(out); got != shown {
+			return fmt.Sprintf("table columns %q where the document shows %q", got, shown)
 		}
 	}
 	if !statusExpected {
