@@ -20,35 +20,36 @@ const (
 )
 
 type program struct {
-	kind   kind
-	reason string
+	kind     kind
+	reason   string
+	prepared bool // a tool make test installs (mk/docwalk.mk): missing there, the walk fails
 }
 
 // programs is every program a document's command may start with. An
 // unknown one fails the walk: classify it here.
 var programs = map[string]program{
-	"kvgate":     {run, "the binary under test (bin/kvgate and go run ./cmd/kvgate run the one built binary)"},
-	"bin/kvgate": {run, "as kvgate"},
-	"curl":       {run, "against the walk's servers, ports moved"},
-	"sed":        {run, ""},
-	"for":        {run, "a shell loop: its body runs"},
-	"echo":       {run, ""},
-	"printf":     {run, ""},
-	"grep":       {run, ""},
-	"seq":        {run, ""},
-	"go":         {run, "go run of a package in the module runs its prebuilt binary; other go commands as rows below say"},
+	"kvgate":     {kind: run, reason: "the binary under test (bin/kvgate and go run ./cmd/kvgate run the one built binary)"},
+	"bin/kvgate": {kind: run, reason: "as kvgate"},
+	"curl":       {kind: run, reason: "against the walk's servers, ports moved"},
+	"sed":        {kind: run, reason: ""},
+	"for":        {kind: run, reason: "a shell loop: its body runs"},
+	"echo":       {kind: run, reason: ""},
+	"printf":     {kind: run, reason: ""},
+	"grep":       {kind: run, reason: ""},
+	"seq":        {kind: run, reason: ""},
+	"go":         {kind: run, reason: "go run of a package in the module runs its prebuilt binary; other go commands as rows below say"},
 
-	"grpcurl": {tool, "not installed by make test (a Go build of it costs more than the walk): the gRPC calls run where grpcurl is on PATH"},
-	"etcdctl": {run, "the walk's stand-in (internal/docwalk/etcdctl: get [--prefix], put) on the document's embedded etcd; etcdctl itself is not installed by make test"},
-	"envoy":   {tool, "not installed by make test: e2e and the ext_proc tests play Envoy's part; runs where envoy is on PATH"},
+	"grpcurl": {kind: tool, reason: "make docwalk-tools installs it (make test does, and requires it); elsewhere the gRPC calls run where grpcurl is on PATH", prepared: true},
+	"etcdctl": {kind: run, reason: "the walk's stand-in (internal/docwalk/etcdctl: get [--prefix], put) on the document's embedded etcd; etcdctl itself is not installed by make test"},
+	"envoy":   {kind: tool, reason: "not installed by make test: e2e and the ext_proc tests play Envoy's part; runs where envoy is on PATH"},
 
-	"etcd":        {standIn, "an etcd embedded in the test (internal/embedded, the one kvgate up runs) takes its place; its address is moved to it"},
-	"nats-server": {standIn, "a NATS server embedded in the test takes its place; its address is moved to it"},
+	"etcd":        {kind: standIn, reason: "an etcd embedded in the test (internal/embedded, the one kvgate up runs) takes its place; its address is moved to it"},
+	"nats-server": {kind: standIn, reason: "a NATS server embedded in the test takes its place; its address is moved to it"},
 
-	"make":    {never, "make run is the `kvgate up` the walk starts itself; make test runs this walk"},
-	"kubectl": {never, "needs a Kubernetes cluster; deploy/validate builds and validates the overlays in make test"},
-	"helm":    {never, "needs a Kubernetes cluster"},
-	"vllm":    {never, "needs a GPU and vLLM"},
+	"make":    {kind: never, reason: "make run is the `kvgate up` the walk starts itself; make test runs this walk"},
+	"kubectl": {kind: never, reason: "needs a Kubernetes cluster; deploy/validate builds and validates the overlays in make test"},
+	"helm":    {kind: never, reason: "needs a Kubernetes cluster"},
+	"vllm":    {kind: never, reason: "needs a GPU and vLLM"},
 }
 
 // rule matches the commands of one document whose text contains match.
@@ -108,6 +109,10 @@ var expectations = []expectation{
 	{"docs/quickstart.md", `-H 'x-kvgate-pool: pool-b'`, []string{`(?mi)^x-kvgate-pool: pool-b`, `(?mi)^x-kvgate-worker-id: pool-b-w1`}},
 	{"docs/quickstart.md", `"model":"gpt-5"`, []string{`(?m)^HTTP/1.1 404`, `(?mi)^x-kvgate-dropped-reason: unknown_model`, `model_not_found`}},
 	{"docs/mocker.md", "curl -N http://127.0.0.1:8001/v1/completions", []string{`data: \[DONE\]`, `"completion_tokens":4`}},
+	{"README.md", "kvgate.localrouter.v1.LocalRouter/BestWorker", []string{`"workerId": "w1"`}},
+	{"docs/localrouter.md", "grpc.health.v1.Health/Check", []string{`"status": "SERVING"`}},
+	{"docs/localrouter.md", "LocalRouter/Workers", []string{`"w1"`}},
+	{"docs/localrouter.md", `{"prompt":{"token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]}}`, []string{`"workerId": "w1"`, `"requestBlocks": 1`}},
 	{"docs/localrouter.md", "etcdctl get --prefix /kvgate/pools/demo/routers/", []string{`(?m)^/kvgate/pools/demo/routers/\S+$`, `"pool":"demo"`, `"grpc_address":"127\.0\.0\.1:\d+"`}},
 	{"docs/localrouter.md", "go run ./examples/patterns/query", []string{`best worker:`, `"WorkerID": "w1"`}},
 	{"docs/operating.md", "kvgate policy check examples/pools.yaml", []string{`ok|valid|OK`}},
