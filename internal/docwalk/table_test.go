@@ -124,7 +124,7 @@ var expectations = []expectation{
 var knownFailing = []rule{
 	{"README.md", "kvgate extproc --config examples/pools.yaml", `exits: pool "pool-b": routers.etcd is set but no etcd client was given (issue 22 item 9)`},
 	{"docs/quickstart.md", "kvgate extproc -config examples/pools.yaml", `exits: pool "pool-b": routers.etcd is set but no etcd client was given (issue 22 item 9)`},
-	{"docs/quickstart.md", "kvgate up -gateway-addr 127.0.0.1:8081", "exits: gateway: listen tcp 127.0.0.1:8081: bind: address already in use: 8081 is make run's admin port (issue 22 item 9)"},
+	{"docs/quickstart.md", "kvgate up -gateway-addr 127.0.0.1:8081", "exits: up: admin: listen tcp 127.0.0.1:8081: bind: address already in use: the gateway moved onto the admin's default port (issue 22 item 9)"},
 	{"docs/replay-results.md", "--plot ttft.svg", "its table has no /capacity column: the report it shows predates the column (re-run, or say the figures are from an older binary)"},
 	{"docs/replay-results.md", "--kv-tokens 2097152", "its table has no /capacity column (as above)"},
 	{"docs/replay-results.md", "--topology disagg=6", "its table has no /capacity column (as above)"},
@@ -171,29 +171,19 @@ func mooncakeTrace() string {
 	return b.String()
 }
 
-// hiddenPorts are the flags whose defaults are fixed ports (kvgate up's
-// 8080/8081/9002, extproc's :9002, the mocker's 8001 and ZMQ 5557, ...): a
-// command that leaves one implicit gets a free port through the
-// environment (KVGATE_<FLAG>), so walks in parallel never collide.
-var hiddenPorts = map[string]string{
-	"addr":         "127.0.0.1:%d",
-	"admin-addr":   "127.0.0.1:%d",
-	"gateway-addr": "127.0.0.1:%d",
-	"extproc-addr": "127.0.0.1:%d",
-	"grpc-addr":    "127.0.0.1:%d",
-	"port":         "%d",
-	"zmq-endpoint": "tcp://127.0.0.1:%d",
-}
-
-// serverListens are the kvgate subcommands that serve (run in the
-// background until the document ends), each with the flags whose
-// addresses must accept connections before the walk goes on (given or
-// hidden); any other listening flag given (-admin-addr, ...) is waited for
-// too.
-var serverListens = map[string][]string{
-	"up":          {"gateway-addr", "extproc-addr", "admin-addr"},
-	"extproc":     {"addr"},
-	"localrouter": {"grpc-addr"},
-	"mocker":      {"port"},
-	"relay":       nil,
+// serverDefaults are the kvgate subcommands that serve (run in the
+// background until the document ends), each with its listening flags and
+// their defaults as a document would write them. A listening address,
+// given or left to its default, gets a free port of its own (never the
+// shared kvgate up's), the same for the same address within a document:
+// a default is set through the environment (KVGATE_<FLAG>), so two
+// listeners a document puts on one address still collide, as they would
+// for the reader. The walk waits until each accepts connections (not the
+// ZMQ endpoint: with --events nats nothing binds it).
+var serverDefaults = map[string]map[string]string{
+	"up":          {"gateway-addr": "127.0.0.1:8080", "extproc-addr": "127.0.0.1:9002", "admin-addr": "127.0.0.1:8081"},
+	"extproc":     {"addr": "127.0.0.1:9002", "admin-addr": "127.0.0.1:9003"},
+	"localrouter": {"grpc-addr": "127.0.0.1:7100", "admin-addr": "127.0.0.1:9100", "health-addr": ""},
+	"mocker":      {"port": "8001", "zmq-endpoint": "tcp://127.0.0.1:5557"},
+	"relay":       {"admin-addr": ""},
 }

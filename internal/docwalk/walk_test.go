@@ -66,7 +66,7 @@ func TestDocs(t *testing.T) {
 			t.Run(strings.ReplaceAll(f, "/", "_"), func(t *testing.T) {
 				t.Parallel()
 				w := &walker{t: t, root: root, bin: bin, sys: sys, tb: tb, file: f,
-					ports: map[string]string{}, owner: map[string]*server{}, unset: map[string]string{}}
+					ports: map[string]string{}, owner: map[string]*server{}, unset: map[string]string{}, shared: map[string]bool{}}
 				w.walk(docs[f])
 			})
 		}
@@ -301,6 +301,7 @@ type walker struct {
 
 	dir, tmp string
 	ports    map[string]string  // the document's host:port → the walk's
+	shared   map[string]bool    // the document's host:port mapped to the shared kvgate up
 	owner    map[string]*server // the walk's host:port → the server listening there
 	servers  []*server
 	prelude  []string          // the document's shell variable assignments so far
@@ -362,18 +363,14 @@ func (w *walker) setup() {
 	}
 }
 
-// env is a command's environment: cleanEnv, a free port for each hidden
-// port (hidden: flag → its value), and the document's etcd for etcdctl.
-func (w *walker) env() (env []string, hidden map[string]string) {
-	env, hidden = cleanEnv(w.bin.dir, w.tmp), map[string]string{}
-	for flag, f := range hiddenPorts {
-		hidden[flag] = fmt.Sprintf(f, freePort())
-		env = append(env, envName(flag)+"="+hidden[flag])
-	}
+// env is a command's environment: cleanEnv and the document's etcd for
+// etcdctl.
+func (w *walker) env() []string {
+	env := cleanEnv(w.bin.dir, w.tmp)
 	if w.etcd != "" {
 		env = append(env, "ETCDCTL_ENDPOINTS=http://"+w.etcd)
 	}
-	return env, hidden
+	return env
 }
 
 var (
@@ -563,11 +560,10 @@ func isServer(text string) bool {
 }
 
 var (
-	addrRE   = regexp.MustCompile(`\b(127\.0\.0\.1|localhost):(\d{2,5})\b`)
+	addrRE   = regexp.MustCompile(`(\b127\.0\.0\.1|\blocalhost|\*):(\d{2,5})\b`)
 	portRE   = regexp.MustCompile(`(\s--?port[ =])(\d{2,5})\b`)
 	tmpRE    = regexp.MustCompile(`(^|[\s='"])/tmp/`)
 	binRE    = regexp.MustCompile(`(^|[\s;|&(])bin/kvgate\b`)
-	listenRE = regexp.MustCompile(`\s--?(port|[a-z-]*-addr|addr|zmq-endpoint)[ =](\S+)`)
 	maxReqRE = regexp.MustCompile(`--?max-requests[ =](\d+)`)
 	replayRE = regexp.MustCompile(`\bkvgate (?:policy )?replay\b[^-\n]*`)
 )
@@ -601,6 +597,43 @@ func (w *walker) rewrite(text string) string {
 	return text
 }
 
+// listenAddr maps an address a server of the document listens on (a
+// flag's value as written: host:port, a port, tcp://host:port) to the
+// walk's, in the flag's form: a free port, unless the document already
+// gave this address one of its own (not the shared kvgate up's).
+func (w *walker) listenAddr(flag, doc string) (string, bool) {
+	hp := strings.TrimPrefix(doc, "tcp://")
+	if flag == "port" {
+		hp = "127.0.0.1:" + hp
+	}
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil || (host != "127.0.0.1" && host != "localhost" && host != "*") {
+		return "", false
+	}
+	key := "127.0.0.1:" + port
+	real, ok := w.ports[key]
+	if !ok || w.shared[key] {
+		real = net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort()))
+		w.ports[key], w.shared[key] = real, false
+	}
+	switch {
+	case flag == "port":
+		_, p, _ := net.SplitHostPort(real)
+		return p, true
+	case strings.HasPrefix(doc, "tcp://"):
+		return "tcp://" + real, true
+	}
+	return real, true
+}
+
+// hostPort is a listening flag's value as an address to dial.
+func hostPort(flag, v string) string {
+	if flag == "port" {
+		return "127.0.0.1:" + v
+	}
+	return strings.TrimPrefix(v, "tcp://")
+}
+
 // addr maps one of the document's addresses to the walk's.
 func (w *walker) addr(docAddr string) string {
 	host, port, _ := net.SplitHostPort(docAddr)
@@ -611,11 +644,11 @@ func (w *walker) addr(docAddr string) string {
 	var a string
 	switch port {
 	case "8080":
-		a = w.sys.gateway
+		a, w.shared[key] = w.sys.gateway, true
 	case "8081":
-		a = w.sys.admin
+		a, w.shared[key] = w.sys.admin, true
 	case "9002":
-		a = w.sys.extproc
+		a, w.shared[key] = w.sys.extproc, true
 	case "2379":
 		a = w.startEtcd()
 	case "4222":
@@ -689,7 +722,7 @@ func (w *walker) run(c command, where string, known bool) {
 func (w *walker) command(ctx context.Context, text string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "bash", "-c", w.script(text))
 	cmd.Dir = w.dir
-	cmd.Env, _ = w.env()
+	cmd.Env = w.env()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = stopTimeout
@@ -773,12 +806,21 @@ func (w *walker) checkOutput(c command, out string) string {
 func (w *walker) verdict(c command, where, text string, known bool, problem, out string, took time.Duration) {
 	switch {
 	case problem != "" && known:
-		w.t.Logf("%s: known failing (%s): %s", where, problem, firstLine(out))
+		w.t.Logf("%s: known failing (%s): %s", where, problem, lastLine(out))
 	case problem != "":
 		w.t.Errorf("%s: %s\n  as written: %s\n  as run:     %s\n  output:\n%s", where, problem, c.text, text, indent(out))
 	case known:
 		w.t.Errorf("%s: in knownFailing but passes now (in %v): remove its row\n  %s", where, took.Round(time.Millisecond), c.text)
 	}
+}
+
+// lastLine is the last line of a command's output: where its error is.
+func lastLine(s string) string {
+	l := strings.TrimSpace(s)
+	if i := strings.LastIndexByte(l, '\n'); i >= 0 {
+		l = l[i+1:]
+	}
+	return firstLine(l)
 }
 
 func firstLine(s string) string {
@@ -838,28 +880,30 @@ func (s *server) stop() error {
 // addresses; a server of the document already on one of them is stopped
 // first, as the reader would have.
 func (w *walker) serve(c command, where string, known bool) {
-	text := w.rewrite(c.text)
-	env, hidden := w.env()
+	sub := serverRE.FindStringSubmatch(strings.TrimSpace(c.text))[1]
+	env := w.env()
 	var addrs []string
-	add := func(flag, a string) {
-		if flag == "port" {
-			a = "127.0.0.1:" + a
+	for flag, def := range serverDefaults[sub] {
+		doc, given := "", false
+		if m := regexp.MustCompile(`\s--?` + flag + `[ =](\S+)`).FindStringSubmatch(c.text); m != nil {
+			doc, given = m[1], true
+		} else if def == "" {
+			continue
+		} else {
+			doc = def
 		}
-		a = strings.Replace(strings.TrimPrefix(a, "tcp://"), "*:", "127.0.0.1:", 1)
-		if _, _, err := net.SplitHostPort(a); err == nil && !slices.Contains(addrs, a) {
-			addrs = append(addrs, a)
+		real, ok := w.listenAddr(flag, doc)
+		if !ok {
+			continue // not an address of this machine (:7100, a host name): left as written
+		}
+		if !given {
+			env = append(env, envName(flag)+"="+real)
+		}
+		if flag != "zmq-endpoint" && !slices.Contains(addrs, hostPort(flag, real)) {
+			addrs = append(addrs, hostPort(flag, real))
 		}
 	}
-	given := map[string]bool{}
-	for _, m := range listenRE.FindAllStringSubmatch(text, -1) {
-		given[m[1]] = true
-		add(m[1], m[2])
-	}
-	for _, flag := range serverListens[serverRE.FindStringSubmatch(strings.TrimSpace(c.text))[1]] {
-		if !given[flag] {
-			add(flag, hidden[flag])
-		}
-	}
+	text := w.rewrite(c.text)
 	for _, a := range addrs {
 		if prev := w.owner[a]; prev != nil && !prev.exited() {
 			w.t.Logf("%s: stopping %s (it holds %s)", where, prev.where, a)
