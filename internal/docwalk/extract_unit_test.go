@@ -96,3 +96,24 @@ func TestInlineCommands(t *testing.T) {
 		t.Errorf("got %q\nwant %q", got, want)
 	}
 }
+
+// TestRewrite pins how a command is moved onto the walk's binaries,
+// ports and folders.
+func TestRewrite(t *testing.T) {
+	w := &walker{bin: binaries{runs: map[string]string{"./cmd/kvgate": "/b/kvgate", "./examples/q": "/b/q"}},
+		sys: &upSystem{gateway: "127.0.0.1:1", admin: "127.0.0.1:2", extproc: "127.0.0.1:3"}, tmp: "/T",
+		ports: map[string]string{"127.0.0.1:7100": "127.0.0.1:5"}, shared: map[string]bool{}}
+	for _, c := range []struct{ in, want string }{
+		{"curl -si http://127.0.0.1:8080/v1 -H x", "curl -si http://127.0.0.1:1/v1 -H x"},
+		{"bin/kvgate localrouter --grpc-addr 127.0.0.1:7100", "kvgate localrouter --grpc-addr 127.0.0.1:5"},
+		{"go run ./examples/q -router 127.0.0.1:7100", "/b/q -router 127.0.0.1:5"},
+		{"sed s/a/b/ x > /tmp/y.yaml", "sed s/a/b/ x > /T/y.yaml"},
+		{"go run ./cmd/kvgate replay --trace t --rate 6 # or x", "/b/kvgate replay --max-requests 80 --trace t --rate 6 # or x"},
+		{"kvgate policy replay c.yaml --generate agentic --max-requests 1500", "kvgate policy replay c.yaml --generate agentic --max-requests 80"},
+		{"kvgate replay --generate agentic --max-requests 20", "kvgate replay --generate agentic --max-requests 20"},
+	} {
+		if got := w.rewrite(c.in); got != c.want {
+			t.Errorf("rewrite(%q)\n = %q\nwant %q", c.in, got, c.want)
+		}
+	}
+}
