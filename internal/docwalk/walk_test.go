@@ -926,9 +926,7 @@ func (w *walker) serve(c command, where string, known bool) {
 		w.owner[a] = s
 	}
 	problem := w.waitReady(s)
-	if problem != "" || !known {
-		w.verdict(c, where, text, known, problem, out.String(), 0)
-	}
+	w.verdict(c, where, text, known, problem, out.String(), 0)
 	if problem != "" {
 		_ = s.stop()
 		s.known = true // reported
