@@ -135,6 +135,12 @@ func (tb *tables) checkUsed(t *testing.T) {
 type binaries struct {
 	dir  string
 	runs map[string]string // "./examples/patterns/query" → its binary
+	help *helpCache
+}
+
+type helpCache struct {
+	mu    sync.Mutex
+	flags map[string]map[string]bool // subcommand → flag → takes a value
 }
 
 var goRunRE = regexp.MustCompile(`\bgo run (\./[A-Za-z0-9_./-]+)`)
@@ -142,7 +148,7 @@ var goRunRE = regexp.MustCompile(`\bgo run (\./[A-Za-z0-9_./-]+)`)
 // build builds kvgate and every go-run package of the documents in one go
 // build.
 func build(t *testing.T, root string, docs map[string][]command) binaries {
-	b := binaries{dir: t.TempDir(), runs: map[string]string{}}
+	b := binaries{dir: t.TempDir(), runs: map[string]string{}, help: &helpCache{flags: map[string]map[string]bool{}}}
 	pkgs := map[string]bool{"./cmd/kvgate": true, "./internal/docwalk/etcdctl": true}
 	for _, cs := range docs {
 		for _, c := range cs {
@@ -454,6 +460,48 @@ func programOf(text string) string {
 	return ""
 }
 
+var (
+	subRE      = regexp.MustCompile(`^(?:kvgate|bin/kvgate|go run \./cmd/kvgate)\s+([a-z]+)\b`)
+	helpFlagRE = regexp.MustCompile(`(?m)^\s+-([a-z0-9-]+)(?: (\S+))?$`)
+)
+
+// namedFlag is the flag a prose span ends with when that flag takes a
+// value (`kvgate up -max-body-bytes`, `kvgate replay --cpu-kv-tokens`):
+// the span names the flag, it is not a command. kvgate SUB -h says which
+// flags take a value.
+func (w *walker) namedFlag(c command) string {
+	if !c.inline {
+		return ""
+	}
+	words := strings.Fields(c.text)
+	last := words[len(words)-1]
+	m := subRE.FindStringSubmatch(c.text)
+	if m == nil || !strings.HasPrefix(last, "-") || strings.Contains(last, "=") {
+		return ""
+	}
+	if w.bin.takesValue(m[1])[strings.TrimLeft(last, "-")] {
+		return last
+	}
+	return ""
+}
+
+// takesValue is the flags of kvgate SUB that take a value, read from its
+// -h once.
+func (b binaries) takesValue(sub string) map[string]bool {
+	b.help.mu.Lock()
+	defer b.help.mu.Unlock()
+	if f, ok := b.help.flags[sub]; ok {
+		return f
+	}
+	out, _ := exec.Command(b.runs["./cmd/kvgate"], sub, "-h").CombinedOutput()
+	f := map[string]bool{}
+	for _, m := range helpFlagRE.FindAllStringSubmatch(string(out), -1) {
+		f[m[1]] = m[2] != ""
+	}
+	b.help.flags[sub] = f
+	return f
+}
+
 // skip records a command not run; a variable it would have set is unset
 // for the commands after it.
 func (w *walker) skip(c command, where, short, reason string) {
@@ -481,6 +529,10 @@ func (w *walker) step(c command) {
 	}
 	if r, ok := w.tb.match(skips, c); ok {
 		w.skip(c, where, short, r.reason)
+		return
+	}
+	if flag := w.namedFlag(c); flag != "" {
+		w.skip(c, where, short, "names the flag "+flag+", its value left out (kvgate -h: it takes one)")
 		return
 	}
 	if r, ok := w.tb.match(standIns, c); ok {
