@@ -52,7 +52,8 @@
 // reason -->` comment before a block skips it.
 //
 // grpcurl is a tool: mk/docwalk.mk installs it (pinned) for make test and
-// sets KVGATE_DOCWALK_TOOLS, under which a missing grpcurl fails the walk;
+// sets KVGATE_DOCWALK_TOOLS, under which (or KVGATE_REQUIRE_TOOLS) a
+// missing grpcurl fails the walk;
 // elsewhere the gRPC calls run where grpcurl is on PATH or in
 // .cache/docwalk/bin. etcdctl/ is the walk's stand-in for etcd's etcdctl
 // (get, put).

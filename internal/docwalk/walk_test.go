@@ -255,7 +255,8 @@ func cleanEnv(binDir, tmp string) []string {
 }
 
 // toolsEnv names the folder of the tools make test installs
-// (mk/docwalk.mk); set, a prepared tool missing fails the walk.
+// (mk/docwalk.mk); set, or KVGATE_REQUIRE_TOOLS set (make test sets it),
+// a prepared tool missing fails the walk.
 const toolsEnv = "KVGATE_DOCWALK_TOOLS"
 
 // toolPath is PATH with the prepared tools' folder first: $KVGATE_DOCWALK_TOOLS,
@@ -574,8 +575,8 @@ func (w *walker) step(c command) {
 		return
 	case tool:
 		if !lookTool(prog) {
-			if decide.prepared && os.Getenv(toolsEnv) != "" {
-				t.Errorf("%s: %s is not in $%s (%s) nor on PATH: make docwalk-tools installs it", where, prog, toolsEnv, os.Getenv(toolsEnv))
+			if decide.prepared && (os.Getenv(toolsEnv) != "" || os.Getenv("KVGATE_REQUIRE_TOOLS") != "") {
+				t.Errorf("%s: %s is not in $%s (%q) nor on PATH, and make test requires it: make docwalk-tools installs it", where, prog, toolsEnv, os.Getenv(toolsEnv))
 				return
 			}
 			w.absent = append(w.absent, fmt.Sprintf("%s %s (%s)", where, short, decide.reason))
