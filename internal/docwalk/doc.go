@@ -59,7 +59,12 @@
 // (get, put).
 //
 // Files: doc.go; extract_test.go (blocks, commands, prose spans);
-// walk_test.go (TestDocs: build, kvgate up, the walk); table_test.go (the
-// reviewed tables); extract_unit_test.go (the extraction rules pinned);
-// etcdctl/main.go (the stand-in).
+// walk_test.go (TestDocs, the tables' use, the build, the shared kvgate
+// up, the environment); walker_test.go (one document's walk: its folder,
+// its addresses and their moves); classify_test.go (what a command runs
+// and what the walk does with it); run_test.go (a foreground command and
+// the checks of its output); server_test.go (a background server: start,
+// readiness, stop); table_test.go (the reviewed tables);
+// extract_unit_test.go (the extraction and rewriting rules pinned);
+// etcdctl/main.go (the etcdctl stand-in).
 package docwalk
