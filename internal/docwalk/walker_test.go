@@ -38,6 +38,7 @@ type walker struct {
 
 func (w *walker) walk(cs []command) {
 	w.setup()
+	defer w.stopServers() // on a t.Fatal too; before the embedded etcd and NATS close
 	for _, c := range cs {
 		w.step(c)
 	}
