@@ -120,13 +120,9 @@ var expectations = []expectation{
 // the walk runs them and wants them to fail. Fix the document or the
 // binary, then remove the row (the walk fails on a row that passes).
 var knownFailing = []rule{
-	{"README.md", "kvgate extproc --config examples/pools.yaml", `exits: pool "pool-b": routers.etcd is set but no etcd client was given (issue 22 item 9)`},
-	{"docs/quickstart.md", "kvgate extproc -config examples/pools.yaml", `exits: pool "pool-b": routers.etcd is set but no etcd client was given (issue 22 item 9)`},
-	{"docs/quickstart.md", "kvgate up -gateway-addr 127.0.0.1:8081", "exits: up: admin: listen tcp 127.0.0.1:8081: bind: address already in use: the gateway moved onto the admin's default port (issue 22 item 9)"},
 	{"docs/replay-results.md", "--plot ttft.svg", "its table has no /capacity column: the report it shows predates the column (re-run, or say the figures are from an older binary)"},
 	{"docs/replay-results.md", "--kv-tokens 2097152", "its table has no /capacity column (as above)"},
 	{"docs/replay-results.md", "--topology disagg=6", "its table has no /capacity column (as above)"},
-	{"docs/localrouter.md", "kvgate replay --policies dynamo,kvgate,'chain:cost=1/normalize=max,prefix=1,prefill=0.5'", "exits: replay: --trace or --generate is required (the span leaves the trace out)"},
 }
 
 // fixtures are the files the documents name that the repository does not
