@@ -87,4 +87,15 @@
 // {pool}, kvgate_extproc_tokens_total{pool,kind} (from the responses' usage,
 // SSE parsed across chunks) and kvgate_extproc_streams_active, on the
 // registry the caller injects.
+//
+// # Files
+//
+// server.go (Server, New, Register), config.go (Config), stream.go (one
+// ext_proc exchange: the phases of a request and its response),
+// bodymode.go (the body send modes) with bodymode_buffered.go,
+// bodymode_streamed.go, bodymode_fullduplex.go and bodymode_other.go,
+// body.go (parsing a request body), reply.go (the responses: routing
+// headers, metadata, errors), epp.go (the endpoint-picker protocol),
+// usage.go (token usage from the responses), metrics.go, run.go
+// (Options, ParseFlags, Run: the ext_proc process).
 package extproc
