@@ -117,4 +117,20 @@
 //     the direction is ended with what passed (Envoy's exact behaviour there
 //     is not specified by the reference).
 //   - Stats, tracing, access-log fields other than Info.
+//
+// # Files
+//
+// client.go (Client, New, Message, Process), config.go (Config,
+// FromFilterConfig), dial.go (Envoy's gRPC dial options), stream.go
+// (Stream: one HTTP request's gRPC stream), side.go (one direction's
+// state), bodymode.go (the body modes) with bodymode_none.go,
+// bodymode_buffered.go, bodymode_streamed.go and bodymode_fullduplex.go,
+// response.go (applying a server's replies), mutation.go (header mutations
+// and the mutation rules), failure.go (closes, errors, timeouts,
+// fail-open), frame.go (what reaches the peer: Frame, LocalReply),
+// headers.go (Headers), epp.go (the endpoint-picker protocol), queue.go.
+// Tests: faithful_test.go (the behaviours a naive client gets wrong:
+// headers, mutation rules, route cache, metadata), faithful_body_test.go
+// (bodies, content-length, mode overrides), faithful_failure_test.go
+// (closes, errors, immediate responses, timeouts).
 package extprocclient
