@@ -60,11 +60,16 @@
 // endpoint of a decision, probes send it as allowed_addresses; a lease is
 // a Mover, so the request follows the fallback that served it; Ready),
 // subtree.go (Subtree: the router answering a parent's probe for its whole
-// subtree, commits forwarded by pool-qualified worker id, loops refused;
-// served over gRPC by globalrouter/subtree; docs/hierarchy.md),
-// workerchain.go (CheckWorkerChains: the pools' worker chains checked
-// against a local router's scorer registry, by the process that links one;
-// Validate checks their shape only).
+// subtree, loops refused; served over gRPC by globalrouter/subtree;
+// docs/hierarchy.md), subtree_commit.go (its commits, forwarded by
+// pool-qualified worker id), subtree_dial.go (SubtreeDialer: a child
+// router as a parent's pool), config.go (Config, ProbeConfig,
+// ModelConfig), types.go (Request, Decision, Endpoint, Lease, the
+// errors), headernames.go (the x-kvgate-* header names), metrics.go,
+// probers.go (the bounded probe goroutines), workerchain.go
+// (CheckWorkerChains: the pools' worker chains checked against a local
+// router's scorer registry, by the process that links one; Validate checks
+// their shape only).
 //
 // Trust (trust.go, TrustConfig): the headers that steer routing (pins,
 // priority, SLO targets, cost overrides) are honoured for the callers

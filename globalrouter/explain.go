@@ -83,7 +83,7 @@ const (
 	configOrder = "configuration order (no policy reordered it)"
 	// costWords is how an explanation names a probe's cost: its unit
 	// and direction, in one place.
-	costWords = "cost (lower is better)"
+	costWords = "cost (predicted ms added, lower is better)"
 )
 
 // writeWhy writes why the winner pool won. A winner first in

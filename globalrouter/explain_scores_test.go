@@ -44,9 +44,9 @@ func TestExplainCreditsTheCost(t *testing.T) {
 		results []probeResult
 		want    string
 	}{
-		{"cost kept the first", withCost, probe(28.06, 56.06), ": ranked first by cost (lower is better): 28.06 against pool-b 56.06"},
+		{"cost kept the first", withCost, probe(28.06, 56.06), ": ranked first by cost (predicted ms added, lower is better): 28.06 against pool-b 56.06"},
 		{"a tie is the order", withCost, probe(50.28, 50.28), ": ranked first by configuration order (no policy reordered it)"},
-		{"no cost policy, cost agrees", noCost, probe(28.06, 56.06), ": ranked first by configuration order (no policy reordered it); cost (lower is better) 28.06 against pool-b 56.06"},
+		{"no cost policy, cost agrees", noCost, probe(28.06, 56.06), ": ranked first by configuration order (no policy reordered it); cost (predicted ms added, lower is better) 28.06 against pool-b 56.06"},
 		{"no cost policy, cost disagrees", noCost, probe(56.06, 28.06), ": ranked first by configuration order (no policy reordered it)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

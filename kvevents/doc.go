@@ -41,4 +41,18 @@
 // skipped and counted by SkipReason; the rest of its batch is kept.
 // CheckMsgpack bounds every msgpack length against the message before a
 // decoder allocates.
+//
+// # Files
+//
+// event.go (Event, RouterEvent, tiers, SkipNotice; JSON and msgpack
+// encodings), hash.go (block and sequence hashes, seeds), xxh3.go (the
+// specialised XXH3-64 paths), subjects.go (the NATS subjects),
+// publisher.go (Publisher: an engine's events onto NATS, with ids and
+// dumps), dump.go (dump requests and replies, paged), engine.go
+// (EngineDecoder, EngineBatch, SkipReason), msgpackcheck.go
+// (CheckMsgpack), vllm_msgpack.go (the vLLM/SGLang wire format: batches,
+// ranks, msgpack scalars), vllm_msgpack_event.go (one event's fields:
+// hashes, token ids, extra_keys), vllm_msgpack_apply.go (a decoded event
+// into kvgate's: KV cache groups, cache salts, lower tiers),
+// vllm_msgpack_encode.go (the encoder, for tests and the mocker).
 package kvevents

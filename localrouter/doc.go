@@ -75,4 +75,25 @@
 //
 // Several Routers in one process are independent: each owns its sweeper
 // goroutine and Close stops only that one.
+//
+// # Files
+//
+// index.go (Index, its slots, NewIndex, the tree's reference counts and
+// Stats), index_apply.go (Apply: Stored, Removed, Cleared; RemoveWorker),
+// index_match.go (FindMatches, Matches and its per-tier runs),
+// index_approx.go (approximate mode: Record, Expire, the size bound),
+// index_dump.go (Dump: the index as events), index_guard.go (the
+// configuration guard, ConfigWarning), predicted.go (predicted entries),
+// tree.go (the node slab and child table), bitset.go (the per-node worker
+// sets), entrylist.go (the TTL-ordered entry lists), slots.go (slot
+// tables), active.go (ActiveSequences), refs.go (its shared block
+// references), router.go (Router, Options, New, the sweeper, Close),
+// router_members.go (membership: AddWorker, RemoveWorker, SetWorkerStale,
+// Ready; ApplyEvent), router_signals.go (engine signals, saturation
+// skips), router_best.go (Request, BestWorker, pick, PotentialLoads),
+// router_lifecycle.go (Commit, MarkPrefillComplete, Free), config.go
+// (Config, Validate, the cost formula), scorer.go (the worker chain:
+// ScorerSpec, Filter, Scorer, the registry), scorer_builtin.go (the
+// built-in filters and scorers), scorer_ttft.go (the ttft scorer),
+// scorer_yaml.go (the chain's YAML form).
 package localrouter

@@ -121,4 +121,21 @@
 // *tokenizer.Model) renders them with its model's chat template, exactly
 // as a router configured with the same tokenizer does, so both hash the
 // same blocks; a plain Tokenizer encodes RenderChat's text.
+//
+// # Files
+//
+// engine.go (Engine, Request, Completion, StepResult, Stats; Submit,
+// Abort, Step), engine_config.go (Config, its defaults, Validate),
+// engine_schedule.go (the scheduler: admission, chunked prefill,
+// preemption, block registration, finishing), kvcache.go (the block pool
+// and its free queue, the CPU tier), timing.go (Timing, DefaultTiming),
+// tokenizer.go (Tokenizer, WordTokenizer, RenderChat), runner.go (Clock,
+// KVSink, the goroutine stepping one rank's Engine), sink.go (ZMQSink,
+// PublisherSink, FuncSink), metrics.go (vLLM's Prometheus metrics), server.go (Server,
+// ServerConfig, NewServer, Run, stats, ConfigureHTTPServer),
+// server_wire.go (the OpenAI and vLLM wire types, body limits, error
+// responses), server_parse.go (reading and validating a completion or
+// chat request, tokenizing its prompt), server_generate.go (running a
+// request on a rank: streamed and whole responses, the rank choice),
+// server_info.go (/v1/models, /tokenize).
 package mocker

@@ -51,4 +51,18 @@
 // released, so a reload never breaks the Track streams of requests in
 // flight. Lock order: Conns.mu before circuit.mu; nothing else nests
 // (latency, known and Ejector locks are leaves).
+//
+// # Files
+//
+// config.go (Config, Routers, DecodeConfigs), pool.go (Pool, Options,
+// Open, Close, picking a router), probe.go (Probe, ProbeError, the known
+// workers: Others, LastKnown), commit.go (CommitAsync, Commit, Decide, the
+// tracker), health.go (Health, Routers: the circuits as policies and
+// status pages see them), discovery.go (the local routers followed in
+// etcd), client.go (Client, Tracker, Dialer, GRPCDialer), channel.go
+// (ChannelDialer), local.go (Local: a router in the same process),
+// conns.go (Conns: shared, reference-counted connections), circuit.go
+// (the circuit per local router), deadline.go (the adaptive probe
+// deadline), eject.go (Ejector: passive health), hops.go (the hop count
+// across a hierarchy, Loads).
 package pool

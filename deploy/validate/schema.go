@@ -12,6 +12,16 @@
 //
 // It is its own Go module so that kvgate's main module never depends on
 // Kubernetes. `make test` runs its tests (mk/deploy.mk).
+//
+// Files: build.go (Build: an overlay through kustomize, core kinds decoded
+// strictly), schema.go (the CRD sources, LoadSchemas, validating custom
+// resources), kvgate.go (the Dockerfile's build line, the static binary,
+// ReadFlags), check.go (Check, the index of objects, shared helpers),
+// check_workloads.go (replicas, resources, probes, selectors),
+// check_refs.go (references between objects), check_gateway.go (routes,
+// backends, Envoy's circuit breaker and ext_proc), check_tls.go (TLS on
+// every gRPC hop), check_kvgate.go (kvgate's own settings: patches, block
+// sizes, engines, flags).
 package validate
 
 import (

@@ -130,4 +130,8 @@
 // failure.go (failure_mode_allow, gRPC errors, message timeouts), queue.go
 // (the stream's event queue), epp.go (the endpoint-picker protocol: subset
 // hint, destinations, served endpoint).
+// Tests: faithful_test.go (the behaviours a naive client gets wrong:
+// headers, mutation rules, route cache, metadata), faithful_body_test.go
+// (bodies, content-length, mode overrides), faithful_failure_test.go
+// (closes, errors, immediate responses, timeouts).
 package extprocclient

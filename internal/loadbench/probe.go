@@ -9,6 +9,13 @@
 // so CPU figures (getrusage) count client and server together, unless a
 // benchmark's server runs in its own process (ProbeConfig.ServerProcess,
 // DecisionConfig.ServerProcess), which measures each end apart.
+//
+// Files: probe.go (the probe benchmark), floor.go (its gRPC floor),
+// decision.go (the decision benchmark), soak.go (SoakConfig, SoakResult,
+// Soak), soak_load.go (the soak's requests: warm-up, held streams, the
+// steady load), soak_measure.go (heap and goroutine measures, the
+// decision-time histogram, profiles), fdlimit.go, fdlimit_unix.go and
+// fdlimit_other.go (the file descriptors a soak needs, RLIMIT_NOFILE).
 package loadbench
 
 import (

@@ -15,6 +15,15 @@
 // answers 404 for anything else, so no client reaches a worker's
 // /reset_prefix_cache or /metrics. The status page, status.json and the
 // metrics are on the admin listener (AdminURL), never on the gateway.
+//
+// Files: up.go (Start, readiness, Close, Run), config.go (Config,
+// PoolSpec, DefaultConfig), system.go (System, Pool and what they expose:
+// addresses, loads, Summary), worker.go (a mock worker), embedded.go (the
+// embedded etcd), secure.go (the certificates of --secure-serving),
+// regions.go (the region routers of TopologyRegions), faults.go (stopping
+// and restarting parts, for tests), public.go (the gateway's public
+// paths), status.go (the status page), live.go (the live page's
+// snapshot), tokenizer.go (the tokenizers it loads).
 package up
 
 import (
@@ -22,18 +31,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"slices"
-	"strings"
-	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -45,220 +48,10 @@ import (
 	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
-	"github.com/kvgate/kvgate/lib/config"
-	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/tokenizer"
 )
-
-// PoolSpec is one pool of mock workers.
-type PoolSpec struct {
-	Name    string
-	Workers int
-	// DPSizes gives the data-parallel ranks of each worker, in order
-	// (missing or 0: 1). A DP worker is one mocker serving that many
-	// ranks, each with its own KV cache, as a vLLM or SGLang engine with
-	// --data-parallel-size does.
-	DPSizes []int
-	// WorkerChain is the pool's worker chain (pool.Config.WorkerChain;
-	// empty: the default), given to its local router.
-	WorkerChain []localrouter.ScorerSpec
-	// Region is the region router the pool is under (TopologyRegions).
-	Region string
-}
-
-// dpSize is worker i's number of ranks.
-func (p PoolSpec) dpSize(i int) int {
-	if i < len(p.DPSizes) && p.DPSizes[i] > 0 {
-		return p.DPSizes[i]
-	}
-	return 1
-}
-
-// Config shapes a local system. Zero fields take the defaults of
-// DefaultConfig.
-type Config struct {
-	// Host is the interface everything listens on (127.0.0.1).
-	Host string
-	// GatewayAddr is the gateway's HTTP address (127.0.0.1:8080; port 0
-	// picks one). ExtprocAddr is the ext_proc gRPC address
-	// (127.0.0.1:9002, where the shipped Envoy bootstrap looks).
-	GatewayAddr string
-	ExtprocAddr string
-	// AdminAddr serves the status page, status.json and metrics
-	// (127.0.0.1:8081; port 0 picks one). Keep it on loopback: it lists
-	// every internal address.
-	AdminAddr string
-	// MaxBodyBytes is the one request body limit of the system: the
-	// ext_proc server's cap, the model's max_body_bytes (413 before
-	// tokenizing) and every worker's limit (mocker.DefaultMaxBodyBytes).
-	MaxBodyBytes int
-	// Model is the model every worker serves ("mock-llama").
-	Model string
-	// BlockSize is the KV block size of every pool (16).
-	BlockSize int
-	Pools     []PoolSpec
-	// Topology is TopologyFlat ("" too) or TopologyRegions (the pools'
-	// Region names their region router; RegionPools).
-	Topology string
-	// Speedup divides the mock workers' timing model (1: real-GPU-like).
-	Speedup float64
-	// UpstreamHTTP2: the gateway reaches the mock workers over h2c
-	// (gateway.Config.UpstreamHTTP2); default HTTP/1.1.
-	UpstreamHTTP2 bool
-	// NumBlocks is each worker's KV cache size in blocks (8192).
-	NumBlocks int
-	// MetricsPeriod is how often the local routers scrape their workers'
-	// engine metrics (500 ms; negative disables).
-	MetricsPeriod time.Duration
-	// ProbeTimeout bounds the global router's probes of the local routers
-	// (0: globalrouter's default).
-	ProbeTimeout time.Duration
-	// Extproc configures the ext_proc server (its Addr is ExtprocAddr).
-	Extproc extproc.Config
-	// SecureServing runs TLS on the ext_proc hop and mutual TLS on the
-	// local-router hop, with a CA made at start (System.CAFile).
-	SecureServing bool
-	// GlobalOptions are added to the global router's options, last
-	// (benchmarks choose its local-router dialer with them).
-	GlobalOptions []globalrouter.Option
-	// Scorers are the worker-chain filters and scorers the pools' local
-	// routers may name (nil: the built-ins; app.WithScorer adds to them).
-	Scorers *localrouter.ScorerRegistry
-	Logger  *slog.Logger
-	// TracerProvider traces the global router's decisions (nil: off).
-	TracerProvider trace.TracerProvider
-}
-
-// DefaultConfig is `kvgate up`'s system: pool-a with 3 workers, pool-b
-// with 2, the second of them serving two data-parallel ranks.
-func DefaultConfig() Config {
-	return Config{
-		Host:          "127.0.0.1",
-		GatewayAddr:   "127.0.0.1:8080",
-		ExtprocAddr:   config.DefaultExtprocAddr,
-		AdminAddr:     "127.0.0.1:8081",
-		Model:         "mock-llama",
-		BlockSize:     16,
-		Pools:         []PoolSpec{{Name: "pool-a", Workers: 3}, {Name: "pool-b", Workers: 2, DPSizes: []int{1, 2}}},
-		Speedup:       1,
-		NumBlocks:     8192,
-		MetricsPeriod: 500 * time.Millisecond,
-	}
-}
-
-func (c *Config) defaults() {
-	d := DefaultConfig()
-	if c.Host == "" {
-		c.Host = d.Host
-	}
-	if c.GatewayAddr == "" {
-		c.GatewayAddr = d.GatewayAddr
-	}
-	if c.ExtprocAddr == "" {
-		c.ExtprocAddr = d.ExtprocAddr
-	}
-	if c.AdminAddr == "" {
-		c.AdminAddr = d.AdminAddr
-	}
-	if c.MaxBodyBytes <= 0 {
-		c.MaxBodyBytes = mocker.DefaultMaxBodyBytes
-	}
-	if c.Model == "" {
-		c.Model = d.Model
-	}
-	if c.BlockSize == 0 {
-		c.BlockSize = d.BlockSize
-	}
-	if len(c.Pools) == 0 {
-		c.Pools = d.Pools
-	}
-	if c.Speedup == 0 {
-		c.Speedup = d.Speedup
-	}
-	if c.NumBlocks == 0 {
-		c.NumBlocks = d.NumBlocks
-	}
-	if c.MetricsPeriod == 0 {
-		c.MetricsPeriod = d.MetricsPeriod
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-}
-
-// Pool is one running pool: its local router and its workers.
-type Pool struct {
-	Name    string
-	Router  *localrouterd.Service
-	Workers []*Worker
-	stopped atomic.Bool // read by the status page while a test stops it
-	rcfg    localrouterd.Config
-	log     *slog.Logger
-	// Registry holds the local router's metrics (kvgate_localrouter_*).
-	Registry *prometheus.Registry
-}
-
-// StopRouter closes the pool's local router (as if its process died or
-// was drained); the workers keep running. Idempotent.
-func (p *Pool) StopRouter(ctx context.Context) error {
-	if p.stopped.Swap(true) {
-		return nil
-	}
-	return p.Router.Close(ctx)
-}
-
-// Requests reports the requests in flight the pool's local router tracks.
-func (p *Pool) Requests() int { return p.Router.Router().Active().Stats().Requests }
-
-// Loads reports the local router's load of each worker.
-func (p *Pool) Loads() map[localrouter.WorkerKey]localrouter.WorkerLoad {
-	out := map[localrouter.WorkerKey]localrouter.WorkerLoad{}
-	p.Router.Router().Active().Loads(func(k localrouter.WorkerKey, l localrouter.WorkerLoad) { out[k] = l })
-	return out
-}
-
-// System is a running local kvgate.
-type System struct {
-	cfg     Config
-	log     *slog.Logger
-	started time.Time
-	etcd    *etcdServer
-	nats    *embedded.NATS
-	nc      *nats.Conn
-	Pools   []*Pool
-	// Regions are the region routers (TopologyRegions), nil otherwise.
-	Regions  []*Region
-	Global   *globalrouter.Router
-	Registry *prometheus.Registry // the ext_proc server's and global router's metrics
-	// Live is the live status page (/kvgate/status/); Decisions its last
-	// decisions.
-	Live      *status.Page
-	Decisions *status.Recorder
-
-	extprocAddr string
-	// ClientCertFile and ClientKeyFile are a client certificate the local
-	// routers' mutual TLS accepts (the global router's), for a client such
-	// as grpcurl under SecureServing; removed by Close.
-	ClientCertFile, ClientKeyFile string
-
-	// CAFile is the CA to trust for the ext_proc and local-router hops
-	// under SecureServing ("" otherwise); removed by Close.
-	CAFile       string
-	tlsDir       string
-	extprocStop  context.CancelFunc
-	extprocDone  chan error
-	conn         *grpc.ClientConn
-	gw           *gateway.Gateway
-	gatewayAddr  string
-	gatewayHTTP  *http.Server
-	gatewayDone  chan error
-	adminAddr    string
-	adminHTTP    *http.Server
-	adminDone    chan error
-	closeStarted bool
-}
 
 // ReadyTimeout bounds how long Start waits for the parts to see each other.
 const ReadyTimeout = 30 * time.Second
@@ -498,33 +291,6 @@ func (s *System) notReady() string {
 	return ""
 }
 
-// GatewayURL is the gateway's base URL (http://host:port).
-func (s *System) GatewayURL() string { return "http://" + s.gatewayAddr }
-
-// AdminURL is the admin listener's base URL: the status page is at
-// AdminURL()+"/kvgate/", its JSON at /kvgate/status.json, the metrics at
-// /kvgate/metrics.
-func (s *System) AdminURL() string { return "http://" + s.adminAddr }
-
-// ExtprocAddr is the ext_proc server's gRPC address.
-func (s *System) ExtprocAddr() string { return s.extprocAddr }
-
-// EtcdEndpoints are the embedded etcd's client URLs.
-func (s *System) EtcdEndpoints() []string { return slices.Clone(s.etcd.endpoints) }
-
-// NATSURL is the embedded NATS server's URL.
-func (s *System) NATSURL() string { return s.nats.URL() }
-
-// Pool returns the pool named name, or nil.
-func (s *System) Pool(name string) *Pool {
-	for _, p := range s.Pools {
-		if p.Name == name {
-			return p
-		}
-	}
-	return nil
-}
-
 // Close stops everything, front to back: the gateway (letting requests in
 // flight finish until ctx ends), the ext_proc server, the global router,
 // the workers, the local routers, NATS, etcd. It is safe on a partly
@@ -590,44 +356,6 @@ func (s *System) Close(ctx context.Context) error {
 		errs = append(errs, os.RemoveAll(s.tlsDir))
 	}
 	return errors.Join(errs...)
-}
-
-// Summary is what `kvgate up` prints: each part with its address, and
-// curl lines to try.
-func (s *System) Summary() string {
-	var b strings.Builder
-	gw := s.GatewayURL()
-	fmt.Fprintf(&b, "kvgate is up (%s to start)\n\n", time.Since(s.started).Round(time.Millisecond))
-	fmt.Fprintf(&b, "  %-22s %s\n", "gateway (HTTP)", gw)
-	fmt.Fprintf(&b, "  %-22s %s/kvgate/ (admin, loopback only)\n", "status page", s.AdminURL())
-	fmt.Fprintf(&b, "  %-22s %s/kvgate/status/ (admin)\n", "live status page", s.AdminURL())
-	fmt.Fprintf(&b, "  %-22s %s/kvgate/metrics\n", "metrics", s.AdminURL())
-	fmt.Fprintf(&b, "  %-22s %s\n", "ext_proc (gRPC)", s.extprocAddr)
-	if s.CAFile != "" {
-		fmt.Fprintf(&b, "  %-22s %s (TLS on ext_proc, mutual TLS on local routers)\n", "CA to trust", s.CAFile)
-		fmt.Fprintf(&b, "  %-22s %s, key %s (a local router asks its clients for one)\n", "client certificate", s.ClientCertFile, s.ClientKeyFile)
-		fmt.Fprintf(&b, "  %-22s removed when kvgate up stops: copy them to keep them\n", "")
-	}
-	for _, rg := range s.Regions {
-		fmt.Fprintf(&b, "  %-22s %s (subtree of %v, registered as pool %s)\n", rg.Name+" router", rg.Addr, rg.Pools, rg.Name)
-	}
-	for _, p := range s.Pools {
-		fmt.Fprintf(&b, "  %-22s %s\n", p.Name+" local router", p.Router.GRPCAddr())
-		for _, w := range p.Workers {
-			dp := ""
-			if w.DPSize > 1 {
-				dp = fmt.Sprintf(" (%d data-parallel ranks)", w.DPSize)
-			}
-			fmt.Fprintf(&b, "  %-22s http://%s%s\n", "  worker "+w.ID, w.Addr, dp)
-		}
-	}
-	fmt.Fprintf(&b, "  %-22s %s\n", "etcd", strings.Join(s.etcd.endpoints, ","))
-	fmt.Fprintf(&b, "  %-22s %s\n", "nats", s.nats.URL())
-	fmt.Fprintf(&b, "\nmodel %q; try:\n\n", s.cfg.Model)
-	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
-	fmt.Fprintf(&b, "  curl -sN %s/v1/chat/completions -H 'content-type: application/json' -H 'x-kvgate-explain: 1' -D - \\\n    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
-	b.WriteString("Repeat a long prompt and watch x-kvgate-overlap-blocks grow on the same x-kvgate-worker-id. Ctrl-C stops everything.\n")
-	return b.String()
 }
 
 // Run starts the system, prints its Summary to out, waits for ctx to end

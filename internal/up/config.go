@@ -1,0 +1,150 @@
+package up
+
+import (
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvgate/kvgate/extproc"
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/lib/config"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/mocker"
+)
+
+// PoolSpec is one pool of mock workers.
+type PoolSpec struct {
+	Name    string
+	Workers int
+	// DPSizes gives the data-parallel ranks of each worker, in order
+	// (missing or 0: 1). A DP worker is one mocker serving that many
+	// ranks, each with its own KV cache, as a vLLM or SGLang engine with
+	// --data-parallel-size does.
+	DPSizes []int
+	// WorkerChain is the pool's worker chain (pool.Config.WorkerChain;
+	// empty: the default), given to its local router.
+	WorkerChain []localrouter.ScorerSpec
+	// Region is the region router the pool is under (TopologyRegions).
+	Region string
+}
+
+// dpSize is worker i's number of ranks.
+func (p PoolSpec) dpSize(i int) int {
+	if i < len(p.DPSizes) && p.DPSizes[i] > 0 {
+		return p.DPSizes[i]
+	}
+	return 1
+}
+
+// Config shapes a local system. Zero fields take the defaults of
+// DefaultConfig.
+type Config struct {
+	// Host is the interface everything listens on (127.0.0.1).
+	Host string
+	// GatewayAddr is the gateway's HTTP address (127.0.0.1:8080; port 0
+	// picks one). ExtprocAddr is the ext_proc gRPC address
+	// (127.0.0.1:9002, where the shipped Envoy bootstrap looks).
+	GatewayAddr string
+	ExtprocAddr string
+	// AdminAddr serves the status page, status.json and metrics
+	// (127.0.0.1:8081; port 0 picks one). Keep it on loopback: it lists
+	// every internal address.
+	AdminAddr string
+	// MaxBodyBytes is the one request body limit of the system: the
+	// ext_proc server's cap, the model's max_body_bytes (413 before
+	// tokenizing) and every worker's limit (mocker.DefaultMaxBodyBytes).
+	MaxBodyBytes int
+	// Model is the model every worker serves ("mock-llama").
+	Model string
+	// BlockSize is the KV block size of every pool (16).
+	BlockSize int
+	Pools     []PoolSpec
+	// Topology is TopologyFlat ("" too) or TopologyRegions (the pools'
+	// Region names their region router; RegionPools).
+	Topology string
+	// Speedup divides the mock workers' timing model (1: real-GPU-like).
+	Speedup float64
+	// UpstreamHTTP2: the gateway reaches the mock workers over h2c
+	// (gateway.Config.UpstreamHTTP2); default HTTP/1.1.
+	UpstreamHTTP2 bool
+	// NumBlocks is each worker's KV cache size in blocks (8192).
+	NumBlocks int
+	// MetricsPeriod is how often the local routers scrape their workers'
+	// engine metrics (500 ms; negative disables).
+	MetricsPeriod time.Duration
+	// ProbeTimeout bounds the global router's probes of the local routers
+	// (0: globalrouter's default).
+	ProbeTimeout time.Duration
+	// Extproc configures the ext_proc server (its Addr is ExtprocAddr).
+	Extproc extproc.Config
+	// SecureServing runs TLS on the ext_proc hop and mutual TLS on the
+	// local-router hop, with a CA made at start (System.CAFile).
+	SecureServing bool
+	// GlobalOptions are added to the global router's options, last
+	// (benchmarks choose its local-router dialer with them).
+	GlobalOptions []globalrouter.Option
+	// Scorers are the worker-chain filters and scorers the pools' local
+	// routers may name (nil: the built-ins; app.WithScorer adds to them).
+	Scorers *localrouter.ScorerRegistry
+	Logger  *slog.Logger
+	// TracerProvider traces the global router's decisions (nil: off).
+	TracerProvider trace.TracerProvider
+}
+
+// DefaultConfig is `kvgate up`'s system: pool-a with 3 workers, pool-b
+// with 2, the second of them serving two data-parallel ranks.
+func DefaultConfig() Config {
+	return Config{
+		Host:          "127.0.0.1",
+		GatewayAddr:   "127.0.0.1:8080",
+		ExtprocAddr:   config.DefaultExtprocAddr,
+		AdminAddr:     "127.0.0.1:8081",
+		Model:         "mock-llama",
+		BlockSize:     16,
+		Pools:         []PoolSpec{{Name: "pool-a", Workers: 3}, {Name: "pool-b", Workers: 2, DPSizes: []int{1, 2}}},
+		Speedup:       1,
+		NumBlocks:     8192,
+		MetricsPeriod: 500 * time.Millisecond,
+	}
+}
+
+func (c *Config) defaults() {
+	d := DefaultConfig()
+	if c.Host == "" {
+		c.Host = d.Host
+	}
+	if c.GatewayAddr == "" {
+		c.GatewayAddr = d.GatewayAddr
+	}
+	if c.ExtprocAddr == "" {
+		c.ExtprocAddr = d.ExtprocAddr
+	}
+	if c.AdminAddr == "" {
+		c.AdminAddr = d.AdminAddr
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = mocker.DefaultMaxBodyBytes
+	}
+	if c.Model == "" {
+		c.Model = d.Model
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = d.BlockSize
+	}
+	if len(c.Pools) == 0 {
+		c.Pools = d.Pools
+	}
+	if c.Speedup == 0 {
+		c.Speedup = d.Speedup
+	}
+	if c.NumBlocks == 0 {
+		c.NumBlocks = d.NumBlocks
+	}
+	if c.MetricsPeriod == 0 {
+		c.MetricsPeriod = d.MetricsPeriod
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
