@@ -16,12 +16,15 @@
 // one concern and is split by concern (length.go).
 //
 // File index: a package's doc comment names each of its hand-written
-// files (tests and generated files aside; doc.go excepted) with what it
-// holds, and no file the package does not hold; a name written with a
+// files (tests and generated files aside; its doc file excepted) with what
+// it holds, and no file the package does not hold; a name written with a
 // path (pool/config.go) is another package's and is not checked. A
 // package of a single file needs no index (fileindex.go).
 //
 // It exits 1 when it reports anything, 2 when it cannot run.
+//
+// Files: main.go (main, the import-alias check, generated), length.go
+// (the file-length check), fileindex.go (the file-index check).
 package main
 
 import (
