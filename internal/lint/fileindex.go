@@ -47,7 +47,7 @@ var goFileName = regexp.MustCompile(`(?:^|[^A-Za-z0-9_./*-])((?:[A-Za-z0-9_.-]+/
 // package's hand-written files (not tests, not generated; doc.go
 // excepted) and no file the package does not hold (tests and generated
 // files count as held). A package of a single hand-written file needs no
-// index. Testdata, hidden and underscore directories are skipped, as are
+// index, but may not name a file it does not hold either. Testdata, hidden and underscore directories are skipped, as are
 // files built only with the ignore tag.
 func fileIndexGaps(dir string) ([]indexGap, error) {
 	var out []indexGap
@@ -110,10 +110,7 @@ func packageIndex(dir string) (indexGap, error) {
 			doc.WriteString("\n")
 		}
 	}
-	if len(own) <= 1 {
-		return g, nil
-	}
-	if doc.Len() == 0 {
+	if len(own) > 1 && doc.Len() == 0 {
 		g.noDoc = true
 		return g, nil
 	}
@@ -124,7 +121,7 @@ func packageIndex(dir string) (indexGap, error) {
 		}
 	}
 	for _, name := range own {
-		if name != "doc.go" && !named[name] {
+		if len(own) > 1 && name != "doc.go" && !named[name] {
 			g.missing = append(g.missing, name)
 		}
 	}
