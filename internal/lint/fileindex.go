@@ -33,7 +33,7 @@ func (g indexGap) String() string {
 	if len(g.stale) > 0 {
 		parts = append(parts, "doc comment names files it does not hold: "+strings.Join(g.stale, ", "))
 	}
-	return fmt.Sprintf("%s: %s (the package's file index, STYLE.md)", g.dir, strings.Join(parts, "; "))
+	return fmt.Sprintf("%s: %s (the file index: name each hand-written file with what it holds)", g.dir, strings.Join(parts, "; "))
 }
 
 // goFileName is a Go file's name in a doc comment, with the path it is

@@ -49,10 +49,10 @@ func TestFileIndexGaps(t *testing.T) {
 		gaps = append(gaps, g.String())
 	}
 	want := []string{
-		"a: doc comment does not name two.go; doc comment names files it does not hold: gone.go (the package's file index, STYLE.md)",
-		"c: no package doc comment to index its files (the package's file index, STYLE.md)",
-		"e: doc comment does not name g.go (the package's file index, STYLE.md)",
-		"f: doc comment names files it does not hold: old.go (the package's file index, STYLE.md)",
+		"a: doc comment does not name two.go; doc comment names files it does not hold: gone.go (the file index: name each hand-written file with what it holds)",
+		"c: no package doc comment to index its files (the file index: name each hand-written file with what it holds)",
+		"e: doc comment does not name g.go (the file index: name each hand-written file with what it holds)",
+		"f: doc comment names files it does not hold: old.go (the file index: name each hand-written file with what it holds)",
 	}
 	if diff := cmp.Diff(want, gaps); diff != "" {
 		t.Errorf("file index gaps (-want +got):\n%s", diff)

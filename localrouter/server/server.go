@@ -16,7 +16,7 @@
 // Track stream, ServeTrackEvents), errors.go (the router's errors as gRPC
 // statuses: errorCodes, RouterStatus), grpcopts.go (GRPCServerOptions,
 // TransportOptions, MaxRecvMsgBytes), metrics.go (Metrics: the RPC
-// interceptors and the router's gauges).
+// interceptors; the router's and its index's gauges and counters).
 package server
 
 import (
