@@ -22,6 +22,18 @@
 // Each subcommand lives in its own file and hands off to a package at
 // once (the processes are internal/*d; cmd/kvgate/main.go only calls
 // Main).
+//
+// Files: app.go (Main, Run, the subcommand table, exit statuses, usage),
+// options.go (Option: WithPolicy, WithScorer, WithFilter, and the
+// registries they build), extproc.go (kvgate extproc → internal/extprocd),
+// localrouter.go (kvgate localrouter → internal/localrouterd), mocker.go
+// (kvgate mocker: its flags and tokenizer → internal/mockerd), relay.go
+// (kvgate relay → internal/relayd), up.go (kvgate up → internal/up),
+// replay.go (kvgate replay: a trace against simulated workers, a global
+// router configuration, a sweep), policy.go (kvgate policy check and
+// policy replay), bench.go (kvgate bench: the headline figures, the probe,
+// decision and soak benches, -chaos), tokenize.go (kvgate tokenize: a
+// body's token ids and block hashes), version.go (kvgate version).
 package app
 
 import (

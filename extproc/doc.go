@@ -97,7 +97,8 @@
 // bodymode_fullduplex.go and bodymode_other.go, reply.go (immediate
 // responses: HTTP errors, 413, routing headers), usage.go (token usage from
 // the responses), epp.go (the endpoint-picker protocol: subset, served
-// endpoint, health), metrics.go. The process that serves it (flags, TLS
+// endpoint, health), metrics.go (requests, decisions, overlap, tokens,
+// streams). The process that serves it (flags, TLS
 // files, the admin listener) is internal/extprocd. Tests: server_test.go,
 // server_body_test.go, server_errors_test.go, server_lifecycle_test.go.
 package extproc

@@ -45,8 +45,10 @@
 // answer, the policies' Candidate.Probe and the Decision's
 // Endpoint.Selection; endpoint turns it into an Endpoint, in one place.
 //
-// Files: router.go (Router, New, Decide, Close, Health), options.go,
-// state.go (build, refcount, retire), reload.go (Reload, WatchFile),
+// Files: router.go (Router, New, Decide, Close, Health), options.go
+// (Option, Tokenizer; WithLogger, WithRegisterer, WithEtcd, WithDialer,
+// WithPolicies, WithClock, WithTokenizer), state.go (build, refcount,
+// retire), reload.go (Reload, WatchFile),
 // watchfiles.go (what WatchFile looks at), shadow.go (shadow mode: a
 // candidate chain ranking alongside the live one, never committing),
 // observe.go (WithObserver, LastReload: what a status page reads),
@@ -55,7 +57,8 @@
 // effort, the cause of no pool), blockkeys.go (a request's block keys: the
 // ids, seeded by adapter and cache_salt, with the chat's media items as
 // the engines' extra_keys), commit.go (commit, fallbacks, pinned workers,
-// lease, error mapping), trust.go (trust, tenancy), explain.go,
+// lease, error mapping), trust.go (trust, tenancy), explain.go (what
+// each pool's probe answered and why the winner won),
 // epp.go (the endpoint-picker protocol: Request.Subset bounds every
 // endpoint of a decision, probes send it as allowed_addresses; a lease is
 // a Mover, so the request follows the fallback that served it; Ready),
@@ -65,7 +68,8 @@
 // pool-qualified worker id), subtree_dial.go (SubtreeDialer: a child
 // router as a parent's pool), config.go (Config, ProbeConfig,
 // ModelConfig), types.go (Request, Decision, Endpoint, Lease, the
-// errors), headernames.go (the x-kvgate-* header names), metrics.go,
+// errors), headernames.go (the x-kvgate-* header names), metrics.go
+// (the decision, probe, commit and ejection metrics),
 // probers.go (the bounded probe goroutines), workerchain.go
 // (CheckWorkerChains: the pools' worker chains checked against a local
 // router's scorer registry, by the process that links one; Validate checks

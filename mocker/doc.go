@@ -131,8 +131,10 @@
 // and its free queue, the CPU tier), timing.go (Timing, DefaultTiming),
 // tokenizer.go (Tokenizer, WordTokenizer, RenderChat), runner.go (Clock,
 // KVSink, the goroutine stepping one rank's Engine), sink.go (ZMQSink,
-// PublisherSink, FuncSink), metrics.go (vLLM's Prometheus metrics), server.go (Server,
-// ServerConfig, NewServer, Run, stats, ConfigureHTTPServer),
+// PublisherSink, FuncSink), metrics.go (vLLM's Prometheus metrics),
+// server.go (Server, ServerConfig, NewServer, Run, stats,
+// ConfigureHTTPServer), model.go (Server.Model: the model name the
+// server serves and its process registers),
 // server_wire.go (the OpenAI and vLLM wire types, body limits, error
 // responses), server_parse.go (reading and validating a completion or
 // chat request, tokenizing its prompt), server_generate.go (running a

@@ -28,6 +28,7 @@
 // chain.go (Chain, Step, Trace), registry.go (Registry, Args, Factory,
 // DecodeChain, RegisterBuiltins), section.go (Spec, Section, PoolSection,
 // PosError), builtins.go (model-match, header-match, kv-overlap, cost,
-// failover), weighted.go (weighted, session-affinity), disaggregate.go,
-// slogrid.go (slo-grid), priority.go.
+// failover), weighted.go (weighted, session-affinity), disaggregate.go
+// (disaggregate: remote prefill when it pays), slogrid.go (slo-grid),
+// priority.go (priority: tiers and shedding).
 package policies

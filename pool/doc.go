@@ -60,7 +60,7 @@
 // tracker), health.go (Health, Routers: the circuits as policies and
 // status pages see them), discovery.go (the local routers followed in
 // etcd), client.go (Client, Tracker, Dialer, GRPCDialer), channel.go
-// (ChannelDialer), local.go (Local: a router in the same process),
+// (ChannelDialer), localdial.go (LocalDialer: in-process clients by name),
 // conns.go (Conns: shared, reference-counted connections), circuit.go
 // (the circuit per local router), deadline.go (the adaptive probe
 // deadline), eject.go (Ejector: passive health), hops.go (the hop count

@@ -12,8 +12,8 @@ const LocalScheme = "local:"
 func LocalAddress(name string) string { return LocalScheme + name }
 
 // LocalDialer returns a Dialer of the clients of clients by name: address
-// "local:NAME" dials clients[NAME]. Any Client works (a Local, or another
-// in-process client). The dialed Client's Close does nothing: the clients
+// "local:NAME" dials clients[NAME]. Any Client works (localrouter/inproc's, or
+// another in-process client). The dialed Client's Close does nothing: the clients
 // are shared (a Conns closes a connection when its last user leaves and
 // dials again on a reload), and whoever made them closes them.
 func LocalDialer(clients map[string]Client) Dialer {

@@ -22,6 +22,30 @@
 //     for prefix matching in the routers' approximate mode.
 //
 // Token ids are uint32 throughout kvgate.
+//
+// # Files
+//
+// tokenizer.go (Tokenizer, ErrUnknownID, ErrNoChatTemplate, ErrConfig),
+// model.go (Config, Load, Model: Encode, EncodeChat, RenderChat, its
+// metrics), set.go (Set, LoadSet: one Model per served model), request.go
+// (ChatRequest, Message, ToolCall, NewChat), body.go (Body, BodyError,
+// ParseBody, ParseChat: completions and chat completions bodies),
+// body_alt.go (the Responses API and Anthropic messages bodies), media.go
+// (MediaSpan, EncodeChatMedia: the media placeholders' tokens), chat.go
+// (the chat template: loading it from tokenizer_config.json, ChatML for
+// the OpenAI encodings), chatjinja.go (rendering through gonja as
+// transformers does: the template's data, Python's tojson), chatnative.go
+// (plain-Go renderers of well-known templates), chatcache.go (the cache of
+// a rendered chat's segments' ids), huggingface.go (the huggingface
+// backend: tokenizer.json, ErrUnsupported), components.go (its
+// normalizers, pre-tokenizer steps, post-processor and decoders),
+// pretokenize.go (the split patterns of GPT-2, cl100k_base and Qwen by
+// hand, regexp2 for others), added.go (special and added tokens matched
+// before pre-tokenizing), bpe.go (the BPE merge loop), table.go (the
+// open-addressing vocabulary and merge tables), openai.go (the openai
+// backend: the embedded cl100k_base and o200k_base encodings), remote.go
+// (the remote backend: an engine's /tokenize), estimate.go (the estimate
+// backend: 4-byte chunks).
 package tokenizer
 
 import (

@@ -9,6 +9,10 @@
 // router's core; the protobuf messages (api/localrouter/v1 Selection and
 // ConfigOverride, the Reason… of an error) are the wire form, converted
 // only by the local router's gRPC server and its Go client.
+//
+// Files: routing.go (Selection and its Score terms, Override and its
+// Validate, AddressAllowed: the endpoint subset), chain.go (ScorerSpec),
+// worker.go (WorkerKey, Selected, the error sentinels).
 package routing
 
 import (

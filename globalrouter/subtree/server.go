@@ -24,6 +24,11 @@
 // stream's events are api/localrouter/track's loop, shared with the local
 // router's server, so this package links neither the local router's core
 // nor its server.
+//
+// Files: server.go (Server, NewServer, Register; the unary calls, the
+// Track stream, the probe and commit over the subtree's pools, the
+// conversions to and from the wire), channel.go (the Channel stream: its
+// messages in flight, freed when it ends).
 package subtree
 
 import (

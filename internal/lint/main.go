@@ -15,7 +15,16 @@
 // and testdata excluded) over 600 lines is reported: it holds more than
 // one concern and is split by concern (length.go).
 //
+// File index: a package's doc comment names each of its hand-written
+// files (tests and generated files aside; its doc file excepted) with what
+// it holds, and no file the package does not hold; a name written with a
+// path (pool/config.go) is another package's and is not checked. A
+// package of a single file needs no index (fileindex.go).
+//
 // It exits 1 when it reports anything, 2 when it cannot run.
+//
+// Files: main.go (main, the import-alias check, generated), length.go
+// (the file-length check), fileindex.go (the file-index check).
 package main
 
 import (
@@ -57,7 +66,15 @@ func main() {
 	for _, l := range longs {
 		fmt.Println(l)
 	}
-	if len(findings) > 0 || len(longs) > 0 {
+	gaps, err := fileIndexGaps(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lint:", err)
+		os.Exit(2)
+	}
+	for _, g := range gaps {
+		fmt.Println(g)
+	}
+	if len(findings) > 0 || len(longs) > 0 || len(gaps) > 0 {
 		os.Exit(1)
 	}
 }

@@ -7,6 +7,10 @@
 // a Group (the mocker's Instance.Kill, the crash that internal/up and the
 // fault tests inject, closes its HTTP server under the group, which counts
 // http.ErrServerClosed as no failure, so the rest of the process carries on).
+//
+// Files: runner.go (Group: Go, ServeGRPC, ServeHTTP, OnStop, Stop, Run;
+// Listen, AdminHandler, ServeAdmin), clients.go (Etcd and NATS: their
+// flags, TLS and credentials, Client, EtcdConfig, Connect).
 package runner
 
 import (

@@ -23,6 +23,11 @@
 // (Config.ReplayEndpoints); a sequence going back means the engine
 // restarted, and the blocks of that endpoint's ranks are cleared. The etcd
 // registration (Config.Register) is membership/registry's.
+//
+// Files: relay.go (Config, Options, Relay, New, Run: receiving each
+// endpoint's messages, decoding, republishing, the sequence check, the
+// block-size guard and its metrics), replay.go (filling a sequence gap
+// from vLLM's replay socket).
 package relay
 
 import (

@@ -8,6 +8,15 @@
 // Errors of the router become gRPC statuses here and nowhere else: each
 // carries a google.rpc.ErrorInfo whose reason is one of localrouterv1's
 // Reason constants (see errorCodes for the codes).
+//
+// Files: server.go (Server, Options, New, Register, health; the unary
+// calls BestWorker, PotentialLoads, Commit, MarkPrefillComplete, Free,
+// DumpEvents, Workers, Stats and the conversions to and from the wire), channel.go (the Channel stream:
+// pipelined probes, packed hashes, commits and events), track.go (the
+// Track stream, ServeTrackEvents), errors.go (the router's errors as gRPC
+// statuses: errorCodes, RouterStatus), grpcopts.go (GRPCServerOptions,
+// TransportOptions, MaxRecvMsgBytes), metrics.go (Metrics: the RPC
+// interceptors; the router's and its index's gauges and counters).
 package server
 
 import (

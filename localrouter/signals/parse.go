@@ -34,6 +34,10 @@
 //     is rank 0's; of several series (old label sets linger until the
 //     process exits) the one with the latest timestamp wins, as the Gateway
 //     API Inference Extension reads it.
+//
+// Files: parse.go (Sample, Parse: the metric names above, per rank, and
+// the LoRA adapters), scraper.go (Target, Sink, Scraper: the periodic
+// scrapes, Stats).
 package signals
 
 import (
