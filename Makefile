@@ -5,23 +5,52 @@ BENCH   ?= .
 # staticcheck, pinned (a version that builds with the module's Go); `go run`
 # fetches it through the module proxy without adding it to go.mod.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Extra `go test` flags for every pass of make test (e.g. TESTFLAGS=-count=1
+# to rerun tests whose results are cached).
+TESTFLAGS ?=
 # Steps that must run before `go test` (fetching reference data, etc.).
 # Files in mk/ append to it: `TEST_PREP += my-target`.
 TEST_PREP :=
+# Slow checks that run after the unit tests and the lint, so that a unit
+# failure shows first: `TEST_LAST += my-target`.
+TEST_LAST :=
+# The non-race passes (lint, allocation tests) build with the Dockerfile's
+# settings (static, trimmed paths), so the packages they compile are the
+# ones deploy/validate's static build of the image's binary reuses: one
+# non-race build of the module, not two.
+STATIC_ENV := CGO_ENABLED=0 GOFLAGS='-buildvcs=false -trimpath'
+# The allocation tests (testing.AllocsPerRun) mean nothing under the race
+# detector (sync.Pool drops items at random), so they run in a pass of
+# their own without it: every test whose name contains Alloc, in every
+# package with a test file that calls testing.AllocsPerRun (found here, so
+# no list or build tag to keep up to date; name such tests *Alloc*).
+ALLOC_PKGS = $(sort $(dir $(shell grep -rl --include='*_test.go' --exclude-dir=.cache --exclude-dir=deploy --exclude-dir=.git -e 'testing.AllocsPerRun' .)))
 
 -include mk/*.mk
 
-.PHONY: run test bench lint proto build tools fuzz
+.PHONY: run test test-unit test-alloc bench lint proto build tools fuzz
 
 ## run: start the whole system locally on embedded defaults
 run:
 	$(GO) run ./cmd/kvgate up
 
-## test: every test, race detector on, installing what it needs
-test: $(TEST_PREP)
+## test: every check, installing what it needs: the unit tests (race
+## detector on), the allocation tests (off), the lint, then deploy/'s
+## validation. A test whose tool is missing fails instead of skipping
+## (KVGATE_REQUIRE_TOOLS).
+test: export KVGATE_REQUIRE_TOOLS = 1
+test: $(TEST_PREP) test-unit test-alloc lint $(TEST_LAST)
+	@echo "make test: every check passed"
+
+# The steps run in the order listed, even under make -j.
+.NOTPARALLEL: test
+
+test-unit:
 	$(GO) mod download
-	$(GO) vet $(PKGS)
-	$(GO) test -race -timeout 12m $(PKGS)
+	$(GO) test -race -timeout 12m $(TESTFLAGS) $(PKGS)
+
+test-alloc:
+	$(if $(ALLOC_PKGS),$(STATIC_ENV) $(GO) test -run Alloc $(TESTFLAGS) $(patsubst %/,%,$(ALLOC_PKGS)),@echo "no allocation tests")
 
 ## bench: every hot-path benchmark (figures recorded in BENCHMARKS.md)
 bench:
@@ -30,9 +59,9 @@ bench:
 ## lint: formatting, vet, staticcheck and consistent import aliases (internal/lint)
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet $(PKGS)
-	$(GO) run $(STATICCHECK) $(PKGS)
-	$(GO) run ./internal/lint
+	$(STATIC_ENV) $(GO) vet $(PKGS)
+	$(STATIC_ENV) $(GO) run $(STATICCHECK) $(PKGS)
+	$(STATIC_ENV) $(GO) run ./internal/lint
 
 ## build: the kvgate binary in ./bin
 build:

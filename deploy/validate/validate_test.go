@@ -35,14 +35,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// setup loads the pinned CRDs and builds kvgate once, with the Dockerfile's
-// own build line, into a temporary folder.
+// setup loads the pinned CRDs (CRDCache) and builds kvgate once, with the
+// Dockerfile's own build line, into a temporary folder.
 func setup(t *testing.T) {
 	t.Helper()
 	setupOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
-		if schemas, setupErr = LoadSchemas(ctx, Sources); setupErr != nil {
+		if schemas, setupErr = LoadCachedSchemas(CRDCache, Sources); setupErr != nil {
 			return
 		}
 		bl, err := ReadBuildLine(filepath.Join(repo, "Dockerfile"))
