@@ -39,14 +39,24 @@ run:
 ## validation. A test whose tool is missing fails instead of skipping
 ## (KVGATE_REQUIRE_TOOLS).
 test: export KVGATE_REQUIRE_TOOLS = 1
-test: $(TEST_PREP) test-unit test-alloc lint $(TEST_LAST)
+test: test-prep test-unit test-alloc lint $(TEST_LAST)
 	@echo "make test: every check passed"
 
 # The steps run in the order listed, even under make -j.
 .NOTPARALLEL: test
 
-test-unit:
+# test-prep: the TEST_PREP steps (downloads, mostly) at once, and beside
+# them the module download and the race build of the packages, which the
+# unit tests then find in the build cache.
+.PHONY: test-prep test-compile
+test-prep:
+	@$(MAKE) --no-print-directory -j $(words $(TEST_PREP) test-compile) $(TEST_PREP) test-compile
+
+test-compile:
 	$(GO) mod download
+	$(GO) build -race $(PKGS)
+
+test-unit:
 	$(GO) test -race -timeout 12m $(TESTFLAGS) $(PKGS)
 
 test-alloc:
