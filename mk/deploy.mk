@@ -12,8 +12,13 @@ DOCKER ?= docker
 IMAGE  ?= kvgate:dev
 
 TEST_LAST += deploy-validate
+# Its modules download with the other test downloads, at the start.
+TEST_PREP += deploy-download
 
-.PHONY: deploy-validate image
+.PHONY: deploy-validate deploy-download image
+
+deploy-download:
+	cd deploy/validate && $(GO) mod download
 
 deploy-validate:
 	cd deploy/validate && $(GO) vet ./... && $(GO) test -timeout 25m $(TESTFLAGS) ./...
