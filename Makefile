@@ -19,6 +19,11 @@ TEST_LAST :=
 # ones deploy/validate's static build of the image's binary reuses: one
 # non-race build of the module, not two.
 STATIC_ENV := CGO_ENABLED=0 GOFLAGS='-buildvcs=false -trimpath'
+# The image's binary, built once by `make static` with the Dockerfile's own
+# build line; make test hands it to the tests that run kvgate as a process
+# (KVGATE_STATIC_BIN: deploy/validate checks it is static and reads its
+# flags) instead of each building its own.
+STATIC_BIN := $(CURDIR)/.cache/static/kvgate
 # The allocation tests (testing.AllocsPerRun) mean nothing under the race
 # detector (sync.Pool drops items at random), so they run in a pass of
 # their own without it: every test whose name contains Alloc, in every
@@ -39,6 +44,7 @@ run:
 ## validation. A test whose tool is missing fails instead of skipping
 ## (KVGATE_REQUIRE_TOOLS).
 test: export KVGATE_REQUIRE_TOOLS = 1
+test: export KVGATE_STATIC_BIN = $(STATIC_BIN)
 test: test-prep test-unit test-alloc lint $(TEST_LAST)
 	@echo "make test: every check passed"
 
@@ -48,9 +54,9 @@ test: test-prep test-unit test-alloc lint $(TEST_LAST)
 # test-prep: the TEST_PREP steps (downloads, mostly) at once, and beside
 # them the module download and the race build of the packages, which the
 # unit tests then find in the build cache.
-.PHONY: test-prep test-compile
+.PHONY: test-prep test-compile static
 test-prep:
-	@$(MAKE) --no-print-directory -j $(words $(TEST_PREP) test-compile) $(TEST_PREP) test-compile
+	@$(MAKE) --no-print-directory -j $(words $(TEST_PREP) test-compile static) $(TEST_PREP) test-compile static
 
 test-compile:
 	$(GO) mod download
@@ -72,6 +78,14 @@ lint:
 	$(STATIC_ENV) $(GO) vet $(PKGS)
 	$(STATIC_ENV) $(GO) run $(STATICCHECK) $(PKGS)
 	$(STATIC_ENV) $(GO) run ./internal/lint
+
+## static: the image's static binary at $(STATIC_BIN), built with the
+## Dockerfile's `go build` line (its -o replaced)
+static:
+	@mkdir -p $(dir $(STATIC_BIN))
+	@line=$$(sed -n 's/^RUN \(.*go build .*\)$$/\1/p' Dockerfile | sed 's|-o [^ ]*|-o $(STATIC_BIN)|; s#\(^\| \)go build #\1$(GO) build #'); \
+	  [ -n "$$line" ] || { echo "static: no RUN ... go build line in the Dockerfile"; exit 1; }; \
+	  echo "$$line"; export GOFLAGS=-buildvcs=false; eval "$$line"
 
 ## build: the kvgate binary in ./bin
 build:
