@@ -16,8 +16,8 @@ TEST_PREP :=
 TEST_LAST :=
 # The non-race passes (lint, allocation tests) build with the Dockerfile's
 # settings (static, trimmed paths), so the packages they compile are the
-# ones deploy/validate's static build of the image's binary reuses: one
-# non-race build of the module, not two.
+# ones `make static` (the image's binary) compiles: one non-race build of
+# the module, not two.
 STATIC_ENV := CGO_ENABLED=0 GOFLAGS='-buildvcs=false -trimpath'
 # The image's binary, built once by `make static` with the Dockerfile's own
 # build line; make test hands it to the tests that run kvgate as a process
@@ -52,8 +52,8 @@ test: test-prep test-unit test-alloc lint $(TEST_LAST)
 .NOTPARALLEL: test
 
 # test-prep: the TEST_PREP steps (downloads, mostly) at once, and beside
-# them the module download and the race build of the packages, which the
-# unit tests then find in the build cache.
+# them the module download, the race build of the packages (the unit tests
+# then find it in the build cache) and the static binary.
 .PHONY: test-prep test-compile static
 test-prep:
 	@$(MAKE) --no-print-directory -j $(words $(TEST_PREP) test-compile static) $(TEST_PREP) test-compile static
