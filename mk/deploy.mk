@@ -12,13 +12,14 @@ DOCKER ?= docker
 IMAGE  ?= kvgate:dev
 
 TEST_LAST += deploy-validate
-# Its modules download with the other test downloads, at the start.
-TEST_PREP += deploy-download
+# Its modules download and its packages compile (Kubernetes' are many) at
+# the start, beside the other preparations (test-prep); its tests run last.
+TEST_PREP += deploy-compile
 
-.PHONY: deploy-validate deploy-download image
+.PHONY: deploy-validate deploy-compile image
 
-deploy-download:
-	cd deploy/validate && $(GO) mod download
+deploy-compile:
+	cd deploy/validate && $(GO) mod download && $(GO) vet ./...
 
 deploy-validate:
 	cd deploy/validate && $(GO) vet ./... && $(GO) test -timeout 25m $(TESTFLAGS) ./...
