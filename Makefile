@@ -53,10 +53,11 @@ test: test-prep test-unit test-alloc lint $(TEST_LAST)
 
 # test-prep: the TEST_PREP steps (downloads, mostly) at once, and beside
 # them the module download, the race build of the packages (the unit tests
-# then find it in the build cache) and the static binary.
+# then find it in the build cache) and the static binary. -j without a
+# number: every step starts at once (the tokenizer data alone is five).
 .PHONY: test-prep test-compile static
 test-prep:
-	@$(MAKE) --no-print-directory -j $(words $(TEST_PREP) test-compile static) $(TEST_PREP) test-compile static
+	@$(MAKE) --no-print-directory -j $(TEST_PREP) test-compile static
 
 test-compile:
 	$(GO) mod download
