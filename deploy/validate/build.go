@@ -102,7 +102,7 @@ func (s Schemas) Schema(ctx context.Context, objs []Object) []error {
 		}
 		c := s[gvk]
 		if c == nil {
-			errs = append(errs, fmt.Errorf("%s: no schema for %s (not a core kind, no pinned CRD)", o, gvk))
+			errs = append(errs, fmt.Errorf("%s: no schema for %s (not a core kind, no pinned CRD in %s: `KVGATE_CRD_REFRESH=1 go test -run TestCRDCache` caches the CRDs of the kinds the manifests use)", o, gvk, CRDCache))
 			continue
 		}
 		if c.namespaced != (o.Namespace() != "") {
