@@ -50,7 +50,6 @@ import (
 	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/pool"
-	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // ReadyTimeout bounds how long Start waits for the parts to see each other.
@@ -98,7 +97,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, err
 	}
 
-	tok, err := tokenizer.Load(tokenizer.Config{Model: cfg.Model, Backend: tokenizer.BackendOpenAI, Encoding: "cl100k_base", Logger: cfg.Logger})
+	tok, err := loadTokenizer(cfg.Model, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
