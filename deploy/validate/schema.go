@@ -15,8 +15,9 @@
 // Kubernetes. `make test` runs its tests (mk/deploy.mk).
 //
 // Files: build.go (Build: an overlay through kustomize, core kinds decoded
-// strictly), schema.go (the CRD sources, LoadSchemas, validating custom
-// resources), kvgate.go (the Dockerfile's build line, the static binary,
+// strictly), schema.go (the CRD sources, validating custom resources),
+// crdcache.go (the pinned CRDs kept in testdata/crds: LoadCachedSchemas,
+// their verification and refresh), kvgate.go (the Dockerfile's build line, the static binary,
 // ReadFlags), check.go (Check, the index of objects, shared helpers),
 // check_workloads.go (replicas, resources, probes, selectors),
 // check_refs.go (references between objects), check_gateway.go (routes,
