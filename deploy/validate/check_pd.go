@@ -8,6 +8,9 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -178,8 +181,11 @@ type kvTransferConfig struct {
 // Service targets, in front of the pod's vLLM on --vllm-port; vLLM engines
 // of the prefill and decode roles carry a NixlConnector --kv-transfer-config
 // and a NIXL side-channel host other pods can reach; a decode engine has a
-// sidecar (without one, x-prefiller-host-port is ignored).
+// sidecar (without one, x-prefiller-host-port is ignored); a sidecar
+// without SSRF protection is behind a NetworkPolicy that admits chosen
+// sources only to its port.
 func (x *index) checkPD() {
+	x.checkNetworkPolicies()
 	for _, p := range x.pods {
 		var relay, engine, sidecar *corev1.Container
 		for i, c := range p.spec.Containers {
@@ -272,6 +278,9 @@ func (x *index) checkSidecar(p pod, c corev1.Container, engine, relay *corev1.Co
 	} else if vp == sport {
 		fail("--port and --vllm-port are both %s", sport)
 	}
+	if b, _ := strconv.ParseBool(sidecarValue(got, "enable-ssrf-protection", c.Env)); !b {
+		x.checkSidecarIngress(p, c, int32(n))
+	}
 	if relay != nil && port(flagValue(relay.Args, "address")) != sport {
 		fail("the relay registers -address %q, not the sidecar's port %s: kvgate would send this worker's requests past the sidecar", flagValue(relay.Args, "address"), sport)
 	}
@@ -307,6 +316,92 @@ func (x *index) checkReadiness() {
 			if c.ReadinessProbe == nil {
 				x.fail(p.owner, "readiness", "container %s has no readinessProbe", c.Name)
 			}
+		}
+	}
+}
+
+// networkPolicies returns the NetworkPolicies of ns, decoded.
+func (x *index) networkPolicies(ns string) []*networkingv1.NetworkPolicy {
+	var out []*networkingv1.NetworkPolicy
+	for _, o := range x.byKind["NetworkPolicy"] {
+		if o.Namespace() != ns {
+			continue
+		}
+		if ro, err := decodeCore(o); err == nil {
+			out = append(out, ro.(*networkingv1.NetworkPolicy))
+		}
+	}
+	return out
+}
+
+func selects(sel *metav1.LabelSelector, lbl map[string]string) bool {
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	return err == nil && s.Matches(labels.Set(lbl))
+}
+
+// checkSidecarIngress: a routing sidecar without SSRF protection sends a
+// prefill request wherever x-prefiller-host-port points, so a
+// NetworkPolicy must select its pod for ingress, and no rule may admit
+// every source to its port.
+func (x *index) checkSidecarIngress(p pod, c corev1.Container, n int32) {
+	covered := false
+	for _, np := range x.networkPolicies(p.owner.Namespace()) {
+		ingress := len(np.Spec.PolicyTypes) == 0 || slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress)
+		if !ingress || !selects(&np.Spec.PodSelector, p.labels) {
+			continue
+		}
+		covered = true
+		for i, r := range np.Spec.Ingress {
+			if len(r.From) == 0 && portsCover(r.Ports, c, n) {
+				x.fail(p.owner, "pd-sidecar", "container %s: NetworkPolicy %s ingress[%d] admits every source to the sidecar's port %d, and --enable-ssrf-protection is false: any pod could have it send requests to any host", c.Name, np.Name, i, n)
+			}
+		}
+	}
+	if !covered {
+		x.fail(p.owner, "pd-sidecar", "container %s: --enable-ssrf-protection is false and no NetworkPolicy limits who reaches port %d: any pod could have the sidecar send requests to any host (x-prefiller-host-port)", c.Name, n)
+	}
+}
+
+// portsCover reports whether a NetworkPolicy rule's ports admit TCP port n
+// of c (no ports: every port).
+func portsCover(ports []networkingv1.NetworkPolicyPort, c corev1.Container, n int32) bool {
+	if len(ports) == 0 {
+		return true
+	}
+	for _, pp := range ports {
+		if pp.Protocol != nil && *pp.Protocol != corev1.ProtocolTCP {
+			continue
+		}
+		if pp.Port == nil {
+			return true
+		}
+		lo, ok := containerPort(c, *pp.Port)
+		if pp.Port.Type == intstr.Int {
+			lo, ok = pp.Port.IntVal, true
+		}
+		hi := lo
+		if pp.EndPort != nil {
+			hi = *pp.EndPort
+		}
+		if ok && lo <= n && n <= hi {
+			return true
+		}
+	}
+	return false
+}
+
+// checkNetworkPolicies: a NetworkPolicy selects at least one pod.
+func (x *index) checkNetworkPolicies() {
+	for _, o := range x.byKind["NetworkPolicy"] {
+		ro, err := decodeCore(o)
+		if err != nil {
+			continue
+		}
+		np := ro.(*networkingv1.NetworkPolicy)
+		if !slices.ContainsFunc(x.pods, func(p pod) bool {
+			return p.owner.Namespace() == o.Namespace() && selects(&np.Spec.PodSelector, p.labels)
+		}) {
+			x.fail(o, "selectors", "podSelector %v matches no pod", np.Spec.PodSelector.MatchLabels)
 		}
 	}
 }

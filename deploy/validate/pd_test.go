@@ -168,6 +168,14 @@ func pdMutations() []mutation {
 			edit: func(o map[string]any) { delete(container(o, "vllm"), "env") }, want: "VLLM_NIXL_SIDE_CHANNEL_HOST not set"},
 		{name: "prefill relay registers another port", overlay: pdOverlay, kind: prefill,
 			edit: func(o map[string]any) { setArg(container(o, "relay"), "address", "$(POD_IP):9000") }, want: "registers a port other than vLLM's --port 8000"},
+		{name: "no NetworkPolicy in front of the sidecar", overlay: pdOverlay, kind: "NetworkPolicy/kvgate-vllm-decode-sidecar", drop: true,
+			want: "no NetworkPolicy limits who reaches port 8000"},
+		{name: "NetworkPolicy opens the sidecar's port to every source", overlay: pdOverlay, kind: "NetworkPolicy/kvgate-vllm-decode-sidecar",
+			edit: func(o map[string]any) { delete(list(o, "spec", "ingress")[1].(map[string]any), "ports") },
+			want: "NetworkPolicy kvgate-vllm-decode-sidecar ingress[1] admits every source to the sidecar's port 8000"},
+		{name: "NetworkPolicy selects no pod", overlay: pdOverlay, kind: "NetworkPolicy/kvgate-vllm-decode-sidecar",
+			edit: func(o map[string]any) { obj(o, "spec", "podSelector", "matchLabels")["kvgate.io/pool"] = "decod" },
+			want: "[selectors] podSelector map[app.kubernetes.io/name:kvgate-vllm kvgate.io/pool:decod] matches no pod"},
 		{name: "relay without readiness probe", overlay: "overlays/disaggregated", kind: "Deployment/kvgate-mocker-decode",
 			edit: func(o map[string]any) { delete(container(o, "relay"), "readinessProbe") }, want: "[readiness] container relay has no readinessProbe"},
 		{name: "routing sidecar without readiness probe", overlay: pdOverlay, kind: decode,
@@ -206,6 +214,9 @@ func TestPDPlantedErrors(t *testing.T) {
 				o = Object{Overlay: o.Overlay, Obj: deepCopy(o.Obj)}
 				if o.Kind()+"/"+o.Name() == m.kind {
 					found = true
+					if m.drop {
+						continue
+					}
 					m.edit(o.Obj)
 				}
 				objs = append(objs, o)
