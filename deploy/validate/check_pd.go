@@ -31,13 +31,23 @@ type SidecarFlag struct {
 	Default string
 }
 
-// RoutingSidecarFlags are the routing sidecar's flags, as
-// RoutingSidecarSource defines them (flag.String/Bool/Int, parsed by Go's
-// flag package after klog.InitFlags(nil)), and the klog flags that
-// InitFlags adds (k8s.io/klog/v2 klog.go). A flag given to a sidecar
+// RoutingSidecarFlags are the routing sidecar's flags: its own
+// (pdSidecarFlags) and klog's (klogFlags). A flag given to a sidecar
 // container that is not here is an error: Go's flag package would make the
 // sidecar exit with "flag provided but not defined".
-var RoutingSidecarFlags = map[string]SidecarFlag{
+var RoutingSidecarFlags = func() map[string]SidecarFlag {
+	m := map[string]SidecarFlag{}
+	for _, t := range []map[string]SidecarFlag{pdSidecarFlags, klogFlags} {
+		for k, v := range t {
+			m[k] = v
+		}
+	}
+	return m
+}()
+
+// pdSidecarFlags are the flags RoutingSidecarSource defines
+// (flag.String/Bool/Int in main, parsed by Go's flag package).
+var pdSidecarFlags = map[string]SidecarFlag{
 	"port":                               {"string", "8000"},
 	"vllm-port":                          {"string", "8001"},
 	"data-parallel-size":                 {"int", "1"},
@@ -51,7 +61,14 @@ var RoutingSidecarFlags = map[string]SidecarFlag{
 	"enable-ssrf-protection":             {"bool", "false"},
 	"inference-pool-namespace":           {"string", "$INFERENCE_POOL_NAMESPACE"},
 	"inference-pool-name":                {"string", "$INFERENCE_POOL_NAME"},
-	// klog.InitFlags(nil).
+}
+
+// klogFlags are the flags klog.InitFlags(nil) adds in RoutingSidecarSource
+// (k8s.io/klog/v2 klog.go): the ones every klog v2 release has; newer
+// releases add more, which this list leaves out on purpose (the sidecar's
+// klog version is not known here). pd_test.go checks each against klog's
+// own InitFlags.
+var klogFlags = map[string]SidecarFlag{
 	"v":                 {"int", "0"},
 	"vmodule":           {"string", ""},
 	"logtostderr":       {"bool", "true"},
@@ -60,7 +77,7 @@ var RoutingSidecarFlags = map[string]SidecarFlag{
 	"log_dir":           {"string", ""},
 	"log_file":          {"string", ""},
 	"log_file_max_size": {"int", "1800"},
-	"log_backtrace_at":  {"string", ""},
+	"log_backtrace_at":  {"string", ":0"},
 	"add_dir_header":    {"bool", "false"},
 	"skip_headers":      {"bool", "false"},
 	"skip_log_headers":  {"bool", "false"},

@@ -2,11 +2,13 @@ package validate
 
 import (
 	"encoding/json"
+	"flag"
 	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 )
 
 const pdOverlay = "overlays/disaggregated-vllm"
@@ -41,6 +43,24 @@ func TestParseGoFlags(t *testing.T) {
 		_, errs := ParseGoFlags(tc.args, RoutingSidecarFlags)
 		if !slices.ContainsFunc(errs, func(e error) bool { return strings.Contains(e.Error(), tc.want) }) {
 			t.Errorf("%q: got %v, want an error containing %q", tc.args, errs, tc.want)
+		}
+	}
+}
+
+// The klog rows of the table are flags klog.InitFlags defines, with the
+// defaults it gives them (klog's own code, the version this module pins).
+func TestKlogFlags(t *testing.T) {
+	fs := flag.NewFlagSet("sidecar", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	for name, f := range klogFlags {
+		got := fs.Lookup(name)
+		if got == nil {
+			t.Errorf("klog.InitFlags defines no -%s", name)
+			continue
+		}
+		_, isBool := got.Value.(interface{ IsBoolFlag() bool })
+		if got.DefValue != f.Default || isBool != (f.Kind == "bool") {
+			t.Errorf("-%s: klog's default %q (bool %v), the table's %q (%s)", name, got.DefValue, isBool, f.Default, f.Kind)
 		}
 	}
 }
