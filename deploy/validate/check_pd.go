@@ -285,7 +285,7 @@ func (x *index) checkSidecar(p pod, c corev1.Container, engine, relay *corev1.Co
 		fail("--port %q is not a port", sport)
 		return
 	}
-	if _, ok := containerPort(c, intstr.FromInt(n)); !ok {
+	if _, ok := containerPort(c, intstr.FromInt32(int32(n))); !ok {
 		fail("listens on --port %d, which the container does not declare", n)
 	}
 	if engine == nil {
