@@ -23,7 +23,8 @@
 // check_refs.go (references between objects), check_gateway.go (routes,
 // backends, Envoy's circuit breaker and ext_proc), check_tls.go (TLS on
 // every gRPC hop), check_kvgate.go (kvgate's own settings: patches, block
-// sizes, engines, flags).
+// sizes, engines, flags), check_pd.go (llm-d's routing sidecar: its flags
+// against its source, its ports; vLLM's KV transfer; readiness probes).
 package validate
 
 import (
