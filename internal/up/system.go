@@ -20,6 +20,7 @@ import (
 	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // System is a running local kvgate.
@@ -65,7 +66,9 @@ type System struct {
 
 // Pool is one running pool: its local router and its workers.
 type Pool struct {
-	Name    string
+	Name string
+	// Role is the pool's role: aggregated, prefill or decode.
+	Role    membership.Role
 	Router  *localrouterd.Service
 	Workers []*Worker
 	stopped atomic.Bool // read by the status page while a test stops it
@@ -141,7 +144,11 @@ func (s *System) Summary() string {
 		fmt.Fprintf(&b, "  %-22s %s (subtree of %v, registered as pool %s)\n", rg.Name+" router", rg.Addr, rg.Pools, rg.Name)
 	}
 	for _, p := range s.Pools {
-		fmt.Fprintf(&b, "  %-22s %s\n", p.Name+" local router", p.Router.GRPCAddr())
+		role := ""
+		if p.Role != membership.RoleAggregated {
+			role = " (" + string(p.Role) + " pool)"
+		}
+		fmt.Fprintf(&b, "  %-22s %s%s\n", p.Name+" local router", p.Router.GRPCAddr(), role)
 		for _, w := range p.Workers {
 			dp := ""
 			if w.DPSize > 1 {
