@@ -162,6 +162,9 @@ func (s *System) Summary() string {
 	fmt.Fprintf(&b, "\nmodel %q; try:\n\n", s.cfg.Model)
 	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
 	fmt.Fprintf(&b, "  curl -sN %s/v1/chat/completions -H 'content-type: application/json' -H 'x-kvgate-explain: 1' -D - \\\n    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
+	if s.cfg.Topology == TopologyDisaggregated {
+		b.WriteString("A prompt of 512 uncached tokens or more is disaggregated: x-kvgate-explain says \"prefill on prefill/…\", the decode\nworker sends the prefill to that worker and pulls its KV (docs/disaggregated.md); the same prefix again stays on the decode worker.\n")
+	}
 	b.WriteString("Repeat a long prompt and watch x-kvgate-overlap-blocks grow on the same x-kvgate-worker-id. Ctrl-C stops everything.\n")
 	return b.String()
 }
