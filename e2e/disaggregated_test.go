@@ -127,6 +127,7 @@ func TestDisaggregated(t *testing.T) {
 		}
 		return "", true
 	})
+	waitStreamsClosed(t, s)
 
 	// The same prefix again: below the threshold uncached on the decode
 	// worker that holds it, so served there, from the transferred blocks.
@@ -163,4 +164,54 @@ func TestDisaggregatedDeadPrefiller(t *testing.T) {
 		t.Errorf("got %d %s; want 502 prefill_failed naming %s (explain: %s)", resp.StatusCode, b, pw.Addr, resp.Header.Get("x-kvgate-explain"))
 	}
 	waitIdle(t, s)
+	waitStreamsClosed(t, s)
+
+	// The prefill worker comes back on its address: once its pool's
+	// router sees it again, disaggregated requests, streamed ones too,
+	// succeed. (Completions of distinct prompts: nothing cached anywhere
+	// tips the load-aware choice to a local prefill.)
+	if err := pw.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	attempt := 0
+	testenv.Eventually(t, testTimeout, func() (string, bool) {
+		attempt++
+		body, _ := json.Marshal(map[string]any{"model": "mock-llama", "stream": true, "max_tokens": 4,
+			"prompt": longPrompt(fmt.Sprint("restarted prefiller ", attempt), 0)})
+		resp := send(t, ctx, c, "POST", s.GatewayURL()+"/v1/completions", string(body), "x-kvgate-explain", "1")
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		ex := resp.Header.Get("x-kvgate-explain")
+		if resp.StatusCode != 200 || !strings.Contains(ex, "prefill on") {
+			return fmt.Sprintf("after the restart: %d %s\n%s", resp.StatusCode, b, ex), false
+		}
+		if !strings.HasSuffix(strings.TrimSpace(string(b)), "data: [DONE]") {
+			t.Errorf("disaggregated stream after the restart does not end with [DONE]: %s", b)
+		}
+		return "", true
+	})
+	if st := pw.Stats(); st.PrefixQueryTokens < 512 || st.HeldBlocks != 0 {
+		t.Errorf("restarted prefill worker: %+v, want the prompt prefilled and pulled", st)
+	}
+	waitIdle(t, s)
+	waitStreamsClosed(t, s)
+}
+
+// waitStreamsClosed polls until the ext_proc server has no stream open.
+func waitStreamsClosed(t *testing.T, s *up.System) {
+	t.Helper()
+	testenv.Eventually(t, testTimeout, func() (string, bool) {
+		fams, err := s.Registry.Gather()
+		if err != nil {
+			return err.Error(), false
+		}
+		for _, f := range fams {
+			if f.GetName() == "kvgate_extproc_streams_active" {
+				if v := f.GetMetric()[0].GetGauge().GetValue(); v != 0 {
+					return fmt.Sprintf("%v ext_proc streams open", v), false
+				}
+			}
+		}
+		return "", true
+	})
 }

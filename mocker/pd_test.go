@@ -285,11 +285,21 @@ func FuzzParseKVTransfer(f *testing.F) {
 	for _, s := range []string{
 		`{"kv_transfer_params":{"do_remote_decode":true,"remote_engine_id":null}}`,
 		`{"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"p","remote_request_id":"r","remote_block_ids":[1,2],"remote_host":"h","remote_port":5600,"tp_size":1}}`,
-		`{"kv_transfer_params":null}`, `{"kv_transfer_params":[1]}`, `{"kv_transfer_params":{"remote_block_ids":[[1]]}}`, `{`, `[]`,
+		`{"remote_engine_id":"p1","remote_request_id":"r","remote_block_ids":[1]}`, `{"kv_transfer_params":null}`, `{"kv_transfer_params":[1]}`, `{"kv_transfer_params":{"remote_block_ids":[[1]]}}`, `{`, `[]`,
 	} {
 		f.Add([]byte(s))
 	}
+	srv, err := NewServer(ServerConfig{Model: "m", WorkerID: "p1", Engine: Config{Role: "prefill", NumBlocks: 64}}, ServerOptions{})
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// The side channel's parser: any body is a 200, 400, 404 or 409.
+		w := httptest.NewRecorder()
+		srv.kvReadHandler(w, httptest.NewRequest(http.MethodPost, PathKVRead, strings.NewReader(string(b))))
+		if c := w.Code; c != 200 && c != 400 && c != 404 && c != 409 {
+			t.Fatalf("side channel answered %d to %q", c, b)
+		}
 		p, e := parseKVTransfer(b)
 		if e != nil && (e.status != 400 || e.message == "") {
 			t.Fatalf("error %+v: want a 400 that says why", e)
