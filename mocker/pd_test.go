@@ -325,3 +325,33 @@ func atoi(s string) int {
 	}
 	return n
 }
+
+// TestPDDataParallelPrefiller: a prefiller of two ranks names each rank's
+// engine apart (<worker>_dp<rank>) and the pull reaches the rank that
+// holds the blocks; the decode worker's rank header is not forwarded.
+func TestPDDataParallelPrefiller(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, pURL := serve(t, ServerConfig{Model: "m", WorkerID: "p1", DPSize: 2, Engine: Config{Role: "prefill", Speedup: 1000}}, ServerOptions{}, nil)
+	d, dURL := serve(t, ServerConfig{Model: "m", WorkerID: "d1", Engine: Config{Role: "decode", Speedup: 1000}}, ServerOptions{}, nil)
+	for i := range 3 {
+		body := `{"model":"m","prompt":` + jsonString(longPrompt+strings.Repeat(" again", i)) + `,"max_tokens":2}`
+		resp := post(ctx, t, dURL+"/v1/completions", body, map[string]string{HeaderPrefiller: hostPort(pURL), HeaderDPRank: "0"})
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	if got := testutil.ToFloat64(d.pd.pulls.WithLabelValues("ok")); got != 3 {
+		t.Errorf("pulls ok = %v, want 3", got)
+	}
+	for r := range 2 {
+		if st := p.RankStats(r); st.HeldBlocks != 0 {
+			t.Errorf("prefiller rank %d still holds %d blocks", r, st.HeldBlocks)
+		}
+	}
+	if got := p.engineID(1); got != "p1_dp1" {
+		t.Errorf("rank 1's engine id = %q, want p1_dp1", got)
+	}
+}
