@@ -51,6 +51,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -163,6 +164,14 @@ func (s *Server) hopError(ctx context.Context, what string, err error) *httpErro
 	return &httpError{status: http.StatusBadGateway, code: "prefill_failed", message: fmt.Sprintf("%s: %v", what, err)}
 }
 
+// result is a failed hop's metric label.
+func (e *httpError) result() string {
+	if e.status == http.StatusGatewayTimeout {
+		return "timeout"
+	}
+	return "error"
+}
+
 // sidecar performs llm-d's prefill hop for a decode-role request naming
 // its prefiller, and returns the body to decode (with the prefiller's
 // kv_transfer_params). Other requests pass unchanged.
@@ -188,7 +197,8 @@ func (s *Server) sidecar(r *http.Request, body []byte) ([]byte, *httpError) {
 
 	ctx, cancel := context.WithTimeout(r.Context(), s.pd.timeout)
 	defer cancel()
-	host, _ := cutScheme(target)
+	// The sidecar accepts an http:// prefix.
+	host := strings.TrimPrefix(target, "http://")
 	preq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+host+r.URL.Path, bytes.NewReader(pbody))
 	if err != nil {
 		s.pd.hops.WithLabelValues("error").Inc()
@@ -206,14 +216,14 @@ func (s *Server) sidecar(r *http.Request, body []byte) ([]byte, *httpError) {
 	resp, err := s.pd.client.Do(preq)
 	if err != nil {
 		e := s.hopError(ctx, what, err)
-		s.pd.hops.WithLabelValues(map[bool]string{true: "timeout", false: "error"}[e.status == http.StatusGatewayTimeout]).Inc()
+		s.pd.hops.WithLabelValues(e.result()).Inc()
 		return nil, e
 	}
 	defer resp.Body.Close()
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		e := s.hopError(ctx, what, err)
-		s.pd.hops.WithLabelValues(map[bool]string{true: "timeout", false: "error"}[e.status == http.StatusGatewayTimeout]).Inc()
+		s.pd.hops.WithLabelValues(e.result()).Inc()
 		return nil, e
 	}
 	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
@@ -238,15 +248,6 @@ func (s *Server) sidecar(r *http.Request, body []byte) ([]byte, *httpError) {
 	req["kv_transfer_params"] = out.KV
 	dbody, _ := json.Marshal(req)
 	return dbody, nil
-}
-
-// cutScheme drops an http:// prefix (the sidecar accepts one).
-func cutScheme(hostPort string) (string, bool) {
-	const p = "http://"
-	if len(hostPort) > len(p) && hostPort[:len(p)] == p {
-		return hostPort[len(p):], true
-	}
-	return hostPort, false
 }
 
 // kvTransfer applies a request's kv_transfer_params to g: a prefill-role
@@ -300,8 +301,10 @@ func (s *Server) pull(ctx context.Context, p *kvTransferParams) *httpError {
 	resp, err := s.pd.client.Do(req)
 	if err != nil {
 		e := s.hopError(ctx, what, err)
-		e.code = "kv_pull_failed"
-		s.pd.pulls.WithLabelValues(map[bool]string{true: "timeout", false: "error"}[e.status == http.StatusGatewayTimeout]).Inc()
+		if e.status != http.StatusGatewayTimeout {
+			e.code = "kv_pull_failed"
+		}
+		s.pd.pulls.WithLabelValues(e.result()).Inc()
 		return e
 	}
 	defer resp.Body.Close()
