@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -41,6 +42,9 @@ type ServerConfig struct {
 	// loaded rank takes it, as an engine's internal load balancer would.
 	// The rank that served it is in the x-mocker-dp-rank response header.
 	DPSize int
+	// PrefillTimeout bounds a decode-role mocker's prefill hop and KV pull
+	// (DefaultPrefillTimeout); past it the answer is a 504 (pd.go).
+	PrefillTimeout time.Duration
 }
 
 // Headers of the data-parallel rank: the request's (HTTP header names are
@@ -66,6 +70,7 @@ type Server struct {
 	reg   prometheus.Gatherer
 	mux   *http.ServeMux
 	seq   atomic.Uint64
+	pd    *pd
 }
 
 // ServerOptions are a Server's dependencies; all optional.
@@ -139,6 +144,7 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 	if ec := s.ranks[0].eng.Config(); s.cfg.MaxModelLen <= 0 || s.cfg.MaxModelLen > ec.NumBlocks*ec.BlockSize {
 		s.cfg.MaxModelLen = ec.NumBlocks * ec.BlockSize
 	}
+	s.pd = newPD(reg, cfg.PrefillTimeout)
 	m := newServerMetrics(reg, cfg.Model, s.ranks)
 	for _, l := range s.ranks {
 		l.m = m
@@ -146,6 +152,7 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/completions", s.completions)
 	s.mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	s.mux.HandleFunc("GET /v1/models", s.models)
+	s.mux.HandleFunc("POST "+PathKVRead, s.kvReadHandler)
 	s.mux.HandleFunc("POST /tokenize", s.tokenize)
 	s.mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {
 		for _, l := range s.ranks {
@@ -170,6 +177,7 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // Run drives the engines (one per rank) in real time until ctx ends.
 // Requests submitted while Run is not running wait.
 func (s *Server) Run(ctx context.Context) {
+	defer s.pd.close()
 	var wg sync.WaitGroup
 	for _, l := range s.ranks {
 		wg.Add(1)
@@ -201,6 +209,8 @@ func (s *Server) Stats() Stats {
 		t.Preemptions += st.Preemptions
 		t.Iterations += st.Iterations
 		t.EvictedBlocks += st.EvictedBlocks
+		t.HeldBlocks += st.HeldBlocks
+		t.ExpiredHolds += st.ExpiredHolds
 	}
 	return t
 }
