@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/runner"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -42,13 +44,13 @@ func run(args []string) error {
 	if eps == "" {
 		return errors.New("no endpoints: set ETCDCTL_ENDPOINTS")
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(eps, ","), DialTimeout: 5 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cli, err := runner.Etcd{Endpoints: strings.Split(eps, ",")}.Client(ctx)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	switch {
 	case len(rest) == 2 && rest[0] == "get":
 		var opts []clientv3.OpOption
