@@ -146,14 +146,27 @@ func TestPDTwoHops(t *testing.T) {
 			}
 			// The decode worker stored the prompt's blocks and published
 			// them: every full prompt block the prefiller cached.
-			got := stored()
-			for h := range p.CachedBlocks() {
-				if _, ok := d.CachedBlocks()[h]; !ok {
-					continue // the prefiller's output-token block
+			// The engine loop publishes a step's events after it has
+			// answered the step's requests (as an engine's KV events
+			// trail its responses): wait for them.
+			var missing []uint64
+			var got map[uint64]struct{}
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				got, missing = stored(), missing[:0]
+				for h := range p.CachedBlocks() {
+					if _, ok := d.CachedBlocks()[h]; !ok {
+						continue // the prefiller's output-token block
+					}
+					if _, ok := got[h]; !ok {
+						missing = append(missing, h)
+					}
 				}
-				if _, ok := got[h]; !ok {
-					t.Errorf("decode cache holds %x but published no BlockStored for it", h)
+				if len(missing) == 0 || time.Now().After(deadline) {
+					break
 				}
+			}
+			for _, h := range missing {
+				t.Errorf("decode cache holds %x but published no BlockStored for it", h)
 			}
 			if n := len(got); n < 10 {
 				t.Errorf("decode worker published %d stored blocks, want the prompt's (≥ 10)", n)
