@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/extprocd"
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/up"
 	"github.com/kvgate/kvgate/lib/config"
@@ -24,6 +25,7 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	fs.StringVar(&cfg.ExtprocAddr, "extproc-addr", cfg.ExtprocAddr, "gRPC address of the ext_proc server")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "HTTP address of the status page, status.json and metrics (keep it on loopback: they list every internal address)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "the one request body limit: the router's cap, the model's max_body_bytes and every worker's")
+	fs.Var(&cfg.Extproc.DuplicateKeys, "duplicate-keys", extprocd.DuplicateKeysUsage)
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name the mock workers serve")
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
 	a := fs.Int("pool-a-workers", 3, "workers in pool-a")

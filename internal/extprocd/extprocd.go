@@ -42,6 +42,10 @@ import (
 // p99 is GC-bound at GOGC=100 (BENCHMARKS.md gives the figures).
 const DefaultGCPercent = 400
 
+// DuplicateKeysUsage is the usage of -duplicate-keys, on kvgate extproc
+// and kvgate up.
+const DuplicateKeysUsage = `a request body naming a key twice in one object: refuse (400 duplicate_key, naming the key and its path) or last (read as the engine, Python's json, reads it: the last occurrence, at every depth); docs/security.md`
+
 // Options configure the `kvgate extproc` process: the server's Config plus
 // the global router's configuration file and the process around them.
 type Options struct {
@@ -122,6 +126,7 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	o.Subtree.Flags(fs)
 	paths := fs.String("inference-paths", strings.Join(o.InferencePaths, ","), "comma-separated paths that are routed; others pass through")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body accepted (413 past it)")
+	fs.Var(&o.DuplicateKeys, "duplicate-keys", DuplicateKeysUsage)
 	reqMode := fs.String("request-body-mode", o.RequestBodyMode.String(), "request body mode assumed when Envoy does not say: FULL_DUPLEX_STREAMED or BUFFERED")
 	respMode := fs.String("response-body-mode", o.ResponseBodyMode.String(), "response body mode assumed when Envoy does not say: STREAMED, FULL_DUPLEX_STREAMED or BUFFERED")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503")

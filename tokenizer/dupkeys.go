@@ -1,0 +1,429 @@
+package tokenizer
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/valyala/fastjson"
+)
+
+// DuplicateKeys says how a request body that names a key twice in one
+// JSON object is read. RFC 8259 leaves such a body's meaning open, and
+// readers differ: fastjson (and so kvgate, before) takes the first
+// occurrence, Python's json (vLLM, SGLang) the last. A router that reads
+// one and an engine that runs the other route {"model":"a","model":"b"}
+// to a's pool and run b there.
+type DuplicateKeys uint8
+
+const (
+	// DuplicatesRefuse refuses the body: a *BodyError with
+	// ReasonDuplicateKey naming the key and its place ($.messages[1].role).
+	// The default: no reader downstream can then read it another way.
+	DuplicatesRefuse DuplicateKeys = iota
+	// DuplicatesLast reads the body as Python's json does, at every
+	// depth: of a key named twice the last value counts, at the place of
+	// the first (a dict keeps the key's first insertion order).
+	DuplicatesLast
+)
+
+// ReasonDuplicateKey is a BodyError's Reason for a key named twice in one
+// object, under DuplicatesRefuse.
+const ReasonDuplicateKey = "duplicate_key"
+
+// String is the mode's name as ParseDuplicateKeys reads it.
+func (d DuplicateKeys) String() string {
+	if d == DuplicatesLast {
+		return "last"
+	}
+	return "refuse"
+}
+
+// Set reads a mode's name, so that *DuplicateKeys is a flag.Value.
+func (d *DuplicateKeys) Set(s string) error {
+	m, err := ParseDuplicateKeys(s)
+	if err == nil {
+		*d = m
+	}
+	return err
+}
+
+// ParseDuplicateKeys reads a mode's name: "refuse" or "last".
+func ParseDuplicateKeys(s string) (DuplicateKeys, error) {
+	switch strings.TrimSpace(s) {
+	case "refuse":
+		return DuplicatesRefuse, nil
+	case "last":
+		return DuplicatesLast, nil
+	}
+	return 0, fmt.Errorf("duplicate keys %q: want refuse or last", s)
+}
+
+// mayHaveDuplicates reports whether an object in v may name a key twice.
+// It errs towards yes: a key that fastjson's best-effort unescaping
+// leaves with a backslash, or that is not valid UTF-8, counts as a
+// possible duplicate, and the exact reading (resolveDuplicates) decides.
+// Nothing is allocated for objects of up to 16 keys.
+func mayHaveDuplicates(v *fastjson.Value) bool {
+	switch v.Type() {
+	case fastjson.TypeObject:
+		o, _ := v.Object()
+		if objectMayHaveDuplicates(o) {
+			return true
+		}
+		found := false
+		o.Visit(func(_ []byte, c *fastjson.Value) {
+			if !found && nested(c) {
+				found = mayHaveDuplicates(c)
+			}
+		})
+		return found
+	case fastjson.TypeArray:
+		a, _ := v.Array()
+		for _, c := range a {
+			if nested(c) && mayHaveDuplicates(c) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func nested(v *fastjson.Value) bool {
+	t := v.Type()
+	return t == fastjson.TypeObject || t == fastjson.TypeArray
+}
+
+func objectMayHaveDuplicates(o *fastjson.Object) bool {
+	n := o.Len()
+	if n < 2 {
+		return false
+	}
+	var small [16][]byte
+	var seen map[string]struct{}
+	keys, i, dup := small[:0], 0, false
+	if n > len(small) {
+		seen = make(map[string]struct{}, n)
+	}
+	// The key slices point into the parser's memory, which stays put
+	// until the parser is reused, after this call.
+	o.Visit(func(k []byte, _ *fastjson.Value) {
+		i++
+		if dup {
+			return
+		}
+		if !plainKey(k) {
+			dup = true
+			return
+		}
+		if seen != nil {
+			if _, ok := seen[string(k)]; ok {
+				dup = true
+			}
+			seen[string(k)] = struct{}{}
+			return
+		}
+		for _, p := range keys {
+			if string(p) == string(k) {
+				dup = true
+				return
+			}
+		}
+		keys = append(keys, k)
+	})
+	return dup
+}
+
+// plainKey: an unescaped key whose bytes are its text.
+func plainKey(k []byte) bool {
+	for _, c := range k {
+		if c == '\\' || c >= utf8.RuneSelf {
+			return utf8.Valid(k) && !strings.Contains(string(k), `\`)
+		}
+	}
+	return true
+}
+
+// resolveDuplicates reads body (valid JSON, nested at most fastjson's
+// MaxDepth) exactly as Python's json does and returns it written anew
+// with every duplicate key resolved (DuplicatesLast: the last value at
+// the first key's place; every other byte as it came), dup reporting
+// whether there was one; under DuplicatesRefuse it returns the first
+// duplicate as a *BodyError instead. Keys compare as Python's do: after
+// unescaping, a \u surrogate pair joined, a lone surrogate kept.
+func resolveDuplicates(body []byte, mode DuplicateKeys) (out []byte, dup bool, err error) {
+	r := resolver{b: body, refuse: mode == DuplicatesRefuse, out: make([]byte, 0, len(body))}
+	if _, err := r.value(0, nil); err != nil {
+		return nil, false, err
+	}
+	return r.out, r.dup, nil
+}
+
+type resolver struct {
+	b       []byte
+	out     []byte
+	scratch []byte
+	refuse  bool
+	dup     bool
+}
+
+// pathElem is one step of a path: a key, or an index when key is nil.
+type pathElem struct {
+	key   *string
+	index int
+}
+
+// jsonPath writes a path as JSONPath: $.messages[1].role, $["a b"].
+func jsonPath(p []pathElem) string {
+	var sb strings.Builder
+	sb.WriteByte('$')
+	for _, e := range p {
+		switch {
+		case e.key == nil:
+			sb.WriteString("[" + strconv.Itoa(e.index) + "]")
+		case identifier(*e.key):
+			sb.WriteString("." + *e.key)
+		default:
+			sb.WriteString("[" + strconv.Quote(*e.key) + "]")
+		}
+	}
+	return sb.String()
+}
+
+func identifier(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i, c := range []byte(s) {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *resolver) ws(i int) int {
+	for i < len(r.b) && (r.b[i] == ' ' || r.b[i] == '\t' || r.b[i] == '\n' || r.b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// value copies the value at b[i:] to out, resolved, and returns the index
+// after it.
+func (r *resolver) value(i int, path []pathElem) (int, error) {
+	i = r.ws(i)
+	switch r.b[i] {
+	case '{':
+		return r.object(i, path)
+	case '[':
+		r.out = append(r.out, '[')
+		i = r.ws(i + 1)
+		for n := 0; r.b[i] != ']'; n++ {
+			if n > 0 {
+				r.out = append(r.out, ',')
+			}
+			var err error
+			if i, err = r.value(i, append(path, pathElem{index: n})); err != nil {
+				return 0, err
+			}
+			if i = r.ws(i); r.b[i] == ',' {
+				i = r.ws(i + 1)
+			}
+		}
+		r.out = append(r.out, ']')
+		return i + 1, nil
+	case '"':
+		end := r.stringEnd(i)
+		r.out = append(r.out, r.b[i:end]...)
+		return end, nil
+	}
+	start := i
+	for i < len(r.b) && !strings.ContainsRune(" \t\r\n,]}", rune(r.b[i])) {
+		i++
+	}
+	r.out = append(r.out, r.b[start:i]...)
+	return i, nil
+}
+
+// member is one key of an object being resolved: its text, and where its
+// "key":value stands in out.
+type member struct {
+	key        string
+	start, end int
+	last       int // index of the member whose value counts; -1 for a repeat
+}
+
+func (r *resolver) object(i int, path []pathElem) (int, error) {
+	base := len(r.out)
+	r.out = append(r.out, '{')
+	var members []member
+	var index map[string]int
+	i = r.ws(i + 1)
+	for r.b[i] != '}' {
+		kend := r.stringEnd(i)
+		key := pyKey(r.b[i+1 : kend-1])
+		first, seen := -1, false
+		if index != nil {
+			first, seen = index[key]
+		} else {
+			for j := range members {
+				if members[j].key == key {
+					first, seen = j, true
+					break
+				}
+			}
+		}
+		if seen && r.refuse {
+			return 0, &BodyError{ReasonDuplicateKey, fmt.Sprintf("duplicate key %s (at %s): a key may appear once in an object", strconv.Quote(key), jsonPath(append(path, pathElem{key: &key})))}
+		}
+		if len(members) > 0 {
+			r.out = append(r.out, ',')
+		}
+		m := member{key: key, start: len(r.out), last: len(members)}
+		r.out = append(r.out, r.b[i:kend]...)
+		r.out = append(r.out, ':')
+		i = r.ws(r.ws(kend) + 1) // past ':'
+		var err error
+		if i, err = r.value(i, append(path, pathElem{key: &m.key})); err != nil {
+			return 0, err
+		}
+		m.end = len(r.out)
+		if seen {
+			r.dup = true
+			members[first].last = len(members)
+			m.last = -1
+		} else if index == nil && len(members) >= 16 {
+			index = make(map[string]int, 2*len(members))
+			for j, p := range members {
+				if p.last >= 0 {
+					index[p.key] = j
+				}
+			}
+		}
+		if index != nil && !seen {
+			index[key] = len(members)
+		}
+		members = append(members, m)
+		if i = r.ws(i); r.b[i] == ',' {
+			i = r.ws(i + 1)
+		}
+	}
+	if repeated(members) {
+		// Python's dict: each key once, at its first place, with its last
+		// value (the key's own spelling as first written).
+		r.scratch = append(r.scratch[:0], r.out[base:]...)
+		r.out = append(r.out[:base], '{')
+		sep := false
+		for _, m := range members {
+			if m.last < 0 {
+				continue
+			}
+			if sep {
+				r.out = append(r.out, ',')
+			}
+			sep = true
+			v := members[m.last]
+			colon := m.start + r.keyLen(r.scratch[m.start-base:]) + 1
+			r.out = append(r.out, r.scratch[m.start-base:colon-base]...)
+			vcolon := v.start + r.keyLen(r.scratch[v.start-base:]) + 1
+			r.out = append(r.out, r.scratch[vcolon-base:v.end-base]...)
+		}
+	}
+	r.out = append(r.out, '}')
+	return i + 1, nil
+}
+
+func repeated(ms []member) bool {
+	for _, m := range ms {
+		if m.last < 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// keyLen is the length of the quoted key at the start of b.
+func (r *resolver) keyLen(b []byte) int {
+	return stringEndIn(b, 0)
+}
+
+// stringEnd is the index after the string that starts at b[i] ('"').
+func (r *resolver) stringEnd(i int) int { return stringEndIn(r.b, i) }
+
+func stringEndIn(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(b)
+}
+
+// pyKey is a key's text as Python's json reads it (its string's code
+// points, as WTF-8 so that a lone surrogate is kept distinct): escapes
+// decoded, a \u high surrogate followed by a \u low one joined
+// (json.scanner's py_scanstring), any other surrogate kept alone, raw
+// bytes as they are (Python decodes the body with surrogatepass).
+func pyKey(s []byte) string {
+	if !strings.Contains(string(s), `\`) {
+		return string(s)
+	}
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' || i+1 >= len(s) {
+			out = append(out, s[i])
+			continue
+		}
+		i++
+		switch c := s[i]; c {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			u := hex4(s[i+1:])
+			i += 4
+			if u >= 0xd800 && u < 0xdc00 && i+6 < len(s) && s[i+1] == '\\' && s[i+2] == 'u' {
+				if lo := hex4(s[i+3:]); lo >= 0xdc00 && lo < 0xe000 {
+					out = utf8.AppendRune(out, 0x10000+(u-0xd800)<<10+(lo-0xdc00))
+					i += 6
+					continue
+				}
+			}
+			out = appendWTF8(out, u)
+		default: // " \ /
+			out = append(out, c)
+		}
+	}
+	return string(out)
+}
+
+func hex4(s []byte) rune {
+	if len(s) < 4 {
+		return -1
+	}
+	n, err := strconv.ParseUint(string(s[:4]), 16, 16)
+	if err != nil {
+		return -1
+	}
+	return rune(n)
+}
+
+// appendWTF8 appends a code point below 0x10000, a surrogate included.
+func appendWTF8(b []byte, r rune) []byte {
+	if r < 0xd800 || r >= 0xe000 {
+		return utf8.AppendRune(b, r)
+	}
+	return append(b, 0xe0|byte(r>>12), 0x80|byte(r>>6)&0x3f, 0x80|byte(r)&0x3f)
+}
