@@ -33,7 +33,7 @@ import (
 
 // DefaultListen is -subtree-listen's host when the flag names a port
 // only (":9300" listens on loopback: exposing the subtree is a choice).
-const DefaultListen = "127.0.0.1"
+const DefaultListen = config.ListenHost
 
 // Config is the subtree service of `kvgate extproc` (flags -subtree-*).
 type Config struct {
@@ -69,7 +69,7 @@ type Config struct {
 
 // Flags defines the -subtree-* flags on fs.
 func (c *Config) Flags(fs *config.FlagSet) {
-	fs.Var(config.String(&c.Listen), "subtree-listen", `serve this router's subtree over the local-router gRPC API at this address, so a parent global router's pool can be this router ("" : off; ":9300" listens on `+DefaultListen+`)`)
+	fs.Var(config.Listen(&c.Listen), "subtree-listen", `serve this router's subtree over the local-router gRPC API at this address, so a parent global router's pool can be this router ("" : off; ":9300" listens on `+DefaultListen+`)`)
 	fs.Var(config.String(&c.Advertise), "subtree-advertise", "subtree address registered in etcd (default: the listen address)")
 	fs.Var(config.String(&c.Pool), "subtree-pool", "register the subtree in etcd as a router of this pool (the parent's pool name, routers: {etcd: true}); needs -etcd")
 	fs.Var(config.Int(&c.BlockSize, 0), "subtree-block-size", "block size registered for the subtree (0: its pools', when they share one)")
@@ -83,13 +83,9 @@ func (c *Config) Flags(fs *config.FlagSet) {
 // Enabled reports whether the service runs.
 func (c Config) Enabled() bool { return c.Listen != "" }
 
-// ListenAddr is Listen with DefaultListen for a missing host.
-func (c Config) ListenAddr() string {
-	if strings.HasPrefix(c.Listen, ":") {
-		return DefaultListen + c.Listen
-	}
-	return c.Listen
-}
+// ListenAddr is Listen as config.ListenAddr reads it: a port alone is
+// loopback (DefaultListen), as for every listen flag.
+func (c Config) ListenAddr() string { return config.ListenAddr(c.Listen) }
 
 // Validate reports a bad combination, naming the flag.
 func (c Config) Validate() error {

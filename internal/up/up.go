@@ -48,6 +48,7 @@ import (
 	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/tokenizer"
@@ -192,7 +193,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if err != nil {
 		return nil, err
 	}
-	xlis, err := net.Listen("tcp", cfg.ExtprocAddr)
+	xlis, err := net.Listen("tcp", config.ListenAddr(cfg.ExtprocAddr))
 	if err != nil {
 		return nil, fmt.Errorf("ext_proc: %w", err)
 	}
@@ -221,7 +222,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if s.gw, err = gateway.New(s.conn, gcfgw, cfg.Logger); err != nil {
 		return nil, err
 	}
-	glis, err := net.Listen("tcp", cfg.GatewayAddr)
+	glis, err := net.Listen("tcp", config.ListenAddr(cfg.GatewayAddr))
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -231,7 +232,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	s.gatewayDone = make(chan error, 1)
 	go func() { s.gatewayDone <- s.gatewayHTTP.Serve(glis) }()
 
-	alis, err := net.Listen("tcp", cfg.AdminAddr)
+	alis, err := net.Listen("tcp", config.ListenAddr(cfg.AdminAddr))
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
