@@ -337,3 +337,26 @@ func FuzzDuplicateKeys(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkMayHaveDuplicates is the check every body pays (an 8 KB chat
+// body's tree, no duplicate): what item 2 of issue 27 adds to ParseBody.
+func BenchmarkMayHaveDuplicates(b *testing.B) {
+	var sb strings.Builder
+	for i := 0; sb.Len() < 7800; i++ {
+		fmt.Fprintf(&sb, "Paragraph %d: a router that knows which worker holds a prompt's prefix saves its prefill. ", i)
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []map[string]string{
+		{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": sb.String()}}})
+	p := parsers.Get()
+	defer parsers.Put(p)
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if mayHaveDuplicates(v) {
+			b.Fatal("a duplicate in a body without one")
+		}
+	}
+}

@@ -60,7 +60,7 @@ type Config struct {
 	// RegisterTTL is the etcd lease's TTL (0: 10 s).
 	RegisterTTL time.Duration
 	// AuthorizedClients, under mutual TLS, are the client certificate
-	// names (DNS SANs or CN) allowed lifecycle calls (Commit, Track,
+	// names (tlsconfig.PeerNames: SANs, the CN without them) allowed lifecycle calls (Commit, Track,
 	// Channel, Free, MarkPrefillComplete, BestWorker with a request id);
 	// empty: any verified client. The TLS is the process's
 	// (-tls-cert-file, -tls-client-ca-file, as the ext_proc listener's).
@@ -77,7 +77,7 @@ func (c *Config) Flags(fs *config.FlagSet) {
 	fs.Var(config.Int(&c.MaxDepth, 0), "subtree-max-depth", fmt.Sprintf("deepest tree of global routers a call may cross before it is refused as a loop (0: %d)", globalrouter.DefaultMaxDepth))
 	fs.Var(config.String(&c.ID), "subtree-router-id", "router id of the subtree's etcd registration (default: host name and port)")
 	fs.Var(config.Duration(&c.RegisterTTL), "subtree-register-ttl", "lease TTL of the subtree's etcd registration (0: 10s)")
-	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS SANs or CN) allowed the subtree's lifecycle calls (Commit, Track, Channel, Free, MarkPrefillComplete); empty: any verified client")
+	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS or URI SANs; the CN only when there is no SAN) allowed the subtree's lifecycle calls (Commit, Track, Channel, Free, MarkPrefillComplete); empty: any verified client")
 }
 
 // Enabled reports whether the service runs.
