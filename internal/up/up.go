@@ -378,10 +378,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer, grace time.Duration) er
 	return nil
 }
 
-// loopbackAddr reports whether a listen address host:port binds loopback
-// only ("localhost", 127.0.0.0/8, ::1); an empty host binds every interface.
+// loopbackAddr reports whether a listen address binds loopback only
+// ("localhost", 127.0.0.0/8, ::1), as config.ListenAddr reads it: a port
+// alone is loopback, as the gateway then binds.
 func loopbackAddr(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
+	host, _, err := net.SplitHostPort(config.ListenAddr(addr))
 	if err != nil || host == "" {
 		return false
 	}
