@@ -82,6 +82,7 @@ func Check(objs []Object, flags Flags) []error {
 	x.checkTLS()
 	x.checkBlockSizes()
 	x.checkEngines()
+	x.checkListen()
 	if flags != nil {
 		x.checkFlags(flags)
 	}

@@ -21,7 +21,7 @@
 // check_refs.go (references between objects), check_gateway.go (routes,
 // backends, Envoy's circuit breaker and ext_proc), check_tls.go (TLS on
 // every gRPC hop), check_kvgate.go (kvgate's own settings: patches, block
-// sizes, engines, flags).
+// sizes, engines, flags, listen addresses beyond loopback).
 package validate
 
 import (
