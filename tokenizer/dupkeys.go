@@ -151,7 +151,11 @@ func plainKey(k []byte) bool {
 // the first key's place; every other byte as it came), dup reporting
 // whether there was one; under DuplicatesRefuse it returns the first
 // duplicate as a *BodyError instead. Keys compare as Python's do: after
-// unescaping, a \u surrogate pair joined, a lone surrogate kept.
+// unescaping, a \u surrogate pair joined, a lone surrogate kept. An object
+// with a duplicate is rewritten through a scratch copy of its section, so
+// nesting costs up to depth × size: 1.3 s for a 16 MiB body nested 290
+// deep with a duplicate at each level, under DuplicatesLast only (refusing
+// stops at the first duplicate).
 func resolveDuplicates(body []byte, mode DuplicateKeys) (out []byte, dup bool, err error) {
 	r := resolver{b: body, refuse: mode == DuplicatesRefuse, out: make([]byte, 0, len(body))}
 	if _, err := r.value(0, nil); err != nil {
@@ -185,10 +189,19 @@ func jsonPath(p []pathElem) string {
 		case identifier(*e.key):
 			sb.WriteString("." + *e.key)
 		default:
-			sb.WriteString("[" + strconv.Quote(*e.key) + "]")
+			sb.WriteString("[" + quoteKey(*e.key) + "]")
 		}
 	}
 	return sb.String()
+}
+
+// quoteKey quotes a key for a message, clipped: a client's key may be
+// megabytes long.
+func quoteKey(k string) string {
+	if len(k) > 64 {
+		return strconv.Quote(k[:64]) + "…"
+	}
+	return strconv.Quote(k)
 }
 
 func identifier(s string) bool {
@@ -276,7 +289,7 @@ func (r *resolver) object(i int, path []pathElem) (int, error) {
 			}
 		}
 		if seen && r.refuse {
-			return 0, &BodyError{ReasonDuplicateKey, fmt.Sprintf("duplicate key %s (at %s): a key may appear once in an object", strconv.Quote(key), jsonPath(append(path, pathElem{key: &key})))}
+			return 0, &BodyError{ReasonDuplicateKey, fmt.Sprintf("duplicate key %s (at %s): a key may appear once in an object", quoteKey(key), jsonPath(append(path, pathElem{key: &key})))}
 		}
 		if len(members) > 0 {
 			r.out = append(r.out, ',')

@@ -109,7 +109,7 @@ func pathKey(k string) string {
 	if identifier(k) {
 		return "." + k
 	}
-	return "[" + strconv.Quote(k) + "]"
+	return "[" + quoteKey(k) + "]"
 }
 
 // write is n as JSON with no duplicate key: scalars as written.
