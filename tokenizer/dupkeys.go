@@ -104,7 +104,7 @@ func objectMayHaveDuplicates(o *fastjson.Object) bool {
 	var seen map[string]struct{}
 	keys, i, dup := small[:0], 0, false
 	if n > len(small) {
-		seen = make(map[string]struct{}, n)
+		seen = make(map[string]struct{}, min(n, 1024)) // grown as needed: n is the client's
 	}
 	// The key slices point into the parser's memory, which stays put
 	// until the parser is reused, after this call.
@@ -151,25 +151,56 @@ func plainKey(k []byte) bool {
 // the first key's place; every other byte as it came), dup reporting
 // whether there was one; under DuplicatesRefuse it returns the first
 // duplicate as a *BodyError instead. Keys compare as Python's do: after
-// unescaping, a \u surrogate pair joined, a lone surrogate kept. An object
-// with a duplicate is rewritten through a scratch copy of its section, so
-// nesting costs up to depth × size: 1.3 s for a 16 MiB body nested 290
-// deep with a duplicate at each level, under DuplicatesLast only (refusing
-// stops at the first duplicate).
+// unescaping, a \u surrogate pair joined, a lone surrogate kept. The body
+// is read once into a tree of spans (a part with nothing rewritten in it
+// is one span) and written once: linear in its size at any depth (a
+// 16 MiB body nested 290 deep with a duplicate at each level: 65-85 ms; one
+// object of 2.8 million repeats of a key: as long again as fastjson's own
+// parse of it, about 1-2 s on a loaded 2-core machine).
 func resolveDuplicates(body []byte, mode DuplicateKeys) (out []byte, dup bool, err error) {
-	r := resolver{b: body, refuse: mode == DuplicatesRefuse, out: make([]byte, 0, len(body))}
-	if _, err := r.value(0, nil); err != nil {
+	r := resolver{b: body, refuse: mode == DuplicatesRefuse}
+	n, _, err := r.value(0, nil)
+	if err != nil || !r.dup {
 		return nil, false, err
 	}
-	return r.out, r.dup, nil
+	return r.write(make([]byte, 0, len(body)), &n), true, nil
 }
 
 type resolver struct {
-	b       []byte
-	out     []byte
-	scratch []byte
-	refuse  bool
-	dup     bool
+	b      []byte
+	refuse bool
+	dup    bool
+}
+
+// node is a value resolved: the body's bytes [start, end) as they are, or
+// (kind object or array) its parts when something in it was rewritten:
+// an array's parts are elements or runs of them written as they came, an
+// object's are its members' values, keys[i] the quoted key of parts[i].
+type node struct {
+	start, end int
+	kind       byte // 0: as it came, '{' or '['
+	keys       [][2]int
+	parts      []node
+}
+
+func (r *resolver) write(out []byte, n *node) []byte {
+	if n.kind == 0 {
+		return append(out, r.b[n.start:n.end]...)
+	}
+	out = append(out, n.kind)
+	for i := range n.parts {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		if n.kind == '{' {
+			out = append(append(out, r.b[n.keys[i][0]:n.keys[i][1]]...), ':')
+		}
+		out = r.write(out, &n.parts[i])
+	}
+	if n.kind == '{' {
+		return append(out, '}')
+	}
+	return append(out, ']')
 }
 
 // pathElem is one step of a path: a key, or an index when key is nil.
@@ -216,6 +247,15 @@ func identifier(s string) bool {
 	return true
 }
 
+// step is path one step down, kept only when refusing: nothing else
+// names a path.
+func (r *resolver) step(path []pathElem, e pathElem) []pathElem {
+	if !r.refuse {
+		return nil
+	}
+	return append(path, e)
+}
+
 func (r *resolver) ws(i int) int {
 	for i < len(r.b) && (r.b[i] == ' ' || r.b[i] == '\t' || r.b[i] == '\n' || r.b[i] == '\r') {
 		i++
@@ -223,56 +263,71 @@ func (r *resolver) ws(i int) int {
 	return i
 }
 
-// value copies the value at b[i:] to out, resolved, and returns the index
-// after it.
-func (r *resolver) value(i int, path []pathElem) (int, error) {
+// value resolves the value at b[i:] and returns the index after it.
+func (r *resolver) value(i int, path []pathElem) (node, int, error) {
 	i = r.ws(i)
 	switch r.b[i] {
 	case '{':
 		return r.object(i, path)
 	case '[':
-		r.out = append(r.out, '[')
-		i = r.ws(i + 1)
-		for n := 0; r.b[i] != ']'; n++ {
-			if n > 0 {
-				r.out = append(r.out, ',')
-			}
-			var err error
-			if i, err = r.value(i, append(path, pathElem{index: n})); err != nil {
-				return 0, err
-			}
-			if i = r.ws(i); r.b[i] == ',' {
-				i = r.ws(i + 1)
-			}
-		}
-		r.out = append(r.out, ']')
-		return i + 1, nil
+		return r.array(i, path)
 	case '"':
 		end := r.stringEnd(i)
-		r.out = append(r.out, r.b[i:end]...)
-		return end, nil
+		return node{start: i, end: end}, end, nil
 	}
 	start := i
 	for i < len(r.b) && !strings.ContainsRune(" \t\r\n,]}", rune(r.b[i])) {
 		i++
 	}
-	r.out = append(r.out, r.b[start:i]...)
-	return i, nil
+	return node{start: start, end: i}, i, nil
 }
 
-// member is one key of an object being resolved: its text, and where its
-// "key":value stands in out.
+func (r *resolver) array(i int, path []pathElem) (node, int, error) {
+	start := i
+	var parts []node
+	run := node{start: -1} // elements as they came, not yet in parts
+	i = r.ws(i + 1)
+	for n := 0; r.b[i] != ']'; n++ {
+		e, next, err := r.value(i, r.step(path, pathElem{index: n}))
+		if err != nil {
+			return node{}, 0, err
+		}
+		switch {
+		case e.kind != 0:
+			if run.start >= 0 {
+				parts, run.start = append(parts, run), -1
+			}
+			parts = append(parts, e)
+		case run.start < 0:
+			run = e
+		default:
+			run.end = e.end // the bytes between are a comma and spaces
+		}
+		if i = r.ws(next); r.b[i] == ',' {
+			i = r.ws(i + 1)
+		}
+	}
+	if parts == nil {
+		return node{start: start, end: i + 1}, i + 1, nil
+	}
+	if run.start >= 0 {
+		parts = append(parts, run)
+	}
+	return node{kind: '[', parts: parts}, i + 1, nil
+}
+
+// member is one key of an object being resolved, with its last value.
 type member struct {
-	key        string
-	start, end int
-	last       int // index of the member whose value counts; -1 for a repeat
+	key  string
+	span [2]int // the key as first written, quoted
+	val  node
 }
 
-func (r *resolver) object(i int, path []pathElem) (int, error) {
-	base := len(r.out)
-	r.out = append(r.out, '{')
+func (r *resolver) object(i int, path []pathElem) (node, int, error) {
+	start := i
 	var members []member
 	var index map[string]int
+	rewritten := false
 	i = r.ws(i + 1)
 	for r.b[i] != '}' {
 		kend := r.stringEnd(i)
@@ -289,92 +344,56 @@ func (r *resolver) object(i int, path []pathElem) (int, error) {
 			}
 		}
 		if seen && r.refuse {
-			return 0, &BodyError{ReasonDuplicateKey, fmt.Sprintf("duplicate key %s (at %s): a key may appear once in an object", quoteKey(key), jsonPath(append(path, pathElem{key: &key})))}
+			return node{}, 0, &BodyError{ReasonDuplicateKey, fmt.Sprintf("duplicate key %s (at %s): a key may appear once in an object", quoteKey(key), jsonPath(append(path, pathElem{key: &key})))}
 		}
-		if len(members) > 0 {
-			r.out = append(r.out, ',')
+		v, next, err := r.value(r.ws(r.ws(kend)+1), r.step(path, pathElem{key: &key}))
+		if err != nil {
+			return node{}, 0, err
 		}
-		m := member{key: key, start: len(r.out), last: len(members)}
-		r.out = append(r.out, r.b[i:kend]...)
-		r.out = append(r.out, ':')
-		i = r.ws(r.ws(kend) + 1) // past ':'
-		var err error
-		if i, err = r.value(i, append(path, pathElem{key: &m.key})); err != nil {
-			return 0, err
-		}
-		m.end = len(r.out)
-		if seen {
-			r.dup = true
-			members[first].last = len(members)
-			m.last = -1
-		} else if index == nil && len(members) >= 16 {
-			index = make(map[string]int, 2*len(members))
-			for j, p := range members {
-				if p.last >= 0 {
+		rewritten = rewritten || v.kind != 0
+		switch {
+		case seen: // Python's dict: the key keeps its place, the value is the last
+			r.dup, rewritten = true, true
+			members[first].val = v
+		default:
+			if index == nil && len(members) >= 16 {
+				index = make(map[string]int, 2*len(members))
+				for j, p := range members {
 					index[p.key] = j
 				}
 			}
+			if index != nil {
+				index[key] = len(members)
+			}
+			members = append(members, member{key: key, span: [2]int{i, kend}, val: v})
 		}
-		if index != nil && !seen {
-			index[key] = len(members)
-		}
-		members = append(members, m)
-		if i = r.ws(i); r.b[i] == ',' {
+		if i = r.ws(next); r.b[i] == ',' {
 			i = r.ws(i + 1)
 		}
 	}
-	if repeated(members) {
-		// Python's dict: each key once, at its first place, with its last
-		// value (the key's own spelling as first written).
-		r.scratch = append(r.scratch[:0], r.out[base:]...)
-		r.out = append(r.out[:base], '{')
-		sep := false
-		for _, m := range members {
-			if m.last < 0 {
-				continue
-			}
-			if sep {
-				r.out = append(r.out, ',')
-			}
-			sep = true
-			v := members[m.last]
-			colon := m.start + r.keyLen(r.scratch[m.start-base:]) + 1
-			r.out = append(r.out, r.scratch[m.start-base:colon-base]...)
-			vcolon := v.start + r.keyLen(r.scratch[v.start-base:]) + 1
-			r.out = append(r.out, r.scratch[vcolon-base:v.end-base]...)
-		}
+	if !rewritten {
+		return node{start: start, end: i + 1}, i + 1, nil
 	}
-	r.out = append(r.out, '}')
-	return i + 1, nil
-}
-
-func repeated(ms []member) bool {
-	for _, m := range ms {
-		if m.last < 0 {
-			return true
-		}
+	// Each key once, at its first place (spelt as first written), with its
+	// last value.
+	n := node{kind: '{', keys: make([][2]int, len(members)), parts: make([]node, len(members))}
+	for j, m := range members {
+		n.keys[j], n.parts[j] = m.span, m.val
 	}
-	return false
-}
-
-// keyLen is the length of the quoted key at the start of b.
-func (r *resolver) keyLen(b []byte) int {
-	return stringEndIn(b, 0)
+	return n, i + 1, nil
 }
 
 // stringEnd is the index after the string that starts at b[i] ('"').
-func (r *resolver) stringEnd(i int) int { return stringEndIn(r.b, i) }
-
-func stringEndIn(b []byte, i int) int {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
+func (r *resolver) stringEnd(i int) int {
+	for j := i + 1; j < len(r.b); j++ {
+		switch r.b[j] {
 		case '\\':
 			j++
 		case '"':
 			return j + 1
 		}
 	}
-	return len(b)
+	return len(r.b)
 }
 
 // pyKey is a key's text as Python's json reads it (its string's code
