@@ -24,7 +24,7 @@ func runMocker(ctx context.Context, args []string) error {
 	e.Role = membership.RoleAggregated
 	fs := config.NewFlagSet("mocker", os.Stderr)
 	cfg.Listen = "127.0.0.1:8001"
-	fs.StringVar(&cfg.Listen, "addr", cfg.Listen, "HTTP listen address (0.0.0.0:8001 for every interface)")
+	fs.Var(config.Listen(&cfg.Listen), "addr", "HTTP listen address (a port alone is loopback; 0.0.0.0:8001 for every interface)")
 	fs.Var(listenPart(&cfg.Listen, false), "host", "HTTP listen host")
 	fs.MarkDeprecated("host", "-addr")
 	fs.Var(listenPart(&cfg.Listen, true), "port", "HTTP listen port")

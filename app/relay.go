@@ -37,7 +37,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&sc.NATSCredsFile, "nats-creds-file", "", "NATS credentials file (JWT and NKey seed)")
 	etcd := fs.String("etcd", "127.0.0.1:2379", "comma-separated etcd endpoints (used with -address)")
 	sc.EtcdTLS.Flags(fs, "etcd", "etcd", false)
-	fs.StringVar(&sc.MetricsAddr, "admin-addr", "", "admin HTTP listen address: Prometheus /metrics (empty: none; loopback recommended)")
+	fs.Var(config.Listen(&sc.MetricsAddr), "admin-addr", "admin HTTP listen address: Prometheus /metrics (empty: none; a port alone is loopback)")
 	fs.Alias("metrics-addr", "admin-addr")
 	loraIDs := fs.String("lora-ids", "", "adapter names of engine lora ids, for engines that send lora_id without lora_name: id=name,… (vLLM's integer ids, SGLang's string ids)")
 	var logging config.Logging

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/extprocd"
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/up"
 	"github.com/kvgate/kvgate/lib/config"
@@ -20,10 +21,11 @@ import (
 func runUp(ctx context.Context, args []string, x *extensions) error {
 	cfg := up.DefaultConfig()
 	fs := config.NewFlagSet("up", os.Stderr)
-	fs.StringVar(&cfg.GatewayAddr, "gateway-addr", cfg.GatewayAddr, "HTTP address of the gateway (Envoy's place)")
-	fs.StringVar(&cfg.ExtprocAddr, "extproc-addr", cfg.ExtprocAddr, "gRPC address of the ext_proc server")
-	fs.StringVar(&cfg.AdminAddr, "admin-addr", cfg.AdminAddr, "HTTP address of the status page, status.json and metrics (keep it on loopback: they list every internal address)")
+	fs.Var(config.Listen(&cfg.GatewayAddr), "gateway-addr", "HTTP address of the gateway (Envoy's place; a port alone is loopback)")
+	fs.Var(config.Listen(&cfg.ExtprocAddr), "extproc-addr", "gRPC address of the ext_proc server")
+	fs.Var(config.Listen(&cfg.AdminAddr), "admin-addr", "HTTP address of the status page, status.json and metrics (keep it on loopback: they list every internal address)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "the one request body limit: the router's cap, the model's max_body_bytes and every worker's")
+	fs.Var(&cfg.Extproc.DuplicateKeys, "duplicate-keys", extprocd.DuplicateKeysUsage)
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name the mock workers serve")
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
 	a := fs.Int("pool-a-workers", 3, "workers in pool-a")

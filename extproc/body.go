@@ -21,6 +21,7 @@ const (
 	reasonBadJSON      = tokenizer.ReasonBadJSON
 	reasonMissingField = tokenizer.ReasonMissingField
 	reasonBadField     = tokenizer.ReasonBadField
+	reasonDuplicateKey = tokenizer.ReasonDuplicateKey
 )
 
 // chatPath and completionsPath say which field a path requires; other
@@ -39,9 +40,10 @@ type parsedBody struct {
 // completions, chat completions with everything that shapes the prompt,
 // the Responses API, Anthropic messages) and fills req's Model, CacheSalt
 // and exactly one of Prompt, PromptTokens or Chat; every other field is left
-// alone (the body is re-emitted as it came). Errors are *bodyError.
-func parseBody(path string, body []byte, req *globalrouter.Request) (parsedBody, error) {
-	b, err := tokenizer.ParseBody(path, body)
+// alone (the body is re-emitted as it came). A key named twice in one object
+// is read as dups says (Config.DuplicateKeys). Errors are *bodyError.
+func parseBody(path string, body []byte, req *globalrouter.Request, dups tokenizer.DuplicateKeys) (parsedBody, error) {
+	b, err := tokenizer.ParseBodyWith(path, body, tokenizer.BodyOptions{Duplicates: dups})
 	if err != nil {
 		var be *tokenizer.BodyError
 		if errors.As(err, &be) {

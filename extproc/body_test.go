@@ -81,7 +81,7 @@ func TestParseBody(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got globalrouter.Request
-			pb, err := parseBody(tc.path, []byte(tc.body), &got)
+			pb, err := parseBody(tc.path, []byte(tc.body), &got, tokenizer.DuplicatesRefuse)
 			if tc.reason != "" {
 				var be *bodyError
 				if !errors.As(err, &be) || be.reason != tc.reason {
@@ -116,7 +116,7 @@ func FuzzParseBody(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
 		var req globalrouter.Request
-		_, err := parseBody(path, body, &req)
+		_, err := parseBody(path, body, &req, tokenizer.DuplicatesRefuse)
 		valid := json.Valid(body)
 		if err != nil {
 			var be *bodyError
@@ -172,7 +172,7 @@ func BenchmarkParseBody(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		var req globalrouter.Request
-		if _, err := parseBody(chatPath, body, &req); err != nil {
+		if _, err := parseBody(chatPath, body, &req, tokenizer.DuplicatesRefuse); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/kvgate/kvgate/lib/config"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // Defaults of Config.
@@ -64,6 +65,12 @@ type Config struct {
 	//
 	// Deprecated: a no-op.
 	HeaderFallbacks bool
+	// DuplicateKeys says how a request body that names a key twice in one
+	// object is read: refused with 400 (the zero value,
+	// tokenizer.DuplicatesRefuse: no reader after kvgate can then read it
+	// another way), or as the engine reads it, the last occurrence at every
+	// depth (tokenizer.DuplicatesLast). docs/security.md says why.
+	DuplicateKeys tokenizer.DuplicateKeys
 }
 
 // Defaults returns c with every unset field set to its default.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // Server is the ExternalProcessor service. It is safe for concurrent use:
@@ -142,7 +143,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serve
 
 // ListenAndServe listens on cfg.Addr and Serves.
 func (s *Server) ListenAndServe(ctx context.Context, opts ...grpc.ServerOption) error {
-	lis, err := net.Listen("tcp", s.cfg.Addr)
+	lis, err := net.Listen("tcp", config.ListenAddr(s.cfg.Addr))
 	if err != nil {
 		return fmt.Errorf("extproc: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // TestBodyReemittedUnchanged sends bodies in chunks of every awkward shape:
@@ -64,6 +65,33 @@ func TestBodyReemittedUnchanged(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDuplicateKeysLast: with DuplicateKeys last, the decider sees the
+// body as the engine will run it (Python's json: the last occurrence, at
+// every depth), so {"model":"m1","model":"m2"} is routed for m2.
+func TestDuplicateKeysLast(t *testing.T) {
+	d := &deciderDouble{}
+	conn, _ := startServer(t, extproc.Config{DuplicateKeys: tokenizer.DuplicatesLast}, d)
+	c := envoyClient(t, conn, allModes[1])
+	body := []byte(`{"model":"m1","stream":false,"messages":[{"role":"user","content":"first","content":"last"}],"model":"m2","stream":true}`)
+	res, err := c.Process(testenv.Context(t), extprocclient.Request{
+		Message:  extprocclient.Message{Headers: post("/v1/chat/completions"), Body: [][]byte{body}},
+		Upstream: sseResponse("ok"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Info.LocalReply != nil {
+		t.Fatalf("local reply %d: %s", res.Info.LocalReply.Status, res.Info.LocalReply.Body)
+	}
+	if !bytes.Equal(res.Upstream.BodyBytes(), body) {
+		t.Errorf("upstream body %s, want it as it came", res.Upstream.BodyBytes())
+	}
+	reqs := d.requests()
+	if len(reqs) != 1 || reqs[0].Model != "m2" || chatMessages(reqs[0])[0].Content != "last" {
+		t.Fatalf("decider saw %+v, want model m2 and content last", reqs)
 	}
 }
 

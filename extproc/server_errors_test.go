@@ -89,6 +89,10 @@ func TestErrors(t *testing.T) {
 		{"batch prompt", "/v1/completions", `{"model":"m1","prompt":["a","b"]}`, nil, 400, "bad_field", "bad_field", ""},
 		{"negative token", "/v1/completions", `{"model":"m1","prompt":[1,-2]}`, nil, 400, "bad_field", "bad_field", ""},
 		{"empty body", "/v1/completions", ``, nil, 400, "bad_json", "bad_json", ""},
+		// Issue 27: the engine (Python's json) reads the last of a key
+		// named twice; by default kvgate refuses the ambiguity.
+		{"duplicate model", "/v1/completions", `{"model":"m1","model":"other","prompt":"hi"}`, nil, 400, "duplicate_key", "duplicate_key", ""},
+		{"duplicate nested key", "/v1/chat/completions", `{"model":"m1","messages":[{"role":"user","content":"a","content":"b"}]}`, nil, 400, "duplicate_key", "duplicate_key", ""},
 		{"too large", "/v1/completions", `{"model":"m1","prompt":"` + strings.Repeat("x", 2000) + `"}`, nil, 413, "body_too_large", "request_too_large", ""},
 		{"decider bad request", "/v1/completions", `{"model":"m1","prompt":"hi"}`, decideErr(fmt.Errorf("wrap: %w", globalrouter.ErrBadRequest)), 400, "bad_request", "bad_request", ""},
 		{"unknown model", "/v1/completions", `{"model":"nope","prompt":"hi"}`, decideErr(fmt.Errorf("model nope: %w", globalrouter.ErrUnknownModel)), 404, "unknown_model", "model_not_found", ""},

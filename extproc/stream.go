@@ -250,7 +250,7 @@ func (x *exchange) route() error {
 	if v := x.headers[globalrouter.HeaderExplain]; v == "1" || strings.EqualFold(v, "true") {
 		greq.Explain, x.explain = true, true
 	}
-	if _, err := parseBody(x.path, body, greq); err != nil {
+	if _, err := parseBody(x.path, body, greq, x.s.cfg.DuplicateKeys); err != nil {
 		var be *bodyError
 		if errors.As(err, &be) {
 			return x.reply(bodyHTTPError(be))

@@ -33,6 +33,7 @@ const (
 	ReasonBadJSON      = "bad_json"
 	ReasonMissingField = "missing_field"
 	ReasonBadField     = "bad_field"
+	// ReasonDuplicateKey (dupkeys.go): a key named twice in one object.
 )
 
 // BodyError is a request body ParseBody refuses: Reason is one of the
@@ -83,29 +84,48 @@ type bodyParser struct {
 // cache_salt is read into Body.CacheSalt (completions, chat completions,
 // Responses) and media parts' content hashes into ChatRequest.MMHashes.
 // Errors are *BodyError. Strings are made valid UTF-8 as encoding/json
-// would; of duplicate keys the first counts. Nothing is allocated by a
-// size the client states.
-func ParseBody(path string, body []byte) (*Body, error) { return parseBody(path, body, true) }
+// would. A body that names a key twice in one object is refused
+// (DuplicatesRefuse; ParseBodyWith reads it as the engine does instead).
+// Nothing is allocated by a size the client states.
+func ParseBody(path string, body []byte) (*Body, error) {
+	return parseBody(path, body, true, DuplicatesRefuse)
+}
+
+// BodyOptions are ParseBodyWith's choices; the zero value is ParseBody's.
+type BodyOptions struct {
+	// Duplicates says how a key named twice in one object is read.
+	Duplicates DuplicateKeys
+	// NoModel accepts a body without a model (Body.Model is then "").
+	NoModel bool
+}
+
+// ParseBodyWith is ParseBody with options.
+func ParseBodyWith(path string, body []byte, o BodyOptions) (*Body, error) {
+	return parseBody(path, body, !o.NoModel, o.Duplicates)
+}
 
 // ParseBodyNoModel is ParseBody for a body that may leave out the model
 // (Body.Model is then "").
-func ParseBodyNoModel(path string, body []byte) (*Body, error) { return parseBody(path, body, false) }
+func ParseBodyNoModel(path string, body []byte) (*Body, error) {
+	return parseBody(path, body, false, DuplicatesRefuse)
+}
 
 // ParseChat is ParseBody for a body that must be a chat (chat
 // completions, Responses or Anthropic by path) and may leave out the
-// model: the chat request alone.
+// model: the chat request alone, read as an engine reads it (of a key
+// named twice the last counts, DuplicatesLast), for the mocker.
 func ParseChat(path string, body []byte) (*ChatRequest, error) {
 	if path != PathResponses && path != PathMessages {
 		path = PathChat
 	}
-	b, err := parseBody(path, body, false)
+	b, err := parseBody(path, body, false, DuplicatesLast)
 	if err != nil {
 		return nil, err
 	}
 	return b.Chat, nil
 }
 
-func parseBody(path string, body []byte, needModel bool) (*Body, error) {
+func parseBody(path string, body []byte, needModel bool, dups DuplicateKeys) (*Body, error) {
 	if err := fastjson.ValidateBytes(body); err != nil {
 		return nil, &BodyError{ReasonBadJSON, "request body is not valid JSON: " + err.Error()}
 	}
@@ -114,6 +134,20 @@ func parseBody(path string, body []byte, needModel bool) (*Body, error) {
 	v, err := p.ParseBytes(body)
 	if err != nil {
 		return nil, &BodyError{ReasonBadJSON, "request body is not valid JSON: " + err.Error()}
+	}
+	// fastjson's Get takes a key's first occurrence, Python's json (the
+	// engine) its last: a body where they differ is refused or read anew
+	// with one value per key, before anything is read from it.
+	if mayHaveDuplicates(v) {
+		resolved, dup, err := resolveDuplicates(body, dups)
+		if err != nil {
+			return nil, err
+		}
+		if dup {
+			if v, err = p.ParseBytes(resolved); err != nil {
+				return nil, &BodyError{ReasonBadJSON, "request body is not valid JSON: " + err.Error()}
+			}
+		}
 	}
 	o, err := v.Object()
 	if err != nil {
@@ -318,6 +352,14 @@ func (p *bodyParser) parseMessagesJSON(data []byte) ([]Message, error) {
 	v, err := jp.ParseBytes(data)
 	if err != nil {
 		return nil, err
+	}
+	// As encoding/json (and Python) would: of a key named twice, the last.
+	if fastjson.ValidateBytes(data) == nil && mayHaveDuplicates(v) {
+		if resolved, dup, err := resolveDuplicates(data, DuplicatesLast); err == nil && dup {
+			if v, err = jp.ParseBytes(resolved); err != nil {
+				return nil, err
+			}
+		}
 	}
 	msgs, err := p.parseMessages(v)
 	if err != nil {

@@ -29,8 +29,11 @@
 // model.go (Config, Load, Model: Encode, EncodeChat, RenderChat, its
 // metrics), set.go (Set, LoadSet: one Model per served model), request.go
 // (ChatRequest, Message, ToolCall, NewChat), body.go (Body, BodyError,
-// ParseBody, ParseChat: completions and chat completions bodies),
-// body_alt.go (the Responses API and Anthropic messages bodies), media.go
+// ParseBody, ParseBodyWith, ParseChat: completions and chat completions
+// bodies),
+// body_alt.go (the Responses API and Anthropic messages bodies),
+// dupkeys.go (DuplicateKeys: a key named twice in one object, refused or
+// read last-wins as Python's json reads it), media.go
 // (MediaSpan, EncodeChatMedia: the media placeholders' tokens), chat.go
 // (the chat template: loading it from tokenizer_config.json, ChatML for
 // the OpenAI encodings), chatjinja.go (rendering through gonja as

@@ -84,6 +84,7 @@ func Check(objs []Object, flags Flags) []error {
 	x.checkEngines()
 	x.checkPD()
 	x.checkReadiness()
+	x.checkListen()
 	if flags != nil {
 		x.checkFlags(flags)
 	}

@@ -2,6 +2,7 @@ package validate
 
 import (
 	"encoding/json"
+	"net"
 	"regexp"
 	"slices"
 	"strconv"
@@ -168,6 +169,29 @@ func (x *index) checkFlags(flags Flags) {
 				continue
 			}
 			x.fail(p.owner, "flags", "container %s: kvgate %s has no flag -%s", c.Name, sub, n)
+		}
+	})
+}
+
+// listenFlags are kvgate's listen-address flags (kvgate's app
+// TestListenFlags keeps their list).
+var listenFlags = []string{"addr", "grpc-addr", "admin-addr", "metrics-addr", "health-addr", "subtree-listen", "gateway-addr", "extproc-addr"}
+
+// checkListen: a kvgate listener in a pod must bind beyond loopback to be
+// reached by the kubelet, a Service or Prometheus. A port alone (":9002")
+// is loopback for every kvgate listen flag (docs/security.md, "Addresses"),
+// unlike Go's net: write 0.0.0.0:9002.
+func (x *index) checkListen() {
+	x.kvgateContainers(func(p pod, c corev1.Container, sub string) {
+		for _, f := range listenFlags {
+			v := flagValue(c.Args, f)
+			if v == "" {
+				continue
+			}
+			host, _, err := net.SplitHostPort(v)
+			if ip := net.ParseIP(host); err == nil && (host == "" || host == "localhost" || ip != nil && ip.IsLoopback()) {
+				x.fail(p.owner, "listen", "container %s: -%s=%s binds loopback only (a port alone is loopback in kvgate): write 0.0.0.0:PORT", c.Name, f, v)
+			}
 		}
 	})
 }

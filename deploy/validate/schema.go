@@ -23,8 +23,9 @@
 // check_refs.go (references between objects), check_gateway.go (routes,
 // backends, Envoy's circuit breaker and ext_proc), check_tls.go (TLS on
 // every gRPC hop), check_kvgate.go (kvgate's own settings: patches, block
-// sizes, engines, flags), check_pd.go (llm-d's routing sidecar: its flags
-// against its source, its ports; vLLM's KV transfer; readiness probes).
+// sizes, engines, flags, listen addresses beyond loopback), check_pd.go
+// (llm-d's routing sidecar: its flags against its source, its ports;
+// vLLM's KV transfer; readiness probes).
 package validate
 
 import (

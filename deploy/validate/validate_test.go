@@ -265,6 +265,8 @@ func mutations() []mutation {
 				c := container(o, "extproc")
 				obj(c, "readinessProbe", "grpc")["port"] = 9002
 			}, want: "the kubelet's gRPC probe has no TLS"},
+		{name: "listen: a port alone is loopback", overlay: "overlays/two-pools", kind: "Deployment/kvgate-localrouter-pool-a",
+			edit: func(o map[string]any) { setArg(container(o, "localrouter"), "addr", ":7100") }, want: "[listen] container localrouter: -addr=:7100 binds loopback only"},
 		{name: "resources missing", overlay: "overlays/two-pools", kind: "Deployment/kvgate-localrouter-pool-b",
 			edit: func(o map[string]any) { delete(container(o, "localrouter"), "resources") }, want: "[resources] container localrouter"},
 		{name: "positional JSON patch", overlay: "overlays/two-pools",

@@ -75,10 +75,8 @@ var skips = []rule{
 	{"README.md", "kvgate bench -probe -rate 5000", "a benchmark: seconds of load at 5000/s, past the walk's budget (internal/loadbench has its tests)"},
 	{"README.md", "kvgate policy check pools.yaml", "the reader's pools file (examples/pools.yaml runs in docs/operating.md)"},
 	{"docs/hierarchy.md", "tree=RxP", "names the topology's form: R and P are placeholders"},
-	{"docs/security.md", "kvgate extproc --addr :9002", "names the flag a pod's deployment sets; the ext_proc needs its -config too (docs/kubernetes.md's overlay)"},
-	// after the row of the fenced localrouter line, which holds it too:
-	// the prose's `kvgate localrouter --grpc-addr :7100` (or --addr)
-	{"docs/security.md", "addr :7100", "names the flag a pod's deployment sets; the router needs its --pool and the rest too"},
+	{"docs/security.md", "kvgate extproc --addr 0.0.0.0:9002", "names the flag a pod's deployment sets; the ext_proc needs its -config too (docs/kubernetes.md's overlay)"},
+	{"docs/security.md", "kvgate localrouter --addr 0.0.0.0:7100", "names the flag a pod's deployment sets; the router needs its --pool and the rest too"},
 	{"docs/operating.md", "kvgate extproc -otlp-endpoint collector:4317", "names the flag; the ext_proc needs its -config too, and collector is a host name of the reader's"},
 	{"docs/operating.md", "kvgate extproc -shadow-config candidate.yaml", "names the flag; the ext_proc it starts needs a -config too"},
 }

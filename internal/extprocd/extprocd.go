@@ -42,6 +42,10 @@ import (
 // p99 is GC-bound at GOGC=100 (BENCHMARKS.md gives the figures).
 const DefaultGCPercent = 400
 
+// DuplicateKeysUsage is the usage of -duplicate-keys, on kvgate extproc
+// and kvgate up.
+const DuplicateKeysUsage = `a request body naming a key twice in one object: refuse (400 duplicate_key, naming the key and its path) or last (read as the engine, Python's json, reads it: the last occurrence, at every depth); docs/security.md`
+
 // Options configure the `kvgate extproc` process: the server's Config plus
 // the global router's configuration file and the process around them.
 type Options struct {
@@ -106,7 +110,7 @@ func ParseFlags(name string, args []string, usage io.Writer) (Options, error) {
 func parseFlags(name string, args []string, getenv func(string) string, usage io.Writer) (Options, error) {
 	o := Options{Config: extproc.Config{}.Defaults(), LogLevel: "info", MetricsAddr: config.DefaultExtprocAdminAddr}
 	fs := config.NewFlagSet(name, usage)
-	fs.StringVar(&o.Addr, "addr", o.Addr, "gRPC listen address of the ext_proc service")
+	fs.Var(config.Listen(&o.Addr), "addr", "gRPC listen address of the ext_proc service (a port alone is loopback)")
 	fs.StringVar(&o.PoolsFile, "config", "", "global router configuration file: pools, policies, models (required; see examples/pools.yaml)")
 	fs.DurationVar(&o.WatchInterval, "config-watch", 0, "how often to check the configuration file for changes (0: default, <0: never)")
 	fs.StringVar(&o.ShadowFile, "shadow-config", "", "a shadow file: a candidate policy chain that ranks alongside the live one on every request, never committing (metrics kvgate_shadow_*; watched like -config)")
@@ -114,14 +118,15 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	fs.BoolVar(&o.OTLPInsecure, "otlp-insecure", true, "send traces without TLS")
 	etcd := fs.String("etcd", "", "comma-separated etcd endpoints, for pools that discover their local routers in etcd")
 	o.EtcdTLS.Flags(fs, "etcd", "etcd", false)
-	fs.StringVar(&o.MetricsAddr, "admin-addr", o.MetricsAddr, `admin HTTP listen address: /metrics ("" disables)`)
+	fs.Var(config.Listen(&o.MetricsAddr), "admin-addr", `admin HTTP listen address: /metrics ("" disables)`)
 	fs.Alias("metrics-addr", "admin-addr")
 	o.TLS.Flags(fs)
-	fs.StringVar(&o.HealthAddr, "health-addr", "", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
+	fs.Var(config.Listen(&o.HealthAddr), "health-addr", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
 	o.RouterTLS.Flags(fs, "router-tls", "the local routers", true)
 	o.Subtree.Flags(fs)
 	paths := fs.String("inference-paths", strings.Join(o.InferencePaths, ","), "comma-separated paths that are routed; others pass through")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body accepted (413 past it)")
+	fs.Var(&o.DuplicateKeys, "duplicate-keys", DuplicateKeysUsage)
 	reqMode := fs.String("request-body-mode", o.RequestBodyMode.String(), "request body mode assumed when Envoy does not say: FULL_DUPLEX_STREAMED or BUFFERED")
 	respMode := fs.String("response-body-mode", o.ResponseBodyMode.String(), "response body mode assumed when Envoy does not say: STREAMED, FULL_DUPLEX_STREAMED or BUFFERED")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503")

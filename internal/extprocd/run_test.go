@@ -32,7 +32,7 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.PoolsFile != "p.yaml" || o.Addr != ":1234" || len(o.Etcd) != 2 || o.Etcd[1] != "http://b:2379" ||
+	if o.PoolsFile != "p.yaml" || o.Addr != "127.0.0.1:1234" || len(o.Etcd) != 2 || o.Etcd[1] != "http://b:2379" ||
 		o.RequestBodyMode != extprocfilterv3.ProcessingMode_BUFFERED || len(o.InferencePaths) != 2 ||
 		o.MaxBodyBytes != extproc.DefaultMaxBodyBytes || o.ShadowFile != "s.yaml" || o.OTLPEndpoint != "otel:4317" || o.OTLPInsecure {
 		t.Errorf("options %+v", o)

@@ -32,8 +32,8 @@ var lifecycleMethods = map[string]bool{
 }
 
 // authorizer allows lifecycle calls from peers whose verified client
-// certificate carries one of the allowed names (a DNS SAN or the common
-// name).
+// certificate carries one of the allowed names (tlsconfig.PeerNames: a DNS
+// or URI SAN, or the common name of a certificate without SANs).
 type authorizer struct{ allowed []string }
 
 // changesState reports whether a call changes the router's state: a

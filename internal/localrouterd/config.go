@@ -35,8 +35,8 @@ type Config struct {
 	HealthAddr string
 	// TLS of the gRPC server (off unless set).
 	TLS tlsconfig.Server
-	// AuthorizedClients, under mutual TLS, are the certificate names (DNS
-	// SANs or CN) allowed to make lifecycle calls (Commit, Track, Free,
+	// AuthorizedClients, under mutual TLS, are the certificate names
+	// (tlsconfig.PeerNames: its SANs, the CN only without them) allowed to make lifecycle calls (Commit, Track, Free,
 	// MarkPrefillComplete, DumpEvents). Empty: any client whose
 	// certificate the client CA verified.
 	AuthorizedClients []string
@@ -127,14 +127,14 @@ func flags(fs *config.FlagSet, c *Config) {
 	r := &c.Router
 	fs.Var(config.String(&c.Pool), "pool", "pool this router serves (required)")
 	fs.Var(config.String(&c.RouterID), "router-id", "this replica's id (default: hostname-random)")
-	fs.Var(config.String(&c.GRPCAddr), "addr", "gRPC listen address")
+	fs.Var(config.Listen(&c.GRPCAddr), "addr", "gRPC listen address")
 	fs.Deprecated("grpc-addr", "addr")
 	fs.Var(config.String(&c.AdvertiseAddr), "advertise-addr", "gRPC address registered in etcd (default: the listen address)")
-	fs.Var(config.String(&c.MetricsAddr), "admin-addr", "admin HTTP listen address: /metrics (empty: none)")
+	fs.Var(config.Listen(&c.MetricsAddr), "admin-addr", "admin HTTP listen address: /metrics (empty: none)")
 	fs.Alias("metrics-addr", "admin-addr")
-	fs.Var(config.String(&c.HealthAddr), "health-addr", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
+	fs.Var(config.Listen(&c.HealthAddr), "health-addr", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
 	c.TLS.Flags(fs)
-	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS SANs or CN) allowed lifecycle calls (Commit, Track, Free, MarkPrefillComplete, DumpEvents); empty: any verified client")
+	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS or URI SANs; the CN only when there is no SAN) allowed lifecycle calls (Commit, Track, Free, MarkPrefillComplete, DumpEvents); empty: any verified client")
 	fs.Var(config.List(&c.Etcd), "etcd", "etcd endpoints, comma-separated (required)")
 	c.EtcdTLS.Flags(fs, "etcd", "etcd", false)
 	fs.Var(config.String(&c.NATS), "nats-url", "NATS URL (required with KV events or replica sync)")

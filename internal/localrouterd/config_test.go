@@ -41,7 +41,7 @@ func TestParseFlags(t *testing.T) {
 			r.OverlapScoreCredit, r.PrefillLoadScale, r.RouterTemperature = 0.5, 2, 0.3
 			r.UseKVEvents, r.TrackActiveBlocks, r.ReplicaSync = false, false, true
 			r.TTL, r.MaxTreeSize, r.MinInitialWorkers, r.RequestExpiry, r.BlockSize = 30*time.Second, 1000, 3, time.Minute, 64
-			c.GRPCAddr, c.MetricsAddr, c.AdvertiseAddr, c.RegisterTTL = ":1", "", "h:1", 3*time.Second
+			c.GRPCAddr, c.MetricsAddr, c.AdvertiseAddr, c.RegisterTTL = "127.0.0.1:1", "", "h:1", 3*time.Second // a port alone is loopback
 		})},
 		{"engine signals", []string{
 			"--router-metrics-period=2s", "--router-waiting-weight=1.5", "--router-kv-usage-weight=20",
@@ -54,10 +54,10 @@ func TestParseFlags(t *testing.T) {
 			"KVGATE_ROUTER_METRICS_PERIOD": "5", "KVGATE_ROUTER_SATURATION_WAITING": "3",
 		}, want(func(c *Config) { c.Router.SaturationWaiting = 3 })},
 		{"deprecated names", []string{"--grpc-addr=:2", "--nats=nats://old:4222"}, nil, want(func(c *Config) {
-			c.GRPCAddr, c.NATS = ":2", "nats://old:4222"
+			c.GRPCAddr, c.NATS = "127.0.0.1:2", "nats://old:4222"
 		})},
 		{"log flags", []string{"--log-format=text", "--log-level=debug"}, nil, want(func(c *Config) { c.Log.Format, c.Log.Level = "text", "debug" })},
-		{"deprecated environment name", nil, map[string]string{"KVGATE_GRPC_ADDR": ":3"}, want(func(c *Config) { c.GRPCAddr = ":3" })},
+		{"deprecated environment name", nil, map[string]string{"KVGATE_GRPC_ADDR": ":3"}, want(func(c *Config) { c.GRPCAddr = "127.0.0.1:3" })},
 		{"short names", []string{"--block-size=32", "--min-initial-workers=2"}, nil, want(func(c *Config) {
 			c.Router.BlockSize, c.Router.MinInitialWorkers = 32, 2
 		})},

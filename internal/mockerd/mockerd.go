@@ -182,7 +182,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		}
 	}()
 
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, err := net.Listen("tcp", config.ListenAddr(cfg.Listen))
 	if err != nil {
 		return nil, fmt.Errorf("mocker: %w", err)
 	}

@@ -26,6 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // DefaultDrain is how long Run lets servers drain before stopping them hard.
@@ -195,8 +197,10 @@ func (g *Group) Run(ctx context.Context, drain time.Duration) error {
 	return errors.Join(runErr, g.Stop(sctx))
 }
 
-// Listen opens a TCP listener on addr; the error names the flag.
+// Listen opens a TCP listener on addr as config.ListenAddr reads it (a
+// port alone is loopback); the error names the flag.
 func Listen(flagName, addr string) (net.Listener, error) {
+	addr = config.ListenAddr(addr)
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("-%s %s: %w", flagName, addr, err)

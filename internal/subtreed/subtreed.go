@@ -33,7 +33,7 @@ import (
 
 // DefaultListen is -subtree-listen's host when the flag names a port
 // only (":9300" listens on loopback: exposing the subtree is a choice).
-const DefaultListen = "127.0.0.1"
+const DefaultListen = config.ListenHost
 
 // Config is the subtree service of `kvgate extproc` (flags -subtree-*).
 type Config struct {
@@ -60,7 +60,7 @@ type Config struct {
 	// RegisterTTL is the etcd lease's TTL (0: 10 s).
 	RegisterTTL time.Duration
 	// AuthorizedClients, under mutual TLS, are the client certificate
-	// names (DNS SANs or CN) allowed lifecycle calls (Commit, Track,
+	// names (tlsconfig.PeerNames: SANs, the CN without them) allowed lifecycle calls (Commit, Track,
 	// Channel, Free, MarkPrefillComplete, BestWorker with a request id);
 	// empty: any verified client. The TLS is the process's
 	// (-tls-cert-file, -tls-client-ca-file, as the ext_proc listener's).
@@ -69,7 +69,7 @@ type Config struct {
 
 // Flags defines the -subtree-* flags on fs.
 func (c *Config) Flags(fs *config.FlagSet) {
-	fs.Var(config.String(&c.Listen), "subtree-listen", `serve this router's subtree over the local-router gRPC API at this address, so a parent global router's pool can be this router ("" : off; ":9300" listens on `+DefaultListen+`)`)
+	fs.Var(config.Listen(&c.Listen), "subtree-listen", `serve this router's subtree over the local-router gRPC API at this address, so a parent global router's pool can be this router ("" : off; ":9300" listens on `+DefaultListen+`)`)
 	fs.Var(config.String(&c.Advertise), "subtree-advertise", "subtree address registered in etcd (default: the listen address)")
 	fs.Var(config.String(&c.Pool), "subtree-pool", "register the subtree in etcd as a router of this pool (the parent's pool name, routers: {etcd: true}); needs -etcd")
 	fs.Var(config.Int(&c.BlockSize, 0), "subtree-block-size", "block size registered for the subtree (0: its pools', when they share one)")
@@ -77,19 +77,15 @@ func (c *Config) Flags(fs *config.FlagSet) {
 	fs.Var(config.Int(&c.MaxDepth, 0), "subtree-max-depth", fmt.Sprintf("deepest tree of global routers a call may cross before it is refused as a loop (0: %d)", globalrouter.DefaultMaxDepth))
 	fs.Var(config.String(&c.ID), "subtree-router-id", "router id of the subtree's etcd registration (default: host name and port)")
 	fs.Var(config.Duration(&c.RegisterTTL), "subtree-register-ttl", "lease TTL of the subtree's etcd registration (0: 10s)")
-	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS SANs or CN) allowed the subtree's lifecycle calls (Commit, Track, Channel, Free, MarkPrefillComplete); empty: any verified client")
+	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS or URI SANs; the CN only when there is no SAN) allowed the subtree's lifecycle calls (Commit, Track, Channel, Free, MarkPrefillComplete); empty: any verified client")
 }
 
 // Enabled reports whether the service runs.
 func (c Config) Enabled() bool { return c.Listen != "" }
 
-// ListenAddr is Listen with DefaultListen for a missing host.
-func (c Config) ListenAddr() string {
-	if strings.HasPrefix(c.Listen, ":") {
-		return DefaultListen + c.Listen
-	}
-	return c.Listen
-}
+// ListenAddr is Listen as config.ListenAddr reads it: a port alone is
+// loopback (DefaultListen), as for every listen flag.
+func (c Config) ListenAddr() string { return config.ListenAddr(c.Listen) }
 
 // Validate reports a bad combination, naming the flag.
 func (c Config) Validate() error {

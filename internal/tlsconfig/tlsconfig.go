@@ -269,11 +269,24 @@ func parseCAs(file string, b []byte, err error) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// PeerNames returns what identifies the holder of cert: its DNS SANs, then
-// its common name.
+// PeerNames returns what identifies the holder of cert, for
+// -authorized-clients: its subject alternative names when it has any (DNS
+// names, and URIs such as SPIFFE IDs, as written), its common name only
+// when it has none. A certificate with SANs is named by them alone: a CA
+// that signs "CN=kvgate-extproc, DNS:tenant-a.example" has vouched for
+// tenant-a, not for kvgate-extproc. This is the rule of Go's crypto/x509
+// (the CN is no host name once SANs exist, RFC 6125 §6.4.4), of
+// Kubernetes' serving certificates and of Envoy's match_subject_alt_names
+// (envoyproxy/envoy source/common/tls/cert_validator/default_validator.cc,
+// 22fecd20f2d139d305b6b5f6e45e50d64a9a9146).
+// An IP or e-mail SAN names nothing here but still retires the CN.
 func PeerNames(cert *x509.Certificate) []string {
 	names := append([]string(nil), cert.DNSNames...)
-	if cert.Subject.CommonName != "" {
+	for _, u := range cert.URIs {
+		names = append(names, u.String())
+	}
+	hasSANs := len(names) > 0 || len(cert.IPAddresses) > 0 || len(cert.EmailAddresses) > 0
+	if !hasSANs && cert.Subject.CommonName != "" {
 		names = append(names, cert.Subject.CommonName)
 	}
 	return names

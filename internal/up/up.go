@@ -49,6 +49,7 @@ import (
 	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/pool"
@@ -203,7 +204,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if err != nil {
 		return nil, err
 	}
-	xlis, err := net.Listen("tcp", cfg.ExtprocAddr)
+	xlis, err := net.Listen("tcp", config.ListenAddr(cfg.ExtprocAddr))
 	if err != nil {
 		return nil, fmt.Errorf("ext_proc: %w", err)
 	}
@@ -232,7 +233,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if s.gw, err = gateway.New(s.conn, gcfgw, cfg.Logger); err != nil {
 		return nil, err
 	}
-	glis, err := net.Listen("tcp", cfg.GatewayAddr)
+	glis, err := net.Listen("tcp", config.ListenAddr(cfg.GatewayAddr))
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -242,7 +243,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	s.gatewayDone = make(chan error, 1)
 	go func() { s.gatewayDone <- s.gatewayHTTP.Serve(glis) }()
 
-	alis, err := net.Listen("tcp", cfg.AdminAddr)
+	alis, err := net.Listen("tcp", config.ListenAddr(cfg.AdminAddr))
 	if err != nil {
 		return nil, fmt.Errorf("admin: %w", err)
 	}
@@ -388,10 +389,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer, grace time.Duration) er
 	return nil
 }
 
-// loopbackAddr reports whether a listen address host:port binds loopback
-// only ("localhost", 127.0.0.0/8, ::1); an empty host binds every interface.
+// loopbackAddr reports whether a listen address binds loopback only
+// ("localhost", 127.0.0.0/8, ::1), as config.ListenAddr reads it: a port
+// alone is loopback, as the gateway then binds.
 func loopbackAddr(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
+	host, _, err := net.SplitHostPort(config.ListenAddr(addr))
 	if err != nil || host == "" {
 		return false
 	}

@@ -16,10 +16,13 @@
 //     what cannot be honoured, naming the flag or field.
 //
 // Default addresses shared by several subcommands live here too, so they
-// cannot drift apart; every server binds loopback unless told otherwise.
+// cannot drift apart; every server binds loopback unless told otherwise,
+// and a port alone (":9002") means loopback too, for every listen flag
+// (ListenAddr, Listen).
 //
 // Files: flags.go (FlagSet: environment, aliases, deprecated names, typed
-// usage; the Value flag types), logging.go (Logging: -log-level and
+// usage; the Value flag types), listen.go (ListenAddr, Listen: one meaning
+// for each spelling of a listen address), logging.go (Logging: -log-level and
 // -log-format), yaml.go (PosError, ParseFile, DecodeStrict, FixFile).
 package config
 
