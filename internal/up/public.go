@@ -3,10 +3,13 @@ package up
 import (
 	"encoding/json"
 	"net/http"
+	"net/url"
+	"strings"
 )
 
 // PublicPaths are the paths the gateway forwards besides the ext_proc
-// server's inference paths: the model list and the health check. Anything
+// server's inference paths: the model list and the health check (and
+// ModelPathPrefix + one model id, modelPath). Anything
 // else (a worker's /reset_prefix_cache, /metrics, /tokenize) is answered
 // 404 by the gateway itself and never reaches a worker.
 var PublicPaths = []string{"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"}
@@ -21,7 +24,7 @@ func publicOnly(next http.Handler, inference []string) http.Handler {
 		allowed[p] = true
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.RawPath == "" && allowed[r.URL.Path] {
+		if (r.URL.RawPath == "" && allowed[r.URL.Path]) || modelPath(r.URL) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -33,4 +36,21 @@ func publicOnly(next http.Handler, inference []string) http.Handler {
 			"code":    "not_found",
 		}})
 	})
+}
+
+// ModelPathPrefix is the path of one model's entry (GET /v1/models/{id},
+// OpenAI's models.retrieve and Anthropic's).
+const ModelPathPrefix = "/v1/models/"
+
+// modelPath reports whether u is ModelPathPrefix and one path segment,
+// a model id, not "." or "..": an id with a slash comes percent-encoded
+// (the SDKs encode path parameters), so the segment is read escaped and
+// may decode to anything but a dot segment.
+func modelPath(u *url.URL) bool {
+	esc, ok := strings.CutPrefix(u.EscapedPath(), ModelPathPrefix)
+	if !ok || esc == "" || strings.Contains(esc, "/") {
+		return false
+	}
+	id, err := url.PathUnescape(esc)
+	return err == nil && id != "." && id != ".."
 }
