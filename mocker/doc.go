@@ -139,5 +139,10 @@
 // responses), server_parse.go (reading and validating a completion or
 // chat request, tokenizing its prompt), server_generate.go (running a
 // request on a rank: streamed and whole responses, the rank choice),
-// server_info.go (/v1/models, /tokenize).
+// server_info.go (/v1/models, /tokenize), responses.go (OpenAI's
+// Responses API, /v1/responses), messages.go (Anthropic's Messages API,
+// /v1/messages), apis.go (what those two share: admitting a generation,
+// the chat form of their bodies, the mocker's deterministic tool calls,
+// named SSE events), models.go (/v1/models/{id}, and each client's shape:
+// Anthropic's for a request with anthropic-version).
 package mocker
