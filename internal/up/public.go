@@ -15,7 +15,8 @@ import (
 var PublicPaths = []string{"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"}
 
 // publicOnly serves next for PublicPaths and inference, and a 404 in the
-// OpenAI error shape for anything else. The match is on the exact path: a
+// OpenAI error shape for anything else (Anthropic's to a request with
+// anthropic-version or under /v1/messages/). The match is on the exact path: a
 // percent-encoded path (RawPath set) or one with dot segments is refused,
 // so no spelling of a path reaches a worker as another one.
 func publicOnly(next http.Handler, inference []string) http.Handler {
@@ -30,8 +31,16 @@ func publicOnly(next http.Handler, inference []string) http.Handler {
 		}
 		w.Header().Set("content-type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
+		msg := "no route for " + r.Method + " " + r.URL.Path
+		if r.Header.Get("anthropic-version") != "" || strings.HasPrefix(r.URL.Path, "/v1/messages/") {
+			// An Anthropic client (its SDK sends anthropic-version on every
+			// request) reads Anthropic's error shape.
+			_ = json.NewEncoder(w).Encode(map[string]any{"type": "error", "request_id": nil,
+				"error": map[string]any{"type": "not_found_error", "message": msg}})
+			return
+		}
 		_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-			"message": "no route for " + r.Method + " " + r.URL.Path,
+			"message": msg,
 			"type":    "not_found_error",
 			"code":    "not_found",
 		}})

@@ -1,6 +1,7 @@
 package up
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -33,6 +34,35 @@ func TestPublicOnlyModelPath(t *testing.T) {
 		h.ServeHTTP(rec, httptest.NewRequest("GET", "http://gw"+tc.target, nil))
 		if got := rec.Code == http.StatusTeapot; got != tc.pass {
 			t.Errorf("GET %s: forwarded %v, want %v (status %d)", tc.target, got, tc.pass, rec.Code)
+		}
+	}
+}
+
+// TestPublicOnlyAnthropic404: the gateway's own 404 is in Anthropic's
+// shape for an Anthropic client.
+func TestPublicOnlyAnthropic404(t *testing.T) {
+	h := publicOnly(http.NotFoundHandler(), nil)
+	for _, tc := range []struct {
+		path, version string
+		anthropic     bool
+	}{
+		{"/v1/messages/count_tokens", "", true},
+		{"/v1/files", "2023-06-01", true},
+		{"/v1/files", "", false},
+	} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "http://gw"+tc.path, nil)
+		if tc.version != "" {
+			req.Header.Set("anthropic-version", tc.version)
+		}
+		h.ServeHTTP(rec, req)
+		var e struct {
+			Type  string
+			Error struct{ Type, Code string }
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || rec.Code != 404 || e.Error.Type != "not_found_error" ||
+			(e.Type == "error") != tc.anthropic || (e.Error.Code == "not_found") == tc.anthropic {
+			t.Errorf("POST %s (anthropic-version %q): %d %s, want Anthropic's shape %v", tc.path, tc.version, rec.Code, rec.Body, tc.anthropic)
 		}
 	}
 }
