@@ -20,6 +20,10 @@ type wireUsage struct {
 	CompletionTokens *int64 `json:"completion_tokens"`
 	InputTokens      *int64 `json:"input_tokens"`
 	OutputTokens     *int64 `json:"output_tokens"`
+	// Anthropic's input_tokens leave out the prompt tokens read from or
+	// written to its cache; the prompt is their sum.
+	CacheRead     *int64 `json:"cache_read_input_tokens"`
+	CacheCreation *int64 `json:"cache_creation_input_tokens"`
 }
 
 // usageOf reads the usage of one response or stream event: the top-level
@@ -62,6 +66,13 @@ func usageOf(data []byte, prev Usage) (u Usage, ok bool) {
 			if s != nil {
 				*f.dst = *s
 				break
+			}
+		}
+	}
+	if w.PromptTokens == nil && w.InputTokens != nil {
+		for _, c := range []*int64{w.CacheRead, w.CacheCreation} {
+			if c != nil {
+				u.PromptTokens += *c
 			}
 		}
 	}

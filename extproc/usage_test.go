@@ -24,6 +24,7 @@ func TestUsageOf(t *testing.T) {
 		// Message.usage, RawMessageStartEvent.message, MessageDeltaUsage).
 		{`{"type":"message","usage":{"input_tokens":8,"output_tokens":2}}`, Usage{8, 2}, true},
 		{`{"type":"message_start","message":{"usage":{"input_tokens":8,"output_tokens":1}}}`, Usage{8, 1}, true},
+		{`{"type":"message","usage":{"input_tokens":3,"cache_read_input_tokens":16,"cache_creation_input_tokens":2,"output_tokens":2}}`, Usage{21, 2}, true},
 	} {
 		got, ok := usageOf([]byte(tc.in), Usage{})
 		if got != tc.want || ok != tc.ok {
@@ -37,6 +38,11 @@ func TestUsageOf(t *testing.T) {
 func TestUsageOfAnthropicStream(t *testing.T) {
 	u, _ := usageOf([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":8,"output_tokens":1}}}`), Usage{})
 	u, ok := usageOf([]byte(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":null,"output_tokens":4}}`), u)
+	if want := (Usage{8, 4}); !ok || u != want {
+		t.Errorf("got %v, %v; want %v, true", u, ok, want)
+	}
+	// The mocker's: message_delta restates the input split by the cache.
+	u, ok = usageOf([]byte(`{"type":"message_delta","usage":{"input_tokens":3,"cache_read_input_tokens":5,"output_tokens":4}}`), u)
 	if want := (Usage{8, 4}); !ok || u != want {
 		t.Errorf("got %v, %v; want %v, true", u, ok, want)
 	}
