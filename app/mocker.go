@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/mockerd"
 	"github.com/kvgate/kvgate/lib/config"
@@ -43,6 +44,8 @@ func runMocker(ctx context.Context, args []string) error {
 	fs.Var(&e.Role, "role", "aggregated, prefill or decode")
 	fs.Float64Var(&e.KVBytesPerToken, "kv-bytes-per-token", 131072, "KV bytes per token (decode role transfer time)")
 	fs.Float64Var(&e.KVTransferBandwidth, "kv-transfer-bandwidth", 25e9, "prefill→decode KV bandwidth in bytes/s")
+	fs.DurationVar(&cfg.Server.PrefillTimeout, "prefill-timeout", mocker.DefaultPrefillTimeout, "decode role: bound on the prefill hop to x-prefiller-host-port and the KV pull (504 past it)")
+	fs.DurationVar(&e.KVHoldTimeout, "kv-hold-timeout", 480*time.Second, "prefill role: how long a do_remote_decode request's blocks stay pinned if no decode worker pulls them (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
 	fs.IntVar(&cfg.Server.DefaultMaxTokens, "default-max-tokens", 16, "max_tokens of requests that set none")
 	fs.IntVar(&cfg.Server.DPSize, "dp-size", 1, "data-parallel ranks, each with its own KV cache (X-Data-Parallel-Rank or routed_dp_rank picks one); events=zmq binds one PUB socket per rank at --zmq-endpoint's port + rank, as vLLM does")
 	fs.Int64Var(&cfg.Server.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "largest request body accepted (413 past it); keep it equal to the router's max_body_bytes for the model")

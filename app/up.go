@@ -33,7 +33,9 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	fs.BoolVar(&cfg.SecureServing, "secure-serving", false, "TLS on the ext_proc hop and mutual TLS on the local-router hop, with a CA made at start (its file is printed)")
 	chainA := fs.String("pool-a-worker-chain", "", "pool-a's worker chain, inline or a YAML file (as kvgate localrouter -worker-chain; empty: the default)")
 	chainB := fs.String("pool-b-worker-chain", "", "pool-b's worker chain (as -pool-a-worker-chain)")
-	topology := fs.String("topology", up.TopologyFlat, "flat (the pools under the one global router) or regions (2 regions x 2 pools: two region routers serving their subtrees, under the global router behind the gateway; docs/hierarchy.md)")
+	topology := fs.String("topology", up.TopologyFlat, "flat (the pools under the one global router), regions (2 regions x 2 pools: two region routers serving their subtrees, under the global router behind the gateway; docs/hierarchy.md) or disaggregated (a prefill pool and a decode pool, the disaggregate policy pairing them; docs/disaggregated.md)")
+	prefillWorkers := fs.Int("prefill-workers", 1, "workers in the prefill pool of -topology disaggregated")
+	decodeWorkers := fs.Int("decode-workers", 2, "workers in the decode pool of -topology disaggregated")
 	regionWorkers := fs.Int("region-pool-workers", 2, "workers in each pool of -topology regions")
 	otlp := fs.String("otlp-endpoint", "", `OTLP/gRPC collector host:port to trace the global router's decisions to, without TLS ("" : off)`)
 	var logging config.Logging
@@ -74,8 +76,13 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 			return errors.New("-region-pool-workers: each pool needs at least one worker")
 		}
 		cfg.Topology, cfg.Pools = up.TopologyRegions, up.RegionPools(*regionWorkers)
+	case up.TopologyDisaggregated:
+		if *prefillWorkers < 1 || *decodeWorkers < 1 {
+			return errors.New("-prefill-workers, -decode-workers: each pool needs at least one worker")
+		}
+		cfg.Topology, cfg.Pools = up.TopologyDisaggregated, up.DisaggregatedPools(*prefillWorkers, *decodeWorkers)
 	default:
-		return fmt.Errorf("-topology %q: want %s or %s", *topology, up.TopologyFlat, up.TopologyRegions)
+		return fmt.Errorf("-topology %q: want %s, %s or %s", *topology, up.TopologyFlat, up.TopologyRegions, up.TopologyDisaggregated)
 	}
 	cfg.Logger = log
 	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: *otlp, Insecure: true, Service: "kvgate-up"})

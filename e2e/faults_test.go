@@ -396,8 +396,8 @@ func TestHostileInput(t *testing.T) {
 		{"max_tokens 1e12", `{"model":"mock-llama","max_tokens":1000000000000,"messages":[{"role":"user","content":"hi"}]}`, nil, 400, "", "'max_tokens' or 'max_completion_tokens' is too large: 1000000000000"},
 		{"n of a million", `{"model":"mock-llama","n":1000000,"messages":[{"role":"user","content":"hi"}]}`, nil, 400, "", "n must be 1"},
 		{"body past the limit", big, nil, 413, "body_too_large", "exceeds 4194304 bytes"},
-		{"deep nesting", `{"model":"mock-llama","messages":` + deep + `}`, nil, 400, "", ""},
-		{"not json", "\x00\xff\xfe garbage", nil, 400, "", ""},
+		{"deep nesting", `{"model":"mock-llama","messages":` + deep + `}`, nil, 400, "bad_json", "too big depth for the nested JSON"},
+		{"not json", "\x00\xff\xfe garbage", nil, 400, "bad_json", "request body is not valid JSON"},
 		{"forged destination", chatBody("mock-llama", "hi", false, 2), []string{"x-gateway-destination-endpoint", "169.254.169.254:80"}, 200, "", ""},
 		{"pin to an unknown worker", chatBody("mock-llama", "hi", false, 2), []string{"x-kvgate-worker-id", "nobody"}, 400, "pin_refused", ""},
 		{"huge request id", chatBody("mock-llama", "hi", false, 2), []string{"x-request-id", strings.Repeat("r", 60000)}, 200, "", ""},
@@ -411,7 +411,7 @@ func TestHostileInput(t *testing.T) {
 			if tc.reason != "" && r.header.Get("x-kvgate-dropped-reason") != tc.reason {
 				t.Errorf("reason %q, want %q (%.300s)", r.header.Get("x-kvgate-dropped-reason"), tc.reason, r.body)
 			}
-			if !strings.Contains(string(r.body), tc.contains) {
+			if tc.contains != "" && !strings.Contains(string(r.body), tc.contains) {
 				t.Errorf("body %.300s lacks %q", r.body, tc.contains)
 			}
 		})

@@ -50,6 +50,12 @@ import (
 //     string is the cache_salt, as vLLM puts it there only, and the chain's
 //     children inherit it (the decoder remembers the salted engine hashes);
 //     other strings are multimodal identifiers of older vLLM.
+//   - SGLang's cache salt, on every salted store: BlockStoredWithMetadata
+//     (sgl-project/sglang#30827, SGLang 0.5.18) appends a map
+//     {"cache_salt": …} after medium, where vLLM has lora_name; since
+//     sgl-project/sglang#37482 events are tagged maps with a cache_salt
+//     field. Either becomes the Stored's CacheSalt (other metadata keys,
+//     session_id, are ignored); a salt of another type is a malformed event.
 //   - Hybrid models: of the KV cache groups, only the full-attention one is
 //     kept, chosen by kv_cache_spec_kind as Dynamo does; a group never
 //     seen with a kind counts as full attention only if it is group 0.

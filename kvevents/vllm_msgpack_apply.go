@@ -140,6 +140,11 @@ func (d *vllmDecoder) applyStored(b *EngineBatch, ev *rawEvent) error {
 	if ev.parent != nil {
 		st.CacheSalt = d.salts[*ev.parent]
 	}
+	if ev.salt != "" {
+		// SGLang names the salt on every salted store (its metadata, or its
+		// tagged map's cache_salt field).
+		st.CacheSalt = ev.salt
+	}
 	for i, h := range ev.hashes {
 		blk := Block{EngineHash: h}
 		if !byRef {

@@ -34,6 +34,7 @@ type rawEvent struct {
 	hasGroup         bool
 	kind             string
 	extra            []extraKey
+	salt             string // SGLang's cache_salt (metadata or field)
 }
 
 // Field positions of the array (array_like) encodings, after the tag.
@@ -152,7 +153,25 @@ func (d *vllmDecoder) field(ev *rawEvent, name string) error {
 		} else {
 			ev.group, ev.hasGroup = x, true
 		}
-	case "medium", "lora_name", "kv_cache_spec_kind":
+	case "metadata":
+		return d.metadata(ev)
+	case "cache_salt":
+		// SGLang's tagged-map BlockStored (sgl-project/sglang#37482).
+		if d.isNil() {
+			return d.cur.Skip()
+		}
+		if ev.salt, err = d.cur.DecodeString(); err != nil {
+			return fmt.Errorf("cache_salt: want a string: %w", err)
+		}
+		return nil
+	case "lora_name":
+		// Position 7 of an array BlockStored is vLLM's lora_name, or
+		// SGLang's BlockStoredWithMetadata map.
+		if c, perr := d.cur.PeekCode(); perr == nil && isMapCode(c) {
+			return d.metadata(ev)
+		}
+		fallthrough
+	case "medium", "kv_cache_spec_kind":
 		v, derr := d.optional()
 		if derr != nil {
 			return fmt.Errorf("%s: %w", name, derr)
@@ -171,6 +190,37 @@ func (d *vllmDecoder) field(ev *rawEvent, name string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// metadata decodes SGLang's BlockStoredMetadata, a msgspec map
+// {"cache_salt": str, "session_id": str} (fields omitted when unset; see
+// the fields of BlockStoredWithMetadata in python/sglang/srt/
+// disaggregation/kv_events.py, sgl-project/sglang#30827 and #37482).
+// Keys other than cache_salt are skipped.
+func (d *vllmDecoder) metadata(ev *rawEvent) error {
+	if d.isNil() {
+		return d.cur.Skip()
+	}
+	isMap, n, err := d.container()
+	if err != nil || !isMap {
+		return fmt.Errorf("metadata: want a map (%v)", err)
+	}
+	for range n {
+		key, err := d.cur.DecodeString()
+		if err != nil {
+			return fmt.Errorf("metadata key: %w", err)
+		}
+		if key != "cache_salt" || d.isNil() {
+			if err := d.cur.Skip(); err != nil {
+				return fmt.Errorf("metadata.%s: %w", key, err)
+			}
+			continue
+		}
+		if ev.salt, err = d.cur.DecodeString(); err != nil {
+			return fmt.Errorf("metadata.cache_salt: want a string: %w", err)
+		}
 	}
 	return nil
 }

@@ -1,7 +1,8 @@
 # internal/status: the live status page's browser test drives headless
 # Chromium (github.com/chromedp/chromedp). `make chromium` installs Debian's
 # chromium package when no chromium is on PATH; `make test` runs it first
-# through TEST_PREP. The test saves its screenshot under
+# through TEST_PREP, and sets KVGATE_REQUIRE_TOOLS so that the test fails,
+# not skips, without chromium (a bare `go test` skips it). The test saves its screenshot under
 # $(KVGATE_TEST_ARTIFACTS) when set (never committed), its temporary folder
 # otherwise.
 

@@ -108,9 +108,14 @@
 // usage p when any sequence decodes, divided by Config.Speedup.
 //
 // Roles: aggregated; prefill (every request stops after its first token,
-// its KV left cached for a decode worker); decode (a request with
+// its KV left cached for a decode worker; with HoldBlocks its blocks stay
+// pinned until ReleaseHeld or KVHoldTimeout); decode (a request with
 // RemotePrefill waits ISL × KVBytesPerToken / KVTransferBandwidth for its
 // KV, which then lands in the cache as if computed, and starts decoding).
+// Over HTTP the two roles speak vLLM's P/D protocol (pd.go): a prefill
+// worker answers kv_transfer_params as NixlConnector does, a decode worker
+// given x-prefiller-host-port makes llm-d's sidecar hop to it, then pulls
+// the pinned blocks (PathKVRead) before decoding.
 //
 // # Text
 //
@@ -127,7 +132,8 @@
 // engine.go (Engine, Request, Completion, StepResult, Stats; Submit,
 // Abort, Step), engine_config.go (Config, its defaults, Validate),
 // engine_schedule.go (the scheduler: admission, chunked prefill,
-// preemption, block registration, finishing), kvcache.go (the block pool
+// preemption, block registration, finishing), engine_hold.go (a P/D
+// prefill's pinned blocks: hold, release, expiry), kvcache.go (the block pool
 // and its free queue, the CPU tier), timing.go (Timing, DefaultTiming),
 // tokenizer.go (Tokenizer, WordTokenizer, RenderChat), runner.go (Clock,
 // KVSink, the goroutine stepping one rank's Engine), sink.go (ZMQSink,
@@ -139,10 +145,12 @@
 // responses), server_parse.go (reading and validating a completion or
 // chat request, tokenizing its prompt), server_generate.go (running a
 // request on a rank: streamed and whole responses, the rank choice),
-// server_info.go (/v1/models, /tokenize), responses.go (OpenAI's
-// Responses API, /v1/responses), messages.go (Anthropic's Messages API,
-// /v1/messages), apis.go (what those two share: admitting a generation,
-// the chat form of their bodies, the mocker's deterministic tool calls,
-// named SSE events), models.go (/v1/models/{id}, and each client's shape:
+// server_info.go (/v1/models, /tokenize), pd.go (the P/D protocol:
+// kv_transfer_params, the sidecar's prefill hop, the KV pull and its
+// side channel, their metrics), responses.go (OpenAI's Responses API,
+// /v1/responses), messages.go (Anthropic's Messages API, /v1/messages),
+// apis.go (what those two share: admitting a generation, the chat form
+// of their bodies, the mocker's deterministic tool calls, named SSE
+// events), models.go (/v1/models/{id}, and each client's shape:
 // Anthropic's for a request with anthropic-version).
 package mocker

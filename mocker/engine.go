@@ -25,6 +25,12 @@ type Request struct {
 	// it: instead of prefilling, the request waits ISL × KVBytesPerToken /
 	// KVTransferBandwidth, then starts decoding.
 	RemotePrefill bool
+	// HoldBlocks marks a P/D prefill (kv_transfer_params do_remote_decode,
+	// on a prefill-role engine): when it finishes, its blocks stay
+	// referenced (pinned) until ReleaseHeld or Config.KVHoldTimeout, as
+	// vLLM's NixlConnector delays freeing them for the decode worker to
+	// read (engine_hold.go).
+	HoldBlocks bool
 }
 
 // Token is one generated token.
@@ -55,6 +61,9 @@ type Completion struct {
 	Preemptions  int
 	// Reason is FinishLength or FinishAbort.
 	Reason string
+	// HeldBlocks are the block ids a HoldBlocks request left pinned (nil
+	// otherwise): the remote_block_ids of its kv_transfer_params.
+	HeldBlocks []int
 }
 
 // TTFT is the time to first token (0 if no token was produced).
@@ -100,6 +109,10 @@ type Stats struct {
 	// PrefixHitTokens) were reloaded from it; OffloadedBlocks went there.
 	CPUBlocks                     int
 	CPUHitTokens, OffloadedBlocks int64
+	// HeldBlocks are pinned for a decode worker to pull (HoldBlocks);
+	// ExpiredHolds counts holds released by KVHoldTimeout, not a pull.
+	HeldBlocks   int
+	ExpiredHolds int64
 }
 
 type seqState int8
@@ -156,6 +169,8 @@ type Engine struct {
 	// free is when the engine finished its last iteration.
 	free  time.Time
 	stats Stats
+	// held are the pinned blocks of finished HoldBlocks requests, by id.
+	held map[string]hold
 }
 
 // NewEngine returns an idle engine with an empty cache.
@@ -242,6 +257,7 @@ func (e *Engine) Abort(id string) bool {
 // the arrival of the first schedulable request.
 func (e *Engine) Step(now time.Time) StepResult {
 	var res StepResult
+	e.expireHolds(now)
 	for {
 		if e.inflight != nil {
 			if e.inflight.end.After(now) {
@@ -276,6 +292,9 @@ func (e *Engine) Step(now time.Time) StepResult {
 			res.Next = now
 		}
 	}
+	if until, ok := e.nextHoldExpiry(); ok && (res.Next.IsZero() || until.Before(res.Next)) {
+		res.Next = until
+	}
 	return res
 }
 
@@ -290,6 +309,9 @@ func (e *Engine) Stats() Stats {
 	st.EvictedBlocks = e.cache.evictions
 	st.CPUBlocks = e.cache.cpuLen()
 	st.OffloadedBlocks = e.cache.offloads
+	for _, h := range e.held {
+		st.HeldBlocks += len(h.table)
+	}
 	return st
 }
 

@@ -3,6 +3,7 @@ package mocker
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvgate/kvgate/membership"
 )
@@ -47,6 +48,10 @@ type Config struct {
 	// (25e9, PCIe 4.0 x16): reloading t tokens takes t × KVBytesPerToken /
 	// CPUReloadBandwidth, much less than prefilling them.
 	CPUReloadBandwidth float64
+	// KVHoldTimeout is how long a P/D prefill's blocks stay pinned for a
+	// decode worker that never pulls them (480 s: vLLM's
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT default, vllm/envs.py).
+	KVHoldTimeout time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -78,6 +83,9 @@ func (c Config) withDefaults() Config {
 	if c.CPUReloadBandwidth == 0 {
 		c.CPUReloadBandwidth = 25e9
 	}
+	if c.KVHoldTimeout == 0 {
+		c.KVHoldTimeout = 480 * time.Second
+	}
 	return c
 }
 
@@ -91,6 +99,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: max batched tokens %d below block size %d", ErrConfig, c.MaxNumBatchedTokens, c.BlockSize)
 	case c.Speedup < 0:
 		return fmt.Errorf("%w: speedup %v must be positive", ErrConfig, c.Speedup)
+	case c.KVHoldTimeout < 0:
+		return fmt.Errorf("%w: kv hold timeout %v must not be negative", ErrConfig, c.KVHoldTimeout)
 	case c.CPUBlocks < 0:
 		return fmt.Errorf("%w: cpu blocks %d must not be negative", ErrConfig, c.CPUBlocks)
 	case c.KVBytesPerToken < 0 || c.KVTransferBandwidth < 0 || c.CPUReloadBandwidth < 0:

@@ -227,11 +227,12 @@ func (e *Engine) commit(it *iteration, res *StepResult) {
 
 func (e *Engine) finish(s *seq, at time.Time, res *StepResult) {
 	e.running = removeSeq(e.running, s)
-	e.cache.release(s.table)
+	held := e.holdOrRelease(s, at)
 	s.table = nil
 	s.state = stateDone
 	delete(e.seqs, s.req.ID)
 	res.Completed = append(res.Completed, Completion{
+		HeldBlocks:   held,
 		RequestID:    s.req.ID,
 		Arrival:      s.arrival,
 		FirstToken:   s.firstToken,

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -41,6 +42,9 @@ type ServerConfig struct {
 	// loaded rank takes it, as an engine's internal load balancer would.
 	// The rank that served it is in the x-mocker-dp-rank response header.
 	DPSize int
+	// PrefillTimeout bounds a decode-role mocker's prefill hop and KV pull
+	// (DefaultPrefillTimeout); past it the answer is a 504 (pd.go).
+	PrefillTimeout time.Duration
 }
 
 // Headers of the data-parallel rank: the request's (HTTP header names are
@@ -68,6 +72,7 @@ type Server struct {
 	reg   prometheus.Gatherer
 	mux   *http.ServeMux
 	seq   atomic.Uint64
+	pd    *pd
 }
 
 // ServerOptions are a Server's dependencies; all optional.
@@ -141,6 +146,7 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 	if ec := s.ranks[0].eng.Config(); s.cfg.MaxModelLen <= 0 || s.cfg.MaxModelLen > ec.NumBlocks*ec.BlockSize {
 		s.cfg.MaxModelLen = ec.NumBlocks * ec.BlockSize
 	}
+	s.pd = newPD(reg, cfg.PrefillTimeout)
 	m := newServerMetrics(reg, cfg.Model, s.ranks)
 	for _, l := range s.ranks {
 		l.m = m
@@ -151,6 +157,7 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 	s.mux.HandleFunc("GET /v1/models/{id}", s.model)
 	s.mux.HandleFunc("POST /v1/responses", s.responses)
 	s.mux.HandleFunc("POST /v1/messages", s.messages)
+	s.mux.HandleFunc("POST "+PathKVRead, s.kvReadHandler)
 	s.mux.HandleFunc("POST /tokenize", s.tokenize)
 	s.mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {
 		for _, l := range s.ranks {
@@ -175,6 +182,7 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // Run drives the engines (one per rank) in real time until ctx ends.
 // Requests submitted while Run is not running wait.
 func (s *Server) Run(ctx context.Context) {
+	defer s.pd.close()
 	var wg sync.WaitGroup
 	for _, l := range s.ranks {
 		wg.Add(1)
@@ -206,6 +214,8 @@ func (s *Server) Stats() Stats {
 		t.Preemptions += st.Preemptions
 		t.Iterations += st.Iterations
 		t.EvictedBlocks += st.EvictedBlocks
+		t.HeldBlocks += st.HeldBlocks
+		t.ExpiredHolds += st.ExpiredHolds
 	}
 	return t
 }

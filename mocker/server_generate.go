@@ -23,7 +23,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		Tokens:        g.tokens,
 		MaxTokens:     g.maxTokens,
 		LoRAName:      g.lora,
-		RemotePrefill: r.Header.Get("x-prefiller-host-port") != "",
+		RemotePrefill: g.remote,
+		HoldBlocks:    g.hold,
 	}
 	rank, e := s.rankFor(r, g)
 	if e != nil {
@@ -58,7 +59,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 				for _, tok := range st.take() {
 					text.WriteString(tokenText(tok))
 				}
-				s.writeFull(w, g, id, created, text.String(), c)
+				var kv map[string]any
+				if s.cfg.Engine.Role == membership.RolePrefill {
+					kv = s.prefillParams(r, rank, id, c)
+				}
+				s.writeFull(w, g, id, created, text.String(), c, kv)
 				return
 			}
 		}
@@ -114,7 +119,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 			}
 			final := chunk("", c.Reason)
 			if s.cfg.Engine.Role == membership.RolePrefill {
-				final["kv_transfer_params"] = s.kvTransferParams()
+				final["kv_transfer_params"] = s.prefillParams(r, rank, id, c)
 			}
 			send(final)
 			if g.includeUsage {
@@ -163,7 +168,7 @@ func (s *Server) rankFor(r *http.Request, g genRequest) (int, *httpError) {
 	return best, nil
 }
 
-func (s *Server) writeFull(w http.ResponseWriter, g genRequest, id string, created int64, text string, c Completion) {
+func (s *Server) writeFull(w http.ResponseWriter, g genRequest, id string, created int64, text string, c Completion, kv map[string]any) {
 	resp := map[string]any{"id": id, "created": created, "model": g.model, "usage": usageOf(c)}
 	if g.chat {
 		resp["object"] = "chat.completion"
@@ -172,17 +177,11 @@ func (s *Server) writeFull(w http.ResponseWriter, g genRequest, id string, creat
 		resp["object"] = "text_completion"
 		resp["choices"] = []any{map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": c.Reason}}
 	}
-	if s.cfg.Engine.Role == membership.RolePrefill {
-		resp["kv_transfer_params"] = s.kvTransferParams()
+	if kv != nil {
+		resp["kv_transfer_params"] = kv
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(resp)
-}
-
-// kvTransferParams is how a prefill-role mocker reports that the KV is
-// ready and where (shaped like vLLM's NIXL connector's reply).
-func (s *Server) kvTransferParams() map[string]any {
-	return map[string]any{"do_remote_decode": false, "do_remote_prefill": true, "remote_engine_id": s.cfg.WorkerID, "remote_address": s.cfg.Address}
 }
 
 func usageOf(c Completion) usage {

@@ -145,6 +145,9 @@ type genRequest struct {
 	maxTokens    int
 	stream       bool
 	includeUsage bool
+	// hold: a P/D prefill whose blocks stay pinned (prefill role); remote:
+	// its KV was pulled from a prefiller (decode role). pd.go.
+	hold, remote bool
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -158,11 +161,19 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, parse func([]byte) (genRequest, *httpError)) {
 	body, e := s.readBody(w, r)
 	if e == nil {
+		body, e = s.sidecar(r, body) // the P/D prefill hop (pd.go)
+	}
+	if e == nil {
 		var g genRequest
 		if g, e = parse(body); e == nil {
-			s.generate(w, r, g)
-			return
+			if e = s.kvTransfer(r.Context(), body, &g); e == nil {
+				s.generate(w, r, g)
+				return
+			}
 		}
+	}
+	if r.Context().Err() != nil {
+		return // the client is gone
 	}
 	e.write(w)
 }

@@ -97,12 +97,20 @@ type httpError struct {
 	code    string
 	message string
 	vllm    bool // vLLM's error shape (writeVLLMError)
+	// raw, when set, is answered as is with status (a prefiller's error,
+	// passed through as llm-d's sidecar does), typed rawType.
+	raw     []byte
+	rawType string
 }
 
 func (e *httpError) Error() string { return e.message }
 
 // write sends e as the reply.
 func (e *httpError) write(w http.ResponseWriter) {
+	if e.raw != nil {
+		writeRaw(w, e.status, e.rawType, e.raw)
+		return
+	}
 	if e.vllm {
 		writeVLLMError(w, e.status, e.message)
 		return

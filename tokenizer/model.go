@@ -36,7 +36,9 @@ type Config struct {
 	// tokenizer.json file itself.
 	Path string `json:"path,omitempty" yaml:"path,omitempty"`
 	// ChatTemplate (openai, huggingface; optional): a .jinja file or a
-	// tokenizer_config.json whose chat_template replaces the model's.
+	// tokenizer_config.json whose chat_template replaces the model's, or
+	// an embedded template: "builtin:chatml", "builtin:qwen3"
+	// (BuiltinQwen3, which renders tools and tool calls).
 	ChatTemplate string `json:"chat_template,omitempty" yaml:"chat_template,omitempty"`
 	// URL (remote): the engine's base URL; /tokenize is appended.
 	URL string `json:"url,omitempty" yaml:"url,omitempty"`
@@ -152,7 +154,13 @@ func Load(cfg Config) (*Model, error) {
 		} else if cfg.Backend == BackendHuggingFace {
 			base = specialVars(cfg.Path)
 		}
-		ct, err := loadChatTemplate(cfg.ChatTemplate, base)
+		var ct *chatTemplate
+		var err error
+		if name, ok := strings.CutPrefix(cfg.ChatTemplate, BuiltinPrefix); ok {
+			ct, err = builtinChatTemplate(name, base)
+		} else {
+			ct, err = loadChatTemplate(cfg.ChatTemplate, base)
+		}
 		if err != nil {
 			return nil, err
 		}

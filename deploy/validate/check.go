@@ -82,6 +82,8 @@ func Check(objs []Object, flags Flags) []error {
 	x.checkTLS()
 	x.checkBlockSizes()
 	x.checkEngines()
+	x.checkPD()
+	x.checkReadiness()
 	if flags != nil {
 		x.checkFlags(flags)
 	}

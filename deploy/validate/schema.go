@@ -2,8 +2,9 @@
 // API server would, offline: every overlay is built with the kustomize
 // library; core kinds are decoded strictly into k8s.io/api types (an
 // unknown field is an error); every custom resource is validated against
-// its project's CRD, read from the Go module cache at a pinned version,
-// with k8s.io/apiextensions-apiserver's own code — structural schema,
+// its project's CRD at a pinned version (copied into testdata/crds from
+// the project's Go module: CRDCache), with k8s.io/apiextensions-apiserver's
+// own code — structural schema,
 // unknown-field pruning (reported as an error), defaulting, OpenAPI schema
 // validation, list-type rules and CEL rules. Checks across objects (Check)
 // then catch what no schema can: references that do not resolve, selectors
@@ -14,14 +15,16 @@
 // Kubernetes. `make test` runs its tests (mk/deploy.mk).
 //
 // Files: build.go (Build: an overlay through kustomize, core kinds decoded
-// strictly), schema.go (the CRD sources, LoadSchemas, validating custom
-// resources), kvgate.go (the Dockerfile's build line, the static binary,
+// strictly), schema.go (the CRD sources, validating custom resources),
+// crdcache.go (the pinned CRDs kept in testdata/crds: LoadCachedSchemas,
+// their verification and refresh), kvgate.go (the Dockerfile's build line, the static binary,
 // ReadFlags), check.go (Check, the index of objects, shared helpers),
 // check_workloads.go (replicas, resources, probes, selectors),
 // check_refs.go (references between objects), check_gateway.go (routes,
 // backends, Envoy's circuit breaker and ext_proc), check_tls.go (TLS on
 // every gRPC hop), check_kvgate.go (kvgate's own settings: patches, block
-// sizes, engines, flags).
+// sizes, engines, flags), check_pd.go (llm-d's routing sidecar: its flags
+// against its source, its ports; vLLM's KV transfer; readiness probes).
 package validate
 
 import (
@@ -32,8 +35,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"sort"
 	"strings"
 
 	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
@@ -80,7 +81,7 @@ type crdVersion struct {
 type Schemas map[schema.GroupVersionKind]*crdVersion
 
 // ModuleDir returns the folder of module@version in the Go module cache,
-// downloading it through the Go module proxy if needed. The command runs
+// downloading it through the Go module proxy if needed (RefreshCRDCache). The command runs
 // outside any module, so no go.mod or go.sum is touched.
 func ModuleDir(ctx context.Context, module, version string) (string, error) {
 	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", module+"@"+version)
@@ -98,36 +99,6 @@ func ModuleDir(ctx context.Context, module, version string) (string, error) {
 		return "", fmt.Errorf("go mod download %s@%s: %v %s", module, version, err, msg)
 	}
 	return info.Dir, nil
-}
-
-// LoadSchemas reads every CRD of sources from the module cache.
-func LoadSchemas(ctx context.Context, sources []CRDSource) (Schemas, error) {
-	s := Schemas{}
-	for _, src := range sources {
-		dir, err := ModuleDir(ctx, src.Module, src.Version)
-		if err != nil {
-			return nil, err
-		}
-		var files []string
-		for _, g := range src.Globs {
-			m, err := filepath.Glob(filepath.Join(dir, g))
-			if err != nil {
-				return nil, err
-			}
-			if len(m) == 0 {
-				return nil, fmt.Errorf("%s@%s: no CRD file matches %s", src.Module, src.Version, g)
-			}
-			files = append(files, m...)
-		}
-		sort.Strings(files)
-		for _, f := range files {
-			rel, _ := filepath.Rel(dir, f)
-			if err := s.addFile(f, src.Module+"@"+src.Version+"/"+rel); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return s, nil
 }
 
 func (s Schemas) addFile(path, name string) error {

@@ -35,14 +35,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// setup loads the pinned CRDs and builds kvgate once, with the Dockerfile's
-// own build line, into a temporary folder.
+// setup loads the pinned CRDs (CRDCache) and builds kvgate once, with the
+// Dockerfile's own build line, into a temporary folder; or takes the
+// binary at $KVGATE_STATIC_BIN, which make test builds once with that line
+// (`make static`) for every test that runs kvgate.
 func setup(t *testing.T) {
 	t.Helper()
 	setupOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
-		if schemas, setupErr = LoadSchemas(ctx, Sources); setupErr != nil {
+		if schemas, setupErr = LoadCachedSchemas(CRDCache, Sources); setupErr != nil {
 			return
 		}
 		bl, err := ReadBuildLine(filepath.Join(repo, "Dockerfile"))
@@ -50,12 +52,14 @@ func setup(t *testing.T) {
 			setupErr = err
 			return
 		}
-		if tmpDir, setupErr = os.MkdirTemp("", "kvgate-deploy-validate-"); setupErr != nil {
-			return
-		}
-		binPath = filepath.Join(tmpDir, "kvgate")
-		if setupErr = BuildBinary(ctx, bl, repo, binPath); setupErr != nil {
-			return
+		if binPath = os.Getenv("KVGATE_STATIC_BIN"); binPath == "" {
+			if tmpDir, setupErr = os.MkdirTemp("", "kvgate-deploy-validate-"); setupErr != nil {
+				return
+			}
+			binPath = filepath.Join(tmpDir, "kvgate")
+			if setupErr = BuildBinary(ctx, bl, repo, binPath); setupErr != nil {
+				return
+			}
 		}
 		flags, setupErr = ReadFlags(ctx, binPath, subcommands)
 	})

@@ -122,11 +122,7 @@ var expectations = []expectation{
 // knownFailing are the commands that fail today, each with the error seen;
 // the walk runs them and wants them to fail. Fix the document or the
 // binary, then remove the row (the walk fails on a row that passes).
-var knownFailing = []rule{
-	{"docs/replay-results.md", "--plot ttft.svg", "its table has no /capacity column: the report it shows predates the column (re-run, or say the figures are from an older binary)"},
-	{"docs/replay-results.md", "--kv-tokens 2097152", "its table has no /capacity column (as above)"},
-	{"docs/replay-results.md", "--topology disagg=6", "its table has no /capacity column (as above)"},
-}
+var knownFailing = []rule{}
 
 // fixtures are the files the documents name that the repository does not
 // ship, written into each document's working folder (paths relative to

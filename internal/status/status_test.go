@@ -160,5 +160,9 @@ func TestRunStopsWithContext(t *testing.T) {
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
 	cancel()
-	<-done
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still running 10 s after its context was cancelled")
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 )
 
@@ -27,6 +28,9 @@ type PoolSpec struct {
 	WorkerChain []localrouter.ScorerSpec
 	// Region is the region router the pool is under (TopologyRegions).
 	Region string
+	// Role is the pool's role and its workers' (membership.RoleAggregated
+	// when empty; TopologyDisaggregated's pools are prefill and decode).
+	Role membership.Role
 }
 
 // dpSize is worker i's number of ranks.
@@ -60,8 +64,9 @@ type Config struct {
 	// BlockSize is the KV block size of every pool (16).
 	BlockSize int
 	Pools     []PoolSpec
-	// Topology is TopologyFlat ("" too) or TopologyRegions (the pools'
-	// Region names their region router; RegionPools).
+	// Topology is TopologyFlat ("" too), TopologyRegions (the pools'
+	// Region names their region router; RegionPools) or
+	// TopologyDisaggregated (a prefill and a decode pool; DisaggregatedPools).
 	Topology string
 	// Speedup divides the mock workers' timing model (1: real-GPU-like).
 	Speedup float64

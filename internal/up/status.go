@@ -27,6 +27,7 @@ type Status struct {
 // PoolStatus is one pool on the status page.
 type PoolStatus struct {
 	Name            string         `json:"name"`
+	Role            string         `json:"role"`
 	Router          string         `json:"router"`
 	RouterState     string         `json:"router_state"` // as the global router sees it
 	RoutersKnown    int            `json:"routers_known"`
@@ -86,7 +87,7 @@ func (s *System) Status() Status {
 		state[h.Pool] = status.PoolState(h)
 	}
 	for _, p := range s.Pools {
-		ps := PoolStatus{Name: p.Name, Router: p.Router.GRPCAddr(), RouterState: state[p.Name],
+		ps := PoolStatus{Name: p.Name, Role: string(p.Role), Router: p.Router.GRPCAddr(), RouterState: state[p.Name],
 			RoutersKnown: health[p.Name][0], RoutersUp: health[p.Name][1], RouterIsStopped: p.stopped.Load()}
 		if !ps.RouterIsStopped {
 			ps.RequestsActive = p.Requests()
@@ -141,7 +142,7 @@ code{background:#f4f4f4;padding:0 .3em}</style></head><body>
 etcd <code>{{range .Etcd}}{{.}} {{end}}</code> · NATS <code>{{.NATS}}</code> ·
 <a href="/kvgate/metrics">metrics</a> · <a href="/kvgate/status.json">json</a> · <a href="/kvgate/status/">live status</a></p>
 {{range .Pools}}
-<h2>{{.Name}}</h2>
+<h2>{{.Name}}{{if ne .Role "aggregated"}} ({{.Role}}){{end}}</h2>
 <p>local router <code>{{.Router}}</code>{{if .RouterIsStopped}} (stopped){{end}} · seen by the global router: {{.RouterState}} ({{.RoutersUp}}/{{.RoutersKnown}} available) ·
 requests in flight {{.RequestsActive}} · blocks indexed {{.IndexBlocks}}</p>
 <table><tr><th>worker</th><th>address</th><th>active requests</th><th>prefill tokens pending</th><th>active blocks</th>

@@ -20,6 +20,7 @@ import (
 	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/membership"
 )
 
 // System is a running local kvgate.
@@ -65,7 +66,9 @@ type System struct {
 
 // Pool is one running pool: its local router and its workers.
 type Pool struct {
-	Name    string
+	Name string
+	// Role is the pool's role: aggregated, prefill or decode.
+	Role    membership.Role
 	Router  *localrouterd.Service
 	Workers []*Worker
 	stopped atomic.Bool // read by the status page while a test stops it
@@ -141,7 +144,11 @@ func (s *System) Summary() string {
 		fmt.Fprintf(&b, "  %-22s %s (subtree of %v, registered as pool %s)\n", rg.Name+" router", rg.Addr, rg.Pools, rg.Name)
 	}
 	for _, p := range s.Pools {
-		fmt.Fprintf(&b, "  %-22s %s\n", p.Name+" local router", p.Router.GRPCAddr())
+		role := ""
+		if p.Role != membership.RoleAggregated {
+			role = " (" + string(p.Role) + " pool)"
+		}
+		fmt.Fprintf(&b, "  %-22s %s%s\n", p.Name+" local router", p.Router.GRPCAddr(), role)
 		for _, w := range p.Workers {
 			dp := ""
 			if w.DPSize > 1 {
@@ -155,6 +162,9 @@ func (s *System) Summary() string {
 	fmt.Fprintf(&b, "\nmodel %q; try:\n\n", s.cfg.Model)
 	fmt.Fprintf(&b, "  curl -si %s/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
 	fmt.Fprintf(&b, "  curl -sN %s/v1/chat/completions -H 'content-type: application/json' -H 'x-kvgate-explain: 1' -D - \\\n    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me about KV caches.\"}]}'\n\n", gw, s.cfg.Model)
+	if s.cfg.Topology == TopologyDisaggregated {
+		b.WriteString("A prompt of 512 uncached tokens or more is disaggregated: x-kvgate-explain says \"prefill on prefill/…\", the decode\nworker sends the prefill to that worker and pulls its KV (docs/disaggregated.md); the same prefix again stays on the decode worker.\n")
+	}
 	b.WriteString("Repeat a long prompt and watch x-kvgate-overlap-blocks grow on the same x-kvgate-worker-id. Ctrl-C stops everything.\n")
 	return b.String()
 }

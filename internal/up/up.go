@@ -21,7 +21,8 @@
 // PoolSpec, DefaultConfig), system.go (System, Pool and what they expose:
 // addresses, loads, Summary), worker.go (a mock worker), embedded.go (the
 // embedded etcd), secure.go (the certificates of --secure-serving),
-// regions.go (the region routers of TopologyRegions), faults.go (stopping
+// regions.go (the region routers of TopologyRegions), disaggregated.go
+// (the prefill and decode pools of TopologyDisaggregated), faults.go (stopping
 // and restarting parts, for tests), public.go (the gateway's public
 // paths), status.go (the status page), live.go (the live page's
 // snapshot), tokenizer.go (the tokenizers it loads).
@@ -49,9 +50,9 @@ import (
 	"github.com/kvgate/kvgate/internal/localrouterd"
 	"github.com/kvgate/kvgate/internal/runner"
 	"github.com/kvgate/kvgate/internal/status"
+	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/pool"
-	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // ReadyTimeout bounds how long Start waits for the parts to see each other.
@@ -74,12 +75,16 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	defer cancel()
 	switch cfg.Topology {
 	case "", TopologyFlat:
+	case TopologyDisaggregated:
+		if err := checkDisaggregated(cfg.Pools); err != nil {
+			return nil, err
+		}
 	case TopologyRegions:
 		if cfg.SecureServing {
 			return nil, fmt.Errorf("topology %s: secure serving is not supported (the region routers serve their subtrees in plaintext)", TopologyRegions)
 		}
 	default:
-		return nil, fmt.Errorf("topology %q: want %s or %s", cfg.Topology, TopologyFlat, TopologyRegions)
+		return nil, fmt.Errorf("topology %q: want %s, %s or %s", cfg.Topology, TopologyFlat, TopologyRegions, TopologyDisaggregated)
 	}
 
 	var sec *secure
@@ -99,7 +104,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		return nil, err
 	}
 
-	tok, err := tokenizer.Load(tokenizer.Config{Model: cfg.Model, Backend: tokenizer.BackendOpenAI, Encoding: "cl100k_base", Logger: cfg.Logger})
+	tok, err := loadTokenizer(cfg.Model, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +112,10 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 
 	var pools []pool.Config
 	for _, ps := range cfg.Pools {
-		p := &Pool{Name: ps.Name, Registry: prometheus.NewRegistry()}
+		p := &Pool{Name: ps.Name, Role: ps.Role, Registry: prometheus.NewRegistry()}
+		if p.Role == "" {
+			p.Role = membership.RoleAggregated
+		}
 		s.Pools = append(s.Pools, p)
 		rc := localrouterd.DefaultConfig()
 		rc.Pool = ps.Name
@@ -132,7 +140,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		for i := range ps.Workers {
 			w, err := startWorker(ctx, workerSpec{
 				pool: ps.Name, id: fmt.Sprintf("%s-w%d", ps.Name, i), host: cfg.Host, model: cfg.Model, dpSize: ps.dpSize(i),
-				engine:  mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, Speedup: cfg.Speedup},
+				engine:  mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, Speedup: cfg.Speedup, Role: ps.Role},
 				tok:     shared,
 				maxBody: int64(cfg.MaxBodyBytes),
 			}, s.nc, s.etcd.cli, cfg.Logger)
@@ -144,6 +152,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		pc := pool.NewConfig(ps.Name, cfg.BlockSize, []string{cfg.Model})
 		pc.Routers = pool.Routers{Etcd: true}
 		pc.WorkerChain = ps.WorkerChain
+		if ps.Role != "" {
+			pc.Role = ps.Role
+		}
 		pools = append(pools, pc)
 	}
 	if cfg.Topology == TopologyRegions {
@@ -212,8 +223,8 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	}
 	// Pass-through requests (GET /v1/models) go to a worker, as an Envoy
 	// route of their own would send them.
-	for _, p := range s.Pools {
-		if len(p.Workers) > 0 {
+	for i, p := range s.Pools {
+		if len(p.Workers) > 0 && cfg.Pools[i].Role != membership.RolePrefill {
 			gcfgw.DefaultUpstream = p.Workers[0].Addr
 			break
 		}

@@ -22,6 +22,22 @@ below field for field with their msgspec options:
          bigram pages (token_ids as [token, next_token] pairs); the
          "sglang_new" structs add those fields as defaults, so an old
          payload stays a prefix of a new one.
+  SGLang with cache salts, two wire shapes of the same file:
+         "sglang_meta": after sgl-project/sglang#30827 (merged 2026-07,
+         SGLang 0.5.18): KVCacheEvent and EventBatch array_like without
+         omit_defaults (so medium and attn_dp_rank are always written),
+         BlockStored ends at medium, and a salted store is
+         BlockStoredWithMetadata(BlockStored, tag="BlockStored",
+         kw_only=True) whose kw_only field metadata: BlockStoredMetadata
+         comes last (position 7 after the tag); BlockStoredMetadata is a
+         plain msgspec map {"cache_salt": str} (omit_defaults). The
+         recorder (python/sglang/srt/mem_cache/events.py,
+         KVCacheEventRecorder.record_store) attaches it to every page of a
+         salted node. "sglang_map": after sgl-project/sglang#37482 (issue
+         #38561): KVCacheEvent(omit_defaults=True, tag=True) without
+         array_like, so events are tagged maps, and BlockStored carries
+         cache_salt and session_id as optional fields; EventBatch stays an
+         array.
 
 Debian has no python3-msgspec, so msgspec's encoding is reproduced with
 python3-msgpack (use_bin_type): a struct with array_like=True encodes as an
@@ -113,6 +129,22 @@ sglang_new = {
     "stored": Struct("BlockStored", STORED_FIELDS[:5] + [("medium", None)], True, True, True),
     "removed": Struct("BlockRemoved", [("block_hashes", REQUIRED), ("medium", None)], True, True, True),
     "cleared": Struct("AllBlocksCleared", [], True, True, True),
+}
+
+# SGLang with cache salts (see the docstring).
+SG_STORED = STORED_FIELDS[:5] + [("medium", None)]
+sglang_meta = {
+    "batch": Struct("EventBatch", [("ts", REQUIRED), ("events", REQUIRED), ("attn_dp_rank", None)], True, False, False),
+    "stored": Struct("BlockStored", SG_STORED, True, False, True),
+    "stored_meta": Struct("BlockStored", SG_STORED + [("metadata", REQUIRED)], True, False, True),
+    "metadata": Struct("BlockStoredMetadata", [("cache_salt", REQUIRED)], False, True, False),
+    "removed": Struct("BlockRemoved", [("block_hashes", REQUIRED), ("medium", None)], True, False, True),
+}
+sglang_map = {
+    "batch": sglang_meta["batch"],
+    "stored": Struct("BlockStored", SG_STORED + [("cache_salt", None), ("session_id", None)], False, True, True),
+    "removed": Struct("BlockRemoved", [("block_hashes", REQUIRED), ("medium", None)], False, True, True),
+    "cleared": Struct("AllBlocksCleared", [], False, True, True),
 }
 
 
@@ -342,6 +374,40 @@ ev["block_offsets"] = [0, 8]
 case("vllm_block_offsets", V["batch"](ts=1700000011.0, events=[ev]), 1700000011.0, 0, [
     ({"stored": {"blocks": [{"engine_hash": 91, "token_ids": toks(1800, 4)}, {"engine_hash": 92, "token_ids": toks(1808, 4)}]}},
      [str(local_hash(toks(1800, 4), [], 1337)), str(local_hash(toks(1808, 4), [], 1337))])])
+
+# 12. SGLang 0.5.18 salted stores (BlockStoredWithMetadata): the root
+# page and its child both carry the salt, their hashes are SGLang's
+# salt-seeded ones; the same tokens unsalted are another chain that keys
+# unsalted; a salted page removed.
+SM, SP = sglang_meta, sglang_map
+salt_meta = SM["metadata"](cache_salt="tenant-a")
+case("sglang_salted_array", SM["batch"](ts=1700000012.0, events=[
+    SM["stored_meta"](block_hashes=[-101], parent_block_hash=None, token_ids=toks(1900, 4), block_size=BS,
+                      lora_id=None, medium="GPU", metadata=salt_meta),
+    SM["stored_meta"](block_hashes=[102], parent_block_hash=-101, token_ids=toks(1904, 4), block_size=BS,
+                      lora_id=None, medium="GPU", metadata=salt_meta),
+    SM["stored"](block_hashes=[103, 104], parent_block_hash=None, token_ids=toks(1900, 8), block_size=BS,
+                 lora_id=None, medium="GPU"),
+    SM["removed"](block_hashes=[102], medium="GPU"),
+], attn_dp_rank=0), 1700000012.0, 0, [
+    want_stored([-101], None, toks(1900, 4), salt="tenant-a"),
+    want_stored([102], -101, toks(1904, 4), salt="tenant-a"),
+    want_stored([103, 104], None, toks(1900, 8)),
+    want_removed([102])])
+
+# 13. SGLang after #37482: tagged-map events, cache_salt (and session_id,
+# which kvgate ignores) as fields of BlockStored.
+case("sglang_salted_map", SP["batch"](ts=1700000013.0, events=[
+    SP["stored"](block_hashes=[111, 112], parent_block_hash=None, token_ids=toks(2000, 8), block_size=BS,
+                 lora_id=None, medium="GPU", cache_salt="tenant-b", session_id="sess-1"),
+    SP["stored"](block_hashes=[113], parent_block_hash=None, token_ids=toks(2000, 4), block_size=BS,
+                 lora_id=None, medium="GPU", session_id="sess-2"),
+    SP["removed"](block_hashes=[111], medium="GPU"),
+    SP["cleared"](),
+], attn_dp_rank=1), 1700000013.0, 1, [
+    want_stored([111, 112], None, toks(2000, 8), salt="tenant-b"),
+    want_stored([113], None, toks(2000, 4)),
+    want_removed([111]), CLEARED])
 
 # Malformed messages: each refused as a whole.
 bad = {
