@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/internal/up"
 )
 
 // apiCase is one of the four APIs a client sends: its path, a body with a
@@ -123,4 +124,32 @@ func TestAPIsRouteWithCache(t *testing.T) {
 		})
 	}
 	waitIdle(t, s)
+}
+
+// TestDisaggregatedOtherAPIs: on a disaggregated system a long prompt
+// sent through the Responses or Messages API goes to a decode worker
+// naming a prefiller, which prefills it itself, as vLLM behind llm-d's
+// sidecar does (the sidecar makes the P/D hop for chat and completions
+// only and passes other paths to the decoder: mocker/apis.go admit); the
+// client gets its answer and no router keeps the request.
+func TestDisaggregatedOtherAPIs(t *testing.T) {
+	s := startDisaggregated(t)
+	c := httpClient(t)
+	ctx := testenv.ContextWithTimeout(t, testTimeout)
+	for _, api := range apiCases()[2:] {
+		resp := send(t, ctx, c, "POST", s.GatewayURL()+api.path, api.body(longPrompt("disaggregated "+api.name, 0)), "x-kvgate-explain", "1")
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("x-kvgate-pool") != up.DecodePool {
+			t.Fatalf("%s: %d on %q: %s", api.name, resp.StatusCode, resp.Header.Get("x-kvgate-pool"), b)
+		}
+		t.Logf("%s: served by %s, %s", api.name, resp.Header.Get("x-kvgate-worker-id"), resp.Header.Get("x-kvgate-explain"))
+	}
+	for _, w := range s.Pool(up.DecodePool).Workers {
+		if hops := workerMetric(t, ctx, c, w, "kvgate_mocker_pd_prefill_requests_total", "ok"); hops != 0 {
+			t.Errorf("decode worker %s made %v prefill hops for paths the sidecar passes through", w.ID, hops)
+		}
+	}
+	waitIdle(t, s)
+	waitStreamsClosed(t, s)
 }

@@ -28,9 +28,13 @@ type apiRun struct {
 	rank int
 }
 
-// admit submits g under id on the rank r's headers or g name (rankFor),
-// with the request's prefill done remotely when a prefiller is named, as
-// chat and completions are.
+// admit submits g under id on the rank r's headers or g name (rankFor).
+// Its prefill is local even on a decode worker named a prefiller: llm-d's
+// routing sidecar performs the P/D hop for /v1/chat/completions and
+// /v1/completions only and passes every other path to the decoder as it
+// is (llm-d/llm-d-routing-sidecar internal/proxy/proxy.go, createRoutes,
+// commit 0eeb28bb548235682d8553a879a35be3a336113e), so g.remote and
+// g.hold are never set here (pd.go sets them for chat and completions).
 func (s *Server) admit(r *http.Request, g genRequest, id string) (*apiRun, *httpError) {
 	rank, e := s.rankFor(r, g)
 	if e != nil {
@@ -42,7 +46,8 @@ func (s *Server) admit(r *http.Request, g genRequest, id string) (*apiRun, *http
 		Tokens:        g.tokens,
 		MaxTokens:     g.maxTokens,
 		LoRAName:      g.lora,
-		RemotePrefill: r.Header.Get("x-prefiller-host-port") != "",
+		RemotePrefill: g.remote,
+		HoldBlocks:    g.hold,
 	})
 	if err != nil {
 		code := "invalid_request"
@@ -182,22 +187,29 @@ func argName(schema json.RawMessage) string {
 	return "input"
 }
 
-// argsJSON streams a tool call's arguments: the opening `{"arg": "`, each
-// token's text escaped as a JSON string's inside, and the closing `"}`,
-// so the pieces concatenate to a JSON object.
-type argsJSON struct{ arg string }
+// argsJSON streams a tool call's arguments: the opening `{"arg": "`, the
+// generated words escaped as a JSON string's inside, space-separated, and
+// the closing `"}`, so the pieces concatenate to a JSON object.
+type argsJSON struct {
+	arg     string
+	started bool
+}
 
-func (a argsJSON) open() string {
+func (a *argsJSON) open() string {
 	k, _ := json.Marshal(a.arg)
 	return "{" + string(k) + `: "`
 }
 
-func (argsJSON) piece(text string) string {
+func (a *argsJSON) piece(text string) string {
 	b, _ := json.Marshal(strings.TrimPrefix(text, " "))
-	return strings.Trim(string(b), `"`) + " "
+	sep := " "
+	if !a.started {
+		sep, a.started = "", true
+	}
+	return sep + strings.Trim(string(b), `"`)
 }
 
-func (argsJSON) close() string { return `"}` }
+func (*argsJSON) close() string { return `"}` }
 
 // sseEvent writes one named SSE event (event: name, data: v as JSON) and
 // flushes it, as the Responses API and Anthropic stream.

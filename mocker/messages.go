@@ -60,7 +60,7 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 		return map[string]any{"id": id, "type": "message", "role": "assistant", "model": g.model, "content": content,
 			"stop_reason": stopReason, "stop_sequence": nil, "stop_details": nil, "container": nil, "diagnostics": nil, "usage": usage}
 	}
-	args := argsJSON{tool.Arg}
+	args := &argsJSON{arg: tool.Arg}
 	if !req.Stream {
 		var text strings.Builder
 		c, ok := u.each(r.Context(), func(t string) {

@@ -142,6 +142,7 @@ func (s *Server) parseResponses(body []byte) (responsesRequest, genRequest, *tok
 
 // responseState is one Responses request being answered.
 type responseState struct {
+	args                 argsJSON
 	req                  responsesRequest
 	model                string
 	maxTokens            int
@@ -154,20 +155,21 @@ type responseState struct {
 
 func (q *responseState) startText(b *strings.Builder) {
 	if q.calls {
-		b.WriteString(argsJSON{q.tool.Arg}.open())
+		q.args.arg = q.tool.Arg
+		b.WriteString(q.args.open())
 	}
 }
 
 func (q *responseState) piece(t string) string {
 	if q.calls {
-		return argsJSON{}.piece(t)
+		return q.args.piece(t)
 	}
 	return t
 }
 
 func (q *responseState) endText(b *strings.Builder) {
 	if q.calls {
-		b.WriteString(argsJSON{}.close())
+		b.WriteString(q.args.close())
 	}
 	q.finished, q.incomplete = true, !q.calls
 }
