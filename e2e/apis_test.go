@@ -127,11 +127,11 @@ func TestAPIsRouteWithCache(t *testing.T) {
 }
 
 // TestDisaggregatedOtherAPIs: on a disaggregated system a long prompt
-// sent through the Responses or Messages API goes to a decode worker
-// naming a prefiller, which prefills it itself, as vLLM behind llm-d's
-// sidecar does (the sidecar makes the P/D hop for chat and completions
-// only and passes other paths to the decoder: mocker/apis.go admit); the
-// client gets its answer and no router keeps the request.
+// sent through the Responses or Messages API is not disaggregated: llm-d's
+// sidecar makes the P/D hop for chat and completions only and passes
+// other paths to the decoder (policies.SplitPaths, mocker/apis.go admit),
+// so the router sends it to a decode worker naming no prefiller, which
+// prefills it; the client gets its answer and no router keeps it.
 func TestDisaggregatedOtherAPIs(t *testing.T) {
 	s := startDisaggregated(t)
 	c := httpClient(t)
@@ -143,7 +143,12 @@ func TestDisaggregatedOtherAPIs(t *testing.T) {
 		if resp.StatusCode != 200 || resp.Header.Get("x-kvgate-pool") != up.DecodePool {
 			t.Fatalf("%s: %d on %q: %s", api.name, resp.StatusCode, resp.Header.Get("x-kvgate-pool"), b)
 		}
-		t.Logf("%s: served by %s, %s", api.name, resp.Header.Get("x-kvgate-worker-id"), resp.Header.Get("x-kvgate-explain"))
+		if ex := resp.Header.Get("x-kvgate-explain"); !strings.Contains(ex, "not split by the P/D sidecar") || strings.Contains(ex, "prefill on prefill") {
+			t.Errorf("%s was disaggregated:\n%s", api.name, ex)
+		}
+	}
+	if st := s.Pool(up.PrefillPool).Workers[0].Stats(); st.PrefixQueryTokens != 0 {
+		t.Errorf("the prefill worker prefilled %d tokens, want none", st.PrefixQueryTokens)
 	}
 	for _, w := range s.Pool(up.DecodePool).Workers {
 		if hops := workerMetric(t, ctx, c, w, "kvgate_mocker_pd_prefill_requests_total", "ok"); hops != 0 {

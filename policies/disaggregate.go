@@ -21,13 +21,24 @@ import (
 // Both are read from the probes' cost terms (a Selection's PrefillTokens is
 // the worker's queued prefill plus this request's uncached tokens;
 // DecodeBlocks its active decode blocks with this request's). Otherwise the
-// decode pool prefills locally. Each decode candidate's Disaggregation
+// decode pool prefills locally, as it does for a path the P/D sidecar does
+// not split (SplitPaths). Each decode candidate's Disaggregation
 // says which rule decided and with which numbers. The best-ranked prefill
 // pool is used, so rank before it. Prefill pools leave the ranking;
 // aggregated pools stay as they are.
 type Disaggregate struct {
 	args DisaggregateArgs
 }
+
+// SplitPaths are the paths whose requests a decode worker's P/D sidecar
+// splits into the prefill hop and the decode: llm-d's routing sidecar
+// intercepts /v1/chat/completions and /v1/completions and passes every
+// other path (the Responses API, Anthropic's Messages) to its decoder as
+// it is (llm-d/llm-d-routing-sidecar internal/proxy/proxy.go, createRoutes,
+// commit 0eeb28bb548235682d8553a879a35be3a336113e), which then prefills
+// locally. Disaggregate pairs a prefill pool only with requests on these
+// paths (or of no known path).
+var SplitPaths = map[string]bool{"/v1/chat/completions": true, "/v1/completions": true}
 
 // DisaggregateArgs are disaggregate's chain arguments.
 type DisaggregateArgs struct {
@@ -117,6 +128,9 @@ func (d *Disaggregate) decide(req *Request, c Candidate, p *Candidate) (bool, st
 	a := d.args
 	if p == nil {
 		return false, "no prefill pool reachable: prefill locally"
+	}
+	if req != nil && req.Path != "" && !SplitPaths[req.Path] {
+		return false, fmt.Sprintf("path %s is not split by the P/D sidecar: prefill locally", req.Path)
 	}
 	isl := c.Probe.ISL
 	if isl == 0 && req != nil {

@@ -68,8 +68,16 @@ func TestDisaggregateConditional(t *testing.T) {
 			}
 		})
 	}
-	// Without a prefill pool the reason says so.
+	// Only the paths the P/D sidecar splits are disaggregated.
 	p, _ := build(t, "disaggregate", "", nil)
+	for path, remote := range map[string]bool{"/v1/chat/completions": true, "/v1/completions": true, "": true, "/v1/responses": false, "/v1/messages": false} {
+		got, _ := p.Rank(&policies.Request{Model: "m", ISL: 4096, Path: path},
+			[]policies.Candidate{probe("pre", policies.RolePrefill, 4096, 0, 0, 0), probe("dec", policies.RoleDecode, 4096, 0, 0, 0)})
+		if (got[0].Prefill != nil) != remote || (!remote && !strings.Contains(got[0].Disaggregation, "not split by the P/D sidecar")) {
+			t.Errorf("path %q: disaggregated %v (%s), want %v", path, got[0].Prefill != nil, got[0].Disaggregation, remote)
+		}
+	}
+	// Without a prefill pool the reason says so.
 	got, _ := p.Rank(&policies.Request{Model: "m", ISL: 4096}, []policies.Candidate{probe("dec", policies.RoleDecode, 4096, 0, 0, 0)})
 	if got[0].Prefill != nil || !strings.Contains(got[0].Disaggregation, "no prefill pool reachable") {
 		t.Errorf("no prefill pool: got prefill %v, why %q", got[0].Prefill, got[0].Disaggregation)
