@@ -35,6 +35,9 @@ type apiRun struct {
 // is (llm-d/llm-d-routing-sidecar internal/proxy/proxy.go, createRoutes,
 // commit 0eeb28bb548235682d8553a879a35be3a336113e), so g.remote and
 // g.hold are never set here (pd.go sets them for chat and completions).
+// Newer sidecars (llm-d/llm-d-inference-scheduler pkg/sidecar/proxy)
+// split /v1/responses and /v1/messages too; the mocker plays the older
+// one, as the disaggregate policy's default split_paths does.
 func (s *Server) admit(r *http.Request, g genRequest, id string) (*apiRun, *httpError) {
 	rank, e := s.rankFor(r, g)
 	if e != nil {
