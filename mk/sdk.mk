@@ -4,15 +4,15 @@
 # `make sdk` installs the versions pinned in e2e/testdata/sdk/package.json
 # and package-lock.json (openai, @anthropic-ai/sdk) from npm into
 # $(SDK_CACHE), a git-ignored folder; `make test` runs it first through
-# TEST_PREP and sets KVGATE_REQUIRE_TOOLS, under which a missing node or
-# SDK fails the test (naming this target) instead of skipping it.
+# TEST_PREP and sets KVGATE_REQUIRE_TOOLS (Makefile), under which a missing
+# node or SDK fails the test (naming this target) instead of skipping it;
+# a missing npm fails this target, and so make test.
 
 SDK_CACHE  ?= .cache/sdk
 SDK_SRC    := e2e/testdata/sdk
 NPM  ?= npm
 
 TEST_PREP += sdk
-export KVGATE_REQUIRE_TOOLS := 1
 export KVGATE_SDK_DIR := $(abspath $(SDK_CACHE))
 
 .PHONY: sdk sdk-clean
