@@ -53,6 +53,8 @@ func TestPublicSurface(t *testing.T) {
 		{"POST", "/v1/completions/../../reset_prefix_cache"},
 		{"POST", "/v1/completions%2F..%2F..%2Freset_prefix_cache"},
 		{"POST", "//reset_prefix_cache"},
+		{"GET", "/v1/models/mock-llama/../../../reset_prefix_cache"},
+		{"GET", "/v1/models/%2E%2E"},
 	} {
 		code, body := do(tt.method, s.GatewayURL(), tt.path, `{"prompt":"hi"}`)
 		var e struct {
@@ -72,7 +74,7 @@ func TestPublicSurface(t *testing.T) {
 	if got := cached(); got != before {
 		t.Errorf("cached blocks %d after the refused resets, want %d (a reset got through)", got, before)
 	}
-	for _, path := range []string{"/v1/models", "/health"} {
+	for _, path := range []string{"/v1/models", "/v1/models/mock-llama", "/health"} {
 		if code, body := do("GET", s.GatewayURL(), path, ""); code != 200 {
 			t.Errorf("GET %s: got %d %s, want 200", path, code, body)
 		}

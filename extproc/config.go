@@ -27,9 +27,11 @@ const (
 	MaxChunkBytes = 62000
 )
 
-// DefaultInferencePaths are the paths routed by default; every other path
-// passes through untouched.
-var DefaultInferencePaths = []string{"/v1/completions", "/v1/chat/completions"}
+// DefaultInferencePaths are the paths routed by default: OpenAI's
+// completions, chat completions and Responses, and Anthropic's Messages
+// (tokenizer.ParseBody reads each); every other path passes through
+// untouched.
+var DefaultInferencePaths = []string{"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"}
 
 // Config configures a Server. The zero value plus Defaults is usable.
 type Config struct {

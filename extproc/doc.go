@@ -24,7 +24,10 @@
 // # Headers
 //
 // Read: :path (routed when it is one of Config.InferencePaths, and the
-// method is not GET or HEAD; anything else passes through untouched),
+// method is not GET or HEAD; anything else passes through untouched; by
+// default OpenAI's /v1/completions, /v1/chat/completions and
+// /v1/responses and Anthropic's /v1/messages, whose errors the server
+// answers in Anthropic's shape, {"type":"error","error":{...}}),
 // x-request-id (for logs only: the request's lifecycle on the local
 // routers is keyed by an id the server makes per stream, as clients reuse
 // theirs), x-kvgate-explain: 1, and every header for the policies
@@ -97,10 +100,11 @@
 // response phases), body.go (parsing a request body), bodymode.go (what the
 // body modes share) with bodymode_buffered.go, bodymode_streamed.go,
 // bodymode_fullduplex.go and bodymode_other.go, reply.go (immediate
-// responses: HTTP errors, 413, routing headers), usage.go (token usage from
-// the responses), epp.go (the endpoint-picker protocol: subset, served
+// responses: HTTP errors in OpenAI's or Anthropic's shape, 413, routing
+// headers), usage.go (token usage from the responses of every API), epp.go (the endpoint-picker protocol: subset, served
 // endpoint, health), metrics.go (requests, decisions, overlap, tokens,
 // streams). The process that serves it (flags, TLS
 // files, the admin listener) is internal/extprocd. Tests: server_test.go,
-// server_body_test.go, server_errors_test.go, server_lifecycle_test.go.
+// server_body_test.go, server_errors_test.go, server_lifecycle_test.go,
+// apis_test.go (the Responses and Messages paths).
 package extproc

@@ -13,6 +13,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/tokenizer"
 )
 
 // MetadataNamespace is the dynamic metadata namespace Envoy's
@@ -95,11 +96,17 @@ func tooLarge(limit int) *httpError {
 		"request body exceeds " + strconv.Itoa(limit) + " bytes", 0, nil}
 }
 
-// immediate builds the OpenAI-shaped local reply for e.
-func (e *httpError) immediate() *extprocv3.ProcessingResponse {
-	body, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"message": e.msg, "type": e.errType, "code": e.code,
-	}})
+// immediate builds the local reply for e to a request on path: in
+// Anthropic's error shape on its Messages path, OpenAI's everywhere else.
+func (e *httpError) immediate(path string) *extprocv3.ProcessingResponse {
+	var body []byte
+	if path == tokenizer.PathMessages {
+		body = anthropicError(e.status, e.msg)
+	} else {
+		body, _ = json.Marshal(map[string]any{"error": map[string]any{
+			"message": e.msg, "type": e.errType, "code": e.code,
+		}})
+	}
 	hs := []*corev3.HeaderValueOption{
 		setHeader("content-type", "application/json"),
 		setHeader(globalrouter.HeaderDropped, e.reason),
@@ -116,6 +123,35 @@ func (e *httpError) immediate() *extprocv3.ProcessingResponse {
 			Details: "kvgate_" + e.reason,
 		},
 	}}
+}
+
+// anthropicError is Anthropic's error body, {"type": "error", "error":
+// {"type": ..., "message": ...}, "request_id": null}, its type chosen by
+// status as Anthropic's API documents them (@anthropic-ai/sdk 1.16.0,
+// resources/shared.d.ts: ErrorResponse, ErrorType, whose list has no
+// request_too_large, so a 413 is an invalid_request_error; 503 has no
+// type of its own there and is overloaded_error, what Anthropic answers
+// when it cannot take a request).
+func anthropicError(status int, msg string) []byte {
+	typ := "api_error"
+	switch {
+	case status == 401:
+		typ = "authentication_error"
+	case status == 403:
+		typ = "permission_error"
+	case status == 404:
+		typ = "not_found_error"
+	case status == 429:
+		typ = "rate_limit_error"
+	case status == 503 || status == 529:
+		typ = "overloaded_error"
+	case status == 504:
+		typ = "timeout_error"
+	case status >= 400 && status < 500:
+		typ = "invalid_request_error"
+	}
+	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}, "request_id": nil})
+	return b
 }
 
 // setHeader overwrites (or adds) a header, value in raw_value as Envoy

@@ -153,7 +153,7 @@ func (x *exchange) reply(e *httpError) error {
 	x.code = strconv.Itoa(e.status)
 	x.count("")
 	x.log.Debug("request refused", "path", x.path, "request_id", x.id, "client_request_id", x.clientID, "status", e.status, "reason", e.reason, "msg", e.msg, "err", e.detail)
-	if err := x.send(e.immediate()); err != nil {
+	if err := x.send(e.immediate(x.path)); err != nil {
 		return err
 	}
 	return errDone
@@ -469,7 +469,7 @@ func (x *exchange) readUsage(b []byte) {
 }
 
 func (x *exchange) onSSE(data []byte) {
-	if u, ok := usageOf(data); ok {
+	if u, ok := usageOf(data, x.usage); ok {
 		x.usage, x.hasUsage = u, true // the last usage is the total
 	}
 }
@@ -480,7 +480,7 @@ func (x *exchange) endResponse() {
 	if x.sse != nil {
 		x.sse.Close()
 	} else if !x.usageOver && len(x.usageBuf) > 0 {
-		x.usage, x.hasUsage = usageOf(x.usageBuf)
+		x.usage, x.hasUsage = usageOf(x.usageBuf, Usage{})
 		x.usageBuf = nil
 	}
 	if x.hasUsage {

@@ -115,5 +115,5 @@ func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
 // view is the policies' view of the request.
 func (h *headers) view(req *Request, id string, isl int) policies.Request {
-	return policies.Request{ID: id, Model: req.Model, ISL: isl, Headers: req.Headers, SessionKey: h.session, Priority: h.priority, SLO: h.slo}
+	return policies.Request{ID: id, Model: req.Model, Path: req.Path, ISL: isl, Headers: req.Headers, SessionKey: h.session, Priority: h.priority, SLO: h.slo}
 }

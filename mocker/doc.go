@@ -147,5 +147,10 @@
 // request on a rank: streamed and whole responses, the rank choice),
 // server_info.go (/v1/models, /tokenize), pd.go (the P/D protocol:
 // kv_transfer_params, the sidecar's prefill hop, the KV pull and its
-// side channel, their metrics).
+// side channel, their metrics), responses.go (OpenAI's Responses API,
+// /v1/responses), messages.go (Anthropic's Messages API, /v1/messages),
+// apis.go (what those two share: admitting a generation, the chat form
+// of their bodies, the mocker's deterministic tool calls, named SSE
+// events), models.go (/v1/models/{id}, and each client's shape:
+// Anthropic's for a request with anthropic-version).
 package mocker

@@ -60,7 +60,9 @@ const (
 const MaxDPSize = 64
 
 // Server is the mocker's HTTP API around a live engine: /v1/completions,
-// /v1/chat/completions (SSE with stream: true), /v1/models, /tokenize,
+// /v1/chat/completions (SSE with stream: true), /v1/responses (OpenAI's
+// Responses API), /v1/messages (Anthropic's), /v1/models and
+// /v1/models/{id}, /tokenize,
 // /health and /metrics. Create with NewServer, start the engine with Run,
 // serve Handler.
 type Server struct {
@@ -152,6 +154,9 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/completions", s.completions)
 	s.mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
 	s.mux.HandleFunc("GET /v1/models", s.models)
+	s.mux.HandleFunc("GET /v1/models/{id}", s.model)
+	s.mux.HandleFunc("POST /v1/responses", s.responses)
+	s.mux.HandleFunc("POST /v1/messages", s.messages)
 	s.mux.HandleFunc("POST "+PathKVRead, s.kvReadHandler)
 	s.mux.HandleFunc("POST /tokenize", s.tokenize)
 	s.mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {

@@ -5,7 +5,11 @@ import (
 	"net/http"
 )
 
-func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	if anthropicClient(r) {
+		s.anthropicModels(w)
+		return
+	}
 	data := []any{map[string]any{"id": s.cfg.Model, "object": "model", "created": 0, "owned_by": "kvgate", "root": s.cfg.Model, "parent": nil}}
 	for _, l := range s.cfg.LoRAs {
 		data = append(data, map[string]any{"id": l, "object": "model", "created": 0, "owned_by": "kvgate", "root": l, "parent": s.cfg.Model})

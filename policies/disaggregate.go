@@ -3,6 +3,8 @@ package policies
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/kvgate/kvgate/lib/config"
 )
@@ -21,13 +23,26 @@ import (
 // Both are read from the probes' cost terms (a Selection's PrefillTokens is
 // the worker's queued prefill plus this request's uncached tokens;
 // DecodeBlocks its active decode blocks with this request's). Otherwise the
-// decode pool prefills locally. Each decode candidate's Disaggregation
+// decode pool prefills locally, as it does for a path the P/D sidecar does
+// not split (split_paths). Each decode candidate's Disaggregation
 // says which rule decided and with which numbers. The best-ranked prefill
 // pool is used, so rank before it. Prefill pools leave the ranking;
 // aggregated pools stay as they are.
 type Disaggregate struct {
 	args DisaggregateArgs
 }
+
+// DefaultSplitPaths are the paths whose requests a decode worker's P/D
+// sidecar splits into the prefill hop and the decode, by default:
+// llm-d's routing sidecar intercepts /v1/chat/completions and
+// /v1/completions and passes every other path to its decoder as it is
+// (llm-d/llm-d-routing-sidecar internal/proxy/proxy.go, createRoutes,
+// commit 0eeb28bb548235682d8553a879a35be3a336113e), which then prefills
+// locally; so does kvgate's mocker. Newer sidecars
+// (llm-d/llm-d-inference-scheduler pkg/sidecar/proxy) also split
+// /v1/responses and /v1/messages: list them in split_paths when yours
+// does.
+var DefaultSplitPaths = []string{"/v1/chat/completions", "/v1/completions"}
 
 // DisaggregateArgs are disaggregate's chain arguments.
 type DisaggregateArgs struct {
@@ -47,6 +62,10 @@ type DisaggregateArgs struct {
 	// tokens of wait per token of the decode worker's other active decode
 	// blocks (0).
 	DecodeWeight float64 `yaml:"decode_weight"`
+	// SplitPaths are the request paths the decode workers' P/D sidecar
+	// splits (DefaultSplitPaths); a request on another path prefills
+	// locally. A request of no known path (a subtree's view) may be split.
+	SplitPaths []string `yaml:"split_paths"`
 }
 
 func newDisaggregate(a Args) (Policy, error) {
@@ -64,6 +83,11 @@ func newDisaggregate(a Args) (Policy, error) {
 		return nil, config.Errorf(a.Chain.File, a.Chain.Node, what, "max_prefill_queue_tokens: got %d, want ≥ 0 (0: no bound)", args.MaxPrefillQueueTokens)
 	case !(args.DecodeWeight >= 0) || math.IsInf(args.DecodeWeight, 0):
 		return nil, config.Errorf(a.Chain.File, a.Chain.Node, what, "decode_weight: got %g, want a number ≥ 0", args.DecodeWeight)
+	}
+	for i, p := range args.SplitPaths {
+		if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "?#") {
+			return nil, config.Errorf(a.Chain.File, a.Chain.Node, what, "split_paths[%d]: got %q, want an HTTP path (/v1/...)", i, p)
+		}
 	}
 	if _, err := DecodePools(a, struct{}{}); err != nil {
 		return nil, err
@@ -117,6 +141,13 @@ func (d *Disaggregate) decide(req *Request, c Candidate, p *Candidate) (bool, st
 	a := d.args
 	if p == nil {
 		return false, "no prefill pool reachable: prefill locally"
+	}
+	split := a.SplitPaths
+	if split == nil {
+		split = DefaultSplitPaths
+	}
+	if req != nil && req.Path != "" && !slices.Contains(split, req.Path) {
+		return false, fmt.Sprintf("path %s is not split by the P/D sidecar (split_paths): prefill locally", req.Path)
 	}
 	isl := c.Probe.ISL
 	if isl == 0 && req != nil {

@@ -68,8 +68,28 @@ func TestDisaggregateConditional(t *testing.T) {
 			}
 		})
 	}
-	// Without a prefill pool the reason says so.
+	// Only the paths the P/D sidecar splits are disaggregated.
 	p, _ := build(t, "disaggregate", "", nil)
+	for path, remote := range map[string]bool{"/v1/chat/completions": true, "/v1/completions": true, "": true, "/v1/responses": false, "/v1/messages": false} {
+		got, _ := p.Rank(&policies.Request{Model: "m", ISL: 4096, Path: path},
+			[]policies.Candidate{probe("pre", policies.RolePrefill, 4096, 0, 0, 0), probe("dec", policies.RoleDecode, 4096, 0, 0, 0)})
+		if (got[0].Prefill != nil) != remote || (!remote && !strings.Contains(got[0].Disaggregation, "not split by the P/D sidecar")) {
+			t.Errorf("path %q: disaggregated %v (%s), want %v", path, got[0].Prefill != nil, got[0].Disaggregation, remote)
+		}
+	}
+	// A sidecar that splits more paths says so in split_paths.
+	wide, err := build(t, "disaggregate", `split_paths: [/v1/chat/completions, /v1/responses]`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, remote := range map[string]bool{"/v1/responses": true, "/v1/completions": false} {
+		got, _ := wide.Rank(&policies.Request{Model: "m", ISL: 4096, Path: path},
+			[]policies.Candidate{probe("pre", policies.RolePrefill, 4096, 0, 0, 0), probe("dec", policies.RoleDecode, 4096, 0, 0, 0)})
+		if (got[0].Prefill != nil) != remote {
+			t.Errorf("split_paths, path %q: disaggregated %v (%s), want %v", path, got[0].Prefill != nil, got[0].Disaggregation, remote)
+		}
+	}
+	// Without a prefill pool the reason says so.
 	got, _ := p.Rank(&policies.Request{Model: "m", ISL: 4096}, []policies.Candidate{probe("dec", policies.RoleDecode, 4096, 0, 0, 0)})
 	if got[0].Prefill != nil || !strings.Contains(got[0].Disaggregation, "no prefill pool reachable") {
 		t.Errorf("no prefill pool: got prefill %v, why %q", got[0].Prefill, got[0].Disaggregation)
@@ -83,6 +103,7 @@ func TestDisaggregateArgsRefused(t *testing.T) {
 		{"decode_weight: -1", "decode_weight: got -1"},
 		{"load_aware: maybe", "`maybe` into bool"},
 		{"queue: 3", "queue"},
+		{"split_paths: [v1/responses]", `split_paths[0]: got "v1/responses"`},
 	} {
 		_, err := build(t, "disaggregate", tc.args, nil)
 		if err == nil || !errors.Is(err, policies.ErrConfig) || !strings.Contains(err.Error(), tc.want) {

@@ -31,6 +31,9 @@ type Request struct {
 	// ID is the request id.
 	ID    string
 	Model string
+	// Path is the request's HTTP path (/v1/chat/completions, ...; "" when
+	// unknown, as in a subtree's view).
+	Path string
 	// ISL is the prompt length in tokens.
 	ISL int
 	// Headers are the request headers, keys lower-case.

@@ -10,9 +10,10 @@
 // 0), and System reports them, so a real Envoy or a gRPC client can be
 // pointed at the parts.
 //
-// The gateway is the public surface: it forwards only the OpenAI paths
-// (PublicPaths, plus the ext_proc server's configured inference paths) and
-// answers 404 for anything else, so no client reaches a worker's
+// The gateway is the public surface: it forwards only the client APIs
+// (PublicPaths; GET /v1/models/{id}; the ext_proc server's configured
+// inference paths: OpenAI's completions, chat and Responses, Anthropic's
+// Messages) and answers 404 for anything else, so no client reaches a worker's
 // /reset_prefix_cache or /metrics. The status page, status.json and the
 // metrics are on the admin listener (AdminURL), never on the gateway.
 //
