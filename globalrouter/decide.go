@@ -45,6 +45,9 @@ type prepared struct {
 	// a block sends its tokens: it has no complete block to hash, salted
 	// or not.)
 	salted bool
+	// engineSalt is the tenant's salt the engine must get as cache_salt
+	// (Decision.CacheSalt), "" when not salted.
+	engineSalt string
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
@@ -125,6 +128,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		d, err = r.decideProbed(ctx, st, p, eligible, pinPool)
 	}
 	if d != nil {
+		d.CacheSalt = p.engineSalt
 		d.Expose = expose
 		d.explained = d.Explanation
 		if !expose {
@@ -360,8 +364,14 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *Tenancy
 		return nil, fmt.Errorf("%w: the prompt is empty", ErrBadRequest)
 	}
 	p.hashes = make([][]uint64, len(me.blockSizes))
-	salt, salted := ten.salt(req.Headers, req.CacheSalt)
+	salt, salted, err := ten.salt(req.Headers, req.CacheSalt)
+	if err != nil {
+		return nil, err
+	}
 	p.salted = salted
+	if salted {
+		p.engineSalt = salt
+	}
 	for i, bs := range me.blockSizes {
 		if p.hashes[i], err = BlockKeys(p.tokens, bs, me.lora, salt, mm); err != nil {
 			return nil, fmt.Errorf("hash blocks of %d tokens: %w", bs, err)

@@ -294,3 +294,54 @@ func TestNoPoolNamesTheRealCause(t *testing.T) {
 		t.Errorf("tenant zed: got %v, want no_pool_allowed naming header-match", err)
 	}
 }
+
+// TestTenantSaltReachesEngine: with salting on, a tenant's decision names
+// the cache_salt the engine must get (the tenant's, the client's own salt
+// combined after it, never dropped); an untenanted request leaves the body
+// alone, and one whose cache_salt spells a tenant's salt is refused. With
+// salting off, no decision names one.
+func TestTenantSaltReachesEngine(t *testing.T) {
+	ctx := testenv.Context(t)
+	c := newCluster(t)
+	msgs := chat(longText(40))
+	cfg := c.cfg
+	cfg.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true}
+	salted, _ := newRouter(t, cfg)
+	open, _ := newRouter(t, c.cfg)
+	p := globalrouter.TenantSaltPrefix
+	tests := []struct {
+		name         string
+		r            *globalrouter.Router
+		tenant, salt string
+		want         string
+		bad          bool
+	}{
+		{"tenant", salted, "acme", "", p + "acme", false},
+		{"tenant and client salt", salted, "acme", "mine", p + "acme\x00mine", false},
+		{"untenanted", salted, "", "mine", "", false},
+		{"untenanted spelling a tenant", salted, "", p + "acme", "", true},
+		{"salting off", open, "acme", "mine", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := map[string]string{}
+			if tt.tenant != "" {
+				h["x-tenant"] = tt.tenant
+			}
+			d, err := tt.r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(msgs...), Headers: h, CacheSalt: tt.salt})
+			if tt.bad {
+				if !errors.Is(err, globalrouter.ErrBadRequest) {
+					t.Fatalf("got %v, want ErrBadRequest", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			free(t, d)
+			if d.CacheSalt != tt.want {
+				t.Errorf("Decision.CacheSalt %q, want %q", d.CacheSalt, tt.want)
+			}
+		})
+	}
+}

@@ -134,18 +134,32 @@ func (t *TenancyConfig) validate(file string) error {
 	return nil
 }
 
+// TenantSaltPrefix begins every tenant's salt, so that no client's
+// cache_salt spells one: with salting on, an untenanted request whose
+// cache_salt begins with it is refused (ErrBadRequest).
+const TenantSaltPrefix = "kvgate-tenant:"
+
 // salt is the cache salt a request's blocks are hashed with
-// (kvevents.ChainSeed: Dynamo's salt seed): the request's own cache_salt
-// when salting is off or its headers name no tenant; otherwise the tenant
-// key, prefixed so that no client's cache_salt can spell it, with the
-// request's cache_salt after it. salted reports the tenant's part.
-func (t *TenancyConfig) salt(h map[string]string, cacheSalt string) (salt string, salted bool) {
-	if !t.Salt || h[t.Header] == "" {
-		return cacheSalt, false
+// (kvevents.ChainSeed: Dynamo's salt seed), and, when salted, the
+// cache_salt the engine gets (Decision.CacheSalt): the request's own
+// cache_salt when salting is off or its headers name no tenant;
+// otherwise TenantSaltPrefix, the tenant, and, when the client sent a
+// cache_salt, a NUL (which no header value holds, so the pair is
+// unambiguous) and the client's salt: combined, never dropped. salted
+// reports the tenant's part.
+func (t *TenancyConfig) salt(h map[string]string, cacheSalt string) (salt string, salted bool, err error) {
+	if !t.Salt {
+		return cacheSalt, false, nil
 	}
-	s := "kvgate-tenant:" + h[t.Header]
+	if h[t.Header] == "" {
+		if strings.HasPrefix(cacheSalt, TenantSaltPrefix) {
+			return "", false, fmt.Errorf("%w: cache_salt: a salt beginning %q is reserved for tenants", ErrBadRequest, TenantSaltPrefix)
+		}
+		return cacheSalt, false, nil
+	}
+	s := TenantSaltPrefix + h[t.Header]
 	if cacheSalt != "" {
 		s += "\x00" + cacheSalt
 	}
-	return s, true
+	return s, true, nil
 }
