@@ -91,6 +91,10 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: msg}
 	}
+	if !st.cfg.Tenancy.allows(req.Headers, trusted) {
+		h := st.cfg.Tenancy.Header
+		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: h + " is honoured from trusted callers only (the gateway sets it)"}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -122,11 +122,34 @@ type TenancyConfig struct {
 	// Header names the tenant (e.g. x-tenant, set by the gateway after it
 	// authenticated the caller).
 	Header string `yaml:"header"`
-	// Salt hashes each tenant's blocks with its own seed.
+	// Salt hashes each tenant's blocks with its own seed, and sends the
+	// engine that seed's salt as the body's cache_salt
+	// (Decision.CacheSalt).
 	Salt bool `yaml:"salt"`
+	// Identity says whose Header is believed: "trusted" (the default)
+	// honours it only from a trusted caller (TrustConfig: the gateway,
+	// having authenticated the client, sets Header and adds the trust
+	// token), and refuses any other request that carries it (403
+	// untrusted_header), so a client that forges another tenant's name
+	// gets nothing; "on" believes every caller, for a gateway that always
+	// overwrites the header itself (from the mTLS or JWT identity) and
+	// never forwards a client's copy.
+	Identity Access `yaml:"identity"`
+}
+
+// allows reports whether the request may name its tenant: it names none,
+// or its caller is believed (Identity).
+func (t *TenancyConfig) allows(h map[string]string, trusted bool) bool {
+	return t.Header == "" || h[t.Header] == "" || t.Identity.allows(trusted)
 }
 
 func (t *TenancyConfig) validate(file string) error {
+	if t.Identity == "" {
+		t.Identity = AccessTrusted
+	}
+	if t.Identity != AccessTrusted && t.Identity != AccessOn {
+		return fmt.Errorf("%s: %w: tenancy.identity %q: want trusted or on", file, policies.ErrConfig, t.Identity)
+	}
 	t.Header = strings.ToLower(t.Header)
 	if t.Salt && t.Header == "" {
 		return fmt.Errorf("%s: %w: tenancy.salt needs tenancy.header", file, policies.ErrConfig)
