@@ -115,9 +115,12 @@ func (t *TrustConfig) trusted(h map[string]string) bool {
 //
 // The local routers index what the engines report: salted hashes match
 // the index when the blocks were learnt from the router's own decisions
-// (approximate mode) or the engine's events carry the same salt (the
-// tenant key as the request's cache_salt); against unsalted KV events a
-// salted tenant gets no overlap, which is the price of isolation.
+// (approximate mode) or the engine's events carry the same salt: the
+// ext_proc server sends the engine the salt as the body's cache_salt
+// (Decision.CacheSalt), so the engine partitions its cache the same way
+// and its salted events key the same blocks. Against an engine that
+// ignores cache_salt a salted tenant gets no overlap (and the engine's
+// cache stays shared: docs/security.md).
 type TenancyConfig struct {
 	// Header names the tenant (e.g. x-tenant, set by the gateway after it
 	// authenticated the caller).
