@@ -3,6 +3,7 @@ package extproc
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -174,7 +175,10 @@ func setHeader(k, v string) *corev3.HeaderValueOption {
 func withBodyFields(body []byte, rank *uint32, salt string) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rewrite request body: %w", err)
+	}
+	if obj == nil {
+		return nil, errors.New("rewrite request body: null, want a JSON object")
 	}
 	if rank != nil {
 		obj["routed_dp_rank"] = json.RawMessage(strconv.FormatUint(uint64(*rank), 10))

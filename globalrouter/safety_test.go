@@ -328,6 +328,7 @@ func TestTenantSaltReachesEngine(t *testing.T) {
 		{"untenanted spelling a tenant", salted, "", p + "acme", "", "", globalrouter.ErrBadRequest},
 		{"forged tenant", salted, "acme", "", "", "", globalrouter.ErrForbidden},
 		{"forged tenant, wrong token", salted, "acme", "", "guess", "", globalrouter.ErrForbidden},
+		{"tenant not UTF-8", salted, "\xff", "", gw, "", globalrouter.ErrBadRequest},
 		{"no tenancy", open, "acme", "mine", "", "", nil},
 	}
 	for _, tt := range tests {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/policies"
 )
@@ -182,6 +183,11 @@ func (t *TenancyConfig) salt(h map[string]string, cacheSalt string) (salt string
 			return "", false, fmt.Errorf("%w: cache_salt: a salt beginning %q is reserved for tenants", ErrBadRequest, TenantSaltPrefix)
 		}
 		return cacheSalt, false, nil
+	}
+	if !utf8.ValidString(h[t.Header]) {
+		// JSON (the engine's cache_salt) would read every invalid byte
+		// as U+FFFD: two tenants the router keeps apart would meet.
+		return "", false, fmt.Errorf("%w: %s: the tenant is not valid UTF-8", ErrBadRequest, t.Header)
 	}
 	s := TenantSaltPrefix + h[t.Header]
 	if cacheSalt != "" {
