@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
@@ -39,6 +40,8 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	prefillWorkers := fs.Int("prefill-workers", 1, "workers in the prefill pool of -topology disaggregated")
 	decodeWorkers := fs.Int("decode-workers", 2, "workers in the decode pool of -topology disaggregated")
 	regionWorkers := fs.Int("region-pool-workers", 2, "workers in each pool of -topology regions")
+	tenantHeader := fs.String("tenant-header", "", "turn tenancy on: the header naming the tenant (e.g. x-tenant); each tenant's blocks are salted, in the router and, as the body's cache_salt, in the engines; only callers holding a -trust-token may name a tenant (docs/security.md)")
+	trustToken := fs.String("trust-token-sha256", "", "comma-separated hex SHA-256 digests of the trust tokens (x-kvgate-trust) of the callers that may name a tenant (the gateway's)")
 	otlp := fs.String("otlp-endpoint", "", `OTLP/gRPC collector host:port to trace the global router's decisions to, without TLS ("" : off)`)
 	var logging config.Logging
 	logging.Flags(fs, "warn")
@@ -54,6 +57,15 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	}
 	if *dp < 1 || *dp > mocker.MaxDPSize {
 		return fmt.Errorf("-pool-b-dp-size %d: want 1..%d", *dp, mocker.MaxDPSize)
+	}
+	if *tenantHeader != "" {
+		if *trustToken == "" {
+			return errors.New("-tenant-header needs -trust-token-sha256: only trusted callers may name a tenant")
+		}
+		cfg.Tenancy = globalrouter.TenancyConfig{Header: *tenantHeader, Salt: true}
+	}
+	if *trustToken != "" {
+		cfg.TrustTokensSHA256 = strings.Split(*trustToken, ",")
 	}
 	dpSizes := make([]int, *b)
 	dpSizes[*b-1] = *dp

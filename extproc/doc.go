@@ -46,7 +46,10 @@
 // x-kvgate-overlap-blocks, x-prefiller-host-port (disaggregated; a client's
 // own is removed) and x-kvgate-explain (when asked). For a pool with
 // dp_rank_body_field (Decision.DPRankBodyField) the JSON body is re-emitted
-// with SGLang's routed_dp_rank set to the rank (content-length fixed in
+// with SGLang's routed_dp_rank set to the rank, and for a tenant's request
+// (Decision.CacheSalt, globalrouter's tenancy) with cache_salt set to the
+// tenant's salt (the client's own inside it), so the engine's prefix cache
+// is partitioned as the router's index (both: content-length fixed in
 // BUFFERED mode). Set on the response, only when the decision says the
 // caller may see them (globalrouter's trust.routing_headers; off by
 // default): the same x-kvgate-* plus x-kvgate-endpoint (the endpoint that

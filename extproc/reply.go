@@ -3,6 +3,7 @@ package extproc
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -164,14 +165,31 @@ func setHeader(k, v string) *corev3.HeaderValueOption {
 	}
 }
 
-// withRoutedDPRank returns body (a JSON object) with SGLang's
-// routed_dp_rank field set to rank, a client's own value replaced.
-func withRoutedDPRank(body []byte, rank uint32) ([]byte, error) {
+// withBodyFields returns body (a JSON object) with SGLang's
+// routed_dp_rank field set to *rank (when rank is set) and cache_salt (vLLM's and
+// SGLang's request field) set to salt (when not ""), a client's own
+// values replaced: the tenant's salt already holds the client's
+// (globalrouter.Decision.CacheSalt). Every other key's value is kept
+// byte for byte; a key the client sent twice is sent once (the last
+// value, as Python's json, the engine's parser, reads it).
+func withBodyFields(body []byte, rank *uint32, salt string) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("rewrite request body: %w", err)
 	}
-	obj["routed_dp_rank"] = json.RawMessage(strconv.FormatUint(uint64(rank), 10))
+	if obj == nil {
+		return nil, errors.New("rewrite request body: null, want a JSON object")
+	}
+	if rank != nil {
+		obj["routed_dp_rank"] = json.RawMessage(strconv.FormatUint(uint64(*rank), 10))
+	}
+	if salt != "" {
+		v, err := json.Marshal(salt)
+		if err != nil {
+			return nil, err
+		}
+		obj["cache_salt"] = v
+	}
 	return json.Marshal(obj)
 }
 

@@ -293,20 +293,25 @@ func (x *exchange) route() error {
 		x.log.Info("decision explained", "request_id", greq.ID, "client_request_id", x.clientID, "explanation", d.Explanation)
 	}
 
+	var rank *uint32
 	if d.DPRankBodyField { // SGLang's body field, for pools that ask
-		if err := x.setRoutedDPRank(common, body, d.Primary.DPRank); err != nil {
+		rank = &d.Primary.DPRank
+	}
+	if rank != nil || d.CacheSalt != "" {
+		if err := x.rewriteBody(common, body, rank, d.CacheSalt); err != nil {
 			return err
 		}
 	}
 	return x.router.sendRoute(x, common, md)
 }
 
-// setRoutedDPRank rewrites the request body with SGLang's routed_dp_rank
-// set to rank: the body re-emitted in FULL_DUPLEX_STREAMED (x.chunks), or
-// replaced by a body mutation in BUFFERED, where Envoy keeps
-// content-length and it must match.
-func (x *exchange) setRoutedDPRank(common *extprocv3.CommonResponse, body []byte, rank uint32) error {
-	nb, err := withRoutedDPRank(body, rank)
+// rewriteBody rewrites the request body with SGLang's routed_dp_rank set
+// to *rank (when rank is set) and cache_salt set to salt (when set, the
+// tenant's combined salt: Decision.CacheSalt): the body re-emitted in
+// FULL_DUPLEX_STREAMED (x.chunks), or replaced by a body mutation in
+// BUFFERED, where Envoy keeps content-length and it must match.
+func (x *exchange) rewriteBody(common *extprocv3.CommonResponse, body []byte, rank *uint32, salt string) error {
+	nb, err := withBodyFields(body, rank, salt)
 	if err != nil {
 		return err // parseBody accepted it as an object: cannot happen
 	}

@@ -45,6 +45,9 @@ type prepared struct {
 	// a block sends its tokens: it has no complete block to hash, salted
 	// or not.)
 	salted bool
+	// engineSalt is the tenant's salt the engine must get as cache_salt
+	// (Decision.CacheSalt), "" when not salted.
+	engineSalt string
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
@@ -88,6 +91,10 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: msg}
 	}
+	if !st.cfg.Tenancy.allows(req.Headers, trusted) {
+		h := st.cfg.Tenancy.Header
+		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: h + " is honoured from trusted callers only (the gateway sets it)"}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -125,6 +132,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		d, err = r.decideProbed(ctx, st, p, eligible, pinPool)
 	}
 	if d != nil {
+		d.CacheSalt = p.engineSalt
 		d.Expose = expose
 		d.explained = d.Explanation
 		if !expose {
@@ -360,8 +368,14 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *Tenancy
 		return nil, fmt.Errorf("%w: the prompt is empty", ErrBadRequest)
 	}
 	p.hashes = make([][]uint64, len(me.blockSizes))
-	salt, salted := ten.salt(req.Headers, req.CacheSalt)
+	salt, salted, err := ten.salt(req.Headers, req.CacheSalt)
+	if err != nil {
+		return nil, err
+	}
 	p.salted = salted
+	if salted {
+		p.engineSalt = salt
+	}
 	for i, bs := range me.blockSizes {
 		if p.hashes[i], err = BlockKeys(p.tokens, bs, me.lora, salt, mm); err != nil {
 			return nil, fmt.Errorf("hash blocks of %d tokens: %w", bs, err)

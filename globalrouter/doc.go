@@ -82,7 +82,10 @@
 // trust.routing_headers allows (Decision.Expose; default nobody: they are
 // an oracle of what the cache holds). Pins run the chain's filters like any
 // request; a pinned target they drop is refused, never re-routed.
-// TenancyConfig salts each tenant's block hashes with its own seed.
+// TenancyConfig salts each tenant's block hashes with its own seed, and
+// the decision names that salt for the engine's cache_salt
+// (Decision.CacheSalt); the tenant header is believed from trusted
+// callers only (tenancy.identity), otherwise the request is refused.
 //
 // Failure (pool package for the circuits): when no eligible pool's local
 // router can be reached the decision is made best effort on the last known

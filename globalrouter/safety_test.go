@@ -181,7 +181,7 @@ func TestOverlapOracleIsClosed(t *testing.T) {
 		t.Fatalf("unsalted control: right guess %d blocks, wrong %d; the test shows no leak to close", right, bad)
 	}
 	cfg := c.cfg
-	cfg.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true}
+	cfg.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true, Identity: globalrouter.AccessOn}
 	salted, _ := newRouter(t, cfg)
 	if right, bad := guess(salted, secret), guess(salted, wrong); right != bad {
 		t.Errorf("salted: right guess %d blocks, wrong %d; want the same answer", right, bad)
@@ -292,5 +292,68 @@ func TestNoPoolNamesTheRealCause(t *testing.T) {
 	_, err = cold.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi", Headers: map[string]string{"x-tenant": "zed"}})
 	if !errors.As(err, &ref) || ref.Reason != "no_pool_allowed" || !strings.Contains(globalrouter.ClientMessage(err), "header-match") {
 		t.Errorf("tenant zed: got %v, want no_pool_allowed naming header-match", err)
+	}
+}
+
+// TestTenantSaltReachesEngine: with salting on, a tenant's decision names
+// the cache_salt the engine must get (the tenant's, the client's own salt
+// combined after it, never dropped); an untenanted request leaves the body
+// alone, and one whose cache_salt spells a tenant's salt is refused. The
+// tenant header is believed from trusted callers only (identity trusted,
+// the default): without the trust token, or with a wrong one, naming a
+// tenant is 403. Without tenancy, no decision names a salt.
+func TestTenantSaltReachesEngine(t *testing.T) {
+	ctx := testenv.Context(t)
+	c := newCluster(t)
+	msgs := chat(longText(40))
+	cfg := c.cfg
+	sum := sha256.Sum256([]byte("gw-token"))
+	cfg.Trust.TokensSHA256 = []string{hex.EncodeToString(sum[:])}
+	cfg.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true}
+	salted, _ := newRouter(t, cfg)
+	open, _ := newRouter(t, c.cfg)
+	const gw = "gw-token"
+	p := globalrouter.TenantSaltPrefix
+	tests := []struct {
+		name         string
+		r            *globalrouter.Router
+		tenant, salt string
+		token        string
+		want         string
+		refused      error
+	}{
+		{"tenant", salted, "acme", "", gw, p + "acme", nil},
+		{"tenant and client salt", salted, "acme", "mine", gw, p + "acme\x00mine", nil},
+		{"untenanted", salted, "", "mine", "", "", nil},
+		{"untenanted spelling a tenant", salted, "", p + "acme", "", "", globalrouter.ErrBadRequest},
+		{"forged tenant", salted, "acme", "", "", "", globalrouter.ErrForbidden},
+		{"forged tenant, wrong token", salted, "acme", "", "guess", "", globalrouter.ErrForbidden},
+		{"tenant not UTF-8", salted, "\xff", "", gw, "", globalrouter.ErrBadRequest},
+		{"no tenancy", open, "acme", "mine", "", "", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := map[string]string{}
+			if tt.tenant != "" {
+				h["x-tenant"] = tt.tenant
+			}
+			if tt.token != "" {
+				h[globalrouter.DefaultTrustHeader] = tt.token
+			}
+			d, err := tt.r.Decide(ctx, &globalrouter.Request{Model: model, Chat: tokenizer.NewChat(msgs...), Headers: h, CacheSalt: tt.salt})
+			if tt.refused != nil {
+				if !errors.Is(err, tt.refused) {
+					t.Fatalf("got %v, want %v", err, tt.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			free(t, d)
+			if d.CacheSalt != tt.want {
+				t.Errorf("Decision.CacheSalt %q, want %q", d.CacheSalt, tt.want)
+			}
+		})
 	}
 }

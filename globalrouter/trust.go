@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/policies"
 )
@@ -115,18 +116,44 @@ func (t *TrustConfig) trusted(h map[string]string) bool {
 //
 // The local routers index what the engines report: salted hashes match
 // the index when the blocks were learnt from the router's own decisions
-// (approximate mode) or the engine's events carry the same salt (the
-// tenant key as the request's cache_salt); against unsalted KV events a
-// salted tenant gets no overlap, which is the price of isolation.
+// (approximate mode) or the engine's events carry the same salt: the
+// ext_proc server sends the engine the salt as the body's cache_salt
+// (Decision.CacheSalt), so the engine partitions its cache the same way
+// and its salted events key the same blocks. Against an engine that
+// ignores cache_salt a salted tenant gets no overlap (and the engine's
+// cache stays shared: docs/security.md).
 type TenancyConfig struct {
 	// Header names the tenant (e.g. x-tenant, set by the gateway after it
 	// authenticated the caller).
 	Header string `yaml:"header"`
-	// Salt hashes each tenant's blocks with its own seed.
+	// Salt hashes each tenant's blocks with its own seed, and sends the
+	// engine that seed's salt as the body's cache_salt
+	// (Decision.CacheSalt).
 	Salt bool `yaml:"salt"`
+	// Identity says whose Header is believed: "trusted" (the default)
+	// honours it only from a trusted caller (TrustConfig: the gateway,
+	// having authenticated the client, sets Header and adds the trust
+	// token), and refuses any other request that carries it (403
+	// untrusted_header), so a client that forges another tenant's name
+	// gets nothing; "on" believes every caller, for a gateway that always
+	// overwrites the header itself (from the mTLS or JWT identity) and
+	// never forwards a client's copy.
+	Identity Access `yaml:"identity"`
+}
+
+// allows reports whether the request may name its tenant: it names none,
+// or its caller is believed (Identity).
+func (t *TenancyConfig) allows(h map[string]string, trusted bool) bool {
+	return t.Header == "" || h[t.Header] == "" || t.Identity.allows(trusted)
 }
 
 func (t *TenancyConfig) validate(file string) error {
+	if t.Identity == "" {
+		t.Identity = AccessTrusted
+	}
+	if t.Identity != AccessTrusted && t.Identity != AccessOn {
+		return fmt.Errorf("%s: %w: tenancy.identity %q: want trusted or on", file, policies.ErrConfig, t.Identity)
+	}
 	t.Header = strings.ToLower(t.Header)
 	if t.Salt && t.Header == "" {
 		return fmt.Errorf("%s: %w: tenancy.salt needs tenancy.header", file, policies.ErrConfig)
@@ -134,18 +161,37 @@ func (t *TenancyConfig) validate(file string) error {
 	return nil
 }
 
+// TenantSaltPrefix begins every tenant's salt, so that no client's
+// cache_salt spells one: with salting on, an untenanted request whose
+// cache_salt begins with it is refused (ErrBadRequest).
+const TenantSaltPrefix = "kvgate-tenant:"
+
 // salt is the cache salt a request's blocks are hashed with
-// (kvevents.ChainSeed: Dynamo's salt seed): the request's own cache_salt
-// when salting is off or its headers name no tenant; otherwise the tenant
-// key, prefixed so that no client's cache_salt can spell it, with the
-// request's cache_salt after it. salted reports the tenant's part.
-func (t *TenancyConfig) salt(h map[string]string, cacheSalt string) (salt string, salted bool) {
-	if !t.Salt || h[t.Header] == "" {
-		return cacheSalt, false
+// (kvevents.ChainSeed: Dynamo's salt seed), and, when salted, the
+// cache_salt the engine gets (Decision.CacheSalt): the request's own
+// cache_salt when salting is off or its headers name no tenant;
+// otherwise TenantSaltPrefix, the tenant, and, when the client sent a
+// cache_salt, a NUL (which no header value holds, so the pair is
+// unambiguous) and the client's salt: combined, never dropped. salted
+// reports the tenant's part.
+func (t *TenancyConfig) salt(h map[string]string, cacheSalt string) (salt string, salted bool, err error) {
+	if !t.Salt {
+		return cacheSalt, false, nil
 	}
-	s := "kvgate-tenant:" + h[t.Header]
+	if h[t.Header] == "" {
+		if strings.HasPrefix(cacheSalt, TenantSaltPrefix) {
+			return "", false, fmt.Errorf("%w: cache_salt: a salt beginning %q is reserved for tenants", ErrBadRequest, TenantSaltPrefix)
+		}
+		return cacheSalt, false, nil
+	}
+	if !utf8.ValidString(h[t.Header]) {
+		// JSON (the engine's cache_salt) would read every invalid byte
+		// as U+FFFD: two tenants the router keeps apart would meet.
+		return "", false, fmt.Errorf("%w: %s: the tenant is not valid UTF-8", ErrBadRequest, t.Header)
+	}
+	s := TenantSaltPrefix + h[t.Header]
 	if cacheSalt != "" {
 		s += "\x00" + cacheSalt
 	}
-	return s, true
+	return s, true, nil
 }

@@ -74,6 +74,13 @@ type Decision struct {
 	// field (pool.Config.DPRankBodyField); the ext_proc server rewrites
 	// the body.
 	DPRankBodyField bool
+	// CacheSalt, when set, is the cache_salt the engine must receive in
+	// the request body (vLLM's and SGLang's field): the salt the router
+	// hashed the request's blocks with, its tenant's
+	// (TenancyConfig.Salt) with the client's own cache_salt after it, so
+	// the engine's prefix cache is partitioned exactly as the index. The
+	// ext_proc server rewrites the body. "" leaves the body as it came.
+	CacheSalt string
 	// Expose says the routing headers (pool, worker, overlap, endpoint,
 	// explanation) may go back to the client (TrustConfig.RoutingHeaders).
 	Expose bool

@@ -27,7 +27,12 @@ func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize in
 		switch {
 		case ev.Stored != nil:
 			st := ev.Stored
-			w.do(enc.EncodeMapLen(8))
+			salted := st.CacheSalt != "" && len(st.Blocks) > 0
+			if salted {
+				w.do(enc.EncodeMapLen(9))
+			} else {
+				w.do(enc.EncodeMapLen(8))
+			}
 			w.str("type", "BlockStored")
 			w.do(enc.EncodeString("block_hashes"))
 			w.do(enc.EncodeArrayLen(len(st.Blocks)))
@@ -67,6 +72,9 @@ func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize in
 			} else {
 				w.do(enc.EncodeString(st.LoRAName))
 			}
+			if salted {
+				encodeSaltKeys(w, st)
+			}
 		case ev.Removed != nil:
 			w.do(enc.EncodeMapLen(3))
 			w.str("type", "BlockRemoved")
@@ -88,6 +96,26 @@ func EncodeEnginePayload(ts float64, events []Event, dpRank uint32, blockSize in
 		return nil, w.err
 	}
 	return buf.Bytes(), nil
+}
+
+// encodeSaltKeys writes a salted store's extra_keys as vLLM does
+// (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys at
+// vllm-project/vllm@bbf906a88ba1a39104884c88c9811a4f968e4659: the
+// cache_salt is an extra key of the request's first block only, the one
+// with no parent): [salt] for a chain's first block, nil for the others
+// (their salt is the parent's, which the decoder remembers).
+func encodeSaltKeys(w *errWriter, st *Stored) {
+	enc := w.enc
+	w.do(enc.EncodeString("extra_keys"))
+	w.do(enc.EncodeArrayLen(len(st.Blocks)))
+	for i := range st.Blocks {
+		if i == 0 && st.ParentHash == nil {
+			w.do(enc.EncodeArrayLen(1))
+			w.do(enc.EncodeString(st.CacheSalt))
+		} else {
+			w.do(enc.EncodeNil())
+		}
+	}
 }
 
 // medium is the vLLM medium of a kvgate event's medium: GPU for device

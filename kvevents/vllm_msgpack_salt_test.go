@@ -131,3 +131,41 @@ func TestSGLangMetadataNil(t *testing.T) {
 		}
 	}
 }
+
+// TestEncodeSaltedStoreAsVLLM: a salted store encoded as the mocker sends
+// it (the salt in the first block's extra_keys, vLLM's place) decodes to
+// the same salt, its chain's later store inherits it, and the blocks key
+// exactly what a request with that cache_salt computes.
+func TestEncodeSaltedStoreAsVLLM(t *testing.T) {
+	const bs = 4
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	want, _ := RequestHashes(toks, bs, "", "tenant-x", nil)
+	first := &Stored{CacheSalt: "tenant-x", Blocks: []Block{{EngineHash: 101, TokenIDs: toks[0:4]}, {EngineHash: 102, TokenIDs: toks[4:8]}}}
+	p := uint64(102)
+	second := &Stored{CacheSalt: "tenant-x", ParentHash: &p, Blocks: []Block{{EngineHash: 103, TokenIDs: toks[8:12]}}}
+	payload, err := EncodeEnginePayload(1, []Event{{Stored: first}, {Stored: second}}, 0, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := NewVLLMDecoder(EngineDecoderConfig{BlockSize: bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := dec.Decode(EngineFrames("t", 0, payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for _, ev := range b.Events {
+		if ev.Stored == nil || ev.Stored.CacheSalt != "tenant-x" {
+			t.Fatalf("decoded %+v, want salted stores", ev)
+		}
+		seed := ChainSeed("", ev.Stored.CacheSalt)
+		for _, blk := range ev.Stored.Blocks {
+			got = append(got, blk.Hash(seed))
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("decoded keys %v, a request salted tenant-x computes %v", got, want)
+	}
+}

@@ -49,6 +49,7 @@ func (s *Server) admit(r *http.Request, g genRequest, id string) (*apiRun, *http
 		Tokens:        g.tokens,
 		MaxTokens:     g.maxTokens,
 		LoRAName:      g.lora,
+		CacheSalt:     g.salt,
 		RemotePrefill: g.remote,
 		HoldBlocks:    g.hold,
 	})

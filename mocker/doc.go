@@ -44,7 +44,7 @@
 //     chains with token ids and a parent hash, Removed) in the order the
 //     cache changed. Engine hashes are kvgate's own chained sequence hashes
 //     (kvevents.SequenceHashes over LocalHashes with the request's LoRA
-//     seed), so a consumer may key on them directly. Applying every GPU
+//     and cache_salt seed, kvevents.ChainSeed), so a consumer may key on them directly. Applying every GPU
 //     event (Medium "") in order to an empty set yields exactly
 //     Engine.CachedBlocks(); with a CPU tier (Config.CPUBlocks) the events
 //     of medium CPU describe it the same way. To get

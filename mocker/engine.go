@@ -20,6 +20,15 @@ type Request struct {
 	// LoRAName selects the adapter; blocks of different adapters never
 	// share cache entries.
 	LoRAName string
+	// CacheSalt is the request's cache_salt: as in vLLM
+	// (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys at
+	// vllm-project/vllm@bbf906a88ba1a39104884c88c9811a4f968e4659, the salt
+	// is an extra key of the first block, so the chain of every later block
+	// differs too), salted blocks never share cache entries with unsalted
+	// ones or another salt's. It enters the hashes' seed
+	// (kvevents.ChainSeed, Dynamo's salt hash) and the KV events
+	// (Stored.CacheSalt, sent in the first block's extra_keys as vLLM does).
+	CacheSalt string
 	// RemotePrefill marks a request whose KV is computed by a prefill worker
 	// (the x-prefiller-host-port header). Only a decode-role engine honours
 	// it: instead of prefilling, the request waits ISL × KVBytesPerToken /
@@ -214,7 +223,7 @@ func (e *Engine) Submit(now time.Time, r Request) error {
 		req:       r,
 		tokens:    r.Tokens[:len(r.Tokens):len(r.Tokens)],
 		promptLen: len(r.Tokens),
-		seed:      kvevents.LoRASeed(r.LoRAName),
+		seed:      kvevents.ChainSeed(r.LoRAName, r.CacheSalt),
 		arrival:   now,
 		eligible:  now,
 		remote:    r.RemotePrefill && e.cfg.Role == membership.RoleDecode,

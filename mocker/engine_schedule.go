@@ -161,7 +161,7 @@ func (e *Engine) registerBlocks(s *seq, upTo int) {
 			continue
 		}
 		if cur == nil {
-			cur = &kvevents.Stored{LoRAName: s.req.LoRAName}
+			cur = &kvevents.Stored{LoRAName: s.req.LoRAName, CacheSalt: s.req.CacheSalt}
 			if b > 0 {
 				p := s.seqHashes[b-1]
 				cur.ParentHash = &p

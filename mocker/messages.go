@@ -27,10 +27,11 @@ import (
 // cache_read_input_tokens those that were (the prefix cache hit).
 
 type messagesRequest struct {
-	Model        string `json:"model"`
-	MaxTokens    *int   `json:"max_tokens"`
-	Stream       bool   `json:"stream"`
-	RoutedDPRank *int   `json:"routed_dp_rank"`
+	Model        string  `json:"model"`
+	MaxTokens    *int    `json:"max_tokens"`
+	Stream       bool    `json:"stream"`
+	RoutedDPRank *int    `json:"routed_dp_rank"`
+	CacheSalt    *string `json:"cache_salt"`
 }
 
 func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
@@ -133,6 +134,9 @@ func (s *Server) parseMessages(body []byte) (messagesRequest, genRequest, *token
 		return ids, e
 	})
 	g.chat, g.dpRank = true, req.RoutedDPRank
+	if e == nil {
+		g.salt, e = cacheSalt(req.CacheSalt)
+	}
 	return req, g, chat, e
 }
 

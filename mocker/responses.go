@@ -39,6 +39,7 @@ type responsesRequest struct {
 	ToolChoice         json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls  *bool           `json:"parallel_tool_calls"`
 	RoutedDPRank       *int            `json:"routed_dp_rank"`
+	CacheSalt          *string         `json:"cache_salt"`
 }
 
 func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
@@ -137,6 +138,9 @@ func (s *Server) parseResponses(body []byte) (responsesRequest, genRequest, *tok
 		return ids, e
 	})
 	g.chat, g.dpRank = true, req.RoutedDPRank
+	if e == nil {
+		g.salt, e = cacheSalt(req.CacheSalt)
+	}
 	return req, g, chat, e
 }
 

@@ -23,6 +23,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		Tokens:        g.tokens,
 		MaxTokens:     g.maxTokens,
 		LoRAName:      g.lora,
+		CacheSalt:     g.salt,
 		RemotePrefill: g.remote,
 		HoldBlocks:    g.hold,
 	}

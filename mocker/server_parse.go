@@ -137,10 +137,12 @@ func (s *Server) encodeChat(body []byte) ([]uint32, *httpError) {
 
 type genRequest struct {
 	// dpRank is the routed_dp_rank body field, nil when absent.
-	dpRank       *int
-	chat         bool
-	model        string
-	lora         string
+	dpRank *int
+	chat   bool
+	model  string
+	lora   string
+	// salt is the body's cache_salt ("" when absent): Request.CacheSalt.
+	salt         string
 	tokens       []uint32
 	maxTokens    int
 	stream       bool
@@ -194,6 +196,9 @@ func (s *Server) parseCompletion(body []byte) (genRequest, *httpError) {
 		return s.promptTokens(req.Prompt)
 	})
 	g.dpRank = req.RoutedDPRank
+	if e == nil {
+		g.salt, e = cacheSalt(req.CacheSalt)
+	}
 	return g, e
 }
 
@@ -214,7 +219,23 @@ func (s *Server) parseChat(body []byte) (genRequest, *httpError) {
 		return s.encodeChat(body)
 	})
 	g.chat, g.dpRank = true, req.RoutedDPRank
+	if e == nil {
+		g.salt, e = cacheSalt(req.CacheSalt)
+	}
 	return g, e
+}
+
+// cacheSalt checks a body's cache_salt as vLLM's protocol validator does
+// (vllm/entrypoints/openai/protocol.py: "Parameter 'cache_salt' must be a
+// non-empty string if provided."): absent is no salt, empty is a 400.
+func cacheSalt(s *string) (string, *httpError) {
+	if s == nil {
+		return "", nil
+	}
+	if *s == "" {
+		return "", badRequest("invalid_request", "cache_salt: must be a non-empty string if provided")
+	}
+	return *s, nil
 }
 
 func (s *Server) prepare(model string, maxTokens *int, stream bool, so *streamOptions, tokens func() ([]uint32, *httpError)) (genRequest, *httpError) {

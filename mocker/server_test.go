@@ -366,6 +366,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"max_tokens":-1}`, `{`, `[]`, `""`,
 		`{"prompt":[1],"max_tokens":1000000000000}`, `{"prompt":"a","n":1,"stop":["x"],"logprobs":3}`,
 		`{"messages":[{"role":"user","content":"a"}],"n":9,"top_logprobs":99,"stop":"s"}`,
+		`{"prompt":"a","cache_salt":"t"}`, `{"prompt":"a","cache_salt":""}`, `{"messages":[{"role":"user","content":"a"}],"cache_salt":5}`,
 	} {
 		f.Add([]byte(s))
 	}

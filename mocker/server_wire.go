@@ -43,6 +43,8 @@ type completionRequest struct {
 	Logprobs      *int            `json:"logprobs"`
 	// RoutedDPRank is SGLang's body field naming the DP rank.
 	RoutedDPRank *int `json:"routed_dp_rank"`
+	// CacheSalt is vLLM's cache_salt (saltedBlocks).
+	CacheSalt *string `json:"cache_salt"`
 }
 
 type chatRequest struct {
@@ -54,6 +56,7 @@ type chatRequest struct {
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
 	RoutedDPRank        *int           `json:"routed_dp_rank"`
+	CacheSalt           *string        `json:"cache_salt"`
 }
 
 type usage struct {

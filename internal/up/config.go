@@ -86,6 +86,12 @@ type Config struct {
 	// SecureServing runs TLS on the ext_proc hop and mutual TLS on the
 	// local-router hop, with a CA made at start (System.CAFile).
 	SecureServing bool
+	// Tenancy is the global router's tenancy section (off by default):
+	// `kvgate up -tenant-header` turns salting on. TrustTokensSHA256 are
+	// the global router's trust.tokens_sha256: the callers that may name
+	// a tenant (tenancy.identity trusted, the default).
+	Tenancy           globalrouter.TenancyConfig
+	TrustTokensSHA256 []string
 	// GlobalOptions are added to the global router's options, last
 	// (benchmarks choose its local-router dialer with them).
 	GlobalOptions []globalrouter.Option

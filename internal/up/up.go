@@ -176,6 +176,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if loopbackAddr(cfg.GatewayAddr) {
 		gcfg.Trust.Steering, gcfg.Trust.RoutingHeaders = globalrouter.AccessOn, globalrouter.AccessOn
 	}
+	gcfg.Tenancy, gcfg.Trust.TokensSHA256 = cfg.Tenancy, cfg.TrustTokensSHA256
 	s.Decisions = status.NewRecorder(20)
 	gopts := []globalrouter.Option{
 		globalrouter.WithObserver(s.Decisions.Observe),
