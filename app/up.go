@@ -26,6 +26,7 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	fs.Var(config.Listen(&cfg.AdminAddr), "admin-addr", "HTTP address of the status page, status.json and metrics (keep it on loopback: they list every internal address)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "the one request body limit: the router's cap, the model's max_body_bytes and every worker's")
 	fs.Var(&cfg.Extproc.DuplicateKeys, "duplicate-keys", extprocd.DuplicateKeysUsage)
+	extprocd.BoundsFlags(fs, &cfg.Extproc)
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name the mock workers serve")
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
 	a := fs.Int("pool-a-workers", 3, "workers in pool-a")
