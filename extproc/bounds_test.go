@@ -143,19 +143,11 @@ func rawBody(b string, end bool) *extprocv3.ProcessingRequest {
 // cut (a generation may stream for minutes), and ends normally.
 func TestIdleTimeout(t *testing.T) {
 	d := &deciderDouble{}
-	conn, reg := startServer(t, extproc.Config{RequestTimeout: -1, IdleTimeout: 100e6}, d)
+	conn, reg := startServer(t, extproc.Config{RequestTimeout: -1, IdleTimeout: 500e6}, d)
 	ctx := testenv.Context(t)
 	c := extprocv3.NewExternalProcessorClient(conn)
-	open := func() (extprocv3.ExternalProcessor_ProcessClient, <-chan error) {
-		s, err := c.Process(ctx)
-		mustOK(t, err)
-		mustOK(t, s.Send(rawHeaders("/v1/completions")))
-		mustOK(t, s.Send(rawBody(`{"model":"m1","prompt":"hi"}`, true)))
-		// FULL_DUPLEX_STREAMED: the header reply, then the body.
-		for range 2 {
-			_, err := s.Recv()
-			mustOK(t, err)
-		}
+	// Each stream's end, read once its exchange is where the test wants it.
+	reader := func(s extprocv3.ExternalProcessor_ProcessClient) <-chan error {
 		end := make(chan error, 1)
 		go func() {
 			for {
@@ -165,14 +157,30 @@ func TestIdleTimeout(t *testing.T) {
 				}
 			}
 		}()
-		return s, end
+		return end
 	}
-	// A: routed, its response started, then silent.
-	a, aEnd := open()
+	open := func() extprocv3.ExternalProcessor_ProcessClient {
+		s, err := c.Process(ctx)
+		mustOK(t, err)
+		mustOK(t, s.Send(rawHeaders("/v1/completions")))
+		mustOK(t, s.Send(rawBody(`{"model":"m1","prompt":"hi"}`, true)))
+		// FULL_DUPLEX_STREAMED: the header reply, then the body.
+		for range 2 {
+			_, err := s.Recv()
+			mustOK(t, err)
+		}
+		return s
+	}
+	// A: routed, its response started (the server answered its response
+	// headers), then silent.
+	a := open()
 	mustOK(t, a.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}}}}))
+	_, err := a.Recv()
+	mustOK(t, err)
+	aEnd := reader(a)
 	// B: routed after A's last message, then silent before its response.
-	_, bEnd := open()
+	bEnd := reader(open())
 	if err := <-bEnd; status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("a silent routed stream ended with %v, want DEADLINE_EXCEEDED", err)
 	}
