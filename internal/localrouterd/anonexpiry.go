@@ -17,15 +17,15 @@ import (
 const DefaultAnonymousCommitExpiry = 30 * time.Second
 
 // anonExpiry bounds the load an unauthenticated caller can hold (issue 27
-// item 3). On a router that does not authorise lifecycle calls by client
-// certificate (no -authorized-clients under mutual TLS: anyone who reaches
-// the port may Commit), a request recorded by a unary call — Commit, or a
+// item 3). On a router without mutual TLS (no caller is identified: anyone
+// who reaches the port may Commit), a request recorded by a unary call — Commit, or a
 // BestWorker with request_id — is freed after -anonymous-commit-expiry
 // unless freed before, instead of the router's request_expiry (5 minutes).
 // Requests recorded on a stream (Channel, Track: what kvgate's global
 // router uses) are not touched: they end with their stream, whose
-// keepalive ends it when the caller vanishes. Under identity, unary
-// commits keep request_expiry.
+// keepalive ends it when the caller vanishes. Under mutual TLS (callers
+// identified by certificate, -authorized-clients or not), unary commits
+// keep request_expiry.
 type anonExpiry struct {
 	after  time.Duration
 	router *localrouter.Router

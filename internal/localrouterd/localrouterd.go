@@ -177,11 +177,12 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		return nil, err
 	}
 	gopts := server.GRPCServerOptions(m)
-	identified := false
+	// Under mutual TLS every caller is identified by a certificate the
+	// client CA verified; otherwise anonymous commits expire early.
+	identified := creds != nil && cfg.TLS.MutualTLS()
 	if creds != nil {
 		gopts = append(gopts, grpc.Creds(creds))
 		if cfg.TLS.MutualTLS() && len(cfg.AuthorizedClients) > 0 {
-			identified = true
 			a := authorizer{allowed: cfg.AuthorizedClients}
 			gopts = append(gopts, grpc.ChainUnaryInterceptor(a.unary()), grpc.ChainStreamInterceptor(a.stream()))
 		}
