@@ -21,6 +21,9 @@ func TestAnonymousCommitExpiry(t *testing.T) {
 	cfg.Router.UseKVEvents = false
 	cfg.AnonymousCommitExpiry = 100e6
 	svc, c, _ := e.start(cfg)
+	if svc.anon == nil {
+		t.Fatal("a router without mutual TLS has no anonymous-commit expiry")
+	}
 	e.putWorker("anon", worker("w1"), 0)
 	waitWorkers(t, svc, "w1")
 	ctx := testenv.Context(t)
