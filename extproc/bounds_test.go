@@ -94,9 +94,10 @@ func TestMaxStreams(t *testing.T) {
 	if got := counterValue(t, reg, "kvgate_extproc_streams_refused_total", "max_streams"); got != 2000 {
 		t.Errorf("refused{max_streams} = %v, want 2000", got)
 	}
-	if got := gaugeValue(t, reg, "kvgate_extproc_streams_active"); got != 1000 {
-		t.Errorf("streams_active = %v, want 1000", got)
-	}
+	testenv.Eventually(t, testCtxTimeout, func() (string, bool) {
+		got := gaugeValue(t, reg, "kvgate_extproc_streams_active")
+		return fmt.Sprintf("streams_active = %v, want 1000", got), got == 1000
+	})
 	cancel()
 	for range 1000 {
 		<-ends
