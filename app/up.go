@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/envoy/gateway"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/extprocd"
 	"github.com/kvgate/kvgate/internal/tracing"
@@ -27,6 +28,9 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	fs.Var(config.Listen(&cfg.AdminAddr), "admin-addr", "HTTP address of the status page, status.json and metrics (keep it on loopback: they list every internal address)")
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "the one request body limit: the router's cap, the model's max_body_bytes and every worker's")
 	fs.Var(&cfg.Extproc.DuplicateKeys, "duplicate-keys", extprocd.DuplicateKeysUsage)
+	extprocd.BoundsFlags(fs, &cfg.Extproc)
+	fs.IntVar(&cfg.GatewayMaxHeaderBytes, "gateway-max-header-bytes", gateway.DefaultMaxRequestHeadersBytes, "the gateway answers 431 to request headers larger than this (Envoy's max_request_headers_kb, 60 KiB)")
+	fs.DurationVar(&cfg.GatewayBodyTimeout, "gateway-body-timeout", gateway.DefaultBodyTimeout, "the gateway answers 408 to a request body that takes longer to arrive (a slow-body client; negative: no bound)")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name the mock workers serve")
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
 	a := fs.Int("pool-a-workers", 3, "workers in pool-a")

@@ -73,6 +73,15 @@ type Config struct {
 	// another way), or as the engine reads it, the last occurrence at every
 	// depth (tokenizer.DuplicatesLast). docs/security.md says why.
 	DuplicateKeys tokenizer.DuplicateKeys
+	// MaxStreams bounds concurrent ext_proc streams (RESOURCE_EXHAUSTED
+	// past it); RequestTimeout the time from stream open to a complete
+	// request; IdleTimeout the time with nothing received before the
+	// response starts. 0 means the default (DefaultMaxStreams,
+	// DefaultRequestTimeout, DefaultIdleTimeout), negative no bound
+	// (bounds.go).
+	MaxStreams     int
+	RequestTimeout time.Duration
+	IdleTimeout    time.Duration
 }
 
 // Defaults returns c with every unset field set to its default.
@@ -106,6 +115,15 @@ func (c Config) Defaults() Config {
 	}
 	if c.ReadinessInterval == 0 {
 		c.ReadinessInterval = DefaultReadinessInterval
+	}
+	if c.MaxStreams == 0 {
+		c.MaxStreams = DefaultMaxStreams
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
 	}
 	return c
 }

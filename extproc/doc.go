@@ -106,8 +106,10 @@
 // responses: HTTP errors in OpenAI's or Anthropic's shape, 413, routing
 // headers), usage.go (token usage from the responses of every API), epp.go (the endpoint-picker protocol: subset, served
 // endpoint, health), metrics.go (requests, decisions, overlap, tokens,
-// streams). The process that serves it (flags, TLS
+// streams), bounds.go (the stream bounds: concurrent streams, time to a
+// complete request, idle time before the response; refusals counted in
+// kvgate_extproc_streams_refused_total{reason}). The process that serves it (flags, TLS
 // files, the admin listener) is internal/extprocd. Tests: server_test.go,
 // server_body_test.go, server_errors_test.go, server_lifecycle_test.go,
-// apis_test.go (the Responses and Messages paths).
+// apis_test.go (the Responses and Messages paths), bounds_test.go.
 package extproc

@@ -12,6 +12,7 @@ type metrics struct {
 	overlap  *prometheus.HistogramVec
 	tokens   *prometheus.CounterVec
 	streams  prometheus.Gauge
+	refused  *prometheus.CounterVec
 }
 
 // Label values of kvgate_extproc_requests_total's code beside HTTP
@@ -48,6 +49,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
+	}
+	var err error
+	if m.refused, err = newRefusedCounter(reg); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -7,15 +7,18 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/lib/config"
@@ -36,6 +39,10 @@ type Server struct {
 	// reqMode and respMode are the configured body modes, for streams
 	// whose first message carries no protocol_config.
 	reqMode, respMode bodyMode
+	// open counts admitted streams (MaxStreams); lastRefusalLog rate-limits
+	// the log of bounds' refusals (bounds.go).
+	open           atomic.Int64
+	lastRefusalLog atomic.Int64
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -163,10 +170,21 @@ func (s *Server) trustHeader() string {
 }
 
 // Process runs one ext_proc stream: one HTTP request and its response.
+// Past MaxStreams open streams a new one is refused with
+// RESOURCE_EXHAUSTED; with a request or idle timeout set the stream runs
+// under the bounds bounds.go describes.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	if !s.admit() {
+		s.noteRefusal(refusedMaxStreams)
+		return status.Errorf(codes.ResourceExhausted, "ext_proc: %d streams open (-max-streams)", s.cfg.MaxStreams)
+	}
 	s.m.streams.Inc()
-	defer s.m.streams.Dec()
+	release := func() { s.m.streams.Dec(); s.release() }
 	x := newExchange(s, stream)
+	if s.bounded() {
+		return x.runBounded(release)
+	}
+	defer release()
 	defer x.finish()
 	return x.run()
 }

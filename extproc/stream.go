@@ -68,6 +68,10 @@ type exchange struct {
 	usageOver bool
 	usage     Usage
 	hasUsage  bool
+	// responseStarted: response headers arrived; bounds: the stream's
+	// watch (nil when unbounded; bounds.go).
+	responseStarted bool
+	bounds          *bounds
 }
 
 func newExchange(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *exchange {
@@ -104,6 +108,7 @@ func (x *exchange) run() error {
 			}
 		}
 		err = x.handle(req)
+		x.noteMessage()
 		if errors.Is(err, errDone) {
 			return nil
 		}
@@ -328,6 +333,7 @@ func (x *exchange) rewriteBody(common *extprocv3.CommonResponse, body []byte, ra
 // --- response path ---
 
 func (x *exchange) responseHeaders(h *extprocv3.HttpHeaders) error {
+	x.responseStarted = true
 	if x.decision == nil {
 		return x.send(headersResponse(true, nil))
 	}

@@ -51,5 +51,7 @@
 //     ends the ext_proc stream, so the router frees the request; a client
 //     never waits for its own timeout.
 //
-// Files: gateway.go (Config, Gateway, New, ServeHTTP, Close).
+// Files: gateway.go (Config, Gateway, New, ServeHTTP, Close), edges.go (431
+// past the request header limit, 408 past the body timeout, rate-limited
+// warnings).
 package gateway

@@ -54,6 +54,12 @@ type Config struct {
 	// Off by default: vLLM (uvicorn) serves HTTP/1.1 only. Ignored when
 	// Transport is set.
 	UpstreamHTTP2 bool
+	// MaxRequestHeadersBytes answers 431 to a request whose headers are
+	// larger (0: DefaultMaxRequestHeadersBytes); BodyTimeout answers 408
+	// to a request whose body takes longer to arrive (0:
+	// DefaultBodyTimeout; negative: none). edges.go.
+	MaxRequestHeadersBytes int
+	BodyTimeout            time.Duration
 }
 
 // MaxConcurrentStreams is the HTTP/2 stream limit per connection that
@@ -100,6 +106,9 @@ type Gateway struct {
 	chunk     int
 	fallback  string // Config.DefaultUpstream
 	log       *slog.Logger
+	maxHeader int
+	bodyTime  time.Duration
+	rate      rateLog
 }
 
 var _ http.Handler = (*Gateway)(nil)
@@ -115,7 +124,14 @@ func New(conn grpc.ClientConnInterface, cfg Config, logger *slog.Logger) (*Gatew
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	g := &Gateway{client: c, transport: cfg.Transport, chunk: cfg.ReadChunk, fallback: cfg.DefaultUpstream, log: logger}
+	g := &Gateway{client: c, transport: cfg.Transport, chunk: cfg.ReadChunk, fallback: cfg.DefaultUpstream, log: logger,
+		maxHeader: cfg.MaxRequestHeadersBytes, bodyTime: cfg.BodyTimeout}
+	if g.maxHeader <= 0 {
+		g.maxHeader = DefaultMaxRequestHeadersBytes
+	}
+	if g.bodyTime == 0 {
+		g.bodyTime = DefaultBodyTimeout
+	}
 	if g.chunk <= 0 {
 		g.chunk = 16 << 10
 	}
@@ -164,6 +180,11 @@ var hopByHop = map[string]bool{
 // (as Envoy does) and ends the ext_proc stream, so the router frees the
 // request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if headerBytes(r) > g.maxHeader {
+		tooLarge(w, g.maxHeader)
+		return
+	}
+	body := g.boundBody(w, r)
 	ctx, cancel := context.WithCancel(r.Context())
 	// The ext_proc server may answer while the request body still streams.
 	_ = http.NewResponseController(w).EnableFullDuplex()
@@ -186,6 +207,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		go func() {
 			defer wg.Done()
 			_ = g.pumpBody(ctx, r.Body, func() http.Header { return r.Trailer }, s.SendRequestData, s.SendRequestTrailers)
+			if body.expired() {
+				cancel() // the client stopped sending: end the exchange
+			}
 		}()
 	}
 
@@ -195,9 +219,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
+		g.bodyTimedOut(w, r, body)
 		return
 	}
 	resp, details, tried, err := g.roundTrip(ctx, r, s, first, &wg)
+	if err != nil && g.bodyTimedOut(w, r, body) {
+		return
+	}
 	if err != nil && s.Info().LocalReply != nil {
 		// The filter answered while the body was on its way upstream (the
 		// upstream request was aborted): the client gets that answer.
@@ -205,7 +233,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		g.log.Warn("upstream failed", "path", r.URL.Path, "endpoint", tried, "details", details, "error", err)
+		g.warn(r.Context(), "upstream failed", "path", r.URL.Path, "endpoint", tried, "details", details, "error", err)
 		g.upstreamFailed(ctx, w, s, tried, details)
 		return
 	}
@@ -224,7 +252,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				// The upstream broke mid-response: what Envoy calls an
 				// upstream reset after response started. End everything now
 				// rather than wait for the client to give up.
-				g.log.Warn("upstream reset mid-response", "path", r.URL.Path, "error", err)
+				g.warn(r.Context(), "upstream reset mid-response", "path", r.URL.Path, "error", err)
 				broken.Store(true)
 				cancel()
 			}

@@ -3,6 +3,9 @@
 // tracing, the admin listener with /metrics and the live status page, the
 // gRPC health listener and the subtree service, around the ext_proc
 // server (extproc) and the global router (globalrouter).
+//
+// Files: extprocd.go (flags, run), bounds.go (the ext_proc stream bounds'
+// flags, shared with kvgate up).
 package extprocd
 
 import (
@@ -127,6 +130,7 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	paths := fs.String("inference-paths", strings.Join(o.InferencePaths, ","), "comma-separated paths that are routed; others pass through")
 	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body accepted (413 past it)")
 	fs.Var(&o.DuplicateKeys, "duplicate-keys", DuplicateKeysUsage)
+	BoundsFlags(fs, &o.Config)
 	reqMode := fs.String("request-body-mode", o.RequestBodyMode.String(), "request body mode assumed when Envoy does not say: FULL_DUPLEX_STREAMED or BUFFERED")
 	respMode := fs.String("response-body-mode", o.ResponseBodyMode.String(), "response body mode assumed when Envoy does not say: STREAMED, FULL_DUPLEX_STREAMED or BUFFERED")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503")

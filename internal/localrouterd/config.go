@@ -40,6 +40,12 @@ type Config struct {
 	// MarkPrefillComplete, DumpEvents). Empty: any client whose
 	// certificate the client CA verified.
 	AuthorizedClients []string
+	// AnonymousCommitExpiry frees a request recorded by a unary call
+	// (Commit, BestWorker with request_id) after this long unless freed
+	// before, on a router without mutual TLS (anonexpiry.go). 0:
+	// DefaultAnonymousCommitExpiry; negative: off (the router's
+	// request_expiry alone).
+	AnonymousCommitExpiry time.Duration
 	// Etcd endpoints (required).
 	Etcd []string
 	// EtcdTLS is the etcd client's TLS.
@@ -86,6 +92,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.RegisterTTL == 0 {
 		c.RegisterTTL = 10 * time.Second
+	}
+	if c.AnonymousCommitExpiry == 0 {
+		c.AnonymousCommitExpiry = DefaultAnonymousCommitExpiry
 	}
 	if reflect.ValueOf(c.Router).IsZero() {
 		c.Router = localrouter.DefaultConfig()
@@ -135,6 +144,7 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.Listen(&c.HealthAddr), "health-addr", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
 	c.TLS.Flags(fs)
 	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS or URI SANs; the CN only when there is no SAN) allowed lifecycle calls (Commit, Track, Free, MarkPrefillComplete, DumpEvents); empty: any verified client")
+	fs.Var(config.Duration(&c.AnonymousCommitExpiry), "anonymous-commit-expiry", "without mutual TLS (anyone reaching the port may commit), a request recorded by a unary Commit or BestWorker with request_id is freed after this long unless freed before (requests on a Channel or Track stream end with their stream; negative: only the router's request_expiry)")
 	fs.Var(config.List(&c.Etcd), "etcd", "etcd endpoints, comma-separated (required)")
 	c.EtcdTLS.Flags(fs, "etcd", "etcd", false)
 	fs.Var(config.String(&c.NATS), "nats-url", "NATS URL (required with KV events or replica sync)")

@@ -1,6 +1,8 @@
 // Package localrouterd is the `kvgate localrouter` process: its flags and
 // environment (config.go), the gRPC and admin listeners, TLS and the
-// authorization of lifecycle calls by client certificate (authz.go), etcd
+// authorization of lifecycle calls by client certificate (authz.go), the
+// short expiry of requests committed by unauthenticated unary calls
+// (anonexpiry.go), etcd
 // membership and registration, NATS KV events and replica sync, engine
 // metrics scraping (localrouterd.go: Start, Run), around the service
 // (localrouter/server) and the router (localrouter).
@@ -52,6 +54,7 @@ type Service struct {
 	log        *slog.Logger
 	router     *localrouter.Router
 	srv        *server.Server
+	anon       *anonExpiry // nil under identity (anonexpiry.go)
 	group      *runner.Group
 	grpcLis    net.Listener
 	httpLis    net.Listener
@@ -174,12 +177,21 @@ func Start(ctx context.Context, cfg Config, deps Deps) (_ *Service, err error) {
 		return nil, err
 	}
 	gopts := server.GRPCServerOptions(m)
+	// Under mutual TLS every caller is identified by a certificate the
+	// client CA verified; otherwise anonymous commits expire early.
+	identified := creds != nil && cfg.TLS.MutualTLS()
 	if creds != nil {
 		gopts = append(gopts, grpc.Creds(creds))
 		if cfg.TLS.MutualTLS() && len(cfg.AuthorizedClients) > 0 {
 			a := authorizer{allowed: cfg.AuthorizedClients}
 			gopts = append(gopts, grpc.ChainUnaryInterceptor(a.unary()), grpc.ChainStreamInterceptor(a.stream()))
 		}
+	}
+	if !identified && cfg.AnonymousCommitExpiry > 0 {
+		if s.anon, err = newAnonExpiry(cfg.AnonymousCommitExpiry, s.router, s.srv, reg); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
+		gopts = append(gopts, grpc.ChainUnaryInterceptor(s.anon.unary()))
 	}
 	gs := grpc.NewServer(gopts...)
 	s.srv.Register(gs)
@@ -314,6 +326,9 @@ func (s *Service) Close(ctx context.Context) error {
 		}
 		if s.srv != nil {
 			s.srv.Shutdown()
+		}
+		if s.anon != nil {
+			s.anon.close()
 		}
 		errs = append(errs, s.group.Stop(ctx))
 		if s.sub != nil {

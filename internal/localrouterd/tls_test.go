@@ -88,6 +88,9 @@ func TestMutualTLSAuthorisesLifecycleCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer svc.Close(context.Background())
+	if svc.anon != nil {
+		t.Error("callers identified by mutual TLS got the anonymous-commit expiry")
+	}
 
 	allowed := p.dial(t, svc.GRPCAddr(), "extproc")
 	// An unknown id gets past authorisation to the handler's NotFound.

@@ -83,6 +83,11 @@ type Config struct {
 	ProbeTimeout time.Duration
 	// Extproc configures the ext_proc server (its Addr is ExtprocAddr).
 	Extproc extproc.Config
+	// GatewayMaxHeaderBytes and GatewayBodyTimeout are the gateway's 431
+	// and 408 bounds (envoy/gateway: 0 means its defaults, 60 KiB and 2
+	// minutes).
+	GatewayMaxHeaderBytes int
+	GatewayBodyTimeout    time.Duration
 	// SecureServing runs TLS on the ext_proc hop and mutual TLS on the
 	// local-router hop, with a CA made at start (System.CAFile).
 	SecureServing bool

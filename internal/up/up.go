@@ -232,6 +232,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		}
 	}
 	gcfgw.UpstreamHTTP2 = cfg.UpstreamHTTP2
+	gcfgw.MaxRequestHeadersBytes, gcfgw.BodyTimeout = cfg.GatewayMaxHeaderBytes, cfg.GatewayBodyTimeout
 	if s.gw, err = gateway.New(s.conn, gcfgw, cfg.Logger); err != nil {
 		return nil, err
 	}
