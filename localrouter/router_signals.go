@@ -3,6 +3,7 @@ package localrouter
 import (
 	"fmt"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
@@ -76,23 +77,8 @@ func (c Config) Saturation(s signals.Sample) string {
 }
 
 // SignalsReport is the engine-signal side of a BestWorker choice, filled
-// in when BestWorkerOptions.Signals points at one.
-type SignalsReport struct {
-	// Engine is the chosen rank's engine signals, when its metrics are
-	// scraped (HasEngine).
-	Engine    signals.Sample
-	HasEngine bool
-	// Skipped lists the ranks the worker chain's filters left out, with
-	// why: engine saturation (Config.SaturationWaiting,
-	// SaturationKVUsage), a LoRA adapter not loaded. A forced worker is
-	// never skipped. AllSaturated: every candidate was saturated, so none
-	// was skipped for it and the best of all was chosen.
-	Skipped      []Skip
-	AllSaturated bool
-}
+// in when BestWorkerOptions.Signals points at one (routing.SignalsReport).
+type SignalsReport = routing.SignalsReport
 
-// Skip is a rank BestWorker left out, and why.
-type Skip struct {
-	Worker WorkerKey
-	Reason string
-}
+// Skip is a rank BestWorker left out, and why (routing.Skip).
+type Skip = routing.Skip

@@ -397,7 +397,7 @@ func (c *workerChain) run(s *chainScratch, forced bool) (skipped []Skip, saturat
 			first := len(skipped)
 			for _, j := range s.cand {
 				if why := f.f.Skip(&s.in, j); why != "" {
-					skipped = append(skipped, Skip{s.in.Loads[j].Worker, why})
+					skipped = append(skipped, Skip{Worker: s.in.Loads[j].Worker, Reason: why})
 					continue
 				}
 				s.next = append(s.next, j)

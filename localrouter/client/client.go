@@ -268,25 +268,12 @@ type PotentialLoad struct {
 	Saturation string
 }
 
-// SignalsReport is the engine-signal side of a BestWorker answer (the
-// local router's localrouter.SignalsReport, as the wire carries it).
-type SignalsReport struct {
-	// Engine is the chosen rank's engine signals, when its metrics are
-	// scraped (HasEngine).
-	Engine    signals.Sample
-	HasEngine bool
-	// Skipped lists the ranks the worker chain's filters left out, with
-	// why; AllSaturated: every candidate was saturated and the best of all
-	// was chosen.
-	Skipped      []Skip
-	AllSaturated bool
-}
+// SignalsReport is the engine-signal side of a BestWorker answer, as the
+// wire carries it (routing.SignalsReport).
+type SignalsReport = routing.SignalsReport
 
-// Skip is a rank BestWorker left out, and why.
-type Skip struct {
-	Worker routing.WorkerKey
-	Reason string
-}
+// Skip is a rank BestWorker left out, and why (routing.Skip).
+type Skip = routing.Skip
 
 // PotentialLoads returns every worker rank's potential load for p.
 func (c *Client) PotentialLoads(ctx context.Context, p Prompt) ([]PotentialLoad, error) {

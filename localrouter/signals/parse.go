@@ -49,6 +49,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/api/routing"
+
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -78,40 +80,10 @@ var (
 	ErrMalformed = errors.New("malformed metrics body")
 )
 
-// Sample is one DP rank's signals, as its engine last reported them.
-// Fields the engine did not report are zero and their Has flag false.
-type Sample struct {
-	// Engine is EngineVLLM or EngineSGLang.
-	Engine string
-	// Running and Waiting are requests in the batch and in the queue.
-	Running, Waiting float64
-	// KVUsage is the KV cache usage, 0..1 (HasKVUsage when reported).
-	KVUsage    float64
-	HasKVUsage bool
-	// Preemptions is vLLM's cumulative preemption count, or SGLang's
-	// requests retracted since its last stats interval (a gauge).
-	Preemptions float64
-	// PrefixHitRate is the prefix cache hit rate, 0..1: SGLang's gauge, or
-	// vLLM's hits / queries since the engine started (HasPrefixHitRate when
-	// either is reported).
-	PrefixHitRate    float64
-	HasPrefixHitRate bool
-	// LoRARunning and LoRAWaiting are the LoRA adapters of the requests
-	// running and waiting, comma-joined as vLLM's vllm:lora_requests_info
-	// labels carry them (a string keeps Sample comparable), and MaxLoRA
-	// its max_lora label; HasLoRA when the engine reports them.
-	LoRARunning, LoRAWaiting string
-	MaxLoRA                  int
-	HasLoRA                  bool
-	// At is when the sample was scraped.
-	At time.Time
-}
-
-// HasAdapter reports whether adapter name is loaded on the rank: among the
-// adapters of its running or of its waiting requests.
-func (s Sample) HasAdapter(name string) (running, waiting bool) {
-	return listHas(s.LoRARunning, name), listHas(s.LoRAWaiting, name)
-}
+// Sample is one DP rank's signals, as its engine last reported them
+// (routing.EngineSample: the vocabulary both sides of the local-router API
+// share).
+type Sample = routing.EngineSample
 
 // Adapters splits a comma-joined adapter list (LoRARunning, LoRAWaiting).
 func Adapters(list string) []string {
@@ -122,19 +94,6 @@ func Adapters(list string) []string {
 		}
 	}
 	return out
-}
-
-// listHas reports whether comma-joined list holds name, without allocating.
-func listHas(list, name string) bool {
-	if name == "" {
-		return false
-	}
-	for a := range strings.SplitSeq(list, ",") {
-		if strings.TrimSpace(a) == name {
-			return true
-		}
-	}
-	return false
 }
 
 // loraMetric is vLLM's LoRA adapters gauge.
