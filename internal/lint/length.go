@@ -28,7 +28,24 @@ func (l long) String() string {
 // NOT EDIT." line), testdata and hidden directories are skipped.
 func longFiles(dir string, max int) ([]long, error) {
 	var out []long
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	err := walkSources(dir, func(p string, src []byte) error {
+		n := bytes.Count(src, []byte("\n"))
+		if len(src) > 0 && src[len(src)-1] != '\n' {
+			n++
+		}
+		if n > max {
+			out = append(out, long{p, n})
+		}
+		return nil
+	})
+	return out, err
+}
+
+// walkSources calls fn with the path and contents of every hand-written Go
+// file under dir, tests included: generated files (Go's "Code generated
+// ... DO NOT EDIT." line), testdata, hidden and _ directories are skipped.
+func walkSources(dir string, fn func(path string, src []byte) error) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -48,14 +65,6 @@ func longFiles(dir string, max int) ([]long, error) {
 		if generated(src) {
 			return nil
 		}
-		n := bytes.Count(src, []byte("\n"))
-		if len(src) > 0 && src[len(src)-1] != '\n' {
-			n++
-		}
-		if n > max {
-			out = append(out, long{p, n})
-		}
-		return nil
+		return fn(p, src)
 	})
-	return out, err
 }

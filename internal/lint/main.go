@@ -24,7 +24,8 @@
 // It exits 1 when it reports anything, 2 when it cannot run.
 //
 // Files: main.go (main, the import-alias check, generated), length.go
-// (the file-length check), fileindex.go (the file-index check).
+// (the file-length check; walkSources, the walk every check shares),
+// fileindex.go (the file-index check).
 package main
 
 import (
@@ -35,11 +36,9 @@ import (
 	"go/parser"
 	"go/token"
 	"io"
-	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -109,26 +108,7 @@ func importAliases(dir string) ([]finding, error) {
 	}
 	byPath := map[string][]use{}
 	fset := token.NewFileSet()
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if p != dir && (d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") || strings.HasPrefix(d.Name(), "_")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(p, ".go") {
-			return nil
-		}
-		src, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		if generated(src) {
-			return nil
-		}
+	err = walkSources(dir, func(p string, src []byte) error {
 		f, err := parser.ParseFile(fset, p, src, parser.ImportsOnly)
 		if err != nil {
 			return fmt.Errorf("%s: %w", p, err)
