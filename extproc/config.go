@@ -63,7 +63,8 @@ type Config struct {
 	// HeaderFallbacks is ignored: the x-gateway-destination-endpoint
 	// header always carries the same ordered list as the envoy.lb metadata
 	// (the endpoint-picker protocol forbids different values). Kept so Go
-	// code setting it still compiles; the -header-fallbacks flag is gone.
+	// code setting it still compiles, and New logs a warning when it is set;
+	// the -header-fallbacks flag is gone.
 	//
 	// Deprecated: a no-op.
 	HeaderFallbacks bool

@@ -78,6 +78,9 @@ func New(cfg Config, decider globalrouter.Decider, logger *slog.Logger, reg prom
 		reqMode:  bodyModeOf(cfg.RequestBodyMode),
 		respMode: bodyModeOf(cfg.ResponseBodyMode),
 	}
+	if cfg.HeaderFallbacks {
+		s.log.Warn("extproc.Config.HeaderFallbacks is set but ignored: the x-gateway-destination-endpoint header always carries the same ordered list as the envoy.lb metadata (the endpoint-picker protocol forbids different values)")
+	}
 	for _, p := range cfg.InferencePaths {
 		s.paths[p] = true
 	}
