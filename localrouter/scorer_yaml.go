@@ -105,13 +105,13 @@ func LoadPoolWorkerChain(file, pool string, cfg Config) ([]ScorerSpec, int, erro
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
 		doc = doc.Content[0]
 	}
-	pools := field(doc, "pools")
+	pools := config.Field(doc, "pools")
 	if pools == nil || pools.Kind != yaml.SequenceNode {
 		return nil, 0, config.Errorf(file, doc, "pools", "no list of pools")
 	}
 	var names []string
 	for _, pn := range pools.Content {
-		name := field(pn, "name")
+		name := config.Field(pn, "name")
 		if name == nil {
 			continue
 		}
@@ -120,13 +120,13 @@ func LoadPoolWorkerChain(file, pool string, cfg Config) ([]ScorerSpec, int, erro
 			continue
 		}
 		bs := PoolDefaultBlockSize
-		if n := field(pn, "block_size"); n != nil {
+		if n := config.Field(pn, "block_size"); n != nil {
 			if err := n.Decode(&bs); err != nil || bs <= 0 {
 				return nil, 0, config.Errorf(file, n, fmt.Sprintf("pool %q: block_size", pool), "want a positive number of tokens")
 			}
 		}
 		cfg.BlockSize = bs
-		specs, err := DecodeWorkerChain(file, fmt.Sprintf("pool %q: worker_chain", pool), field(pn, "worker_chain"), cfg)
+		specs, err := DecodeWorkerChain(file, fmt.Sprintf("pool %q: worker_chain", pool), config.Field(pn, "worker_chain"), cfg)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -135,15 +135,3 @@ func LoadPoolWorkerChain(file, pool string, cfg Config) ([]ScorerSpec, int, erro
 	return nil, 0, config.Errorf(file, pools, "pools", "no pool %q (pools: %s)", pool, strings.Join(names, ", "))
 }
 
-// field is the value of key in mapping n, nil when absent.
-func field(n *yaml.Node, key string) *yaml.Node {
-	if n == nil || n.Kind != yaml.MappingNode {
-		return nil
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			return n.Content[i+1]
-		}
-	}
-	return nil
-}

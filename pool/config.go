@@ -190,18 +190,7 @@ func (c *Config) CheckWorkerChain(check ChainCheck) error {
 }
 
 // field is the value node of key in the pool's mapping, nil when unknown.
-func (c *Config) field(key string) *yaml.Node {
-	n := c.node
-	if n == nil || n.Kind != yaml.MappingNode {
-		return nil
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			return n.Content[i+1]
-		}
-	}
-	return nil
-}
+func (c *Config) field(key string) *yaml.Node { return config.Field(c.node, key) }
 
 // Serves reports whether the pool serves model.
 func (c *Config) Serves(model string) bool {

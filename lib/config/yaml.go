@@ -242,6 +242,22 @@ func FixFile(err error, file string) error {
 	return err
 }
 
+// Field is the value node of key in mapping n (document and alias nodes
+// skipped), nil when n is not a mapping or has no such key. Unlike NodeAt
+// it tells an absent key from a present one.
+func Field(n *yaml.Node, key string) *yaml.Node {
+	n = Deref(n)
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
 // NodeAt follows path (mapping keys as strings, sequence indexes as ints)
 // from n and returns the deepest node reached, so that a validation error
 // points as close to the offending value as the text allows.
