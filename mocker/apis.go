@@ -44,15 +44,7 @@ func (s *Server) admit(r *http.Request, g genRequest, id string) (*apiRun, *http
 		return nil, e
 	}
 	l := s.ranks[rank]
-	st, err := l.submit(Request{
-		ID:            id,
-		Tokens:        g.tokens,
-		MaxTokens:     g.maxTokens,
-		LoRAName:      g.lora,
-		CacheSalt:     g.salt,
-		RemotePrefill: g.remote,
-		HoldBlocks:    g.hold,
-	})
+	st, err := l.submit(g.request(id))
 	if err != nil {
 		code := "invalid_request"
 		if errors.Is(err, ErrTooLong) {

@@ -18,15 +18,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		prefix = "chatcmpl-"
 	}
 	id := prefix + strconv.FormatUint(s.seq.Add(1), 36) + "-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
-	req := Request{
-		ID:            id,
-		Tokens:        g.tokens,
-		MaxTokens:     g.maxTokens,
-		LoRAName:      g.lora,
-		CacheSalt:     g.salt,
-		RemotePrefill: g.remote,
-		HoldBlocks:    g.hold,
-	}
+	req := g.request(id)
 	rank, e := s.rankFor(r, g)
 	if e != nil {
 		writeError(w, e.status, e.code, e.message)

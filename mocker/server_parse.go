@@ -267,3 +267,16 @@ func (s *Server) prepare(model string, maxTokens *int, stream bool, so *streamOp
 	}
 	return g, nil
 }
+
+// request is the engine request g asks for, under id.
+func (g genRequest) request(id string) Request {
+	return Request{
+		ID:            id,
+		Tokens:        g.tokens,
+		MaxTokens:     g.maxTokens,
+		LoRAName:      g.lora,
+		CacheSalt:     g.salt,
+		RemotePrefill: g.remote,
+		HoldBlocks:    g.hold,
+	}
+}
