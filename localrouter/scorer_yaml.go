@@ -134,4 +134,3 @@ func LoadPoolWorkerChain(file, pool string, cfg Config) ([]ScorerSpec, int, erro
 	}
 	return nil, 0, config.Errorf(file, pools, "pools", "no pool %q (pools: %s)", pool, strings.Join(names, ", "))
 }
-
