@@ -47,6 +47,13 @@
 //     all workers, the physical limit of prefix reuse, and of one LRU
 //     cache holding the pool's total KV capacity, what perfect routing
 //     without duplication could keep.
+//   - Overload (mix.go, calibrate.go): --tenant-mix spreads requests over
+//     tenants in the tenancy header; each result breaks its figures down
+//     by priority and by tenant (TTFT, refused requests, the share meeting
+//     the priority's TTFT SLO, goodput) with Jain's fairness index over
+//     the tenants; Calibrate measures the configured pools' capacity (a
+//     backlog of the trace's requests at once) so that --load offers a
+//     multiple of it.
 //   - Reporting (report.go, plot.go with plot_svg.go and plot_png.go,
 //     progress.go: the progress bar): a terminal table, JSON, and an SVG or PNG
 //     with each policy's TTFT CDF and hit ratio.

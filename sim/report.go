@@ -38,9 +38,14 @@ type Report struct {
 	CapacityOracleHitRatio float64 `json:"capacity_oracle_hit_ratio"`
 	// UnloadedTTFTMS is the TTFT of each request alone on an idle worker
 	// with a cold cache: the floor a loaded system is compared with.
-	UnloadedTTFTMS Dist        `json:"unloaded_ttft_ms"`
-	Results        []*Result   `json:"results"`
-	Replay         ReplayStats `json:"replay"`
+	UnloadedTTFTMS Dist `json:"unloaded_ttft_ms"`
+	// Load is --load: the offered rate as a multiple of Capacity, the
+	// pools' measured capacity (calibrate.go); Rate is the multiplier of
+	// the trace's arrivals it came to.
+	Load     float64     `json:"load,omitempty"`
+	Capacity *Capacity   `json:"capacity,omitempty"`
+	Results  []*Result   `json:"results"`
+	Replay   ReplayStats `json:"replay"`
 }
 
 // ReplayStats describe the replay itself, not the simulated system.
@@ -90,12 +95,30 @@ type Result struct {
 	BusySeconds    []float64 `json:"worker_busy_seconds"`
 	Preemptions    int       `json:"preemptions"`
 	EventsRejected int       `json:"kv_events_rejected"`
+	// SLOMS is each priority's TTFT target (--slo-ms, or the defaults of
+	// mix.go); SLOMetRatio the share of all offered requests served
+	// within theirs; GoodputRPS those requests per second of the offered
+	// window (first to last arrival).
+	SLOMS       map[string]float64 `json:"slo_ms"`
+	SLOMetRatio float64            `json:"slo_met_ratio"`
+	GoodputRPS  float64            `json:"goodput_rps"`
+	// ByPriority and ByTenant break the figures down by the priority and
+	// the tenant requests carried (ByTenant with --tenant-mix only).
+	ByPriority map[string]*ClassFigures `json:"by_priority"`
+	ByTenant   map[string]*ClassFigures `json:"by_tenant,omitempty"`
+	// JainFairness is Jain's index over the tenants' served share of their
+	// own demand (completed / offered; mix.go JainIndex), with
+	// --tenant-mix.
+	JainFairness *float64 `json:"jain_fairness,omitempty"`
 
 	// ttfts are the sorted TTFTs in ms, for plots.
 	ttfts []float64
 	// workers is the index of the worker that prefilled each request (-1
 	// if rejected), for tests.
 	workers []int
+	// finishes are the completed requests' last tokens, from the first
+	// arrival, sorted (Calibrate).
+	finishes []time.Duration
 }
 
 // Label names the result in tables and plots.
@@ -155,6 +178,11 @@ func (r *run) result() *Result {
 		if rec.finish.After(last) {
 			last = rec.finish
 		}
+		res.finishes = append(res.finishes, rec.finish.Sub(epoch))
+	}
+	slices.Sort(res.finishes)
+	if r.cfg.SLOMS != nil {
+		r.classify(res)
 	}
 	res.TTFTMS, res.ITLMS, res.E2EMS = dist(ttft), dist(itl), dist(e2e)
 	slices.Sort(ttft)
@@ -210,6 +238,10 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		orDash(rep.Trace), rep.Requests, rep.Skipped, rep.Rate, rep.Workers, rep.BlockSize, rep.KVTokens, rep.Seed, rep.EventDelayMS, rep.PredictedTTLMS)
 	fmt.Fprintf(w, "oracle hit ratio %.3f (infinite cache), capacity oracle %.3f (one LRU cache of the pool's KV capacity); unloaded TTFT (idle worker, cold cache) mean %.0f p50 %.0f p99 %.0f ms\n\n",
 		rep.OracleHitRatio, rep.CapacityOracleHitRatio, rep.UnloadedTTFTMS.Mean, rep.UnloadedTTFTMS.P50, rep.UnloadedTTFTMS.P99)
+	if c := rep.Capacity; c != nil {
+		fmt.Fprintf(w, "capacity %.2f requests/s (a backlog of %d of the trace's requests at once, 10th to 90th percentile completion over %.1fs); load %gx: %.2f requests/s offered, the trace's %.3f requests/s × %.3g\n\n",
+			c.RPS, c.Requests, c.WindowSeconds, rep.Load, rep.Load*c.RPS, c.TraceRPS, rep.Rate)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "topology\tpolicy\tTTFT mean\tp50\tp90\tp99 ms\tITL ms\tE2E mean\tp99 s\ttok/s\thit\t/oracle\t/capacity\timbalance\tpreempt\trejected\t")
 	for _, r := range rep.Results {
@@ -219,6 +251,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 			r.HitRatio, r.HitVsOracle, r.HitVsCapacityOracle, r.LoadImbalance, r.Preemptions, r.Rejected)
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := rep.writeClasses(w); err != nil {
 		return err
 	}
 	_, err := fmt.Fprintf(w, "\nreplay: %d simulated requests in %.1fs wall (%.0f requests/s), peak RSS %s\n",

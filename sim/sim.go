@@ -66,12 +66,26 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	cfg = cfg.withDefaults()
 	start := time.Now()
+	var capacity *Capacity
+	if cfg.Load > 0 {
+		var err error
+		if capacity, err = Calibrate(ctx, cfg); err != nil {
+			return nil, err
+		}
+		cfg.Rate = capacity.rateFor(cfg.Load)
+	}
 	trace := cfg.Trace.Scale(cfg.Rate, cfg.MaxRequests)
 	wl, err := newWorkload(trace, cfg.BlockSize, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
 	rep := newReport(cfg, wl)
+	rep.Load, rep.Capacity = cfg.Load, capacity
+	slo, err := cfg.sloTargets(rep.UnloadedTTFTMS.P99)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SLOMS = slo
 	type job struct {
 		topo   Topology
 		policy Policy
@@ -125,6 +139,10 @@ type record struct {
 	preemptions            int
 	worker                 int // the worker that prefilled it
 	done, rejected         bool
+	// priority and tenant are what the request carried (x-kvgate-priority,
+	// the tenancy header: --priority-mix, --tenant-mix); 0 and "" without.
+	priority int
+	tenant   string
 }
 
 // event kinds of the simulation queue.
@@ -201,6 +219,10 @@ type run struct {
 	decideErrors map[string]int
 	// regions are TopologyTree's region routers (tree.go), under gr.
 	regions []*globalrouter.Router
+	// tenantHeader names the tenant of --tenant-mix requests (mix.go);
+	// salts are the cache_salt each decision asked the engine for.
+	tenantHeader string
+	salts        map[int]string
 }
 
 // clock is the simulation's virtual now, safe to read from any goroutine.
@@ -428,6 +450,7 @@ func (r *run) complete(ctx context.Context, w *worker, c mocker.Completion) erro
 		}
 		return r.submit(ctx, dw, idx, mocker.Request{
 			ID: c.RequestID, Tokens: r.wl.tokens(idx), MaxTokens: r.wl.reqs[idx].OutputLength, RemotePrefill: true,
+			CacheSalt: r.salts[idx],
 		})
 	case membership.RoleAggregated:
 		rec.cached = c.CachedTokens
