@@ -13,8 +13,10 @@ import (
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/internal/chaos"
 	"github.com/kvgate/kvgate/internal/loadbench"
+	"github.com/kvgate/kvgate/internal/overload"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/sim"
 )
 
 // runBench measures the local router's four headline figures without the
@@ -51,12 +53,36 @@ func runBench(ctx context.Context, args []string) error {
 	soakProfile := fs.String("soak-profile", "", "soak: a directory for a CPU profile of the ramp and goroutine dumps (what the ramp waits on)")
 	soakChannel := fs.Bool("soak-channel", true, "soak: the global router uses the local-router channel (false: unary probes and Track streams)")
 	soakHTTP2 := fs.Bool("soak-http2", true, "soak: the load client and the gateway's upstream speak h2c (HTTP/2 multiplexed over a few connections; false: HTTP/1.1, ~4 fds per stream)")
-	asJSON := fs.Bool("json", false, "chaos, decision, probe, soak: print the report as JSON")
+	oc := overload.DefaultConfig()
+	withOverload := fs.Bool("overload", false, "overload bench (issue 24): measure the capacity of `kvgate up` (in the process, or -overload-addr), then offer -load × it with the -priority-mix and -tenant-mix headers, and report TTFT, refusals, SLO, goodput and fairness per priority and tenant, and every router's in-flight count after (docs/replay-results.md)")
+	fs.StringVar(&oc.Addr, "overload-addr", "", "overload: a running gateway's base URL, e.g. http://127.0.0.1:8080 (default: start `kvgate up` in the process: 2 pools of 1 mock worker, 4 sequences each, a chain that sheds)")
+	fs.StringVar(&oc.Admin, "overload-admin", "", "overload: with -overload-addr, the admin base URL whose /kvgate/status.json gives each pool's in-flight count, e.g. http://127.0.0.1:8081 (empty: not checked)")
+	fs.StringVar(&oc.TrustToken, "trust-token", os.Getenv("KVGATE_TRUST_TOKEN"), "overload: the x-kvgate-trust token the requests carry, so their tenant and priority headers are believed (env KVGATE_TRUST_TOKEN; in the process a random one is made)")
+	fs.StringVar(&oc.TenantHeader, "tenant-header", oc.TenantHeader, "overload: the tenancy header the tenant goes in (the gateway's tenancy.header)")
+	fs.StringVar(&oc.Model, "model", "", "overload: the model requested (default: the system's)")
+	prioMix := fs.String("priority-mix", "1=0.3,0=0.7", "overload: x-kvgate-priority values by weight (empty: no header)")
+	tenantMix := fs.String("tenant-mix", "a=4,b=1,c=1,d=1", "overload: tenants by offered load (empty: no header)")
+	sloMS := fs.String("slo-ms", "", "overload: TTFT target in ms per priority, e.g. 1=500,0=5000 (default: the highest priority 2×, the others 10× the slowest of 8 unloaded requests)")
+	loadX := fs.String("load", "2", "overload: the offered rate as a multiple of the measured capacity")
+	fs.DurationVar(&oc.Duration, "overload-duration", oc.Duration, "overload: how long the load is offered")
+	fs.DurationVar(&oc.Calibration, "overload-calibration", oc.Calibration, "overload: how long the closed-loop calibration runs (the capacity is its second half's completion rate)")
+	fs.IntVar(&oc.CalibrationStreams, "overload-streams", oc.CalibrationStreams, "overload: the calibration's closed-loop clients")
+	fs.IntVar(&oc.MaxTokens, "overload-max-tokens", oc.MaxTokens, "overload: max_tokens of each request")
+	asJSON := fs.Bool("json", false, "chaos, decision, probe, soak, overload: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if chosen := countTrue(*probe, *soak > 0, *decision); chosen > 1 {
-		return fmt.Errorf("-probe, -soak and -decision: choose one")
+	if chosen := countTrue(*probe, *soak > 0, *decision, *withOverload, *withChaos); chosen > 1 {
+		return fmt.Errorf("-probe, -soak, -decision, -overload and -chaos: choose one")
+	}
+	if *withOverload {
+		return benchOverload(ctx, oc, *prioMix, *tenantMix, *sloMS, *loadX, *asJSON)
+	}
+	for _, name := range []string{"overload-addr", "overload-admin", "trust-token", "tenant-header", "model", "priority-mix", "tenant-mix", "slo-ms", "load",
+		"overload-duration", "overload-calibration", "overload-streams", "overload-max-tokens"} {
+		if flagSet(fs, name) {
+			return fmt.Errorf("-%s is read by -overload only", name)
+		}
 	}
 	if *decision {
 		r := *rate
@@ -229,4 +255,45 @@ func loadAverage() string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// benchOverload parses the overload flags that need it and prints the
+// overload bench's report.
+func benchOverload(ctx context.Context, oc overload.Config, prioMix, tenantMix, sloMS, loadX string, asJSON bool) error {
+	var err error
+	oc.Priorities, oc.Tenants = nil, nil
+	if prioMix != "" {
+		if oc.Priorities, err = sim.ParseShares("-priority-mix", prioMix); err != nil {
+			return err
+		}
+	}
+	if tenantMix != "" {
+		if oc.Tenants, err = sim.ParseShares("-tenant-mix", tenantMix); err != nil {
+			return err
+		}
+	}
+	if sloMS != "" {
+		if oc.SLOMS, err = sim.ParseSLO(sloMS); err != nil {
+			return fmt.Errorf("-slo-ms: %w", err)
+		}
+	}
+	if oc.Load, err = sim.ParseLoad(loadX); err != nil {
+		return fmt.Errorf("-load: %w", err)
+	}
+	where := "kvgate up in the process"
+	if oc.Addr != "" {
+		where = oc.Addr
+	}
+	fmt.Fprintf(os.Stderr, "overload: %s; calibrating %v with %d streams, then %gx for %v; load average %s\n", where, oc.Calibration, oc.CalibrationStreams, oc.Load, oc.Duration, loadAverage())
+	rep, err := overload.Run(ctx, oc)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	rep.Print(os.Stdout)
+	return nil
 }

@@ -141,7 +141,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		for i := range ps.Workers {
 			w, err := startWorker(ctx, workerSpec{
 				pool: ps.Name, id: fmt.Sprintf("%s-w%d", ps.Name, i), host: cfg.Host, model: cfg.Model, dpSize: ps.dpSize(i),
-				engine:  mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, Speedup: cfg.Speedup, Role: ps.Role},
+				engine:  mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, MaxNumSeqs: cfg.MaxNumSeqs, Speedup: cfg.Speedup, Role: ps.Role},
 				tok:     shared,
 				maxBody: int64(cfg.MaxBodyBytes),
 			}, s.nc, s.etcd.cli, cfg.Logger)
@@ -177,6 +177,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		gcfg.Trust.Steering, gcfg.Trust.RoutingHeaders = globalrouter.AccessOn, globalrouter.AccessOn
 	}
 	gcfg.Tenancy, gcfg.Trust.TokensSHA256 = cfg.Tenancy, cfg.TrustTokensSHA256
+	if cfg.Chain != nil {
+		gcfg.Chain = cfg.Chain
+	}
 	s.Decisions = status.NewRecorder(20)
 	gopts := []globalrouter.Option{
 		globalrouter.WithObserver(s.Decisions.Observe),
