@@ -96,9 +96,15 @@ func DefaultConfig() Config {
 }
 
 // Shedding is the in-process system's chain: the default pool selection,
-// then the priority policy's shed (429 for priorities ≤ 1 when every
-// pool's best worker has more than 2,048 prompt tokens queued to prefill:
-// about four of the bench's prompts waiting for their first token).
+// then the priority policy's shed (429 for priorities ≤ 1, both bands of
+// the default mix, when every pool's best worker is loaded). Loaded is
+// read from the active KV, not from the prompt tokens queued to prefill:
+// the mock engine sends its stream's first (role-only) chunk at once, so
+// the ext_proc server marks prefill complete before the engine admits the
+// request and queued prompts do not count as prefill. 6,144 tokens are
+// the prompt (about 410 tokens) and output (64) of 13 requests, three
+// times a worker's 4 running sequences (fewer blocks when requests share
+// a handbook prefix, which is counted once).
 const Shedding = `
 chain:
   - model-match
@@ -106,7 +112,7 @@ chain:
   - cost
   - name: priority
     args:
-      shed: {max_priority: 1, max_prefill_tokens: 2048}
+      shed: {max_priority: 1, max_decode_tokens: 6144}
 pools: [{name: p, models: [m], routers: {etcd: true}}]
 `
 
