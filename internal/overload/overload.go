@@ -62,7 +62,9 @@ type Config struct {
 	Priorities, Tenants []sim.Share
 	// SLOMS is the TTFT target of each priority (nil: the replay's rule,
 	// sim.DefaultSLOHighMultiple and sim.DefaultSLOLowMultiple × the
-	// slowest of the unloaded requests).
+	// floor, the slowest unloaded request's whole duration: an engine that
+	// runs few sequences makes a request that waits for a slot wait for a
+	// whole request, not for a prefill).
 	SLOMS map[int]float64
 	// Load is the offered rate as a multiple of the measured capacity (2).
 	Load float64
@@ -102,9 +104,9 @@ func DefaultConfig() Config {
 // the mock engine sends its stream's first (role-only) chunk at once, so
 // the ext_proc server marks prefill complete before the engine admits the
 // request and queued prompts do not count as prefill. 6,144 tokens are
-// the prompt (about 410 tokens) and output (64) of 13 requests, three
-// times a worker's 4 running sequences (fewer blocks when requests share
-// a handbook prefix, which is counted once).
+// the prompt (about 370 tokens) and output (64) of 14 requests, three and
+// a half times a worker's 4 running sequences (the 4-section handbook
+// preamble its requests share counts once).
 const Shedding = `
 chain:
   - model-match
@@ -212,9 +214,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("overload: an unloaded request failed: %s", o.err)
 		}
 		floor = append(floor, o.ttftMS)
+		rep.UnloadedE2EMS = max(rep.UnloadedE2EMS, o.e2eMS)
 	}
 	rep.UnloadedTTFTMS = slices.Max(floor)
-	slo, err := sloTargets(cfg, rep.UnloadedTTFTMS)
+	slo, err := sloTargets(cfg, rep.UnloadedE2EMS)
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +23,7 @@ type outcome struct {
 	// or failed (err).
 	refused bool
 	ttftMS  float64
+	e2eMS   float64
 	end     time.Time
 	err     string
 }
@@ -42,7 +42,10 @@ func (b *bench) send(ctx context.Context, n int, priority, tenant string) (o out
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.RequestTimeout)
 	defer cancel()
 	start := time.Now()
-	defer func() { o.end = time.Now() }()
+	defer func() {
+		o.end = time.Now()
+		o.e2eMS = float64(o.end.Sub(start).Microseconds()) / 1000
+	}()
 	req, err := http.NewRequestWithContext(rctx, "POST", b.base+"/v1/chat/completions", strings.NewReader(string(body)))
 	if err != nil {
 		o.err = err.Error()
@@ -113,14 +116,18 @@ func hasText(data string) bool {
 	return json.Unmarshal([]byte(data), &c) == nil && len(c.Choices) > 0 && c.Choices[0].Delta.Content != ""
 }
 
-// prompt is one of 16 shared handbook prefixes (so the cache and the
-// routing matter) and a question of its own.
+// prompt is a short preamble shared by one of 16 handbooks (4 sections,
+// so the cache and the routing matter) and a body of its own (20
+// sentences): the active KV of a worker then grows with its requests in
+// flight, which is what Shedding reads.
 func prompt(n int) string {
 	var b strings.Builder
 	topic := (n * 7) % 16
-	for i := range 24 {
+	for i := range 4 {
 		fmt.Fprintf(&b, "Section %d of handbook %d explains how a cached prefix saves prefill work. ", i, topic)
 	}
-	b.WriteString("Question " + strconv.Itoa(n) + ": what follows?")
+	for i := range 20 {
+		fmt.Fprintf(&b, "Line %d of question %d asks what the handbook says next. ", i, n)
+	}
 	return b.String()
 }
