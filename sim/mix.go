@@ -251,6 +251,9 @@ func sortedKeys[V any](m map[string]V) []string {
 // writeClasses writes each result's figures by priority and by tenant,
 // refused requests included.
 func (rep *Report) writeClasses(w io.Writer) error {
+	if !rep.classes {
+		return nil
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := false
 	for _, r := range rep.Results {

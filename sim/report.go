@@ -42,10 +42,12 @@ type Report struct {
 	// Load is --load: the offered rate as a multiple of Capacity, the
 	// pools' measured capacity (calibrate.go); Rate is the multiplier of
 	// the trace's arrivals it came to.
-	Load     float64     `json:"load,omitempty"`
-	Capacity *Capacity   `json:"capacity,omitempty"`
-	Results  []*Result   `json:"results"`
-	Replay   ReplayStats `json:"replay"`
+	Load     float64   `json:"load,omitempty"`
+	Capacity *Capacity `json:"capacity,omitempty"`
+	Results  []*Result `json:"results"`
+	// classes: WriteTable prints the figures by priority and tenant.
+	classes bool
+	Replay  ReplayStats `json:"replay"`
 }
 
 // ReplayStats describe the replay itself, not the simulated system.

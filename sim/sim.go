@@ -81,6 +81,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := newReport(cfg, wl)
 	rep.Load, rep.Capacity = cfg.Load, capacity
+	// The table breaks results down by priority and tenant when asked to
+	// (a mix, a load or targets); the JSON always does.
+	rep.classes = cfg.Load > 0 || cfg.SLOMS != nil || (cfg.Global != nil && (len(cfg.Global.Priorities) > 0 || len(cfg.Global.Tenants) > 0))
 	slo, err := cfg.sloTargets(rep.UnloadedTTFTMS.P99)
 	if err != nil {
 		return nil, err
