@@ -241,8 +241,8 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "oracle hit ratio %.3f (infinite cache), capacity oracle %.3f (one LRU cache of the pool's KV capacity); unloaded TTFT (idle worker, cold cache) mean %.0f p50 %.0f p99 %.0f ms\n\n",
 		rep.OracleHitRatio, rep.CapacityOracleHitRatio, rep.UnloadedTTFTMS.Mean, rep.UnloadedTTFTMS.P50, rep.UnloadedTTFTMS.P99)
 	if c := rep.Capacity; c != nil {
-		fmt.Fprintf(w, "capacity %.2f requests/s (a backlog of %d of the trace's requests at once, 10th to 90th percentile completion over %.1fs); load %gx: %.2f requests/s offered, the trace's %.3f requests/s × %.3g\n\n",
-			c.RPS, c.Requests, c.WindowSeconds, rep.Load, rep.Load*c.RPS, c.TraceRPS, rep.Rate)
+		fmt.Fprintf(w, "capacity %.2f requests/s (a backlog of %d of the trace's requests at once, %d refused, 10th to 90th percentile completion over %.1fs); load %gx: %.2f requests/s offered, the trace's %.3f requests/s × %.3g\n\n",
+			c.RPS, c.Requests, c.Refused, c.WindowSeconds, rep.Load, rep.Load*c.RPS, c.TraceRPS, rep.Rate)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "topology\tpolicy\tTTFT mean\tp50\tp90\tp99 ms\tITL ms\tE2E mean\tp99 s\ttok/s\thit\t/oracle\t/capacity\timbalance\tpreempt\trejected\t")
