@@ -98,6 +98,18 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	if err != nil || r <= 0 {
 		return fmt.Errorf("--rate %q: want a positive number such as 2 or 2x", *rate)
 	}
+	var loadX float64
+	if *load != "" {
+		if loadX, err = sim.ParseLoad(*load); err != nil {
+			return fmt.Errorf("--load: %w", err)
+		}
+	}
+	var slo map[int]float64
+	if *sloMS != "" {
+		if slo, err = sim.ParseSLO(*sloMS); err != nil {
+			return fmt.Errorf("--slo-ms: %w", err)
+		}
+	}
 	tops, err := sim.ParseTopologies(*topologies)
 	if err != nil {
 		return err
@@ -181,18 +193,6 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	pttl := *predTTL
 	if pttl == 0 {
 		pttl = -1
-	}
-	var loadX float64
-	if *load != "" {
-		if loadX, err = sim.ParseLoad(*load); err != nil {
-			return fmt.Errorf("--load: %w", err)
-		}
-	}
-	var slo map[int]float64
-	if *sloMS != "" {
-		if slo, err = sim.ParseSLO(*sloMS); err != nil {
-			return fmt.Errorf("--slo-ms: %w", err)
-		}
 	}
 	cfg := sim.Config{
 		Trace: trace, TraceName: name, Rate: r, MaxRequests: *maxRequests, Seed: *seed,
