@@ -100,14 +100,10 @@ func DefaultConfig() Config {
 // Shedding is the in-process system's chain: the default pool selection,
 // then the priority policy's shed (429 for priorities ≤ 1, both bands of
 // the default mix, when every pool's best worker is loaded). Loaded is
-// read from the active KV, not from the prompt tokens queued to prefill:
-// the mock engine sends its stream's first (role-only) chunk at once
-// (mocker/server_generate.go), so the ext_proc server marks prefill
-// complete before the engine admits the request and queued prompts do
-// not count as prefill. vLLM sends that chunk only with the engine's
-// first output (vllm-project/vllm vllm/entrypoints/openai/serving_chat.py,
-// `if first_iteration:` inside `async for res in result_generator`,
-// commit 003fe5932dc9e1b331347894d3cbc5ddfe89e9eb). 6,144 tokens are
+// read from the active KV, which counts a request from its commit whether
+// the engine has admitted it or not (the mock engine, like vLLM's
+// serving_chat.py, sends a stream's role chunk only with its first
+// output, so a queued prompt also counts as prefill pending). 6,144 tokens are
 // the prompt (about 370 tokens) and output (64) of 14 requests, three and
 // a half times a worker's 4 running sequences (the 4-section handbook
 // preamble its requests share counts once).
