@@ -108,8 +108,11 @@
 // endpoint, health), metrics.go (requests, decisions, overlap, tokens,
 // streams), bounds.go (the stream bounds: concurrent streams, time to a
 // complete request, idle time before the response; refusals counted in
-// kvgate_extproc_streams_refused_total{reason}). The process that serves it (flags, TLS
+// kvgate_extproc_streams_refused_total{reason}), identity.go (whether the
+// caller's client certificate was verified: Request.PeerVerified; the
+// jwt_authn metadata is kept with the subset hint, epp.go). The process that serves it (flags, TLS
 // files, the admin listener) is internal/extprocd. Tests: server_test.go,
 // server_body_test.go, server_errors_test.go, server_lifecycle_test.go,
-// apis_test.go (the Responses and Messages paths), bounds_test.go.
+// apis_test.go (the Responses and Messages paths), bounds_test.go,
+// identity_test.go (tenants from XFCC and JWT claims over the wire).
 package extproc
