@@ -80,7 +80,8 @@
 // "code"}}) with x-kvgate-dropped-reason: 400 bad_json / missing_field /
 // bad_field / duplicate_key (a key named twice in one object, unless
 // Config.DuplicateKeys reads it last-wins as the engine does) / bad_request
-// / pin_refused, 403 untrusted_header /
+// / pin_refused, 403 untrusted_header / untrusted_identity /
+// missing_identity / bad_identity (globalrouter's tenancy.identity) /
 // policy_refused, 404 unknown_model, 413 body_too_large, 429 saturated,
 // 503 no_pool_reachable / no_pool_allowed / no_endpoint_in_subset (429 and
 // 503 with retry-after), 500 internal_error. The Decider returns the
