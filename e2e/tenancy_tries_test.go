@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
 )
@@ -134,60 +133,6 @@ func TestCrossTenantTriesUnsalted(t *testing.T) {
 	}
 	if hits != tries {
 		t.Errorf("without tenancy, tenant b's copy read a's cache in %d of %d tries; want every one", hits, tries)
-	}
-	waitIdle(t, s)
-}
-
-// xfccOf is the x-forwarded-client-cert Envoy writes (SanitizeSet, URI
-// and DNS details) for a client certificate with the given SPIFFE ID.
-func xfccOf(spiffe string) string {
-	return `By=spiffe://cluster.local/ns/gw/sa/envoy;Hash=468ed33be74eee6556d90c0149c1309e9ba61d6425303443c0748a02dd8de688;Subject="CN=client";URI=` + spiffe + `;DNS=client.example.com`
-}
-
-// TestTenantFromXFCCThroughGateway: `kvgate up` with tenancy.identity xfcc
-// (the tenant is the namespace of the client certificate's SPIFFE ID, the
-// trust token standing for the trusted Envoy that wrote the header): A's
-// own second copy reads its cache; B's certificate on A's worker reads 0;
-// an XFCC header without the token is 403 untrusted_identity, none at all
-// 403 missing_identity, one naming no tenant 403 missing_identity, an
-// unreadable one 403 bad_identity; a client's x-tenant counts for nothing.
-func TestTenantFromXFCCThroughGateway(t *testing.T) {
-	const token = "gateway-secret"
-	sum := sha256.Sum256([]byte(token))
-	s := startSystem(t, func(c *up.Config) {
-		c.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true, Identity: globalrouter.IdentityXFCC,
-			XFCC: &globalrouter.XFCCIdentity{SAN: "uri", Prefix: "spiffe://cluster.local/ns/"}}
-		c.TrustTokensSHA256 = []string{hex.EncodeToString(sum[:])}
-	})
-	ctx := testenv.ContextWithTimeout(t, testTimeout)
-	c := httpClient(t)
-	body := secretBody(0)
-	asA := []string{"x-forwarded-client-cert", xfccOf("spiffe://cluster.local/ns/team-a/sa/app"), "x-kvgate-trust", token}
-	a := chat(t, ctx, c, s, body, asA...)
-	cachedTokens(t, a)
-	pin := []string{"x-kvgate-pool", a.pool, "x-kvgate-worker-id", a.worker, "x-kvgate-dp-rank", a.header.Get("x-kvgate-dp-rank")}
-	if own := chat(t, ctx, c, s, body, append(asA, pin...)...); cachedTokens(t, own) == 0 {
-		t.Fatalf("tenant a's own copy on its worker read 0 cached tokens: the test cannot see a hit")
-	}
-	asB := []string{"x-forwarded-client-cert", xfccOf("spiffe://cluster.local/ns/team-b/sa/app"), "x-kvgate-trust", token, "x-tenant", "team-a"}
-	if b := chat(t, ctx, c, s, body, append(asB, pin...)...); cachedTokens(t, b) != 0 || b.overlap != 0 {
-		t.Errorf("tenant b (claiming x-tenant team-a) on a's worker: cached %d, overlap %d; want 0, 0", cachedTokens(t, b), b.overlap)
-	}
-	for _, tc := range []struct {
-		name   string
-		hdr    []string
-		reason string
-	}{
-		{"forged: no token", []string{"x-forwarded-client-cert", xfccOf("spiffe://cluster.local/ns/team-a/sa/app")}, "untrusted_identity"},
-		{"forged: wrong token", []string{"x-forwarded-client-cert", xfccOf("spiffe://cluster.local/ns/team-a/sa/app"), "x-kvgate-trust", "guess"}, "untrusted_identity"},
-		{"absent", []string{"x-kvgate-trust", token, "x-tenant", "team-a"}, "missing_identity"},
-		{"no tenant in the certificate", []string{"x-forwarded-client-cert", xfccOf("spiffe://elsewhere/ns/team-a/sa/app"), "x-kvgate-trust", token}, "missing_identity"},
-		{"unreadable", []string{"x-forwarded-client-cert", `Subject="CN=x;URI=spiffe://cluster.local/ns/team-a/sa/app`, "x-kvgate-trust", token}, "bad_identity"},
-	} {
-		r := chat(t, ctx, c, s, body, append(tc.hdr, pin...)...)
-		if r.status != 403 || r.header.Get("x-kvgate-dropped-reason") != tc.reason {
-			t.Errorf("%s: %d %q %.200s, want 403 %s", tc.name, r.status, r.header.Get("x-kvgate-dropped-reason"), r.body, tc.reason)
-		}
 	}
 	waitIdle(t, s)
 }
