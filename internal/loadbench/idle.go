@@ -182,20 +182,34 @@ func idleRound(ctx context.Context, cfg IdleConfig, conns []*grpc.ClientConn, re
 	opened.Add(cfg.Streams)
 	sctx2, cancelStreams := context.WithCancel(ctx)
 	defer cancelStreams()
-	for i := range cfg.Streams {
-		go func() {
-			t0 := time.Now()
-			st, err := extprocv3.NewExternalProcessorClient(conns[i%len(conns)]).Process(sctx2)
-			opened.Done()
-			if err == nil {
-				_, err = st.Recv() // silent: the server's answer is how it ends
-			}
-			if errors.Is(err, io.EOF) {
-				err = nil
-			}
-			s, _ := status.FromError(err)
-			ends <- end{s.Code(), s.Message(), time.Since(t0)}
-		}()
+	open := func(i int) {
+		t0 := time.Now()
+		st, err := extprocv3.NewExternalProcessorClient(conns[i%len(conns)]).Process(sctx2)
+		opened.Done()
+		if err == nil {
+			_, err = st.Recv() // silent: the server's answer is how it ends
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		s, _ := status.FromError(err)
+		ends <- end{s.Code(), s.Message(), time.Since(t0)}
+	}
+	// The first MaxStreams fill the server (awaited on its gauge, or until
+	// one of them ends: a loaded machine may take a bound's length to
+	// open them), then the rest arrive over the limit.
+	for i := range cfg.MaxStreams {
+		go open(i)
+	}
+	for gaugeValue(reg, "kvgate_extproc_streams_active") < float64(cfg.MaxStreams) && len(ends) == 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	for i := cfg.MaxStreams; i < cfg.Streams; i++ {
+		go open(i)
 	}
 	opened.Wait()
 	// Held: the server admitted what it will; the rest were refused at
