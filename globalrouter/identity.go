@@ -215,6 +215,9 @@ func (x *XFCCIdentity) tenant(v string, trusted bool) (string, error) {
 	if err != nil {
 		return "", &Refusal{Kind: ErrForbidden, Reason: "bad_identity", Public: "the client certificate cannot be read", Err: err}
 	}
+	if len(es) == 0 { // blank: Envoy never writes one
+		return "", missingIdentity("no client certificate: " + XFCCHeader + " is blank (tenancy.identity xfcc)")
+	}
 	e := es[len(es)-1]
 	sans := e.URI
 	if x.SAN == "dns" {
