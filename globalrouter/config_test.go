@@ -26,7 +26,7 @@ func builtins(t testing.TB) *policies.Registry {
 }
 
 func TestExampleConfigs(t *testing.T) {
-	for _, f := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml"} {
+	for _, f := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml", "../examples/pools-tenancy.yaml"} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			cfg, err := globalrouter.LoadConfig(f, builtins(t))
 			if err != nil {
@@ -40,6 +40,9 @@ func TestExampleConfigs(t *testing.T) {
 	cfg, err := globalrouter.LoadConfig("../examples/pools.yaml", builtins(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg, err := globalrouter.LoadConfig("../examples/pools-tenancy.yaml", builtins(t)); err != nil || cfg.Tenancy.Identity != globalrouter.IdentityXFCC || cfg.Tenancy.XFCC == nil || cfg.Tenancy.XFCC.Prefix != "spiffe://cluster.local/ns/" {
+		t.Errorf("examples/pools-tenancy.yaml read as %+v, %v", cfg, err)
 	}
 	if cfg.Probe.Timeout != 250*time.Millisecond || cfg.Probe.MinTimeout != 25*time.Millisecond || cfg.Trust.Steering != globalrouter.AccessTrusted || len(cfg.Chain) != 6 || cfg.Pools[0].Policy["cost"].File != filepath.Join("..", "examples", "policies", "pool-a.yaml") {
 		t.Errorf("examples/pools.yaml read as %+v", cfg)
