@@ -39,9 +39,12 @@ const XFCCHeader = "x-forwarded-client-cert"
 // JWTAuthnNamespace is the dynamic metadata namespace of Envoy's jwt_authn
 // filter: under it, each provider's payload_in_metadata key holds the
 // verified payload (envoyproxy/envoy
-// source/extensions/filters/http/jwt_authn/filter.cc; Envoy Gateway v1.9.1
-// internal/xds/translator/jwt.go sets payload_in_metadata to the
-// provider's name).
+// source/extensions/filters/http/jwt_authn/filter.cc, Filter::
+// setExtractedData, 0016b9515b1b095f154693c0bda8f2204236e26c; Envoy
+// Gateway v1.9.1 internal/xds/translator/jwt.go sets payload_in_metadata
+// to the provider's name, and its ext_proc policy's
+// metadata.accessibleNamespaces forwards the namespace:
+// api/v1alpha1/ext_proc_types.go, internal/xds/translator/extproc.go).
 const JWTAuthnNamespace = "envoy.filters.http.jwt_authn"
 
 // identityMark is the key identify adds to the headers it derived the
