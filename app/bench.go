@@ -68,12 +68,25 @@ func runBench(ctx context.Context, args []string) error {
 	fs.DurationVar(&oc.Calibration, "overload-calibration", oc.Calibration, "overload: how long the closed-loop calibration runs (the capacity is its second half's completion rate)")
 	fs.IntVar(&oc.CalibrationStreams, "overload-streams", oc.CalibrationStreams, "overload: the calibration's closed-loop clients")
 	fs.IntVar(&oc.MaxTokens, "overload-max-tokens", oc.MaxTokens, "overload: max_tokens of each request")
-	asJSON := fs.Bool("json", false, "chaos, decision, probe, soak, overload: print the report as JSON")
+	idle := fs.Int("idle", 0, "idle-streams benchmark: open this many silent ext_proc streams against an ext_proc server bounded by -idle-max-streams and -idle-request-timeout; heap and goroutines before, held and after")
+	var ic loadbench.IdleConfig
+	fs.IntVar(&ic.MaxStreams, "idle-max-streams", 2000, "idle: the server's -max-streams (below -idle)")
+	fs.DurationVar(&ic.RequestTimeout, "idle-request-timeout", 5*time.Second, "idle: the server's -stream-request-timeout")
+	fs.IntVar(&ic.Conns, "idle-conns", 100, "idle: gRPC connections the streams are spread over")
+	fs.IntVar(&ic.Rounds, "idle-rounds", 2, "idle: rounds of -idle streams in turn (the heap after each later round is compared with the first's)")
+	asJSON := fs.Bool("json", false, "chaos, decision, idle, probe, soak, overload: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if chosen := countTrue(*probe, *soak > 0, *decision, *withOverload, *withChaos); chosen > 1 {
-		return fmt.Errorf("-probe, -soak, -decision, -overload and -chaos: choose one")
+	if chosen := countTrue(*probe, *soak > 0, *decision, *idle > 0, *withOverload, *withChaos); chosen > 1 {
+		return fmt.Errorf("-probe, -soak, -decision, -idle, -overload and -chaos: choose one")
+	}
+	if !(*idle > 0) && (flagSet(fs, "idle-max-streams") || flagSet(fs, "idle-request-timeout") || flagSet(fs, "idle-conns") || flagSet(fs, "idle-rounds")) {
+		return fmt.Errorf("-idle-max-streams, -idle-request-timeout, -idle-conns and -idle-rounds are read by -idle only")
+	}
+	if *idle > 0 {
+		ic.Streams = *idle
+		return benchIdle(ctx, ic, *asJSON)
 	}
 	if *withOverload {
 		return benchOverload(ctx, oc, *prioMix, *tenantMix, *sloMS, *loadX, *asJSON)
@@ -241,6 +254,32 @@ func benchSoak(ctx context.Context, cfg loadbench.SoakConfig, asJSON bool) error
 	fmt.Printf("steady decisions:         %d, p50 %.0f µs, p99 %.0f µs (%d failed)\n", res.SteadyDecisions, res.SteadyDecisionP50us, res.SteadyDecisionP99us, res.SteadyFailed)
 	fmt.Printf("CPU per stream:           %.0f µs\n", res.CPUusPerStream)
 	fmt.Printf("leaked requests:          %d (want 0)\n", res.LeakedRequests)
+	return nil
+}
+
+// benchIdle prints the idle-streams figures.
+func benchIdle(ctx context.Context, cfg loadbench.IdleConfig, asJSON bool) error {
+	fmt.Fprintf(os.Stderr, "idle: %d rounds of %d silent ext_proc streams over %d connections, server -max-streams %d -stream-request-timeout %v; load average %s\n",
+		cfg.Rounds, cfg.Streams, cfg.Conns, cfg.MaxStreams, cfg.RequestTimeout, loadAverage())
+	res, err := loadbench.Idle(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	mb := func(b uint64) float64 { return float64(b) / (1 << 20) }
+	fmt.Printf("streams:          %d: refused %d (max_streams), closed %d (request_timeout), other %d %s\n", res.Streams, res.Refused, res.Closed, res.Other, res.FirstOther)
+	fmt.Printf("server counted:   max_streams %.0f, request_timeout %.0f\n", res.ServerRefused["max_streams"], res.ServerRefused["request_timeout"])
+	fmt.Printf("closed after:     %v to %v (bound %v)\n", res.ClosedAfterMin.Round(time.Millisecond), res.ClosedAfterMax.Round(time.Millisecond), res.RequestTimeout)
+	fmt.Printf("heap (after GC):  before %.2f MB, held %.2f MB (first round), after", mb(res.HeapBefore), mb(res.HeapHeld))
+	for i, h := range res.HeapAfterRounds {
+		fmt.Printf(" round %d %.2f MB", i+1, mb(h))
+	}
+	fmt.Println()
+	fmt.Printf("goroutines:       before %d, held %d, after %d\n", res.GoroutinesBefore, res.GoroutinesHeld, res.GoroutinesAfter)
+	fmt.Printf("streams active:   held %.0f, after %.0f\n", res.ActiveHeld, res.ActiveAfter)
+	fmt.Printf("elapsed:          %v; load average after %s\n", res.Elapsed.Round(time.Millisecond), loadAverage())
 	return nil
 }
 

@@ -230,7 +230,11 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 	if err := c.Trust.validate(c.file()); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.Tenancy.validate(c.file()); err != nil {
+	tenancyAt := c.file()
+	if n := c.at["tenancy"]; n != nil {
+		tenancyAt = fmt.Sprintf("%s:%d:%d", tenancyAt, n.Line, n.Column)
+	}
+	if err := c.Tenancy.validate(tenancyAt); err != nil {
 		errs = append(errs, err)
 	}
 	if c.Probe.BackoffMax < c.Probe.BackoffBase {
@@ -398,7 +402,8 @@ func readConfig(path string) (*Config, error) {
 	return parseConfig(path, data)
 }
 
-// sections locates the top-level keys validate names: "probe" (its key)
+// sections locates the top-level keys validate names: "probe" and
+// "tenancy" (their keys)
 // and each "models[i]" entry.
 func sections(doc *yaml.Node) map[string]*yaml.Node {
 	at := map[string]*yaml.Node{}
@@ -408,8 +413,8 @@ func sections(doc *yaml.Node) map[string]*yaml.Node {
 	top := doc.Content[0].Content
 	for i := 0; i+1 < len(top); i += 2 {
 		switch k, v := top[i], top[i+1]; k.Value {
-		case "probe":
-			at["probe"] = k
+		case "probe", "tenancy":
+			at[k.Value] = k
 		case "models":
 			for j, m := range v.Content {
 				at[fmt.Sprintf("models[%d]", j)] = m

@@ -57,7 +57,10 @@
 // effort, the cause of no pool), blockkeys.go (a request's block keys: the
 // ids, seeded by adapter and cache_salt, with the chat's media items as
 // the engines' extra_keys), commit.go (commit, fallbacks, pinned workers,
-// lease, error mapping), trust.go (trust, tenancy), explain.go (what
+// lease, error mapping), trust.go (trust, tenancy), identity.go (where the
+// tenant comes from: the tenant header, the client certificate Envoy
+// forwards in x-forwarded-client-cert, a verified JWT claim; SGLang's
+// extra_key refused when salting), explain.go (what
 // each pool's probe answered and why the winner won),
 // epp.go (the endpoint-picker protocol: Request.Subset bounds every
 // endpoint of a decision, probes send it as allowed_addresses; a lease is
@@ -85,7 +88,9 @@
 // TenancyConfig salts each tenant's block hashes with its own seed, and
 // the decision names that salt for the engine's cache_salt
 // (Decision.CacheSalt); the tenant header is believed from trusted
-// callers only (tenancy.identity), otherwise the request is refused.
+// callers only (tenancy.identity trusted), otherwise the request is
+// refused; identity xfcc and jwt-claim derive it from the client
+// certificate or JWT a trusted Envoy vouches for (identity.go).
 //
 // Failure (pool package for the circuits): when no eligible pool's local
 // router can be reached the decision is made best effort on the last known

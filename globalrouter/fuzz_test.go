@@ -14,7 +14,7 @@ import (
 // never panic, every error must be a configuration error, and what it
 // accepts must validate again.
 func FuzzParseConfig(f *testing.F) {
-	for _, p := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml", "../examples/pools-slo.yaml"} {
+	for _, p := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml", "../examples/pools-slo.yaml", "../examples/pools-tenancy.yaml"} {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			f.Fatal(err)

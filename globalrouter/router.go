@@ -157,7 +157,11 @@ func (r *Router) Close() error {
 func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	start := r.opts.now()
 	ctx, sp := r.startDecide(ctx, req)
-	d, err := r.decide(ctx, req)
+	ireq, err := r.identify(req)
+	var d *Decision
+	if err == nil {
+		d, err = r.decide(ctx, ireq)
+	}
 	outcome, poolName := "ok", ""
 	if err != nil {
 		outcome = errOutcome(err)

@@ -181,7 +181,7 @@ func TestOverlapOracleIsClosed(t *testing.T) {
 		t.Fatalf("unsalted control: right guess %d blocks, wrong %d; the test shows no leak to close", right, bad)
 	}
 	cfg := c.cfg
-	cfg.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true, Identity: globalrouter.AccessOn}
+	cfg.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true, Identity: globalrouter.IdentityOn}
 	salted, _ := newRouter(t, cfg)
 	if right, bad := guess(salted, secret), guess(salted, wrong); right != bad {
 		t.Errorf("salted: right guess %d blocks, wrong %d; want the same answer", right, bad)

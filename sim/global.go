@@ -318,7 +318,7 @@ func (r *run) buildGlobal() error {
 		if gcfg.Tenancy.Header == "" {
 			gcfg.Tenancy.Header = DefaultTenantHeader
 		}
-		gcfg.Tenancy.Identity = globalrouter.AccessOn
+		gcfg.Tenancy.Identity = globalrouter.IdentityOn
 		r.tenantHeader = strings.ToLower(gcfg.Tenancy.Header)
 	}
 	opts := []globalrouter.Option{
