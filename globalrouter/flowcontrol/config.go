@@ -157,7 +157,9 @@ type Problem struct {
 	Msg string
 }
 
-func (p Problem) Error() string { return fmt.Sprintf("%v: flow_control.%s: %s", ErrConfig, p.Key, p.Msg) }
+func (p Problem) Error() string {
+	return fmt.Sprintf("%v: flow_control.%s: %s", ErrConfig, p.Key, p.Msg)
+}
 
 func (p Problem) Unwrap() error { return ErrConfig }
 
