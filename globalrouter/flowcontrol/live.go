@@ -113,6 +113,13 @@ func (l *Live) Wait(ctx context.Context, r Request, try Try, undo func()) error 
 	return ctx.Err()
 }
 
+// Len is how many requests wait.
+func (l *Live) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.q.Len()
+}
+
 // Kick asks for a dispatch: a pool may have room. It never blocks.
 func (l *Live) Kick() { signal(l.kick) }
 
