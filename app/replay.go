@@ -33,6 +33,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		poolWorkers = fs.String("pool-workers", "", "with --config: workers per pool, name=N,... (pools not named share --workers evenly)")
 		models      = fs.String("models", "", "with --config: spread requests over models, name=weight,... (default: the configuration's first model)")
 		priorityMix = fs.String("priority-mix", "", "with --config: spread requests over x-kvgate-priority values, priority=weight,... (default: no header)")
+		flowControl = fs.Bool("flow-control", false, "with --config: run the global router's flow-control queue in virtual time (requests to saturated pools wait instead of being shed); read by the config replay, set up by the file's flow_control section (its defaults when the section is off; docs/flow-control.md)")
 		sweep       = fs.String("sweep", "", "run every combination of named parameters and print the Pareto front, e.g. 'credit=1,2,4,8;scale=1,4,8' (credit, scale, temp, predicted_ttl; with --config also chain.POLICY.KEY)")
 		tracePath   = fs.String("trace", "", "trace file: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or a JSONL of prompts (text or token_ids)")
 		generate    = fs.String("generate", "", "replay a generated trace instead of --trace: agentic or agentic:key=value,... (docs/replay.md)")
@@ -68,8 +69,8 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	switch {
 	case *configPath != "" && (onCLI["topology"] || onCLI["policies"]):
 		return errors.New("--config replays the configuration's pools and chain: --topology and --policies do not apply")
-	case *configPath == "" && (*poolWorkers != "" || *models != "" || *priorityMix != ""):
-		return errors.New("--pool-workers, --models and --priority-mix need --config")
+	case *configPath == "" && (*poolWorkers != "" || *models != "" || *priorityMix != "" || *flowControl):
+		return errors.New("--pool-workers, --models, --priority-mix and --flow-control need --config")
 	case *sweep != "" && onCLI["policies"]:
 		return errors.New("--sweep makes its own cost policies: --policies does not apply")
 	case *tracePath == "" && *generate == "":
@@ -174,7 +175,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		Trace: trace, TraceName: name, Rate: r, MaxRequests: *maxRequests, Seed: *seed,
 		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens, CPUKVTokens: *cpuTokens,
 		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay, PredictedTTL: pttl,
-		Parallel: *parallel, Progress: prog, Global: global,
+		Parallel: *parallel, Progress: prog, Global: global, FlowControl: *flowControl,
 	}
 	if sweepParams != nil {
 		if *plot != "" {

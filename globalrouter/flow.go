@@ -173,8 +173,11 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	cfg := st.cfg.FlowControl
 	st.release()
 	q, err := r.flow.queue(key, cfg)
-	if err != nil || q == nil {
-		return nil, errors.Join(fmt.Errorf("%w: flow control: %w", ErrNoPool, err))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: flow control: %w", ErrNoPool, err)
+	case q == nil:
+		return nil, fmt.Errorf("%w: the global router is closed", ErrNoPool)
 	}
 	if q.Len() == 0 {
 		d, err := r.decideOnce(ctx, req)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/inproc"
 	"github.com/kvgate/kvgate/membership"
@@ -308,7 +309,12 @@ func (r *run) buildGlobal() error {
 	gcfg.Probe.Timeout, gcfg.Probe.MinTimeout = time.Hour, time.Hour
 	gcfg.Trust.Steering = globalrouter.AccessOn
 	gcfg.Shadow = nil
+	if cfg.FlowControl {
+		gcfg.FlowControl = flowConfig(gcfg.FlowControl)
+		r.flow = &flowReplay{qs: map[string]*flowcontrol.Queue{}}
+	}
 	opts := []globalrouter.Option{
+		globalrouter.WithoutFlowQueue(), // the replay runs it in virtual time (flow.go)
 		globalrouter.WithDialer(pool.LocalDialer(clients)),
 		globalrouter.WithClock(r.clock),
 		globalrouter.WithRegisterer(prometheus.NewRegistry()),
@@ -417,17 +423,32 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 	if r.cfg.Global != nil && len(r.cfg.Global.Priorities) > 0 {
 		greq.Headers[globalrouter.HeaderPriority] = pickShare(r.cfg.Global.Priorities, splitmix(key))
 	}
+	if r.flowWaiting(greq) {
+		return r.flowEnqueue(idx, greq) // others wait: it joins them
+	}
 	d, err := r.gr.Decide(ctx, greq)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if r.flow != nil && errors.Is(err, globalrouter.ErrSaturated) {
+			return r.flowEnqueue(idx, greq)
 		}
 		rec.rejected = true
 		r.decideErrors[decideErrorKind(err)]++
 		r.prog.add(1)
 		return nil
 	}
+	return r.placeGlobal(ctx, idx, greq, d)
+}
+
+// placeGlobal sends request idx where decision d says.
+func (r *run) placeGlobal(ctx context.Context, idx int, greq *globalrouter.Request, d *globalrouter.Decision) error {
+	rec := &r.recs[idx]
 	r.leases[idx] = d.Lease
+	if r.flow != nil {
+		r.leases[idx] = flowLease{Lease: d.Lease, f: r.flow}
+	}
 	primary, err := r.endpointWorker(d.Primary)
 	if err != nil {
 		return err
@@ -440,7 +461,7 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 		r.decodeOf[idx] = primary
 	}
 	rec.worker = first.index
-	return r.submit(ctx, first, idx, mocker.Request{ID: id, Tokens: greq.PromptTokens, MaxTokens: req.OutputLength})
+	return r.submit(ctx, first, idx, mocker.Request{ID: greq.ID, Tokens: greq.PromptTokens, MaxTokens: r.wl.reqs[idx].OutputLength})
 }
 
 // endpointWorker is the simulated worker of a decision's endpoint.

@@ -132,6 +132,7 @@ const (
 	evArrival = iota
 	evWake
 	evKV
+	evFlow // a flow-control deadline (flow.go)
 )
 
 type event struct {
@@ -201,6 +202,8 @@ type run struct {
 	decideErrors map[string]int
 	// regions are TopologyTree's region routers (tree.go), under gr.
 	regions []*globalrouter.Router
+	// flow is the config replay's flow control (flow.go; nil: off).
+	flow *flowReplay
 }
 
 // clock is the simulation's virtual now, safe to read from any goroutine.
@@ -268,6 +271,9 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 			err = r.step(ctx, e.w)
 		case evKV:
 			r.apply(e.w, e.evs)
+		}
+		if err == nil {
+			err = r.flowAfter(ctx) // expiries, dispatches (flow.go)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s/%s at %v: %w", topo.Name(), policy.Name, r.now.Sub(epoch), err)
