@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
+	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
@@ -109,6 +111,14 @@ func TestFlowControlWaitsThenServes(t *testing.T) {
 	cctx, leave := context.WithCancel(ctx)
 	cs := open(t, cctx, c, tokenBody(200, 9000), extprocclient.HeaderField{Key: "x-tenant", Value: "c"})
 	waitWaiting(t, r, 2)
+	// The status page's view: both tenants wait in the default band.
+	var shown []string
+	for _, b := range status.RouterFlow(r) {
+		shown = append(shown, b.Band+" "+strconv.Itoa(b.Requests)+" "+b.Flows)
+	}
+	if got, want := strings.Join(shown, "; "), "high 0 ; default 2 b: 1, c: 1"; got != want {
+		t.Errorf("status page's flow control: got %q, want %q", got, want)
+	}
 	leave()
 	cs.Close()
 	waitWaiting(t, r, 1) // c left; b still waits
