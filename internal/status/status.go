@@ -103,11 +103,11 @@ type HitSample struct {
 
 // ConfigInfo is the configuration and its last reload.
 type ConfigInfo struct {
-	File        string    `json:"file"`
-	Chain       []string  `json:"chain"`
-	ShadowChain []string  `json:"shadow_chain,omitempty"`
-	Pools       int       `json:"pools"`
-	Probe       string    `json:"probe"`
+	File        string   `json:"file"`
+	Chain       []string `json:"chain"`
+	ShadowChain []string `json:"shadow_chain,omitempty"`
+	Pools       int      `json:"pools"`
+	Probe       string   `json:"probe"`
 	// FlowControl summarises flow_control ("off" when it is).
 	FlowControl string    `json:"flow_control"`
 	LastReload  time.Time `json:"last_reload"`
