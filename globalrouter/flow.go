@@ -8,7 +8,6 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -132,10 +131,6 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 	if me == nil || !st.cfg.FlowControl.Enabled {
 		return flowcontrol.Request{}, ""
 	}
-	names := make([]string, len(me.pools))
-	for i, pe := range me.pools {
-		names[i] = pe.cfg.Name
-	}
 	out := flowcontrol.Request{Bytes: int64(req.BodyBytes)}
 	if out.Bytes == 0 {
 		out.Bytes = int64(len(req.Prompt) + 4*len(req.PromptTokens))
@@ -150,7 +145,7 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 	if t := st.cfg.Tenancy.Header; t != "" && st.cfg.Tenancy.allows(req.Headers, trusted) {
 		out.Flow = req.Headers[t]
 	}
-	return out, strings.Join(names, ",")
+	return out, me.flowKey
 }
 
 // Decide implements Decider. With flow control on, a request whose pools
@@ -159,20 +154,20 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 // others wait joins them without a decision of its own (it would
 // overtake them).
 func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
-	if r.opts.noFlowQueue {
-		return r.decideOnce(ctx, req)
-	}
-	fr, key := r.FlowRequest(req)
-	if key == "" {
-		return r.decideOnce(ctx, req)
-	}
 	st := r.acquire()
-	if st == nil {
+	if r.opts.noFlowQueue || st == nil {
+		if st != nil {
+			st.release()
+		}
 		return r.decideOnce(ctx, req)
 	}
+	me := st.model(req.GetModel())
 	cfg := st.cfg.FlowControl
 	st.release()
-	q, err := r.flow.queue(key, cfg)
+	if me == nil || !cfg.Enabled {
+		return r.decideOnce(ctx, req)
+	}
+	q, err := r.flow.queue(me.flowKey, cfg)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("%w: flow control: %w", ErrNoPool, err)
@@ -184,6 +179,10 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		if !errors.Is(err, ErrSaturated) || ctx.Err() != nil {
 			return d, err
 		}
+	}
+	fr, key := r.FlowRequest(req)
+	if key != me.flowKey { // reloaded meanwhile: no longer its queue
+		return r.decideOnce(ctx, req)
 	}
 	var d *Decision
 	try := func(ctx context.Context) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,8 +25,11 @@ type Try func(ctx context.Context) error
 // seen by other routers), and refuses requests at their deadline. Safe
 // for concurrent use. Lock order: Live.mu only (Try runs outside it).
 type Live struct {
-	mu    sync.Mutex
-	q     *Queue
+	mu sync.Mutex
+	q  *Queue
+	// n is q.Len(), stored under mu at each change: Len reads it without
+	// the lock (every decision of the queue's pools asks).
+	n     atomic.Int64
 	now   func() time.Time
 	m     *Metrics
 	kick  chan struct{}
@@ -90,6 +94,7 @@ func (l *Live) Wait(ctx context.Context, r Request, try Try, undo func()) error 
 		return err
 	}
 	l.m.enqueued(t)
+	l.counted()
 	l.mu.Unlock()
 	signal(l.wake) // its deadline may be the earliest
 	select {
@@ -101,6 +106,7 @@ func (l *Live) Wait(ctx context.Context, r Request, try Try, undo func()) error 
 	switch w.state {
 	case waiting:
 		l.q.Cancel(t)
+		l.counted()
 		l.m.left(t, "cancelled", l.now())
 		w.state = gone
 	case trying:
@@ -114,11 +120,10 @@ func (l *Live) Wait(ctx context.Context, r Request, try Try, undo func()) error 
 }
 
 // Len is how many requests wait.
-func (l *Live) Len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.q.Len()
-}
+func (l *Live) Len() int { return int(l.n.Load()) }
+
+// counted stores the queue's length for Len; called with mu held.
+func (l *Live) counted() { l.n.Store(int64(l.q.Len())) }
 
 // Kick asks for a dispatch: a pool may have room. It never blocks.
 func (l *Live) Kick() { signal(l.kick) }
@@ -193,6 +198,7 @@ func (l *Live) dispatch() {
 		switch {
 		case w.state == gone:
 			l.q.Cancel(t)
+			l.counted()
 			l.m.left(t, "cancelled", now)
 			l.mu.Unlock()
 			if err == nil && w.undo != nil {
@@ -210,6 +216,7 @@ func (l *Live) dispatch() {
 			l.q.Cancel(t)
 			l.m.left(t, "failed", now)
 		}
+		l.counted()
 		w.state = finished
 		w.out <- err
 		l.mu.Unlock()
@@ -221,6 +228,7 @@ func (l *Live) expire() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
+	defer l.counted()
 	for _, t := range l.q.Expire(now) {
 		l.m.left(t, "deadline", now)
 		l.m.refused(t.Band(), ReasonDeadline)
@@ -235,6 +243,7 @@ func (l *Live) closeAll() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
+	defer l.counted()
 	for t := l.q.Peek(); t != nil; t = l.q.Peek() {
 		l.q.Cancel(t)
 		l.m.left(t, "closed", now)
