@@ -78,12 +78,13 @@ func BenchmarkFlowControl(b *testing.B) {
 	}
 	n := max(b.N, 10000)
 	t0 := time.Now()
-	for i := range n {
+	for range n {
+		t := q.Peek() // steady state: replaced by one of its band and tenant
+		q.Dispatch(t)
 		now = now.Add(time.Microsecond)
-		if _, err := q.Enqueue(now, flowcontrol.Request{Priority: i % 2, Flow: flows[i%8], Bytes: 8 << 10}); err != nil {
+		if _, err := q.Enqueue(now, flowcontrol.Request{Priority: t.Priority, Flow: t.Flow, Bytes: 8 << 10}); err != nil {
 			b.Fatal(err)
 		}
-		q.Dispatch(q.Peek())
 	}
 	perQueued := time.Since(t0) / time.Duration(n)
 
