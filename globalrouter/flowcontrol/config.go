@@ -24,10 +24,13 @@ const (
 	// 50 ms is a decode step or two of a loaded engine.
 	DefaultReprobe = 50 * time.Millisecond
 	// DefaultMaxPrefillTokens: a pool whose best worker has more prompt
-	// tokens waiting to prefill than one engine step prefills (vLLM's
+	// tokens waiting to prefill than two engine steps prefill (2 × vLLM's
 	// max_num_batched_tokens, 8192, the mocker's and the replay's
-	// default) is saturated: a new request would wait a whole step.
-	DefaultMaxPrefillTokens = 8192
+	// default) is saturated. Taken from the replay (BENCHMARKS.md, "Flow
+	// control's cost per request"): one step's worth (8192) queued
+	// requests the workers would have served in time; 32768 and more
+	// served fewer under overload.
+	DefaultMaxPrefillTokens = 16384
 	// DefaultMaxFlowLabels caps the tenants that get their own metric
 	// label; the others are counted as "other".
 	DefaultMaxFlowLabels = 32
