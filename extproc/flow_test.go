@@ -16,6 +16,8 @@ import (
 	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/internal/status"
 	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/signals"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
@@ -170,5 +172,43 @@ func TestFlowControlDeadline(t *testing.T) {
 	}
 	if n := waiting(r); n != 0 {
 		t.Errorf("%d requests still waiting", n)
+	}
+}
+
+// TestFlowControlEngineSaturation: the pool's engines report saturation
+// (the local router's saturation_waiting, the worker chain's saturation
+// filter): a request waits although no prompt tokens are queued on the
+// router, and goes once the engine's queue drains (the re-probe tick).
+func TestFlowControlEngineSaturation(t *testing.T) {
+	ctx := testenv.Context(t)
+	lr := pooltest.StartConfigured(t, "pool-a", 16, func(c *localrouter.Config) { c.SaturationWaiting = 4 }, pooltest.Workers("a", 1)...)
+	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{"m"}, lr.Addr))
+	cfg.Probe.Timeout, cfg.Probe.MinTimeout = 10*time.Second, 10*time.Second
+	cfg.FlowControl = flowcontrol.Config{Enabled: true, Deadline: time.Minute, Reprobe: 20 * time.Millisecond}
+	r, err := globalrouter.New(cfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	conn, _ := startServer(t, extproc.Config{}, r)
+	c := envoyClient(t, conn, allModes[1])
+
+	lr.Router.SetEngineSignals("a-0", map[uint32]signals.Sample{0: {Waiting: 9, At: time.Now()}})
+	s := open(t, ctx, c, tokenBody(64, 0))
+	waitWaiting(t, r, 1)
+	lr.Router.SetEngineSignals("a-0", map[uint32]signals.Sample{0: {Waiting: 0, At: time.Now()}})
+	for {
+		f, err := s.ReadUpstream(ctx)
+		if err != nil {
+			t.Fatalf("waiting request: %v", err)
+		}
+		if f.Kind == extprocclient.FrameHeaders {
+			break
+		}
+	}
+	waitWaiting(t, r, 0)
+	respond(t, ctx, s, "200", "application/json", `{}`)
+	if err := lr.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

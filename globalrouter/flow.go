@@ -207,11 +207,14 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 
 // flowSaturated reports whether flow control holds the request: it is on
 // and every candidate that serves (prefill pools aside: a decode worker
-// can prefill locally) is above the saturation thresholds, under the
-// priority policy's shed rule (policies.PriorityShed.Loaded) applied to
-// the load the request would join: its best worker's potential load less
-// the request's own share (its uncached prompt, its blocks), so that a
-// prompt longer than the threshold still goes to an idle pool.
+// can prefill locally) is saturated: above the saturation thresholds,
+// under the priority policy's shed rule (policies.PriorityShed.Loaded)
+// applied to the load the request would join (its best worker's
+// potential load less the request's own share: its uncached prompt, its
+// blocks, so that a prompt longer than the threshold still goes to an
+// idle pool), or every worker's engine saturated as the pool's worker
+// chain sees it (the saturation filter's saturation_waiting,
+// saturation_kv_usage; the probe's AllSaturated).
 func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl int) bool {
 	if !cfg.Enabled {
 		return false
@@ -227,7 +230,7 @@ func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl int)
 		pr.ISL = isl
 		c.Probe.PrefillTokens = max(pr.PrefillTokens-pr.UncachedTokens(), 0)
 		c.Probe.DecodeBlocks = max(pr.DecodeBlocks-pr.RequestBlocks, 0)
-		if !rule.Loaded(c) {
+		if !rule.Loaded(c) && !c.Probe.AllSaturated {
 			return false
 		}
 	}
