@@ -24,6 +24,7 @@
 // Files: config.go (Config, Band, Capacity, Saturation, the defaults and
 // their principles, Validate), queue.go (Queue, Ticket, Refused),
 // fairness.go (Fairness, RoundRobin, Weighted), live.go (Live, Try: the
-// wall-clock wrapper), metrics.go (the Prometheus metrics).
+// wall-clock wrapper), metrics.go (the Prometheus metrics; tenants past
+// max_flow_labels are counted as "other").
 // docs/flow-control.md describes it for operators.
 package flowcontrol

@@ -202,3 +202,42 @@ func TestLiveCloseRefusesWaiting(t *testing.T) {
 		t.Errorf("got %v, want queue_closed", err)
 	}
 }
+
+// TestMetricsFoldFlows: past max_flow_labels tenants (2 here) the depth
+// gauge counts the rest as "other"; untenanted requests are "none".
+func TestMetricsFoldFlows(t *testing.T) {
+	l, reg := newLive(t, flowcontrol.Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, 5)
+	for i, flow := range []string{"a", "b", "c", "d", ""} {
+		go func() { errs <- l.Wait(ctx, flowcontrol.Request{Flow: flow}, (&gate{}).try(flow), nil) }()
+		waitDepth(t, l, i+1)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvgate_flowcontrol_queue_depth_requests" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "flow" {
+					got[lp.GetValue()] += m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	want := map[string]float64{"a": 1, "b": 1, flowcontrol.OtherFlow: 2, flowcontrol.NoFlow: 1}
+	if len(got) != len(want) || got["a"] != 1 || got["b"] != 1 || got["other"] != 2 || got["none"] != 1 {
+		t.Errorf("depth by flow label: got %v, want %v", got, want)
+	}
+	cancel()
+	for range 5 {
+		<-errs
+	}
+	waitDepth(t, l, 0)
+}
