@@ -151,7 +151,10 @@ func signal(c chan struct{}) {
 
 func (l *Live) run() {
 	defer close(l.done)
+	// The tick runs only while requests wait: an idle queue sleeps.
 	tick := time.NewTicker(l.q.cfg.Reprobe)
+	tick.Stop()
+	ticking := false
 	defer tick.Stop()
 	expiry := time.NewTimer(time.Hour)
 	defer expiry.Stop()
@@ -164,6 +167,13 @@ func (l *Live) run() {
 		} else {
 			expiry.Stop()
 		}
+		switch {
+		case ok && !ticking:
+			tick.Reset(l.q.cfg.Reprobe)
+		case !ok && ticking:
+			tick.Stop()
+		}
+		ticking = ok
 		select {
 		case <-l.stop:
 			l.closeAll()
