@@ -214,6 +214,18 @@ func checkConfig(x *extensions, path, shadowPath string, withEtcd bool, w, warn 
 	} else {
 		b.WriteString("shadow chain: none\n")
 	}
+	if fc := cfg.FlowControl; fc.Enabled {
+		var bands []string
+		for _, band := range fc.Bands {
+			if band.MinPriority != nil {
+				bands = append(bands, fmt.Sprintf("%s (priority ≥ %d)", band.Name, *band.MinPriority))
+			} else {
+				bands = append(bands, band.Name)
+			}
+		}
+		fmt.Fprintf(&b, "flow control: requests to saturated pools wait (bands %s; %d requests, %d bytes per queue; deadline %v; %s between tenants); saturated above %d prefill tokens, %d decode tokens (0: not checked)\n",
+			strings.Join(bands, " > "), fc.Capacity.Requests, fc.Capacity.Bytes, fc.Deadline, fc.Fairness, max(fc.Saturation.MaxPrefillTokens, 0), fc.Saturation.MaxDecodeTokens)
+	}
 	_, err = w.Write(b.Bytes())
 	return err
 }

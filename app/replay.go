@@ -36,6 +36,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		tenantMix   = fs.String("tenant-mix", "", "with --config: spread requests over tenants by offered load, tenant=weight,... e.g. a=4,b=1,c=1,d=1 (a sends 4× each other's share), in the configuration's tenancy.header (x-tenant when it has none); read by the by_tenant figures and Jain's fairness index")
 		load        = fs.String("load", "", "with --config: offer this multiple of the pools' capacity, which the replay measures first and prints (a backlog of the trace's requests at once; docs/replay.md), e.g. 0.7 or 2; replaces --rate")
 		sloMS       = fs.String("slo-ms", "", "TTFT target in ms per priority, priority=ms,... e.g. 1=500,0=5000; read by slo_met_ratio and goodput_rps (default: the highest priority of the mix 2× the unloaded TTFT p99, the others 10×)")
+		flowControl = fs.Bool("flow-control", false, "with --config: run the global router's flow-control queue in virtual time (requests to saturated pools wait instead of being shed); read by the config replay, set up by the file's flow_control section (its defaults when the section is off; docs/flow-control.md)")
 		sweep       = fs.String("sweep", "", "run every combination of named parameters and print the Pareto front, e.g. 'credit=1,2,4,8;scale=1,4,8' (credit, scale, temp, predicted_ttl; with --config also chain.POLICY.KEY)")
 		tracePath   = fs.String("trace", "", "trace file: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or a JSONL of prompts (text or token_ids)")
 		generate    = fs.String("generate", "", "replay a generated trace instead of --trace: agentic or agentic:key=value,... (docs/replay.md)")
@@ -71,8 +72,8 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	switch {
 	case *configPath != "" && (onCLI["topology"] || onCLI["policies"]):
 		return errors.New("--config replays the configuration's pools and chain: --topology and --policies do not apply")
-	case *configPath == "" && (*poolWorkers != "" || *models != "" || *priorityMix != "" || *tenantMix != "" || *load != ""):
-		return errors.New("--pool-workers, --models, --priority-mix, --tenant-mix and --load need --config")
+	case *configPath == "" && (*poolWorkers != "" || *models != "" || *priorityMix != "" || *tenantMix != "" || *load != "" || *flowControl):
+		return errors.New("--pool-workers, --models, --priority-mix, --tenant-mix, --load and --flow-control need --config")
 	case *load != "" && onCLI["rate"]:
 		return errors.New("--load sets the arrival rate from the measured capacity: --rate does not apply")
 	case *load != "" && *sweep != "":
@@ -198,7 +199,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		Trace: trace, TraceName: name, Rate: r, MaxRequests: *maxRequests, Seed: *seed,
 		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens, CPUKVTokens: *cpuTokens,
 		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay, PredictedTTL: pttl,
-		Parallel: *parallel, Progress: prog, Global: global, Load: loadX, SLOMS: slo,
+		Parallel: *parallel, Progress: prog, Global: global, Load: loadX, SLOMS: slo, FlowControl: *flowControl,
 	}
 	if sweepParams != nil {
 		if *plot != "" {

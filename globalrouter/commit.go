@@ -56,7 +56,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 		if pe == nil { // a policy made up a candidate
 			return nil, fmt.Errorf("%w: the chain ranked pool %q, which the configuration lacks", ErrNoPool, c.Pool)
 		}
-		l := &lease{}
+		l := &lease{flow: r.flow}
 		rest := ranked[i+1:]
 		movable := decide && !pinned && c.Prefill == nil && len(rest) > 0
 		tr, sel, note, err := r.place(ctx, pe, p, c.Probe, decide, &l.mainRefused)
@@ -376,7 +376,7 @@ func (r *Router) decidePinnedWorker(ctx context.Context, st *state, p *prepared,
 			sel.BlockSize = pe.cfg.BlockSize
 		}
 		sel.ISL = len(p.tokens)
-		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: &lease{main: tr}, DPRankBodyField: pe.cfg.DPRankBodyField}
+		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: &lease{main: tr, flow: r.flow}, DPRankBodyField: pe.cfg.DPRankBodyField}
 		if p.explain {
 			d.Explanation = fmt.Sprintf("model=%s isl=%d; pinned by %s=%s: pool %s, worker %s rank %d (%s), overlap %d/%d blocks; chain: %s",
 				p.req.Model, len(p.tokens), HeaderWorkerID, worker, pe.cfg.Name, sel.WorkerID, sel.DPRank, sel.Address, sel.OverlapBlocks, sel.RequestBlocks, trace.String())
@@ -478,6 +478,8 @@ type lease struct {
 	prefill pool.Tracker
 	// mainRefused is set when main's pipelined commit was refused.
 	mainRefused atomic.Pointer[error]
+	// flow is told a pool may have room (flow.go; nil: no flow control).
+	flow *flowQueues
 }
 
 var _ Lease = (*lease)(nil)
@@ -496,6 +498,7 @@ func (l *lease) PrefillComplete(ctx context.Context) error {
 	if l.prefill != nil {
 		err = errors.Join(err, l.prefill.Free(ctx))
 	}
+	l.flow.kick() // its prefill tokens left the worker's load
 	return err
 }
 
@@ -509,5 +512,6 @@ func (l *lease) Free(ctx context.Context) error {
 	if l.prefill != nil {
 		err = errors.Join(err, l.prefill.Free(ctx))
 	}
+	l.flow.kick()
 	return err
 }

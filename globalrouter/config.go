@@ -7,10 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
@@ -36,6 +39,9 @@ type Config struct {
 	Pools  []pool.Config `yaml:"pools"`
 	// Shadow is a candidate chain run alongside the live one (shadow.go).
 	Shadow *ShadowConfig `yaml:"shadow"`
+	// FlowControl queues requests whose pools are all saturated instead
+	// of refusing them (flow.go, package flowcontrol).
+	FlowControl flowcontrol.Config `yaml:"flow_control"`
 
 	// File is where the configuration was read from ("" when built in Go).
 	File string `yaml:"-"`
@@ -171,6 +177,9 @@ func (c *Config) Defaults() {
 	for i := range c.Pools {
 		c.Pools[i].Defaults()
 	}
+	if c.FlowControl.Enabled {
+		c.FlowControl.Defaults()
+	}
 }
 
 func (c *Config) file() string {
@@ -237,6 +246,7 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 	if err := c.Tenancy.validate(tenancyAt); err != nil {
 		errs = append(errs, err)
 	}
+	c.validateFlow(&errs)
 	if c.Probe.BackoffMax < c.Probe.BackoffBase {
 		probe("probe.backoff_max %v is below probe.backoff_base %v", c.Probe.BackoffMax, c.Probe.BackoffBase)
 	}
@@ -286,6 +296,39 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		return nil, errs[0]
 	}
 	return nil, errors.Join(errs...)
+}
+
+// validateFlow checks flow_control: each problem at its line. A section
+// set while flow control is off is refused: nothing would read it.
+func (c *Config) validateFlow(errs *[]error) {
+	fc := &c.FlowControl
+	if !fc.Enabled {
+		if !reflect.DeepEqual(*fc, flowcontrol.Config{}) {
+			c.failAt(errs, "flow_control", "flow_control is set but not enabled (enabled: true), so nothing reads it")
+		}
+		return
+	}
+	for _, p := range fc.Validate() {
+		where := c.file()
+		if n := config.NodeAt(c.at["flow_control:"], flowPath(p.Key)...); n != nil {
+			where = fmt.Sprintf("%s:%d:%d", where, n.Line, n.Column)
+		}
+		*errs = append(*errs, fmt.Errorf("%s: %w: %w", where, policies.ErrConfig, p))
+	}
+}
+
+// flowPath splits a flowcontrol.Problem key ("bands[1].min_priority")
+// into config.NodeAt's path.
+func flowPath(key string) []any {
+	var out []any
+	for part := range strings.SplitSeq(key, ".") {
+		name, idx, ok := strings.Cut(part, "[")
+		out = append(out, name)
+		if i, err := strconv.Atoi(strings.TrimSuffix(idx, "]")); ok && err == nil {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // failAt appends an error of the configuration at the section key names
@@ -368,6 +411,8 @@ type fileConfig struct {
 	Models  []ModelConfig   `yaml:"models"`
 	Pools   yaml.Node       `yaml:"pools"`
 	Shadow  *ShadowConfig   `yaml:"shadow"`
+	// FlowControl is flow_control.
+	FlowControl flowcontrol.Config `yaml:"flow_control"`
 }
 
 // LoadConfig reads, decodes strictly and validates a configuration file,
@@ -415,6 +460,8 @@ func sections(doc *yaml.Node) map[string]*yaml.Node {
 		switch k, v := top[i], top[i+1]; k.Value {
 		case "probe", "tenancy":
 			at[k.Value] = k
+		case "flow_control":
+			at["flow_control"], at["flow_control:"] = k, v
 		case "models":
 			for j, m := range v.Content {
 				at[fmt.Sprintf("models[%d]", j)] = m
@@ -441,7 +488,7 @@ func parseConfig(file string, data []byte) (*Config, error) {
 		}
 		return nil, errors.Join(top, err)
 	}
-	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, File: file, sum: watchSum(file, data), at: sections(doc)}
+	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, FlowControl: fc.FlowControl, File: file, sum: watchSum(file, data), at: sections(doc)}
 	if c.Shadow != nil {
 		c.Shadow.setFile(file)
 	}

@@ -183,6 +183,9 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 		}
 		return nil, r.noPool(st, p, results, nil)
 	}
+	if flowSaturated(&st.cfg.FlowControl, cands, len(p.tokens)) {
+		return nil, &Refusal{Kind: ErrSaturated, Reason: "saturated", Public: "every eligible pool is saturated; retry later"}
+	}
 	ranked, err := st.chain.Rank(&p.view, cands, trace)
 	if err != nil {
 		switch {

@@ -73,7 +73,9 @@
 // ModelConfig), types.go (Request, Decision, Endpoint, Lease, the
 // errors), headernames.go (the x-kvgate-* header names), metrics.go
 // (the decision, probe, commit and ejection metrics),
-// probers.go (the bounded probe goroutines), workerchain.go
+// probers.go (the bounded probe goroutines), flow.go (flow control:
+// Decide waits in the queue of its pools while they are all saturated,
+// package flowcontrol; FlowQueues, FlowRequest), workerchain.go
 // (CheckWorkerChains: the pools' worker chains checked against a local
 // router's scorer registry, by the process that links one; Validate checks
 // their shape only).

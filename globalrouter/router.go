@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -44,6 +45,8 @@ type Router struct {
 	// probers probe a decision's second and later pools (probers.go).
 	probers *probers
 
+	// flow are the flow-control queues (flow.go); never nil.
+	flow       *flowQueues
 	shadowRun  *shadowRunner                // shadow.go
 	tracer     trace.Tracer                 // nil: tracing off (tracing.go)
 	lastReload atomic.Pointer[ReloadStatus] // observe.go
@@ -81,6 +84,10 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
 	}
 	cfg.Defaults()
+	fm, err := flowcontrol.NewMetrics(o.registerer, cfg.FlowControl.MaxFlowLabels)
+	if err != nil {
+		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
+	}
 	if err := applyShadowFile(&cfg, o.shadowFile); err != nil {
 		return nil, err
 	}
@@ -92,6 +99,7 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		return nil, err
 	}
 	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), shadowRun: &shadowRunner{m: sm},
+		flow:    newFlowQueues(fm, o.logger.With("component", "flowcontrol")),
 		conns:   pool.NewConns(o.dialer, cfg.Probe.circuit(), o.now),
 		ejector: pool.NewEjector(cfg.Probe.EjectBase, cfg.Probe.EjectMax, o.now)}
 	st, err := r.build(&cfg, chain, nil)
@@ -148,13 +156,15 @@ func (r *Router) Close() error {
 	if st := r.st.Swap(nil); st != nil {
 		st.retire()
 	}
+	r.flow.close() // waiting requests are refused (queue_closed)
 	err := r.conns.Close()
 	r.probers.close()
 	return err
 }
 
-// Decide implements Decider.
-func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
+// decideOnce is one decision, observed (Decide runs it, and again for a
+// request flow control let wait).
+func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error) {
 	start := r.opts.now()
 	ctx, sp := r.startDecide(ctx, req)
 	ireq, err := r.identify(req)

@@ -137,6 +137,11 @@ type Config struct {
 	// Decide, global.go) instead of Topologies × Policies: one simulation,
 	// topology "config:<Global.Name>".
 	Global *GlobalReplay
+	// FlowControl runs the global router's flow-control queue in
+	// virtual time (with Global only; sim/flow.go): saturated requests
+	// wait instead of being shed. The configuration's flow_control
+	// section sets it up (its defaults when the section is off).
+	FlowControl bool
 	// TreeCommit, when set, is the probe.commit mode of TopologyTree's
 	// global routers (default: globalrouter's, decide-and-commit).
 	TreeCommit globalrouter.CommitMode
@@ -238,6 +243,8 @@ func (c Config) Validate() error {
 		if err := c.Global.validate(c.Workers); err != nil {
 			return err
 		}
+	} else if c.FlowControl {
+		return fmt.Errorf("%w: flow control needs a global router configuration (--config)", ErrConfig)
 	}
 	for _, t := range c.Topologies {
 		switch t.Kind {

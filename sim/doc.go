@@ -32,6 +32,11 @@
 //     its chain and pool policies, over in-process local routers
 //     (inproc.Client) per configured pool; the decision's lease drives the
 //     lifecycle. One pool of N workers replays exactly as the flat topology.
+//   - Flow control (flow.go, Config.FlowControl, --flow-control): the
+//     global router's own admission queue (globalrouter/flowcontrol.Queue)
+//     run in virtual time for the config replay: a request Decide refuses
+//     as saturated waits, dispatched (a fresh Decide) on each prefill
+//     completion or free, refused at its deadline.
 //   - The tree (tree.go, "tree=RxP"): R region global routers of P pools
 //     of local routers each, under a top global router whose pools are the
 //     regions' in-process Subtree clients; the real Decide at every floor,

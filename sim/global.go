@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/inproc"
 	"github.com/kvgate/kvgate/membership"
@@ -321,7 +322,12 @@ func (r *run) buildGlobal() error {
 		gcfg.Tenancy.Identity = globalrouter.IdentityOn
 		r.tenantHeader = strings.ToLower(gcfg.Tenancy.Header)
 	}
+	if cfg.FlowControl {
+		gcfg.FlowControl = flowConfig(gcfg.FlowControl)
+		r.flow = &flowReplay{qs: map[string]*flowcontrol.Queue{}}
+	}
 	opts := []globalrouter.Option{
+		globalrouter.WithoutFlowQueue(), // the replay runs it in virtual time (flow.go)
 		globalrouter.WithDialer(pool.LocalDialer(clients)),
 		globalrouter.WithClock(r.clock),
 		globalrouter.WithRegisterer(prometheus.NewRegistry()),
@@ -438,17 +444,32 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 		rec.tenant = pickShare(r.cfg.Global.Tenants, splitmix(key^0x74656e616e74))
 		greq.Headers[r.tenantHeader] = rec.tenant
 	}
+	if r.flowWaiting(greq) {
+		return r.flowEnqueue(idx, greq) // others wait: it joins them
+	}
 	d, err := r.gr.Decide(ctx, greq)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if r.flow != nil && errors.Is(err, globalrouter.ErrSaturated) {
+			return r.flowEnqueue(idx, greq)
 		}
 		rec.rejected = true
 		r.decideErrors[decideErrorKind(err)]++
 		r.prog.add(1)
 		return nil
 	}
+	return r.placeGlobal(ctx, idx, greq, d)
+}
+
+// placeGlobal sends request idx where decision d says.
+func (r *run) placeGlobal(ctx context.Context, idx int, greq *globalrouter.Request, d *globalrouter.Decision) error {
+	rec := &r.recs[idx]
 	r.leases[idx] = d.Lease
+	if r.flow != nil {
+		r.leases[idx] = flowLease{Lease: d.Lease, f: r.flow}
+	}
 	primary, err := r.endpointWorker(d.Primary)
 	if err != nil {
 		return err
@@ -468,7 +489,7 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 		}
 		r.salts[idx] = d.CacheSalt
 	}
-	return r.submit(ctx, first, idx, mocker.Request{ID: id, Tokens: greq.PromptTokens, MaxTokens: req.OutputLength, CacheSalt: d.CacheSalt})
+	return r.submit(ctx, first, idx, mocker.Request{ID: greq.ID, Tokens: greq.PromptTokens, MaxTokens: r.wl.reqs[idx].OutputLength, CacheSalt: d.CacheSalt})
 }
 
 // endpointWorker is the simulated worker of a decision's endpoint.

@@ -153,6 +153,7 @@ const (
 	evArrival = iota
 	evWake
 	evKV
+	evFlow // a flow-control deadline (flow.go)
 )
 
 type event struct {
@@ -226,6 +227,8 @@ type run struct {
 	// salts are the cache_salt each decision asked the engine for.
 	tenantHeader string
 	salts        map[int]string
+	// flow is the config replay's flow control (flow.go; nil: off).
+	flow *flowReplay
 }
 
 // clock is the simulation's virtual now, safe to read from any goroutine.
@@ -293,6 +296,9 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 			err = r.step(ctx, e.w)
 		case evKV:
 			r.apply(e.w, e.evs)
+		}
+		if err == nil {
+			err = r.flowAfter(ctx) // expiries, dispatches (flow.go)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s/%s at %v: %w", topo.Name(), policy.Name, r.now.Sub(epoch), err)
