@@ -31,7 +31,7 @@ func flowRouter(t *testing.T, deadline time.Duration) (*globalrouter.Router, *po
 	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{"m"}, lr.Addr))
 	cfg.Probe.Timeout, cfg.Probe.MinTimeout = 10*time.Second, 10*time.Second
 	cfg.Trust.Steering = globalrouter.AccessOn
-	cfg.Tenancy.Header, cfg.Tenancy.Identity = "x-tenant", globalrouter.AccessOn
+	cfg.Tenancy.Header, cfg.Tenancy.Identity = "x-tenant", globalrouter.IdentityOn
 	cfg.FlowControl = flowcontrol.Config{Enabled: true, Deadline: deadline, Reprobe: 20 * time.Millisecond,
 		Saturation: flowcontrol.Saturation{MaxPrefillTokens: 100}}
 	r, err := globalrouter.New(cfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
