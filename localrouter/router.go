@@ -57,6 +57,7 @@ type Router struct {
 	chain   *workerChain // built once from cfg.WorkerChain
 	index   *Index
 	active  *ActiveSequences
+	res     *reservations // guarded by placeMu (reserve.go)
 	members atomic.Pointer[members]
 	memMu   sync.Mutex // serialises membership writers
 	// applyMu makes "is the worker a member? then apply its event" atomic
@@ -147,6 +148,7 @@ func New(cfg Config, opts Options) (*Router, error) {
 		chain:  chain,
 		index:  ix,
 		active: NewActiveSequences(),
+		res:    newReservations(),
 		clock:  opts.Clock,
 		rnd:    opts.Rand,
 		log:    opts.Logger,
@@ -194,6 +196,7 @@ func (r *Router) sweeper(every time.Duration) {
 func (r *Router) Sweep() []string {
 	now := r.clock()
 	r.index.Expire(now)
+	r.expireReservations(now)
 	ids := r.active.Expire(now, r.cfg.RequestExpiry)
 	if len(ids) > 0 {
 		r.log.Warn("freed requests past their expiry", "count", len(ids), "expiry", r.cfg.RequestExpiry)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
@@ -53,6 +54,16 @@ type BestWorkerOptions struct {
 	// is called on the caller's goroutine, once per worker rank, and must
 	// not block. None admitted: ErrNoAllowedWorker.
 	Allow func(WorkerKey) bool
+	// ReserveTTL, with RequestID, makes the call a reserving probe: the
+	// chosen worker is reserved for the request for ReserveTTL (its load
+	// recorded, the index untouched; reserve.go) instead of the request
+	// being recorded. Confirm turns the reservation into the request,
+	// Release drops it, the TTL passing expires it.
+	ReserveTTL time.Duration
+
+	// confirm: Confirm's commit, which drops the request's reservation
+	// first, in the same placement.
+	confirm bool
 }
 
 // prepare computes the request's local and sequence hashes into s.
@@ -99,6 +110,10 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	}
 	if err := ctx.Err(); err != nil {
 		return routing.Selection{}, err
+	}
+	reserve := opts.ReserveTTL > 0 && opts.RequestID != ""
+	if !reserve && !opts.confirm {
+		r.expireReservations(r.clock())
 	}
 	p, err := r.cfg.params(opts.Override)
 	if err != nil {
@@ -158,6 +173,15 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	if opts.RequestID != "" {
 		r.placeMu.Lock()
 		defer r.placeMu.Unlock()
+		r.expireLocked(r.clock())
+		switch {
+		case opts.confirm:
+			r.confirmLocked(opts.RequestID, *opts.Worker)
+		case reserve:
+			if _, ok := r.dropLocked(opts.RequestID); ok { // probed again: the new one holds
+				r.res.released.Add(1)
+			}
+		}
 	}
 	r.index.FindMatches(s.local, &s.matches)
 	s.overlaps = s.overlaps[:0]
@@ -228,6 +252,16 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			charged = s.confirmed[i]
 		case predictions && charged > 0:
 			charged = r.index.ConfirmedPrefix(l.Worker, s.local, charged)
+		}
+		if reserve {
+			now := r.clock()
+			if err := r.active.Add(now, reservationKey(opts.RequestID), l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
+				return routing.Selection{}, err
+			}
+			// Held, not placed: the index, the chain's observers and the
+			// saturation count learn of the request at its commit.
+			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL))
+			return sel, nil
 		}
 		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
 			return routing.Selection{}, err

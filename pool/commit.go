@@ -166,6 +166,21 @@ func (p *Pool) Decide(ctx context.Context, routerAddr string, cm Commit) (Tracke
 	return t, a.sel, nil
 }
 
+// Release releases the reservation request id's reserving probe made on
+// the pool's router at routerAddr (Prompt.ReserveID), without waiting. A
+// router the pool no longer has, or a Client that is no Releaser, leaves
+// it to its TTL.
+func (p *Pool) Release(ctx context.Context, routerAddr, id string) {
+	for _, c := range *p.routers.Load() {
+		if c.addr == routerAddr {
+			if r, ok := c.r.(Releaser); ok {
+				_ = r.Release(ctx, id)
+			}
+			return
+		}
+	}
+}
+
 // ejectedKnown are the addresses of the pool's recently seen workers that
 // passive health ejected.
 func (p *Pool) ejectedKnown() []string {
