@@ -178,8 +178,13 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		case opts.confirm:
 			r.confirmLocked(opts.RequestID, *opts.Worker)
 		case reserve:
-			if _, ok := r.dropLocked(opts.RequestID); ok { // probed again: the new one holds
-				r.res.released.Add(1)
+			// An id already active, or already holding a reservation (its
+			// decision's commit may still be on its way), is refused at
+			// the probe, as its commit would be: the caller moves on
+			// before deciding.
+			_, active := r.active.Has(opts.RequestID)
+			if _, held := r.res.byID[opts.RequestID]; active || held {
+				return routing.Selection{}, fmt.Errorf("%w: %q", ErrDuplicateRequest, opts.RequestID)
 			}
 		}
 	}

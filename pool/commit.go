@@ -14,11 +14,12 @@ import (
 )
 
 // requestFault reports whether a router's answer blames the request, not
-// the router (a malformed or oversized prompt): no reason to stop probing
-// that router for everyone else.
+// the router (a malformed or oversized prompt, a reserving probe whose
+// request id is already active there): no reason to stop probing that
+// router for everyone else.
 func requestFault(err error) bool {
 	switch status.Code(err) {
-	case codes.InvalidArgument, codes.ResourceExhausted, codes.OutOfRange, codes.FailedPrecondition:
+	case codes.InvalidArgument, codes.ResourceExhausted, codes.OutOfRange, codes.FailedPrecondition, codes.AlreadyExists:
 		return true
 	}
 	return false
