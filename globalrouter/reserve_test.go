@@ -27,7 +27,6 @@ func TestReserveNoHerdingRuns(t *testing.T) {
 	)
 	for _, dl := range herdDialers {
 		t.Run(dl.name, func(t *testing.T) {
-			ctx := testenv.Context(t)
 			srv := pooltest.Start(t, "pool-0", 16, pooltest.Workers("p0", 4)...)
 			cfg := herdConfig(srv)
 			cfg.Probe.Commit = globalrouter.CommitReserve
@@ -35,6 +34,7 @@ func TestReserveNoHerdingRuns(t *testing.T) {
 			r, reg := newRouter(t, cfg, globalrouter.WithDialer(dl.d()))
 			tokens := herdTokens(8192)
 			for run := range runs {
+				ctx := testenv.Context(t) // each run has the whole timeout
 				var (
 					start = make(chan struct{})
 					wg    sync.WaitGroup

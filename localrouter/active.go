@@ -322,6 +322,22 @@ func (a *ActiveSequences) bisect(seq []uint64, lo, hi int, atLo, atHi []blockRef
 	a.bisect(seq, lo, mid, atLo, atMid)
 }
 
+// Prefixes appends to dst, for each of workers, the number of leading
+// request blocks (sequence hashes seq) active on it.
+func (a *ActiveSequences) Prefixes(dst []int, workers []WorkerKey, seq []uint64) []int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.activePrefix(seq)
+	for _, key := range workers {
+		n := 0
+		if s, ok := a.table.lookup(key); ok {
+			n = int(a.prefix[s])
+		}
+		dst = append(dst, n)
+	}
+	return dst
+}
+
 // PotentialLoads appends to dst the potential load of each of workers if
 // the request (sequence hashes seq, isl prompt tokens) were added there,
 // given each worker's cached overlap in blocks (overlaps[i] for workers[i]).

@@ -41,6 +41,10 @@ type reservation struct {
 // reservations is the Router's reservation table.
 type reservations struct {
 	byID map[string]reservation // guarded by Router.placeMu
+	// seqs holds the reservations' blocks by worker (keyed by request
+	// id), for creditReserved; held counts them, read without the lock.
+	seqs *ActiveSequences
+	held atomic.Int64
 	// next is the earliest deadline (unix ns; MaxInt64: none), read
 	// without the lock so probes check it for free.
 	next atomic.Int64
@@ -49,7 +53,7 @@ type reservations struct {
 }
 
 func newReservations() *reservations {
-	r := &reservations{byID: make(map[string]reservation)}
+	r := &reservations{byID: make(map[string]reservation), seqs: NewActiveSequences()}
 	r.next.Store(math.MaxInt64)
 	return r
 }
@@ -85,9 +89,12 @@ func (r *Router) Reserved(id string) (WorkerKey, bool) {
 }
 
 // reserveLocked records the reservation of request id on worker, whose
-// load was just added under reservationKey(id). placeMu is held.
-func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time) {
+// load was just added under reservationKey(id); seq are the request's
+// sequence hashes. placeMu is held.
+func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time, seq []uint64, isl int) {
 	r.res.byID[id] = reservation{worker: worker, deadline: deadline}
+	_ = r.res.seqs.Add(deadline, id, worker, seq, isl, 0, r.cfg.BlockSize) // a fresh id: cannot fail
+	r.res.held.Add(1)
 	r.res.made.Add(1)
 	if d := deadline.UnixNano(); d < r.res.next.Load() {
 		r.res.next.Store(d)
@@ -103,6 +110,8 @@ func (r *Router) dropLocked(id string) (WorkerKey, bool) {
 	}
 	delete(r.res.byID, id)
 	r.active.Free(reservationKey(id))
+	r.res.seqs.Free(id)
+	r.res.held.Add(-1)
 	return res.worker, true
 }
 
@@ -149,6 +158,36 @@ func (r *Router) confirmLocked(id string, worker WorkerKey) {
 	default:
 		r.res.released.Add(1)
 	}
+}
+
+// creditReserved credits, while reservations are held, each candidate
+// worker with the leading blocks of the request that reservations on it
+// hold (s.overlaps raised to them; s.indexed keeps the index's own), as
+// the predicted entries of a committed request credit it: a reserved
+// worker looks to the next probe as it will once the reservation is
+// confirmed, so a burst of one prompt spreads the same whether the
+// confirmations landed yet or not. The blocks count as reserved, never
+// as cached: a request is charged only the index's overlap. It reports
+// whether it changed anything.
+func (r *Router) creditReserved(workers []WorkerKey, s *scratch) bool {
+	if r.res.held.Load() == 0 {
+		return false
+	}
+	s.reserved = r.res.seqs.Prefixes(s.reserved[:0], workers, s.seq)
+	changed := false
+	for i, n := range s.reserved {
+		if n > s.overlaps[i] {
+			changed = true
+		}
+	}
+	if !changed {
+		return false
+	}
+	s.indexed = append(s.indexed[:0], s.overlaps...)
+	for i, n := range s.reserved {
+		s.overlaps[i] = max(s.overlaps[i], n)
+	}
+	return true
 }
 
 // expireReservations drops the reservations past their deadline at now.

@@ -120,6 +120,10 @@ type scratch struct {
 	freshSlots []int32
 	// overlapEq: each candidate's overlap in GPU-block equivalents.
 	overlapEq []float64
+	// indexed: each candidate's overlap in the index alone, before the
+	// reservations' blocks were credited (creditReserved); reserved:
+	// their leading blocks reserved on each candidate.
+	indexed, reserved []int
 	chain     chainScratch
 }
 

@@ -193,6 +193,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	for i, k := range workers {
 		s.overlaps = append(s.overlaps, s.matches.ofSlot(slots[i], k))
 	}
+	augmented := r.creditReserved(workers, s)
 	s.loads = r.active.PotentialLoads(s.loads[:0], workers, s.seq, isl, r.cfg.BlockSize, s.overlaps)
 	s.costs, s.overlapEq = s.costs[:0], s.overlapEq[:0]
 	cold := true
@@ -252,6 +253,9 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		// overlap, but are not cached yet, so a burst of identical prompts
 		// weighs on the worker it lands on and spreads by load.
 		charged := sel.OverlapBlocks
+		if augmented {
+			charged = min(charged, s.indexed[i]) // reserved blocks are not cached
+		}
 		switch {
 		case recosted:
 			charged = s.confirmed[i]
@@ -265,7 +269,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			}
 			// Held, not placed: the index, the chain's observers and the
 			// saturation count learn of the request at its commit.
-			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL))
+			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL), s.seq, isl)
 			return sel, nil
 		}
 		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
