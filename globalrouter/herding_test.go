@@ -298,6 +298,16 @@ func testRefusedMovesOn(t *testing.T, dialer pool.Dialer, mode globalrouter.Comm
 			if first.Primary.Pool != "pool-0" {
 				t.Fatalf("first decision on %s, want pool-0 (cached)", first.Primary.Pool)
 			}
+			// Its commit is pipelined in reserve mode (and on a Track
+			// stream of its own with the unary dialer): the id must be
+			// active on pool-0 before the second decision, which is what
+			// is tested, and pool-1's reservation released.
+			if err := a.WaitActive(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.WaitIdle(ctx); err != nil {
+				t.Fatal(err)
+			}
 			second, err := r.Decide(ctx, req)
 			if err != nil {
 				t.Fatalf("the refused commit did not move on: %v", err)

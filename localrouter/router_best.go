@@ -178,13 +178,17 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		case opts.confirm:
 			r.confirmLocked(opts.RequestID, *opts.Worker)
 		case reserve:
-			// An id already active, or already holding a reservation (its
-			// decision's commit may still be on its way), is refused at
-			// the probe, as its commit would be: the caller moves on
-			// before deciding.
-			_, active := r.active.Has(opts.RequestID)
-			if _, held := r.res.byID[opts.RequestID]; active || held {
+			// An id already active is refused at the probe, as its
+			// commit would be: the caller moves on before deciding. One
+			// already reserved is reserved again (the old reservation
+			// released): its release may still be on its way, and
+			// whichever of the two a commit confirms, the request is
+			// counted once.
+			if _, active := r.active.Has(opts.RequestID); active {
 				return routing.Selection{}, fmt.Errorf("%w: %q", ErrDuplicateRequest, opts.RequestID)
+			}
+			if _, ok := r.dropLocked(opts.RequestID); ok {
+				r.res.released.Add(1)
 			}
 		}
 	}
