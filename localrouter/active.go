@@ -123,6 +123,25 @@ func (a *ActiveSequences) Add(now time.Time, id string, key WorkerKey, seqHashes
 	return nil
 }
 
+// Rename re-keys request from as to, its load unchanged: a reservation
+// becoming its request. from unknown: ErrUnknownRequest; to already
+// active: ErrDuplicateRequest (nothing changes).
+func (a *ActiveSequences) Rename(from, to string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.byID[from]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownRequest, from)
+	}
+	if _, dup := a.byID[to]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateRequest, to)
+	}
+	delete(a.byID, from)
+	r.id = to
+	a.byID[to] = r
+	return nil
+}
+
 // MarkPrefillComplete moves request id from prefill to decode. It reports
 // whether the id was known; an unknown id is a counted no-op.
 func (a *ActiveSequences) MarkPrefillComplete(id string) bool {

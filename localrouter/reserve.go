@@ -133,17 +133,53 @@ func (r *Router) Release(ctx context.Context, id string) error {
 }
 
 // Confirm records request id on worker, confirming the reservation its
-// probe made: the reservation's load becomes the request's in one step
-// under placeMu (no other placement comes between), the index learns the
-// request's blocks as a commit's, and no worker is chosen again. A
-// reservation on another worker (the caller moved the request) is
-// released; none at all (expired, released) is counted as missed and the
-// commit recorded as Commit would. The answer is Commit's.
+// probe made: the reservation's load becomes the request's, re-keyed in
+// one step under placeMu (no other placement comes between, nothing is
+// computed again), and the index learns the request's blocks as a
+// commit's. The answer names the worker and the request's size only (no
+// cost terms: nothing was chosen). A reservation on another worker (the
+// caller moved the request) is released; none at all (expired, released)
+// is counted as missed; either way the commit is then recorded as Commit
+// would, with Commit's answer. An id already active is refused
+// (ErrDuplicateRequest) and its reservation released.
 func (r *Router) Confirm(ctx context.Context, id string, worker WorkerKey, req Request) (routing.Selection, error) {
 	if id == "" {
 		return routing.Selection{}, ErrEmptyRequestID
 	}
-	return r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, Worker: &worker, confirm: true})
+	if err := r.check(); err != nil {
+		return routing.Selection{}, err
+	}
+	s := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(s)
+	isl, err := r.prepare(&req, s)
+	if err != nil {
+		return routing.Selection{}, err
+	}
+	r.placeMu.Lock()
+	res, ok := r.res.byID[id]
+	if !ok || res.worker != worker {
+		r.placeMu.Unlock()
+		return r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, Worker: &worker, confirm: true})
+	}
+	delete(r.res.byID, id)
+	r.res.seqs.Free(id)
+	r.res.held.Add(-1)
+	if err := r.active.Rename(reservationKey(id), id); err != nil {
+		r.active.Free(reservationKey(id))
+		r.res.released.Add(1)
+		r.placeMu.Unlock()
+		return routing.Selection{}, err
+	}
+	r.res.confirmed.Add(1)
+	now := r.clock()
+	switch {
+	case r.predicting():
+		r.index.Predict(now, worker, s.local)
+	case !r.cfg.UseKVEvents:
+		r.index.Record(now, worker, s.local)
+	}
+	r.placeMu.Unlock()
+	return routing.Selection{WorkerID: worker.ID, DPRank: worker.DPRank, RequestBlocks: len(s.local), BlockSize: r.cfg.BlockSize, ISL: isl}, nil
 }
 
 // confirmLocked drops request id's reservation before its commit is

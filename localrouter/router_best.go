@@ -271,9 +271,14 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			if err := r.active.Add(now, reservationKey(opts.RequestID), l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
 				return routing.Selection{}, err
 			}
-			// Held, not placed: the index, the chain's observers and the
-			// saturation count learn of the request at its commit.
+			// Held, not placed: the index and the saturation count learn
+			// of the request at its commit. The chain's stateful scorers
+			// are told now (Confirm chooses nothing): a reservation is
+			// their choice.
 			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL), s.seq, isl)
+			for _, o := range r.chain.observers {
+				o.Chosen(&cs.in, i)
+			}
 			return sel, nil
 		}
 		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
