@@ -124,7 +124,7 @@ type scratch struct {
 	// reservations' blocks were credited (creditReserved); reserved:
 	// their leading blocks reserved on each candidate.
 	indexed, reserved []int
-	chain     chainScratch
+	chain             chainScratch
 }
 
 // New returns a Router. Close it to stop its sweeper; closing one Router
