@@ -186,6 +186,23 @@ func TestConfigReplayTwoPoolsIsDeterministic(t *testing.T) {
 	}
 }
 
+// Over two pools with probe.commit: reserve every decision releases the
+// losing pool's reservation before the next one (the in-process client is
+// a Releaser through the local dialer), so the replay ends with nothing
+// held (Run fails otherwise) and is deterministic.
+func TestConfigReplayTwoPoolsReserve(t *testing.T) {
+	tr := randomTrace(t, 200, 2)
+	cfg := Config{Trace: tr, Seed: 9, Workers: 8, KVTokens: 8192, Rate: 3,
+		Global: &GlobalReplay{Config: globalConfig(t, "probe: {commit: reserve}\n"+twoPools), Name: "two.yaml"}}
+	rep := runReport(t, cfg)
+	if r := rep.Results[0]; r.Completed != len(tr.Requests) {
+		t.Fatalf("%d of %d completed (rejected %v)", r.Completed, len(tr.Requests), r.DecideRejected)
+	}
+	if first, second := reportJSON(t, rep), reportJSON(t, runReport(t, cfg)); first != second {
+		t.Errorf("same seed, different reports:\n%s", cmp.Diff(first, second))
+	}
+}
+
 func TestConfigReplayPoolWorkers(t *testing.T) {
 	tr := randomTrace(t, 60, 2)
 	cfg := Config{Trace: tr, Seed: 1, Workers: 8, KVTokens: 8192,
