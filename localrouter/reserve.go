@@ -41,9 +41,8 @@ type reservation struct {
 // reservations is the Router's reservation table.
 type reservations struct {
 	byID map[string]reservation // guarded by Router.placeMu
-	// seqs holds the reservations' blocks by worker (keyed by request
-	// id), for creditReserved; held counts them, read without the lock.
-	seqs *ActiveSequences
+	// held counts the reservations, read without the lock
+	// (creditReserved).
 	held atomic.Int64
 	// next is the earliest deadline (unix ns; MaxInt64: none), read
 	// without the lock so probes check it for free.
@@ -53,7 +52,7 @@ type reservations struct {
 }
 
 func newReservations() *reservations {
-	r := &reservations{byID: make(map[string]reservation), seqs: NewActiveSequences()}
+	r := &reservations{byID: make(map[string]reservation)}
 	r.next.Store(math.MaxInt64)
 	return r
 }
@@ -91,9 +90,8 @@ func (r *Router) Reserved(id string) (WorkerKey, bool) {
 // reserveLocked records the reservation of request id on worker, whose
 // load was just added under reservationKey(id); seq are the request's
 // sequence hashes. placeMu is held.
-func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time, seq []uint64, isl int) {
+func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time) {
 	r.res.byID[id] = reservation{worker: worker, deadline: deadline}
-	_ = r.res.seqs.Add(deadline, id, worker, seq, isl, 0, r.cfg.BlockSize) // a fresh id: cannot fail
 	r.res.held.Add(1)
 	r.res.made.Add(1)
 	if d := deadline.UnixNano(); d < r.res.next.Load() {
@@ -110,7 +108,6 @@ func (r *Router) dropLocked(id string) (WorkerKey, bool) {
 	}
 	delete(r.res.byID, id)
 	r.active.Free(reservationKey(id))
-	r.res.seqs.Free(id)
 	r.res.held.Add(-1)
 	return res.worker, true
 }
@@ -162,7 +159,6 @@ func (r *Router) Confirm(ctx context.Context, id string, worker WorkerKey, req R
 		return r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, Worker: &worker, confirm: true})
 	}
 	delete(r.res.byID, id)
-	r.res.seqs.Free(id)
 	r.res.held.Add(-1)
 	if err := r.active.Rename(reservationKey(id), id); err != nil {
 		r.active.Free(reservationKey(id))
@@ -197,19 +193,21 @@ func (r *Router) confirmLocked(id string, worker WorkerKey) {
 }
 
 // creditReserved credits, while reservations are held, each candidate
-// worker with the leading blocks of the request that reservations on it
-// hold (s.overlaps raised to them; s.indexed keeps the index's own), as
-// the predicted entries of a committed request credit it: a reserved
+// worker with the leading blocks of the request active on it — held by
+// reservations, or by requests, whose predicted entries credit them
+// already (s.overlaps raised to them; s.indexed keeps the index's own) —
+// as the predicted entries of a committed request credit it: a reserved
 // worker looks to the next probe as it will once the reservation is
 // confirmed, so a burst of one prompt spreads the same whether the
-// confirmations landed yet or not. The blocks count as reserved, never
-// as cached: a request is charged only the index's overlap. It reports
-// whether it changed anything.
+// confirmations landed yet or not. The blocks count as in flight, never
+// as cached: a request is charged only the index's overlap. With no
+// reservation held it does nothing (one atomic load). It reports whether
+// it changed anything.
 func (r *Router) creditReserved(workers []WorkerKey, s *scratch) bool {
 	if r.res.held.Load() == 0 {
 		return false
 	}
-	s.reserved = r.res.seqs.Prefixes(s.reserved[:0], workers, s.seq)
+	s.reserved = r.active.Prefixes(s.reserved[:0], workers, s.seq)
 	changed := false
 	for i, n := range s.reserved {
 		if n > s.overlaps[i] {

@@ -121,8 +121,8 @@ type scratch struct {
 	// overlapEq: each candidate's overlap in GPU-block equivalents.
 	overlapEq []float64
 	// indexed: each candidate's overlap in the index alone, before the
-	// reservations' blocks were credited (creditReserved); reserved:
-	// their leading blocks reserved on each candidate.
+	// in-flight blocks were credited (creditReserved); reserved: the
+	// request's leading blocks active on each candidate.
 	indexed, reserved []int
 	chain             chainScratch
 }

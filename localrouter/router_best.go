@@ -275,7 +275,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			// of the request at its commit. The chain's stateful scorers
 			// are told now (Confirm chooses nothing): a reservation is
 			// their choice.
-			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL), s.seq, isl)
+			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL))
 			for _, o := range r.chain.observers {
 				o.Chosen(&cs.in, i)
 			}
