@@ -72,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"pool"}),
 		reservationsReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_reservations_released_total",
-			Help: "Reservations of reserving probes (probe.commit: reserve) released unconfirmed because the decision went to another pool or to none, by the pool that held them (its local router counts the ones that expired instead).",
+			Help: "Reservations of reserving probes (probe.commit: reserve) released unconfirmed because the decision went to another pool or to none (or their probe's answer came too late), by the pool that held them (its local router counts the ones that expired instead).",
 		}, []string{"pool"}),
 	}
 	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.ejections, m.reservationsReleased} {

@@ -2,7 +2,10 @@ package globalrouter
 
 import (
 	"context"
+	"errors"
 	"slices"
+
+	"github.com/kvgate/kvgate/pool"
 )
 
 // probe.commit: reserve. Every probe reserves, on its pool's local router,
@@ -25,13 +28,21 @@ type heldReservation struct {
 	router string
 }
 
-// heldReservations are the reservations of the probes that answered,
-// taken before anything (the subset filter) marks an answer as an error.
+// heldReservations are the reservations the probes may hold: those of
+// the probes that answered, taken before anything (the subset filter)
+// marks an answer as an error, and those of the probes whose answer did
+// not come in time (the router may have reserved before the deadline; a
+// release of nothing is NOT_FOUND and changes nothing). A probe the
+// router refused reserved nothing.
 func heldReservations(results []probeResult) []heldReservation {
 	out := make([]heldReservation, 0, len(results))
 	for _, res := range results {
-		if res.err == nil && res.sel.Router != "" {
+		var pe *pool.ProbeError
+		switch {
+		case res.err == nil && res.sel.Router != "":
 			out = append(out, heldReservation{pe: res.pe, router: res.sel.Router})
+		case errors.As(res.err, &pe) && pe.Router != "" && !pe.Request:
+			out = append(out, heldReservation{pe: res.pe, router: pe.Router})
 		}
 	}
 	return out
