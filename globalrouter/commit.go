@@ -50,7 +50,8 @@ import (
 // the worker the probe chose, unaccounted on its local router.
 func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, pinned bool) (*Decision, error) {
 	var refused []string
-	decide := st.cfg.Probe.Commit != CommitPipelined
+	mode := st.cfg.Probe.Commit
+	decide := mode != CommitPipelined && mode != CommitReserve
 	for i, c := range ranked {
 		pe := st.byName[c.Pool]
 		if pe == nil { // a policy made up a candidate
@@ -59,7 +60,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 		l := &lease{flow: r.flow}
 		rest := ranked[i+1:]
 		movable := decide && !pinned && c.Prefill == nil && len(rest) > 0
-		tr, sel, note, err := r.place(ctx, pe, p, c.Probe, decide, &l.mainRefused)
+		tr, sel, note, err := r.place(ctx, pe, p, c.Probe, mode, &l.mainRefused)
 		var moved string
 		if err == nil && movable && note == "" && sel.Cost > c.Probe.Cost {
 			// The pool got busier between its probe and its commit
@@ -106,7 +107,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 		d.Fallbacks = r.fallbacks(st, p, d.Primary, rest)
 		l.main = r.movableTracker(p, tr, len(d.Fallbacks))
 		if c.Prefill != nil {
-			if pnote, err := r.commitPrefill(ctx, st, p, c.Prefill, decide, l, d); err != nil {
+			if pnote, err := r.commitPrefill(ctx, st, p, c.Prefill, mode, l, d); err != nil {
 				// The decode worker prefills locally rather than failing
 				// a request it can serve.
 				r.m.refusedCommits.WithLabelValues(c.Prefill.Pool).Inc()
@@ -162,7 +163,7 @@ func (r *Router) recheck(ctx context.Context, st *state, p *prepared, c policies
 	if ape == nil {
 		return c, tr, sel, rest, ""
 	}
-	atr, asel, note, err := r.place(ctx, ape, p, alt.Probe, true, nil)
+	atr, asel, note, err := r.place(ctx, ape, p, alt.Probe, CommitDecide, nil)
 	if err != nil || note != "" {
 		if atr != nil {
 			_ = atr.Free(ctx)
@@ -200,24 +201,30 @@ func (r *Router) replace(ctx context.Context, pe *poolEntry, p *prepared, probed
 		r.log.Warn("could not free a contended commit to place it again; keeping it", "request_id", p.id, "pool", pe.cfg.Name, "err", err)
 		return tr, sel, "", true, nil
 	}
-	ntr, nsel, note, err := r.place(ctx, pe, p, probed, true, into)
+	ntr, nsel, note, err := r.place(ctx, pe, p, probed, CommitDecide, into)
 	return ntr, nsel, note, false, err
 }
 
 // place records request p on pool pe, whose probe named probed: a
-// decide-and-commit when decide (the answer is the worker the request goes
-// to), else the pipelined commit of the probed worker (probed itself is
-// the answer; into receives its later refusal). A decide-and-commit with no
-// answer in time or an answer outside the request's bounds falls back to
-// the pipelined commit, and note says so; any other error of it is the
-// router's refusal, or a commit that could not be sent, and moves the
-// decision on to the next candidate.
-func (r *Router) place(ctx context.Context, pe *poolEntry, p *prepared, probed routing.Selection, decide bool, into *atomic.Pointer[error]) (tr pool.Tracker, sel routing.Selection, note string, err error) {
-	mode := string(CommitPipelined)
-	if decide {
-		mode = string(CommitDecide)
+// decide-and-commit with CommitDecide (the answer is the worker the
+// request goes to), else the pipelined commit of the probed worker
+// (probed itself is the answer; into receives its later refusal), which
+// with CommitReserve confirms the reservation the probe made. A
+// decide-and-commit with no answer in time or an answer outside the
+// request's bounds falls back to the pipelined commit, and note says so;
+// any other error of it is the router's refusal, or a commit that could
+// not be sent, and moves the decision on to the next candidate. With
+// CommitReserve, a probed worker that passive health ejected since its
+// probe is not confirmed: its reservation is released and the pool
+// decides and commits instead (bounded as ever).
+func (r *Router) place(ctx context.Context, pe *poolEntry, p *prepared, probed routing.Selection, mode CommitMode, into *atomic.Pointer[error]) (tr pool.Tracker, sel routing.Selection, note string, err error) {
+	reserved := mode == CommitReserve && p.reserve > 0
+	if reserved && pe.p.Ejected(probed.Address) {
+		pe.p.Release(ctx, probed.Router, p.id)
+		reserved, mode = false, CommitDecide
 	}
-	_, csp := r.span(ctx, "kvgate.commit", attribute.String("kvgate.pool", pe.cfg.Name), attribute.String("kvgate.commit_mode", mode), attribute.String("kvgate.worker_id", probed.WorkerID))
+	decide := mode == CommitDecide
+	_, csp := r.span(ctx, "kvgate.commit", attribute.String("kvgate.pool", pe.cfg.Name), attribute.String("kvgate.commit_mode", string(mode)), attribute.String("kvgate.worker_id", probed.WorkerID))
 	if decide {
 		tr, sel, err = pe.p.Decide(ctx, probed.Router, pool.Commit{RequestID: p.id, Prompt: p.prompt(pe.cfg.BlockSize)})
 		if err == nil {
@@ -236,8 +243,14 @@ func (r *Router) place(ctx context.Context, pe *poolEntry, p *prepared, probed r
 		note = fmt.Sprintf("decide-and-commit on %s fell back to the probed worker (%v)", pe.cfg.Name, err)
 	}
 	tr, err = pe.p.CommitAsync(ctx, probed.Router, pool.Commit{
-		RequestID: p.id, WorkerID: probed.WorkerID, DPRank: probed.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
+		RequestID: p.id, WorkerID: probed.WorkerID, DPRank: probed.DPRank, Prompt: p.prompt(pe.cfg.BlockSize), Reserved: reserved,
 	}, traced(csp, r.committed(p.id, pe.cfg.Name, probed.WorkerID, into)))
+	if reserved {
+		// Sent or not, the confirmation consumed the reservation: a
+		// commit that could not be sent broke the stream, which released
+		// it.
+		p.confirmed = append(p.confirmed, pe.cfg.Name)
+	}
 	if err != nil {
 		endSpan(csp, err)
 		return nil, routing.Selection{}, "", err
@@ -276,15 +289,15 @@ func (r *Router) fallbacks(st *state, p *prepared, primary Endpoint, rest []poli
 	return out
 }
 
-// commitPrefill commits the request on the prefill candidate c (a
-// decide-and-commit when decide, as the main commit) and sets the lease's
-// and the decision's prefill halves; note is place's.
-func (r *Router) commitPrefill(ctx context.Context, st *state, p *prepared, c *policies.Candidate, decide bool, l *lease, d *Decision) (string, error) {
+// commitPrefill commits the request on the prefill candidate c (in commit
+// mode mode, as the main commit) and sets the lease's and the decision's
+// prefill halves; note is place's.
+func (r *Router) commitPrefill(ctx context.Context, st *state, p *prepared, c *policies.Candidate, mode CommitMode, l *lease, d *Decision) (string, error) {
 	pe := st.byName[c.Pool]
 	if pe == nil {
 		return "", fmt.Errorf("the chain paired prefill pool %q, which the configuration lacks", c.Pool)
 	}
-	tr, sel, note, err := r.place(ctx, pe, p, c.Probe, decide, nil)
+	tr, sel, note, err := r.place(ctx, pe, p, c.Probe, mode, nil)
 	if err != nil {
 		return "", err
 	}

@@ -90,7 +90,23 @@ type ProbeConfig struct {
 	// Commit is how the chosen pool records the request (default
 	// CommitDecide; commit.go).
 	Commit CommitMode `yaml:"commit"`
+	// ReserveTTL is how long a reserving probe holds its worker for the
+	// commit that confirms it (probe.commit: reserve only; default
+	// DefaultReserveTTL, at most MaxReserveTTL). Read by the global
+	// router, which sends it with each probe; set with another commit
+	// mode it is refused.
+	ReserveTTL time.Duration `yaml:"reserve_ttl"`
 }
+
+// The reservation TTL of probe.commit: reserve: a decision confirms or
+// releases its reservations as soon as the chain has ranked the probes, so
+// the TTL only bounds what a global router that dies between its probe and
+// its commit leaves held; it must outlast a probe's deadline (250 ms at
+// most by default) plus the ranking.
+const (
+	DefaultReserveTTL = 500 * time.Millisecond
+	MaxReserveTTL     = 10 * time.Second
+)
 
 // CommitMode is how the global router commits a request on the pool the
 // chain ranked first.
@@ -107,6 +123,12 @@ const (
 	// stream without waiting for the answer (one round trip less, but
 	// probes racing ahead of commits can herd).
 	CommitPipelined CommitMode = "pipelined"
+	// CommitReserve: every probe reserves the worker it names for the
+	// request (its load counted by every later probe, for ReserveTTL), so
+	// a burst spreads as with decide; the probed worker's reservation is
+	// then confirmed by a commit that is not waited for, and the other
+	// pools' reservations are released. One round trip, no lock.
+	CommitReserve CommitMode = "reserve"
 )
 
 // circuit is the probe configuration's circuit options.
@@ -163,6 +185,9 @@ func (c *Config) Defaults() {
 	}
 	if c.Probe.Commit == "" {
 		c.Probe.Commit = CommitDecide
+	}
+	if c.Probe.Commit == CommitReserve && c.Probe.ReserveTTL == 0 {
+		c.Probe.ReserveTTL = DefaultReserveTTL
 	}
 	c.Trust.defaults()
 	if c.Probe.BackoffBase <= 0 {
@@ -232,9 +257,17 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		probe("probe: counts must not be negative")
 	}
 	switch c.Probe.Commit {
-	case CommitDecide, CommitPipelined, "":
+	case CommitDecide, CommitPipelined, CommitReserve, "":
 	default:
-		probe("probe.commit %q: want %q or %q", c.Probe.Commit, CommitDecide, CommitPipelined)
+		probe("probe.commit %q: want %q, %q or %q", c.Probe.Commit, CommitDecide, CommitPipelined, CommitReserve)
+	}
+	switch ttl := c.Probe.ReserveTTL; {
+	case ttl != 0 && c.Probe.Commit != CommitReserve:
+		probe("probe.reserve_ttl %v is read only with probe.commit: %s (probe.commit is %q)", ttl, CommitReserve, c.Probe.Commit)
+	case ttl < 0 || ttl > MaxReserveTTL:
+		probe("probe.reserve_ttl %v: want a duration above 0 and at most %v", ttl, MaxReserveTTL)
+	case ttl > 0 && ttl < time.Millisecond:
+		probe("probe.reserve_ttl %v: want at least 1ms (the wire counts whole microseconds, and a commit must arrive within it)", ttl)
 	}
 	if err := c.Trust.validate(c.file()); err != nil {
 		errs = append(errs, err)

@@ -48,6 +48,11 @@ type prepared struct {
 	// engineSalt is the tenant's salt the engine must get as cache_salt
 	// (Decision.CacheSalt), "" when not salted.
 	engineSalt string
+	// reserve is the TTL of the reservations the probes make
+	// (probe.commit: reserve; 0: state-free probes), and confirmed the
+	// pools whose reservation a commit confirmed (reserve.go).
+	reserve   time.Duration
+	confirmed []string
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
@@ -144,7 +149,15 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 
 // decideProbed probes the eligible pools, ranks them and commits.
 func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, pinPool string) (*Decision, error) {
+	if st.cfg.Probe.Commit == CommitReserve {
+		p.reserve = st.cfg.Probe.ReserveTTL
+	}
 	results := r.probe(ctx, p, eligible)
+	if p.reserve > 0 {
+		// However the decision ends, the reservations no commit confirmed
+		// are released (those of probes that answered).
+		defer r.releaseReservations(ctx, p, heldReservations(results))
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -396,7 +409,11 @@ func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) 
 		pe := eligible[i]
 		t0 := r.opts.now()
 		pctx, psp := r.span(ctx, "kvgate.probe", attribute.String("kvgate.pool", pe.cfg.Name))
-		sel, err := pe.p.Probe(pctx, p.prompt(pe.cfg.BlockSize))
+		pr := p.prompt(pe.cfg.BlockSize)
+		if p.reserve > 0 {
+			pr.ReserveID, pr.ReserveTTL = p.id, p.reserve
+		}
+		sel, err := pe.p.Probe(pctx, pr)
 		d := r.opts.now().Sub(t0)
 		// The answer, completed with what the router knows, is the
 		// candidate's probe, the Endpoint's selection and the explanation's.

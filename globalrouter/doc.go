@@ -19,8 +19,14 @@
 // less); a refusal afterwards leaves the request on the probed worker,
 // unaccounted there, and is counted
 // (kvgate_globalrouter_refused_commits_total), logged, and returned by the
-// lease's PrefillComplete as ErrCommitRefused. A pinned worker's commit is
-// always waited for: its answer gives the address.
+// lease's PrefillComplete as ErrCommitRefused. reserve (reserve.go): every
+// probe reserves its worker for the request on its local router
+// (ProbeConfig.ReserveTTL), so later probes see the load and a burst
+// spreads as with decide; the chosen pool's reservation is confirmed by a
+// pipelined commit of the probed worker (no second placement, not waited
+// for, no recheck and no lock), the others are released, and one nobody
+// confirms expires. A pinned worker's commit is always waited for: its
+// answer gives the address.
 //
 // Router implements Decider. Build it with New from a Config (LoadConfig
 // reads one from YAML, e.g. examples/pools.yaml; DefaultConfig and
@@ -56,11 +62,12 @@
 // headers.go (request headers), decide.go (prepare, probe, rank, best
 // effort, the cause of no pool), blockkeys.go (a request's block keys: the
 // ids, seeded by adapter and cache_salt, with the chat's media items as
-// the engines' extra_keys), commit.go (commit, fallbacks, pinned workers,
-// lease, error mapping), trust.go (trust, tenancy), identity.go (where the
-// tenant comes from: the tenant header, the client certificate Envoy
-// forwards in x-forwarded-client-cert, a verified JWT claim; SGLang's
-// extra_key refused when salting), explain.go (what
+// the engines' extra_keys), reserve.go (probe.commit: reserve: releasing
+// the reservations no commit confirmed), commit.go (commit, fallbacks,
+// pinned workers, lease, error mapping), trust.go (trust, tenancy),
+// identity.go (where the tenant comes from: the tenant header, the client
+// certificate Envoy forwards in x-forwarded-client-cert, a verified JWT
+// claim; SGLang's extra_key refused when salting), explain.go (what
 // each pool's probe answered and why the winner won),
 // epp.go (the endpoint-picker protocol: Request.Subset bounds every
 // endpoint of a decision, probes send it as allowed_addresses; a lease is

@@ -20,6 +20,9 @@ type metrics struct {
 	bestEffort *prometheus.CounterVec
 	// ejections counts passive-health ejections of workers, by pool.
 	ejections *prometheus.CounterVec
+	// reservationsReleased counts the probes' reservations released
+	// unconfirmed (probe.commit: reserve; reserve.go), by pool.
+	reservationsReleased *prometheus.CounterVec
 }
 
 // Latency buckets from 50 µs (an in-process decision) to the probe
@@ -67,8 +70,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_globalrouter_worker_ejections_total",
 			Help: "Connection failures to workers reported by the response path (passive health), by pool.",
 		}, []string{"pool"}),
+		reservationsReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_reservations_released_total",
+			Help: "Reservations of reserving probes (probe.commit: reserve) released unconfirmed because the decision went to another pool or to none (or their probe's answer came too late), by the pool that held them (its local router counts the ones that expired instead).",
+		}, []string{"pool"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.ejections} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.ejections, m.reservationsReleased} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -26,7 +26,10 @@
 //     pending and the distinct blocks of active requests, keyed by request
 //     id (Add, MarkPrefillComplete, Free, forced expiry).
 //   - Router: membership, the two above, and BestWorker / PotentialLoads /
-//     Commit / MarkPrefillComplete / Free / DumpEvents. BestWorker answers
+//     Commit / MarkPrefillComplete / Free / DumpEvents; reservations
+//     (reserve.go): a reserving BestWorker holds the chosen worker's load
+//     for a request for a TTL, never in the index, until Confirm turns it
+//     into the request or Release / the TTL drops it. BestWorker answers
 //     a routing.Selection (api/routing; Selected gives its WorkerKey) and
 //     takes a routing.Override, the types the whole request path shares;
 //     WorkerKey, ScorerSpec and the error sentinels (ErrClosed,
@@ -91,7 +94,9 @@
 // router_members.go (membership: AddWorker, RemoveWorker, SetWorkerStale,
 // Ready; ApplyEvent), router_signals.go (engine signals, saturation
 // skips), router_best.go (Request, BestWorker, pick, PotentialLoads),
-// router_lifecycle.go (Commit, MarkPrefillComplete, Free), config.go
+// router_lifecycle.go (Commit, MarkPrefillComplete, Free), reserve.go
+// (reserving probes: BestWorkerOptions.ReserveTTL, Confirm, Release, their
+// expiry and ReservationStats), config.go
 // (Config, Validate, the cost formula), scorer.go (the worker chain:
 // ScorerSpec, Filter, Scorer, the registry), scorer_builtin.go (the
 // built-in filters and scorers), scorer_ttft.go (the ttft scorer),

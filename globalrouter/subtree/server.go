@@ -308,7 +308,10 @@ func (s *Server) take(id string) (pool.Tracker, error) {
 // BestWorker implements localrouterv1.LocalRouterServer: a probe, or with a
 // request_id decide-and-commit (freed by Free).
 func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerRequest) (*localrouterv1.BestWorkerResponse, error) {
-	if in.GetRequestId() == "" {
+	// A reserving probe (reserve_ttl_us) is answered as a state-free one:
+	// a subtree holds no reservations, and the parent's confirming commit
+	// is an ordinary commit naming its worker.
+	if in.GetRequestId() == "" || in.GetReserveTtlUs() > 0 {
 		sel, err := s.probe(ctx, in.GetPrompt(), nil, in.GetConfigOverride(), in.GetAllowedAddresses())
 		if err != nil {
 			return nil, err
@@ -379,6 +382,9 @@ func (s *Server) MarkPrefillComplete(ctx context.Context, in *localrouterv1.Mark
 
 // Free implements localrouterv1.LocalRouterServer.
 func (s *Server) Free(ctx context.Context, in *localrouterv1.FreeRequest) (*localrouterv1.FreeResponse, error) {
+	if in.GetReservation() {
+		return nil, statusOf(codes.NotFound, localrouterv1.ReasonUnknownRequest, "a subtree holds no reservations")
+	}
 	t, err := s.take(in.GetRequestId())
 	if err != nil {
 		return nil, err
