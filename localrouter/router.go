@@ -195,6 +195,7 @@ func (r *Router) Sweep() []string {
 	now := r.clock()
 	r.index.Expire(now)
 	ids := r.active.Expire(now, r.cfg.RequestExpiry)
+	r.chain.timing.cal.expire(now.Add(-r.cfg.RequestExpiry))
 	if len(ids) > 0 {
 		r.log.Warn("freed requests past their expiry", "count", len(ids), "expiry", r.cfg.RequestExpiry)
 	}

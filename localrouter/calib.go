@@ -1,0 +1,401 @@
+package localrouter
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/lib/timing"
+)
+
+// Online calibration (docs/localrouter.md "Calibration"): the ttft scorer
+// prices each worker with its own TimingModel, fitted from what the router
+// observes of that worker's requests: the time from placement to
+// MarkPrefillComplete (the first token), against what the model predicted
+// at placement from the worker's queued prefill, the request's uncached
+// tokens and its decode load. Until a worker has CalibrationMinSamples
+// samples, the configured curves (the chain's ttft arguments, or the
+// defaults) are its model.
+
+// TimingModel is an engine's iteration timing as the ttft scorer reads it,
+// the shape of the mocker's (lib/timing): one iteration computing t new
+// prompt tokens takes PrefillQuad·t² + PrefillLinear·t + PrefillFixed ms
+// (0 for t = 0); one decode step at KV occupancy p (0..1) takes
+// DecodeQuad·p² + DecodeLinear·p + DecodeFixed ms; QueueMs is a fixed delay
+// each request sees before its first token besides the iterations (the
+// engine's scheduling, the network, the first token's trip back).
+type TimingModel struct {
+	PrefillQuad, PrefillLinear, PrefillFixed float64
+	DecodeQuad, DecodeLinear, DecodeFixed    float64
+	QueueMs                                  float64
+}
+
+// Prefill is the prefill part of an iteration of t new tokens, in ms.
+func (m *TimingModel) Prefill(t int) float64 {
+	if t <= 0 {
+		return 0
+	}
+	x := float64(t)
+	return m.PrefillQuad*x*x + m.PrefillLinear*x + m.PrefillFixed
+}
+
+// Decode is one decode step at KV occupancy p (clamped to 0..1), in ms.
+func (m *TimingModel) Decode(p float64) float64 {
+	p = math.Min(math.Max(p, 0), 1)
+	return m.DecodeQuad*p*p + m.DecodeLinear*p + m.DecodeFixed
+}
+
+// TimingModelOf interpolates a TimingModel through an engine's own curves:
+// prefill(t), the ms of an iteration of t new tokens and no decode, at 1,
+// chunk/2 and chunk tokens; decode(p), the ms of a decode-only iteration
+// at KV occupancy p, at 0, ½ and 1. Exact for quadratic curves (the
+// mocker's); the closest quadratic through those points otherwise. The
+// replay's kvgate-oracle policy pins each simulated engine's model with it
+// (Router.PinTiming).
+func TimingModelOf(prefill func(tokens int) float64, decode func(kvUsage float64) float64, chunk int) TimingModel {
+	chunk = max(chunk, 4)
+	a, b, c := quadThrough(1, float64(chunk/2), float64(chunk), prefill(1), prefill(chunk/2), prefill(chunk))
+	d2, d1, d0 := quadThrough(0, 0.5, 1, decode(0), decode(0.5), decode(1))
+	return TimingModel{PrefillQuad: a, PrefillLinear: b, PrefillFixed: c, DecodeQuad: d2, DecodeLinear: d1, DecodeFixed: d0}
+}
+
+// quadThrough returns a, b, c of the quadratic a·x² + b·x + c through
+// (x0, y0), (x1, y1), (x2, y2) (distinct x).
+func quadThrough(x0, x1, x2, y0, y1, y2 float64) (a, b, c float64) {
+	d01 := (y1 - y0) / (x1 - x0)
+	d12 := (y2 - y1) / (x2 - x1)
+	a = (d12 - d01) / (x2 - x0)
+	b = d01 - a*(x0+x1)
+	c = y0 - a*x0*x0 - b*x0
+	return a, b, c
+}
+
+// defaultTimingModel is lib/timing's curves, prefill scaled by
+// prefillScale, decode mapped linearly onto decodeEmpty..decodeFull (the
+// ttft scorer's arguments).
+func defaultTimingModel(prefillScale, decodeEmpty, decodeFull float64) TimingModel {
+	k := (decodeFull - decodeEmpty) / (timing.DecodeMillis(1) - timing.DecodeMillis(0))
+	return TimingModel{
+		PrefillQuad: timing.PrefillQuad * prefillScale, PrefillLinear: timing.PrefillLinear * prefillScale, PrefillFixed: timing.PrefillFixed * prefillScale,
+		DecodeQuad: timing.DecodeQuad * k, DecodeLinear: timing.DecodeLinear * k, DecodeFixed: decodeEmpty,
+	}
+}
+
+// Calibration constants. The principle behind each:
+//
+//   - CalibrationMinSamples (20): the fit has calibParams = 4 parameters;
+//     least squares' prediction variance at a typical point is about
+//     σ²·p/n for n samples of noise σ², so at n = 5p = 20 a fitted
+//     prediction carries a fifth of one sample's noise variance (its error
+//     under half a sample's). Before that the configured curves predict.
+//   - CalibrationMemory (100 samples, forgetting factor 1 − 1/100): the
+//     fit weighs a sample k samples old by e^(−k/100), so it follows a
+//     change of speed within about a hundred requests of that worker while
+//     averaging the noise of a hundred (a factor's error about
+//     σ·√(p/100) = σ/5: 6 % at 30 % noise).
+//   - Residuals are Huber-bounded at 3 × the running mean absolute
+//     residual (at least 5 % of the prediction): an outlier (a stall, a
+//     lost first token) moves the fit no more than a sample three typical
+//     errors off.
+const (
+	CalibrationMinSamples = 20
+	CalibrationMemory     = 100
+	calibParams           = 4
+	// calibQueueUnit scales the queue parameter's feature, so that every
+	// parameter is of order one (its prior uncertainty 1 = 100 ms).
+	calibQueueUnit = 100.0
+	// calibMaxPending bounds the placed requests awaiting their first
+	// token (a sample each); past it new ones are not sampled.
+	calibMaxPending = 1 << 16
+)
+
+// Bounds of the fitted factors (× the prior's curves) and queue (ms): a
+// fit outside them is clamped, so no run of odd samples prices a worker
+// free or infinitely slow.
+const (
+	calibMinFactor = 0.02
+	calibMaxFactor = 50
+	calibMaxQueue  = 60_000
+)
+
+// WorkerCalibration is one worker rank's timing model as the ttft scorer
+// uses it (Router.Calibration).
+type WorkerCalibration struct {
+	Worker WorkerKey
+	// Model is the model in use: fitted, pinned, or the prior.
+	Model TimingModel
+	// Fitted: Model is the online fit (Samples ≥ CalibrationMinSamples);
+	// Pinned: it was set by PinTiming. Neither: the prior.
+	Fitted, Pinned bool
+	// Samples is the number of first tokens observed on the rank.
+	Samples uint64
+	// Error is the running RMS relative error of the fit's predictions
+	// (|observed − predicted| / observed, before each sample's update).
+	Error float64
+	// Factors are the fitted parameters: the prefill quadratic and linear
+	// factors and the decode factor over the prior's curves, and the
+	// queue delay in ms.
+	PrefillQuadFactor, PrefillLinearFactor, DecodeFactor, QueueMs float64
+}
+
+// rls is one worker's recursive least squares state, in units relative to
+// the prior's prediction (each sample divided by it: the noise of a TTFT is
+// about proportional to it).
+type rls struct {
+	theta   [calibParams]float64
+	p       [calibParams][calibParams]float64
+	n       uint64
+	absRes  float64 // running mean |relative residual|
+	sqErr   float64 // running mean squared relative error
+	trace0  float64
+	pinned  bool
+	pinnedM TimingModel
+}
+
+func newRLS() *rls {
+	r := &rls{theta: [calibParams]float64{1, 1, 1, 0}, absRes: 0.1}
+	for i := range calibParams {
+		r.p[i][i] = 1
+	}
+	r.trace0 = calibParams
+	return r
+}
+
+// update folds in one sample: features x (ms under the prior with unit
+// factors) and the observed y (ms); scale is the prior's prediction.
+func (r *rls) update(x [calibParams]float64, y, scale float64) {
+	const lambda = 1 - 1.0/CalibrationMemory
+	for i := range x {
+		x[i] /= scale
+	}
+	y /= scale
+	var pred float64
+	for i := range x {
+		pred += r.theta[i] * x[i]
+	}
+	res := y - pred
+	if y > 0 {
+		e := res / y
+		r.sqErr += (e*e - r.sqErr) / float64(min(r.n+1, CalibrationMemory))
+	}
+	bound := math.Max(3*r.absRes, 0.05*math.Max(pred, 0.05))
+	r.absRes += (math.Min(math.Abs(res), 10*r.absRes+0.05) - r.absRes) / float64(min(r.n+1, CalibrationMemory))
+	res = math.Max(-bound, math.Min(bound, res)) // Huber: bounded influence
+	var px [calibParams]float64
+	den := lambda
+	for i := range calibParams {
+		for j := range calibParams {
+			px[i] += r.p[i][j] * x[j]
+		}
+		den += x[i] * px[i]
+	}
+	var tr float64
+	for i := range calibParams {
+		k := px[i] / den
+		r.theta[i] += k * res
+		for j := range calibParams {
+			r.p[i][j] = (r.p[i][j] - k*px[j]) / lambda
+		}
+		tr += r.p[i][i]
+	}
+	if tr > r.trace0 { // no windup in directions the samples do not inform
+		for i := range calibParams {
+			for j := range calibParams {
+				r.p[i][j] *= r.trace0 / tr
+			}
+		}
+	}
+	for i := range 3 {
+		r.theta[i] = math.Max(calibMinFactor, math.Min(calibMaxFactor, r.theta[i]))
+	}
+	r.theta[3] = math.Max(0, math.Min(calibMaxQueue/calibQueueUnit, r.theta[3]))
+	r.n++
+}
+
+// model is the fit applied to the prior.
+func (r *rls) model(prior *TimingModel) TimingModel {
+	q, l, d := r.theta[0], r.theta[1], r.theta[2]
+	return TimingModel{
+		PrefillQuad: prior.PrefillQuad * q, PrefillLinear: prior.PrefillLinear * l, PrefillFixed: prior.PrefillFixed * l,
+		DecodeQuad: prior.DecodeQuad * d, DecodeLinear: prior.DecodeLinear * d, DecodeFixed: prior.DecodeFixed * d,
+		QueueMs: prior.QueueMs + r.theta[3]*calibQueueUnit,
+	}
+}
+
+// workerFit is one rank's calibration: the fit under mu, and the model in
+// use published through cur for the scorer, which never locks (nil: the
+// prior).
+type workerFit struct {
+	mu  sync.Mutex
+	fit *rls
+	cur atomic.Pointer[TimingModel]
+}
+
+// pendingSample is a placed request awaiting its first token.
+type pendingSample struct {
+	key   WorkerKey
+	x     [calibParams]float64
+	scale float64
+	start time.Time
+}
+
+// calibration is the ttft scorer's per-rank timing models. The scorer
+// reads them through an immutable map behind an atomic pointer (a new
+// rank copies it, under mu); samples take mu for the pending map and the
+// rank's own lock for its fit. Lock order: calibration.mu, then a
+// workerFit's mu.
+type calibration struct {
+	learn   bool // Config.Calibrate: fit from samples (pins work either way)
+	prior   *TimingModel
+	mu      sync.Mutex
+	pending map[string]pendingSample
+	fits    atomic.Pointer[map[WorkerKey]*workerFit]
+	dropped atomic.Uint64
+}
+
+func newCalibration(learn bool, prior *TimingModel) *calibration {
+	c := &calibration{learn: learn, prior: prior, pending: map[string]pendingSample{}}
+	c.fits.Store(&map[WorkerKey]*workerFit{})
+	return c
+}
+
+// model returns rank k's model in use; allocation-free.
+func (c *calibration) model(k WorkerKey) *TimingModel {
+	if w, ok := (*c.fits.Load())[k]; ok {
+		if m := w.cur.Load(); m != nil {
+			return m
+		}
+	}
+	return c.prior
+}
+
+// fitFor returns rank k's fit, creating it. Callers hold c.mu.
+func (c *calibration) fitFor(k WorkerKey) *workerFit {
+	old := *c.fits.Load()
+	if w, ok := old[k]; ok {
+		return w
+	}
+	next := make(map[WorkerKey]*workerFit, len(old)+1)
+	for key, w := range old {
+		next[key] = w
+	}
+	w := &workerFit{fit: newRLS()}
+	next[k] = w
+	c.fits.Store(&next)
+	return w
+}
+
+// placed records request id's features on rank k, to be compared with its
+// first token.
+func (c *calibration) placed(id string, k WorkerKey, x [calibParams]float64, scale float64, now time.Time) {
+	if !c.learn || id == "" || !(scale > 0) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) >= calibMaxPending {
+		c.dropped.Add(1)
+		return
+	}
+	c.pending[id] = pendingSample{key: k, x: x, scale: scale, start: now}
+}
+
+// firstToken takes request id's sample: its first token came at now.
+func (c *calibration) firstToken(id string, now time.Time) {
+	if !c.learn {
+		return
+	}
+	c.mu.Lock()
+	s, ok := c.pending[id]
+	if !ok {
+		c.mu.Unlock()
+		return
+	}
+	delete(c.pending, id)
+	w := c.fitFor(s.key)
+	c.mu.Unlock()
+	y := float64(now.Sub(s.start)) / float64(time.Millisecond)
+	if !(y > 0) || math.IsInf(y, 0) {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fit.pinned {
+		return
+	}
+	w.fit.update(s.x, y, s.scale)
+	if w.fit.n >= CalibrationMinSamples {
+		m := w.fit.model(c.prior)
+		w.cur.Store(&m)
+	}
+}
+
+// forget drops the pending samples of ids (freed before their first token,
+// expired, or on a removed worker).
+func (c *calibration) forget(ids ...string) {
+	if !c.learn {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		delete(c.pending, id)
+	}
+}
+
+// expire drops pending samples placed before cutoff.
+func (c *calibration) expire(cutoff time.Time) {
+	if !c.learn {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, s := range c.pending {
+		if s.start.Before(cutoff) {
+			delete(c.pending, id)
+		}
+	}
+}
+
+// pin sets rank k's model; nil unpins it (back to the fit or the prior).
+func (c *calibration) pin(k WorkerKey, m *TimingModel) {
+	c.mu.Lock()
+	w := c.fitFor(k)
+	c.mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if m == nil {
+		w.fit.pinned = false
+		w.cur.Store(nil)
+		if w.fit.n >= CalibrationMinSamples {
+			fm := w.fit.model(c.prior)
+			w.cur.Store(&fm)
+		}
+		return
+	}
+	mm := *m
+	w.fit.pinned, w.fit.pinnedM = true, mm
+	w.cur.Store(&mm)
+}
+
+// report returns rank k's calibration.
+func (c *calibration) report(k WorkerKey) WorkerCalibration {
+	out := WorkerCalibration{Worker: k, Model: *c.prior, PrefillQuadFactor: 1, PrefillLinearFactor: 1, DecodeFactor: 1}
+	w, ok := (*c.fits.Load())[k]
+	if !ok {
+		return out
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f := w.fit
+	out.Samples, out.Error = f.n, math.Sqrt(f.sqErr)
+	out.PrefillQuadFactor, out.PrefillLinearFactor, out.DecodeFactor, out.QueueMs = f.theta[0], f.theta[1], f.theta[2], f.theta[3]*calibQueueUnit
+	switch {
+	case f.pinned:
+		out.Model, out.Pinned = f.pinnedM, true
+	case f.n >= CalibrationMinSamples:
+		out.Model, out.Fitted = f.model(c.prior), true
+	}
+	return out
+}
