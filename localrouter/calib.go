@@ -89,19 +89,26 @@ func defaultTimingModel(prefillScale, decodeEmpty, decodeFull float64) TimingMod
 //     σ²·p/n for n samples of noise σ², so at n = 5p = 20 a fitted
 //     prediction carries a fifth of one sample's noise variance (its error
 //     under half a sample's). Before that the configured curves predict.
-//   - CalibrationMemory (100 samples, forgetting factor 1 − 1/100): the
-//     fit weighs a sample k samples old by e^(−k/100), so it follows a
-//     change of speed within about a hundred requests of that worker while
-//     averaging the noise of a hundred (a factor's error about
-//     σ·√(p/100) = σ/5: 6 % at 30 % noise).
-//   - Residuals are Huber-bounded at 3 × the running mean absolute
-//     residual (at least 5 % of the prediction): an outlier (a stall, a
-//     lost first token) moves the fit no more than a sample three typical
-//     errors off.
+//   - CalibrationMemory (200 samples, forgetting factor 1 − 1/200): the
+//     fit weighs a sample k samples old by e^(−k/200), so it follows a
+//     change of speed within a few hundred requests of that worker while
+//     averaging the noise of two hundred (a prediction's error about
+//     σ·√(p/200) = σ/7: 3 % at 20 % noise).
+//   - Residuals are Huber-bounded at 2 × the running mean absolute
+//     residual (over the last 20 samples; at least 5 % of the prediction):
+//     Huber's k = 1.345σ, 95 % efficient under Gaussian noise, is 1.7 ×
+//     the mean absolute residual (σ ≈ 1.25 × it), rounded up. An outlier
+//     (a stall, a lost first token) moves the fit no more than a sample
+//     two typical errors off, while a change of speed, which moves every
+//     residual, widens the bound within a few dozen samples.
 const (
 	CalibrationMinSamples = 20
-	CalibrationMemory     = 100
+	CalibrationMemory     = 200
 	calibParams           = 4
+	// calibScaleMemory is the residual scale's memory: shorter than the
+	// fit's, so that after a change of speed the bound widens within a
+	// few dozen samples and the fit follows at full gain.
+	calibScaleMemory = 20
 	// calibQueueUnit scales the queue parameter's feature, so that every
 	// parameter is of order one (its prior uncertainty 1 = 100 ms).
 	calibQueueUnit = 100.0
@@ -139,26 +146,40 @@ type WorkerCalibration struct {
 	PrefillQuadFactor, PrefillLinearFactor, DecodeFactor, QueueMs float64
 }
 
-// rls is one worker's recursive least squares state, in units relative to
-// the prior's prediction (each sample divided by it: the noise of a TTFT is
-// about proportional to it).
+// rls is one worker's exponentially weighted least squares fit, kept in
+// information form (the weighted normal equations R·θ = b, solved after
+// each sample: 4 unknowns), in units relative to the prior's prediction
+// (each sample divided by it: the noise of a TTFT is about proportional to
+// it). The prior enters as calibPriorWeight pseudo-observations of θ₀ that
+// are renewed as the data is forgotten, so a direction the samples do not
+// inform (e.g. the decode factor of a worker never decoding while it
+// prefills) stays at the prior instead of drifting (no covariance windup).
 type rls struct {
 	theta   [calibParams]float64
-	p       [calibParams][calibParams]float64
+	r       [calibParams][calibParams]float64
+	b       [calibParams]float64
 	n       uint64
 	absRes  float64 // running mean |relative residual|
 	sqErr   float64 // running mean squared relative error
-	trace0  float64
 	pinned  bool
 	pinnedM TimingModel
 }
 
+// rlsPrior is θ₀: the prior's curves (factors 1), no queue.
+var rlsPrior = [calibParams]float64{1, 1, 1, 0}
+
+// calibPriorWeight is the prior's weight in samples of relative error 1:
+// at the samples' usual 10–30 % error, a fraction of one sample, so the
+// data decides wherever it informs (and CalibrationMinSamples keeps the
+// prior in use until it does).
+const calibPriorWeight = 0.05
+
 func newRLS() *rls {
-	r := &rls{theta: [calibParams]float64{1, 1, 1, 0}, absRes: 0.1}
+	r := &rls{theta: rlsPrior, absRes: 0.1}
 	for i := range calibParams {
-		r.p[i][i] = 1
+		r.r[i][i] = calibPriorWeight
+		r.b[i] = calibPriorWeight * rlsPrior[i]
 	}
-	r.trace0 = calibParams
 	return r
 }
 
@@ -179,38 +200,63 @@ func (r *rls) update(x [calibParams]float64, y, scale float64) {
 		e := res / y
 		r.sqErr += (e*e - r.sqErr) / float64(min(r.n+1, CalibrationMemory))
 	}
-	bound := math.Max(3*r.absRes, 0.05*math.Max(pred, 0.05))
-	r.absRes += (math.Min(math.Abs(res), 10*r.absRes+0.05) - r.absRes) / float64(min(r.n+1, CalibrationMemory))
-	res = math.Max(-bound, math.Min(bound, res)) // Huber: bounded influence
-	var px [calibParams]float64
-	den := lambda
+	bound := math.Max(2*r.absRes, 0.05*math.Max(pred, 0.05))
+	r.absRes += (math.Min(math.Abs(res), 10*r.absRes+0.05) - r.absRes) / float64(min(r.n+1, calibScaleMemory))
+	y = pred + math.Max(-bound, math.Min(bound, res)) // Huber: bounded influence
 	for i := range calibParams {
 		for j := range calibParams {
-			px[i] += r.p[i][j] * x[j]
+			r.r[i][j] = lambda*r.r[i][j] + x[i]*x[j]
 		}
-		den += x[i] * px[i]
+		r.r[i][i] += (1 - lambda) * calibPriorWeight
+		r.b[i] = lambda*r.b[i] + x[i]*y + (1-lambda)*calibPriorWeight*rlsPrior[i]
 	}
-	var tr float64
-	for i := range calibParams {
-		k := px[i] / den
-		r.theta[i] += k * res
-		for j := range calibParams {
-			r.p[i][j] = (r.p[i][j] - k*px[j]) / lambda
-		}
-		tr += r.p[i][i]
-	}
-	if tr > r.trace0 { // no windup in directions the samples do not inform
-		for i := range calibParams {
-			for j := range calibParams {
-				r.p[i][j] *= r.trace0 / tr
-			}
-		}
+	if th, ok := solve4(r.r, r.b); ok {
+		r.theta = th
 	}
 	for i := range 3 {
 		r.theta[i] = math.Max(calibMinFactor, math.Min(calibMaxFactor, r.theta[i]))
 	}
 	r.theta[3] = math.Max(0, math.Min(calibMaxQueue/calibQueueUnit, r.theta[3]))
 	r.n++
+}
+
+// solve4 solves a·x = b by Gaussian elimination with partial pivoting; ok
+// is false for a singular a (never, with the prior's weight on the
+// diagonal).
+func solve4(a [calibParams][calibParams]float64, b [calibParams]float64) (x [calibParams]float64, ok bool) {
+	for c := range calibParams {
+		p := c
+		for i := c + 1; i < calibParams; i++ {
+			if math.Abs(a[i][c]) > math.Abs(a[p][c]) {
+				p = i
+			}
+		}
+		if !(math.Abs(a[p][c]) > 1e-300) {
+			return x, false
+		}
+		a[c], a[p] = a[p], a[c]
+		b[c], b[p] = b[p], b[c]
+		for i := c + 1; i < calibParams; i++ {
+			f := a[i][c] / a[c][c]
+			for j := c; j < calibParams; j++ {
+				a[i][j] -= f * a[c][j]
+			}
+			b[i] -= f * b[c]
+		}
+	}
+	for i := calibParams - 1; i >= 0; i-- {
+		v := b[i]
+		for j := i + 1; j < calibParams; j++ {
+			v -= a[i][j] * x[j]
+		}
+		x[i] = v / a[i][i]
+	}
+	for _, v := range x {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return x, false
+		}
+	}
+	return x, true
 }
 
 // model is the fit applied to the prior.

@@ -203,8 +203,11 @@ func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
 
 // features are candidate j's calibration features (calib.go): the prior's
 // quadratic prefill, its linear and per-iteration prefill, its decode
-// steps, in ms, and the queue's unit; and their sum, the prior's
-// prediction.
+// steps, in ms, and the queue's unit; and the sample's scale, the prior's
+// prediction plus one full iteration: a request arriving while an
+// iteration runs waits for its end, which the router does not see, so
+// the error of a prediction is about proportional to it plus up to one
+// iteration.
 func (s *ttftScorer) features(in *ChainInput, j int) (x [calibParams]float64, scale float64) {
 	sh := s.shape(in, j)
 	c, r := float64(s.chunk), float64(sh.rest)
@@ -214,7 +217,7 @@ func (s *ttftScorer) features(in *ChainInput, j int) (x [calibParams]float64, sc
 		x[2] = float64(sh.n) * s.prior.Decode(sh.p)
 	}
 	x[3] = calibQueueUnit
-	return x, x[0] + x[1] + x[2] + s.prior.QueueMs
+	return x, x[0] + x[1] + x[2] + s.prior.QueueMs + s.prior.Prefill(s.chunk)
 }
 
 // perWorker is the arrival rate per worker in requests/ms (ext=auto; 0
