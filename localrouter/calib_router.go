@@ -55,6 +55,10 @@ func (r *Router) Calibration() []WorkerCalibration {
 	return out
 }
 
+// TTFTChunk is the ttft scorer's chunk (max_num_batched_tokens), the
+// iteration the reports price (Calibration's prefill_chunk_ms).
+func (r *Router) TTFTChunk() int { return r.chain.timing.chunk }
+
 // CalibrationOf reports rank k's timing model.
 func (r *Router) CalibrationOf(k WorkerKey) WorkerCalibration { return r.chain.timing.cal.report(k) }
 

@@ -1674,7 +1674,10 @@ type RankLoad struct {
 	// Blocks the rank holds in the KV index.
 	CachedBlocks uint32 `protobuf:"varint,5,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
 	// The rank's engine signals, when its metrics are scraped.
-	Engine        *EngineSignals `protobuf:"bytes,6,opt,name=engine,proto3" json:"engine,omitempty"`
+	Engine *EngineSignals `protobuf:"bytes,6,opt,name=engine,proto3" json:"engine,omitempty"`
+	// The timing model the ttft scorer prices the rank with
+	// (docs/localrouter.md "Calibration").
+	Calibration   *Calibration `protobuf:"bytes,7,opt,name=calibration,proto3" json:"calibration,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1751,6 +1754,181 @@ func (x *RankLoad) GetEngine() *EngineSignals {
 	return nil
 }
 
+func (x *RankLoad) GetCalibration() *Calibration {
+	if x != nil {
+		return x.Calibration
+	}
+	return nil
+}
+
+// Calibration is one rank's timing model: fitted online from the first
+// tokens the router observes, pinned, or the configured curves (the prior)
+// until min_samples samples. One iteration computing t new prompt tokens
+// takes prefill_quad·t² + prefill_linear·t + prefill_fixed ms; one decode
+// step at KV occupancy p takes decode_quad·p² + decode_linear·p +
+// decode_fixed ms; queue_ms is the fixed delay each request sees besides.
+type Calibration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "fitted", "pinned" or "prior" (the configured curves).
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// First tokens observed on the rank.
+	Samples uint64 `protobuf:"varint,2,opt,name=samples,proto3" json:"samples,omitempty"`
+	// Samples needed before the fit replaces the prior.
+	MinSamples uint32 `protobuf:"varint,3,opt,name=min_samples,json=minSamples,proto3" json:"min_samples,omitempty"`
+	// Running RMS relative error of the fit's predictions.
+	Error         float64 `protobuf:"fixed64,4,opt,name=error,proto3" json:"error,omitempty"`
+	PrefillQuad   float64 `protobuf:"fixed64,5,opt,name=prefill_quad,json=prefillQuad,proto3" json:"prefill_quad,omitempty"`
+	PrefillLinear float64 `protobuf:"fixed64,6,opt,name=prefill_linear,json=prefillLinear,proto3" json:"prefill_linear,omitempty"`
+	PrefillFixed  float64 `protobuf:"fixed64,7,opt,name=prefill_fixed,json=prefillFixed,proto3" json:"prefill_fixed,omitempty"`
+	DecodeQuad    float64 `protobuf:"fixed64,8,opt,name=decode_quad,json=decodeQuad,proto3" json:"decode_quad,omitempty"`
+	DecodeLinear  float64 `protobuf:"fixed64,9,opt,name=decode_linear,json=decodeLinear,proto3" json:"decode_linear,omitempty"`
+	DecodeFixed   float64 `protobuf:"fixed64,10,opt,name=decode_fixed,json=decodeFixed,proto3" json:"decode_fixed,omitempty"`
+	QueueMs       float64 `protobuf:"fixed64,11,opt,name=queue_ms,json=queueMs,proto3" json:"queue_ms,omitempty"`
+	// The fitted factors over the prior's curves (1: the prior's).
+	PrefillQuadFactor   float64 `protobuf:"fixed64,12,opt,name=prefill_quad_factor,json=prefillQuadFactor,proto3" json:"prefill_quad_factor,omitempty"`
+	PrefillLinearFactor float64 `protobuf:"fixed64,13,opt,name=prefill_linear_factor,json=prefillLinearFactor,proto3" json:"prefill_linear_factor,omitempty"`
+	DecodeFactor        float64 `protobuf:"fixed64,14,opt,name=decode_factor,json=decodeFactor,proto3" json:"decode_factor,omitempty"`
+	// One full chunk's prefill iteration, in ms, under the model in use.
+	PrefillChunkMs float64 `protobuf:"fixed64,15,opt,name=prefill_chunk_ms,json=prefillChunkMs,proto3" json:"prefill_chunk_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Calibration) Reset() {
+	*x = Calibration{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Calibration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Calibration) ProtoMessage() {}
+
+func (x *Calibration) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Calibration.ProtoReflect.Descriptor instead.
+func (*Calibration) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Calibration) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Calibration) GetSamples() uint64 {
+	if x != nil {
+		return x.Samples
+	}
+	return 0
+}
+
+func (x *Calibration) GetMinSamples() uint32 {
+	if x != nil {
+		return x.MinSamples
+	}
+	return 0
+}
+
+func (x *Calibration) GetError() float64 {
+	if x != nil {
+		return x.Error
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillQuad() float64 {
+	if x != nil {
+		return x.PrefillQuad
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillLinear() float64 {
+	if x != nil {
+		return x.PrefillLinear
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillFixed() float64 {
+	if x != nil {
+		return x.PrefillFixed
+	}
+	return 0
+}
+
+func (x *Calibration) GetDecodeQuad() float64 {
+	if x != nil {
+		return x.DecodeQuad
+	}
+	return 0
+}
+
+func (x *Calibration) GetDecodeLinear() float64 {
+	if x != nil {
+		return x.DecodeLinear
+	}
+	return 0
+}
+
+func (x *Calibration) GetDecodeFixed() float64 {
+	if x != nil {
+		return x.DecodeFixed
+	}
+	return 0
+}
+
+func (x *Calibration) GetQueueMs() float64 {
+	if x != nil {
+		return x.QueueMs
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillQuadFactor() float64 {
+	if x != nil {
+		return x.PrefillQuadFactor
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillLinearFactor() float64 {
+	if x != nil {
+		return x.PrefillLinearFactor
+	}
+	return 0
+}
+
+func (x *Calibration) GetDecodeFactor() float64 {
+	if x != nil {
+		return x.DecodeFactor
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillChunkMs() float64 {
+	if x != nil {
+		return x.PrefillChunkMs
+	}
+	return 0
+}
+
 // Worker is a member of the pool, as registered in etcd.
 type Worker struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1773,7 +1951,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1963,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1976,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{24}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Worker) GetWorkerId() string {
@@ -1874,7 +2052,7 @@ type WorkersResponse struct {
 
 func (x *WorkersResponse) Reset() {
 	*x = WorkersResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2064,7 @@ func (x *WorkersResponse) String() string {
 func (*WorkersResponse) ProtoMessage() {}
 
 func (x *WorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2077,7 @@ func (x *WorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkersResponse.ProtoReflect.Descriptor instead.
 func (*WorkersResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{25}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WorkersResponse) GetPool() string {
@@ -1924,7 +2102,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +2114,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2127,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{26}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{27}
 }
 
 // RouterConfig is the router's effective configuration.
@@ -1988,7 +2166,7 @@ type RouterConfig struct {
 
 func (x *RouterConfig) Reset() {
 	*x = RouterConfig{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2000,7 +2178,7 @@ func (x *RouterConfig) String() string {
 func (*RouterConfig) ProtoMessage() {}
 
 func (x *RouterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2013,7 +2191,7 @@ func (x *RouterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouterConfig.ProtoReflect.Descriptor instead.
 func (*RouterConfig) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{27}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RouterConfig) GetBlockSize() uint32 {
@@ -2178,7 +2356,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2368,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2381,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{28}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatsResponse) GetRouterId() string {
@@ -2358,7 +2536,7 @@ type ChannelRequest struct {
 
 func (x *ChannelRequest) Reset() {
 	*x = ChannelRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2548,7 @@ func (x *ChannelRequest) String() string {
 func (*ChannelRequest) ProtoMessage() {}
 
 func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2561,7 @@ func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelRequest.ProtoReflect.Descriptor instead.
 func (*ChannelRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{29}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ChannelRequest) GetId() uint64 {
@@ -2490,7 +2668,7 @@ type ChannelProbe struct {
 
 func (x *ChannelProbe) Reset() {
 	*x = ChannelProbe{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2680,7 @@ func (x *ChannelProbe) String() string {
 func (*ChannelProbe) ProtoMessage() {}
 
 func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2693,7 @@ func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelProbe.ProtoReflect.Descriptor instead.
 func (*ChannelProbe) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{30}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ChannelProbe) GetPrompt() *Prompt {
@@ -2568,7 +2746,7 @@ type ChannelEvent struct {
 
 func (x *ChannelEvent) Reset() {
 	*x = ChannelEvent{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +2758,7 @@ func (x *ChannelEvent) String() string {
 func (*ChannelEvent) ProtoMessage() {}
 
 func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +2771,7 @@ func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelEvent.ProtoReflect.Descriptor instead.
 func (*ChannelEvent) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ChannelEvent) GetCommitId() uint64 {
@@ -2619,7 +2797,7 @@ type ChannelCancel struct {
 
 func (x *ChannelCancel) Reset() {
 	*x = ChannelCancel{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2631,7 +2809,7 @@ func (x *ChannelCancel) String() string {
 func (*ChannelCancel) ProtoMessage() {}
 
 func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2644,7 +2822,7 @@ func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelCancel.ProtoReflect.Descriptor instead.
 func (*ChannelCancel) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ChannelCancel) GetId() uint64 {
@@ -2667,7 +2845,7 @@ type ChannelError struct {
 
 func (x *ChannelError) Reset() {
 	*x = ChannelError{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +2857,7 @@ func (x *ChannelError) String() string {
 func (*ChannelError) ProtoMessage() {}
 
 func (x *ChannelError) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +2870,7 @@ func (x *ChannelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelError.ProtoReflect.Descriptor instead.
 func (*ChannelError) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ChannelError) GetCode() uint32 {
@@ -2728,7 +2906,7 @@ type ChannelHello struct {
 
 func (x *ChannelHello) Reset() {
 	*x = ChannelHello{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2740,7 +2918,7 @@ func (x *ChannelHello) String() string {
 func (*ChannelHello) ProtoMessage() {}
 
 func (x *ChannelHello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2753,7 +2931,7 @@ func (x *ChannelHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelHello.ProtoReflect.Descriptor instead.
 func (*ChannelHello) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ChannelHello) GetMaxInFlight() uint32 {
@@ -2780,7 +2958,7 @@ type ChannelResponse struct {
 
 func (x *ChannelResponse) Reset() {
 	*x = ChannelResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2792,7 +2970,7 @@ func (x *ChannelResponse) String() string {
 func (*ChannelResponse) ProtoMessage() {}
 
 func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2805,7 +2983,7 @@ func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelResponse.ProtoReflect.Descriptor instead.
 func (*ChannelResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{35}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ChannelResponse) GetId() uint64 {
@@ -3015,14 +3193,34 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\vevents_json\x18\x01 \x01(\tR\n" +
 	"eventsJson\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\"\x10\n" +
-	"\x0eWorkersRequest\"\xfb\x01\n" +
+	"\x0eWorkersRequest\"\xc1\x02\n" +
 	"\bRankLoad\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12%\n" +
 	"\x0eprefill_tokens\x18\x02 \x01(\rR\rprefillTokens\x12#\n" +
 	"\ractive_blocks\x18\x03 \x01(\rR\factiveBlocks\x12'\n" +
 	"\x0factive_requests\x18\x04 \x01(\rR\x0eactiveRequests\x12#\n" +
 	"\rcached_blocks\x18\x05 \x01(\rR\fcachedBlocks\x12<\n" +
-	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\"\xad\x02\n" +
+	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\x12D\n" +
+	"\vcalibration\x18\a \x01(\v2\".kvgate.localrouter.v1.CalibrationR\vcalibration\"\x9c\x04\n" +
+	"\vCalibration\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x18\n" +
+	"\asamples\x18\x02 \x01(\x04R\asamples\x12\x1f\n" +
+	"\vmin_samples\x18\x03 \x01(\rR\n" +
+	"minSamples\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\x01R\x05error\x12!\n" +
+	"\fprefill_quad\x18\x05 \x01(\x01R\vprefillQuad\x12%\n" +
+	"\x0eprefill_linear\x18\x06 \x01(\x01R\rprefillLinear\x12#\n" +
+	"\rprefill_fixed\x18\a \x01(\x01R\fprefillFixed\x12\x1f\n" +
+	"\vdecode_quad\x18\b \x01(\x01R\n" +
+	"decodeQuad\x12#\n" +
+	"\rdecode_linear\x18\t \x01(\x01R\fdecodeLinear\x12!\n" +
+	"\fdecode_fixed\x18\n" +
+	" \x01(\x01R\vdecodeFixed\x12\x19\n" +
+	"\bqueue_ms\x18\v \x01(\x01R\aqueueMs\x12.\n" +
+	"\x13prefill_quad_factor\x18\f \x01(\x01R\x11prefillQuadFactor\x122\n" +
+	"\x15prefill_linear_factor\x18\r \x01(\x01R\x13prefillLinearFactor\x12#\n" +
+	"\rdecode_factor\x18\x0e \x01(\x01R\fdecodeFactor\x12(\n" +
+	"\x10prefill_chunk_ms\x18\x0f \x01(\x01R\x0eprefillChunkMs\"\xad\x02\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x17\n" +
@@ -3147,7 +3345,7 @@ func file_api_localrouter_v1_localrouter_proto_rawDescGZIP() []byte {
 }
 
 var file_api_localrouter_v1_localrouter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(TrackEvent)(0),                     // 0: kvgate.localrouter.v1.TrackEvent
 	(*Prompt)(nil),                      // 1: kvgate.localrouter.v1.Prompt
@@ -3174,18 +3372,19 @@ var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(*DumpEventsResponse)(nil),          // 22: kvgate.localrouter.v1.DumpEventsResponse
 	(*WorkersRequest)(nil),              // 23: kvgate.localrouter.v1.WorkersRequest
 	(*RankLoad)(nil),                    // 24: kvgate.localrouter.v1.RankLoad
-	(*Worker)(nil),                      // 25: kvgate.localrouter.v1.Worker
-	(*WorkersResponse)(nil),             // 26: kvgate.localrouter.v1.WorkersResponse
-	(*StatsRequest)(nil),                // 27: kvgate.localrouter.v1.StatsRequest
-	(*RouterConfig)(nil),                // 28: kvgate.localrouter.v1.RouterConfig
-	(*StatsResponse)(nil),               // 29: kvgate.localrouter.v1.StatsResponse
-	(*ChannelRequest)(nil),              // 30: kvgate.localrouter.v1.ChannelRequest
-	(*ChannelProbe)(nil),                // 31: kvgate.localrouter.v1.ChannelProbe
-	(*ChannelEvent)(nil),                // 32: kvgate.localrouter.v1.ChannelEvent
-	(*ChannelCancel)(nil),               // 33: kvgate.localrouter.v1.ChannelCancel
-	(*ChannelError)(nil),                // 34: kvgate.localrouter.v1.ChannelError
-	(*ChannelHello)(nil),                // 35: kvgate.localrouter.v1.ChannelHello
-	(*ChannelResponse)(nil),             // 36: kvgate.localrouter.v1.ChannelResponse
+	(*Calibration)(nil),                 // 25: kvgate.localrouter.v1.Calibration
+	(*Worker)(nil),                      // 26: kvgate.localrouter.v1.Worker
+	(*WorkersResponse)(nil),             // 27: kvgate.localrouter.v1.WorkersResponse
+	(*StatsRequest)(nil),                // 28: kvgate.localrouter.v1.StatsRequest
+	(*RouterConfig)(nil),                // 29: kvgate.localrouter.v1.RouterConfig
+	(*StatsResponse)(nil),               // 30: kvgate.localrouter.v1.StatsResponse
+	(*ChannelRequest)(nil),              // 31: kvgate.localrouter.v1.ChannelRequest
+	(*ChannelProbe)(nil),                // 32: kvgate.localrouter.v1.ChannelProbe
+	(*ChannelEvent)(nil),                // 33: kvgate.localrouter.v1.ChannelEvent
+	(*ChannelCancel)(nil),               // 34: kvgate.localrouter.v1.ChannelCancel
+	(*ChannelError)(nil),                // 35: kvgate.localrouter.v1.ChannelError
+	(*ChannelHello)(nil),                // 36: kvgate.localrouter.v1.ChannelHello
+	(*ChannelResponse)(nil),             // 37: kvgate.localrouter.v1.ChannelResponse
 }
 var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	5,  // 0: kvgate.localrouter.v1.Selection.engine:type_name -> kvgate.localrouter.v1.EngineSignals
@@ -3206,45 +3405,46 @@ var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	3,  // 15: kvgate.localrouter.v1.TrackResponse.committed:type_name -> kvgate.localrouter.v1.Selection
 	0,  // 16: kvgate.localrouter.v1.TrackResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
 	5,  // 17: kvgate.localrouter.v1.RankLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
-	24, // 18: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
-	25, // 19: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
-	28, // 20: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
-	31, // 21: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
-	12, // 22: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
-	32, // 23: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
-	33, // 24: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
-	1,  // 25: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	2,  // 26: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
-	0,  // 27: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
-	3,  // 28: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	0,  // 29: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
-	34, // 30: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
-	35, // 31: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
-	7,  // 32: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
-	9,  // 33: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
-	12, // 34: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
-	15, // 35: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
-	17, // 36: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	19, // 37: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
-	21, // 38: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
-	23, // 39: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
-	27, // 40: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
-	30, // 41: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
-	8,  // 42: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
-	11, // 43: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
-	13, // 44: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
-	16, // 45: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
-	18, // 46: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	20, // 47: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
-	22, // 48: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
-	26, // 49: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
-	29, // 50: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
-	36, // 51: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
-	42, // [42:52] is the sub-list for method output_type
-	32, // [32:42] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	25, // 18: kvgate.localrouter.v1.RankLoad.calibration:type_name -> kvgate.localrouter.v1.Calibration
+	24, // 19: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
+	26, // 20: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
+	29, // 21: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
+	32, // 22: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
+	12, // 23: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
+	33, // 24: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
+	34, // 25: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
+	1,  // 26: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	2,  // 27: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	0,  // 28: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 29: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 30: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	35, // 31: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
+	36, // 32: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
+	7,  // 33: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
+	9,  // 34: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
+	12, // 35: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
+	15, // 36: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
+	17, // 37: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	19, // 38: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
+	21, // 39: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
+	23, // 40: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
+	28, // 41: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
+	31, // 42: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
+	8,  // 43: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
+	11, // 44: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
+	13, // 45: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
+	16, // 46: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
+	18, // 47: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	20, // 48: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
+	22, // 49: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
+	27, // 50: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
+	30, // 51: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
+	37, // 52: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
+	43, // [43:53] is the sub-list for method output_type
+	33, // [33:43] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_api_localrouter_v1_localrouter_proto_init() }
@@ -3263,13 +3463,13 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 		(*TrackResponse_Committed)(nil),
 		(*TrackResponse_Acked)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[29].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[30].OneofWrappers = []any{
 		(*ChannelRequest_Probe)(nil),
 		(*ChannelRequest_Commit)(nil),
 		(*ChannelRequest_Event)(nil),
 		(*ChannelRequest_Cancel)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[35].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[36].OneofWrappers = []any{
 		(*ChannelResponse_Selection)(nil),
 		(*ChannelResponse_Acked)(nil),
 		(*ChannelResponse_Error)(nil),
@@ -3281,7 +3481,7 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_localrouter_v1_localrouter_proto_rawDesc), len(file_api_localrouter_v1_localrouter_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
