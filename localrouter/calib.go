@@ -308,7 +308,11 @@ func newCalibration(learn bool, prior *TimingModel) *calibration {
 
 // model returns rank k's model in use; allocation-free.
 func (c *calibration) model(k WorkerKey) *TimingModel {
-	if w, ok := (*c.fits.Load())[k]; ok {
+	fits := *c.fits.Load()
+	if len(fits) == 0 { // nothing sampled nor pinned: no lookup
+		return c.prior
+	}
+	if w, ok := fits[k]; ok {
 		if m := w.cur.Load(); m != nil {
 			return m
 		}

@@ -266,3 +266,40 @@ func TestCalibratedBestWorkerAllocs(t *testing.T) {
 		t.Errorf("BestWorker allocates %v times per call with calibrated workers", n)
 	}
 }
+
+// BenchmarkTTFTScore is the ttft scorer alone over 64 candidates, at the
+// configured curves (static) and with a model per rank (calibrated: the
+// per-rank lookup and the model's polynomials), in one run.
+func BenchmarkTTFTScore(b *testing.B) {
+	const n = 64
+	in := &ChainInput{ISL: 4096, BlockSize: 16, RequestBlocks: 256, Now: time.Unix(1000, 0), PoolRanks: n}
+	cand := make([]int, n)
+	for j := range n {
+		in.Loads = append(in.Loads, PotentialLoad{Worker: WorkerKey{ID: fmt.Sprintf("w%02d", j)}, PotentialPrefillTokens: 4096 + 512*j,
+			PotentialDecodeBlocks: 1000 * j, ActiveRequests: j})
+		in.Overlap = append(in.Overlap, float64(j%8))
+		in.Costs = append(in.Costs, 0)
+		cand[j] = j
+	}
+	out := make([]float64, n)
+	for _, mode := range []string{"static", "calibrated"} {
+		b.Run(mode, func(b *testing.B) {
+			cfg := DefaultConfig()
+			sc, err := newTTFTScorer(&ChainArgs{Entry: ttftName, Config: cfg, args: map[string]string{}, used: map[string]bool{}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := sc.(*ttftScorer)
+			if mode == "calibrated" {
+				for j := range n {
+					m := scaled(s.prior, 1+float64(j)/n, 1+float64(j)/n, 1, 3)
+					s.cal.pin(in.Loads[j].Worker, &m)
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				s.Score(in, cand, out)
+			}
+		})
+	}
+}
