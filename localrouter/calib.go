@@ -2,9 +2,6 @@ package localrouter
 
 import (
 	"math"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/kvgate/kvgate/lib/timing"
 )
@@ -132,18 +129,24 @@ type WorkerCalibration struct {
 	Worker WorkerKey
 	// Model is the model in use: fitted, pinned, or the prior.
 	Model TimingModel
-	// Fitted: Model is the online fit (Samples ≥ CalibrationMinSamples);
-	// Pinned: it was set by PinTiming. Neither: the prior.
+	// Fitted: Model is the online fit (the pool's at least
+	// CalibrationMinSamples samples); Pinned: it was set by PinTiming.
+	// Neither: the prior.
 	Fitted, Pinned bool
-	// Samples is the number of first tokens observed on the rank.
-	Samples uint64
-	// Error is the running RMS relative error of the fit's predictions
+	// Samples is the number of first tokens observed on the rank,
+	// PoolSamples on the whole pool (the shape's fit).
+	Samples, PoolSamples uint64
+	// Error is the running RMS relative error of the rank's predictions
 	// (|observed − predicted| / observed, before each sample's update).
 	Error float64
-	// Factors are the fitted parameters: the prefill quadratic and linear
-	// factors and the decode factor over the prior's curves, and the
-	// queue delay in ms.
+	// Factors are the pool's fitted parameters: the prefill quadratic and
+	// linear factors and the decode factor over the prior's curves, and
+	// the queue delay in ms.
 	PrefillQuadFactor, PrefillLinearFactor, DecodeFactor, QueueMs float64
+	// Speed is the rank's own factor over the pool's fit (its prefill and
+	// decode times; 1 until the rank's samples tell it apart, see
+	// calib_pool.go), SpeedRaw before shrinking.
+	Speed, SpeedRaw float64
 }
 
 // rls is one worker's exponentially weighted least squares fit, kept in
@@ -155,14 +158,12 @@ type WorkerCalibration struct {
 // inform (e.g. the decode factor of a worker never decoding while it
 // prefills) stays at the prior instead of drifting (no covariance windup).
 type rls struct {
-	theta   [calibParams]float64
-	r       [calibParams][calibParams]float64
-	b       [calibParams]float64
-	n       uint64
-	absRes  float64 // running mean |relative residual|
-	sqErr   float64 // running mean squared relative error
-	pinned  bool
-	pinnedM TimingModel
+	theta  [calibParams]float64
+	r      [calibParams][calibParams]float64
+	b      [calibParams]float64
+	n      uint64
+	absRes float64 // running mean |relative residual|
+	sqErr  float64 // running mean squared relative error
 }
 
 // rlsPrior is θ₀: the prior's curves (factors 1), no queue.
@@ -181,6 +182,15 @@ func newRLS() *rls {
 		r.b[i] = calibPriorWeight * rlsPrior[i]
 	}
 	return r
+}
+
+// predict is the fit's prediction of features x, in their units.
+func (r *rls) predict(x *[calibParams]float64) float64 {
+	var pred float64
+	for i := range x {
+		pred += r.theta[i] * x[i]
+	}
+	return pred
 }
 
 // update folds in one sample: features x (ms under the prior with unit
@@ -267,185 +277,4 @@ func (r *rls) model(prior *TimingModel) TimingModel {
 		DecodeQuad: prior.DecodeQuad * d, DecodeLinear: prior.DecodeLinear * d, DecodeFixed: prior.DecodeFixed * d,
 		QueueMs: prior.QueueMs + r.theta[3]*calibQueueUnit,
 	}
-}
-
-// workerFit is one rank's calibration: the fit under mu, and the model in
-// use published through cur for the scorer, which never locks (nil: the
-// prior).
-type workerFit struct {
-	mu  sync.Mutex
-	fit *rls
-	cur atomic.Pointer[TimingModel]
-}
-
-// pendingSample is a placed request awaiting its first token.
-type pendingSample struct {
-	key   WorkerKey
-	x     [calibParams]float64
-	scale float64
-	start time.Time
-}
-
-// calibration is the ttft scorer's per-rank timing models. The scorer
-// reads them through an immutable map behind an atomic pointer (a new
-// rank copies it, under mu); samples take mu for the pending map and the
-// rank's own lock for its fit. Lock order: calibration.mu, then a
-// workerFit's mu.
-type calibration struct {
-	learn   bool // Config.Calibrate: fit from samples (pins work either way)
-	prior   *TimingModel
-	mu      sync.Mutex
-	pending map[string]pendingSample
-	fits    atomic.Pointer[map[WorkerKey]*workerFit]
-	dropped atomic.Uint64
-}
-
-func newCalibration(learn bool, prior *TimingModel) *calibration {
-	c := &calibration{learn: learn, prior: prior, pending: map[string]pendingSample{}}
-	c.fits.Store(&map[WorkerKey]*workerFit{})
-	return c
-}
-
-// model returns rank k's model in use; allocation-free.
-func (c *calibration) model(k WorkerKey) *TimingModel {
-	fits := *c.fits.Load()
-	if len(fits) == 0 { // nothing sampled nor pinned: no lookup
-		return c.prior
-	}
-	if w, ok := fits[k]; ok {
-		if m := w.cur.Load(); m != nil {
-			return m
-		}
-	}
-	return c.prior
-}
-
-// fitFor returns rank k's fit, creating it. Callers hold c.mu.
-func (c *calibration) fitFor(k WorkerKey) *workerFit {
-	old := *c.fits.Load()
-	if w, ok := old[k]; ok {
-		return w
-	}
-	next := make(map[WorkerKey]*workerFit, len(old)+1)
-	for key, w := range old {
-		next[key] = w
-	}
-	w := &workerFit{fit: newRLS()}
-	next[k] = w
-	c.fits.Store(&next)
-	return w
-}
-
-// placed records request id's features on rank k, to be compared with its
-// first token.
-func (c *calibration) placed(id string, k WorkerKey, x [calibParams]float64, scale float64, now time.Time) {
-	if !c.learn || id == "" || !(scale > 0) {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.pending) >= calibMaxPending {
-		c.dropped.Add(1)
-		return
-	}
-	c.pending[id] = pendingSample{key: k, x: x, scale: scale, start: now}
-}
-
-// firstToken takes request id's sample: its first token came at now.
-func (c *calibration) firstToken(id string, now time.Time) {
-	if !c.learn {
-		return
-	}
-	c.mu.Lock()
-	s, ok := c.pending[id]
-	if !ok {
-		c.mu.Unlock()
-		return
-	}
-	delete(c.pending, id)
-	w := c.fitFor(s.key)
-	c.mu.Unlock()
-	y := float64(now.Sub(s.start)) / float64(time.Millisecond)
-	if !(y > 0) || math.IsInf(y, 0) {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.fit.pinned {
-		return
-	}
-	w.fit.update(s.x, y, s.scale)
-	if w.fit.n >= CalibrationMinSamples {
-		m := w.fit.model(c.prior)
-		w.cur.Store(&m)
-	}
-}
-
-// forget drops the pending samples of ids (freed before their first token,
-// expired, or on a removed worker).
-func (c *calibration) forget(ids ...string) {
-	if !c.learn {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, id := range ids {
-		delete(c.pending, id)
-	}
-}
-
-// expire drops pending samples placed before cutoff.
-func (c *calibration) expire(cutoff time.Time) {
-	if !c.learn {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for id, s := range c.pending {
-		if s.start.Before(cutoff) {
-			delete(c.pending, id)
-		}
-	}
-}
-
-// pin sets rank k's model; nil unpins it (back to the fit or the prior).
-func (c *calibration) pin(k WorkerKey, m *TimingModel) {
-	c.mu.Lock()
-	w := c.fitFor(k)
-	c.mu.Unlock()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if m == nil {
-		w.fit.pinned = false
-		w.cur.Store(nil)
-		if w.fit.n >= CalibrationMinSamples {
-			fm := w.fit.model(c.prior)
-			w.cur.Store(&fm)
-		}
-		return
-	}
-	mm := *m
-	w.fit.pinned, w.fit.pinnedM = true, mm
-	w.cur.Store(&mm)
-}
-
-// report returns rank k's calibration.
-func (c *calibration) report(k WorkerKey) WorkerCalibration {
-	out := WorkerCalibration{Worker: k, Model: *c.prior, PrefillQuadFactor: 1, PrefillLinearFactor: 1, DecodeFactor: 1}
-	w, ok := (*c.fits.Load())[k]
-	if !ok {
-		return out
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	f := w.fit
-	out.Samples, out.Error = f.n, math.Sqrt(f.sqErr)
-	out.PrefillQuadFactor, out.PrefillLinearFactor, out.DecodeFactor, out.QueueMs = f.theta[0], f.theta[1], f.theta[2], f.theta[3]*calibQueueUnit
-	switch {
-	case f.pinned:
-		out.Model, out.Pinned = f.pinnedM, true
-	case f.n >= CalibrationMinSamples:
-		out.Model, out.Fitted = f.model(c.prior), true
-	}
-	return out
 }

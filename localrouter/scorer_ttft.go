@@ -179,20 +179,21 @@ func (s *ttftScorer) shape(in *ChainInput, j int) ttftShape {
 // (ext=auto).
 func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
 	sh := s.shape(in, j)
-	m := s.cal.model(in.Loads[j].Worker)
+	m, speed := s.cal.model(in.Loads[j].Worker)
 	var ms, tokenMs float64
-	if m == &s.prior { // the configured curves, computed as they always were
+	if m == &s.prior && speed == 1 { // the configured curves, computed as they always were
 		ms = float64(sh.n-1)*s.prefill(s.chunk) + s.prefill(sh.rest)
 		if sh.decoding {
 			ms += float64(sh.n) * s.decode(sh.p)
 		}
 		tokenMs = s.tokenMillis()
 	} else {
-		ms = float64(sh.n-1)*m.Prefill(s.chunk) + m.Prefill(sh.rest) + m.QueueMs
+		ms = float64(sh.n-1)*m.Prefill(s.chunk) + m.Prefill(sh.rest)
 		if sh.decoding {
 			ms += float64(sh.n) * m.Decode(sh.p)
 		}
-		tokenMs = m.Prefill(s.chunk) / float64(s.chunk)
+		ms = ms*speed + m.QueueMs
+		tokenMs = speed * m.Prefill(s.chunk) / float64(s.chunk)
 	}
 	ext := s.ext
 	if s.auto {

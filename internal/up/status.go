@@ -85,8 +85,8 @@ func timingLine(c localrouter.WorkerCalibration, chunk int) string {
 	case c.Fitted:
 		src = "fitted"
 	}
-	return fmt.Sprintf("%s (%d samples, error %.0f%%): prefill %.0f ms/%d tokens, decode %.1f–%.1f ms, queue %.0f ms",
-		src, c.Samples, 100*c.Error, c.Model.Prefill(chunk), chunk, c.Model.Decode(0), c.Model.Decode(1), c.Model.QueueMs)
+	return fmt.Sprintf("%s (%d samples of %d in the pool, error %.0f%%, speed ×%.2f): prefill %.0f ms/%d tokens, decode %.1f–%.1f ms, queue %.0f ms",
+		src, c.Samples, c.PoolSamples, 100*c.Error, c.Speed, c.Model.Prefill(chunk), chunk, c.Model.Decode(0), c.Model.Decode(1), c.Model.QueueMs)
 }
 
 // Status snapshots the system.

@@ -575,6 +575,6 @@ func calibrationProto(c localrouter.WorkerCalibration, chunk int) *localrouterv1
 		PrefillQuad: m.PrefillQuad, PrefillLinear: m.PrefillLinear, PrefillFixed: m.PrefillFixed,
 		DecodeQuad: m.DecodeQuad, DecodeLinear: m.DecodeLinear, DecodeFixed: m.DecodeFixed, QueueMs: m.QueueMs,
 		PrefillQuadFactor: c.PrefillQuadFactor, PrefillLinearFactor: c.PrefillLinearFactor, DecodeFactor: c.DecodeFactor,
-		PrefillChunkMs: m.Prefill(chunk),
+		PrefillChunkMs: m.Prefill(chunk), PoolSamples: c.PoolSamples, Speed: c.Speed, SpeedRaw: c.SpeedRaw,
 	}
 }

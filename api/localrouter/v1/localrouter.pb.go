@@ -1762,8 +1762,8 @@ func (x *RankLoad) GetCalibration() *Calibration {
 }
 
 // Calibration is one rank's timing model: fitted online from the first
-// tokens the router observes, pinned, or the configured curves (the prior)
-// until min_samples samples. One iteration computing t new prompt tokens
+// tokens the router observes (the pool's shape times the rank's speed),
+// pinned, or the configured curves (the prior) until min_samples samples. One iteration computing t new prompt tokens
 // takes prefill_quad·t² + prefill_linear·t + prefill_fixed ms; one decode
 // step at KV occupancy p takes decode_quad·p² + decode_linear·p +
 // decode_fixed ms; queue_ms is the fixed delay each request sees besides.
@@ -1771,7 +1771,8 @@ type Calibration struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "fitted", "pinned" or "prior" (the configured curves).
 	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
-	// First tokens observed on the rank.
+	// First tokens observed on the rank (pool_samples: on the whole pool,
+	// whose samples fit the shape; the rank's fit its speed).
 	Samples uint64 `protobuf:"varint,2,opt,name=samples,proto3" json:"samples,omitempty"`
 	// Samples needed before the fit replaces the prior.
 	MinSamples uint32 `protobuf:"varint,3,opt,name=min_samples,json=minSamples,proto3" json:"min_samples,omitempty"`
@@ -1784,14 +1785,20 @@ type Calibration struct {
 	DecodeLinear  float64 `protobuf:"fixed64,9,opt,name=decode_linear,json=decodeLinear,proto3" json:"decode_linear,omitempty"`
 	DecodeFixed   float64 `protobuf:"fixed64,10,opt,name=decode_fixed,json=decodeFixed,proto3" json:"decode_fixed,omitempty"`
 	QueueMs       float64 `protobuf:"fixed64,11,opt,name=queue_ms,json=queueMs,proto3" json:"queue_ms,omitempty"`
-	// The fitted factors over the prior's curves (1: the prior's).
+	// The pool's fitted factors over the prior's curves (1: the prior's).
 	PrefillQuadFactor   float64 `protobuf:"fixed64,12,opt,name=prefill_quad_factor,json=prefillQuadFactor,proto3" json:"prefill_quad_factor,omitempty"`
 	PrefillLinearFactor float64 `protobuf:"fixed64,13,opt,name=prefill_linear_factor,json=prefillLinearFactor,proto3" json:"prefill_linear_factor,omitempty"`
 	DecodeFactor        float64 `protobuf:"fixed64,14,opt,name=decode_factor,json=decodeFactor,proto3" json:"decode_factor,omitempty"`
 	// One full chunk's prefill iteration, in ms, under the model in use.
 	PrefillChunkMs float64 `protobuf:"fixed64,15,opt,name=prefill_chunk_ms,json=prefillChunkMs,proto3" json:"prefill_chunk_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	PoolSamples    uint64  `protobuf:"varint,16,opt,name=pool_samples,json=poolSamples,proto3" json:"pool_samples,omitempty"`
+	// The rank's speed factor over the pool's fit (its prefill and decode
+	// times; the model above includes it), and before shrinking towards 1
+	// by its significance.
+	Speed         float64 `protobuf:"fixed64,17,opt,name=speed,proto3" json:"speed,omitempty"`
+	SpeedRaw      float64 `protobuf:"fixed64,18,opt,name=speed_raw,json=speedRaw,proto3" json:"speed_raw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Calibration) Reset() {
@@ -1925,6 +1932,27 @@ func (x *Calibration) GetDecodeFactor() float64 {
 func (x *Calibration) GetPrefillChunkMs() float64 {
 	if x != nil {
 		return x.PrefillChunkMs
+	}
+	return 0
+}
+
+func (x *Calibration) GetPoolSamples() uint64 {
+	if x != nil {
+		return x.PoolSamples
+	}
+	return 0
+}
+
+func (x *Calibration) GetSpeed() float64 {
+	if x != nil {
+		return x.Speed
+	}
+	return 0
+}
+
+func (x *Calibration) GetSpeedRaw() float64 {
+	if x != nil {
+		return x.SpeedRaw
 	}
 	return 0
 }
@@ -3201,7 +3229,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x0factive_requests\x18\x04 \x01(\rR\x0eactiveRequests\x12#\n" +
 	"\rcached_blocks\x18\x05 \x01(\rR\fcachedBlocks\x12<\n" +
 	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\x12D\n" +
-	"\vcalibration\x18\a \x01(\v2\".kvgate.localrouter.v1.CalibrationR\vcalibration\"\x9c\x04\n" +
+	"\vcalibration\x18\a \x01(\v2\".kvgate.localrouter.v1.CalibrationR\vcalibration\"\xf2\x04\n" +
 	"\vCalibration\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x04R\asamples\x12\x1f\n" +
@@ -3220,7 +3248,10 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x13prefill_quad_factor\x18\f \x01(\x01R\x11prefillQuadFactor\x122\n" +
 	"\x15prefill_linear_factor\x18\r \x01(\x01R\x13prefillLinearFactor\x12#\n" +
 	"\rdecode_factor\x18\x0e \x01(\x01R\fdecodeFactor\x12(\n" +
-	"\x10prefill_chunk_ms\x18\x0f \x01(\x01R\x0eprefillChunkMs\"\xad\x02\n" +
+	"\x10prefill_chunk_ms\x18\x0f \x01(\x01R\x0eprefillChunkMs\x12!\n" +
+	"\fpool_samples\x18\x10 \x01(\x04R\vpoolSamples\x12\x14\n" +
+	"\x05speed\x18\x11 \x01(\x01R\x05speed\x12\x1b\n" +
+	"\tspeed_raw\x18\x12 \x01(\x01R\bspeedRaw\"\xad\x02\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x17\n" +
