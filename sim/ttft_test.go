@@ -33,7 +33,7 @@ func TestParseTTFTPolicies(t *testing.T) {
 // FuzzParsePolicies: any list is parsed into valid policies or refused with
 // ErrConfig, never a panic.
 func FuzzParsePolicies(f *testing.F) {
-	for _, s := range []string{"kvgate", "ttft:ext=2,dynamo", "cost:credit=2,scale=766,temp=0.1,tiers=0", "ttft:ext=", ",,", "cost:"} {
+	for _, s := range []string{"kvgate", "kvgate-oracle,kvgate-static", "ttft:ext=1,calib=oracle", "ttft:calib=", "ttft:ext=2,dynamo", "cost:credit=2,scale=766,temp=0.1,tiers=0", "ttft:ext=", ",,", "cost:"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
