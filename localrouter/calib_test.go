@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 )
@@ -251,6 +252,9 @@ func TestTimingModelOf(t *testing.T) {
 
 // A fitted or pinned model costs the scorer no allocation.
 func TestCalibratedBestWorkerAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items under the race detector")
+	}
 	ctx := context.Background()
 	r, _ := calibRouter(t, 8, true)
 	for i := range 8 {
@@ -301,5 +305,58 @@ func BenchmarkTTFTScore(b *testing.B) {
 				s.Score(in, cand, out)
 			}
 		})
+	}
+}
+
+// Samples, pins, reports and probes run concurrently (for the race
+// detector: calibration's locks and atomics).
+func TestCalibrationConcurrent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	now := time.Unix(1000, 0)
+	var clockMu sync.Mutex
+	clock := func() time.Time {
+		clockMu.Lock()
+		defer clockMu.Unlock()
+		now = now.Add(time.Millisecond)
+		return now
+	}
+	r, err := New(DefaultConfig(), Options{Clock: clock, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i := range 4 {
+		r.AddWorker(fmt.Sprintf("w%d", i), 1)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				id := fmt.Sprintf("g%d-%d", g, i)
+				if _, err := r.BestWorker(ctx, uniqueRequest(g*1000+i, 8), BestWorkerOptions{RequestID: id}); err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = r.BestWorker(ctx, uniqueRequest(i, 8), BestWorkerOptions{})
+				_ = r.MarkPrefillComplete(ctx, id)
+				_ = r.Free(ctx, id)
+				if i%50 == 0 {
+					_ = r.PinTiming(WorkerKey{ID: "w3"}, defaultPrior())
+					_ = r.Calibration()
+					r.UnpinTiming(WorkerKey{ID: "w3"})
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	total := uint64(0)
+	for _, c := range r.Calibration() {
+		total += c.Samples
+	}
+	if total == 0 || total > 800 {
+		t.Errorf("%d samples over the ranks, want 1..800", total)
 	}
 }
