@@ -538,6 +538,7 @@ func (s *Server) Stats(ctx context.Context, _ *localrouterv1.StatsRequest) (*loc
 			TierWeights:          localrouter.FormatTierWeights(cfg.TierWeights),
 			WorkerChain:          localrouter.FormatWorkerChain(chainOrDefault(cfg.WorkerChain)),
 			Warnings:             s.unread(),
+			Calibrate:            cfg.Calibrate,
 		},
 		SaturationSkips: s.r.SaturationSkips(),
 	}

@@ -2187,7 +2187,9 @@ type RouterConfig struct {
 	// (e.g. a cost parameter under a chain without the cost scorer, an
 	// engine scorer while engine metrics are not scraped); also in every
 	// Worker's config_warning.
-	Warnings      []string `protobuf:"bytes,22,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Warnings []string `protobuf:"bytes,22,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// Online calibration of each rank's timing model (--router-calibrate).
+	Calibrate     bool `protobuf:"varint,23,opt,name=calibrate,proto3" json:"calibrate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2353,6 +2355,13 @@ func (x *RouterConfig) GetWarnings() []string {
 		return x.Warnings
 	}
 	return nil
+}
+
+func (x *RouterConfig) GetCalibrate() bool {
+	if x != nil {
+		return x.Calibrate
+	}
+	return false
 }
 
 type StatsResponse struct {
@@ -3266,7 +3275,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x0fWorkersResponse\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x127\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1d.kvgate.localrouter.v1.WorkerR\aworkers\"\x0e\n" +
-	"\fStatsRequest\"\xa4\x06\n" +
+	"\fStatsRequest\"\xc2\x06\n" +
 	"\fRouterConfig\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x120\n" +
@@ -3289,7 +3298,8 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x16metrics_period_seconds\x18\x10 \x01(\x01R\x14metricsPeriodSeconds\x12!\n" +
 	"\ftier_weights\x18\x14 \x01(\tR\vtierWeights\x12!\n" +
 	"\fworker_chain\x18\x15 \x01(\tR\vworkerChain\x12\x1a\n" +
-	"\bwarnings\x18\x16 \x03(\tR\bwarnings\"\xd4\x05\n" +
+	"\bwarnings\x18\x16 \x03(\tR\bwarnings\x12\x1c\n" +
+	"\tcalibrate\x18\x17 \x01(\bR\tcalibrate\"\xd4\x05\n" +
 	"\rStatsResponse\x12\x1b\n" +
 	"\trouter_id\x18\x01 \x01(\tR\brouterId\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x14\n" +
