@@ -2,6 +2,7 @@ package localrouter
 
 import (
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -24,7 +25,7 @@ func (r *Router) calibPlaced(in *ChainInput, j int, id string) {
 // Safe for concurrent use.
 func (r *Router) PinTiming(k WorkerKey, m TimingModel) error {
 	for _, v := range []float64{m.PrefillQuad, m.PrefillLinear, m.PrefillFixed, m.DecodeQuad, m.DecodeLinear, m.DecodeFixed, m.QueueMs} {
-		if isNaNOrInf(v) {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return fmt.Errorf("%w: timing model of %s: %g is not a finite number", ErrInvalidConfig, k, v)
 		}
 	}
@@ -40,7 +41,8 @@ func (r *Router) PinTiming(k WorkerKey, m TimingModel) error {
 func (r *Router) UnpinTiming(k WorkerKey) { r.chain.timing.cal.pin(k, nil) }
 
 // Calibration reports the timing model of each member rank (sorted as
-// Workers), and of ranks pinned before joining.
+// Workers), then of the ranks it holds samples or a pin for that are not
+// members (pinned before joining, or removed).
 func (r *Router) Calibration() []WorkerCalibration {
 	keys := slices.Clone(r.Workers())
 	for k := range *r.chain.timing.cal.fits.Load() {
@@ -61,5 +63,3 @@ func (r *Router) TTFTChunk() int { return r.chain.timing.chunk }
 
 // CalibrationOf reports rank k's timing model.
 func (r *Router) CalibrationOf(k WorkerKey) WorkerCalibration { return r.chain.timing.cal.report(k) }
-
-func isNaNOrInf(v float64) bool { return v != v || v > 1e308 || v < -1e308 }
