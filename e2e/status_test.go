@@ -59,6 +59,14 @@ func TestStatusAndSummary(t *testing.T) {
 	if len(st.Pools) != 2 || len(st.Pools[0].Workers) != 3 || len(st.Pools[1].Workers) != 2 || st.Pools[0].RouterState != "ok" {
 		t.Errorf("status %+v: want pool-a with 3 workers and pool-b with 2, routers ok", st)
 	}
+	// Each rank's timing model (localrouter calibration): the prior after
+	// one request (a pool's fit needs localrouter.CalibrationMinSamples).
+	if !strings.Contains(page, "timing prior (") {
+		t.Errorf("status page lacks the ranks' timing models:\n%s", page)
+	}
+	if r := st.Pools[0].Workers[0].Ranks; len(r) == 0 || !strings.HasPrefix(r[0].Timing, "prior (") {
+		t.Errorf("status.json ranks %+v: want each rank's timing model, the prior", r)
+	}
 	if _, m := get("/kvgate/metrics"); !strings.Contains(m, `kvgate_extproc_requests_total{code="200"`) {
 		t.Errorf("metrics lack the request:\n%s", m)
 	}

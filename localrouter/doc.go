@@ -60,6 +60,14 @@
 //     report each scorer's part in routing.Selection.Scores.
 //     Config.Unread (scorer_knobs.go) names the settings the chain does
 //     not read. Stateful scorers (cold) keep their own mutex, a leaf.
+//   - Calibration (calib.go, calib_pool.go): the ttft scorer prices each
+//     rank with its own TimingModel, fitted online (least squares with
+//     forgetting, Huber-bounded residuals) from the time between each
+//     placement and its MarkPrefillComplete: the pool's shape times the
+//     rank's speed, shrunk towards the pool's by its significance; the
+//     configured curves until CalibrationMinSamples samples
+//     (Config.Calibrate; Router.PinTiming sets a rank's model outright).
+//     Router.Calibration reports them.
 //
 // # Concurrency
 //
@@ -100,5 +108,8 @@
 // (Config, Validate, the cost formula), scorer.go (the worker chain:
 // ScorerSpec, Filter, Scorer, the registry), scorer_builtin.go (the
 // built-in filters and scorers), scorer_ttft.go (the ttft scorer),
-// scorer_yaml.go (the chain's YAML form).
+// scorer_yaml.go (the chain's YAML form), calib.go (the ttft scorer's
+// timing models: TimingModel, the online fit), calib_pool.go (the pool's
+// shape and each rank's speed over it, samples, pins), calib_router.go
+// (PinTiming, Calibration, the lifecycle's samples).
 package localrouter

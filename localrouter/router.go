@@ -202,6 +202,7 @@ func (r *Router) Sweep() []string {
 	r.index.Expire(now)
 	r.expireReservations(now)
 	ids := r.active.Expire(now, r.cfg.RequestExpiry)
+	r.chain.timing.cal.expire(now.Add(-r.cfg.RequestExpiry))
 	if len(ids) > 0 {
 		r.log.Warn("freed requests past their expiry", "count", len(ids), "expiry", r.cfg.RequestExpiry)
 	}

@@ -287,6 +287,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		// Counted for requests placed, not for probes: a global router
 		// probes every pool for each request.
 		r.saturationSkips.Add(uint64(saturated))
+		r.calibPlaced(&cs.in, i, opts.RequestID)
 	}
 	if opts.RequestID != "" || opts.UpdateIndexer {
 		for _, o := range r.chain.observers {

@@ -505,6 +505,7 @@ func (s *Server) Workers(ctx context.Context, _ *localrouterv1.WorkersRequest) (
 		if smp, ok := s.r.EngineSignals(k); ok {
 			rl.Engine = s.engineSignals(smp, s.r.Config().Saturation(smp))
 		}
+		rl.Calibration = calibrationProto(s.r.CalibrationOf(k), s.r.TTFTChunk())
 		w.Ranks = append(w.Ranks, rl)
 	}
 	if unread := s.unread(); len(unread) > 0 {
@@ -554,6 +555,7 @@ func (s *Server) Stats(ctx context.Context, _ *localrouterv1.StatsRequest) (*loc
 			TierWeights:          localrouter.FormatTierWeights(cfg.TierWeights),
 			WorkerChain:          localrouter.FormatWorkerChain(chainOrDefault(cfg.WorkerChain)),
 			Warnings:             s.unread(),
+			Calibrate:            cfg.Calibrate,
 		},
 		SaturationSkips: s.r.SaturationSkips(),
 	}
@@ -574,4 +576,23 @@ func chainOrDefault(chain []localrouter.ScorerSpec) []localrouter.ScorerSpec {
 		return localrouter.DefaultWorkerChain()
 	}
 	return chain
+}
+
+// calibrationProto is a rank's timing model on the wire.
+func calibrationProto(c localrouter.WorkerCalibration, chunk int) *localrouterv1.Calibration {
+	src := "prior"
+	switch {
+	case c.Pinned:
+		src = "pinned"
+	case c.Fitted:
+		src = "fitted"
+	}
+	m := c.Model
+	return &localrouterv1.Calibration{
+		Source: src, Samples: c.Samples, MinSamples: localrouter.CalibrationMinSamples, Error: c.Error,
+		PrefillQuad: m.PrefillQuad, PrefillLinear: m.PrefillLinear, PrefillFixed: m.PrefillFixed,
+		DecodeQuad: m.DecodeQuad, DecodeLinear: m.DecodeLinear, DecodeFixed: m.DecodeFixed, QueueMs: m.QueueMs,
+		PrefillQuadFactor: c.PrefillQuadFactor, PrefillLinearFactor: c.PrefillLinearFactor, DecodeFactor: c.DecodeFactor,
+		PrefillChunkMs: m.Prefill(chunk), PoolSamples: c.PoolSamples, Speed: c.Speed, SpeedRaw: c.SpeedRaw,
+	}
 }

@@ -1717,7 +1717,10 @@ type RankLoad struct {
 	// Blocks the rank holds in the KV index.
 	CachedBlocks uint32 `protobuf:"varint,5,opt,name=cached_blocks,json=cachedBlocks,proto3" json:"cached_blocks,omitempty"`
 	// The rank's engine signals, when its metrics are scraped.
-	Engine        *EngineSignals `protobuf:"bytes,6,opt,name=engine,proto3" json:"engine,omitempty"`
+	Engine *EngineSignals `protobuf:"bytes,6,opt,name=engine,proto3" json:"engine,omitempty"`
+	// The timing model the ttft scorer prices the rank with
+	// (docs/localrouter.md "Calibration").
+	Calibration   *Calibration `protobuf:"bytes,7,opt,name=calibration,proto3" json:"calibration,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1794,6 +1797,209 @@ func (x *RankLoad) GetEngine() *EngineSignals {
 	return nil
 }
 
+func (x *RankLoad) GetCalibration() *Calibration {
+	if x != nil {
+		return x.Calibration
+	}
+	return nil
+}
+
+// Calibration is one rank's timing model: fitted online from the first
+// tokens the router observes (the pool's shape times the rank's speed),
+// pinned, or the configured curves (the prior) until min_samples samples. One iteration computing t new prompt tokens
+// takes prefill_quad·t² + prefill_linear·t + prefill_fixed ms; one decode
+// step at KV occupancy p takes decode_quad·p² + decode_linear·p +
+// decode_fixed ms; queue_ms is the fixed delay each request sees besides.
+type Calibration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "fitted", "pinned" or "prior" (the configured curves).
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// First tokens observed on the rank (pool_samples: on the whole pool,
+	// whose samples fit the shape; the rank's fit its speed).
+	Samples uint64 `protobuf:"varint,2,opt,name=samples,proto3" json:"samples,omitempty"`
+	// Samples needed before the fit replaces the prior.
+	MinSamples uint32 `protobuf:"varint,3,opt,name=min_samples,json=minSamples,proto3" json:"min_samples,omitempty"`
+	// Running RMS relative error of the fit's predictions.
+	Error         float64 `protobuf:"fixed64,4,opt,name=error,proto3" json:"error,omitempty"`
+	PrefillQuad   float64 `protobuf:"fixed64,5,opt,name=prefill_quad,json=prefillQuad,proto3" json:"prefill_quad,omitempty"`
+	PrefillLinear float64 `protobuf:"fixed64,6,opt,name=prefill_linear,json=prefillLinear,proto3" json:"prefill_linear,omitempty"`
+	PrefillFixed  float64 `protobuf:"fixed64,7,opt,name=prefill_fixed,json=prefillFixed,proto3" json:"prefill_fixed,omitempty"`
+	DecodeQuad    float64 `protobuf:"fixed64,8,opt,name=decode_quad,json=decodeQuad,proto3" json:"decode_quad,omitempty"`
+	DecodeLinear  float64 `protobuf:"fixed64,9,opt,name=decode_linear,json=decodeLinear,proto3" json:"decode_linear,omitempty"`
+	DecodeFixed   float64 `protobuf:"fixed64,10,opt,name=decode_fixed,json=decodeFixed,proto3" json:"decode_fixed,omitempty"`
+	QueueMs       float64 `protobuf:"fixed64,11,opt,name=queue_ms,json=queueMs,proto3" json:"queue_ms,omitempty"`
+	// The pool's fitted factors over the prior's curves (1: the prior's).
+	PrefillQuadFactor   float64 `protobuf:"fixed64,12,opt,name=prefill_quad_factor,json=prefillQuadFactor,proto3" json:"prefill_quad_factor,omitempty"`
+	PrefillLinearFactor float64 `protobuf:"fixed64,13,opt,name=prefill_linear_factor,json=prefillLinearFactor,proto3" json:"prefill_linear_factor,omitempty"`
+	DecodeFactor        float64 `protobuf:"fixed64,14,opt,name=decode_factor,json=decodeFactor,proto3" json:"decode_factor,omitempty"`
+	// One full chunk's prefill iteration, in ms, under the model in use.
+	PrefillChunkMs float64 `protobuf:"fixed64,15,opt,name=prefill_chunk_ms,json=prefillChunkMs,proto3" json:"prefill_chunk_ms,omitempty"`
+	PoolSamples    uint64  `protobuf:"varint,16,opt,name=pool_samples,json=poolSamples,proto3" json:"pool_samples,omitempty"`
+	// The rank's speed factor over the pool's fit (its prefill and decode
+	// times; the model above includes it), and before shrinking towards 1
+	// by its significance.
+	Speed         float64 `protobuf:"fixed64,17,opt,name=speed,proto3" json:"speed,omitempty"`
+	SpeedRaw      float64 `protobuf:"fixed64,18,opt,name=speed_raw,json=speedRaw,proto3" json:"speed_raw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Calibration) Reset() {
+	*x = Calibration{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Calibration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Calibration) ProtoMessage() {}
+
+func (x *Calibration) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Calibration.ProtoReflect.Descriptor instead.
+func (*Calibration) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Calibration) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Calibration) GetSamples() uint64 {
+	if x != nil {
+		return x.Samples
+	}
+	return 0
+}
+
+func (x *Calibration) GetMinSamples() uint32 {
+	if x != nil {
+		return x.MinSamples
+	}
+	return 0
+}
+
+func (x *Calibration) GetError() float64 {
+	if x != nil {
+		return x.Error
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillQuad() float64 {
+	if x != nil {
+		return x.PrefillQuad
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillLinear() float64 {
+	if x != nil {
+		return x.PrefillLinear
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillFixed() float64 {
+	if x != nil {
+		return x.PrefillFixed
+	}
+	return 0
+}
+
+func (x *Calibration) GetDecodeQuad() float64 {
+	if x != nil {
+		return x.DecodeQuad
+	}
+	return 0
+}
+
+func (x *Calibration) GetDecodeLinear() float64 {
+	if x != nil {
+		return x.DecodeLinear
+	}
+	return 0
+}
+
+func (x *Calibration) GetDecodeFixed() float64 {
+	if x != nil {
+		return x.DecodeFixed
+	}
+	return 0
+}
+
+func (x *Calibration) GetQueueMs() float64 {
+	if x != nil {
+		return x.QueueMs
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillQuadFactor() float64 {
+	if x != nil {
+		return x.PrefillQuadFactor
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillLinearFactor() float64 {
+	if x != nil {
+		return x.PrefillLinearFactor
+	}
+	return 0
+}
+
+func (x *Calibration) GetDecodeFactor() float64 {
+	if x != nil {
+		return x.DecodeFactor
+	}
+	return 0
+}
+
+func (x *Calibration) GetPrefillChunkMs() float64 {
+	if x != nil {
+		return x.PrefillChunkMs
+	}
+	return 0
+}
+
+func (x *Calibration) GetPoolSamples() uint64 {
+	if x != nil {
+		return x.PoolSamples
+	}
+	return 0
+}
+
+func (x *Calibration) GetSpeed() float64 {
+	if x != nil {
+		return x.Speed
+	}
+	return 0
+}
+
+func (x *Calibration) GetSpeedRaw() float64 {
+	if x != nil {
+		return x.SpeedRaw
+	}
+	return 0
+}
+
 // Worker is a member of the pool, as registered in etcd.
 type Worker struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1816,7 +2022,7 @@ type Worker struct {
 
 func (x *Worker) Reset() {
 	*x = Worker{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1828,7 +2034,7 @@ func (x *Worker) String() string {
 func (*Worker) ProtoMessage() {}
 
 func (x *Worker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[24]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1841,7 +2047,7 @@ func (x *Worker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Worker.ProtoReflect.Descriptor instead.
 func (*Worker) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{24}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Worker) GetWorkerId() string {
@@ -1917,7 +2123,7 @@ type WorkersResponse struct {
 
 func (x *WorkersResponse) Reset() {
 	*x = WorkersResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2135,7 @@ func (x *WorkersResponse) String() string {
 func (*WorkersResponse) ProtoMessage() {}
 
 func (x *WorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[25]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2148,7 @@ func (x *WorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkersResponse.ProtoReflect.Descriptor instead.
 func (*WorkersResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{25}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WorkersResponse) GetPool() string {
@@ -1967,7 +2173,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1979,7 +2185,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[26]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1992,7 +2198,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{26}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{27}
 }
 
 // RouterConfig is the router's effective configuration.
@@ -2024,14 +2230,16 @@ type RouterConfig struct {
 	// (e.g. a cost parameter under a chain without the cost scorer, an
 	// engine scorer while engine metrics are not scraped); also in every
 	// Worker's config_warning.
-	Warnings      []string `protobuf:"bytes,22,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Warnings []string `protobuf:"bytes,22,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// Online calibration of each rank's timing model (--router-calibrate).
+	Calibrate     bool `protobuf:"varint,23,opt,name=calibrate,proto3" json:"calibrate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouterConfig) Reset() {
 	*x = RouterConfig{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2043,7 +2251,7 @@ func (x *RouterConfig) String() string {
 func (*RouterConfig) ProtoMessage() {}
 
 func (x *RouterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[27]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2056,7 +2264,7 @@ func (x *RouterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouterConfig.ProtoReflect.Descriptor instead.
 func (*RouterConfig) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{27}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RouterConfig) GetBlockSize() uint32 {
@@ -2192,6 +2400,13 @@ func (x *RouterConfig) GetWarnings() []string {
 	return nil
 }
 
+func (x *RouterConfig) GetCalibrate() bool {
+	if x != nil {
+		return x.Calibrate
+	}
+	return false
+}
+
 type StatsResponse struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	RouterId            string                 `protobuf:"bytes,1,opt,name=router_id,json=routerId,proto3" json:"router_id,omitempty"`
@@ -2221,7 +2436,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2448,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[28]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2461,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{28}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatsResponse) GetRouterId() string {
@@ -2402,7 +2617,7 @@ type ChannelRequest struct {
 
 func (x *ChannelRequest) Reset() {
 	*x = ChannelRequest{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2414,7 +2629,7 @@ func (x *ChannelRequest) String() string {
 func (*ChannelRequest) ProtoMessage() {}
 
 func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[29]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2427,7 +2642,7 @@ func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelRequest.ProtoReflect.Descriptor instead.
 func (*ChannelRequest) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{29}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ChannelRequest) GetId() uint64 {
@@ -2541,7 +2756,7 @@ type ChannelRelease struct {
 
 func (x *ChannelRelease) Reset() {
 	*x = ChannelRelease{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +2768,7 @@ func (x *ChannelRelease) String() string {
 func (*ChannelRelease) ProtoMessage() {}
 
 func (x *ChannelRelease) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[30]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +2781,7 @@ func (x *ChannelRelease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelRelease.ProtoReflect.Descriptor instead.
 func (*ChannelRelease) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{30}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ChannelRelease) GetRequestId() string {
@@ -2609,7 +2824,7 @@ type ChannelProbe struct {
 
 func (x *ChannelProbe) Reset() {
 	*x = ChannelProbe{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2621,7 +2836,7 @@ func (x *ChannelProbe) String() string {
 func (*ChannelProbe) ProtoMessage() {}
 
 func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2634,7 +2849,7 @@ func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelProbe.ProtoReflect.Descriptor instead.
 func (*ChannelProbe) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ChannelProbe) GetPrompt() *Prompt {
@@ -2701,7 +2916,7 @@ type ChannelEvent struct {
 
 func (x *ChannelEvent) Reset() {
 	*x = ChannelEvent{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +2928,7 @@ func (x *ChannelEvent) String() string {
 func (*ChannelEvent) ProtoMessage() {}
 
 func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +2941,7 @@ func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelEvent.ProtoReflect.Descriptor instead.
 func (*ChannelEvent) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ChannelEvent) GetCommitId() uint64 {
@@ -2752,7 +2967,7 @@ type ChannelCancel struct {
 
 func (x *ChannelCancel) Reset() {
 	*x = ChannelCancel{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2764,7 +2979,7 @@ func (x *ChannelCancel) String() string {
 func (*ChannelCancel) ProtoMessage() {}
 
 func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2777,7 +2992,7 @@ func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelCancel.ProtoReflect.Descriptor instead.
 func (*ChannelCancel) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ChannelCancel) GetId() uint64 {
@@ -2800,7 +3015,7 @@ type ChannelError struct {
 
 func (x *ChannelError) Reset() {
 	*x = ChannelError{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2812,7 +3027,7 @@ func (x *ChannelError) String() string {
 func (*ChannelError) ProtoMessage() {}
 
 func (x *ChannelError) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2825,7 +3040,7 @@ func (x *ChannelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelError.ProtoReflect.Descriptor instead.
 func (*ChannelError) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ChannelError) GetCode() uint32 {
@@ -2861,7 +3076,7 @@ type ChannelHello struct {
 
 func (x *ChannelHello) Reset() {
 	*x = ChannelHello{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2873,7 +3088,7 @@ func (x *ChannelHello) String() string {
 func (*ChannelHello) ProtoMessage() {}
 
 func (x *ChannelHello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2886,7 +3101,7 @@ func (x *ChannelHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelHello.ProtoReflect.Descriptor instead.
 func (*ChannelHello) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{35}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ChannelHello) GetMaxInFlight() uint32 {
@@ -2913,7 +3128,7 @@ type ChannelResponse struct {
 
 func (x *ChannelResponse) Reset() {
 	*x = ChannelResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2925,7 +3140,7 @@ func (x *ChannelResponse) String() string {
 func (*ChannelResponse) ProtoMessage() {}
 
 func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2938,7 +3153,7 @@ func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelResponse.ProtoReflect.Descriptor instead.
 func (*ChannelResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{36}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ChannelResponse) GetId() uint64 {
@@ -3151,14 +3366,37 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\vevents_json\x18\x01 \x01(\tR\n" +
 	"eventsJson\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\"\x10\n" +
-	"\x0eWorkersRequest\"\xfb\x01\n" +
+	"\x0eWorkersRequest\"\xc1\x02\n" +
 	"\bRankLoad\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12%\n" +
 	"\x0eprefill_tokens\x18\x02 \x01(\rR\rprefillTokens\x12#\n" +
 	"\ractive_blocks\x18\x03 \x01(\rR\factiveBlocks\x12'\n" +
 	"\x0factive_requests\x18\x04 \x01(\rR\x0eactiveRequests\x12#\n" +
 	"\rcached_blocks\x18\x05 \x01(\rR\fcachedBlocks\x12<\n" +
-	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\"\xad\x02\n" +
+	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\x12D\n" +
+	"\vcalibration\x18\a \x01(\v2\".kvgate.localrouter.v1.CalibrationR\vcalibration\"\xf2\x04\n" +
+	"\vCalibration\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x18\n" +
+	"\asamples\x18\x02 \x01(\x04R\asamples\x12\x1f\n" +
+	"\vmin_samples\x18\x03 \x01(\rR\n" +
+	"minSamples\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\x01R\x05error\x12!\n" +
+	"\fprefill_quad\x18\x05 \x01(\x01R\vprefillQuad\x12%\n" +
+	"\x0eprefill_linear\x18\x06 \x01(\x01R\rprefillLinear\x12#\n" +
+	"\rprefill_fixed\x18\a \x01(\x01R\fprefillFixed\x12\x1f\n" +
+	"\vdecode_quad\x18\b \x01(\x01R\n" +
+	"decodeQuad\x12#\n" +
+	"\rdecode_linear\x18\t \x01(\x01R\fdecodeLinear\x12!\n" +
+	"\fdecode_fixed\x18\n" +
+	" \x01(\x01R\vdecodeFixed\x12\x19\n" +
+	"\bqueue_ms\x18\v \x01(\x01R\aqueueMs\x12.\n" +
+	"\x13prefill_quad_factor\x18\f \x01(\x01R\x11prefillQuadFactor\x122\n" +
+	"\x15prefill_linear_factor\x18\r \x01(\x01R\x13prefillLinearFactor\x12#\n" +
+	"\rdecode_factor\x18\x0e \x01(\x01R\fdecodeFactor\x12(\n" +
+	"\x10prefill_chunk_ms\x18\x0f \x01(\x01R\x0eprefillChunkMs\x12!\n" +
+	"\fpool_samples\x18\x10 \x01(\x04R\vpoolSamples\x12\x14\n" +
+	"\x05speed\x18\x11 \x01(\x01R\x05speed\x12\x1b\n" +
+	"\tspeed_raw\x18\x12 \x01(\x01R\bspeedRaw\"\xad\x02\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x17\n" +
@@ -3173,7 +3411,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x0fWorkersResponse\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x127\n" +
 	"\aworkers\x18\x02 \x03(\v2\x1d.kvgate.localrouter.v1.WorkerR\aworkers\"\x0e\n" +
-	"\fStatsRequest\"\xa4\x06\n" +
+	"\fStatsRequest\"\xc2\x06\n" +
 	"\fRouterConfig\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x01 \x01(\rR\tblockSize\x120\n" +
@@ -3196,7 +3434,8 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x16metrics_period_seconds\x18\x10 \x01(\x01R\x14metricsPeriodSeconds\x12!\n" +
 	"\ftier_weights\x18\x14 \x01(\tR\vtierWeights\x12!\n" +
 	"\fworker_chain\x18\x15 \x01(\tR\vworkerChain\x12\x1a\n" +
-	"\bwarnings\x18\x16 \x03(\tR\bwarnings\"\xd4\x05\n" +
+	"\bwarnings\x18\x16 \x03(\tR\bwarnings\x12\x1c\n" +
+	"\tcalibrate\x18\x17 \x01(\bR\tcalibrate\"\xd4\x05\n" +
 	"\rStatsResponse\x12\x1b\n" +
 	"\trouter_id\x18\x01 \x01(\tR\brouterId\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x14\n" +
@@ -3289,7 +3528,7 @@ func file_api_localrouter_v1_localrouter_proto_rawDescGZIP() []byte {
 }
 
 var file_api_localrouter_v1_localrouter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(TrackEvent)(0),                     // 0: kvgate.localrouter.v1.TrackEvent
 	(*Prompt)(nil),                      // 1: kvgate.localrouter.v1.Prompt
@@ -3316,19 +3555,20 @@ var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(*DumpEventsResponse)(nil),          // 22: kvgate.localrouter.v1.DumpEventsResponse
 	(*WorkersRequest)(nil),              // 23: kvgate.localrouter.v1.WorkersRequest
 	(*RankLoad)(nil),                    // 24: kvgate.localrouter.v1.RankLoad
-	(*Worker)(nil),                      // 25: kvgate.localrouter.v1.Worker
-	(*WorkersResponse)(nil),             // 26: kvgate.localrouter.v1.WorkersResponse
-	(*StatsRequest)(nil),                // 27: kvgate.localrouter.v1.StatsRequest
-	(*RouterConfig)(nil),                // 28: kvgate.localrouter.v1.RouterConfig
-	(*StatsResponse)(nil),               // 29: kvgate.localrouter.v1.StatsResponse
-	(*ChannelRequest)(nil),              // 30: kvgate.localrouter.v1.ChannelRequest
-	(*ChannelRelease)(nil),              // 31: kvgate.localrouter.v1.ChannelRelease
-	(*ChannelProbe)(nil),                // 32: kvgate.localrouter.v1.ChannelProbe
-	(*ChannelEvent)(nil),                // 33: kvgate.localrouter.v1.ChannelEvent
-	(*ChannelCancel)(nil),               // 34: kvgate.localrouter.v1.ChannelCancel
-	(*ChannelError)(nil),                // 35: kvgate.localrouter.v1.ChannelError
-	(*ChannelHello)(nil),                // 36: kvgate.localrouter.v1.ChannelHello
-	(*ChannelResponse)(nil),             // 37: kvgate.localrouter.v1.ChannelResponse
+	(*Calibration)(nil),                 // 25: kvgate.localrouter.v1.Calibration
+	(*Worker)(nil),                      // 26: kvgate.localrouter.v1.Worker
+	(*WorkersResponse)(nil),             // 27: kvgate.localrouter.v1.WorkersResponse
+	(*StatsRequest)(nil),                // 28: kvgate.localrouter.v1.StatsRequest
+	(*RouterConfig)(nil),                // 29: kvgate.localrouter.v1.RouterConfig
+	(*StatsResponse)(nil),               // 30: kvgate.localrouter.v1.StatsResponse
+	(*ChannelRequest)(nil),              // 31: kvgate.localrouter.v1.ChannelRequest
+	(*ChannelRelease)(nil),              // 32: kvgate.localrouter.v1.ChannelRelease
+	(*ChannelProbe)(nil),                // 33: kvgate.localrouter.v1.ChannelProbe
+	(*ChannelEvent)(nil),                // 34: kvgate.localrouter.v1.ChannelEvent
+	(*ChannelCancel)(nil),               // 35: kvgate.localrouter.v1.ChannelCancel
+	(*ChannelError)(nil),                // 36: kvgate.localrouter.v1.ChannelError
+	(*ChannelHello)(nil),                // 37: kvgate.localrouter.v1.ChannelHello
+	(*ChannelResponse)(nil),             // 38: kvgate.localrouter.v1.ChannelResponse
 }
 var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	5,  // 0: kvgate.localrouter.v1.Selection.engine:type_name -> kvgate.localrouter.v1.EngineSignals
@@ -3349,46 +3589,47 @@ var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	3,  // 15: kvgate.localrouter.v1.TrackResponse.committed:type_name -> kvgate.localrouter.v1.Selection
 	0,  // 16: kvgate.localrouter.v1.TrackResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
 	5,  // 17: kvgate.localrouter.v1.RankLoad.engine:type_name -> kvgate.localrouter.v1.EngineSignals
-	24, // 18: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
-	25, // 19: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
-	28, // 20: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
-	32, // 21: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
-	12, // 22: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
-	33, // 23: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
-	34, // 24: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
-	31, // 25: kvgate.localrouter.v1.ChannelRequest.release:type_name -> kvgate.localrouter.v1.ChannelRelease
-	1,  // 26: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	2,  // 27: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
-	0,  // 28: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
-	3,  // 29: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	0,  // 30: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
-	35, // 31: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
-	36, // 32: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
-	7,  // 33: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
-	9,  // 34: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
-	12, // 35: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
-	15, // 36: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
-	17, // 37: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	19, // 38: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
-	21, // 39: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
-	23, // 40: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
-	27, // 41: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
-	30, // 42: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
-	8,  // 43: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
-	11, // 44: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
-	13, // 45: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
-	16, // 46: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
-	18, // 47: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	20, // 48: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
-	22, // 49: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
-	26, // 50: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
-	29, // 51: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
-	37, // 52: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
-	43, // [43:53] is the sub-list for method output_type
-	33, // [33:43] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	25, // 18: kvgate.localrouter.v1.RankLoad.calibration:type_name -> kvgate.localrouter.v1.Calibration
+	24, // 19: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
+	26, // 20: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
+	29, // 21: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
+	33, // 22: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
+	12, // 23: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
+	34, // 24: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
+	35, // 25: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
+	32, // 26: kvgate.localrouter.v1.ChannelRequest.release:type_name -> kvgate.localrouter.v1.ChannelRelease
+	1,  // 27: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	2,  // 28: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	0,  // 29: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 30: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 31: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	36, // 32: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
+	37, // 33: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
+	7,  // 34: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
+	9,  // 35: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
+	12, // 36: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
+	15, // 37: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
+	17, // 38: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	19, // 39: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
+	21, // 40: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
+	23, // 41: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
+	28, // 42: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
+	31, // 43: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
+	8,  // 44: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
+	11, // 45: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
+	13, // 46: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
+	16, // 47: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
+	18, // 48: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	20, // 49: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
+	22, // 50: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
+	27, // 51: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
+	30, // 52: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
+	38, // 53: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
+	44, // [44:54] is the sub-list for method output_type
+	34, // [34:44] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_api_localrouter_v1_localrouter_proto_init() }
@@ -3407,14 +3648,14 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 		(*TrackResponse_Committed)(nil),
 		(*TrackResponse_Acked)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[29].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[30].OneofWrappers = []any{
 		(*ChannelRequest_Probe)(nil),
 		(*ChannelRequest_Commit)(nil),
 		(*ChannelRequest_Event)(nil),
 		(*ChannelRequest_Cancel)(nil),
 		(*ChannelRequest_Release)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[36].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[37].OneofWrappers = []any{
 		(*ChannelResponse_Selection)(nil),
 		(*ChannelResponse_Acked)(nil),
 		(*ChannelResponse_Error)(nil),
@@ -3426,7 +3667,7 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_localrouter_v1_localrouter_proto_rawDesc), len(file_api_localrouter_v1_localrouter_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
