@@ -487,7 +487,7 @@ var _ Lease = (*lease)(nil)
 // ErrCommitRefused.
 func (l *lease) PrefillComplete(ctx context.Context) error {
 	var err error
-	if l.main != nil { // nil: best effort, nothing committed
+	if l.main != nil { // nil: nothing committed (a pool the decision had no entry for)
 		err = l.main.PrefillComplete(ctx)
 	}
 	if refused := l.mainRefused.Load(); refused != nil {

@@ -18,6 +18,9 @@ type metrics struct {
 	contended *prometheus.CounterVec
 	// bestEffort counts decisions made on the last known state, by pool.
 	bestEffort *prometheus.CounterVec
+	// bestEffortOutcomes counts what became of the decisions that found
+	// no router at first, by pool and outcome (accounting.go).
+	bestEffortOutcomes *prometheus.CounterVec
 	// ejections counts passive-health ejections of workers, by pool.
 	ejections *prometheus.CounterVec
 }
@@ -61,14 +64,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"pool", "outcome"}),
 		bestEffort: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_best_effort_total",
-			Help: "Decisions made on the last known state because no local router of any eligible pool could be reached, by pool (the request is not accounted on any router).",
+			Help: "Decisions made on the last known state because no local router of any eligible pool could be reached, by pool: the request's commit is queued for its worker's router (kvgate_globalrouter_best_effort_outcomes_total says what became of it).",
 		}, []string{"pool"}),
+		bestEffortOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_best_effort_outcomes_total",
+			Help: "What became of the decisions whose first probe reached no local router, by pool and outcome: retried_ok (the probe's one retry reached a router: an ordinary, accounted decision), and for the best-effort decisions, whose commit waits for a router of the pool to answer again: late_committed (a router recorded it), ended (the request ended before any router answered: nothing to account), refused (the router refused the commit), dropped (the pool's late-commit queue was full or the pool closed: the request ran unaccounted).",
+		}, []string{"pool", "outcome"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_worker_ejections_total",
 			Help: "Connection failures to workers reported by the response path (passive health), by pool.",
 		}, []string{"pool"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.ejections} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.bestEffortOutcomes, m.ejections} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
