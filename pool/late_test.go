@@ -128,3 +128,17 @@ func TestCommitLateBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestKnownBeforeFirstProbe: a pool learns its workers from its routers
+// as soon as it has them, so a best-effort decision has a target before
+// any probe succeeded.
+func TestKnownBeforeFirstProbe(t *testing.T) {
+	srv := pooltest.Start(t, "p", 16, pooltest.Workers("w", 2)...)
+	p := open(t, newConns(t, nil), "p", srv.Addr)
+	testenv.Eventually(t, 10*time.Second, func() (string, bool) {
+		if sel, ok := p.LastKnown(nil); !ok || sel.Address == "" {
+			return "the pool knows no worker yet", false
+		}
+		return "", true
+	})
+}

@@ -109,6 +109,7 @@ func Open(cfg Config, opts Options) (*Pool, error) {
 		}
 		p.routers.Store(&cs)
 		close(p.synced)
+		p.seedKnown()
 		return p, nil
 	}
 	if opts.Etcd == nil {

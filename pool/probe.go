@@ -164,6 +164,23 @@ func (p *Pool) alternative(ctx context.Context, c *conn, pr Prompt, sel routing.
 // probes' winners.
 const refreshInterval = 10 * time.Second
 
+// seedKnown learns the pool's workers from one of its routers (in the
+// background) when no refresh succeeded yet: a pool that just got its
+// routers knows its workers before its first probe succeeds, so a burst
+// whose first probes all run past their deadline (a starved process) is
+// routed best effort and committed late, not refused for want of a known
+// worker.
+func (p *Pool) seedKnown() {
+	if p.refreshed.Load() != 0 {
+		return
+	}
+	rs := *p.routers.Load()
+	if len(rs) == 0 {
+		return
+	}
+	p.refreshKnown(rs[0], Prompt{Tokens: []uint32{0}, BlockSize: p.cfg.BlockSize, ISL: 1})
+}
+
 // refreshKnown starts a background refresh of the known workers through
 // c when the last one is older than refreshInterval; one at a time, never
 // on the request's path.
