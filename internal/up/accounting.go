@@ -1,0 +1,117 @@
+package up
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// InFlight reports the requests the system's local routers hold in flight
+// (every pool whose router runs) and the requests its engines hold
+// (running plus waiting, every worker of those pools): what issue 27 item
+// 4 compares. The two are read one after the other, not atomically.
+func (s *System) InFlight() (routers, engines int) {
+	for _, p := range s.Pools {
+		if p.RouterStopped() {
+			continue
+		}
+		routers += p.Requests()
+		for _, w := range p.Workers {
+			st := w.Stats()
+			engines += st.Running + st.Waiting
+		}
+	}
+	return routers, engines
+}
+
+// AccountingSample is one reading of InFlight.
+type AccountingSample struct {
+	At      time.Time
+	Routers int
+	Engines int
+}
+
+// SampleAccounting reads InFlight every interval until ctx ends and
+// returns the readings.
+func (s *System) SampleAccounting(ctx context.Context, interval time.Duration) []AccountingSample {
+	var out []AccountingSample
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		r, e := s.InFlight()
+		out = append(out, AccountingSample{At: time.Now(), Routers: r, Engines: e})
+		select {
+		case <-ctx.Done():
+			return out
+		case <-t.C:
+		}
+	}
+}
+
+// AccountingReport compares the routers' in-flight count with the
+// engines' running+waiting over a run's samples.
+type AccountingReport struct {
+	Samples int `json:"samples"`
+	// Diverged is the number of samples where the two counts differ.
+	Diverged int `json:"diverged"`
+	// MaxDivergence is the largest |routers − engines| of a sample.
+	MaxDivergence int `json:"max_divergence"`
+	// LongestDivergenceSeconds is the longest run of consecutive samples
+	// that differ, from its first sample to the next sample that agrees
+	// (on a busy system requests start and end all the time, so short
+	// differences overlap: this is not one request's lag).
+	LongestDivergenceSeconds float64 `json:"longest_divergence_seconds"`
+	// WindowSeconds is the accounting window checked: each sample's
+	// routers count must lie within the range the engines' count took in
+	// the samples up to that long before and after it.
+	WindowSeconds float64 `json:"window_seconds"`
+	// OutsideWindow counts the samples whose routers count lies outside
+	// that range (0: the routers' count equals the engines' within the
+	// window throughout).
+	OutsideWindow int `json:"outside_window"`
+	// FirstOutside describes the first such sample ("" when none).
+	FirstOutside string `json:"first_outside,omitempty"`
+}
+
+// AnalyzeAccounting is the report of samples (in time order) for window.
+func AnalyzeAccounting(samples []AccountingSample, window time.Duration) AccountingReport {
+	rep := AccountingReport{Samples: len(samples), WindowSeconds: window.Seconds()}
+	var runStart time.Time
+	inRun := false
+	lo := 0
+	for i, s := range samples {
+		d := s.Routers - s.Engines
+		if d < 0 {
+			d = -d
+		}
+		rep.MaxDivergence = max(rep.MaxDivergence, d)
+		switch {
+		case d != 0:
+			rep.Diverged++
+			if !inRun {
+				inRun, runStart = true, s.At
+			}
+		case inRun:
+			inRun = false
+			rep.LongestDivergenceSeconds = max(rep.LongestDivergenceSeconds, s.At.Sub(runStart).Seconds())
+		}
+		// The engines' range within ±window of this sample.
+		for samples[lo].At.Before(s.At.Add(-window)) {
+			lo++
+		}
+		minE, maxE := s.Engines, s.Engines
+		for j := lo; j < len(samples) && !samples[j].At.After(s.At.Add(window)); j++ {
+			minE, maxE = min(minE, samples[j].Engines), max(maxE, samples[j].Engines)
+		}
+		if s.Routers < minE || s.Routers > maxE {
+			rep.OutsideWindow++
+			if rep.FirstOutside == "" {
+				rep.FirstOutside = fmt.Sprintf("sample %d at +%.1f s: routers %d, engines %d..%d within ±%v", i, s.At.Sub(samples[0].At).Seconds(), s.Routers, minE, maxE, window)
+			}
+		}
+	}
+	if inRun && len(samples) > 0 {
+		rep.LongestDivergenceSeconds = max(rep.LongestDivergenceSeconds, samples[len(samples)-1].At.Sub(runStart).Seconds())
+	}
+	return rep
+}

@@ -1,0 +1,37 @@
+package up_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/up"
+)
+
+func TestAnalyzeAccounting(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, tt := range []struct {
+		name             string
+		samples          []up.AccountingSample
+		diverged, maxDiv int
+		longest          float64
+		outside          int
+	}{
+		{"equal", []up.AccountingSample{{at(0), 0, 0}, {at(100), 3, 3}, {at(200), 0, 0}}, 0, 0, 0, 0},
+		// The router counts a request 100 ms before the engine and frees
+		// it 100 ms after: within a 1 s window.
+		{"lagging", []up.AccountingSample{{at(0), 1, 0}, {at(100), 1, 1}, {at(200), 1, 0}, {at(300), 0, 0}}, 2, 1, 0.1, 0},
+		// A request the routers never count.
+		{"unaccounted", []up.AccountingSample{{at(0), 0, 0}, {at(100), 0, 1}, {at(1200), 0, 1}, {at(2300), 0, 1}, {at(3400), 0, 0}}, 3, 1, 3.3, 2},
+		// Phantom load on the routers after the engines finished.
+		{"phantom", []up.AccountingSample{{at(0), 1, 1}, {at(100), 1, 0}, {at(1200), 1, 0}, {at(2300), 1, 0}}, 3, 1, 2.2, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := up.AnalyzeAccounting(tt.samples, time.Second)
+			if rep.Samples != len(tt.samples) || rep.Diverged != tt.diverged || rep.MaxDivergence != tt.maxDiv || rep.OutsideWindow != tt.outside ||
+				rep.LongestDivergenceSeconds < tt.longest-1e-9 || rep.LongestDivergenceSeconds > tt.longest+1e-9 {
+				t.Errorf("got %+v, want diverged %d, max %d, longest %v s, outside %d", rep, tt.diverged, tt.maxDiv, tt.longest, tt.outside)
+			}
+		})
+	}
+}
