@@ -3,6 +3,7 @@ package up
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -67,11 +68,31 @@ type AccountingReport struct {
 	WindowSeconds float64 `json:"window_seconds"`
 	// OutsideWindow counts the samples whose routers count lies outside
 	// that range (0: the routers' count equals the engines' within the
-	// window throughout).
+	// window throughout): Below it (requests the engines ran and no router
+	// counted: unaccounted) or Above it (requests the routers counted
+	// that no engine held within the window: in transit between the
+	// decision and the engine, or between the engine's last token and the
+	// response's end at the ext_proc server, for longer than the window;
+	// or phantom load).
 	OutsideWindow int `json:"outside_window"`
+	Below         int `json:"below"`
+	Above         int `json:"above"`
 	// FirstOutside describes the first such sample ("" when none).
 	FirstOutside string `json:"first_outside,omitempty"`
+	// The shift: for each sample, the smallest |t'−t| such that the
+	// engines' count at a sample t' equals the routers' count at t (0 when
+	// they agree), looked for up to maxShift either way: its percentiles
+	// over the samples that found one, and how many found none
+	// (Unmatched).
+	ShiftP50Seconds float64 `json:"shift_p50_seconds"`
+	ShiftP99Seconds float64 `json:"shift_p99_seconds"`
+	ShiftMaxSeconds float64 `json:"shift_max_seconds"`
+	Unmatched       int     `json:"unmatched"`
 }
+
+// maxShift bounds the search for an equal engines' count (AccountingReport
+// shift fields).
+const maxShift = 5 * time.Second
 
 // AnalyzeAccounting is the report of samples (in time order) for window.
 func AnalyzeAccounting(samples []AccountingSample, window time.Duration) AccountingReport {
@@ -103,12 +124,43 @@ func AnalyzeAccounting(samples []AccountingSample, window time.Duration) Account
 		for j := lo; j < len(samples) && !samples[j].At.After(s.At.Add(window)); j++ {
 			minE, maxE = min(minE, samples[j].Engines), max(maxE, samples[j].Engines)
 		}
+		if s.Routers < minE {
+			rep.Below++
+		}
+		if s.Routers > maxE {
+			rep.Above++
+		}
 		if s.Routers < minE || s.Routers > maxE {
 			rep.OutsideWindow++
 			if rep.FirstOutside == "" {
 				rep.FirstOutside = fmt.Sprintf("sample %d at +%.1f s: routers %d, engines %d..%d within ±%v", i, s.At.Sub(samples[0].At).Seconds(), s.Routers, minE, maxE, window)
 			}
 		}
+	}
+	var shifts []time.Duration
+	for _, s := range samples {
+		best, found := time.Duration(0), false
+		for j := range samples {
+			d := samples[j].At.Sub(s.At)
+			if d < 0 {
+				d = -d
+			}
+			if d > maxShift || samples[j].Engines != s.Routers || (found && d >= best) {
+				continue
+			}
+			best, found = d, true
+		}
+		if !found {
+			rep.Unmatched++
+			continue
+		}
+		shifts = append(shifts, best)
+	}
+	if len(shifts) > 0 {
+		slices.Sort(shifts)
+		rep.ShiftP50Seconds = shifts[len(shifts)*50/100].Seconds()
+		rep.ShiftP99Seconds = shifts[min(len(shifts)-1, len(shifts)*99/100)].Seconds()
+		rep.ShiftMaxSeconds = shifts[len(shifts)-1].Seconds()
 	}
 	if inRun && len(samples) > 0 {
 		rep.LongestDivergenceSeconds = max(rep.LongestDivergenceSeconds, samples[len(samples)-1].At.Sub(runStart).Seconds())

@@ -35,3 +35,14 @@ func TestAnalyzeAccounting(t *testing.T) {
 		})
 	}
 }
+
+// TestAccountingShift: the shift is how far in time the engines' count
+// had to be looked for to equal the routers'.
+func TestAccountingShift(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	rep := up.AnalyzeAccounting([]up.AccountingSample{{at(0), 0, 0}, {at(100), 0, 1}, {at(1200), 0, 1}, {at(2300), 0, 1}, {at(3400), 0, 0}, {at(3500), 7, 0}}, time.Second)
+	if rep.ShiftMaxSeconds < 1.2-1e-9 || rep.ShiftMaxSeconds > 1.2+1e-9 || rep.Unmatched != 1 {
+		t.Errorf("got shift max %v s and %d unmatched, want 1.2 s and 1 (the 7 no engine count equals)", rep.ShiftMaxSeconds, rep.Unmatched)
+	}
+}
