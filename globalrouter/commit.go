@@ -36,7 +36,9 @@ import (
 // lock; the others commit concurrently, so the lock is never held across
 // an uncontended round trip. A refused commit (no worker left in the
 // bounds, an unknown request shape, a router that cannot be reached)
-// moves on to the next ranked pool; a commit with no answer in time, or
+// moves on to the next ranked pool (when none is left and every commit
+// failed to reach its router, the decision goes best effort, its commit
+// queued: accounting.go); a commit with no answer in time, or
 // an answer outside the bounds (a router older than the bounds), falls
 // back to the pipelined commit of the probed worker on the same pool.
 //
@@ -50,6 +52,7 @@ import (
 // the worker the probe chose, unaccounted on its local router.
 func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, pinned bool) (*Decision, error) {
 	var refused []string
+	unreached := true // every refusal so far was an outage (nothing sent)
 	decide := st.cfg.Probe.Commit != CommitPipelined
 	for i, c := range ranked {
 		pe := st.byName[c.Pool]
@@ -94,6 +97,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			if pinned {
 				return nil, pinError(HeaderPool, c.Pool, err)
 			}
+			unreached = unreached && outage(err)
 			continue
 		}
 		var notes []string
@@ -134,6 +138,13 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			r.log.Debug("decision", "request_id", p.id, "explanation", d.Explanation)
 		}
 		return d, nil
+	}
+	if unreached && len(refused) > 0 {
+		// Every commit failed to reach its router (they answered the
+		// probes a moment ago): best effort, committed late (accounting.go).
+		if d := r.bestEffort(ctx, st, p, results, trace); d != nil {
+			return d, nil
+		}
 	}
 	return nil, &Refusal{Kind: ErrNoPool, Reason: "no_pool_reachable", Public: "no pool took the request; retry later",
 		Err: fmt.Errorf("every ranked pool refused the commit: %v", refused)}
