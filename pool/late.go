@@ -98,6 +98,8 @@ func (p *Pool) Late() int {
 // (nil: nobody listens) is called once with the outcome; it must not
 // block.
 //
+// A router of the pool is tried whatever its circuit's state (sendLate).
+//
 // The queue is bounded (Options.LateCommits, DefaultLateCommits): when it
 // is full the oldest queued commit is dropped (LateDropped) — the request
 // that has run longest, nearest its end — so a router dead for minutes
@@ -194,17 +196,31 @@ func (p *Pool) deliverLate() {
 
 // sendLate sends lc's commit to a router of the pool; false when none
 // could be reached (lc is then lateSending still, for the caller).
+//
+// Each router is tried in turn whatever its circuit says: a circuit opens
+// on probes that ran late as well as on a router that is gone, and a
+// commit is only sent, not waited for, so a router that is up but slow
+// (its circuit open because the process is starved) takes it at once. A
+// router that is gone fails the send within the probe deadline.
 func (p *Pool) sendLate(lc *lateCommit) bool {
-	ctx, cancel := context.WithTimeout(p.life, p.timeout)
-	defer cancel()
-	t, err := p.CommitAsync(ctx, "", lc.cm, func(_ routing.Selection, err error) {
+	committed := func(_ routing.Selection, err error) {
 		if err != nil {
 			lc.done(LateRefused)
 			return
 		}
 		lc.done(LateCommitted)
-	})
-	if err != nil {
+	}
+	var t Tracker
+	for _, c := range *p.routers.Load() {
+		ctx, cancel := context.WithTimeout(p.life, p.timeout)
+		tr, err := p.CommitAsync(ctx, c.addr, lc.cm, committed)
+		cancel()
+		if err == nil {
+			t = tr
+			break
+		}
+	}
+	if t == nil {
 		return false
 	}
 	p.late.mu.Lock()
