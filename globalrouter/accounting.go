@@ -93,3 +93,10 @@ func (r *Router) bestEffort(ctx context.Context, st *state, p *prepared, results
 	}
 	return d
 }
+
+// Leases is the number of decisions Decide returned whose Lease has not
+// been freed: the requests this global router placed and that are still
+// in flight, which its pools' local routers should count too (every
+// decision committed, a best-effort one once its late commit lands).
+// Subtree commits (a parent's) are not among them.
+func (r *Router) Leases() int { return int(r.leases.Load()) }

@@ -68,6 +68,9 @@ func TestBestEffortCommittedLate(t *testing.T) {
 	if err != nil || !kept.BestEffort {
 		t.Fatalf("Decide with the router down: %+v, %v; want a best-effort decision", kept, err)
 	}
+	if n := r.Leases(); n != 1 {
+		t.Errorf("Leases = %d with one best-effort request in flight, want 1", n)
+	}
 	if err := kept.Lease.PrefillComplete(ctx); err != nil {
 		t.Errorf("PrefillComplete of a best-effort decision: %v", err)
 	}
@@ -85,6 +88,9 @@ func TestBestEffortCommittedLate(t *testing.T) {
 	free(t, kept)
 	if err := back.WaitIdle(ctx); err != nil {
 		t.Errorf("after the best-effort request ended: %v", err)
+	}
+	if n := r.Leases(); n != 0 {
+		t.Errorf("Leases = %d after every request ended, want 0", n)
 	}
 	if got := bestEffortOutcome(t, reg, "pool-a", "dropped"); got != 0 {
 		t.Errorf("dropped = %v, want 0", got)

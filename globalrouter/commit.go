@@ -489,6 +489,10 @@ type lease struct {
 	prefill pool.Tracker
 	// mainRefused is set when main's pipelined commit was refused.
 	mainRefused atomic.Pointer[error]
+	// live is the Router's count of unfreed leases this one is part of
+	// (nil: not counted); freed makes Free count once.
+	live  *atomic.Int64
+	freed atomic.Bool
 }
 
 var _ Lease = (*lease)(nil)
@@ -513,6 +517,9 @@ func (l *lease) PrefillComplete(ctx context.Context) error {
 // Free implements Lease. A refused commit has nothing to free: the stream
 // is closed and nil returned.
 func (l *lease) Free(ctx context.Context) error {
+	if l.live != nil && !l.freed.Swap(true) {
+		l.live.Add(-1)
+	}
 	var err error
 	if l.main != nil {
 		err = l.main.Free(ctx)

@@ -40,7 +40,10 @@ type Router struct {
 	// placement and their recheck (commit.go). Uncontended commits do not
 	// take it.
 	recheckMu sync.Mutex
-	st        atomic.Pointer[state]
+	// leases counts the decisions returned whose Lease is not freed yet
+	// (Leases; accounting.go).
+	leases atomic.Int64
+	st     atomic.Pointer[state]
 	// probers probe a decision's second and later pools (probers.go).
 	probers *probers
 
@@ -163,6 +166,10 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		outcome = errOutcome(err)
 	} else {
 		poolName = d.Primary.Pool
+		if l, ok := d.Lease.(*lease); ok {
+			l.live = &r.leases
+			r.leases.Add(1)
+		}
 	}
 	dur := r.opts.now().Sub(start)
 	r.observeDecision(outcome, dur.Seconds(), sp)

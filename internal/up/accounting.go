@@ -25,11 +25,13 @@ func (s *System) InFlight() (routers, engines int) {
 	return routers, engines
 }
 
-// AccountingSample is one reading of InFlight.
+// AccountingSample is one reading of InFlight, with the global router's
+// unfreed decisions (globalrouter.Router.Leases) as Decided.
 type AccountingSample struct {
 	At      time.Time
 	Routers int
 	Engines int
+	Decided int
 }
 
 // SampleAccounting reads InFlight every interval until ctx ends and
@@ -39,8 +41,12 @@ func (s *System) SampleAccounting(ctx context.Context, interval time.Duration) [
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
+		d := 0
+		if s.Global != nil {
+			d = s.Global.Leases()
+		}
 		r, e := s.InFlight()
-		out = append(out, AccountingSample{At: time.Now(), Routers: r, Engines: e})
+		out = append(out, AccountingSample{At: time.Now(), Routers: r, Engines: e, Decided: d})
 		select {
 		case <-ctx.Done():
 			return out
@@ -88,6 +94,16 @@ type AccountingReport struct {
 	ShiftP99Seconds float64 `json:"shift_p99_seconds"`
 	ShiftMaxSeconds float64 `json:"shift_max_seconds"`
 	Unmatched       int     `json:"unmatched"`
+	// The routers' count against the global router's decisions in flight
+	// (Decided): the accounting itself, without the requests' transit to
+	// and from the engines. DecidedDiverged samples differ, by at most
+	// DecidedMaxDivergence; Unaccounted is the largest Decided − Routers
+	// (decisions no router counted yet), and DecidedLongestDivergenceSeconds
+	// the longest run of differing samples.
+	DecidedDiverged                 int     `json:"decided_diverged"`
+	DecidedMaxDivergence            int     `json:"decided_max_divergence"`
+	Unaccounted                     int     `json:"unaccounted"`
+	DecidedLongestDivergenceSeconds float64 `json:"decided_longest_divergence_seconds"`
 }
 
 // maxShift bounds the search for an equal engines' count (AccountingReport
@@ -136,6 +152,29 @@ func AnalyzeAccounting(samples []AccountingSample, window time.Duration) Account
 				rep.FirstOutside = fmt.Sprintf("sample %d at +%.1f s: routers %d, engines %d..%d within ±%v", i, s.At.Sub(samples[0].At).Seconds(), s.Routers, minE, maxE, window)
 			}
 		}
+	}
+	var dStart time.Time
+	dRun := false
+	for _, s := range samples {
+		d := s.Decided - s.Routers
+		rep.Unaccounted = max(rep.Unaccounted, d)
+		if d < 0 {
+			d = -d
+		}
+		rep.DecidedMaxDivergence = max(rep.DecidedMaxDivergence, d)
+		switch {
+		case d != 0:
+			rep.DecidedDiverged++
+			if !dRun {
+				dRun, dStart = true, s.At
+			}
+		case dRun:
+			dRun = false
+			rep.DecidedLongestDivergenceSeconds = max(rep.DecidedLongestDivergenceSeconds, s.At.Sub(dStart).Seconds())
+		}
+	}
+	if dRun {
+		rep.DecidedLongestDivergenceSeconds = max(rep.DecidedLongestDivergenceSeconds, samples[len(samples)-1].At.Sub(dStart).Seconds())
 	}
 	var shifts []time.Duration
 	for _, s := range samples {
