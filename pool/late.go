@@ -40,6 +40,13 @@ const (
 	lateRetryMax = time.Second
 )
 
+// lateSendTimeout bounds sending one late commit to one router (opening
+// its stream if need be). Not the probe deadline: on a starved process
+// that deadline is what runs out, and each miss would hold the queue for
+// a retry's wait; a router that is gone costs the queue this long per
+// attempt, in the background.
+const lateSendTimeout = 2 * time.Second
+
 // lateState is where a late commit is.
 type lateState int
 
@@ -201,7 +208,7 @@ func (p *Pool) deliverLate() {
 // on probes that ran late as well as on a router that is gone, and a
 // commit is only sent, not waited for, so a router that is up but slow
 // (its circuit open because the process is starved) takes it at once. A
-// router that is gone fails the send within the probe deadline.
+// router that is gone fails the send within lateSendTimeout.
 func (p *Pool) sendLate(lc *lateCommit) bool {
 	committed := func(_ routing.Selection, err error) {
 		if err != nil {
@@ -212,7 +219,7 @@ func (p *Pool) sendLate(lc *lateCommit) bool {
 	}
 	var t Tracker
 	for _, c := range *p.routers.Load() {
-		ctx, cancel := context.WithTimeout(p.life, p.timeout)
+		ctx, cancel := context.WithTimeout(p.life, lateSendTimeout)
 		tr, err := p.CommitAsync(ctx, c.addr, lc.cm, committed)
 		cancel()
 		if err == nil {
