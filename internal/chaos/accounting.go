@@ -31,6 +31,9 @@ type AccountingReport struct {
 	// BestEffort is kvgate_globalrouter_best_effort_total ("decisions")
 	// and kvgate_globalrouter_best_effort_outcomes_total by outcome.
 	BestEffort map[string]float64 `json:"best_effort"`
+	// Contended is kvgate_globalrouter_contended_commits_total by outcome
+	// (decide-and-commits placed again under the router's recheck lock).
+	Contended map[string]float64 `json:"contended"`
 }
 
 // sampleAccounting samples sys until ctx ends; the result is sent on the
@@ -43,7 +46,7 @@ func sampleAccounting(ctx context.Context, sys *up.System) <-chan []up.Accountin
 
 // accountingReport analyses samples; end is when the traffic stopped.
 func accountingReport(sys *up.System, samples []up.AccountingSample, end time.Time) *AccountingReport {
-	rep := &AccountingReport{AccountingReport: up.AnalyzeAccounting(samples, AccountingWindow), AfterSeconds: -1, BestEffort: bestEffort(sys.Registry)}
+	rep := &AccountingReport{AccountingReport: up.AnalyzeAccounting(samples, AccountingWindow), AfterSeconds: -1, BestEffort: bestEffort(sys.Registry), Contended: counterBy(sys.Registry, "kvgate_globalrouter_contended_commits_total", "outcome")}
 	// Both counts back to 0: the last frees and the engines' aborts of
 	// the requests the end of the run cut off land.
 	deadline := time.Now().Add(10 * time.Second)
@@ -78,6 +81,28 @@ func bestEffort(reg *prometheus.Registry) map[string]float64 {
 					if l.GetName() == "outcome" {
 						out[l.GetValue()] += m.GetCounter().GetValue()
 					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// counterBy sums the counter name of reg by the value of label.
+func counterBy(reg *prometheus.Registry, name, label string) map[string]float64 {
+	out := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out[l.GetValue()] += m.GetCounter().GetValue()
 				}
 			}
 		}
