@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
@@ -32,7 +33,10 @@ import (
 // the worker the probes named. Across pools, an answer costlier than the
 // probe (the pool got busier under the decision) is contended: the request
 // is placed again under Router.recheckMu and, if still costlier, rechecked
-// against the other pools (recheck). Only contended decisions take the
+// against the other pools (recheck); a decision that cannot take the lock
+// within the probe timeout keeps its first placement (outcome busy: the
+// contended decisions before it are slow, on a starved process, and
+// waiting on them would hold it committed and unanswered). Only contended decisions take the
 // lock; the others commit concurrently, so the lock is never held across
 // an uncontended round trip. A refused commit (no worker left in the
 // bounds, an unknown request shape, a router that cannot be reached)
@@ -68,14 +72,21 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			// The pool got busier between its probe and its commit
 			// (decisions made on the same idle state landed first): place
 			// again, serialised, and let the chain decide on that answer.
-			var kept bool
-			r.recheckMu.Lock()
-			tr, sel, note, kept, err = r.replace(ctx, pe, p, c.Probe, tr, sel, &l.mainRefused)
-			if !kept && err == nil && note == "" && sel.Cost > c.Probe.Cost {
-				c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
-			}
-			r.recheckMu.Unlock()
 			outcome := "kept"
+			if r.lockRecheck(ctx, st.cfg.Probe.Timeout) {
+				var kept bool
+				tr, sel, note, kept, err = r.replace(ctx, pe, p, c.Probe, tr, sel, &l.mainRefused)
+				if !kept && err == nil && note == "" && sel.Cost > c.Probe.Cost {
+					c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
+				}
+				<-r.recheckMu
+			} else {
+				// The contended decisions before it held the lock past the
+				// probe deadline (a burst on a starved process): the first
+				// placement stands, rather than a convoy in which every
+				// request waits, committed, for the ones before it.
+				outcome = "busy"
+			}
 			switch {
 			case err != nil:
 				outcome = "refused"
@@ -528,4 +539,24 @@ func (l *lease) Free(ctx context.Context) error {
 		err = errors.Join(err, l.prefill.Free(ctx))
 	}
 	return err
+}
+
+// lockRecheck takes Router.recheckMu, waiting at most wait (and while ctx
+// lives); false when it could not.
+func (r *Router) lockRecheck(ctx context.Context, wait time.Duration) bool {
+	select {
+	case r.recheckMu <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case r.recheckMu <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"pool"}),
 		contended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_contended_commits_total",
-			Help: "Decide-and-commits whose answer was costlier than their probe (the pool got busier under the decision), placed again under the router's recheck lock, by pool and outcome (kept: stayed on the pool; moved: the recheck moved the request to another pool; refused: placing it again failed).",
+			Help: "Decide-and-commits whose answer was costlier than their probe (the pool got busier under the decision), placed again under the router's recheck lock, by pool and outcome (kept: stayed on the pool; moved: the recheck moved the request to another pool; refused: placing it again failed; busy: the recheck lock was not free within the probe timeout, the first placement stands).",
 		}, []string{"pool", "outcome"}),
 		bestEffort: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_best_effort_total",

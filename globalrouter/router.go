@@ -36,10 +36,11 @@ type Router struct {
 	ejector *pool.Ejector
 
 	reloadMu sync.Mutex // serialises Reload and Close
-	// recheckMu serialises the contended decide-and-commits: their second
+	// recheckMu (a channel of capacity 1: a lock waited for with a
+	// bound) serialises the contended decide-and-commits: their second
 	// placement and their recheck (commit.go). Uncontended commits do not
 	// take it.
-	recheckMu sync.Mutex
+	recheckMu chan struct{}
 	// leases counts the decisions returned whose Lease is not freed yet
 	// (Leases; accounting.go).
 	leases atomic.Int64
@@ -94,7 +95,7 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), shadowRun: &shadowRunner{m: sm},
+	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), recheckMu: make(chan struct{}, 1), shadowRun: &shadowRunner{m: sm},
 		conns:   pool.NewConns(o.dialer, cfg.Probe.circuit(), o.now),
 		ejector: pool.NewEjector(cfg.Probe.EjectBase, cfg.Probe.EjectMax, o.now)}
 	st, err := r.build(&cfg, chain, nil)
