@@ -100,3 +100,19 @@ func (r *Router) bestEffort(ctx context.Context, st *state, p *prepared, results
 // decision committed, a best-effort one once its late commit lands).
 // Subtree commits (a parent's) are not among them.
 func (r *Router) Leases() int { return int(r.leases.Load()) }
+
+// LateCommits is the number of best-effort decisions whose commit is
+// queued, not yet sent to a router of their pool (pool.Pool.Late, over
+// the current configuration's pools).
+func (r *Router) LateCommits() int {
+	st := r.acquire()
+	if st == nil {
+		return 0
+	}
+	defer st.release()
+	n := 0
+	for _, pe := range st.pools {
+		n += pe.p.Late()
+	}
+	return n
+}

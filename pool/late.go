@@ -96,7 +96,7 @@ func (p *Pool) Late() int {
 
 // CommitLate records a request that was sent to cm.WorkerID while no
 // router of the pool could be reached (a best-effort decision): the
-// commit is queued and sent, in order, to the first router of the pool
+// commit is queued and sent, oldest first (lateBatch at a time), to a router of the pool
 // that can be reached (a probe's success wakes the delivery; otherwise it
 // retries from 50 ms, doubling up to 1 s). The returned Tracker is the
 // request's lifecycle: PrefillComplete and Free before the commit was sent
@@ -154,38 +154,73 @@ func (p *Pool) CommitLate(cm Commit, done func(LateOutcome)) Tracker {
 	return &lateTracker{p: p, lc: lc}
 }
 
-// deliverLate sends the queued late commits, oldest first, until none is
-// left or the pool closes (which drops the rest).
+// lateBatch is how many late commits are sent at once: one slow send (a
+// starved process, a router's stream busy) does not hold the others.
+const lateBatch = 32
+
+// deliverLate sends the queued late commits, oldest first, up to
+// lateBatch at a time, until none is left or the pool closes (which drops
+// the rest). A commit that could not be sent goes back to the front, in
+// order, and the delivery waits for a router to answer.
 func (p *Pool) deliverLate() {
 	defer p.wg.Done()
 	wait := lateRetryMin
 	for {
 		p.late.mu.Lock()
-		front := p.late.q.Front()
-		if front == nil {
+		var batch []*lateCommit
+		for len(batch) < lateBatch {
+			front := p.late.q.Front()
+			if front == nil {
+				break
+			}
+			lc := front.Value.(*lateCommit)
+			p.late.q.Remove(front)
+			lc.elem, lc.state = nil, lateSending
+			batch = append(batch, lc)
+		}
+		if len(batch) == 0 {
 			p.late.running = false
 			p.late.mu.Unlock()
 			return
 		}
-		lc := front.Value.(*lateCommit)
-		p.late.q.Remove(front)
-		lc.elem, lc.state = nil, lateSending
 		p.late.mu.Unlock()
 
-		if p.sendLate(lc) {
-			wait = lateRetryMin
-			continue
+		sent := make([]bool, len(batch))
+		var wg sync.WaitGroup
+		for i, lc := range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sent[i] = p.sendLate(lc)
+			}()
 		}
-		// No router: put it back in front and wait for one to answer.
+		wg.Wait()
+		// Those not sent go back in front, in order; one whose request
+		// ended meanwhile is done.
+		var ended []*lateCommit
+		failed := false
 		p.late.mu.Lock()
-		if lc.freed {
-			lc.state = lateDone
-			p.late.mu.Unlock()
-			lc.done(LateEnded)
-		} else {
+		for i := len(batch) - 1; i >= 0; i-- {
+			if sent[i] {
+				continue
+			}
+			failed = true
+			lc := batch[i]
+			if lc.freed {
+				lc.state = lateDone
+				ended = append(ended, lc)
+				continue
+			}
 			lc.state = lateQueued
 			lc.elem = p.late.q.PushFront(lc)
-			p.late.mu.Unlock()
+		}
+		p.late.mu.Unlock()
+		for _, lc := range ended {
+			lc.done(LateEnded)
+		}
+		if !failed {
+			wait = lateRetryMin
+			continue
 		}
 		timer := time.NewTimer(wait)
 		select {

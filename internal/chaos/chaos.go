@@ -578,8 +578,8 @@ func (r *Report) Print(w io.Writer) {
 			AccountingInterval, a.Samples, a.Diverged, a.MaxDivergence, a.LongestDivergenceSeconds)
 		fmt.Fprintf(w, "  outside the engines' range within ±%.0f s: %d (below: %d, above: %d) %s\n", a.WindowSeconds, a.OutsideWindow, a.Below, a.Above, a.FirstOutside)
 		fmt.Fprintf(w, "  shift to an equal engines' count: p50 %.1f s, p99 %.1f s, max %.1f s; none within ±5 s: %d\n", a.ShiftP50Seconds, a.ShiftP99Seconds, a.ShiftMaxSeconds, a.Unmatched)
-		fmt.Fprintf(w, "  against the global router's decisions in flight: %d samples differ, by at most %d (unaccounted at most %d), longest run %.1f s\n",
-			a.DecidedDiverged, a.DecidedMaxDivergence, a.Unaccounted, a.DecidedLongestDivergenceSeconds)
+		fmt.Fprintf(w, "  against the global router's decisions in flight: %d samples differ, by at most %d (unaccounted at most %d; best-effort commits queued at most %d), longest run %.1f s\n",
+			a.DecidedDiverged, a.DecidedMaxDivergence, a.Unaccounted, a.MaxLate, a.DecidedLongestDivergenceSeconds)
 		fmt.Fprintf(w, "  after the traffic: routers %d, engines %d (both 0 after %.1f s); best effort %v; contended commits %v\n", a.AfterRouters, a.AfterEngines, a.AfterSeconds, a.BestEffort, a.Contended)
 	}
 }

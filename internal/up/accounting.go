@@ -32,6 +32,9 @@ type AccountingSample struct {
 	Routers int
 	Engines int
 	Decided int
+	// Late is the global router's best-effort commits still queued
+	// (globalrouter.Router.LateCommits).
+	Late int
 }
 
 // SampleAccounting reads InFlight every interval until ctx ends and
@@ -41,12 +44,18 @@ func (s *System) SampleAccounting(ctx context.Context, interval time.Duration) [
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		d := 0
+		// The reads are not atomic: Decided is read before and after the
+		// routers, and the smaller kept, so that a decision made or freed
+		// between the reads does not count as one the routers miss.
+		d, late := 0, 0
 		if s.Global != nil {
-			d = s.Global.Leases()
+			d, late = s.Global.Leases(), s.Global.LateCommits()
 		}
 		r, e := s.InFlight()
-		out = append(out, AccountingSample{At: time.Now(), Routers: r, Engines: e, Decided: d})
+		if s.Global != nil {
+			d = min(d, s.Global.Leases())
+		}
+		out = append(out, AccountingSample{At: time.Now(), Routers: r, Engines: e, Decided: d, Late: late})
 		select {
 		case <-ctx.Done():
 			return out
@@ -104,6 +113,8 @@ type AccountingReport struct {
 	DecidedMaxDivergence            int     `json:"decided_max_divergence"`
 	Unaccounted                     int     `json:"unaccounted"`
 	DecidedLongestDivergenceSeconds float64 `json:"decided_longest_divergence_seconds"`
+	// MaxLate is the most best-effort commits queued at a sample.
+	MaxLate int `json:"max_late"`
 }
 
 // maxShift bounds the search for an equal engines' count (AccountingReport
@@ -156,6 +167,7 @@ func AnalyzeAccounting(samples []AccountingSample, window time.Duration) Account
 	var dStart time.Time
 	dRun := false
 	for _, s := range samples {
+		rep.MaxLate = max(rep.MaxLate, s.Late)
 		d := s.Decided - s.Routers
 		rep.Unaccounted = max(rep.Unaccounted, d)
 		if d < 0 {

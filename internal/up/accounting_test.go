@@ -17,14 +17,14 @@ func TestAnalyzeAccounting(t *testing.T) {
 		longest          float64
 		outside          int
 	}{
-		{"equal", []up.AccountingSample{{at(0), 0, 0, 0}, {at(100), 3, 3, 3}, {at(200), 0, 0, 0}}, 0, 0, 0, 0},
+		{"equal", []up.AccountingSample{{At: at(0), Routers: 0, Engines: 0, Decided: 0}, {At: at(100), Routers: 3, Engines: 3, Decided: 3}, {At: at(200), Routers: 0, Engines: 0, Decided: 0}}, 0, 0, 0, 0},
 		// The router counts a request 100 ms before the engine and frees
 		// it 100 ms after: within a 1 s window.
-		{"lagging", []up.AccountingSample{{at(0), 1, 0, 1}, {at(100), 1, 1, 1}, {at(200), 1, 0, 1}, {at(300), 0, 0, 0}}, 2, 1, 0.1, 0},
+		{"lagging", []up.AccountingSample{{At: at(0), Routers: 1, Engines: 0, Decided: 1}, {At: at(100), Routers: 1, Engines: 1, Decided: 1}, {At: at(200), Routers: 1, Engines: 0, Decided: 1}, {At: at(300), Routers: 0, Engines: 0, Decided: 0}}, 2, 1, 0.1, 0},
 		// A request the routers never count.
-		{"unaccounted", []up.AccountingSample{{at(0), 0, 0, 0}, {at(100), 0, 1, 0}, {at(1200), 0, 1, 0}, {at(2300), 0, 1, 0}, {at(3400), 0, 0, 0}}, 3, 1, 3.3, 2},
+		{"unaccounted", []up.AccountingSample{{At: at(0), Routers: 0, Engines: 0, Decided: 0}, {At: at(100), Routers: 0, Engines: 1, Decided: 0}, {At: at(1200), Routers: 0, Engines: 1, Decided: 0}, {At: at(2300), Routers: 0, Engines: 1, Decided: 0}, {At: at(3400), Routers: 0, Engines: 0, Decided: 0}}, 3, 1, 3.3, 2},
 		// Phantom load on the routers after the engines finished.
-		{"phantom", []up.AccountingSample{{at(0), 1, 1, 1}, {at(100), 1, 0, 1}, {at(1200), 1, 0, 1}, {at(2300), 1, 0, 1}}, 3, 1, 2.2, 2},
+		{"phantom", []up.AccountingSample{{At: at(0), Routers: 1, Engines: 1, Decided: 1}, {At: at(100), Routers: 1, Engines: 0, Decided: 1}, {At: at(1200), Routers: 1, Engines: 0, Decided: 1}, {At: at(2300), Routers: 1, Engines: 0, Decided: 1}}, 3, 1, 2.2, 2},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rep := up.AnalyzeAccounting(tt.samples, time.Second)
@@ -41,7 +41,7 @@ func TestAnalyzeAccounting(t *testing.T) {
 func TestAccountingShift(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	rep := up.AnalyzeAccounting([]up.AccountingSample{{at(0), 0, 0, 0}, {at(100), 0, 1, 0}, {at(1200), 0, 1, 0}, {at(2300), 0, 1, 0}, {at(3400), 0, 0, 0}, {at(3500), 7, 0, 7}}, time.Second)
+	rep := up.AnalyzeAccounting([]up.AccountingSample{{At: at(0), Routers: 0, Engines: 0, Decided: 0}, {At: at(100), Routers: 0, Engines: 1, Decided: 0}, {At: at(1200), Routers: 0, Engines: 1, Decided: 0}, {At: at(2300), Routers: 0, Engines: 1, Decided: 0}, {At: at(3400), Routers: 0, Engines: 0, Decided: 0}, {At: at(3500), Routers: 7, Engines: 0, Decided: 7}}, time.Second)
 	if rep.ShiftMaxSeconds < 1.2-1e-9 || rep.ShiftMaxSeconds > 1.2+1e-9 || rep.Unmatched != 1 {
 		t.Errorf("got shift max %v s and %d unmatched, want 1.2 s and 1 (the 7 no engine count equals)", rep.ShiftMaxSeconds, rep.Unmatched)
 	}
@@ -52,7 +52,7 @@ func TestAccountingShift(t *testing.T) {
 func TestAccountingDecided(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	rep := up.AnalyzeAccounting([]up.AccountingSample{{at(0), 0, 0, 0}, {at(100), 1, 1, 2}, {at(200), 2, 2, 2}, {at(300), 2, 2, 1}, {at(400), 0, 0, 0}}, time.Second)
+	rep := up.AnalyzeAccounting([]up.AccountingSample{{At: at(0), Routers: 0, Engines: 0, Decided: 0}, {At: at(100), Routers: 1, Engines: 1, Decided: 2}, {At: at(200), Routers: 2, Engines: 2, Decided: 2}, {At: at(300), Routers: 2, Engines: 2, Decided: 1}, {At: at(400), Routers: 0, Engines: 0, Decided: 0}}, time.Second)
 	if rep.Unaccounted != 1 || rep.DecidedDiverged != 2 || rep.DecidedMaxDivergence != 1 || rep.DecidedLongestDivergenceSeconds < 0.1-1e-9 || rep.DecidedLongestDivergenceSeconds > 0.1+1e-9 {
 		t.Errorf("got %+v, want 1 unaccounted, 2 differing samples by at most 1, the longest 0.1 s", rep)
 	}
