@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -36,6 +37,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs.Float64Var(&cc.Up.Speedup, "speedup", cc.Up.Speedup, "chaos: speed-up factor of the mock workers")
 	fs.DurationVar(&cc.ErrorPause, "error-pause", cc.ErrorPause, "chaos: a client's pause after a failed request before its next (0: retry at once)")
 	fs.DurationVar(&cc.Up.ProbeTimeout, "probe-timeout", 0, "chaos: the global router's probe deadline (0: its default)")
+	fs.BoolVar(&cc.Accounting, "accounting", false, "chaos: sample the local routers' in-flight count and the engines' running+waiting every 100 ms and report how they compare (issue 27 item 4); without -kill it runs no fault")
 	probe := fs.Bool("probe", false, "side-by-side probe benchmark: the local-router channel against unary BestWorker on the same index")
 	rate := fs.Int("rate", 5000, "probe: probes per second offered; decision: requests per second (default 1000 there)")
 	probes := fs.Int("probes", 20000, "probe: probes per mode")
@@ -112,8 +114,14 @@ func runBench(ctx context.Context, args []string) error {
 			Opening: *soakOpening, SteadyEvery: *soakSteady, HTTP2: *soakHTTP2,
 			Progress: slog.New(slog.NewTextHandler(os.Stderr, nil))}, *asJSON)
 	}
+	if cc.Accounting && !*withChaos {
+		return errors.New("-accounting: needs -chaos (it samples the chaos run)")
+	}
 	if *withChaos {
 		cc.Kill = config.SplitList(*kill)
+		if cc.Accounting && !flagSet(fs, "kill") {
+			cc.Kill = nil // a stopped router or killed worker is not an accounting difference
+		}
 		fmt.Fprintf(os.Stderr, "chaos: %d streams for %v, faults %v (%v each)…\n", cc.Streams, cc.Duration, cc.Kill, cc.Hold)
 		rep, err := chaos.Run(ctx, cc)
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
@@ -32,11 +33,16 @@ import (
 // the worker the probes named. Across pools, an answer costlier than the
 // probe (the pool got busier under the decision) is contended: the request
 // is placed again under Router.recheckMu and, if still costlier, rechecked
-// against the other pools (recheck). Only contended decisions take the
+// against the other pools (recheck); a decision that cannot take the lock
+// within the probe timeout keeps its first placement (outcome busy: the
+// contended decisions before it are slow, on a starved process, and
+// waiting on them would hold it committed and unanswered). Only contended decisions take the
 // lock; the others commit concurrently, so the lock is never held across
 // an uncontended round trip. A refused commit (no worker left in the
 // bounds, an unknown request shape, a router that cannot be reached)
-// moves on to the next ranked pool; a commit with no answer in time, or
+// moves on to the next ranked pool (when none is left and every commit
+// failed to reach its router, the decision goes best effort, its commit
+// queued: accounting.go); a commit with no answer in time, or
 // an answer outside the bounds (a router older than the bounds), falls
 // back to the pipelined commit of the probed worker on the same pool.
 //
@@ -52,6 +58,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 	var refused []string
 	mode := st.cfg.Probe.Commit
 	decide := mode != CommitPipelined && mode != CommitReserve
+	unreached := true // every refusal so far was an outage (nothing sent)
 	for i, c := range ranked {
 		pe := st.byName[c.Pool]
 		if pe == nil { // a policy made up a candidate
@@ -66,14 +73,21 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			// The pool got busier between its probe and its commit
 			// (decisions made on the same idle state landed first): place
 			// again, serialised, and let the chain decide on that answer.
-			var kept bool
-			r.recheckMu.Lock()
-			tr, sel, note, kept, err = r.replace(ctx, pe, p, c.Probe, tr, sel, &l.mainRefused)
-			if !kept && err == nil && note == "" && sel.Cost > c.Probe.Cost {
-				c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
-			}
-			r.recheckMu.Unlock()
 			outcome := "kept"
+			if r.lockRecheck(ctx, st.cfg.Probe.Timeout) {
+				var kept bool
+				tr, sel, note, kept, err = r.replace(ctx, pe, p, c.Probe, tr, sel, &l.mainRefused)
+				if !kept && err == nil && note == "" && sel.Cost > c.Probe.Cost {
+					c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
+				}
+				<-r.recheckMu
+			} else {
+				// The contended decisions before it held the lock past the
+				// probe deadline (a burst on a starved process): the first
+				// placement stands, rather than a convoy in which every
+				// request waits, committed, for the ones before it.
+				outcome = "busy"
+			}
 			switch {
 			case err != nil:
 				outcome = "refused"
@@ -95,6 +109,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			if pinned {
 				return nil, pinError(HeaderPool, c.Pool, err)
 			}
+			unreached = unreached && outage(err)
 			continue
 		}
 		var notes []string
@@ -135,6 +150,13 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			r.log.Debug("decision", "request_id", p.id, "explanation", d.Explanation)
 		}
 		return d, nil
+	}
+	if unreached && len(refused) > 0 {
+		// Every commit failed to reach its router (they answered the
+		// probes a moment ago): best effort, committed late (accounting.go).
+		if d := r.bestEffort(ctx, st, p, results, trace); d != nil {
+			return d, nil
+		}
 	}
 	return nil, &Refusal{Kind: ErrNoPool, Reason: "no_pool_reachable", Public: "no pool took the request; retry later",
 		Err: fmt.Errorf("every ranked pool refused the commit: %v", refused)}
@@ -493,6 +515,10 @@ type lease struct {
 	mainRefused atomic.Pointer[error]
 	// flow is told a pool may have room (flow.go; nil: no flow control).
 	flow *flowQueues
+	// live is the Router's count of unfreed leases this one is part of
+	// (nil: not counted); freed makes Free count once.
+	live  *atomic.Int64
+	freed atomic.Bool
 }
 
 var _ Lease = (*lease)(nil)
@@ -502,7 +528,7 @@ var _ Lease = (*lease)(nil)
 // ErrCommitRefused.
 func (l *lease) PrefillComplete(ctx context.Context) error {
 	var err error
-	if l.main != nil { // nil: best effort, nothing committed
+	if l.main != nil { // nil: nothing committed (a pool the decision had no entry for)
 		err = l.main.PrefillComplete(ctx)
 	}
 	if refused := l.mainRefused.Load(); refused != nil {
@@ -518,6 +544,9 @@ func (l *lease) PrefillComplete(ctx context.Context) error {
 // Free implements Lease. A refused commit has nothing to free: the stream
 // is closed and nil returned.
 func (l *lease) Free(ctx context.Context) error {
+	if l.live != nil && !l.freed.Swap(true) {
+		l.live.Add(-1)
+	}
 	var err error
 	if l.main != nil {
 		err = l.main.Free(ctx)
@@ -527,4 +556,24 @@ func (l *lease) Free(ctx context.Context) error {
 	}
 	l.flow.kick()
 	return err
+}
+
+// lockRecheck takes Router.recheckMu, waiting at most wait (and while ctx
+// lives); false when it could not.
+func (r *Router) lockRecheck(ctx context.Context, wait time.Duration) bool {
+	select {
+	case r.recheckMu <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case r.recheckMu <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -59,8 +59,9 @@
 // candidate chain ranking alongside the live one, never committing),
 // observe.go (WithObserver, LastReload: what a status page reads),
 // tracing.go (OpenTelemetry spans and exemplars, WithTracerProvider),
-// headers.go (request headers), decide.go (prepare, probe, rank, best
-// effort, the cause of no pool), blockkeys.go (a request's block keys: the
+// headers.go (request headers), decide.go (prepare, probe, rank, the
+// cause of no pool), accounting.go (the one retry of a probe that reached
+// no router, the best-effort decision and its late commit), blockkeys.go (a request's block keys: the
 // ids, seeded by adapter and cache_salt, with the chat's media items as
 // the engines' extra_keys), reserve.go (probe.commit: reserve: releasing
 // the reservations no commit confirmed), commit.go (commit, fallbacks,
@@ -102,8 +103,10 @@
 // certificate or JWT a trusted Envoy vouches for (identity.go).
 //
 // Failure (pool package for the circuits): when no eligible pool's local
-// router can be reached the decision is made best effort on the last known
-// workers (Decision.BestEffort, no commit); fallbacks include other
+// router can be reached, after one retry of the probe with the longest
+// deadline, the decision is made best effort on the last known workers
+// (Decision.BestEffort), and its commit is queued until a router of that
+// pool answers again (pool.Pool.CommitLate; accounting.go); fallbacks include other
 // workers of the primary's pool; HealthReporter takes the response path's
 // connection failures and ejects the worker (passive health).
 //

@@ -37,11 +37,15 @@ type Router struct {
 	ejector *pool.Ejector
 
 	reloadMu sync.Mutex // serialises Reload and Close
-	// recheckMu serialises the contended decide-and-commits: their second
+	// recheckMu (a channel of capacity 1: a lock waited for with a
+	// bound) serialises the contended decide-and-commits: their second
 	// placement and their recheck (commit.go). Uncontended commits do not
 	// take it.
-	recheckMu sync.Mutex
-	st        atomic.Pointer[state]
+	recheckMu chan struct{}
+	// leases counts the decisions returned whose Lease is not freed yet
+	// (Leases; accounting.go).
+	leases atomic.Int64
+	st     atomic.Pointer[state]
 	// probers probe a decision's second and later pools (probers.go).
 	probers *probers
 
@@ -98,7 +102,7 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), shadowRun: &shadowRunner{m: sm},
+	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), recheckMu: make(chan struct{}, 1), shadowRun: &shadowRunner{m: sm},
 		flow:    newFlowQueues(fm, o.logger.With("component", "flowcontrol")),
 		conns:   pool.NewConns(o.dialer, cfg.Probe.circuit(), o.now),
 		ejector: pool.NewEjector(cfg.Probe.EjectBase, cfg.Probe.EjectMax, o.now)}
@@ -177,6 +181,10 @@ func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error
 		outcome = errOutcome(err)
 	} else {
 		poolName = d.Primary.Pool
+		if l, ok := d.Lease.(*lease); ok {
+			l.live = &r.leases
+			r.leases.Add(1)
+		}
 	}
 	dur := r.opts.now().Sub(start)
 	r.observeDecision(outcome, dur.Seconds(), sp)

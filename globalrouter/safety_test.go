@@ -263,7 +263,6 @@ func TestNoPoolNamesTheRealCause(t *testing.T) {
 	cfg.Pools[1].Policy = policies.PoolSection{"header-match": section(policies.HeaderMatchPool{Headers: map[string][]string{"x-tenant": {"acme"}}})}
 	acme := &globalrouter.Request{Model: model, Prompt: longText(40), Headers: map[string]string{"x-tenant": "acme"}}
 
-	cold, _ := newRouter(t, cfg)
 	warm, _ := newRouter(t, cfg)
 	d, err := warm.Decide(ctx, acme) // warm learns pool-b's workers
 	if err != nil {
@@ -271,6 +270,9 @@ func TestNoPoolNamesTheRealCause(t *testing.T) {
 	}
 	free(t, d)
 	c.b.Stop()
+	// cold starts with pool-b down: it never learned pool-b's workers (a
+	// pool learns them from its routers as soon as it has them).
+	cold, _ := newRouter(t, cfg)
 
 	_, err = cold.Decide(ctx, acme)
 	var ref *globalrouter.Refusal

@@ -46,6 +46,7 @@ func (p *Pool) CommitAsync(ctx context.Context, routerAddr string, cm Commit, co
 			err = fmt.Errorf("pool %q: commit on %s: %w", p.cfg.Name, c.addr, err)
 		} else {
 			sel.Router = c.addr
+			p.answered()
 		}
 		committed(sel, err)
 	})

@@ -296,7 +296,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	}
 	defer router.Close()
 	if slis != nil {
-		if _, err := subtreed.Start(ctx, o.Subtree, slis, router, &o.TLS, etcdCli, g, logger); err != nil {
+		if _, err := subtreed.Start(ctx, o.Subtree, slis, router, &o.TLS, etcdCli, reg, g, logger); err != nil {
 			_ = g.Stop(context.WithoutCancel(ctx))
 			return err
 		}

@@ -23,7 +23,9 @@
 // embedded etcd), secure.go (the certificates of --secure-serving),
 // regions.go (the region routers of TopologyRegions), disaggregated.go
 // (the prefill and decode pools of TopologyDisaggregated), faults.go (stopping
-// and restarting parts, for tests), public.go (the gateway's public
+// and restarting parts, for tests), accounting.go (the routers' in-flight
+// count against the engines' running+waiting, sampled and compared
+// within a window), public.go (the gateway's public
 // paths), status.go (the status page), live.go (the live page's
 // snapshot), tokenizer.go (the tokenizers it loads).
 package up
