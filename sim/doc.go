@@ -38,6 +38,17 @@
 //     "pool/worker" ids mapped back to the engines, leases as above.
 //   - Sweeps (sweep.go): every combination of named router parameters and
 //     chain arguments, and the Pareto front of mean/p99 TTFT vs hit ratio.
+//   - Engine profiles (engine.go, EngineProfile): the engines' own
+//     per-worker speeds, timing curves (mocker.Curves) and noise,
+//     independent of what the routers are told; Config.WorkerTimings is
+//     each worker's true model. Scrapes (scrape.go): each engine's running,
+//     waiting and KV usage reach its router's engine signals every scrape
+//     period, after the scrape delay, as a local router's metrics scraper
+//     delivers them.
+//   - The llm-d baseline (llmd.go, KindLLMD): the llm-d inference
+//     scheduler's default profile (queue, KV-cache-utilization and
+//     approximate prefix-cache scorers, max-score picker) on the same
+//     scraped signals.
 //   - Policies (policy.go, ttft.go): random, round-robin, least-loaded,
 //     kv-overlap, Dynamo's default cost, kvgate's default (the
 //     predicted-TTFT scorer, "ttft:ext=…"), its form in Dynamo's cost

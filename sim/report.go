@@ -41,6 +41,9 @@ type Report struct {
 	UnloadedTTFTMS Dist        `json:"unloaded_ttft_ms"`
 	Results        []*Result   `json:"results"`
 	Replay         ReplayStats `json:"replay"`
+
+	// Engines is the engine profile (engine.go).
+	Engines EngineReport `json:"engines"`
 }
 
 // ReplayStats describe the replay itself, not the simulated system.

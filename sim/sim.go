@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/signals"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
@@ -72,6 +73,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep := newReport(cfg, wl)
+	rep.Engines = cfg.engineReport()
 	type job struct {
 		topo   Topology
 		policy Policy
@@ -132,6 +134,8 @@ const (
 	evArrival = iota
 	evWake
 	evKV
+	evScrape  // sample the engines' metrics (scrape.go)
+	evSignals // a scrape reaches the routers (scrape.go)
 )
 
 type event struct {
@@ -141,6 +145,8 @@ type event struct {
 	idx  int
 	w    *worker
 	evs  []kvevents.Event
+	// samples are an evSignals' engine samples, by worker index.
+	samples []signals.Sample
 }
 
 type eventQueue []event
@@ -184,6 +190,11 @@ type run struct {
 	poolChain *policies.Chain
 
 	eventsRejected int
+	// scrapeQueued counts evScrape and evSignals events in q: scrapes go
+	// on while anything else is queued (scrape.go).
+	scrapeQueued int
+	// llmd is the llm-d baseline's approximate prefix index (llmd.go).
+	llmd *llmdIndex
 
 	// vnow is now in unix nanoseconds, for the clocks of the routers
 	// (read from the global router's probe goroutines).
@@ -244,6 +255,7 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 	for i, req := range wl.reqs {
 		r.push(event{t: epoch.Add(req.Arrival), kind: evArrival, idx: i})
 	}
+	r.startScrapes()
 	for n := 0; r.q.Len() > 0; n++ {
 		if n%4096 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -268,6 +280,10 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 			err = r.step(ctx, e.w)
 		case evKV:
 			r.apply(e.w, e.evs)
+		case evScrape:
+			r.scrape()
+		case evSignals:
+			r.delivered(e.samples)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s/%s at %v: %w", topo.Name(), policy.Name, r.now.Sub(epoch), err)

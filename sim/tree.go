@@ -159,8 +159,8 @@ func (r *run) addWorker(p *simPool, blockSize int) error {
 		MaxNumSeqs:          cfg.MaxNumSeqs,
 		MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
 		Role:                p.role,
-		Timing:              meteredTiming{model: mocker.DefaultTiming{Speedup: cfg.Speedup}, busy: w.busy},
-		Speedup:             cfg.Speedup,
+		Timing:              cfg.engineTiming(w.index, w.busy),
+		Speedup:             cfg.workerSpeedup(w.index),
 	})
 	if err != nil {
 		return err
