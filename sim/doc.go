@@ -57,7 +57,9 @@
 //   - The oracles (oracle.go): the hit ratio of an infinite cache shared by
 //     all workers, the physical limit of prefix reuse, and of one LRU
 //     cache holding the pool's total KV capacity, what perfect routing
-//     without duplication could keep.
+//     without duplication could keep; and (oracle_causal.go) that cache
+//     with causality, a block hit only once some idle worker could have
+//     computed it (OracleBounds).
 //   - Reporting (report.go, plot.go with plot_svg.go and plot_png.go,
 //     progress.go: the progress bar): a terminal table, JSON, and an SVG or PNG
 //     with each policy's TTFT CDF and hit ratio.

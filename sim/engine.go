@@ -107,6 +107,18 @@ func (c Config) WorkerTimings() []mocker.Timing {
 	return out
 }
 
+// fastestTiming is the fastest worker's curves (noise aside): what the
+// causal oracle prices the earliest prefill with.
+func (c Config) fastestTiming() mocker.Timing {
+	best := 0
+	for i := range c.Workers {
+		if c.workerSpeedup(i) > c.workerSpeedup(best) {
+			best = i
+		}
+	}
+	return c.workerCurves(best)
+}
+
 // workerSpeedup is worker i's speedup: Config.Speedup × its speed.
 func (c Config) workerSpeedup(i int) float64 {
 	s := c.Speedup

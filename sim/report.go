@@ -42,8 +42,10 @@ type Report struct {
 	Results        []*Result   `json:"results"`
 	Replay         ReplayStats `json:"replay"`
 
-	// Engines is the engine profile (engine.go).
+	// Engines is the engine profile (engine.go); Bounds more oracles
+	// (oracle_causal.go).
 	Engines EngineReport `json:"engines"`
+	Bounds  OracleBounds `json:"bounds"`
 }
 
 // ReplayStats describe the replay itself, not the simulated system.

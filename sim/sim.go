@@ -74,6 +74,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := newReport(cfg, wl)
 	rep.Engines = cfg.engineReport()
+	rep.Bounds.CausalCapacityOracleHitRatio = causalCapacityOracleHitRatio(wl, rep.Workers*(cfg.KVTokens/cfg.BlockSize), cfg.MaxNumBatchedTokens, cfg.fastestTiming())
 	type job struct {
 		topo   Topology
 		policy Policy
