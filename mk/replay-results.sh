@@ -11,7 +11,8 @@
 #
 # Each run writes OUT/<trace>-<load>-<profile>.json (kvgate replay
 # --json-out) and is skipped when that file exists, so an interrupted run
-# resumes. Runs are niced: the replay is CPU-bound and single-threaded.
+# resumes; TABLE_ONLY=1 prints the table of the files there without
+# running anything. Runs are niced: the replay is CPU-bound and single-threaded.
 set -eu
 KVGATE=${KVGATE:-bin/kvgate}
 OUT=${OUT:-.cache/replay-results}
@@ -49,7 +50,7 @@ for trace in $TRACES; do
 	for load in $LOADS; do
 		for prof in $PROFILES; do
 			f="$OUT/$trace-${load}x-$prof.json"
-			[ -s "$f" ] && continue
+			[ -s "$f" ] || [ -n "${TABLE_ONLY:-}" ] && continue
 			if [ "$trace" = mooncake ]; then
 				src="--trace $TRACE --max-requests $MOONCAKE_REQUESTS"
 			else
@@ -72,7 +73,7 @@ for trace in $TRACES; do
 	for load in $LOADS; do
 		for prof in $PROFILES; do
 			f="$OUT/$trace-${load}x-$prof.json"
-			[ -s "$f" ] || continue
+			[ -s "$f" ] && jq -e .results >/dev/null 2>&1 <"$f" || continue
 			jq -r --arg t "$trace" --arg l "${load}x" --arg p "$prof" '
 				(.results[] | select(.policy == "dynamo") | .ttft_ms) as $d
 				| .results[]

@@ -43,6 +43,9 @@ import (
 //
 // Waiting and KV usage are the scraped engine signals the local routers
 // hold (scrape.go), with the same period and delay as every other policy.
+// (llm-d's EPP itself refreshes them every 50 ms by default,
+// DefaultRefreshMetricsInterval in GIE pkg/epp/server/runserver.go at
+// 60c5ab8f: `--engine-scrape-period 50ms` replays that.)
 const KindLLMD = "llm-d"
 
 // The llm-d default profile's parameters (see KindLLMD for the sources).
