@@ -186,6 +186,14 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay, PredictedTTL: pttl,
 		Parallel: *parallel, Progress: prog, Global: global, Engines: engines,
 	}
+	readers := cfg.SignalReaders()
+	switch {
+	case *configPath != "":
+	case (onCLI["engine-scrape-period"] || onCLI["engine-scrape-delay"]) && *scrapeEvery > 0 && len(readers) == 0:
+		fmt.Fprintln(stderr, "kvgate replay: warning: --engine-scrape-period/--engine-scrape-delay set, but no policy replayed reads engine signals (llm-d, kvgate/ttft, chains with waiting, running, kv-usage, saturation thresholds or lora)")
+	case *scrapeEvery == 0 && len(readers) > 0:
+		fmt.Fprintf(stderr, "kvgate replay: warning: %s read engine signals, which --engine-scrape-period 0 never delivers\n", strings.Join(readers, ", "))
+	}
 	if sweepParams != nil {
 		if *plot != "" {
 			return errors.New("--plot does not apply to --sweep")

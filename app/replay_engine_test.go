@@ -57,3 +57,27 @@ func TestReplayEngineProfile(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayScrapeKnobWarnings: scrape flags no replayed policy reads,
+// and signal readers without scrapes, are warned about.
+func TestReplayScrapeKnobWarnings(t *testing.T) {
+	base := []string{"--generate", "agentic:sessions=2,max_turns=2,seed=1", "--max-requests", "4", "--workers", "2"}
+	for _, tc := range []struct {
+		args []string
+		want string // "" for no warning
+	}{
+		{[]string{"--policies", "round-robin", "--engine-scrape-delay", "10ms"}, "no policy replayed reads engine signals"},
+		{[]string{"--policies", "round-robin,llm-d", "--engine-scrape-delay", "10ms"}, ""},
+		{[]string{"--policies", "round-robin,llm-d,kvgate,chain:waiting=1", "--engine-scrape-period", "0"}, "llm-d, kvgate, chain:waiting=1 read engine signals"},
+		{[]string{"--policies", "round-robin,dynamo", "--engine-scrape-period", "0"}, ""},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := replayCmd(context.Background(), nil, "replay", append(base[:len(base):len(base)], tc.args...), &stdout, &stderr); err != nil {
+			t.Fatalf("replay %v: %v", tc.args, err)
+		}
+		got := stderr.String()
+		if (tc.want == "") != !strings.Contains(got, "warning") || !strings.Contains(got, tc.want) {
+			t.Errorf("replay %v: stderr %q, want a warning containing %q", tc.args, got, tc.want)
+		}
+	}
+}

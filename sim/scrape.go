@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/signals"
 )
 
@@ -63,4 +64,24 @@ func (r *run) deliver(smp []signals.Sample) {
 func (r *run) delivered(smp []signals.Sample) {
 	r.scrapeQueued--
 	r.deliver(smp)
+}
+
+// SignalReaders names the policies of c that read scraped engine signals:
+// llm-d, kvgate's ttft scorer (the KV usage it takes over its own
+// estimate) and worker chains with entries reading engine metrics
+// (localrouter.EngineMetricEntries). A --config replay's chains are
+// checked by the configuration's own tools, not here.
+func (c Config) SignalReaders() []string {
+	c = c.withDefaults()
+	var out []string
+	for _, p := range c.Policies {
+		switch {
+		case c.Global != nil:
+		case p.Kind == KindLLMD, p.Kind == KindTTFT:
+			out = append(out, p.Name)
+		case p.Kind == KindCost && len(localrouter.EngineMetricEntries(p.routerConfig(c.BlockSize, c.PredictedTTL).WorkerChain)) > 0:
+			out = append(out, p.Name)
+		}
+	}
+	return out
 }
