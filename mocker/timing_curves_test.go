@@ -2,6 +2,7 @@ package mocker
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 )
@@ -82,4 +83,19 @@ func FuzzParseCurves(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestExampleEngineTiming: the shipped example parses.
+func TestExampleEngineTiming(t *testing.T) {
+	data, err := os.ReadFile("../examples/engine-timing.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseCurves("engine-timing.yaml", data, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.PrefillMS.Constant != 33 || c.DecodeMS != DefaultCurves().DecodeMS {
+		t.Errorf("parsed %+v", c)
+	}
 }
