@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/sim"
 )
 
@@ -56,6 +57,11 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		maxSeqs     = fs.Int("max-num-seqs", 256, "running sequences per worker")
 		maxBatched  = fs.Int("max-num-batched-tokens", 8192, "tokens computed per iteration per worker")
 		speedup     = fs.Float64("speedup", 1, "divide the timing model's durations by this")
+		engSpeeds   = fs.String("engine-speeds", "", "per-worker engine speed factors, one per worker, e.g. 1,1,1,1,0.5,0.5,0.5,0.5 (0.5: twice as slow); read by the simulated engines only, never told to the routers' scorers")
+		engTiming   = fs.String("engine-timing", "", "YAML/JSON file of the engines' timing curves (mocker.Curves: prefill_ms and decode_ms {quadratic, linear, constant}, speedup); read by the simulated engines only, never told to the routers' scorers")
+		engNoise    = fs.Float64("engine-noise", 0, "multiplicative noise on each engine iteration, uniform in [1-N, 1+N], deterministic by --seed; read by the simulated engines only")
+		scrapeEvery = fs.Duration("engine-scrape-period", sim.DefaultScrapePeriod, "how often the routers read each engine's running, waiting and KV usage (as a local router's metrics scraper does; 0: never); read by worker chains using engine signals (saturation, waiting, kv-usage, running, ttft's KV usage) and the llm-d policy")
+		scrapeDelay = fs.Duration("engine-scrape-delay", 0, "how late each scrape reaches the routers; read with --engine-scrape-period")
 		eventDelay  = fs.Duration("event-delay", 0, "delay of KV events between a worker and its router")
 		predTTL     = fs.Duration("predicted-ttl", 10*time.Second, "TTL of the routers' predicted index entries (0: none)")
 		parallel    = fs.Int("parallel", 1, "simulations run at once")
@@ -195,11 +201,23 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	if pttl == 0 {
 		pttl = -1
 	}
+	engines, err := engineProfile(*engSpeeds, *engTiming, *engNoise, *scrapeEvery, *scrapeDelay, *maxBatched)
+	if err != nil {
+		return err
+	}
 	cfg := sim.Config{
 		Trace: trace, TraceName: name, Rate: r, MaxRequests: *maxRequests, Seed: *seed,
 		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens, CPUKVTokens: *cpuTokens,
 		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay, PredictedTTL: pttl,
-		Parallel: *parallel, Progress: prog, Global: global, Load: loadX, SLOMS: slo, FlowControl: *flowControl,
+		Parallel: *parallel, Progress: prog, Global: global, Load: loadX, SLOMS: slo, FlowControl: *flowControl, Engines: engines,
+	}
+	readers := cfg.SignalReaders()
+	switch {
+	case *configPath != "":
+	case (onCLI["engine-scrape-period"] || onCLI["engine-scrape-delay"]) && *scrapeEvery > 0 && len(readers) == 0:
+		fmt.Fprintln(stderr, "kvgate replay: warning: --engine-scrape-period/--engine-scrape-delay set, but no policy replayed reads engine signals (llm-d, kvgate/ttft, chains with waiting, running, kv-usage, saturation thresholds or lora)")
+	case *scrapeEvery == 0 && len(readers) > 0:
+		fmt.Fprintf(stderr, "kvgate replay: warning: %s read engine signals, which --engine-scrape-period 0 never delivers\n", strings.Join(readers, ", "))
 	}
 	if sweepParams != nil {
 		if *plot != "" {
@@ -239,6 +257,38 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		return rep.WriteJSON(stdout)
 	}
 	return rep.WriteTable(stdout)
+}
+
+// engineProfile builds the replay's engine profile from its flags.
+func engineProfile(speeds, timingFile string, noise float64, period, delay time.Duration, maxBatched int) (sim.EngineProfile, error) {
+	p := sim.EngineProfile{Noise: noise, ScrapePeriod: period, ScrapeDelay: delay}
+	switch {
+	case period < 0:
+		return p, fmt.Errorf("--engine-scrape-period %v: want ≥ 0 (0: never)", period)
+	case period == 0 && delay != 0:
+		return p, errors.New("--engine-scrape-delay needs --engine-scrape-period > 0: without scrapes no signal is delayed")
+	case period == 0:
+		p.ScrapePeriod = -1
+	}
+	if speeds != "" {
+		s, err := sim.ParseEngineSpeeds(speeds)
+		if err != nil {
+			return p, fmt.Errorf("--engine-speeds: %w", err)
+		}
+		p.Speeds = s
+	}
+	if timingFile != "" {
+		data, err := os.ReadFile(timingFile)
+		if err != nil {
+			return p, fmt.Errorf("--engine-timing: %w", err)
+		}
+		c, err := mocker.ParseCurves(timingFile, data, maxBatched)
+		if err != nil {
+			return p, fmt.Errorf("--engine-timing: %w", err)
+		}
+		p.Timing, p.TimingName = &c, filepath.Base(timingFile)
+	}
+	return p, nil
 }
 
 func isTerminal(f *os.File) bool {

@@ -135,6 +135,8 @@
 // preemption, block registration, finishing), engine_hold.go (a P/D
 // prefill's pinned blocks: hold, release, expiry), kvcache.go (the block pool
 // and its free queue, the CPU tier), timing.go (Timing, DefaultTiming),
+// timing_curves.go (Curves: the timing model as data, ParseCurves for a
+// replay's --engine-timing file),
 // tokenizer.go (Tokenizer, WordTokenizer, RenderChat), runner.go (Clock,
 // KVSink, the goroutine stepping one rank's Engine), sink.go (ZMQSink,
 // PublisherSink, FuncSink), metrics.go (vLLM's Prometheus metrics),

@@ -34,7 +34,7 @@ type simPool struct {
 	byKey   map[localrouter.WorkerKey]*worker
 }
 
-// meteredTiming prices iterations with the default model and adds each
+// meteredTiming prices iterations with the engine's model and adds each
 // duration to a worker's busy time. The engine calls IterationTime exactly
 // once per iteration, so the sum is the time the worker computed.
 type meteredTiming struct {
@@ -97,8 +97,8 @@ func (r *run) buildPools() error {
 				MaxNumSeqs:          cfg.MaxNumSeqs,
 				MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
 				Role:                s.role,
-				Timing:              meteredTiming{model: mocker.DefaultTiming{Speedup: cfg.Speedup}, busy: w.busy},
-				Speedup:             cfg.Speedup,
+				Timing:              cfg.engineTiming(w.index, w.busy),
+				Speedup:             cfg.workerSpeedup(w.index),
 			})
 			if err != nil {
 				return err
@@ -173,6 +173,11 @@ func (r *run) choose(ctx context.Context, pools []*simPool, idx int, id string) 
 					}
 				}
 			}
+		}
+	case KindLLMD:
+		var err error
+		if w, err = r.chooseLLMD(pools, idx); err != nil {
+			return nil, err
 		}
 	case KindKVOverlap:
 		best, ties := -1, 0

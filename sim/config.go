@@ -127,6 +127,10 @@ type Config struct {
 	MaxNumSeqs, MaxNumBatchedTokens int
 	// Speedup divides the timing model's durations (1).
 	Speedup float64
+	// Engines is how the simulated engines run, independent of the
+	// routers' configuration (engine.go): per-worker speeds, other curves,
+	// noise, and their metrics' scrape period and delay.
+	Engines EngineProfile
 	// EventDelay delays KV events between a worker and its router (0).
 	EventDelay time.Duration
 	// PredictedTTL is the routers' predicted-entry TTL (0: the router's
@@ -238,6 +242,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: load %v must be a positive multiple of the capacity", ErrConfig, c.Load)
 	case c.Load > 0 && c.Global == nil:
 		return fmt.Errorf("%w: load needs a configuration replay (its pools' capacity is what it multiplies)", ErrConfig)
+	}
+	if err := c.Engines.validate(c.Workers, c.MaxNumBatchedTokens); err != nil {
+		return err
 	}
 	if c.Global != nil {
 		if err := c.Global.validate(c.Workers); err != nil {

@@ -43,6 +43,17 @@
 //     "pool/worker" ids mapped back to the engines, leases as above.
 //   - Sweeps (sweep.go): every combination of named router parameters and
 //     chain arguments, and the Pareto front of mean/p99 TTFT vs hit ratio.
+//   - Engine profiles (engine.go, EngineProfile): the engines' own
+//     per-worker speeds, timing curves (mocker.Curves) and noise,
+//     independent of what the routers are told; Config.WorkerTimings is
+//     each worker's true model. Scrapes (scrape.go): each engine's running,
+//     waiting and KV usage reach its router's engine signals every scrape
+//     period, after the scrape delay, as a local router's metrics scraper
+//     delivers them.
+//   - The llm-d baseline (llmd.go, KindLLMD): the llm-d inference
+//     scheduler's default profile (queue, KV-cache-utilization and
+//     approximate prefix-cache scorers, max-score picker) on the same
+//     scraped signals.
 //   - Policies (policy.go, ttft.go): random, round-robin, least-loaded,
 //     kv-overlap, Dynamo's default cost, kvgate's default (the
 //     predicted-TTFT scorer, "ttft:ext=…"), its form in Dynamo's cost
@@ -51,7 +62,9 @@
 //   - The oracles (oracle.go): the hit ratio of an infinite cache shared by
 //     all workers, the physical limit of prefix reuse, and of one LRU
 //     cache holding the pool's total KV capacity, what perfect routing
-//     without duplication could keep.
+//     without duplication could keep; and (oracle_causal.go) that cache
+//     with causality, a block hit only once some idle worker could have
+//     computed it (OracleBounds).
 //   - Overload (mix.go, calibrate.go): --tenant-mix spreads requests over
 //     tenants in the tenancy header; each result breaks its figures down
 //     by priority and by tenant (TTFT, refused requests, the share meeting

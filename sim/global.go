@@ -288,8 +288,8 @@ func (r *run) buildGlobal() error {
 				MaxNumSeqs:          cfg.MaxNumSeqs,
 				MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
 				Role:                role,
-				Timing:              meteredTiming{model: mocker.DefaultTiming{Speedup: cfg.Speedup}, busy: w.busy},
-				Speedup:             cfg.Speedup,
+				Timing:              cfg.engineTiming(w.index, w.busy),
+				Speedup:             cfg.workerSpeedup(w.index),
 			})
 			if err != nil {
 				return fmt.Errorf("pool %q: %w", pc.Name, err)

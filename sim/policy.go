@@ -204,7 +204,7 @@ func ParsePolicy(s string) (Policy, error) {
 		p := KVGateCost()
 		p.Name, p.NoTiers = s, true
 		return p, nil
-	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
+	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap, KindLLMD:
 		return Policy{Name: s, Kind: s}, nil
 	case "dynamo":
 		return Dynamo(), nil
@@ -299,7 +299,7 @@ func parseTTFT(s, args string) (Policy, error) {
 
 func (p Policy) validate() error {
 	switch p.Kind {
-	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap:
+	case KindRandom, KindRoundRobin, KindLeastLoaded, KindKVOverlap, KindLLMD:
 		return nil
 	case KindTTFT:
 		if !(p.Externality >= 0) || math.IsInf(p.Externality, 0) {

@@ -13,7 +13,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kvgate/kvgate/mocker"
 )
 
 // Report is the outcome of a Run.
@@ -52,6 +51,11 @@ type Report struct {
 	// classes: WriteTable prints the figures by priority and tenant.
 	classes bool
 	Replay  ReplayStats `json:"replay"`
+
+	// Engines is the engine profile (engine.go); Bounds more oracles
+	// (oracle_causal.go).
+	Engines EngineReport `json:"engines"`
+	Bounds  OracleBounds `json:"bounds"`
 }
 
 // ReplayStats describe the replay itself, not the simulated system.
@@ -154,7 +158,8 @@ func newReport(cfg Config, wl *workload) *Report {
 		WarmupRequests: warmup(len(wl.reqs)),
 	}
 	rep.CapacityOracleHitRatio = capacityOracleHitRatio(wl, workers*(cfg.KVTokens/cfg.BlockSize))
-	timing := mocker.DefaultTiming{Speedup: cfg.Speedup}
+	// The floor: the fastest engine of the profile, alone and idle.
+	timing := cfg.fastestTiming()
 	var un []float64
 	for _, r := range wl.reqs {
 		un = append(un, ms(unloadedTTFT(r.InputLength, cfg.MaxNumBatchedTokens, timing)))

@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/kvevents"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/signals"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
@@ -80,6 +81,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep := newReport(cfg, wl)
+	rep.Engines = cfg.engineReport()
+	rep.Bounds.CausalCapacityOracleHitRatio = causalCapacityOracleHitRatio(wl, rep.Workers*(cfg.KVTokens/cfg.BlockSize), cfg.MaxNumBatchedTokens, cfg.fastestTiming())
 	rep.Load, rep.Capacity = cfg.Load, capacity
 	// The table breaks results down by priority and tenant when asked to
 	// (a mix, a load or targets); the JSON always does.
@@ -153,7 +156,9 @@ const (
 	evArrival = iota
 	evWake
 	evKV
-	evFlow // a flow-control deadline (flow.go)
+	evFlow    // a flow-control deadline (flow.go)
+	evScrape  // sample the engines' metrics (scrape.go)
+	evSignals // a scrape reaches the routers (scrape.go)
 )
 
 type event struct {
@@ -163,6 +168,8 @@ type event struct {
 	idx  int
 	w    *worker
 	evs  []kvevents.Event
+	// samples are an evSignals' engine samples, by worker index.
+	samples []signals.Sample
 }
 
 type eventQueue []event
@@ -206,6 +213,11 @@ type run struct {
 	poolChain *policies.Chain
 
 	eventsRejected int
+	// scrapeQueued counts evScrape and evSignals events in q: scrapes go
+	// on while anything else is queued (scrape.go).
+	scrapeQueued int
+	// llmd is the llm-d baseline's approximate prefix index (llmd.go).
+	llmd *llmdIndex
 
 	// vnow is now in unix nanoseconds, for the clocks of the routers
 	// (read from the global router's probe goroutines).
@@ -272,6 +284,7 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 	for i, req := range wl.reqs {
 		r.push(event{t: epoch.Add(req.Arrival), kind: evArrival, idx: i})
 	}
+	r.startScrapes()
 	for n := 0; r.q.Len() > 0; n++ {
 		if n%4096 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -296,6 +309,10 @@ func simulate(ctx context.Context, cfg Config, wl *workload, topo Topology, poli
 			err = r.step(ctx, e.w)
 		case evKV:
 			r.apply(e.w, e.evs)
+		case evScrape:
+			r.scrape()
+		case evSignals:
+			r.delivered(e.samples)
 		}
 		if err == nil {
 			err = r.flowAfter(ctx) // expiries, dispatches (flow.go)

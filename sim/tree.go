@@ -159,14 +159,14 @@ func (r *run) addWorker(p *simPool, blockSize int) error {
 		MaxNumSeqs:          cfg.MaxNumSeqs,
 		MaxNumBatchedTokens: cfg.MaxNumBatchedTokens,
 		Role:                p.role,
-		Timing:              meteredTiming{model: mocker.DefaultTiming{Speedup: cfg.Speedup}, busy: w.busy},
-		Speedup:             cfg.Speedup,
+		Timing:              cfg.engineTiming(w.index, w.busy),
+		Speedup:             cfg.workerSpeedup(w.index),
 	})
 	if err != nil {
 		return err
 	}
 	p.router.AddWorker(w.key.ID, 1)
-	if err := r.policy.pinWorker(p, w, mocker.DefaultTiming{Speedup: cfg.Speedup}, cfg.MaxNumBatchedTokens); err != nil {
+	if err := r.policy.pinWorker(p, w, cfg.workerCurves(w.index), cfg.MaxNumBatchedTokens); err != nil {
 		return err
 	}
 	p.workers = append(p.workers, w)

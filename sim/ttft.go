@@ -39,15 +39,10 @@ func (p Policy) ttftChain(cfg Config) []localrouter.ScorerSpec {
 }
 
 // engineTimings are the simulated engines' true timing models, one per
-// worker (run.workers' index): every engine runs mocker.DefaultTiming at
-// the replay's speedup. Engine profiles that differ per worker return
-// their own slice here; kvgate-oracle pins exactly these.
+// worker (run.workers' index), noise aside: Config.WorkerTimings, the
+// engine profile's curves and per-worker speeds (engine.go).
 func engineTimings(cfg Config) []mocker.Timing {
-	out := make([]mocker.Timing, cfg.Workers)
-	for i := range out {
-		out[i] = mocker.DefaultTiming{Speedup: cfg.Speedup}
-	}
-	return out
+	return cfg.WorkerTimings()
 }
 
 // pinOracle pins, under a kvgate-oracle policy (CalibrationOracle), each
