@@ -10,8 +10,20 @@
 // benchmark's server runs in its own process (ProbeConfig.ServerProcess,
 // DecisionConfig.ServerProcess), which measures each end apart.
 //
+// The active-active burst (ActiveActive, issue 26 item 3) runs two or
+// three global routers, each behind its own ext_proc server, on the same
+// local routers, and checks the burst spreads as with one and that every
+// in-flight count is exact, also when one router is killed mid-burst.
+//
 // Files: probe.go (the probe benchmark), floor.go (its gRPC floor),
-// decision.go (the decision benchmark), soak.go (SoakConfig, SoakResult,
+// decision.go (the decision benchmark's configuration, figures and kvgate
+// side), decision_run.go (its phases: warm-up, sequential, floor, paced;
+// DecisionModes, several commit modes and pools in one report),
+// decision_parts.go (the parts of a decision: the timed tokenizer, the
+// round trips counted on the wire, the floor beside the routers, the
+// probe configuration file), activeactive.go (ActiveActiveConfig,
+// ActiveActiveResult, the routers and the exchange), activeactive_run.go
+// (one burst and its checks), soak.go (SoakConfig, SoakResult,
 // Soak), soak_load.go (the soak's requests: warm-up, held streams, the
 // steady load), soak_measure.go (heap and goroutine measures, the
 // decision-time histogram, profiles), fdlimit.go, fdlimit_unix.go and

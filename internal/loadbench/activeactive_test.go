@@ -1,0 +1,103 @@
+package loadbench
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/internal/testenv"
+)
+
+// aaRuns is how many bursts each row of TestActiveActive runs: cheap in
+// make test, 30 for issue 26's figures (-aaruns 30, or
+// KVGATE_ACTIVE_ACTIVE_RUNS=30, with -race too).
+var aaRuns = flag.Int("aaruns", envInt("KVGATE_ACTIVE_ACTIVE_RUNS", 1), "bursts per row of TestActiveActive (env KVGATE_ACTIVE_ACTIVE_RUNS)")
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// TestActiveActive: one, two and three global routers, each behind its
+// own ext_proc server, share the same real local routers (gRPC over
+// loopback), one pool of 4 workers or two pools of 2; a burst of 64
+// identical long prompts (≈7,000 tokens) is split among them by the
+// Envoy-faithful client, every routed stream held open. Every in-flight
+// count is exact during the burst (sampled), at the hold and after (0;
+// activeActiveRun lists the checks), also when router 0 is killed
+// mid-burst (its channels and streams cut: the local routers free what it
+// held). A row per commit mode the global router's configuration
+// accepts (AcceptedCommitModes: reserve joins when it exists); the
+// refused are logged. Every accepted mode but pipelined must spread the
+// burst 16/16/16/16 as with one router; pipelined herds by design
+// (BENCHMARKS.md, round 2 herding) and is only logged.
+func TestActiveActive(t *testing.T) {
+	modes, refused := AcceptedCommitModes()
+	t.Logf("commit modes run: %v; refused by the global router's configuration, not run: %v; %d burst(s) per row", modes, refused, *aaRuns)
+	for _, mode := range modes {
+		for _, layout := range []struct {
+			name  string
+			pools []int
+		}{{"1x4", []int{4}}, {"2x2", []int{2, 2}}} {
+			for _, routers := range []int{1, 2, 3} {
+				for _, kill := range []bool{false, true} {
+					if kill && (routers == 1 || len(layout.pools) > 1) {
+						continue // a kill needs a survivor; one layout is enough for it
+					}
+					name := fmt.Sprintf("%s/%s/routers=%d", mode, layout.name, routers)
+					if kill {
+						name += "/kill"
+					}
+					t.Run(name, func(t *testing.T) {
+						testActiveActive(t, mode, layout.pools, routers, kill)
+					})
+				}
+			}
+		}
+	}
+}
+
+func testActiveActive(t *testing.T, mode globalrouter.CommitMode, pools []int, routers int, kill bool) {
+	ctx := testenv.Context(t)
+	res, err := ActiveActive(ctx, ActiveActiveConfig{Routers: routers, Pools: pools, Burst: 64, Runs: *aaRuns, Kill: kill,
+		Probe: globalrouter.ProbeConfig{Commit: mode}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res.Runs {
+		for _, v := range r.Violations {
+			t.Errorf("run %d: %s", i, v)
+		}
+		if r.Samples == 0 {
+			t.Errorf("run %d: the counts were never sampled during the burst", i)
+		}
+		routed := 0
+		for _, n := range r.Routed {
+			routed += n
+		}
+		if routed+r.Failed != res.Burst || (!kill && r.Failed > 0) {
+			t.Errorf("run %d: %d routed (%v), %d failed, of %d", i, routed, r.Routed, r.Failed, res.Burst)
+		}
+	}
+	heldTwice, moved := 0, 0
+	for _, r := range res.Runs {
+		heldTwice, moved = max(heldTwice, r.HeldTwice), moved+r.Moved
+	}
+	t.Logf("%s: %d of %d runs even, %d exact, at most %d on one worker, %d moved commits, at most %d held twice; first run: placed %v, routed %v, %d failed, %d samples",
+		mode, res.EvenRuns, len(res.Runs), res.ExactRuns, res.MaxOnOneWorker, moved, heldTwice, res.Runs[0].Placed, res.Runs[0].Routed, res.Runs[0].Failed, res.Runs[0].Samples)
+	if kill || mode == globalrouter.CommitPipelined {
+		return // a kill frees a share of the burst; pipelined herds (measured, not a contract)
+	}
+	if res.EvenRuns != len(res.Runs) {
+		for i, r := range res.Runs {
+			if !r.Even {
+				t.Errorf("run %d: placed %v, want %d on each worker", i, r.Placed, res.Burst/4)
+			}
+		}
+	}
+}
