@@ -273,24 +273,35 @@ func (f *floorServer) stop() {
 // LoadProbeConfig reads a YAML file holding a global router's probe
 // section (`probe: {commit: ..., timeout: ...}`, the keys of
 // globalrouter.ProbeConfig, strictly: an unknown key is an error naming
-// it): the benchmarks' routers run with it.
+// it and its line): the benchmarks' routers run with it.
 func LoadProbeConfig(path string) (globalrouter.ProbeConfig, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return globalrouter.ProbeConfig{}, fmt.Errorf("probe config: %w", err)
+	}
+	return ParseProbeConfig(path, data)
+}
+
+// ParseProbeConfig is LoadProbeConfig of data read from file. The commit
+// mode is checked by the global router's configuration validation.
+func ParseProbeConfig(file string, data []byte) (globalrouter.ProbeConfig, error) {
 	var out struct {
 		Probe globalrouter.ProbeConfig `yaml:"probe"`
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return out.Probe, fmt.Errorf("probe config: %w", err)
-	}
-	doc, err := config.ParseFile(path, data)
+	doc, err := config.ParseFile(file, data)
 	if err != nil {
 		return out.Probe, err
 	}
 	if len(doc.Content) == 0 {
-		return out.Probe, fmt.Errorf("probe config %s: empty", path)
+		return out.Probe, fmt.Errorf("probe config %s: empty", file)
 	}
-	if err := config.DecodeStrict(path, "", doc.Content[0], &out); err != nil {
+	if err := config.DecodeStrict(file, "", doc.Content[0], &out); err != nil {
 		return out.Probe, err
+	}
+	if out.Probe.Commit != "" {
+		if err := CheckCommitMode(out.Probe.Commit); err != nil {
+			return out.Probe, fmt.Errorf("probe config %s: %w", file, err)
+		}
 	}
 	return out.Probe, nil
 }
