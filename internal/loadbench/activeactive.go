@@ -6,21 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/kvgate/kvgate/envoy/extprocclient"
-	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/pool"
@@ -43,6 +34,11 @@ type ActiveActiveConfig struct {
 	Burst   int   // default 64
 	Runs    int   // bursts, each on fresh global routers; default 1
 	Kill    bool
+	// Process runs each global router and its ext_proc server in a child
+	// process (this binary re-executed: its main, or TestMain, must call
+	// ServeChild first), killed with SIGKILL; off, in this process, killed
+	// by closing its connections at once.
+	Process bool
 	// Probe is the global routers' probe configuration (commit mode,
 	// deadlines; a -probe-config file's); zero: the defaults with deadlines
 	// of 30 s, so that no commit falls back for want of an answer on a
@@ -83,6 +79,7 @@ type ActiveActiveResult struct {
 	Pools   []int                   `json:"pools"`
 	Burst   int                     `json:"burst"`
 	Kill    bool                    `json:"kill"`
+	Process bool                    `json:"process"`
 	Runs    []ActiveActiveRun       `json:"runs"`
 	// EvenRuns counts the runs that spread exactly; MaxOnOneWorker is the
 	// most requests one worker got in any run; ExactRuns counts the runs
@@ -136,128 +133,10 @@ func CheckCommitMode(m globalrouter.CommitMode) error {
 	return cfg.Validate(nil)
 }
 
-// aaSide is one global router behind its ext_proc server, and the
-// client's connection to it.
-type aaSide struct {
-	router *globalrouter.Router
-	reg    *prometheus.Registry
-	g      *grpc.Server
-	conn   *grpc.ClientConn
-	client *extprocclient.Client
-	killed atomic.Bool
-	// opened and routed count the client's exchanges to it.
-	opened, routed atomic.Int64
-}
-
-// inflight is the ext_proc server's count of streams in flight
-// (kvgate_extproc_streams_active).
-func (s *aaSide) inflight() (int, error) {
-	return s.metric("kvgate_extproc_streams_active", "", "")
-}
-
-// moved is the router's contended commits that moved to another pool
-// (kvgate_globalrouter_contended_commits_total{outcome="moved"}): each
-// held its request on two pools for a moment (commit.go's recheck commits
-// on the new pool, then frees the old).
-func (s *aaSide) moved() (int, error) {
-	return s.metric("kvgate_globalrouter_contended_commits_total", "outcome", "moved")
-}
-
-// metric sums the gauge or counter name's series (those whose label is
-// value, if label is set); a metric not exported yet is 0 (a counter
-// vector has no series before its first count).
-func (s *aaSide) metric(name, label, value string) (int, error) {
-	mfs, err := s.reg.Gather()
-	if err != nil {
-		return 0, err
-	}
-	n := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if label != "" && !hasLabel(m.GetLabel(), label, value) {
-				continue
-			}
-			n += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
-	return int(n), nil
-}
-
-func hasLabel(ls []*dto.LabelPair, name, value string) bool {
-	for _, l := range ls {
-		if l.GetName() == name && l.GetValue() == value {
-			return true
-		}
-	}
-	return false
-}
-
-// kill cuts the router's channels to the local routers, then its ext_proc
-// streams, at once: what a crashed process leaves (nothing is freed
-// gracefully first).
-func (s *aaSide) kill() {
-	if s.killed.Swap(true) {
-		return
-	}
-	_ = s.router.Close()
-	s.g.Stop()
-}
-
-func (s *aaSide) stop() {
-	if s.conn != nil {
-		_ = s.conn.Close()
-	}
-	s.kill()
-}
-
-func startAASide(pcs []pool.Config, probe globalrouter.ProbeConfig, tok globalrouter.Tokenizer) (_ *aaSide, err error) {
-	s := &aaSide{reg: prometheus.NewRegistry()}
-	cfg := globalrouter.DefaultConfig(pcs...)
-	cfg.Probe = probe
-	cfg.Defaults()
-	discard := slog.New(slog.DiscardHandler)
-	if s.router, err = globalrouter.New(cfg, globalrouter.WithLogger(discard), globalrouter.WithTokenizer(decisionModel, tok),
-		globalrouter.WithRegisterer(s.reg)); err != nil {
-		return nil, err
-	}
-	s.g = grpc.NewServer()
-	defer func() {
-		if err != nil {
-			s.stop()
-		}
-	}()
-	xs, err := extproc.New(extproc.Config{}, s.router, discard, s.reg)
-	if err != nil {
-		return nil, err
-	}
-	xs.Register(s.g)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	go func() { _ = s.g.Serve(lis) }()
-	if s.conn, err = grpc.NewClient(lis.Addr().String(), append(extprocclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...); err != nil {
-		return nil, err
-	}
-	s.client, err = extprocclient.New(s.conn, extprocclient.Config{
-		ProcessingMode: &extprocfilterv3.ProcessingMode{
-			RequestBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, RequestTrailerMode: extprocfilterv3.ProcessingMode_SEND,
-			ResponseBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseTrailerMode: extprocfilterv3.ProcessingMode_SEND,
-		},
-		ReceivingNamespaces: []string{"envoy.lb"},
-		MessageTimeout:      60 * time.Second,
-		BufferLimit:         32 << 20,
-	}, discard)
-	return s, err
-}
-
 // ActiveActive runs the active-active bursts.
 func ActiveActive(ctx context.Context, cfg ActiveActiveConfig) (ActiveActiveResult, error) {
 	cfg.defaults()
-	res := ActiveActiveResult{Commit: cfg.Probe.Commit, Routers: cfg.Routers, Pools: cfg.Pools, Burst: cfg.Burst, Kill: cfg.Kill}
+	res := ActiveActiveResult{Commit: cfg.Probe.Commit, Routers: cfg.Routers, Pools: cfg.Pools, Burst: cfg.Burst, Kill: cfg.Kill, Process: cfg.Process}
 	if res.Commit == "" {
 		res.Commit = globalrouter.CommitDecide
 	}

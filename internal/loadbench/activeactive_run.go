@@ -2,6 +2,7 @@ package loadbench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -41,7 +42,7 @@ func activeActiveRun(ctx context.Context, cfg ActiveActiveConfig, servers []*poo
 		}
 	}()
 	for i := range sides {
-		s, err := startAASide(pcs, cfg.Probe, tok)
+		s, err := startAASide(ctx, cfg.Process, pcs, cfg.Probe, tok)
 		if err != nil {
 			return run, err
 		}
@@ -135,7 +136,7 @@ func activeActiveRun(ctx context.Context, cfg ActiveActiveConfig, servers []*poo
 			gauges := make([]int, len(sides))
 			for i, s := range sides {
 				g, err := s.inflight()
-				if err != nil {
+				if err != nil && !errors.Is(err, errKilled) {
 					v.add("router %d: %v", i, err)
 				}
 				gauges[i] = g

@@ -31,7 +31,8 @@ func envInt(name string, def int) int {
 // count is exact during the burst (sampled), at the hold and after (0;
 // activeActiveRun lists the checks), also when router 0 is killed
 // mid-burst (its channels and streams cut: the local routers free what it
-// held). A row per commit mode the global router's configuration
+// held; one row runs the routers in child processes and kills one with
+// SIGKILL). A row per commit mode the global router's configuration
 // accepts (AcceptedCommitModes: reserve joins when it exists); the
 // refused are logged. Every accepted mode but pipelined must spread the
 // burst 16/16/16/16 as with one router; pipelined herds by design
@@ -49,23 +50,32 @@ func TestActiveActive(t *testing.T) {
 					if kill && (routers == 1 || len(layout.pools) > 1) {
 						continue // a kill needs a survivor; one layout is enough for it
 					}
-					name := fmt.Sprintf("%s/%s/routers=%d", mode, layout.name, routers)
-					if kill {
-						name += "/kill"
+					for _, process := range []bool{false, true} {
+						if process && (!kill || routers != 2) {
+							continue // one row of routers in child processes, SIGKILLed
+						}
+						name := fmt.Sprintf("%s/%s/routers=%d", mode, layout.name, routers)
+						if kill {
+							name += "/kill"
+						}
+						if process {
+							name += "/process"
+						}
+						t.Run(name, func(t *testing.T) {
+							testActiveActive(t, ActiveActiveConfig{Routers: routers, Pools: layout.pools, Burst: 64, Runs: *aaRuns, Kill: kill,
+								Process: process, Probe: globalrouter.ProbeConfig{Commit: mode}})
+						})
 					}
-					t.Run(name, func(t *testing.T) {
-						testActiveActive(t, mode, layout.pools, routers, kill)
-					})
 				}
 			}
 		}
 	}
 }
 
-func testActiveActive(t *testing.T, mode globalrouter.CommitMode, pools []int, routers int, kill bool) {
+func testActiveActive(t *testing.T, cfg ActiveActiveConfig) {
 	ctx := testenv.Context(t)
-	res, err := ActiveActive(ctx, ActiveActiveConfig{Routers: routers, Pools: pools, Burst: 64, Runs: *aaRuns, Kill: kill,
-		Probe: globalrouter.ProbeConfig{Commit: mode}})
+	mode, kill := cfg.Probe.Commit, cfg.Kill
+	res, err := ActiveActive(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

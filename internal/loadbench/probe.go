@@ -22,8 +22,9 @@
 // decision_parts.go (the parts of a decision: the timed tokenizer, the
 // round trips counted on the wire, the floor beside the routers, the
 // probe configuration file), activeactive.go (ActiveActiveConfig,
-// ActiveActiveResult, the routers and the exchange), activeactive_run.go
-// (one burst and its checks), soak.go (SoakConfig, SoakResult,
+// ActiveActiveResult, the exchange), activeactive_side.go (a global
+// router under test, in this process or a child, and how it is killed),
+// activeactive_run.go (one burst and its checks), soak.go (SoakConfig, SoakResult,
 // Soak), soak_load.go (the soak's requests: warm-up, held streams, the
 // steady load), soak_measure.go (heap and goroutine measures, the
 // decision-time histogram, profiles), fdlimit.go, fdlimit_unix.go and
@@ -287,7 +288,8 @@ const (
 // "addr HOST:PORT" once serving the benchfig world; to each line read it
 // answers "cpu NANOSECONDS", its CPU time so far. It profiles its CPU from
 // the first such line to the end when Probe asked
-// (ProbeConfig.ServerProfile). The decision server's: serveDecisionServer.
+// (ProbeConfig.ServerProfile). The decision server's: serveDecisionServer;
+// an active-active global router's: serveAARouter.
 func ServeChild() bool {
 	var err error
 	switch {
@@ -295,6 +297,8 @@ func ServeChild() bool {
 		err = serveProbeServer(os.Stdin, os.Stdout, os.Getenv(probeServerProfileEnv))
 	case os.Getenv(decisionServerEnv) == "1":
 		err = serveDecisionServer(os.Stdin, os.Stdout, os.Getenv(decisionServerProfileEnv))
+	case os.Getenv(aaServerEnv) == "1":
+		err = serveAARouter(os.Stdin, os.Stdout)
 	default:
 		return false
 	}
