@@ -62,6 +62,7 @@ func runBench(ctx context.Context, args []string) error {
 	aaBurst := fs.Int("aa-burst", 64, "active-active: requests per burst")
 	aaPools := fs.String("aa-pools", "4", "active-active: workers per pool, one count per pool (2,2: two pools of 2)")
 	aaKill := fs.Bool("aa-kill", false, "active-active: kill global router 0 once it routed half its share, each burst (its channels and streams cut)")
+	aaProcess := fs.Bool("aa-process", false, "active-active: run each global router and its ext_proc server in a child process (killed with SIGKILL); false: in this process")
 	asJSON := fs.Bool("json", false, "active-active, chaos, decision, probe, soak: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -76,7 +77,7 @@ func runBench(ctx context.Context, args []string) error {
 	}{
 		{*decision || *activeActive > 0, "-decision or -active-active", []string{"commit", "probe-config"}},
 		{*decision, "-decision", []string{"decision-pools", "decision-workers", "decision-sequential", "decision-n", "decision-server-profile", "decision-server-process"}},
-		{*activeActive > 0, "-active-active", []string{"aa-runs", "aa-burst", "aa-pools", "aa-kill"}},
+		{*activeActive > 0, "-active-active", []string{"aa-runs", "aa-burst", "aa-pools", "aa-kill", "aa-process"}},
 	} {
 		for _, name := range only.flags {
 			if !only.on && flagSet(fs, name) {
@@ -111,7 +112,7 @@ func runBench(ctx context.Context, args []string) error {
 				return err
 			}
 		}
-		return benchActiveActive(ctx, loadbench.ActiveActiveConfig{Routers: *activeActive, Pools: pools, Burst: *aaBurst, Runs: *aaRuns, Kill: *aaKill, Probe: pc}, modes, *asJSON)
+		return benchActiveActive(ctx, loadbench.ActiveActiveConfig{Routers: *activeActive, Pools: pools, Burst: *aaBurst, Runs: *aaRuns, Kill: *aaKill, Process: *aaProcess, Probe: pc}, modes, *asJSON)
 	}
 	if *probe {
 		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed, ServerProcess: *serverProc}, *asJSON)
@@ -263,8 +264,8 @@ func metOrMissed(ok bool) string {
 // benchActiveActive runs and prints the active-active bursts of each
 // commit mode.
 func benchActiveActive(ctx context.Context, cfg loadbench.ActiveActiveConfig, modes []globalrouter.CommitMode, asJSON bool) error {
-	fmt.Fprintf(os.Stderr, "active-active: %d global routers, pools %v, %d runs of %d per mode %v (kill: %v); load average %s\n",
-		cfg.Routers, cfg.Pools, cfg.Runs, cfg.Burst, modes, cfg.Kill, loadbench.LoadAverage())
+	fmt.Fprintf(os.Stderr, "active-active: %d global routers (child processes: %v), pools %v, %d runs of %d per mode %v (kill: %v); load average %s\n",
+		cfg.Routers, cfg.Process, cfg.Pools, cfg.Runs, cfg.Burst, modes, cfg.Kill, loadbench.LoadAverage())
 	var all []loadbench.ActiveActiveResult
 	for _, m := range modes {
 		c := cfg
