@@ -281,9 +281,13 @@ func benchActiveActive(ctx context.Context, cfg loadbench.ActiveActiveConfig, mo
 	if asJSON {
 		return json.NewEncoder(os.Stdout).Encode(all)
 	}
-	fmt.Printf("%-10s %5s %10s %11s %18s  %s\n", "commit", "runs", "even runs", "exact runs", "max on one worker", "first run's placement")
+	fmt.Printf("%-10s %5s %10s %11s %18s %6s %11s %7s  %s\n", "commit", "runs", "even runs", "exact runs", "max on one worker", "moved", "held twice", "failed", "first run's placement")
 	for _, r := range all {
-		fmt.Printf("%-10s %5d %10d %11d %18d  %v\n", r.Commit, len(r.Runs), r.EvenRuns, r.ExactRuns, r.MaxOnOneWorker, r.Runs[0].Placed)
+		moved, twice, failed := 0, 0, 0
+		for _, run := range r.Runs {
+			moved, twice, failed = moved+run.Moved, max(twice, run.HeldTwice), failed+run.Failed
+		}
+		fmt.Printf("%-10s %5d %10d %11d %18d %6d %11d %7d  %v\n", r.Commit, len(r.Runs), r.EvenRuns, r.ExactRuns, r.MaxOnOneWorker, moved, twice, failed, r.Runs[0].Placed)
 		for i, run := range r.Runs {
 			for _, v := range run.Violations {
 				fmt.Printf("  run %d: %s\n", i, v)
@@ -291,6 +295,7 @@ func benchActiveActive(ctx context.Context, cfg loadbench.ActiveActiveConfig, mo
 		}
 	}
 	fmt.Printf("even: every worker got %d / workers; exact: every in-flight count matched the client's during (sampled), at the hold and after (0)\n", cfg.Burst)
+	fmt.Println("moved: contended commits moved to another pool (decide over several pools), each held on two pools for a moment; held twice: the most requests the local routers held above the exchanges opened; failed: the killed router's exchanges not routed")
 	return nil
 }
 
