@@ -78,6 +78,7 @@ func activeActiveRun(ctx context.Context, cfg ActiveActiveConfig, servers []*poo
 	// routed (held open) and others not yet decided, while the other
 	// routers' exchanges go on.
 	killed := make(chan struct{})
+	var killOnce sync.Once
 	for i := range cfg.Burst {
 		side := sides[i%cfg.Routers]
 		var gate <-chan struct{}
@@ -101,9 +102,11 @@ func activeActiveRun(ctx context.Context, cfg ActiveActiveConfig, servers []*poo
 				}
 			}
 			mu.Unlock()
-			if cfg.Kill && side == sides[0] && err == nil && side.routed.Load() == int64(killAt) {
-				side.kill()
-				close(killed)
+			if cfg.Kill && side == sides[0] && err == nil && side.routed.Load() >= int64(killAt) {
+				killOnce.Do(func() {
+					side.kill()
+					close(killed)
+				})
 			}
 			wg.Done()
 			if err == nil {

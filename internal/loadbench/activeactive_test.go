@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
@@ -73,7 +74,9 @@ func TestActiveActive(t *testing.T) {
 }
 
 func testActiveActive(t *testing.T, cfg ActiveActiveConfig) {
-	ctx := testenv.Context(t)
+	// Each burst is bounded by its own deadline (activeActiveRun); the row
+	// by as many.
+	ctx := testenv.ContextWithTimeout(t, time.Duration(cfg.Runs)*2*time.Minute)
 	mode, kill := cfg.Probe.Commit, cfg.Kill
 	res, err := ActiveActive(ctx, cfg)
 	if err != nil {
