@@ -115,7 +115,7 @@ func (c *ActiveActiveConfig) defaults() {
 // refuses (reserve until reserving probes exist): tests run a row per
 // accepted mode and log the refused.
 func AcceptedCommitModes() (accepted, refused []globalrouter.CommitMode) {
-	for _, m := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitPipelined, "reserve"} {
+	for _, m := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitPipelined, commitReserve} {
 		if CheckCommitMode(m) == nil {
 			accepted = append(accepted, m)
 		} else {
@@ -124,6 +124,10 @@ func AcceptedCommitModes() (accepted, refused []globalrouter.CommitMode) {
 	}
 	return accepted, refused
 }
+
+// commitReserve is issue 26's reserving probes' mode (probe.commit:
+// reserve), named here before the global router has it.
+const commitReserve globalrouter.CommitMode = "reserve"
 
 // CheckCommitMode is the global router's configuration validation of a
 // configuration whose probe.commit is m.
