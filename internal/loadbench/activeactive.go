@@ -63,9 +63,9 @@ type ActiveActiveRun struct {
 	// Samples is how often the counts were sampled during the burst;
 	// Violations every count found off (during, at the hold, after).
 	// HeldTwice is the most requests the local routers held above the
-	// exchanges opened in any sample, and Moved the contended commits that
-	// moved pools (probe.commit: decide over several pools: each holds its
-	// request on two pools for a moment, which bounds HeldTwice).
+	// exchanges opened in any sample (a contended commit moving pools, a
+	// reservation on a losing pool), and Moved the contended commits that
+	// moved pools (probe.commit: decide over several pools).
 	Samples    int      `json:"samples"`
 	HeldTwice  int      `json:"held_twice"`
 	Moved      int      `json:"moved"`
