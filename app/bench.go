@@ -239,8 +239,8 @@ func benchDecision(ctx context.Context, cfg loadbench.DecisionConfig, modes []gl
 			res.Sequential, res.DecisionP50us, res.DecisionP99us, res.TokenizeP50us, res.GRPCFloorP50us, res.GRPCFloorBackToBackP50us, res.ProbeBytes)
 		fmt.Printf("  round trips waited per decision %.2f, messages not waited %.2f; target decision p50 ≤ tokenize + 1.3 × floor = %.0fµs: %s\n",
 			res.RoundTripsPerDecision, res.UnwaitedPerDecision, res.TargetDecisionP50us, metOrMissed(res.TargetMet))
-		fmt.Printf("  paced: exchange p50 %.0fµs p99 %.0fµs; decision p50 %.0fµs p99 %.0fµs; %.0f req/s held; messages per request %v\n",
-			res.ExchangeP50us, res.ExchangeP99us, res.PacedDecisionP50us, res.PacedDecisionP99us, res.Rate, res.MessagesPerRequest)
+		fmt.Printf("  paced: exchange p50 %.0fµs p99 %.0fµs; decision p50 %.0fµs p99 %.0fµs; %.0f req/s held; messages per request %v; %d best-effort (no probe answered in time)\n",
+			res.ExchangeP50us, res.ExchangeP99us, res.PacedDecisionP50us, res.PacedDecisionP99us, res.Rate, res.MessagesPerRequest, res.BestEffort)
 		if res.ServerProcess {
 			fmt.Printf("  CPU per request: client %.0fµs, kvgate %.0fµs", res.ClientCPUusPerReq, res.ServerCPUusPerReq)
 		} else {

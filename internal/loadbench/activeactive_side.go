@@ -169,8 +169,13 @@ func startAALocal(pcs []pool.Config, probe globalrouter.ProbeConfig, tok globalr
 
 func (s *aaLocal) addr() string { return s.lis.Addr().String() }
 
-func (s *aaLocal) metric(name, label, value string) (int, error) {
-	mfs, err := s.reg.Gather()
+func (s *aaLocal) metric(name, label, value string) (int, error) { return gatherSum(s.reg, name, label, value) }
+
+// gatherSum sums the gauge or counter name's series in reg (those whose
+// label is value, if label is set); a metric not exported yet is 0 (a
+// counter vector has no series before its first count).
+func gatherSum(reg prometheus.Gatherer, name, label, value string) (int, error) {
+	mfs, err := reg.Gather()
 	if err != nil {
 		return 0, err
 	}

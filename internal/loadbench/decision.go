@@ -104,6 +104,10 @@ type DecisionResult struct {
 	PacedDecisionP50us float64            `json:"paced_decision_p50_us"`
 	PacedDecisionP99us float64            `json:"paced_decision_p99_us"`
 	MessagesPerRequest map[string]float64 `json:"messages_per_request"`
+	// BestEffort is the paced requests routed with no local router's
+	// answer (every probe past its deadline: no probe result, no commit;
+	// an overloaded machine's mark).
+	BestEffort int `json:"best_effort"`
 	ClientCPUusPerReq  float64            `json:"client_cpu_us_per_req"`
 	ServerCPUusPerReq  float64            `json:"server_cpu_us_per_req"`
 	ServerProcess      bool               `json:"server_process"`
@@ -156,6 +160,7 @@ type decisionSide struct {
 	tok   *timedTokenizer
 	rt    *rtCounter
 	floor *floorServer
+	reg   *prometheus.Registry // the global router's metrics
 	stop  func()
 }
 
@@ -260,7 +265,8 @@ func startDecisionSide(sc sideConfig) (_ *decisionSide, err error) {
 	gcfg := globalrouter.DefaultConfig(pcs...)
 	gcfg.Probe = probe
 	gcfg.Defaults()
-	router, err := globalrouter.New(gcfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)),
+	ds.reg = prometheus.NewRegistry()
+	router, err := globalrouter.New(gcfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)), globalrouter.WithRegisterer(ds.reg),
 		globalrouter.WithTokenizer(decisionModel, ds.tok), globalrouter.WithDialer(pool.ChannelDialer(ds.rt.dialOptions()...)))
 	if err != nil {
 		return nil, err
@@ -298,6 +304,10 @@ type serverSnapshot struct {
 	Sent       map[string]int64 `json:"sent"`
 	ProbeBytes int              `json:"probe_bytes"`
 	Floor      []int64          `json:"floor_ns"`
+	// BestEffort is the decisions so far routed with no local router's
+	// answer (kvgate_globalrouter_best_effort_total: every probe missed
+	// its deadline; no commit).
+	BestEffort int `json:"best_effort"`
 }
 
 func nanos(ds []time.Duration) []int64 {
@@ -342,7 +352,9 @@ func (ds *decisionSide) command(cmd string) (serverSnapshot, error) {
 	s := serverSnapshot{CPUns: CPUTime().Nanoseconds(), Decisions: nanos(ds.timed.take()), Tokenize: nanos(ds.tok.take())}
 	s.Rounds, s.Unwaited = ds.rt.takeSeq()
 	s.Sent, s.ProbeBytes = ds.rt.takeSent()
-	return s, nil
+	var err error
+	s.BestEffort, err = gatherSum(ds.reg, "kvgate_globalrouter_best_effort_total", "", "")
+	return s, err
 }
 
 // serveDecisionServer is the decision benchmark's server process: it

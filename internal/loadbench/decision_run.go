@@ -264,6 +264,7 @@ func decisionPaced(ctx context.Context, cfg DecisionConfig, client *extprocclien
 	res.ExchangeP50us, res.ExchangeP99us = us(p.P50), us(p.P99)
 	dp := benchfig.Percentiles(durations(s1.Decisions))
 	res.PacedDecisionP50us, res.PacedDecisionP99us = us(dp.P50), us(dp.P99)
+	res.BestEffort = s1.BestEffort - s0.BestEffort
 	res.MessagesPerRequest = map[string]float64{}
 	for k, n := range s1.Sent {
 		res.MessagesPerRequest[k] = float64(n) / float64(cfg.N)

@@ -61,15 +61,18 @@ func TestDecisionJSON(t *testing.T) {
 	}
 	for _, r := range rep.Runs {
 		name := r.Commit + "/" + string(rune('0'+r.Pools))
-		t.Logf("%s: decision p50 %.0f µs, tokenize p50 %.0f µs, floor p50 %.0f µs, %.2f round trips (%.2f not waited), messages/request %v, kvgate CPU %.0f µs/req (×%.2f decide's)",
-			name, r.DecisionP50us, r.TokenizeP50us, r.GRPCFloorP50us, r.RoundTripsPerDecision, r.UnwaitedPerDecision, r.MessagesPerRequest, r.ServerCPUusPerReq, r.CPUvsDecide)
+		t.Logf("%s: decision p50 %.0f µs, tokenize p50 %.0f µs, floor p50 %.0f µs, %.2f round trips (%.2f not waited), messages/request %v, %d best-effort, kvgate CPU %.0f µs/req (×%.2f decide's)",
+			name, r.DecisionP50us, r.TokenizeP50us, r.GRPCFloorP50us, r.RoundTripsPerDecision, r.UnwaitedPerDecision, r.MessagesPerRequest, r.BestEffort, r.ServerCPUusPerReq, r.CPUvsDecide)
 		if r.DecisionP50us <= 0 || r.DecisionP99us < r.DecisionP50us || r.TokenizeP50us <= 0 || r.GRPCFloorP50us <= 0 || r.GRPCFloorP99us < r.GRPCFloorP50us {
 			t.Errorf("%s: times: %+v", name, r)
 		}
 		if r.RoundTripsPerDecision < 1 || r.ProbeBytes <= 0 || r.ServerCPUusPerReq <= 0 || r.LoadAverage == "" {
 			t.Errorf("%s: round trips %v, probe bytes %d, CPU %v, load %q", name, r.RoundTripsPerDecision, r.ProbeBytes, r.ServerCPUusPerReq, r.LoadAverage)
 		}
-		if p := r.MessagesPerRequest["probe"]; p != float64(r.Pools) {
+		// An overloaded machine routes some requests best-effort (no probe
+		// answered in time; the probers may not even send it): only
+		// without those is every pool probed once per request.
+		if p := r.MessagesPerRequest["probe"]; r.BestEffort == 0 && p != float64(r.Pools) {
 			t.Errorf("%s: %v probes per request, want one per pool (%d)", name, p, r.Pools)
 		}
 		if r.Commit == string(globalrouter.CommitDecide) && r.CPUvsDecide != 1 {
