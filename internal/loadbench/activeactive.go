@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -227,15 +226,6 @@ func pollUntil(ctx context.Context, cond func() error) error {
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
-}
-
-func sortedKeys(m map[string]int) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }
 
 // aaExchange sends one request on s and reads until the request is

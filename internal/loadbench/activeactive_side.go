@@ -145,10 +145,12 @@ func startAALocal(pcs []pool.Config, probe globalrouter.ProbeConfig, tok globalr
 	cfg.Probe = probe
 	cfg.Defaults()
 	discard := slog.New(slog.DiscardHandler)
-	opts := []globalrouter.Option{globalrouter.WithLogger(discard), globalrouter.WithRegisterer(s.reg)}
-	if tok != nil {
-		opts = append(opts, globalrouter.WithTokenizer(decisionModel, tok))
+	if tok == nil { // a child process's: its own, loaded once
+		if tok, err = loadDecisionTokenizer(); err != nil {
+			return nil, err
+		}
 	}
+	opts := []globalrouter.Option{globalrouter.WithLogger(discard), globalrouter.WithRegisterer(s.reg), globalrouter.WithTokenizer(decisionModel, tok)}
 	if s.router, err = globalrouter.New(cfg, opts...); err != nil {
 		return nil, err
 	}
@@ -169,7 +171,9 @@ func startAALocal(pcs []pool.Config, probe globalrouter.ProbeConfig, tok globalr
 
 func (s *aaLocal) addr() string { return s.lis.Addr().String() }
 
-func (s *aaLocal) metric(name, label, value string) (int, error) { return gatherSum(s.reg, name, label, value) }
+func (s *aaLocal) metric(name, label, value string) (int, error) {
+	return gatherSum(s.reg, name, label, value)
+}
 
 // gatherSum sums the gauge or counter name's series in reg (those whose
 // label is value, if label is set); a metric not exported yet is 0 (a

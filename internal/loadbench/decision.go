@@ -107,10 +107,10 @@ type DecisionResult struct {
 	// BestEffort is the paced requests routed with no local router's
 	// answer (every probe past its deadline: no probe result, no commit;
 	// an overloaded machine's mark).
-	BestEffort int `json:"best_effort"`
-	ClientCPUusPerReq  float64            `json:"client_cpu_us_per_req"`
-	ServerCPUusPerReq  float64            `json:"server_cpu_us_per_req"`
-	ServerProcess      bool               `json:"server_process"`
+	BestEffort        int     `json:"best_effort"`
+	ClientCPUusPerReq float64 `json:"client_cpu_us_per_req"`
+	ServerCPUusPerReq float64 `json:"server_cpu_us_per_req"`
+	ServerProcess     bool    `json:"server_process"`
 	// CPUvsDecide is this run's kvgate CPU per request over the decide
 	// run's of the same pools in the same invocation (DecisionModes; 0:
 	// none; issue 26 wants reserve ≤ 0.75).

@@ -3,6 +3,7 @@ package loadbench
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -30,7 +31,9 @@ import (
 // loadDecisionTokenizer is the tokenizer the benchmarks' global routers
 // use: the default one (globalrouter.DefaultTokenizer), loaded once.
 func loadDecisionTokenizer() (globalrouter.Tokenizer, error) {
-	t, err := tokenizer.Load(globalrouter.DefaultTokenizer)
+	cfg := globalrouter.DefaultTokenizer
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	t, err := tokenizer.Load(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("decision bench: tokenizer: %w", err)
 	}
