@@ -20,8 +20,9 @@ import (
 //     (its ext_proc server's gauge) lie between the exchanges the client
 //     had routed through it before the sample and those it had opened
 //     after; the local routers' requests in flight are at most the
-//     exchanges opened, and, with probe.commit: decide (the decision waits
-//     for the commit), at least those the live routers had routed;
+//     exchanges opened times holds (the entries one request may have at
+//     once), and, with probe.commit: decide (the decision waits for the
+//     commit), at least those the live routers had routed;
 //   - at the hold (every exchange routed or failed, the routed ones still
 //     open): each live router's gauge is exactly its routed exchanges, the
 //     local routers hold exactly the live routers' routed requests (the
