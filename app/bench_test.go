@@ -2,6 +2,9 @@ package app
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"os"
 	"strings"
 	"testing"
 )
@@ -34,5 +37,42 @@ func TestBenchFlagsReadOnlyByTheirMode(t *testing.T) {
 	}
 	if _, err := commitModes("reserve"); err != nil {
 		t.Logf("-commit reserve is refused for now: %v", err)
+	}
+}
+
+// TestBenchDecisionJSON: `kvgate bench -decision -json` prints one JSON
+// object (one line) carrying the figures issue 26 names, the first run's
+// at the top level and every run under "runs" (kvgate's side in this
+// process, briefly; no timing threshold).
+func TestBenchDecisionJSON(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	err = runBench(context.Background(), []string{"-decision", "-json", "-decision-server-process=false", "-rate", "200", "-decision-n", "40",
+		"-decision-sequential", "10", "-decision-workers", "2", "-commit", "decide,pipelined", "-decision-pools", "1"})
+	os.Stdout = stdout
+	w.Close()
+	out, _ := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines printed, want one JSON object:\n%s", len(lines), out)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &obj); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for _, k := range []string{"decision_p50_us", "decision_p99_us", "tokenize_p50_us", "grpc_floor_p50_us", "round_trips_per_decision", "commit", "pools", "load_average"} {
+		if v, ok := obj[k]; !ok || v == nil {
+			t.Errorf("no %q in %s", k, out)
+		}
+	}
+	if runs, _ := obj["runs"].([]any); len(runs) != 2 || obj["commit"] != "decide" {
+		t.Errorf("runs %v, commit %v: want decide's and pipelined's, decide's at the top", len(runs), obj["commit"])
 	}
 }
