@@ -3,19 +3,23 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/internal/chaos"
 	"github.com/kvgate/kvgate/internal/loadbench"
+	"github.com/kvgate/kvgate/internal/overload"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/sim"
 )
 
 // runBench measures the local router's four headline figures without the
@@ -35,6 +39,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs.Float64Var(&cc.Up.Speedup, "speedup", cc.Up.Speedup, "chaos: speed-up factor of the mock workers")
 	fs.DurationVar(&cc.ErrorPause, "error-pause", cc.ErrorPause, "chaos: a client's pause after a failed request before its next (0: retry at once)")
 	fs.DurationVar(&cc.Up.ProbeTimeout, "probe-timeout", 0, "chaos: the global router's probe deadline (0: its default)")
+	fs.BoolVar(&cc.Accounting, "accounting", false, "chaos: sample the local routers' in-flight count and the engines' running+waiting every 100 ms and report how they compare (issue 27 item 4); without -kill it runs no fault")
 	probe := fs.Bool("probe", false, "side-by-side probe benchmark: the local-router channel against unary BestWorker on the same index")
 	rate := fs.Int("rate", 5000, "probe: probes per second offered; decision: requests per second (default 1000 there)")
 	probes := fs.Int("probes", 20000, "probe: probes per mode")
@@ -63,12 +68,49 @@ func runBench(ctx context.Context, args []string) error {
 	aaPools := fs.String("aa-pools", "4", "active-active: workers per pool, one count per pool (2,2: two pools of 2)")
 	aaKill := fs.Bool("aa-kill", false, "active-active: kill global router 0 once it routed half its share, each burst (its channels and streams cut)")
 	aaProcess := fs.Bool("aa-process", false, "active-active: run each global router and its ext_proc server in a child process (killed with SIGKILL); false: in this process")
-	asJSON := fs.Bool("json", false, "active-active, chaos, decision, probe, soak: print the report as JSON")
+	oc := overload.DefaultConfig()
+	withOverload := fs.Bool("overload", false, "overload bench (issue 24): measure the capacity of `kvgate up` (in the process, or -overload-addr), then offer -load × it with the -priority-mix and -tenant-mix headers, and report TTFT, refusals, SLO, goodput and fairness per priority and tenant, and every router's in-flight count after (docs/replay-results.md)")
+	fs.StringVar(&oc.Addr, "overload-addr", "", "overload: a running gateway's base URL, e.g. http://127.0.0.1:8080 (default: start `kvgate up` in the process: 2 pools of 1 mock worker, 4 sequences each, a chain that sheds)")
+	fs.StringVar(&oc.Admin, "overload-admin", "", "overload: with -overload-addr, the admin base URL whose /kvgate/status.json gives each pool's in-flight count, e.g. http://127.0.0.1:8081 (empty: not checked)")
+	fs.StringVar(&oc.TrustToken, "trust-token", os.Getenv("KVGATE_TRUST_TOKEN"), "overload: the x-kvgate-trust token the requests carry, so their tenant and priority headers are believed (env KVGATE_TRUST_TOKEN; in the process a random one is made)")
+	fs.StringVar(&oc.TenantHeader, "tenant-header", oc.TenantHeader, "overload: the tenancy header the tenant goes in (the gateway's tenancy.header)")
+	fs.StringVar(&oc.Model, "model", "", "overload: the model requested (default: the system's)")
+	prioMix := fs.String("priority-mix", "1=0.3,0=0.7", "overload: x-kvgate-priority values by weight (empty: no header)")
+	tenantMix := fs.String("tenant-mix", "a=4,b=1,c=1,d=1", "overload: tenants by offered load (empty: no header)")
+	sloMS := fs.String("slo-ms", "", "overload: TTFT target in ms per priority, e.g. 1=500,0=5000 (default: the highest priority 2×, the others 10× the slowest of 8 unloaded requests)")
+	loadX := fs.String("load", "2", "overload: the offered rate as a multiple of the measured capacity")
+	fs.DurationVar(&oc.Duration, "overload-duration", oc.Duration, "overload: how long the load is offered")
+	fs.DurationVar(&oc.Calibration, "overload-calibration", oc.Calibration, "overload: how long the closed-loop calibration runs (the capacity is its second half's completion rate)")
+	fs.IntVar(&oc.CalibrationStreams, "overload-streams", oc.CalibrationStreams, "overload: the calibration's closed-loop clients")
+	fs.IntVar(&oc.MaxTokens, "overload-max-tokens", oc.MaxTokens, "overload: max_tokens of each request")
+	idle := fs.Int("idle", 0, "idle-streams benchmark: open this many silent ext_proc streams against an ext_proc server bounded by -idle-max-streams and -idle-request-timeout; heap and goroutines before, held and after")
+	var ic loadbench.IdleConfig
+	fs.IntVar(&ic.MaxStreams, "idle-max-streams", 2000, "idle: the server's -max-streams (below -idle)")
+	fs.DurationVar(&ic.RequestTimeout, "idle-request-timeout", 5*time.Second, "idle: the server's -stream-request-timeout")
+	fs.IntVar(&ic.Conns, "idle-conns", 100, "idle: gRPC connections the streams are spread over")
+	fs.IntVar(&ic.Rounds, "idle-rounds", 2, "idle: rounds of -idle streams in turn (the heap after each later round is compared with the first's)")
+	asJSON := fs.Bool("json", false, "active-active, chaos, decision, idle, probe, soak, overload: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if chosen := countTrue(*probe, *soak > 0, *decision, *activeActive > 0); chosen > 1 {
-		return fmt.Errorf("-probe, -soak, -decision and -active-active: choose one")
+	if chosen := countTrue(*probe, *soak > 0, *decision, *idle > 0, *withOverload, *withChaos, *activeActive > 0); chosen > 1 {
+		return fmt.Errorf("-probe, -soak, -decision, -idle, -overload, -chaos and -active-active: choose one")
+	}
+	if !(*idle > 0) && (flagSet(fs, "idle-max-streams") || flagSet(fs, "idle-request-timeout") || flagSet(fs, "idle-conns") || flagSet(fs, "idle-rounds")) {
+		return fmt.Errorf("-idle-max-streams, -idle-request-timeout, -idle-conns and -idle-rounds are read by -idle only")
+	}
+	if *idle > 0 {
+		ic.Streams = *idle
+		return benchIdle(ctx, ic, *asJSON)
+	}
+	if *withOverload {
+		return benchOverload(ctx, oc, *prioMix, *tenantMix, *sloMS, *loadX, *asJSON)
+	}
+	for _, name := range []string{"overload-addr", "overload-admin", "trust-token", "tenant-header", "model", "priority-mix", "tenant-mix", "slo-ms", "load",
+		"overload-duration", "overload-calibration", "overload-streams", "overload-max-tokens"} {
+		if flagSet(fs, name) {
+			return fmt.Errorf("-%s is read by -overload only", name)
+		}
 	}
 	for _, only := range []struct {
 		on    bool
@@ -122,8 +164,14 @@ func runBench(ctx context.Context, args []string) error {
 			Opening: *soakOpening, SteadyEvery: *soakSteady, HTTP2: *soakHTTP2,
 			Progress: slog.New(slog.NewTextHandler(os.Stderr, nil))}, *asJSON)
 	}
+	if cc.Accounting && !*withChaos {
+		return errors.New("-accounting: needs -chaos (it samples the chaos run)")
+	}
 	if *withChaos {
 		cc.Kill = config.SplitList(*kill)
+		if cc.Accounting && !flagSet(fs, "kill") {
+			cc.Kill = nil // a stopped router or killed worker is not an accounting difference
+		}
 		fmt.Fprintf(os.Stderr, "chaos: %d streams for %v, faults %v (%v each)…\n", cc.Streams, cc.Duration, cc.Kill, cc.Hold)
 		rep, err := chaos.Run(ctx, cc)
 		if err != nil {
@@ -353,5 +401,85 @@ func benchSoak(ctx context.Context, cfg loadbench.SoakConfig, asJSON bool) error
 	fmt.Printf("steady decisions:         %d, p50 %.0f µs, p99 %.0f µs (%d failed)\n", res.SteadyDecisions, res.SteadyDecisionP50us, res.SteadyDecisionP99us, res.SteadyFailed)
 	fmt.Printf("CPU per stream:           %.0f µs\n", res.CPUusPerStream)
 	fmt.Printf("leaked requests:          %d (want 0)\n", res.LeakedRequests)
+	return nil
+}
+
+// benchIdle prints the idle-streams figures.
+func benchIdle(ctx context.Context, cfg loadbench.IdleConfig, asJSON bool) error {
+	fmt.Fprintf(os.Stderr, "idle: %d rounds of %d silent ext_proc streams over %d connections, server -max-streams %d -stream-request-timeout %v; load average %s\n",
+		cfg.Rounds, cfg.Streams, cfg.Conns, cfg.MaxStreams, cfg.RequestTimeout, loadAverage())
+	res, err := loadbench.Idle(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	mb := func(b uint64) float64 { return float64(b) / (1 << 20) }
+	fmt.Printf("streams:          %d: refused %d (max_streams), closed %d (request_timeout), other %d %s\n", res.Streams, res.Refused, res.Closed, res.Other, res.FirstOther)
+	fmt.Printf("server counted:   max_streams %.0f, request_timeout %.0f\n", res.ServerRefused["max_streams"], res.ServerRefused["request_timeout"])
+	fmt.Printf("closed after:     %v to %v (bound %v)\n", res.ClosedAfterMin.Round(time.Millisecond), res.ClosedAfterMax.Round(time.Millisecond), res.RequestTimeout)
+	fmt.Printf("heap (after GC):  before %.2f MB, held %.2f MB (first round), after", mb(res.HeapBefore), mb(res.HeapHeld))
+	for i, h := range res.HeapAfterRounds {
+		fmt.Printf(" round %d %.2f MB", i+1, mb(h))
+	}
+	fmt.Println()
+	fmt.Printf("goroutines:       before %d, held %d, after %d\n", res.GoroutinesBefore, res.GoroutinesHeld, res.GoroutinesAfter)
+	fmt.Printf("streams active:   held %.0f, after %.0f\n", res.ActiveHeld, res.ActiveAfter)
+	fmt.Printf("elapsed:          %v; load average after %s\n", res.Elapsed.Round(time.Millisecond), loadAverage())
+	return nil
+}
+
+// loadAverage is /proc/loadavg's first three fields ("?" elsewhere).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// benchOverload parses the overload flags that need it and prints the
+// overload bench's report.
+func benchOverload(ctx context.Context, oc overload.Config, prioMix, tenantMix, sloMS, loadX string, asJSON bool) error {
+	var err error
+	oc.Priorities, oc.Tenants = nil, nil
+	if prioMix != "" {
+		if oc.Priorities, err = sim.ParseShares("-priority-mix", prioMix); err != nil {
+			return err
+		}
+	}
+	if tenantMix != "" {
+		if oc.Tenants, err = sim.ParseShares("-tenant-mix", tenantMix); err != nil {
+			return err
+		}
+	}
+	if sloMS != "" {
+		if oc.SLOMS, err = sim.ParseSLO(sloMS); err != nil {
+			return fmt.Errorf("-slo-ms: %w", err)
+		}
+	}
+	if oc.Load, err = sim.ParseLoad(loadX); err != nil {
+		return fmt.Errorf("-load: %w", err)
+	}
+	where := "kvgate up in the process"
+	if oc.Addr != "" {
+		where = oc.Addr
+	}
+	fmt.Fprintf(os.Stderr, "overload: %s; calibrating %v with %d streams, then %gx for %v; load average %s\n", where, oc.Calibration, oc.CalibrationStreams, oc.Load, oc.Duration, loadAverage())
+	rep, err := overload.Run(ctx, oc)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	rep.Print(os.Stdout)
 	return nil
 }

@@ -139,6 +139,18 @@ func checkConfig(x *extensions, path, shadowPath string, withEtcd bool, w, warn 
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "%s: ok\n", path)
 	fmt.Fprintf(&b, "probe: timeout %v, backoff %v..%v\n", cfg.Probe.Timeout, cfg.Probe.BackoffBase, cfg.Probe.BackoffMax)
+	if t := cfg.Tenancy; t.Header != "" {
+		fmt.Fprintf(&b, "tenancy: header %s, salted %v, identity %s", t.Header, t.Salt, t.Identity)
+		switch {
+		case t.XFCC != nil && t.XFCC.SAN == "dns":
+			fmt.Fprintf(&b, " (the DNS SAN's label before %s)", t.XFCC.Suffix)
+		case t.XFCC != nil:
+			fmt.Fprintf(&b, " (the URI SAN's segment after %s)", t.XFCC.Prefix)
+		case t.JWT != nil:
+			fmt.Fprintf(&b, " (claim %s of provider %s's JWT)", t.JWT.Claim, t.JWT.Provider)
+		}
+		b.WriteByte('\n')
+	}
 	fmt.Fprintf(&b, "chain (%d policies, run in order; the last sorts with the strongest key):\n", len(cfg.Chain))
 	writeChain(&b, cfg.Chain)
 	if len(cfg.Models) > 0 {
@@ -201,6 +213,18 @@ func checkConfig(x *extensions, path, shadowPath string, withEtcd bool, w, warn 
 		writeChain(&b, cfg.Shadow.Chain)
 	} else {
 		b.WriteString("shadow chain: none\n")
+	}
+	if fc := cfg.FlowControl; fc.Enabled {
+		var bands []string
+		for _, band := range fc.Bands {
+			if band.MinPriority != nil {
+				bands = append(bands, fmt.Sprintf("%s (priority ≥ %d)", band.Name, *band.MinPriority))
+			} else {
+				bands = append(bands, band.Name)
+			}
+		}
+		fmt.Fprintf(&b, "flow control: requests to saturated pools wait (bands %s; %d requests, %d bytes per queue; deadline %v; %s between tenants); saturated above %d prefill tokens, %d decode tokens (0: not checked)\n",
+			strings.Join(bands, " > "), fc.Capacity.Requests, fc.Capacity.Bytes, fc.Deadline, fc.Fairness, max(fc.Saturation.MaxPrefillTokens, 0), fc.Saturation.MaxDecodeTokens)
 	}
 	_, err = w.Write(b.Bytes())
 	return err

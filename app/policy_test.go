@@ -90,6 +90,10 @@ func TestPolicyCheckExamples(t *testing.T) {
 			t.Errorf("no %q line in:\n%s", f+": ok", stdout.String())
 		}
 	}
+	// The tenancy example says where its tenant comes from.
+	if want := "tenancy: header x-tenant, salted true, identity xfcc (the URI SAN's segment after spiffe://cluster.local/ns/)\n"; !strings.Contains(stdout.String(), want) {
+		t.Errorf("no %q line in:\n%s", want, stdout.String())
+	}
 }
 
 // TestPolicyReplay replays a configuration through the real Decide: the

@@ -32,7 +32,11 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		configPath  = fs.String("config", "", "replay this global router configuration (the real Decide: its pools, chain and pool policies) instead of --topology × --policies")
 		poolWorkers = fs.String("pool-workers", "", "with --config: workers per pool, name=N,... (pools not named share --workers evenly)")
 		models      = fs.String("models", "", "with --config: spread requests over models, name=weight,... (default: the configuration's first model)")
-		priorityMix = fs.String("priority-mix", "", "with --config: spread requests over x-kvgate-priority values, priority=weight,... (default: no header)")
+		priorityMix = fs.String("priority-mix", "", "with --config: spread requests over x-kvgate-priority values (read by the configuration's priority policy, and by the SLO figures), priority=weight,... e.g. 1=0.3,0=0.7 (default: no header)")
+		tenantMix   = fs.String("tenant-mix", "", "with --config: spread requests over tenants by offered load, tenant=weight,... e.g. a=4,b=1,c=1,d=1 (a sends 4× each other's share), in the configuration's tenancy.header (x-tenant when it has none); read by the by_tenant figures and Jain's fairness index")
+		load        = fs.String("load", "", "with --config: offer this multiple of the pools' capacity, which the replay measures first and prints (a backlog of the trace's requests at once; docs/replay.md), e.g. 0.7 or 2; replaces --rate")
+		sloMS       = fs.String("slo-ms", "", "TTFT target in ms per priority, priority=ms,... e.g. 1=500,0=5000; read by slo_met_ratio and goodput_rps (default: the highest priority of the mix 2× the unloaded TTFT p99, the others 10×)")
+		flowControl = fs.Bool("flow-control", false, "with --config: run the global router's flow-control queue in virtual time (requests to saturated pools wait instead of being shed); read by the config replay, set up by the file's flow_control section (its defaults when the section is off; docs/flow-control.md)")
 		sweep       = fs.String("sweep", "", "run every combination of named parameters and print the Pareto front, e.g. 'credit=1,2,4,8;scale=1,4,8' (credit, scale, temp, predicted_ttl; with --config also chain.POLICY.KEY)")
 		tracePath   = fs.String("trace", "", "trace file: Mooncake JSONL (timestamp, input_length, output_length, hash_ids) or a JSONL of prompts (text or token_ids)")
 		generate    = fs.String("generate", "", "replay a generated trace instead of --trace: agentic or agentic:key=value,... (docs/replay.md)")
@@ -45,7 +49,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		seed        = fs.Uint64("seed", 1, "seed of token expansion and every random choice")
 		workers     = fs.Int("workers", 8, "simulated workers in total")
 		topologies  = fs.String("topology", sim.TopologyFlat, "comma-separated topologies: flat, pools[=P], disagg[=prefill workers], tree=RxP (R region global routers of P pools each under a top global router, the real Decide at every floor; router policies only: kvgate, ttft:..., dynamo, kvgate-cost, cost:..., chain:...; docs/hierarchy.md)")
-		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate (predicted TTFT), kvgate-cost (its Dynamo-formula form), kvgate-no-tiers, kvgate-r1, ttft:ext=W, cost:credit=C,scale=S,temp=T,tiers=0|1, chain:<worker chain> (e.g. chain:cost=1/normalize=max,prefix=1,cold=0.3; docs/localrouter.md)")
+		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate (predicted TTFT, each worker's timing calibrated online by its local router), kvgate-static (the shipped curves, no calibration), kvgate-oracle (each engine's true timing pinned: the bound), kvgate-cost (its Dynamo-formula form), kvgate-no-tiers, kvgate-r1, ttft:ext=W[,calib=online|static|oracle], cost:credit=C,scale=S,temp=T,tiers=0|1, chain:<worker chain> (e.g. chain:cost=1/normalize=max,prefix=1,cold=0.3; docs/localrouter.md)")
 		blockSize   = fs.Int("block-size", 16, "KV block size of workers and routers, in tokens")
 		kvTokens    = fs.Int("kv-tokens", 1<<20, "KV cache capacity of each worker, in tokens")
 		cpuTokens   = fs.Int("cpu-kv-tokens", 0, "CPU KV tier of each worker, in tokens (0: none): GPU evictions offload there, hits reload; compare policies kvgate-cost and kvgate-no-tiers")
@@ -68,8 +72,12 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	switch {
 	case *configPath != "" && (onCLI["topology"] || onCLI["policies"]):
 		return errors.New("--config replays the configuration's pools and chain: --topology and --policies do not apply")
-	case *configPath == "" && (*poolWorkers != "" || *models != "" || *priorityMix != ""):
-		return errors.New("--pool-workers, --models and --priority-mix need --config")
+	case *configPath == "" && (*poolWorkers != "" || *models != "" || *priorityMix != "" || *tenantMix != "" || *load != "" || *flowControl):
+		return errors.New("--pool-workers, --models, --priority-mix, --tenant-mix, --load and --flow-control need --config")
+	case *load != "" && onCLI["rate"]:
+		return errors.New("--load sets the arrival rate from the measured capacity: --rate does not apply")
+	case *load != "" && *sweep != "":
+		return errors.New("--load does not apply to --sweep")
 	case *sweep != "" && onCLI["policies"]:
 		return errors.New("--sweep makes its own cost policies: --policies does not apply")
 	case *tracePath == "" && *generate == "":
@@ -90,6 +98,18 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	r, err := strconv.ParseFloat(strings.TrimSuffix(*rate, "x"), 64)
 	if err != nil || r <= 0 {
 		return fmt.Errorf("--rate %q: want a positive number such as 2 or 2x", *rate)
+	}
+	var loadX float64
+	if *load != "" {
+		if loadX, err = sim.ParseLoad(*load); err != nil {
+			return fmt.Errorf("--load: %w", err)
+		}
+	}
+	var slo map[int]float64
+	if *sloMS != "" {
+		if slo, err = sim.ParseSLO(*sloMS); err != nil {
+			return fmt.Errorf("--slo-ms: %w", err)
+		}
 	}
 	tops, err := sim.ParseTopologies(*topologies)
 	if err != nil {
@@ -124,6 +144,11 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		}
 		if *priorityMix != "" {
 			if global.Priorities, err = sim.ParseShares("--priority-mix", *priorityMix); err != nil {
+				return err
+			}
+		}
+		if *tenantMix != "" {
+			if global.Tenants, err = sim.ParseShares("--tenant-mix", *tenantMix); err != nil {
 				return err
 			}
 		}
@@ -174,7 +199,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		Trace: trace, TraceName: name, Rate: r, MaxRequests: *maxRequests, Seed: *seed,
 		Workers: *workers, Topologies: tops, Policies: pols, BlockSize: *blockSize, KVTokens: *kvTokens, CPUKVTokens: *cpuTokens,
 		MaxNumSeqs: *maxSeqs, MaxNumBatchedTokens: *maxBatched, Speedup: *speedup, EventDelay: *eventDelay, PredictedTTL: pttl,
-		Parallel: *parallel, Progress: prog, Global: global,
+		Parallel: *parallel, Progress: prog, Global: global, Load: loadX, SLOMS: slo, FlowControl: *flowControl,
 	}
 	if sweepParams != nil {
 		if *plot != "" {

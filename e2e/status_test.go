@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -59,23 +60,54 @@ func TestStatusAndSummary(t *testing.T) {
 	if len(st.Pools) != 2 || len(st.Pools[0].Workers) != 3 || len(st.Pools[1].Workers) != 2 || st.Pools[0].RouterState != "ok" {
 		t.Errorf("status %+v: want pool-a with 3 workers and pool-b with 2, routers ok", st)
 	}
+	// Each rank's timing model (localrouter calibration): the prior after
+	// one request (a pool's fit needs localrouter.CalibrationMinSamples).
+	if !strings.Contains(page, "timing prior (") {
+		t.Errorf("status page lacks the ranks' timing models:\n%s", page)
+	}
+	if r := st.Pools[0].Workers[0].Ranks; len(r) == 0 || !strings.HasPrefix(r[0].Timing, "prior (") {
+		t.Errorf("status.json ranks %+v: want each rank's timing model, the prior", r)
+	}
 	if _, m := get("/kvgate/metrics"); !strings.Contains(m, `kvgate_extproc_requests_total{code="200"`) {
 		t.Errorf("metrics lack the request:\n%s", m)
 	}
 }
 
-// TestAllPoolsDown: with every local router stopped, a request is refused
-// 503 no_pool_reachable, OpenAI-shaped.
+// TestAllPoolsDown (issue 27 item 4): with every local router stopped, a
+// request is routed best effort to a worker the pools learned from their
+// routers at start (before, a system that had served nothing answered 503
+// no_pool_reachable); one that ends while the routers are down leaves
+// nothing behind, and a stream still open when its pool's router comes
+// back is committed there (late), then freed when it ends.
 func TestAllPoolsDown(t *testing.T) {
-	s := startSystem(t)
+	s := startSystem(t, func(c *up.Config) { c.Speedup = 1 })
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
+	c := httpClient(t)
 	for _, p := range s.Pools {
 		if err := p.StopRouter(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r := chat(t, ctx, httpClient(t), s, chatBody("mock-llama", "hi", false, 2))
-	if r.status != 503 || r.header.Get("x-kvgate-dropped-reason") != "no_pool_reachable" {
-		t.Fatalf("status %d reason %q (%s), want 503 no_pool_reachable", r.status, r.header.Get("x-kvgate-dropped-reason"), r.body)
+	if r := chat(t, ctx, c, s, chatBody("mock-llama", "hi", false, 2)); r.status != 200 {
+		t.Fatalf("every router down: status %d reason %q (%s), want 200 routed best effort", r.status, r.header.Get("x-kvgate-dropped-reason"), r.body)
+	}
+	resp, _ := openStream(t, ctx, c, s, chatBody("mock-llama", "a long answer while the routers are down", true, 2000))
+	pool := s.Pool(resp.Header.Get("x-kvgate-pool"))
+	if pool == nil {
+		t.Fatalf("the stream names no pool of the system: %q", resp.Header.Get("x-kvgate-pool"))
+	}
+	if err := pool.RestartRouter(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, testTimeout, func() (string, bool) {
+		return fmt.Sprintf("the restarted router of %s counts %d requests, want the open stream", pool.Name, pool.Requests()), pool.Requests() == 1
+	})
+	resp.Body.Close() // the client goes away mid-answer
+	testenv.Eventually(t, testTimeout, func() (string, bool) {
+		return fmt.Sprintf("after the stream ended the router counts %d", pool.Requests()), pool.Requests() == 0
+	})
+	be := bestEffortCounts(t, s.Registry)
+	if be["decisions"] != 2 || be["ended"] != 1 || be["late_committed"] != 1 {
+		t.Errorf("best effort %v: want 2 decisions, 1 ended before a router came back, 1 committed late", be)
 	}
 }

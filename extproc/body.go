@@ -51,6 +51,6 @@ func parseBody(path string, body []byte, req *globalrouter.Request, dups tokeniz
 		}
 		return parsedBody{}, &bodyError{reasonBadJSON, err.Error()}
 	}
-	req.Model, req.Prompt, req.PromptTokens, req.Chat, req.CacheSalt = b.Model, b.Prompt, b.PromptTokens, b.Chat, b.CacheSalt
+	req.Model, req.Prompt, req.PromptTokens, req.Chat, req.CacheSalt, req.ExtraKey = b.Model, b.Prompt, b.PromptTokens, b.Chat, b.CacheSalt, b.ExtraKey
 	return parsedBody{stream: b.Stream}, nil
 }

@@ -80,7 +80,8 @@
 // "code"}}) with x-kvgate-dropped-reason: 400 bad_json / missing_field /
 // bad_field / duplicate_key (a key named twice in one object, unless
 // Config.DuplicateKeys reads it last-wins as the engine does) / bad_request
-// / pin_refused, 403 untrusted_header /
+// / pin_refused, 403 untrusted_header / untrusted_identity /
+// missing_identity / bad_identity (globalrouter's tenancy.identity) /
 // policy_refused, 404 unknown_model, 413 body_too_large, 429 saturated,
 // 503 no_pool_reachable / no_pool_allowed / no_endpoint_in_subset (429 and
 // 503 with retry-after), 500 internal_error. The Decider returns the
@@ -108,8 +109,11 @@
 // endpoint, health), metrics.go (requests, decisions, overlap, tokens,
 // streams), bounds.go (the stream bounds: concurrent streams, time to a
 // complete request, idle time before the response; refusals counted in
-// kvgate_extproc_streams_refused_total{reason}). The process that serves it (flags, TLS
+// kvgate_extproc_streams_refused_total{reason}), identity.go (whether the
+// caller's client certificate was verified: Request.PeerVerified; the
+// jwt_authn metadata is kept with the subset hint, epp.go). The process that serves it (flags, TLS
 // files, the admin listener) is internal/extprocd. Tests: server_test.go,
 // server_body_test.go, server_errors_test.go, server_lifecycle_test.go,
-// apis_test.go (the Responses and Messages paths), bounds_test.go.
+// apis_test.go (the Responses and Messages paths), bounds_test.go,
+// identity_test.go (tenants from XFCC and JWT claims over the wire).
 package extproc

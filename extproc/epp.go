@@ -90,6 +90,9 @@ func (x *exchange) noteRequestMetadata(req *extprocv3.ProcessingRequest) {
 	if s := subsetOf(req.GetMetadataContext()); s != nil {
 		x.subset = s
 	}
+	if j := req.GetMetadataContext().GetFilterMetadata()[globalrouter.JWTAuthnNamespace]; j != nil {
+		x.jwtAuthn = j
+	}
 }
 
 // noteServed moves the request's lifecycle to the endpoint the data plane

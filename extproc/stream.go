@@ -42,6 +42,7 @@ type exchange struct {
 	trailers    bool // request trailers arrived (FDS: they end the body)
 	decided     bool
 	subset      *globalrouter.Subset // the gateway's endpoint subset hint (nil: none)
+	jwtAuthn    *structpb.Struct     // the jwt_authn filter's metadata (nil: none; identity.go)
 
 	// Decision and lifecycle. current is the endpoint the request is
 	// accounted on: the primary, or the fallback the data plane reports
@@ -251,7 +252,8 @@ func (x *exchange) route() error {
 	// server's own, one per stream: clients reuse x-request-id, and two
 	// requests sharing one must count as two (issue 13).
 	x.id, x.clientID = newRequestID(), x.headers["x-request-id"]
-	greq := &globalrouter.Request{Path: x.path, Headers: x.headers, Subset: x.subset, BodyBytes: x.size, ID: x.id, ClientID: x.clientID}
+	greq := &globalrouter.Request{Path: x.path, Headers: x.headers, Subset: x.subset, BodyBytes: x.size, ID: x.id, ClientID: x.clientID,
+		JWTAuthn: x.jwtAuthn, PeerVerified: peerVerified(x.stream.Context())}
 	if v := x.headers[globalrouter.HeaderExplain]; v == "1" || strings.EqualFold(v, "true") {
 		greq.Explain, x.explain = true, true
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
@@ -32,11 +33,16 @@ import (
 // the worker the probes named. Across pools, an answer costlier than the
 // probe (the pool got busier under the decision) is contended: the request
 // is placed again under Router.recheckMu and, if still costlier, rechecked
-// against the other pools (recheck). Only contended decisions take the
+// against the other pools (recheck); a decision that cannot take the lock
+// within the probe timeout keeps its first placement (outcome busy: the
+// contended decisions before it are slow, on a starved process, and
+// waiting on them would hold it committed and unanswered). Only contended decisions take the
 // lock; the others commit concurrently, so the lock is never held across
 // an uncontended round trip. A refused commit (no worker left in the
 // bounds, an unknown request shape, a router that cannot be reached)
-// moves on to the next ranked pool; a commit with no answer in time, or
+// moves on to the next ranked pool (when none is left and every commit
+// failed to reach its router, the decision goes best effort, its commit
+// queued: accounting.go); a commit with no answer in time, or
 // an answer outside the bounds (a router older than the bounds), falls
 // back to the pipelined commit of the probed worker on the same pool.
 //
@@ -50,29 +56,38 @@ import (
 // the worker the probe chose, unaccounted on its local router.
 func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []probeResult, ranked []policies.Candidate, trace *policies.Trace, pinned bool) (*Decision, error) {
 	var refused []string
-	decide := st.cfg.Probe.Commit != CommitPipelined
+	mode := st.cfg.Probe.Commit
+	decide := mode != CommitPipelined && mode != CommitReserve
+	unreached := true // every refusal so far was an outage (nothing sent)
 	for i, c := range ranked {
 		pe := st.byName[c.Pool]
 		if pe == nil { // a policy made up a candidate
 			return nil, fmt.Errorf("%w: the chain ranked pool %q, which the configuration lacks", ErrNoPool, c.Pool)
 		}
-		l := &lease{}
+		l := &lease{flow: r.flow}
 		rest := ranked[i+1:]
 		movable := decide && !pinned && c.Prefill == nil && len(rest) > 0
-		tr, sel, note, err := r.place(ctx, pe, p, c.Probe, decide, &l.mainRefused)
+		tr, sel, note, err := r.place(ctx, pe, p, c.Probe, mode, &l.mainRefused)
 		var moved string
 		if err == nil && movable && note == "" && sel.Cost > c.Probe.Cost {
 			// The pool got busier between its probe and its commit
 			// (decisions made on the same idle state landed first): place
 			// again, serialised, and let the chain decide on that answer.
-			var kept bool
-			r.recheckMu.Lock()
-			tr, sel, note, kept, err = r.replace(ctx, pe, p, c.Probe, tr, sel, &l.mainRefused)
-			if !kept && err == nil && note == "" && sel.Cost > c.Probe.Cost {
-				c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
-			}
-			r.recheckMu.Unlock()
 			outcome := "kept"
+			if r.lockRecheck(ctx, st.cfg.Probe.Timeout) {
+				var kept bool
+				tr, sel, note, kept, err = r.replace(ctx, pe, p, c.Probe, tr, sel, &l.mainRefused)
+				if !kept && err == nil && note == "" && sel.Cost > c.Probe.Cost {
+					c, tr, sel, rest, moved = r.recheck(ctx, st, p, c, tr, sel, rest)
+				}
+				<-r.recheckMu
+			} else {
+				// The contended decisions before it held the lock past the
+				// probe deadline (a burst on a starved process): the first
+				// placement stands, rather than a convoy in which every
+				// request waits, committed, for the ones before it.
+				outcome = "busy"
+			}
 			switch {
 			case err != nil:
 				outcome = "refused"
@@ -94,6 +109,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 			if pinned {
 				return nil, pinError(HeaderPool, c.Pool, err)
 			}
+			unreached = unreached && outage(err)
 			continue
 		}
 		var notes []string
@@ -106,7 +122,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 		d.Fallbacks = r.fallbacks(st, p, d.Primary, rest)
 		l.main = r.movableTracker(p, tr, len(d.Fallbacks))
 		if c.Prefill != nil {
-			if pnote, err := r.commitPrefill(ctx, st, p, c.Prefill, decide, l, d); err != nil {
+			if pnote, err := r.commitPrefill(ctx, st, p, c.Prefill, mode, l, d); err != nil {
 				// The decode worker prefills locally rather than failing
 				// a request it can serve.
 				r.m.refusedCommits.WithLabelValues(c.Prefill.Pool).Inc()
@@ -135,6 +151,13 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 		}
 		return d, nil
 	}
+	if unreached && len(refused) > 0 {
+		// Every commit failed to reach its router (they answered the
+		// probes a moment ago): best effort, committed late (accounting.go).
+		if d := r.bestEffort(ctx, st, p, results, trace); d != nil {
+			return d, nil
+		}
+	}
 	return nil, &Refusal{Kind: ErrNoPool, Reason: "no_pool_reachable", Public: "no pool took the request; retry later",
 		Err: fmt.Errorf("every ranked pool refused the commit: %v", refused)}
 }
@@ -162,7 +185,7 @@ func (r *Router) recheck(ctx context.Context, st *state, p *prepared, c policies
 	if ape == nil {
 		return c, tr, sel, rest, ""
 	}
-	atr, asel, note, err := r.place(ctx, ape, p, alt.Probe, true, nil)
+	atr, asel, note, err := r.place(ctx, ape, p, alt.Probe, CommitDecide, nil)
 	if err != nil || note != "" {
 		if atr != nil {
 			_ = atr.Free(ctx)
@@ -200,24 +223,30 @@ func (r *Router) replace(ctx context.Context, pe *poolEntry, p *prepared, probed
 		r.log.Warn("could not free a contended commit to place it again; keeping it", "request_id", p.id, "pool", pe.cfg.Name, "err", err)
 		return tr, sel, "", true, nil
 	}
-	ntr, nsel, note, err := r.place(ctx, pe, p, probed, true, into)
+	ntr, nsel, note, err := r.place(ctx, pe, p, probed, CommitDecide, into)
 	return ntr, nsel, note, false, err
 }
 
 // place records request p on pool pe, whose probe named probed: a
-// decide-and-commit when decide (the answer is the worker the request goes
-// to), else the pipelined commit of the probed worker (probed itself is
-// the answer; into receives its later refusal). A decide-and-commit with no
-// answer in time or an answer outside the request's bounds falls back to
-// the pipelined commit, and note says so; any other error of it is the
-// router's refusal, or a commit that could not be sent, and moves the
-// decision on to the next candidate.
-func (r *Router) place(ctx context.Context, pe *poolEntry, p *prepared, probed routing.Selection, decide bool, into *atomic.Pointer[error]) (tr pool.Tracker, sel routing.Selection, note string, err error) {
-	mode := string(CommitPipelined)
-	if decide {
-		mode = string(CommitDecide)
+// decide-and-commit with CommitDecide (the answer is the worker the
+// request goes to), else the pipelined commit of the probed worker
+// (probed itself is the answer; into receives its later refusal), which
+// with CommitReserve confirms the reservation the probe made. A
+// decide-and-commit with no answer in time or an answer outside the
+// request's bounds falls back to the pipelined commit, and note says so;
+// any other error of it is the router's refusal, or a commit that could
+// not be sent, and moves the decision on to the next candidate. With
+// CommitReserve, a probed worker that passive health ejected since its
+// probe is not confirmed: its reservation is released and the pool
+// decides and commits instead (bounded as ever).
+func (r *Router) place(ctx context.Context, pe *poolEntry, p *prepared, probed routing.Selection, mode CommitMode, into *atomic.Pointer[error]) (tr pool.Tracker, sel routing.Selection, note string, err error) {
+	reserved := mode == CommitReserve && p.reserve > 0
+	if reserved && pe.p.Ejected(probed.Address) {
+		pe.p.Release(ctx, probed.Router, p.id)
+		reserved, mode = false, CommitDecide
 	}
-	_, csp := r.span(ctx, "kvgate.commit", attribute.String("kvgate.pool", pe.cfg.Name), attribute.String("kvgate.commit_mode", mode), attribute.String("kvgate.worker_id", probed.WorkerID))
+	decide := mode == CommitDecide
+	_, csp := r.span(ctx, "kvgate.commit", attribute.String("kvgate.pool", pe.cfg.Name), attribute.String("kvgate.commit_mode", string(mode)), attribute.String("kvgate.worker_id", probed.WorkerID))
 	if decide {
 		tr, sel, err = pe.p.Decide(ctx, probed.Router, pool.Commit{RequestID: p.id, Prompt: p.prompt(pe.cfg.BlockSize)})
 		if err == nil {
@@ -236,8 +265,14 @@ func (r *Router) place(ctx context.Context, pe *poolEntry, p *prepared, probed r
 		note = fmt.Sprintf("decide-and-commit on %s fell back to the probed worker (%v)", pe.cfg.Name, err)
 	}
 	tr, err = pe.p.CommitAsync(ctx, probed.Router, pool.Commit{
-		RequestID: p.id, WorkerID: probed.WorkerID, DPRank: probed.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
+		RequestID: p.id, WorkerID: probed.WorkerID, DPRank: probed.DPRank, Prompt: p.prompt(pe.cfg.BlockSize), Reserved: reserved,
 	}, traced(csp, r.committed(p.id, pe.cfg.Name, probed.WorkerID, into)))
+	if reserved {
+		// Sent or not, the confirmation consumed the reservation: a
+		// commit that could not be sent broke the stream, which released
+		// it.
+		p.confirmed = append(p.confirmed, pe.cfg.Name)
+	}
 	if err != nil {
 		endSpan(csp, err)
 		return nil, routing.Selection{}, "", err
@@ -276,15 +311,15 @@ func (r *Router) fallbacks(st *state, p *prepared, primary Endpoint, rest []poli
 	return out
 }
 
-// commitPrefill commits the request on the prefill candidate c (a
-// decide-and-commit when decide, as the main commit) and sets the lease's
-// and the decision's prefill halves; note is place's.
-func (r *Router) commitPrefill(ctx context.Context, st *state, p *prepared, c *policies.Candidate, decide bool, l *lease, d *Decision) (string, error) {
+// commitPrefill commits the request on the prefill candidate c (in commit
+// mode mode, as the main commit) and sets the lease's and the decision's
+// prefill halves; note is place's.
+func (r *Router) commitPrefill(ctx context.Context, st *state, p *prepared, c *policies.Candidate, mode CommitMode, l *lease, d *Decision) (string, error) {
 	pe := st.byName[c.Pool]
 	if pe == nil {
 		return "", fmt.Errorf("the chain paired prefill pool %q, which the configuration lacks", c.Pool)
 	}
-	tr, sel, note, err := r.place(ctx, pe, p, c.Probe, decide, nil)
+	tr, sel, note, err := r.place(ctx, pe, p, c.Probe, mode, nil)
 	if err != nil {
 		return "", err
 	}
@@ -376,7 +411,7 @@ func (r *Router) decidePinnedWorker(ctx context.Context, st *state, p *prepared,
 			sel.BlockSize = pe.cfg.BlockSize
 		}
 		sel.ISL = len(p.tokens)
-		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: &lease{main: tr}, DPRankBodyField: pe.cfg.DPRankBodyField}
+		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: &lease{main: tr, flow: r.flow}, DPRankBodyField: pe.cfg.DPRankBodyField}
 		if p.explain {
 			d.Explanation = fmt.Sprintf("model=%s isl=%d; pinned by %s=%s: pool %s, worker %s rank %d (%s), overlap %d/%d blocks; chain: %s",
 				p.req.Model, len(p.tokens), HeaderWorkerID, worker, pe.cfg.Name, sel.WorkerID, sel.DPRank, sel.Address, sel.OverlapBlocks, sel.RequestBlocks, trace.String())
@@ -478,6 +513,12 @@ type lease struct {
 	prefill pool.Tracker
 	// mainRefused is set when main's pipelined commit was refused.
 	mainRefused atomic.Pointer[error]
+	// flow is told a pool may have room (flow.go; nil: no flow control).
+	flow *flowQueues
+	// live is the Router's count of unfreed leases this one is part of
+	// (nil: not counted); freed makes Free count once.
+	live  *atomic.Int64
+	freed atomic.Bool
 }
 
 var _ Lease = (*lease)(nil)
@@ -487,7 +528,7 @@ var _ Lease = (*lease)(nil)
 // ErrCommitRefused.
 func (l *lease) PrefillComplete(ctx context.Context) error {
 	var err error
-	if l.main != nil { // nil: best effort, nothing committed
+	if l.main != nil { // nil: nothing committed (a pool the decision had no entry for)
 		err = l.main.PrefillComplete(ctx)
 	}
 	if refused := l.mainRefused.Load(); refused != nil {
@@ -496,12 +537,16 @@ func (l *lease) PrefillComplete(ctx context.Context) error {
 	if l.prefill != nil {
 		err = errors.Join(err, l.prefill.Free(ctx))
 	}
+	l.flow.kick() // its prefill tokens left the worker's load
 	return err
 }
 
 // Free implements Lease. A refused commit has nothing to free: the stream
 // is closed and nil returned.
 func (l *lease) Free(ctx context.Context) error {
+	if l.live != nil && !l.freed.Swap(true) {
+		l.live.Add(-1)
+	}
 	var err error
 	if l.main != nil {
 		err = l.main.Free(ctx)
@@ -509,5 +554,26 @@ func (l *lease) Free(ctx context.Context) error {
 	if l.prefill != nil {
 		err = errors.Join(err, l.prefill.Free(ctx))
 	}
+	l.flow.kick()
 	return err
+}
+
+// lockRecheck takes Router.recheckMu, waiting at most wait (and while ctx
+// lives); false when it could not.
+func (r *Router) lockRecheck(ctx context.Context, wait time.Duration) bool {
+	select {
+	case r.recheckMu <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case r.recheckMu <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
 }

@@ -129,3 +129,65 @@ func TestTimedOutDecideStaysAccounted(t *testing.T) {
 		t.Fatalf("after the lease was freed: %v", err)
 	}
 }
+
+// Release forwards to the wrapped client's (a pool.Releaser), so that
+// reserve-mode decisions through a heldClient release their losers.
+func (c heldClient) Release(ctx context.Context, id string) error {
+	if r, ok := c.Client.(pool.Releaser); ok {
+		return r.Release(ctx, id)
+	}
+	return nil
+}
+
+// TestReserveWaitsForNoCommit: with probe.commit: reserve a decision does
+// not wait for its commit's answer at all — here the answer is held back
+// and the decision returns anyway, on the probed worker — while the
+// commit confirms the reservation on the router (the request is held
+// there once, the losing pool's reservation released), and other
+// decisions go on meanwhile. Nothing here takes Router.recheckMu.
+func TestReserveWaitsForNoCommit(t *testing.T) {
+	ctx := testenv.Context(t)
+	a := pooltest.Start(t, "pool-0", 16, pooltest.Workers("a", 2)...)
+	b := pooltest.Start(t, "pool-1", 16, pooltest.Workers("b", 2)...)
+	h := &hold{request: "held", sent: make(chan struct{}), release: make(chan struct{})}
+	cfg := herdConfig(a, b)
+	cfg.Probe.Commit = globalrouter.CommitReserve
+	r, reg := newRouter(t, cfg, globalrouter.WithDialer(heldDialer(h)))
+	d, err := r.Decide(ctx, &globalrouter.Request{ID: "held", Model: model, PromptTokens: herdTokens(512)})
+	if err != nil {
+		t.Fatalf("Decide with its commit's answer held back: %v", err)
+	}
+	held := map[string]*pooltest.Server{"pool-0": a, "pool-1": b}[d.Primary.Pool]
+	other := map[string]*pooltest.Server{"pool-0": b, "pool-1": a}[d.Primary.Pool]
+	if err := held.WaitActive(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.WaitIdle(ctx); err != nil {
+		t.Fatalf("the losing pool's reservation: %v", err)
+	}
+	for i := range 4 {
+		tokens := herdTokens(512)
+		for k := range tokens {
+			tokens[k] += uint32(10000 * (i + 1))
+		}
+		f, err := r.Decide(ctx, &globalrouter.Request{ID: fmt.Sprint("fast-", i), Model: model, PromptTokens: tokens})
+		if err != nil {
+			t.Fatalf("Decide fast-%d: %v", i, err)
+		}
+		free(t, f)
+	}
+	close(h.release)
+	free(t, d)
+	for _, s := range []*pooltest.Server{a, b} {
+		if err := s.WaitIdle(ctx); err != nil {
+			t.Error(err)
+		}
+		if rs := s.Router.ReservationStats(); rs.Held != 0 || rs.Expired != 0 || rs.Missed != 0 {
+			t.Errorf("%s reservations %+v: none should be held, expired or missed", s.Addr, rs)
+		}
+	}
+	if n := countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "pool", "pool-0") +
+		countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "pool", "pool-1"); n != 0 {
+		t.Errorf("%v contended commits, want 0", n)
+	}
+}

@@ -7,10 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
@@ -36,6 +39,9 @@ type Config struct {
 	Pools  []pool.Config `yaml:"pools"`
 	// Shadow is a candidate chain run alongside the live one (shadow.go).
 	Shadow *ShadowConfig `yaml:"shadow"`
+	// FlowControl queues requests whose pools are all saturated instead
+	// of refusing them (flow.go, package flowcontrol).
+	FlowControl flowcontrol.Config `yaml:"flow_control"`
 
 	// File is where the configuration was read from ("" when built in Go).
 	File string `yaml:"-"`
@@ -84,7 +90,23 @@ type ProbeConfig struct {
 	// Commit is how the chosen pool records the request (default
 	// CommitDecide; commit.go).
 	Commit CommitMode `yaml:"commit"`
+	// ReserveTTL is how long a reserving probe holds its worker for the
+	// commit that confirms it (probe.commit: reserve only; default
+	// DefaultReserveTTL, at most MaxReserveTTL). Read by the global
+	// router, which sends it with each probe; set with another commit
+	// mode it is refused.
+	ReserveTTL time.Duration `yaml:"reserve_ttl"`
 }
+
+// The reservation TTL of probe.commit: reserve: a decision confirms or
+// releases its reservations as soon as the chain has ranked the probes, so
+// the TTL only bounds what a global router that dies between its probe and
+// its commit leaves held; it must outlast a probe's deadline (250 ms at
+// most by default) plus the ranking.
+const (
+	DefaultReserveTTL = 500 * time.Millisecond
+	MaxReserveTTL     = 10 * time.Second
+)
 
 // CommitMode is how the global router commits a request on the pool the
 // chain ranked first.
@@ -101,6 +123,12 @@ const (
 	// stream without waiting for the answer (one round trip less, but
 	// probes racing ahead of commits can herd).
 	CommitPipelined CommitMode = "pipelined"
+	// CommitReserve: every probe reserves the worker it names for the
+	// request (its load counted by every later probe, for ReserveTTL), so
+	// a burst spreads as with decide; the probed worker's reservation is
+	// then confirmed by a commit that is not waited for, and the other
+	// pools' reservations are released. One round trip, no lock.
+	CommitReserve CommitMode = "reserve"
 )
 
 // circuit is the probe configuration's circuit options.
@@ -158,6 +186,9 @@ func (c *Config) Defaults() {
 	if c.Probe.Commit == "" {
 		c.Probe.Commit = CommitDecide
 	}
+	if c.Probe.Commit == CommitReserve && c.Probe.ReserveTTL == 0 {
+		c.Probe.ReserveTTL = DefaultReserveTTL
+	}
 	c.Trust.defaults()
 	if c.Probe.BackoffBase <= 0 {
 		c.Probe.BackoffBase = pool.DefaultBackoffBase
@@ -170,6 +201,9 @@ func (c *Config) Defaults() {
 	}
 	for i := range c.Pools {
 		c.Pools[i].Defaults()
+	}
+	if c.FlowControl.Enabled {
+		c.FlowControl.Defaults()
 	}
 }
 
@@ -223,16 +257,29 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		probe("probe: counts must not be negative")
 	}
 	switch c.Probe.Commit {
-	case CommitDecide, CommitPipelined, "":
+	case CommitDecide, CommitPipelined, CommitReserve, "":
 	default:
-		probe("probe.commit %q: want %q or %q", c.Probe.Commit, CommitDecide, CommitPipelined)
+		probe("probe.commit %q: want %q, %q or %q", c.Probe.Commit, CommitDecide, CommitPipelined, CommitReserve)
+	}
+	switch ttl := c.Probe.ReserveTTL; {
+	case ttl != 0 && c.Probe.Commit != CommitReserve:
+		probe("probe.reserve_ttl %v is read only with probe.commit: %s (probe.commit is %q)", ttl, CommitReserve, c.Probe.Commit)
+	case ttl < 0 || ttl > MaxReserveTTL:
+		probe("probe.reserve_ttl %v: want a duration above 0 and at most %v", ttl, MaxReserveTTL)
+	case ttl > 0 && ttl < time.Millisecond:
+		probe("probe.reserve_ttl %v: want at least 1ms (the wire counts whole microseconds, and a commit must arrive within it)", ttl)
 	}
 	if err := c.Trust.validate(c.file()); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.Tenancy.validate(c.file()); err != nil {
+	tenancyAt := c.file()
+	if n := c.at["tenancy"]; n != nil {
+		tenancyAt = fmt.Sprintf("%s:%d:%d", tenancyAt, n.Line, n.Column)
+	}
+	if err := c.Tenancy.validate(tenancyAt); err != nil {
 		errs = append(errs, err)
 	}
+	c.validateFlow(&errs)
 	if c.Probe.BackoffMax < c.Probe.BackoffBase {
 		probe("probe.backoff_max %v is below probe.backoff_base %v", c.Probe.BackoffMax, c.Probe.BackoffBase)
 	}
@@ -282,6 +329,39 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 		return nil, errs[0]
 	}
 	return nil, errors.Join(errs...)
+}
+
+// validateFlow checks flow_control: each problem at its line. A section
+// set while flow control is off is refused: nothing would read it.
+func (c *Config) validateFlow(errs *[]error) {
+	fc := &c.FlowControl
+	if !fc.Enabled {
+		if !reflect.DeepEqual(*fc, flowcontrol.Config{}) {
+			c.failAt(errs, "flow_control", "flow_control is set but not enabled (enabled: true), so nothing reads it")
+		}
+		return
+	}
+	for _, p := range fc.Validate() {
+		where := c.file()
+		if n := config.NodeAt(c.at["flow_control:"], flowPath(p.Key)...); n != nil {
+			where = fmt.Sprintf("%s:%d:%d", where, n.Line, n.Column)
+		}
+		*errs = append(*errs, fmt.Errorf("%s: %w: %w", where, policies.ErrConfig, p))
+	}
+}
+
+// flowPath splits a flowcontrol.Problem key ("bands[1].min_priority")
+// into config.NodeAt's path.
+func flowPath(key string) []any {
+	var out []any
+	for part := range strings.SplitSeq(key, ".") {
+		name, idx, ok := strings.Cut(part, "[")
+		out = append(out, name)
+		if i, err := strconv.Atoi(strings.TrimSuffix(idx, "]")); ok && err == nil {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // failAt appends an error of the configuration at the section key names
@@ -364,6 +444,8 @@ type fileConfig struct {
 	Models  []ModelConfig   `yaml:"models"`
 	Pools   yaml.Node       `yaml:"pools"`
 	Shadow  *ShadowConfig   `yaml:"shadow"`
+	// FlowControl is flow_control.
+	FlowControl flowcontrol.Config `yaml:"flow_control"`
 }
 
 // LoadConfig reads, decodes strictly and validates a configuration file,
@@ -398,7 +480,8 @@ func readConfig(path string) (*Config, error) {
 	return parseConfig(path, data)
 }
 
-// sections locates the top-level keys validate names: "probe" (its key)
+// sections locates the top-level keys validate names: "probe" and
+// "tenancy" (their keys)
 // and each "models[i]" entry.
 func sections(doc *yaml.Node) map[string]*yaml.Node {
 	at := map[string]*yaml.Node{}
@@ -408,8 +491,10 @@ func sections(doc *yaml.Node) map[string]*yaml.Node {
 	top := doc.Content[0].Content
 	for i := 0; i+1 < len(top); i += 2 {
 		switch k, v := top[i], top[i+1]; k.Value {
-		case "probe":
-			at["probe"] = k
+		case "probe", "tenancy":
+			at[k.Value] = k
+		case "flow_control":
+			at["flow_control"], at["flow_control:"] = k, v
 		case "models":
 			for j, m := range v.Content {
 				at[fmt.Sprintf("models[%d]", j)] = m
@@ -436,7 +521,7 @@ func parseConfig(file string, data []byte) (*Config, error) {
 		}
 		return nil, errors.Join(top, err)
 	}
-	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, File: file, sum: watchSum(file, data), at: sections(doc)}
+	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, FlowControl: fc.FlowControl, File: file, sum: watchSum(file, data), at: sections(doc)}
 	if c.Shadow != nil {
 		c.Shadow.setFile(file)
 	}

@@ -26,7 +26,7 @@ func builtins(t testing.TB) *policies.Registry {
 }
 
 func TestExampleConfigs(t *testing.T) {
-	for _, f := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml"} {
+	for _, f := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml", "../examples/pools-tenancy.yaml"} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			cfg, err := globalrouter.LoadConfig(f, builtins(t))
 			if err != nil {
@@ -40,6 +40,9 @@ func TestExampleConfigs(t *testing.T) {
 	cfg, err := globalrouter.LoadConfig("../examples/pools.yaml", builtins(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg, err := globalrouter.LoadConfig("../examples/pools-tenancy.yaml", builtins(t)); err != nil || cfg.Tenancy.Identity != globalrouter.IdentityXFCC || cfg.Tenancy.XFCC == nil || cfg.Tenancy.XFCC.Prefix != "spiffe://cluster.local/ns/" {
+		t.Errorf("examples/pools-tenancy.yaml read as %+v, %v", cfg, err)
 	}
 	if cfg.Probe.Timeout != 250*time.Millisecond || cfg.Probe.MinTimeout != 25*time.Millisecond || cfg.Trust.Steering != globalrouter.AccessTrusted || len(cfg.Chain) != 6 || cfg.Pools[0].Policy["cost"].File != filepath.Join("..", "examples", "policies", "pool-a.yaml") {
 		t.Errorf("examples/pools.yaml read as %+v", cfg)
@@ -87,8 +90,24 @@ func TestConfigErrors(t *testing.T) {
 		{"bad steering access", map[string]string{"c.yaml": "trust: {steering: maybe}\n" + goodPools, "a.yaml": ""}, `trust.steering "maybe": want off, trusted or on`},
 		{"bad token digest", map[string]string{"c.yaml": "trust: {tokens_sha256: [abc]}\n" + goodPools, "a.yaml": ""}, `trust.tokens_sha256[0]: want 64 hex digits`},
 		{"salt without tenant header", map[string]string{"c.yaml": "tenancy: {salt: true}\n" + goodPools, "a.yaml": ""}, `tenancy.salt needs tenancy.header`},
+		{"salt without tenant header, line", map[string]string{"c.yaml": goodPools + "tenancy:\n  salt: true\n", "a.yaml": ""}, `c.yaml:6:1: invalid policy configuration: tenancy.salt needs tenancy.header`},
+		{"bad identity", map[string]string{"c.yaml": "tenancy: {header: x-tenant, identity: mtls}\n" + goodPools, "a.yaml": ""}, `c.yaml:1:1: invalid policy configuration: tenancy.identity "mtls": want trusted, on, xfcc or jwt-claim`},
+		{"xfcc without its section", map[string]string{"c.yaml": "tenancy: {header: x-tenant, identity: xfcc}\n" + goodPools, "a.yaml": ""}, `c.yaml:1:1: invalid policy configuration: tenancy.identity xfcc needs tenancy.xfcc`},
+		{"xfcc section not read", map[string]string{"c.yaml": "tenancy: {header: x-tenant, xfcc: {san: uri, prefix: spiffe://x/}}\n" + goodPools, "a.yaml": ""}, `tenancy.xfcc is read only with tenancy.identity xfcc (it is trusted)`},
+		{"xfcc unknown field", map[string]string{"c.yaml": "tenancy:\n  header: x-tenant\n  identity: xfcc\n  xfcc: {san: uri, prefx: spiffe://x/}\n" + goodPools, "a.yaml": ""}, `c.yaml:4:20: tenancy.xfcc: unknown field "prefx"`},
+		{"xfcc bad san", map[string]string{"c.yaml": "tenancy: {header: x-tenant, identity: xfcc, xfcc: {san: email}}\n" + goodPools, "a.yaml": ""}, `tenancy.xfcc.san "email": want uri or dns`},
+		{"xfcc dns without a dotted suffix", map[string]string{"c.yaml": "tenancy: {header: x-tenant, identity: xfcc, xfcc: {san: dns, suffix: example.com}}\n" + goodPools, "a.yaml": ""}, `tenancy.xfcc.suffix: san dns needs the suffix after the tenant's label, beginning with a dot`},
+		{"jwt without claim", map[string]string{"c.yaml": "tenancy: {header: x-tenant, identity: jwt-claim, jwt: {provider: idp}}\n" + goodPools, "a.yaml": ""}, `tenancy.identity jwt-claim needs tenancy.jwt {provider, claim}`},
+		{"jwt without header", map[string]string{"c.yaml": "tenancy: {identity: jwt-claim, jwt: {provider: idp, claim: tenant}}\n" + goodPools, "a.yaml": ""}, `tenancy.identity jwt-claim needs tenancy.header`},
 		{"min timeout above timeout", map[string]string{"c.yaml": "probe: {timeout: 10ms, min_timeout: 20ms}\n" + goodPools, "a.yaml": ""}, `probe.min_timeout 20ms is above probe.timeout 10ms`},
-		{"bad commit mode", map[string]string{"c.yaml": "probe: {commit: eager}\n" + goodPools, "a.yaml": ""}, `probe.commit "eager": want "decide" or "pipelined"`},
+		{"bad commit mode", map[string]string{"c.yaml": "probe: {commit: eager}\n" + goodPools, "a.yaml": ""}, `probe.commit "eager": want "decide", "pipelined" or "reserve"`},
+		{"flow control unknown field", map[string]string{"c.yaml": "flow_control:\n  enabled: true\n  deadlne: 1s\n" + goodPools, "a.yaml": ""}, `c.yaml:3:3: flow_control: unknown field "deadlne"`},
+		{"flow control bands out of order", map[string]string{"c.yaml": "flow_control:\n  enabled: true\n  bands:\n    - {name: a, min_priority: 1}\n    - {name: b, min_priority: 5}\n    - {name: c}\n" + goodPools, "a.yaml": ""}, `c.yaml:5:31: invalid policy configuration: invalid flow_control: flow_control.bands[1].min_priority: 5: bands go from the highest priority down`},
+		{"flow control weights unread", map[string]string{"c.yaml": "flow_control:\n  enabled: true\n  weights: {a: 2}\n" + goodPools, "a.yaml": ""}, `flow_control.weights: read only by fairness: weighted`},
+		{"flow control set but off", map[string]string{"c.yaml": "flow_control:\n  deadline: 2s\n" + goodPools, "a.yaml": ""}, `c.yaml:1:1: invalid policy configuration: flow_control is set but not enabled`},
+		{"reserve ttl without reserve", map[string]string{"c.yaml": "probe: {commit: decide, reserve_ttl: 50ms}\n" + goodPools, "a.yaml": ""}, `probe.reserve_ttl 50ms is read only with probe.commit: reserve (probe.commit is "decide")`},
+		{"reserve ttl too long", map[string]string{"c.yaml": "probe: {commit: reserve, reserve_ttl: 1m}\n" + goodPools, "a.yaml": ""}, `probe.reserve_ttl 1m0s: want a duration above 0 and at most 10s`},
+		{"reserve ttl below a millisecond", map[string]string{"c.yaml": "probe: {commit: reserve, reserve_ttl: 500us}\n" + goodPools, "a.yaml": ""}, `probe.reserve_ttl 500µs: want at least 1ms`},
 		{"no pools", map[string]string{"c.yaml": "chain: [cost]\n"}, `no pools`},
 		{"syntax", map[string]string{"c.yaml": "chain: [cost\n"}, `c.yaml:`},
 		{"empty", map[string]string{"c.yaml": ""}, `c.yaml: empty document`},

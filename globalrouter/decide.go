@@ -48,6 +48,11 @@ type prepared struct {
 	// engineSalt is the tenant's salt the engine must get as cache_salt
 	// (Decision.CacheSalt), "" when not salted.
 	engineSalt string
+	// reserve is the TTL of the reservations the probes make
+	// (probe.commit: reserve; 0: state-free probes), and confirmed the
+	// pools whose reservation a commit confirmed (reserve.go).
+	reserve   time.Duration
+	confirmed []string
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
@@ -144,10 +149,21 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 
 // decideProbed probes the eligible pools, ranks them and commits.
 func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, pinPool string) (*Decision, error) {
-	results := r.probe(ctx, p, eligible)
+	if st.cfg.Probe.Commit == CommitReserve {
+		p.reserve = st.cfg.Probe.ReserveTTL
+	}
+	results := r.probe(ctx, p, eligible, false)
+	if p.reserve > 0 {
+		// However the decision ends, the reservations no commit confirmed
+		// are released (those of probes that answered, the retried ones
+		// of reprobe included: it fills results in place).
+		defer func() { r.releaseReservations(ctx, p, heldReservations(results)) }()
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	retried := false
+again:
 	misses := filterSubset(p.req.Subset, results)
 	cands := make([]policies.Candidate, 0, len(results))
 	var failed, saturated int
@@ -164,6 +180,18 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 	var trace *policies.Trace
 	if p.explain || r.log.Enabled(ctx, slog.LevelDebug) || r.opts.explainObs.take(r.opts.now()) {
 		trace = &policies.Trace{}
+	}
+	if len(cands) == 0 && !retried && misses < failed && pinPool == "" && !(saturated > 0 && saturated+misses == failed) &&
+		outage(errors.Join(errs(results)...)) {
+		// No router reached: probe the unreached pools once more before
+		// going best effort (accounting.go).
+		retried = true
+		if r.reprobe(ctx, p, results) {
+			goto again
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 	}
 	if len(cands) == 0 {
 		switch {
@@ -183,6 +211,9 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 		}
 		return nil, r.noPool(st, p, results, nil)
 	}
+	if flowSaturated(&st.cfg.FlowControl, cands, len(p.tokens)) {
+		return nil, &Refusal{Kind: ErrSaturated, Reason: "saturated", Public: "every eligible pool is saturated; retry later"}
+	}
 	ranked, err := st.chain.Rank(&p.view, cands, trace)
 	if err != nil {
 		switch {
@@ -198,6 +229,15 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 		for _, res := range results {
 			if res.err != nil && outage(res.err) {
 				down = append(down, res)
+			}
+		}
+		if len(down) > 0 && !retried {
+			retried = true
+			if r.reprobe(ctx, p, results) {
+				goto again
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, err
 			}
 		}
 		if len(down) > 0 {
@@ -279,43 +319,6 @@ func retryAfter(st *state, pools []string) time.Duration {
 	return soonest
 }
 
-// bestEffort decides on the last known state when no eligible pool's local
-// router could be reached: each pool offers a worker a recent probe named
-// (round robin, ejected workers left out), the chain ranks them as usual
-// (its filters still apply), and the request goes to the first, with no
-// commit (no router to commit on). nil when no pool knows a worker or the
-// chain takes none.
-func (r *Router) bestEffort(ctx context.Context, st *state, p *prepared, results []probeResult, trace *policies.Trace) *Decision {
-	var cands []policies.Candidate
-	for _, res := range results {
-		sel, ok := res.pe.p.LastKnown(p.req.Subset.allows)
-		if !ok {
-			continue
-		}
-		sel.ISL = len(p.tokens)
-		cands = append(cands, candidate(probeResult{pe: res.pe, sel: sel}))
-	}
-	if len(cands) == 0 {
-		return nil
-	}
-	ranked, err := st.chain.Rank(&p.view, cands, trace)
-	if err != nil {
-		return nil
-	}
-	c := ranked[0]
-	d := &Decision{Primary: endpoint(c.Pool, c.Probe), ISL: len(p.tokens), RequestBlocks: c.Probe.RequestBlocks, Lease: &lease{}, BestEffort: true}
-	if pe := st.byName[c.Pool]; pe != nil {
-		d.DPRankBodyField = pe.cfg.DPRankBodyField
-	}
-	d.Fallbacks = r.fallbacks(st, p, d.Primary, ranked[1:])
-	r.m.bestEffort.WithLabelValues(c.Pool).Inc()
-	r.log.Warn("no local router reachable; routing best-effort on the last known workers", "request_id", p.id, "client_request_id", p.req.ClientID, "pool", c.Pool, "worker_id", c.Probe.WorkerID)
-	if trace != nil {
-		d.Explanation = explain(p, results, ranked, trace, nil) + "; best effort: no local router reachable, last known worker, not accounted"
-	}
-	return d
-}
-
 func errs(results []probeResult) []error {
 	var out []error
 	for _, r := range results {
@@ -387,13 +390,21 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *Tenancy
 
 // probe asks every eligible pool in parallel; each probe is bounded by the
 // pool's probe timeout.
-func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry) []probeResult {
+func (r *Router) probe(ctx context.Context, p *prepared, eligible []*poolEntry, again bool) []probeResult {
 	results := make([]probeResult, len(eligible))
 	one := func(i int) {
 		pe := eligible[i]
 		t0 := r.opts.now()
 		pctx, psp := r.span(ctx, "kvgate.probe", attribute.String("kvgate.pool", pe.cfg.Name))
-		sel, err := pe.p.Probe(pctx, p.prompt(pe.cfg.BlockSize))
+		pr := p.prompt(pe.cfg.BlockSize)
+		if p.reserve > 0 {
+			pr.ReserveID, pr.ReserveTTL = p.id, p.reserve
+		}
+		probe := pe.p.Probe
+		if again {
+			probe = pe.p.ProbeAgain
+		}
+		sel, err := probe(pctx, pr)
 		d := r.opts.now().Sub(t0)
 		// The answer, completed with what the router knows, is the
 		// candidate's probe, the Endpoint's selection and the explanation's.

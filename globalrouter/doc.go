@@ -19,8 +19,14 @@
 // less); a refusal afterwards leaves the request on the probed worker,
 // unaccounted there, and is counted
 // (kvgate_globalrouter_refused_commits_total), logged, and returned by the
-// lease's PrefillComplete as ErrCommitRefused. A pinned worker's commit is
-// always waited for: its answer gives the address.
+// lease's PrefillComplete as ErrCommitRefused. reserve (reserve.go): every
+// probe reserves its worker for the request on its local router
+// (ProbeConfig.ReserveTTL), so later probes see the load and a burst
+// spreads as with decide; the chosen pool's reservation is confirmed by a
+// pipelined commit of the probed worker (no second placement, not waited
+// for, no recheck and no lock), the others are released, and one nobody
+// confirms expires. A pinned worker's commit is always waited for: its
+// answer gives the address.
 //
 // Router implements Decider. Build it with New from a Config (LoadConfig
 // reads one from YAML, e.g. examples/pools.yaml; DefaultConfig and
@@ -53,11 +59,16 @@
 // candidate chain ranking alongside the live one, never committing),
 // observe.go (WithObserver, LastReload: what a status page reads),
 // tracing.go (OpenTelemetry spans and exemplars, WithTracerProvider),
-// headers.go (request headers), decide.go (prepare, probe, rank, best
-// effort, the cause of no pool), blockkeys.go (a request's block keys: the
+// headers.go (request headers), decide.go (prepare, probe, rank, the
+// cause of no pool), accounting.go (the one retry of a probe that reached
+// no router, the best-effort decision and its late commit), blockkeys.go (a request's block keys: the
 // ids, seeded by adapter and cache_salt, with the chat's media items as
-// the engines' extra_keys), commit.go (commit, fallbacks, pinned workers,
-// lease, error mapping), trust.go (trust, tenancy), explain.go (what
+// the engines' extra_keys), reserve.go (probe.commit: reserve: releasing
+// the reservations no commit confirmed), commit.go (commit, fallbacks,
+// pinned workers, lease, error mapping), trust.go (trust, tenancy),
+// identity.go (where the tenant comes from: the tenant header, the client
+// certificate Envoy forwards in x-forwarded-client-cert, a verified JWT
+// claim; SGLang's extra_key refused when salting), explain.go (what
 // each pool's probe answered and why the winner won),
 // epp.go (the endpoint-picker protocol: Request.Subset bounds every
 // endpoint of a decision, probes send it as allowed_addresses; a lease is
@@ -70,7 +81,9 @@
 // ModelConfig), types.go (Request, Decision, Endpoint, Lease, the
 // errors), headernames.go (the x-kvgate-* header names), metrics.go
 // (the decision, probe, commit and ejection metrics),
-// probers.go (the bounded probe goroutines), workerchain.go
+// probers.go (the bounded probe goroutines), flow.go (flow control:
+// Decide waits in the queue of its pools while they are all saturated,
+// package flowcontrol; FlowQueues, FlowRequest), workerchain.go
 // (CheckWorkerChains: the pools' worker chains checked against a local
 // router's scorer registry, by the process that links one; Validate checks
 // their shape only).
@@ -85,11 +98,15 @@
 // TenancyConfig salts each tenant's block hashes with its own seed, and
 // the decision names that salt for the engine's cache_salt
 // (Decision.CacheSalt); the tenant header is believed from trusted
-// callers only (tenancy.identity), otherwise the request is refused.
+// callers only (tenancy.identity trusted), otherwise the request is
+// refused; identity xfcc and jwt-claim derive it from the client
+// certificate or JWT a trusted Envoy vouches for (identity.go).
 //
 // Failure (pool package for the circuits): when no eligible pool's local
-// router can be reached the decision is made best effort on the last known
-// workers (Decision.BestEffort, no commit); fallbacks include other
+// router can be reached, after one retry of the probe with the longest
+// deadline, the decision is made best effort on the last known workers
+// (Decision.BestEffort), and its commit is queued until a router of that
+// pool answers again (pool.Pool.CommitLate; accounting.go); fallbacks include other
 // workers of the primary's pool; HealthReporter takes the response path's
 // connection failures and ejects the worker (passive health).
 //

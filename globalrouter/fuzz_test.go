@@ -14,7 +14,7 @@ import (
 // never panic, every error must be a configuration error, and what it
 // accepts must validate again.
 func FuzzParseConfig(f *testing.F) {
-	for _, p := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml", "../examples/pools-slo.yaml"} {
+	for _, p := range []string{"../examples/pools.yaml", "../examples/pools-disaggregated.yaml", "../examples/pools-slo.yaml", "../examples/pools-tenancy.yaml"} {
 		b, err := os.ReadFile(p)
 		if err != nil {
 			f.Fatal(err)
@@ -34,6 +34,9 @@ func FuzzParseConfig(f *testing.F) {
 		"probe: {min_timeout: 5ms, timeout: 1ms, failure_ratio: 2, same_pool_fallbacks: -2}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
 		"shadow: {chain: [model-match, kv-overlap], log_interval: 1s, max_in_flight: 2}\npools: [{name: a, models: [m], routers: {etcd: true}, policy: {cost: {scale: 2}}}]\nchain: [cost]\n",
 		"shadow: {chain: [], max_in_flight: -1}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
+		"flow_control: {enabled: true, bands: [{name: hi, min_priority: 5, requests: 3}, {name: lo, bytes: 9}], capacity: {requests: 2, bytes: 100}, deadline: 2s, fairness: weighted, weights: {a: 2}, reprobe: 5ms, saturation: {max_prefill_tokens: -1, max_decode_tokens: 8}, max_flow_labels: 3}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
+		"flow_control: {enabled: true, bands: [{name: a}, {name: a, min_priority: 2}], fairness: x, weights: {a: -1}, deadline: -1s}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n",
+		"flow_control: {reprobe: 1s}\npools: [{name: a, models: [m], routers: {etcd: true}}]\n", "flow_control: 3",
 		"- 1\n", "{}", "pools: 3", "chain: {a: b}", "shadow: 3",
 	} {
 		f.Add([]byte(s))

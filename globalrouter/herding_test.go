@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/pool"
@@ -62,16 +60,20 @@ func herdConfig(servers ...*pooltest.Server) globalrouter.Config {
 // paths), so its k-th placement sees the k-1 before it. Across pools the
 // commit's answer replaces the stale probe and the chain ranks again
 // (recheck in commit.go): a pool whose answer got costlier than another
-// pool's sends the request there, and the two fresh answers decide. The
-// pipelined mode is run beside it and only logged: it is the herding
-// BENCHMARKS.md measured (16–52 of 64 on the busiest worker).
+// pool's sends the request there, and the two fresh answers decide.
+// probe.commit: reserve is checked the same way on one pool of 4 (each
+// reserving probe sees the reservations before it, in one round trip and
+// with no contended commit, so no lock) and logged over two pools (see
+// testDecideNoHerding). The pipelined mode is run beside it and only
+// logged: it is the herding BENCHMARKS.md measured (16–52 of 64 on the
+// busiest worker).
 func TestDecideNoHerding(t *testing.T) {
 	for _, dl := range herdDialers {
 		for _, layout := range []struct {
 			name  string
 			pools []int // workers per pool
 		}{{"1x4", []int{4}}, {"2x2", []int{2, 2}}} {
-			for _, mode := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitPipelined} {
+			for _, mode := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitReserve, globalrouter.CommitPipelined} {
 				t.Run(fmt.Sprintf("%s/%s/%s", dl.name, layout.name, mode), func(t *testing.T) {
 					testDecideNoHerding(t, dl.d(), layout.pools, mode)
 				})
@@ -91,6 +93,11 @@ func testDecideNoHerding(t *testing.T, dialer pool.Dialer, layout []int, mode gl
 	}
 	cfg := herdConfig(servers...)
 	cfg.Probe.Commit = mode
+	if mode == globalrouter.CommitReserve {
+		// As the deadlines: no reservation expires for want of a commit
+		// on a loaded test machine (expiry is not what is tested).
+		cfg.Probe.ReserveTTL = 10 * time.Second
+	}
 	r, reg := newRouter(t, cfg, globalrouter.WithDialer(dialer))
 	tokens := herdTokens(8192)
 	var (
@@ -149,10 +156,34 @@ func testDecideNoHerding(t *testing.T, dialer pool.Dialer, layout []int, mode gl
 	if mode == globalrouter.CommitPipelined {
 		return // the herding being measured, not a contract
 	}
-	// Across pools the burst is spread by contended commits that moved;
-	// within one pool there is nothing to move to.
-	if moved := countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "moved"); (moved > 0) != (len(layout) > 1) {
-		t.Errorf("%v moved contended commits over %d pools", moved, len(layout))
+	switch mode {
+	case globalrouter.CommitReserve:
+		for i, s := range servers {
+			if rs := s.Router.ReservationStats(); rs.Expired != 0 || rs.Missed != 0 || rs.Held != 0 {
+				t.Errorf("pool-%d reservations %+v: some expired, missed or still held", i, rs)
+			}
+		}
+		// Nothing is contended: the recheck and its lock are never
+		// taken. Within a pool the reservations spread the burst
+		// exactly (each probe sees the ones before it); across pools
+		// every in-flight request holds a reservation in each pool until
+		// the chain has ranked, so the pools look alike while the burst
+		// lasts and the split between them is measured, not a contract
+		// (BENCHMARKS.md, reserving probes).
+		if n := countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "kept") +
+			countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "moved") +
+			countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "refused"); n != 0 {
+			t.Errorf("%v contended commits in reserve mode, want 0", n)
+		}
+	default:
+		// Across pools the burst is spread by contended commits that
+		// moved; within one pool there is nothing to move to.
+		if moved := countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "moved"); (moved > 0) != (len(layout) > 1) {
+			t.Errorf("%v moved contended commits over %d pools", moved, len(layout))
+		}
+	}
+	if mode == globalrouter.CommitReserve && len(layout) > 1 {
+		return
 	}
 	fair := burst / workers
 	for i, n := range layout {
@@ -172,7 +203,18 @@ func testDecideNoHerding(t *testing.T, dialer pool.Dialer, layout []int, mode gl
 // fallbacks leave out the primary and the ejected worker.
 func TestDecideNeverChoosesEjected(t *testing.T) {
 	for _, dl := range herdDialers {
-		t.Run(dl.name, func(t *testing.T) {
+		for _, mode := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitReserve} {
+			t.Run(dl.name+"/"+string(mode), func(t *testing.T) { testNeverChoosesEjected(t, dl.d(), mode) })
+		}
+	}
+}
+
+// testNeverChoosesEjected is TestDecideNeverChoosesEjected in one commit
+// mode. With reserve, the probe's reservation of the ejected worker is
+// released when the commit confirms the pool's other worker.
+func testNeverChoosesEjected(t *testing.T, dialer pool.Dialer, mode globalrouter.CommitMode) {
+	{
+		{
 			ctx := testenv.Context(t)
 			ws := pooltest.Workers("p0", 4)
 			srv := pooltest.Start(t, "pool-0", 16, ws...)
@@ -181,7 +223,8 @@ func TestDecideNeverChoosesEjected(t *testing.T) {
 			cfg := herdConfig(srv)
 			cfg.Probe.EjectBase, cfg.Probe.EjectMax = time.Hour, time.Hour
 			cfg.Probe.SamePoolFallbacks = 3
-			r, _ := newRouter(t, cfg, globalrouter.WithDialer(dl.d()))
+			cfg.Probe.Commit = mode
+			r, _ := newRouter(t, cfg, globalrouter.WithDialer(dialer))
 			req := func(i int) *globalrouter.Request {
 				return &globalrouter.Request{ID: fmt.Sprint("ej-", i), Model: model, PromptTokens: tokens, Explain: true}
 			}
@@ -226,7 +269,7 @@ func TestDecideNeverChoosesEjected(t *testing.T) {
 			if err := srv.WaitIdle(ctx); err != nil {
 				t.Error(err)
 			}
-		})
+		}
 	}
 }
 
@@ -236,13 +279,27 @@ func TestDecideNeverChoosesEjected(t *testing.T) {
 // the leases leaves both routers idle.
 func TestDecideRefusedMovesOn(t *testing.T) {
 	for _, dl := range herdDialers {
-		t.Run(dl.name, func(t *testing.T) {
+		for _, mode := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitReserve} {
+			t.Run(dl.name+"/"+string(mode), func(t *testing.T) { testRefusedMovesOn(t, dl.d(), mode) })
+		}
+	}
+}
+
+// testRefusedMovesOn is TestDecideRefusedMovesOn in one commit mode. With
+// reserve the duplicate is refused earlier, at pool-0's reserving probe
+// (AlreadyExists, the request's fault: no circuit counts it), so no
+// commit is refused.
+func testRefusedMovesOn(t *testing.T, dialer pool.Dialer, mode globalrouter.CommitMode) {
+	{
+		{
 			ctx := testenv.Context(t)
 			a := pooltest.Start(t, "pool-0", 16, pooltest.Workers("p0", 1)...)
 			b := pooltest.Start(t, "pool-1", 16, pooltest.Workers("p1", 1)...)
 			tokens := herdTokens(2048)
 			a.Store(t, "p0-0", tokens) // pool-0 ranks first: it holds the prompt
-			r, reg := newRouter(t, herdConfig(a, b), globalrouter.WithDialer(dl.d()))
+			cfg := herdConfig(a, b)
+			cfg.Probe.Commit = mode
+			r, reg := newRouter(t, cfg, globalrouter.WithDialer(dialer))
 			req := &globalrouter.Request{ID: "dup", Model: model, PromptTokens: tokens}
 			first, err := r.Decide(ctx, req)
 			if err != nil {
@@ -251,6 +308,16 @@ func TestDecideRefusedMovesOn(t *testing.T) {
 			if first.Primary.Pool != "pool-0" {
 				t.Fatalf("first decision on %s, want pool-0 (cached)", first.Primary.Pool)
 			}
+			// Its commit is pipelined in reserve mode (and on a Track
+			// stream of its own with the unary dialer): the id must be
+			// active on pool-0 before the second decision, which is what
+			// is tested, and pool-1's reservation released.
+			if err := a.WaitActive(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.WaitIdle(ctx); err != nil {
+				t.Fatal(err)
+			}
 			second, err := r.Decide(ctx, req)
 			if err != nil {
 				t.Fatalf("the refused commit did not move on: %v", err)
@@ -258,11 +325,17 @@ func TestDecideRefusedMovesOn(t *testing.T) {
 			if second.Primary.Pool != "pool-1" {
 				t.Errorf("second decision on %s, want pool-1 (pool-0 refused the duplicate id)", second.Primary.Pool)
 			}
-			if n := testutil.ToFloat64(mustCounter(t, reg, "kvgate_globalrouter_refused_commits_total", "pool-0")); n != 1 {
-				t.Errorf("refused commits on pool-0 = %v, want 1", n)
+			want := 1.0
+			if mode == globalrouter.CommitReserve {
+				want = 0
 			}
-			if a.ActiveRequests() != 1 || b.ActiveRequests() != 1 {
-				t.Errorf("in flight: pool-0 %d, pool-1 %d, want 1 and 1", a.ActiveRequests(), b.ActiveRequests())
+			if n := countByLabel(t, reg, "kvgate_globalrouter_refused_commits_total", "pool", "pool-0"); n != want {
+				t.Errorf("refused commits on pool-0 = %v, want %v", n, want)
+			}
+			for _, s := range []*pooltest.Server{a, b} {
+				if err := s.WaitActive(ctx, 1); err != nil {
+					t.Errorf("%s: %v", s.Addr, err)
+				}
 			}
 			// The refusal left nothing open.
 			for _, d := range []*globalrouter.Decision{first, second} {
@@ -276,7 +349,7 @@ func TestDecideRefusedMovesOn(t *testing.T) {
 					t.Error(err)
 				}
 			}
-		})
+		}
 	}
 }
 

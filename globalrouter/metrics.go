@@ -18,8 +18,14 @@ type metrics struct {
 	contended *prometheus.CounterVec
 	// bestEffort counts decisions made on the last known state, by pool.
 	bestEffort *prometheus.CounterVec
+	// bestEffortOutcomes counts what became of the decisions that found
+	// no router at first, by pool and outcome (accounting.go).
+	bestEffortOutcomes *prometheus.CounterVec
 	// ejections counts passive-health ejections of workers, by pool.
 	ejections *prometheus.CounterVec
+	// reservationsReleased counts the probes' reservations released
+	// unconfirmed (probe.commit: reserve; reserve.go), by pool.
+	reservationsReleased *prometheus.CounterVec
 }
 
 // Latency buckets from 50 µs (an in-process decision) to the probe
@@ -57,18 +63,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"pool"}),
 		contended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_contended_commits_total",
-			Help: "Decide-and-commits whose answer was costlier than their probe (the pool got busier under the decision), placed again under the router's recheck lock, by pool and outcome (kept: stayed on the pool; moved: the recheck moved the request to another pool; refused: placing it again failed).",
+			Help: "Decide-and-commits whose answer was costlier than their probe (the pool got busier under the decision), placed again under the router's recheck lock, by pool and outcome (kept: stayed on the pool; moved: the recheck moved the request to another pool; refused: placing it again failed; busy: the recheck lock was not free within the probe timeout, the first placement stands).",
 		}, []string{"pool", "outcome"}),
 		bestEffort: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_best_effort_total",
-			Help: "Decisions made on the last known state because no local router of any eligible pool could be reached, by pool (the request is not accounted on any router).",
+			Help: "Decisions made on the last known state because no local router of any eligible pool could be reached, by pool: the request's commit is queued for its worker's router (kvgate_globalrouter_best_effort_outcomes_total says what became of it).",
 		}, []string{"pool"}),
+		bestEffortOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_best_effort_outcomes_total",
+			Help: "What became of the decisions whose first probe reached no local router, by pool and outcome: retried_ok (the probe's one retry reached a router: an ordinary, accounted decision), and for the best-effort decisions, whose commit waits for a router of the pool to answer again: late_committed (a router recorded it), ended (the request ended before any router answered: nothing to account), refused (the router refused the commit), dropped (the pool's late-commit queue was full or the pool closed: the request ran unaccounted).",
+		}, []string{"pool", "outcome"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_worker_ejections_total",
 			Help: "Connection failures to workers reported by the response path (passive health), by pool.",
 		}, []string{"pool"}),
+		reservationsReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_reservations_released_total",
+			Help: "Reservations of reserving probes (probe.commit: reserve) released unconfirmed because the decision went to another pool or to none (or their probe's answer came too late), by the pool that held them (its local router counts the ones that expired instead).",
+		}, []string{"pool"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.ejections} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.bestEffortOutcomes, m.ejections, m.reservationsReleased} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -36,7 +36,15 @@ type options struct {
 	observe    func(Observation)
 	explainObs *explainSampler      // WithObserver (observe.go)
 	tracer     trace.TracerProvider // WithTracerProvider (tracing.go)
+	// noFlowQueue: WithoutFlowQueue (flow.go).
+	noFlowQueue bool
 }
+
+// WithoutFlowQueue makes Decide return flow control's saturated refusal
+// (429) instead of waiting in the queue: for a caller that runs the
+// queue itself (the replay runs flowcontrol.Queue in virtual time, with
+// FlowRequest).
+func WithoutFlowQueue() Option { return func(o *options) { o.noFlowQueue = true } }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
 )
@@ -36,14 +37,20 @@ type Router struct {
 	ejector *pool.Ejector
 
 	reloadMu sync.Mutex // serialises Reload and Close
-	// recheckMu serialises the contended decide-and-commits: their second
+	// recheckMu (a channel of capacity 1: a lock waited for with a
+	// bound) serialises the contended decide-and-commits: their second
 	// placement and their recheck (commit.go). Uncontended commits do not
 	// take it.
-	recheckMu sync.Mutex
-	st        atomic.Pointer[state]
+	recheckMu chan struct{}
+	// leases counts the decisions returned whose Lease is not freed yet
+	// (Leases; accounting.go).
+	leases atomic.Int64
+	st     atomic.Pointer[state]
 	// probers probe a decision's second and later pools (probers.go).
 	probers *probers
 
+	// flow are the flow-control queues (flow.go); never nil.
+	flow       *flowQueues
 	shadowRun  *shadowRunner                // shadow.go
 	tracer     trace.Tracer                 // nil: tracing off (tracing.go)
 	lastReload atomic.Pointer[ReloadStatus] // observe.go
@@ -81,6 +88,10 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
 	}
 	cfg.Defaults()
+	fm, err := flowcontrol.NewMetrics(o.registerer, cfg.FlowControl.MaxFlowLabels)
+	if err != nil {
+		return nil, fmt.Errorf("globalrouter: metrics: %w", err)
+	}
 	if err := applyShadowFile(&cfg, o.shadowFile); err != nil {
 		return nil, err
 	}
@@ -91,7 +102,8 @@ func New(cfg Config, opts ...Option) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), shadowRun: &shadowRunner{m: sm},
+	r := &Router{opts: o, m: m, log: o.logger.With("component", "globalrouter"), recheckMu: make(chan struct{}, 1), shadowRun: &shadowRunner{m: sm},
+		flow:    newFlowQueues(fm, o.logger.With("component", "flowcontrol")),
 		conns:   pool.NewConns(o.dialer, cfg.Probe.circuit(), o.now),
 		ejector: pool.NewEjector(cfg.Probe.EjectBase, cfg.Probe.EjectMax, o.now)}
 	st, err := r.build(&cfg, chain, nil)
@@ -148,21 +160,31 @@ func (r *Router) Close() error {
 	if st := r.st.Swap(nil); st != nil {
 		st.retire()
 	}
+	r.flow.close() // waiting requests are refused (queue_closed)
 	err := r.conns.Close()
 	r.probers.close()
 	return err
 }
 
-// Decide implements Decider.
-func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
+// decideOnce is one decision, observed (Decide runs it, and again for a
+// request flow control let wait).
+func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error) {
 	start := r.opts.now()
 	ctx, sp := r.startDecide(ctx, req)
-	d, err := r.decide(ctx, req)
+	ireq, err := r.identify(req)
+	var d *Decision
+	if err == nil {
+		d, err = r.decide(ctx, ireq)
+	}
 	outcome, poolName := "ok", ""
 	if err != nil {
 		outcome = errOutcome(err)
 	} else {
 		poolName = d.Primary.Pool
+		if l, ok := d.Lease.(*lease); ok {
+			l.live = &r.leases
+			r.leases.Add(1)
+		}
 	}
 	dur := r.opts.now().Sub(start)
 	r.observeDecision(outcome, dur.Seconds(), sp)

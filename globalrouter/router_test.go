@@ -266,7 +266,17 @@ func TestPinning(t *testing.T) {
 	}
 }
 
+// TestDisaggregation: a long prompt gets a prefill worker of the prefill
+// pool and a decode worker, both accounted until their part ends, in each
+// commit mode that decides (probe.commit: reserve confirms the two
+// reservations the decision's probes made and releases none).
 func TestDisaggregation(t *testing.T) {
+	for _, mode := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitReserve} {
+		t.Run(string(mode), func(t *testing.T) { testDisaggregation(t, mode) })
+	}
+}
+
+func testDisaggregation(t *testing.T, mode globalrouter.CommitMode) {
 	ctx := testenv.Context(t)
 	pre := pooltest.Start(t, "prefill", 16, pooltest.Workers("p", 2)...)
 	dec := pooltest.Start(t, "decode", 16, pooltest.Workers("d", 2)...)
@@ -277,6 +287,7 @@ func TestDisaggregation(t *testing.T) {
 	cfg := globalrouter.DefaultConfig(pc, dc)
 	cfg.Probe.Timeout = 10e9
 	cfg.Chain = []policies.Spec{{Name: "model-match"}, {Name: "cost"}, {Name: "disaggregate", Args: section(policies.DisaggregateArgs{ThresholdTokens: 256})}}
+	cfg.Probe.Commit = mode
 	r, _ := newRouter(t, cfg)
 
 	long := chat(longText(300))
@@ -307,6 +318,13 @@ func TestDisaggregation(t *testing.T) {
 	free(t, d)
 	if q := dec.ActiveRequests(); q != 0 {
 		t.Errorf("after Free: decode has %d active, want 0", q)
+	}
+	if mode == globalrouter.CommitReserve {
+		for _, srv := range []*pooltest.Server{pre, dec} {
+			if rs := srv.Router.ReservationStats(); rs.Made != 1 || rs.Confirmed != 1 || rs.Held != 0 {
+				t.Errorf("%s reservations %+v, want the one made and confirmed", srv.Addr, rs)
+			}
+		}
 	}
 
 	// Once the decode worker caches the prompt, it prefills locally.

@@ -181,7 +181,7 @@ func TestOverlapOracleIsClosed(t *testing.T) {
 		t.Fatalf("unsalted control: right guess %d blocks, wrong %d; the test shows no leak to close", right, bad)
 	}
 	cfg := c.cfg
-	cfg.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true, Identity: globalrouter.AccessOn}
+	cfg.Tenancy = globalrouter.TenancyConfig{Header: "x-tenant", Salt: true, Identity: globalrouter.IdentityOn}
 	salted, _ := newRouter(t, cfg)
 	if right, bad := guess(salted, secret), guess(salted, wrong); right != bad {
 		t.Errorf("salted: right guess %d blocks, wrong %d; want the same answer", right, bad)
@@ -263,7 +263,6 @@ func TestNoPoolNamesTheRealCause(t *testing.T) {
 	cfg.Pools[1].Policy = policies.PoolSection{"header-match": section(policies.HeaderMatchPool{Headers: map[string][]string{"x-tenant": {"acme"}}})}
 	acme := &globalrouter.Request{Model: model, Prompt: longText(40), Headers: map[string]string{"x-tenant": "acme"}}
 
-	cold, _ := newRouter(t, cfg)
 	warm, _ := newRouter(t, cfg)
 	d, err := warm.Decide(ctx, acme) // warm learns pool-b's workers
 	if err != nil {
@@ -271,6 +270,9 @@ func TestNoPoolNamesTheRealCause(t *testing.T) {
 	}
 	free(t, d)
 	c.b.Stop()
+	// cold starts with pool-b down: it never learned pool-b's workers (a
+	// pool learns them from its routers as soon as it has them).
+	cold, _ := newRouter(t, cfg)
 
 	_, err = cold.Decide(ctx, acme)
 	var ref *globalrouter.Refusal

@@ -40,6 +40,8 @@ type modelEntry struct {
 	tcfg       tokenizer.Config
 	pools      []*poolEntry
 	blockSizes []int // distinct, in order of first use
+	// flowKey names the flow-control queue of the model: its pools.
+	flowKey string
 }
 
 // build opens cfg's pools and tokenizers (reusing old's tokenizers that did
@@ -107,6 +109,10 @@ func (r *Router) build(cfg *Config, chain *policies.Chain, old *state) (_ *state
 				if !slices.Contains(me.blockSizes, pe.cfg.BlockSize) {
 					me.blockSizes = append(me.blockSizes, pe.cfg.BlockSize)
 				}
+				if me.flowKey != "" {
+					me.flowKey += ","
+				}
+				me.flowKey += pe.cfg.Name
 			}
 		}
 		return me, nil

@@ -222,6 +222,8 @@ func (s *Subtree) eligible(st *state, p pool.Prompt) ([]*poolEntry, error) {
 
 // forPool is the prompt as pe's local router takes it.
 func forPool(p pool.Prompt, pe *poolEntry) pool.Prompt {
+	// A subtree reserves nothing below it: its probes are state-free.
+	p.ReserveID, p.ReserveTTL = "", 0
 	if len(p.Hashes) == 0 {
 		p.BlockSize = pe.cfg.BlockSize
 	}

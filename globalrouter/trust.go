@@ -130,33 +130,33 @@ type TenancyConfig struct {
 	// engine that seed's salt as the body's cache_salt
 	// (Decision.CacheSalt).
 	Salt bool `yaml:"salt"`
-	// Identity says whose Header is believed: "trusted" (the default)
-	// honours it only from a trusted caller (TrustConfig: the gateway,
-	// having authenticated the client, sets Header and adds the trust
-	// token), and refuses any other request that carries it (403
-	// untrusted_header), so a client that forges another tenant's name
-	// gets nothing; "on" believes every caller, for a gateway that always
-	// overwrites the header itself (from the mTLS or JWT identity) and
-	// never forwards a client's copy.
-	Identity Access `yaml:"identity"`
+	// Identity says where the tenant comes from (identity.go): "trusted"
+	// (the default) honours Header only from a trusted caller
+	// (TrustConfig: the gateway, having authenticated the client, sets
+	// Header and adds the trust token), and refuses any other request
+	// that carries it (403 untrusted_header), so a client that forges
+	// another tenant's name gets nothing; "on" believes every caller, for
+	// a gateway that always overwrites the header itself and never
+	// forwards a client's copy; "xfcc" reads it from the client
+	// certificate Envoy forwards (XFCC), "jwt-claim" from a claim of the
+	// JWT Envoy verified (JWT), both believed only from a trusted Envoy,
+	// and written to Header (the client's copy replaced).
+	Identity Identity `yaml:"identity"`
+	// XFCC says which SAN of the client certificate names the tenant
+	// (identity xfcc only).
+	XFCC *XFCCIdentity `yaml:"xfcc"`
+	// JWT names the JWT claim that names the tenant (identity jwt-claim
+	// only).
+	JWT *JWTIdentity `yaml:"jwt"`
 }
 
-// allows reports whether the request may name its tenant: it names none,
-// or its caller is believed (Identity).
-func (t *TenancyConfig) allows(h map[string]string, trusted bool) bool {
-	return t.Header == "" || h[t.Header] == "" || t.Identity.allows(trusted)
-}
-
-func (t *TenancyConfig) validate(file string) error {
-	if t.Identity == "" {
-		t.Identity = AccessTrusted
-	}
-	if t.Identity != AccessTrusted && t.Identity != AccessOn {
-		return fmt.Errorf("%s: %w: tenancy.identity %q: want trusted or on", file, policies.ErrConfig, t.Identity)
-	}
+func (t *TenancyConfig) validate(where string) error {
 	t.Header = strings.ToLower(t.Header)
+	if err := t.validateIdentity(where); err != nil {
+		return err
+	}
 	if t.Salt && t.Header == "" {
-		return fmt.Errorf("%s: %w: tenancy.salt needs tenancy.header", file, policies.ErrConfig)
+		return fmt.Errorf("%s: %w: tenancy.salt needs tenancy.header", where, policies.ErrConfig)
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/tokenizer"
 )
@@ -46,6 +48,19 @@ type Request struct {
 	// BodyBytes is the size of the request body (0: unknown); past the
 	// model's max_body_bytes Decide refuses with ErrBodyTooLarge.
 	BodyBytes int
+	// PeerVerified: the caller (the Envoy on the other end of the ext_proc
+	// stream) presented a client certificate the server verified (mutual
+	// TLS): it may vouch for the identity it forwards (tenancy.identity
+	// xfcc and jwt-claim), as a trust token does.
+	PeerVerified bool
+	// JWTAuthn is the envoy.filters.http.jwt_authn namespace of the
+	// dynamic metadata Envoy sent (metadata_context): provider → verified
+	// JWT payload (tenancy.identity jwt-claim).
+	JWTAuthn *structpb.Struct
+	// ExtraKey is the body's extra_key, which SGLang appends to
+	// cache_salt: with tenancy salting on, a request carrying one is
+	// refused (it could spell another tenant's salt).
+	ExtraKey string
 }
 
 // Endpoint is one routable target: a worker rank in a pool, as its local

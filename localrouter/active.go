@@ -123,6 +123,25 @@ func (a *ActiveSequences) Add(now time.Time, id string, key WorkerKey, seqHashes
 	return nil
 }
 
+// Rename re-keys request from as to, its load unchanged: a reservation
+// becoming its request. from unknown: ErrUnknownRequest; to already
+// active: ErrDuplicateRequest (nothing changes).
+func (a *ActiveSequences) Rename(from, to string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.byID[from]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownRequest, from)
+	}
+	if _, dup := a.byID[to]; dup {
+		return fmt.Errorf("%w: %q", ErrDuplicateRequest, to)
+	}
+	delete(a.byID, from)
+	r.id = to
+	a.byID[to] = r
+	return nil
+}
+
 // MarkPrefillComplete moves request id from prefill to decode. It reports
 // whether the id was known; an unknown id is a counted no-op.
 func (a *ActiveSequences) MarkPrefillComplete(id string) bool {
@@ -320,6 +339,22 @@ func (a *ActiveSequences) bisect(seq []uint64, lo, hi int, atLo, atHi []blockRef
 	atMid := a.blocks[seq[mid]]
 	a.bisect(seq, mid, hi, atMid, atHi)
 	a.bisect(seq, lo, mid, atLo, atMid)
+}
+
+// Prefixes appends to dst, for each of workers, the number of leading
+// request blocks (sequence hashes seq) active on it.
+func (a *ActiveSequences) Prefixes(dst []int, workers []WorkerKey, seq []uint64) []int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.activePrefix(seq)
+	for _, key := range workers {
+		n := 0
+		if s, ok := a.table.lookup(key); ok {
+			n = int(a.prefix[s])
+		}
+		dst = append(dst, n)
+	}
+	return dst
 }
 
 // PotentialLoads appends to dst the potential load of each of workers if

@@ -2,6 +2,7 @@ package localrouter_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/kvevents"
+	"github.com/kvgate/kvgate/lib/timing"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -174,4 +176,85 @@ func BenchmarkIndexGC(b *testing.B) {
 	b.ReportMetric(float64(m.HeapAlloc)/(1<<20), "heap-MB")
 	b.ReportMetric(float64(m.HeapObjects), "objects")
 	runtime.KeepAlive(w)
+}
+
+// BenchmarkTTFTCalibration prices the ttft scorer's calibration in one run:
+// "probe" is a state-free BestWorker over 64 workers whose timing models
+// are the configured curves (static: Config.Calibrate false) or their own
+// (per-rank models, pinned here as a fit would publish them: the same
+// lookup); "placed" is a whole placement, BestWorker with a request id,
+// MarkPrefillComplete and Free, without and with the online fit taking
+// its sample (calib.go).
+func BenchmarkTTFTCalibration(b *testing.B) {
+	const workers = 64
+	newRouter := func(b *testing.B, calibrate, perRank bool) (*localrouter.Router, *time.Time) {
+		now := time.Unix(1000, 0)
+		cfg := localrouter.DefaultConfig()
+		cfg.Calibrate = calibrate
+		r, err := localrouter.New(cfg, localrouter.Options{Clock: func() time.Time { return now }, SweepInterval: -1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = r.Close() })
+		for w := range workers {
+			id := fmt.Sprintf("w%02d", w)
+			r.AddWorker(id, 1)
+			if perRank {
+				m := localrouter.TimingModelOf(timing.PrefillMillis, timing.DecodeMillis, localrouter.DefaultTTFTChunk)
+				m.PrefillLinear *= 1 + float64(w)/workers
+				if err := r.PinTiming(localrouter.WorkerKey{ID: id}, m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		return r, &now
+	}
+	hashes := make([][]uint64, 256)
+	for i := range hashes {
+		hashes[i] = make([]uint64, 64)
+		for k := range hashes[i] {
+			hashes[i][k] = uint64(i)<<32 | uint64(k) + 1
+		}
+	}
+	ctx := context.Background()
+	for _, mode := range []struct {
+		name               string
+		calibrate, perRank bool
+	}{{"static", false, false}, {"calibrated", true, true}} {
+		b.Run("probe/"+mode.name, func(b *testing.B) {
+			r, _ := newRouter(b, mode.calibrate, mode.perRank)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, err := r.BestWorker(ctx, localrouter.Request{LocalHashes: hashes[i%len(hashes)], BlockSize: 16}, localrouter.BestWorkerOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	for _, mode := range []struct {
+		name      string
+		calibrate bool
+	}{{"static", false}, {"calibrating", true}} {
+		b.Run("placed/"+mode.name, func(b *testing.B) {
+			r, now := newRouter(b, mode.calibrate, false)
+			ids := make([]string, 1024)
+			for i := range ids {
+				ids[i] = fmt.Sprint("r", i)
+			}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				id := ids[i%len(ids)]
+				if _, err := r.BestWorker(ctx, localrouter.Request{LocalHashes: hashes[i%len(hashes)], BlockSize: 16}, localrouter.BestWorkerOptions{RequestID: id}); err != nil {
+					b.Fatal(err)
+				}
+				*now = now.Add(50 * time.Millisecond)
+				if err := r.MarkPrefillComplete(ctx, id); err != nil {
+					b.Fatal(err)
+				}
+				if err := r.Free(ctx, id); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

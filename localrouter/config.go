@@ -39,6 +39,13 @@ type Config struct {
 	// the engine's Stored events confirm them first, so the next decision
 	// sees them (10 s; 0 records none: the index is the events' alone).
 	PredictedTTL time.Duration
+	// Calibrate: the ttft scorer fits each worker rank's timing model
+	// online from the first tokens it observes (calib.go; true). False
+	// keeps the configured curves (the chain's ttft arguments, or the
+	// defaults) for every rank; pinned models (Router.PinTiming) apply
+	// either way. Read by the ttft scorer, and by Selection.Cost's
+	// prediction whatever the chain.
+	Calibrate bool
 	// MaxTreeSize bounds approximate-mode index entries (2^20).
 	MaxTreeSize int
 	// MinInitialWorkers: not ready until this many workers joined (0).
@@ -150,6 +157,7 @@ func DefaultConfig() Config {
 		TrackActiveBlocks:  true,
 		TTL:                120 * time.Second,
 		PredictedTTL:       10 * time.Second,
+		Calibrate:          true,
 		MaxTreeSize:        1 << 20,
 		RequestExpiry:      300 * time.Second,
 		TierWeights:        DefaultTierWeights,

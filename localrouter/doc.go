@@ -26,7 +26,10 @@
 //     pending and the distinct blocks of active requests, keyed by request
 //     id (Add, MarkPrefillComplete, Free, forced expiry).
 //   - Router: membership, the two above, and BestWorker / PotentialLoads /
-//     Commit / MarkPrefillComplete / Free / DumpEvents. BestWorker answers
+//     Commit / MarkPrefillComplete / Free / DumpEvents; reservations
+//     (reserve.go): a reserving BestWorker holds the chosen worker's load
+//     for a request for a TTL, never in the index, until Confirm turns it
+//     into the request or Release / the TTL drops it. BestWorker answers
 //     a routing.Selection (api/routing; Selected gives its WorkerKey) and
 //     takes a routing.Override, the types the whole request path shares;
 //     WorkerKey, ScorerSpec and the error sentinels (ErrClosed,
@@ -57,6 +60,14 @@
 //     report each scorer's part in routing.Selection.Scores.
 //     Config.Unread (scorer_knobs.go) names the settings the chain does
 //     not read. Stateful scorers (cold) keep their own mutex, a leaf.
+//   - Calibration (calib.go, calib_pool.go): the ttft scorer prices each
+//     rank with its own TimingModel, fitted online (least squares with
+//     forgetting, Huber-bounded residuals) from the time between each
+//     placement and its MarkPrefillComplete: the pool's shape times the
+//     rank's speed, shrunk towards the pool's by its significance; the
+//     configured curves until CalibrationMinSamples samples
+//     (Config.Calibrate; Router.PinTiming sets a rank's model outright).
+//     Router.Calibration reports them.
 //
 // # Concurrency
 //
@@ -91,9 +102,14 @@
 // router_members.go (membership: AddWorker, RemoveWorker, SetWorkerStale,
 // Ready; ApplyEvent), router_signals.go (engine signals, saturation
 // skips), router_best.go (Request, BestWorker, pick, PotentialLoads),
-// router_lifecycle.go (Commit, MarkPrefillComplete, Free), config.go
+// router_lifecycle.go (Commit, MarkPrefillComplete, Free), reserve.go
+// (reserving probes: BestWorkerOptions.ReserveTTL, Confirm, Release, their
+// expiry and ReservationStats), config.go
 // (Config, Validate, the cost formula), scorer.go (the worker chain:
 // ScorerSpec, Filter, Scorer, the registry), scorer_builtin.go (the
 // built-in filters and scorers), scorer_ttft.go (the ttft scorer),
-// scorer_yaml.go (the chain's YAML form).
+// scorer_yaml.go (the chain's YAML form), calib.go (the ttft scorer's
+// timing models: TimingModel, the online fit), calib_pool.go (the pool's
+// shape and each rank's speed over it, samples, pins), calib_router.go
+// (PinTiming, Calibration, the lifecycle's samples).
 package localrouter

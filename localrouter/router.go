@@ -57,6 +57,7 @@ type Router struct {
 	chain   *workerChain // built once from cfg.WorkerChain
 	index   *Index
 	active  *ActiveSequences
+	res     *reservations // guarded by placeMu (reserve.go)
 	members atomic.Pointer[members]
 	memMu   sync.Mutex // serialises membership writers
 	// applyMu makes "is the worker a member? then apply its event" atomic
@@ -119,7 +120,11 @@ type scratch struct {
 	freshSlots []int32
 	// overlapEq: each candidate's overlap in GPU-block equivalents.
 	overlapEq []float64
-	chain     chainScratch
+	// indexed: each candidate's overlap in the index alone, before the
+	// in-flight blocks were credited (creditReserved); reserved: the
+	// request's leading blocks active on each candidate.
+	indexed, reserved []int
+	chain             chainScratch
 }
 
 // New returns a Router. Close it to stop its sweeper; closing one Router
@@ -147,6 +152,7 @@ func New(cfg Config, opts Options) (*Router, error) {
 		chain:  chain,
 		index:  ix,
 		active: NewActiveSequences(),
+		res:    newReservations(),
 		clock:  opts.Clock,
 		rnd:    opts.Rand,
 		log:    opts.Logger,
@@ -194,7 +200,9 @@ func (r *Router) sweeper(every time.Duration) {
 func (r *Router) Sweep() []string {
 	now := r.clock()
 	r.index.Expire(now)
+	r.expireReservations(now)
 	ids := r.active.Expire(now, r.cfg.RequestExpiry)
+	r.chain.timing.cal.expire(now.Add(-r.cfg.RequestExpiry))
 	if len(ids) > 0 {
 		r.log.Warn("freed requests past their expiry", "count", len(ids), "expiry", r.cfg.RequestExpiry)
 	}

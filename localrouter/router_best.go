@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/kvevents"
@@ -53,6 +54,16 @@ type BestWorkerOptions struct {
 	// is called on the caller's goroutine, once per worker rank, and must
 	// not block. None admitted: ErrNoAllowedWorker.
 	Allow func(WorkerKey) bool
+	// ReserveTTL, with RequestID, makes the call a reserving probe: the
+	// chosen worker is reserved for the request for ReserveTTL (its load
+	// recorded, the index untouched; reserve.go) instead of the request
+	// being recorded. Confirm turns the reservation into the request,
+	// Release drops it, the TTL passing expires it.
+	ReserveTTL time.Duration
+
+	// confirm: Confirm's commit, which drops the request's reservation
+	// first, in the same placement.
+	confirm bool
 }
 
 // prepare computes the request's local and sequence hashes into s.
@@ -99,6 +110,10 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	}
 	if err := ctx.Err(); err != nil {
 		return routing.Selection{}, err
+	}
+	reserve := opts.ReserveTTL > 0 && opts.RequestID != ""
+	if !reserve && !opts.confirm {
+		r.expireReservations(r.clock())
 	}
 	p, err := r.cfg.params(opts.Override)
 	if err != nil {
@@ -158,12 +173,31 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	if opts.RequestID != "" {
 		r.placeMu.Lock()
 		defer r.placeMu.Unlock()
+		r.expireLocked(r.clock())
+		switch {
+		case opts.confirm:
+			r.confirmLocked(opts.RequestID, *opts.Worker)
+		case reserve:
+			// An id already active is refused at the probe, as its
+			// commit would be: the caller moves on before deciding. One
+			// already reserved is reserved again (the old reservation
+			// released): its release may still be on its way, and
+			// whichever of the two a commit confirms, the request is
+			// counted once.
+			if _, active := r.active.Has(opts.RequestID); active {
+				return routing.Selection{}, fmt.Errorf("%w: %q", ErrDuplicateRequest, opts.RequestID)
+			}
+			if _, ok := r.dropLocked(opts.RequestID); ok {
+				r.res.released.Add(1)
+			}
+		}
 	}
 	r.index.FindMatches(s.local, &s.matches)
 	s.overlaps = s.overlaps[:0]
 	for i, k := range workers {
 		s.overlaps = append(s.overlaps, s.matches.ofSlot(slots[i], k))
 	}
+	augmented := r.creditReserved(workers, s)
 	s.loads = r.active.PotentialLoads(s.loads[:0], workers, s.seq, isl, r.cfg.BlockSize, s.overlaps)
 	s.costs, s.overlapEq = s.costs[:0], s.overlapEq[:0]
 	cold := true
@@ -223,11 +257,29 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		// overlap, but are not cached yet, so a burst of identical prompts
 		// weighs on the worker it lands on and spreads by load.
 		charged := sel.OverlapBlocks
+		if augmented {
+			charged = min(charged, s.indexed[i]) // reserved blocks are not cached
+		}
 		switch {
 		case recosted:
 			charged = s.confirmed[i]
 		case predictions && charged > 0:
 			charged = r.index.ConfirmedPrefix(l.Worker, s.local, charged)
+		}
+		if reserve {
+			now := r.clock()
+			if err := r.active.Add(now, reservationKey(opts.RequestID), l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
+				return routing.Selection{}, err
+			}
+			// Held, not placed: the index and the saturation count learn
+			// of the request at its commit. The chain's stateful scorers
+			// are told now (Confirm chooses nothing): a reservation is
+			// their choice.
+			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL))
+			for _, o := range r.chain.observers {
+				o.Chosen(&cs.in, i)
+			}
+			return sel, nil
 		}
 		if err := r.active.Add(r.clock(), opts.RequestID, l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
 			return routing.Selection{}, err
@@ -235,6 +287,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		// Counted for requests placed, not for probes: a global router
 		// probes every pool for each request.
 		r.saturationSkips.Add(uint64(saturated))
+		r.calibPlaced(&cs.in, i, opts.RequestID)
 	}
 	if opts.RequestID != "" || opts.UpdateIndexer {
 		for _, o := range r.chain.observers {

@@ -24,6 +24,7 @@ func (r *Router) MarkPrefillComplete(ctx context.Context, id string) error {
 	if !r.active.MarkPrefillComplete(id) {
 		return fmt.Errorf("%w: %q", ErrUnknownRequest, id)
 	}
+	r.chain.timing.cal.firstToken(id, r.clock())
 	return nil
 }
 
@@ -36,5 +37,6 @@ func (r *Router) Free(ctx context.Context, id string) error {
 	if !r.active.Free(id) {
 		return fmt.Errorf("%w: %q", ErrUnknownRequest, id)
 	}
+	r.chain.timing.cal.forget(id)
 	return nil
 }

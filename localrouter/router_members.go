@@ -126,7 +126,9 @@ func (r *Router) RemoveWorker(id string) []string {
 	r.index.RemoveWorker(id)
 	r.setSignals(id, nil, false)
 	r.SetWorkerStale(id, false)
-	return r.active.RemoveWorker(id)
+	ids := r.active.RemoveWorker(id)
+	r.chain.timing.cal.forget(ids...)
+	return ids
 }
 
 // Workers returns the current members, one key per dp rank, sorted.

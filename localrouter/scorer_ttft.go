@@ -54,6 +54,10 @@ type ttftScorer struct {
 	// rate: the pool's placements (per rank: divided by PoolRanks).
 	rate                                  rateEstimator
 	prefillScale, decodeShape, decodeBase float64
+	// prior is the model of the arguments above; cal holds each rank's
+	// own (calib.go: fitted online when Config.Calibrate, or pinned).
+	prior TimingModel
+	cal   *calibration
 }
 
 // TTFT calibration defaults: mocker.DefaultTiming at a full chunk of 8,192
@@ -127,6 +131,8 @@ func newTTFTScorer(a *ChainArgs) (Scorer, error) {
 	s.prefillScale = s.prefillMs / timing.PrefillMillis(s.chunk)
 	s.decodeBase = timing.DecodeMillis(0)
 	s.decodeShape = timing.DecodeMillis(1) - s.decodeBase
+	s.prior = defaultTimingModel(s.prefillScale, s.decodeEmptyMs, s.decodeFull)
+	s.cal = newCalibration(a.Config.Calibrate, &s.prior)
 	return s, nil
 }
 
@@ -141,28 +147,78 @@ func (s *ttftScorer) decode(p float64) float64 {
 // tokenMillis is the prefill time of one token in a full chunk.
 func (s *ttftScorer) tokenMillis() float64 { return s.prefillMs / float64(s.chunk) }
 
-// millis is the predicted score in ms of candidate j; perWorker is the
-// arrival rate per worker in requests/ms (ext=auto).
-func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
+// ttftShape is what a candidate's prediction is made of: the prefill
+// work ahead of its first token (queued and its own uncached tokens) in n
+// iterations of chunk tokens, the last of rest; p the KV occupancy of the
+// decode step each iteration also pays when decoding.
+type ttftShape struct {
+	work, n, rest, uncached int
+	decoding                bool
+	p                       float64
+}
+
+func (s *ttftScorer) shape(in *ChainInput, j int) ttftShape {
 	l := &in.Loads[j]
 	cachedTokens := int(math.Round(in.Overlap[j] * float64(in.BlockSize)))
 	own := max(in.ISL-cachedTokens, 0)
 	work := max(activePrefill(*l, in.ISL, in.BlockSize)+own, 1) // at least one token is computed
 	n := (work + s.chunk - 1) / s.chunk
-	ms := float64(n-1)*s.prefill(s.chunk) + s.prefill(work-(n-1)*s.chunk)
+	sh := ttftShape{work: work, n: n, rest: work - (n-1)*s.chunk, uncached: max(in.ISL-cachedTokens, 1)}
 	if l.ActiveRequests > 0 {
-		p := math.Min(float64(l.PotentialDecodeBlocks)/s.kvBlocks, 1)
+		sh.decoding = true
+		sh.p = math.Min(float64(l.PotentialDecodeBlocks)/s.kvBlocks, 1)
 		if l.HasEngine && l.Engine.HasKVUsage {
-			p = math.Max(p, math.Min(l.Engine.KVUsage, 1))
+			sh.p = math.Max(sh.p, math.Min(l.Engine.KVUsage, 1))
 		}
-		ms += float64(n) * s.decode(p)
+	}
+	return sh
+}
+
+// millis is the predicted score in ms of candidate j under its rank's
+// model; perWorker is the arrival rate per worker in requests/ms
+// (ext=auto).
+func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
+	sh := s.shape(in, j)
+	m, speed := s.cal.model(in.Loads[j].Worker)
+	var ms, tokenMs float64
+	if m == &s.prior && speed == 1 { // the configured curves, computed as they always were
+		ms = float64(sh.n-1)*s.prefill(s.chunk) + s.prefill(sh.rest)
+		if sh.decoding {
+			ms += float64(sh.n) * s.decode(sh.p)
+		}
+		tokenMs = s.tokenMillis()
+	} else {
+		ms = float64(sh.n-1)*m.Prefill(s.chunk) + m.Prefill(sh.rest)
+		if sh.decoding {
+			ms += float64(sh.n) * m.Decode(sh.p)
+		}
+		ms = ms*speed + m.QueueMs
+		tokenMs = speed * m.Prefill(s.chunk) / float64(s.chunk)
 	}
 	ext := s.ext
 	if s.auto {
 		ext = perWorker * ms
 	}
-	uncached := max(in.ISL-cachedTokens, 1)
-	return ms + ext*float64(uncached)*s.tokenMillis()
+	return ms + ext*float64(sh.uncached)*tokenMs
+}
+
+// features are candidate j's calibration features (calib.go): the prior's
+// quadratic prefill, its linear and per-iteration prefill, its decode
+// steps, in ms, and the queue's unit; and the sample's scale, the prior's
+// prediction plus one full iteration: a request arriving while an
+// iteration runs waits for its end, which the router does not see, so
+// the error of a prediction is about proportional to it plus up to one
+// iteration.
+func (s *ttftScorer) features(in *ChainInput, j int) (x [calibParams]float64, scale float64) {
+	sh := s.shape(in, j)
+	c, r := float64(s.chunk), float64(sh.rest)
+	x[0] = s.prior.PrefillQuad * (float64(sh.n-1)*c*c + r*r)
+	x[1] = s.prior.PrefillLinear*float64(sh.work) + s.prior.PrefillFixed*float64(sh.n)
+	if sh.decoding {
+		x[2] = float64(sh.n) * s.prior.Decode(sh.p)
+	}
+	x[3] = calibQueueUnit
+	return x, x[0] + x[1] + x[2] + s.prior.QueueMs + s.prior.Prefill(s.chunk)
 }
 
 // perWorker is the arrival rate per worker in requests/ms (ext=auto; 0

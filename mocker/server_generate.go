@@ -79,10 +79,23 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		}
 	}
 	object := "text_completion"
-	if g.chat {
-		object = "chat.completion.chunk"
+	// A chat stream's first chunk carries the role alone, and it goes out
+	// with the engine's first output, not before: vLLM sends it on the
+	// first iteration over the engine's results (serving_chat.py,
+	// chat_completion_stream_generator, "Send first response for each
+	// request.n (index) with the role" @ 003fe5932dc9), so a request still
+	// waiting for admission or in prefill has sent headers and nothing else.
+	roleSent := !g.chat
+	first := func() {
+		if roleSent {
+			return
+		}
+		roleSent = true
 		send(map[string]any{"id": id, "object": object, "created": created, "model": g.model,
 			"choices": []any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}}})
+	}
+	if g.chat {
+		object = "chat.completion.chunk"
 	}
 	chunk := func(text string, finish any) map[string]any {
 		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finish}
@@ -103,10 +116,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 			l.abort(id)
 			return
 		case <-st.ready:
+			first()
 			for _, tok := range st.take() {
 				send(chunk(tokenText(tok), nil))
 			}
 		case c := <-st.done:
+			first()
 			for _, tok := range st.take() {
 				send(chunk(tokenText(tok), nil))
 			}

@@ -87,7 +87,7 @@ func (c *channelClient) Probe(ctx context.Context, p Prompt) (routing.Selection,
 	if c.unary.Load() {
 		return c.grpcClient.Probe(ctx, p)
 	}
-	sel, err := c.channel(ctx).BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override, AllowedAddresses: p.Allowed})
+	sel, err := c.channel(ctx).BestWorker(ctx, p.client(), p.probeOptions())
 	if err != nil && c.unimplemented(err) {
 		return c.grpcClient.Probe(ctx, p)
 	}
@@ -115,6 +115,15 @@ func (c *channelClient) CommitAsync(ctx context.Context, cm Commit, committed fu
 		return nil, err
 	}
 	return t, nil
+}
+
+// Release implements Releaser: a release message on the channel of ctx's
+// hop count (the one the probe rode), not waited for.
+func (c *channelClient) Release(ctx context.Context, id string) error {
+	if c.unary.Load() {
+		return c.grpcClient.Release(ctx, id)
+	}
+	return c.channel(ctx).Release(ctx, id)
 }
 
 func (c *channelClient) Close() error {

@@ -44,6 +44,15 @@ type Client interface {
 	Close() error
 }
 
+// Releaser is a Client whose router holds reservations (Prompt.ReserveID):
+// Release releases request id's reservation, best effort and without
+// waiting for the router's answer; a Client that is no Releaser leaves a
+// reservation to its TTL. Safe for concurrent use; must not block past
+// sending.
+type Releaser interface {
+	Release(ctx context.Context, id string) error
+}
+
 // Dialer makes a Client for a local router's gRPC address.
 type Dialer func(addr string) (Client, error)
 
@@ -86,9 +95,31 @@ func (p Prompt) client() client.Prompt {
 }
 
 func (g *grpcClient) Probe(ctx context.Context, p Prompt) (routing.Selection, error) {
-	sel, err := g.c.BestWorker(ctx, p.client(), client.BestWorkerOptions{Override: p.Override, AllowedAddresses: p.Allowed})
+	sel, err := g.c.BestWorker(ctx, p.client(), p.probeOptions())
 	sel.Router = g.addr
 	return sel, err
+}
+
+// Release implements Releaser with a unary Free of the reservation, on a
+// goroutine of its own (the caller does not wait); its error is dropped,
+// the TTL expires what it missed.
+func (g *grpcClient) Release(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	go func() {
+		defer cancel()
+		_ = g.c.Release(ctx, id)
+	}()
+	return nil
+}
+
+// releaseTimeout bounds a unary release: past it the reservation's TTL
+// (a few hundred ms at most) has run out anyway.
+const releaseTimeout = time.Second
+
+// probeOptions are p's probe options on the wire: the bounds and, for a
+// reserving probe, the reservation.
+func (p Prompt) probeOptions() client.BestWorkerOptions {
+	return client.BestWorkerOptions{Override: p.Override, AllowedAddresses: p.Allowed, RequestID: p.ReserveID, ReserveTTL: p.ReserveTTL}
 }
 
 func (g *grpcClient) Loads(ctx context.Context, p Prompt) ([]routing.Selection, error) {
@@ -150,6 +181,13 @@ type Prompt struct {
 	// worker ignore it (and Override); a commit without one is bounded by
 	// both.
 	Allowed []string
+	// ReserveID, with ReserveTTL, makes a probe a reserving probe: the
+	// router holds the worker it names for request ReserveID (its load
+	// counted by every later probe, the KV index untouched) until a
+	// commit with Commit.Reserved confirms it, Release releases it or
+	// ReserveTTL passes (probe.commit: reserve). Commits ignore both.
+	ReserveID  string
+	ReserveTTL time.Duration
 }
 
 // Commit records a request on a worker. With no WorkerID it is a
@@ -165,13 +203,17 @@ type Commit struct {
 	// Exclude are worker addresses (host:port) a commit without WorkerID
 	// must not choose: those passive health ejected.
 	Exclude []string
+	// Reserved confirms the reservation the request's probe made on this
+	// router (Prompt.ReserveID): the reservation becomes the request on
+	// WorkerID, which must be set (see client.CommitOptions.Reserved).
+	Reserved bool
 }
 
 // options are a commit's bounds on the wire (a commit without a worker
 // only).
 func (c Commit) options() client.CommitOptions {
 	if c.WorkerID != "" {
-		return client.CommitOptions{}
+		return client.CommitOptions{Reserved: c.Reserved}
 	}
 	return client.CommitOptions{Override: c.Prompt.Override, AllowedAddresses: c.Prompt.Allowed, ExcludedAddresses: c.Exclude}
 }

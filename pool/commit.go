@@ -14,11 +14,12 @@ import (
 )
 
 // requestFault reports whether a router's answer blames the request, not
-// the router (a malformed or oversized prompt): no reason to stop probing
-// that router for everyone else.
+// the router (a malformed or oversized prompt, a reserving probe whose
+// request id is already active there): no reason to stop probing that
+// router for everyone else.
 func requestFault(err error) bool {
 	switch status.Code(err) {
-	case codes.InvalidArgument, codes.ResourceExhausted, codes.OutOfRange, codes.FailedPrecondition:
+	case codes.InvalidArgument, codes.ResourceExhausted, codes.OutOfRange, codes.FailedPrecondition, codes.AlreadyExists:
 		return true
 	}
 	return false
@@ -45,6 +46,7 @@ func (p *Pool) CommitAsync(ctx context.Context, routerAddr string, cm Commit, co
 			err = fmt.Errorf("pool %q: commit on %s: %w", p.cfg.Name, c.addr, err)
 		} else {
 			sel.Router = c.addr
+			p.answered()
 		}
 		committed(sel, err)
 	})
@@ -164,6 +166,21 @@ func (p *Pool) Decide(ctx context.Context, routerAddr string, cm Commit) (Tracke
 	}
 	p.known.add(a.sel.WorkerID, a.sel.DPRank, a.sel.Address, time.Now())
 	return t, a.sel, nil
+}
+
+// Release releases the reservation request id's reserving probe made on
+// the pool's router at routerAddr (Prompt.ReserveID), without waiting. A
+// router the pool no longer has, or a Client that is no Releaser, leaves
+// it to its TTL.
+func (p *Pool) Release(ctx context.Context, routerAddr, id string) {
+	for _, c := range *p.routers.Load() {
+		if c.addr == routerAddr {
+			if r, ok := c.r.(Releaser); ok {
+				_ = r.Release(ctx, id)
+			}
+			return
+		}
+	}
 }
 
 // ejectedKnown are the addresses of the pool's recently seen workers that

@@ -44,6 +44,7 @@ func (p *Pool) rediscover() {
 		}
 	}
 	p.setRouters(addrs)
+	p.seedKnown()
 }
 
 func (p *Pool) routerAddr(key string, value []byte) (string, bool) {

@@ -49,14 +49,18 @@
 // global router, across configuration reloads: each Pool and each open
 // Tracker holds a reference, and a connection closes when the last one is
 // released, so a reload never breaks the Track streams of requests in
-// flight. Lock order: Conns.mu before circuit.mu; nothing else nests
+// flight. Lock order: Conns.mu before circuit.mu; the late-commit queue's
+// lock before Pool.mu; nothing else nests
 // (latency, known and Ejector locks are leaves).
 //
 // # Files
 //
 // config.go (Config, Routers, DecodeConfigs), pool.go (Pool, Options,
 // Open, Close, picking a router), probe.go (Probe, ProbeError, the known
-// workers: Others, LastKnown), commit.go (CommitAsync, Commit, Decide, the
+// workers: Others, LastKnown; ProbeAgain, the retry with the longest
+// deadline), late.go (CommitLate: a best-effort decision's commit, queued,
+// bounded, and sent with its lifecycle in order once a router of the pool
+// answers again), commit.go (CommitAsync, Commit, Decide, the
 // tracker), health.go (Health, Routers: the circuits as policies and
 // status pages see them), discovery.go (the local routers followed in
 // etcd), client.go (Client, Tracker, Dialer, GRPCDialer), channel.go

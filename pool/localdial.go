@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"fmt"
 	"strings"
 )
@@ -34,3 +35,13 @@ func LocalDialer(clients map[string]Client) Dialer {
 type sharedClient struct{ Client }
 
 func (sharedClient) Close() error { return nil }
+
+// Release implements Releaser when the shared client does (the replay's
+// in-process client): a wrapper must not hide it, or reservations would
+// wait for their TTL.
+func (s sharedClient) Release(ctx context.Context, id string) error {
+	if r, ok := s.Client.(Releaser); ok {
+		return r.Release(ctx, id)
+	}
+	return nil
+}

@@ -32,6 +32,10 @@ type Options struct {
 	// Etcd is required by pools that discover their local routers.
 	Etcd   *clientv3.Client
 	Logger *slog.Logger
+	// LateCommits bounds the pool's queue of late commits (CommitLate:
+	// best-effort decisions waiting for a router to answer again); 0:
+	// DefaultLateCommits.
+	LateCommits int
 }
 
 // Pool is one pool's clients: probes, commits and health. Safe for
@@ -60,6 +64,9 @@ type Pool struct {
 	refreshed  atomic.Int64 // unix nanos of the last refresh
 	synced     chan struct{}
 	disc       map[string][]byte // etcd key → value, owned by the sink
+	// late holds the best-effort decisions' commits until a router of
+	// the pool answers (late.go). Lock order: late.mu before mu.
+	late lateQueue
 }
 
 // Open returns the pool of cfg (validated by the caller). Static routers are
@@ -83,6 +90,10 @@ func Open(cfg Config, opts Options) (*Pool, error) {
 		log: opts.Logger.With("component", "pool", "pool", cfg.Name)}
 	empty := []*conn{}
 	p.routers.Store(&empty)
+	p.late.max, p.late.wake = opts.LateCommits, make(chan struct{}, 1)
+	if p.late.max <= 0 {
+		p.late.max = DefaultLateCommits
+	}
 	p.life, p.endLife = context.WithCancel(context.Background())
 	if !cfg.Routers.Etcd {
 		cs := make([]*conn, 0, len(cfg.Routers.Static))
@@ -98,6 +109,7 @@ func Open(cfg Config, opts Options) (*Pool, error) {
 		}
 		p.routers.Store(&cs)
 		close(p.synced)
+		p.seedKnown()
 		return p, nil
 	}
 	if opts.Etcd == nil {

@@ -57,11 +57,26 @@ func (e *ProbeError) Outage() bool { return !e.Request }
 // (PotentialLoads); when the router knows no other, the error wraps
 // ErrAllEjected.
 func (p *Pool) Probe(ctx context.Context, pr Prompt) (routing.Selection, error) {
+	return p.probe(ctx, pr, false)
+}
+
+// ProbeAgain is Probe given the longest deadline (Options.ProbeTimeout)
+// instead of the adaptive one: the retry of a probe that found no router
+// of any pool, before the decision goes best effort (under CPU pressure
+// the adaptive deadline is what ran out).
+func (p *Pool) ProbeAgain(ctx context.Context, pr Prompt) (routing.Selection, error) {
+	return p.probe(ctx, pr, true)
+}
+
+func (p *Pool) probe(ctx context.Context, pr Prompt, longest bool) (routing.Selection, error) {
 	c, err := p.pick("")
 	if err != nil {
 		return routing.Selection{}, fmt.Errorf("pool %q: %w", p.cfg.Name, err)
 	}
 	timeout := c.lat.deadline(p.minTimeout, p.timeout)
+	if longest {
+		timeout = p.timeout
+	}
 	t0 := time.Now()
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	sel, err := c.r.Probe(pctx, pr)
@@ -97,6 +112,7 @@ func (p *Pool) Probe(ctx context.Context, pr Prompt) (routing.Selection, error) 
 	}
 	c.lat.observe(took)
 	c.circuit.success()
+	p.answered()
 	sel.Router = c.addr
 	if sel.Address == "" {
 		// The worker is leaving (its etcd key is gone, the router has not
@@ -147,6 +163,23 @@ func (p *Pool) alternative(ctx context.Context, c *conn, pr Prompt, sel routing.
 // fallbacks, best-effort targets — are the whole pool, not only the
 // probes' winners.
 const refreshInterval = 10 * time.Second
+
+// seedKnown learns the pool's workers from one of its routers (in the
+// background) when no refresh succeeded yet: a pool that just got its
+// routers knows its workers before its first probe succeeds, so a burst
+// whose first probes all run past their deadline (a starved process) is
+// routed best effort and committed late, not refused for want of a known
+// worker.
+func (p *Pool) seedKnown() {
+	if p.refreshed.Load() != 0 {
+		return
+	}
+	rs := *p.routers.Load()
+	if len(rs) == 0 {
+		return
+	}
+	p.refreshKnown(rs[0], Prompt{Tokens: []uint32{0}, BlockSize: p.cfg.BlockSize, ISL: 1})
+}
 
 // refreshKnown starts a background refresh of the known workers through
 // c when the last one is older than refreshInterval; one at a time, never

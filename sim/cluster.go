@@ -71,6 +71,7 @@ func (r *run) buildPools() error {
 			{"decode", membership.RoleDecode, cfg.Workers - t.PrefillWorkers},
 		}
 	}
+	timings := engineTimings(cfg)
 	for _, s := range specs {
 		rc := r.policy.routerConfig(cfg.BlockSize, cfg.PredictedTTL)
 		if r.policy.Kind == KindTTFT {
@@ -106,6 +107,9 @@ func (r *run) buildPools() error {
 			p.workers = append(p.workers, w)
 			p.byKey[w.key] = w
 			r.workers = append(r.workers, w)
+		}
+		if err := r.policy.pinOracle(p, timings, cfg.MaxNumBatchedTokens); err != nil {
+			return err
 		}
 		r.pools = append(r.pools, p)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -136,9 +137,21 @@ type Config struct {
 	// Decide, global.go) instead of Topologies × Policies: one simulation,
 	// topology "config:<Global.Name>".
 	Global *GlobalReplay
+	// FlowControl runs the global router's flow-control queue in
+	// virtual time (with Global only; sim/flow.go): saturated requests
+	// wait instead of being shed. The configuration's flow_control
+	// section sets it up (its defaults when the section is off).
+	FlowControl bool
 	// TreeCommit, when set, is the probe.commit mode of TopologyTree's
 	// global routers (default: globalrouter's, decide-and-commit).
 	TreeCommit globalrouter.CommitMode
+	// Load, when positive, sets the arrival rate to Load × the pools'
+	// capacity, measured first (Calibrate; Rate is then ignored). Config
+	// replays only.
+	Load float64
+	// SLOMS is the TTFT target in ms of each priority the requests carry
+	// (nil: the defaults of mix.go, from the unloaded TTFT).
+	SLOMS map[int]float64
 	// Parallel is how many simulations run at once (1).
 	Parallel int
 	// Progress, when set, receives a progress bar.
@@ -221,11 +234,17 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: event delay %v is negative", ErrConfig, c.EventDelay)
 	case c.Speedup < 0:
 		return fmt.Errorf("%w: speedup %v is negative", ErrConfig, c.Speedup)
+	case c.Load < 0 || math.IsInf(c.Load, 0) || math.IsNaN(c.Load):
+		return fmt.Errorf("%w: load %v must be a positive multiple of the capacity", ErrConfig, c.Load)
+	case c.Load > 0 && c.Global == nil:
+		return fmt.Errorf("%w: load needs a configuration replay (its pools' capacity is what it multiplies)", ErrConfig)
 	}
 	if c.Global != nil {
 		if err := c.Global.validate(c.Workers); err != nil {
 			return err
 		}
+	} else if c.FlowControl {
+		return fmt.Errorf("%w: flow control needs a global router configuration (--config)", ErrConfig)
 	}
 	for _, t := range c.Topologies {
 		switch t.Kind {

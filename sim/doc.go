@@ -32,6 +32,11 @@
 //     its chain and pool policies, over in-process local routers
 //     (inproc.Client) per configured pool; the decision's lease drives the
 //     lifecycle. One pool of N workers replays exactly as the flat topology.
+//   - Flow control (flow.go, Config.FlowControl, --flow-control): the
+//     global router's own admission queue (globalrouter/flowcontrol.Queue)
+//     run in virtual time for the config replay: a request Decide refuses
+//     as saturated waits, dispatched (a fresh Decide) on each prefill
+//     completion or free, refused at its deadline.
 //   - The tree (tree.go, "tree=RxP"): R region global routers of P pools
 //     of local routers each, under a top global router whose pools are the
 //     regions' in-process Subtree clients; the real Decide at every floor,
@@ -47,6 +52,13 @@
 //     all workers, the physical limit of prefix reuse, and of one LRU
 //     cache holding the pool's total KV capacity, what perfect routing
 //     without duplication could keep.
+//   - Overload (mix.go, calibrate.go): --tenant-mix spreads requests over
+//     tenants in the tenancy header; each result breaks its figures down
+//     by priority and by tenant (TTFT, refused requests, the share meeting
+//     the priority's TTFT SLO, goodput) with Jain's fairness index over
+//     the tenants; Calibrate measures the configured pools' capacity (a
+//     backlog of the trace's requests at once) so that --load offers a
+//     multiple of it.
 //   - Reporting (report.go, plot.go with plot_svg.go and plot_png.go,
 //     progress.go: the progress bar): a terminal table, JSON, and an SVG or PNG
 //     with each policy's TTFT CDF and hit ratio.

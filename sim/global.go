@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/localrouter/inproc"
 	"github.com/kvgate/kvgate/membership"
@@ -59,6 +60,12 @@ type GlobalReplay struct {
 	// Priorities spreads the requests over x-kvgate-priority values by
 	// weight (default: no header).
 	Priorities []Share
+	// Tenants spreads the requests over tenants by weight (a=4,b=1: a
+	// offers four times b's load), named in the configuration's
+	// tenancy.header, or DefaultTenantHeader when it has none (default:
+	// no tenant). Like priorities, the tenant header is believed from
+	// every caller in a replay (tenancy.identity on).
+	Tenants []Share
 	// Router adjusts a pool's local-router configuration (nil: none).
 	// Each pool starts from localrouter.DefaultConfig with the pool's
 	// block size, its worker_chain and Config.PredictedTTL.
@@ -308,7 +315,19 @@ func (r *run) buildGlobal() error {
 	gcfg.Probe.Timeout, gcfg.Probe.MinTimeout = time.Hour, time.Hour
 	gcfg.Trust.Steering = globalrouter.AccessOn
 	gcfg.Shadow = nil
+	if len(g.Tenants) > 0 {
+		if gcfg.Tenancy.Header == "" {
+			gcfg.Tenancy.Header = DefaultTenantHeader
+		}
+		gcfg.Tenancy.Identity = globalrouter.IdentityOn
+		r.tenantHeader = strings.ToLower(gcfg.Tenancy.Header)
+	}
+	if cfg.FlowControl {
+		gcfg.FlowControl = flowConfig(gcfg.FlowControl)
+		r.flow = &flowReplay{qs: map[string]*flowcontrol.Queue{}}
+	}
 	opts := []globalrouter.Option{
+		globalrouter.WithoutFlowQueue(), // the replay runs it in virtual time (flow.go)
 		globalrouter.WithDialer(pool.LocalDialer(clients)),
 		globalrouter.WithClock(r.clock),
 		globalrouter.WithRegisterer(prometheus.NewRegistry()),
@@ -415,19 +434,42 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 	greq := &globalrouter.Request{ID: id, Path: "/v1/completions", Model: pickShare(r.models, key),
 		PromptTokens: r.wl.tokens(idx), Headers: map[string]string{}}
 	if r.cfg.Global != nil && len(r.cfg.Global.Priorities) > 0 {
-		greq.Headers[globalrouter.HeaderPriority] = pickShare(r.cfg.Global.Priorities, splitmix(key))
+		v := pickShare(r.cfg.Global.Priorities, splitmix(key))
+		greq.Headers[globalrouter.HeaderPriority] = v
+		rec.priority, _ = strconv.Atoi(v) // validated
+	}
+	if r.tenantHeader != "" {
+		// Its own stream of the prefix's key: a tenant is one
+		// application's requests, independent of their priority.
+		rec.tenant = pickShare(r.cfg.Global.Tenants, splitmix(key^0x74656e616e74))
+		greq.Headers[r.tenantHeader] = rec.tenant
+	}
+	if r.flowWaiting(greq) {
+		return r.flowEnqueue(idx, greq) // others wait: it joins them
 	}
 	d, err := r.gr.Decide(ctx, greq)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if r.flow != nil && errors.Is(err, globalrouter.ErrSaturated) {
+			return r.flowEnqueue(idx, greq)
+		}
 		rec.rejected = true
 		r.decideErrors[decideErrorKind(err)]++
 		r.prog.add(1)
 		return nil
 	}
+	return r.placeGlobal(ctx, idx, greq, d)
+}
+
+// placeGlobal sends request idx where decision d says.
+func (r *run) placeGlobal(ctx context.Context, idx int, greq *globalrouter.Request, d *globalrouter.Decision) error {
+	rec := &r.recs[idx]
 	r.leases[idx] = d.Lease
+	if r.flow != nil {
+		r.leases[idx] = flowLease{Lease: d.Lease, f: r.flow}
+	}
 	primary, err := r.endpointWorker(d.Primary)
 	if err != nil {
 		return err
@@ -440,7 +482,14 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 		r.decodeOf[idx] = primary
 	}
 	rec.worker = first.index
-	return r.submit(ctx, first, idx, mocker.Request{ID: id, Tokens: greq.PromptTokens, MaxTokens: req.OutputLength})
+	if d.CacheSalt != "" {
+		// The engine hashes with the salt the router did (tenancy.salt).
+		if r.salts == nil {
+			r.salts = map[int]string{}
+		}
+		r.salts[idx] = d.CacheSalt
+	}
+	return r.submit(ctx, first, idx, mocker.Request{ID: greq.ID, Tokens: greq.PromptTokens, MaxTokens: r.wl.reqs[idx].OutputLength, CacheSalt: d.CacheSalt})
 }
 
 // endpointWorker is the simulated worker of a decision's endpoint.

@@ -121,6 +121,31 @@ func TestConfigReplayOnePoolMatchesFlat(t *testing.T) {
 	}
 }
 
+// With probe.commit: reserve the replay places every request where the
+// flat replay does too: the probe reserves (one tie-break drawn, as the
+// flat replay's placing BestWorker draws) and the commit confirms the
+// reservation on the same worker before the next request is decided (the
+// in-process client is synchronous), so the router's state and draws are
+// the flat replay's; the losing pools' reservations, none here, would be
+// released before the next decision too.
+func TestConfigReplayReserveMatchesFlat(t *testing.T) {
+	tr := randomTrace(t, 300, 7)
+	base := Config{Trace: tr, Seed: 5, Workers: 8, KVTokens: 8192, Rate: 4}
+	flat := base
+	flat.Policies = []Policy{Dynamo()}
+	want := runReport(t, flat).Results[0]
+	cfg := base
+	cfg.Global = &GlobalReplay{Config: globalConfig(t, "probe: {commit: reserve}\n"+onePool+"    worker_chain: [{name: saturation}, {name: cost}]\n"), Name: "one.yaml"}
+	got := runReport(t, cfg).Results[0]
+	if diff := cmp.Diff(want.workers, got.workers); diff != "" {
+		t.Errorf("placements differ (-flat +reserve):\n%s", diff)
+	}
+	if got.HitRatio != want.HitRatio || got.TTFTMS != want.TTFTMS || got.Completed != want.Completed {
+		t.Errorf("reserve replay hit %.4f TTFT %+v completed %d; flat hit %.4f TTFT %+v completed %d",
+			got.HitRatio, got.TTFTMS, got.Completed, want.HitRatio, want.TTFTMS, want.Completed)
+	}
+}
+
 const twoPools = `
 chain: [model-match, cost]
 pools:
@@ -158,6 +183,23 @@ func TestConfigReplayTwoPoolsIsDeterministic(t *testing.T) {
 	cfg.Seed = 10
 	if other := reportJSON(t, runReport(t, cfg)); other == first {
 		t.Error("a different seed gave the same report")
+	}
+}
+
+// Over two pools with probe.commit: reserve every decision releases the
+// losing pool's reservation before the next one (the in-process client is
+// a Releaser through the local dialer), so the replay ends with nothing
+// held (Run fails otherwise) and is deterministic.
+func TestConfigReplayTwoPoolsReserve(t *testing.T) {
+	tr := randomTrace(t, 200, 2)
+	cfg := Config{Trace: tr, Seed: 9, Workers: 8, KVTokens: 8192, Rate: 3,
+		Global: &GlobalReplay{Config: globalConfig(t, "probe: {commit: reserve}\n"+twoPools), Name: "two.yaml"}}
+	rep := runReport(t, cfg)
+	if r := rep.Results[0]; r.Completed != len(tr.Requests) {
+		t.Fatalf("%d of %d completed (rejected %v)", r.Completed, len(tr.Requests), r.DecideRejected)
+	}
+	if first, second := reportJSON(t, rep), reportJSON(t, runReport(t, cfg)); first != second {
+		t.Errorf("same seed, different reports:\n%s", cmp.Diff(first, second))
 	}
 }
 

@@ -55,7 +55,22 @@ type Policy struct {
 	// predicted TTFT): each of them waits through this request's uncached
 	// prefill.
 	ExtAuto bool
+	// Calibration (KindTTFT only) is how the ttft scorer learns the
+	// engines' speed: CalibrationOnline (the default, "") fits each
+	// worker's timing model from what its router observes, starting from
+	// the shipped curves; CalibrationStatic keeps the shipped curves;
+	// CalibrationOracle pins each worker's true model (the simulated
+	// engine's own timing): the bound. The scorer is never given the
+	// engines' speed otherwise (sim/ttft.go).
+	Calibration string
 }
+
+// Calibration modes of a KindTTFT policy (Policy.Calibration).
+const (
+	CalibrationOnline = ""
+	CalibrationStatic = "static"
+	CalibrationOracle = "oracle"
+)
 
 // KindChainPrefix starts a policy naming a worker chain:
 // chain:<localrouter.ParseWorkerChain's inline form>, e.g.
@@ -96,6 +111,24 @@ func Dynamo() Policy {
 func KVGate() Policy {
 	p := TTFT(1)
 	p.Name = "kvgate"
+	return p
+}
+
+// KVGateStatic is KVGate without online calibration: every worker is
+// priced with the shipped curves (mocker.DefaultTiming), whatever its
+// engine runs.
+func KVGateStatic() Policy {
+	p := KVGate()
+	p.Name, p.Calibration = "kvgate-static", CalibrationStatic
+	return p
+}
+
+// KVGateOracle is KVGate told each worker's true timing model (pinned on
+// its router, localrouter.Router.PinTiming): what calibration can reach at
+// best.
+func KVGateOracle() Policy {
+	p := KVGate()
+	p.Name, p.Calibration = "kvgate-oracle", CalibrationOracle
 	return p
 }
 
@@ -142,7 +175,8 @@ func DefaultPolicies() []Policy {
 }
 
 // ParsePolicy parses a policy name: random, round-robin, least-loaded,
-// kv-overlap, dynamo, kvgate, kvgate-cost, kvgate-no-tiers (kvgate-cost
+// kv-overlap, dynamo, kvgate (calibrating online), kvgate-static (no
+// calibration), kvgate-oracle (the engines' true timing pinned), kvgate-cost, kvgate-no-tiers (kvgate-cost
 // blind to offloaded blocks), kvgate-r1 (round 1's credit 8 / scale 8),
 // ttft[:ext=W] (the predicted-TTFT scorer; ext defaults to 1), or
 // cost:credit=C,scale=S,temp=T,tiers=0|1 (any subset, the rest Dynamo's
@@ -176,6 +210,10 @@ func ParsePolicy(s string) (Policy, error) {
 		return Dynamo(), nil
 	case "kvgate":
 		return KVGate(), nil
+	case "kvgate-static":
+		return KVGateStatic(), nil
+	case "kvgate-oracle":
+		return KVGateOracle(), nil
 	case "kvgate-auto":
 		return KVGateAuto(), nil
 	case "kvgate-cost":
@@ -188,7 +226,7 @@ func ParsePolicy(s string) (Policy, error) {
 		return parseTTFT(s, args)
 	}
 	if kind != KindCost {
-		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-auto, kvgate-cost, kvgate-no-tiers, kvgate-r1, ttft:ext=… or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
+		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-static, kvgate-oracle, kvgate-auto, kvgate-cost, kvgate-no-tiers, kvgate-r1, ttft:ext=… or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
 	}
 	p := Dynamo()
 	p.Name = s
@@ -222,7 +260,8 @@ func TTFT(ext float64) Policy {
 	return Policy{Name: KindTTFT, Kind: KindTTFT, Externality: ext}
 }
 
-// parseTTFT parses "ttft", "ttft:ext=W" or "ttft:ext=auto".
+// parseTTFT parses "ttft", "ttft:ext=W" or "ttft:ext=auto", optionally
+// with calib=online|static|oracle (Policy.Calibration).
 func parseTTFT(s, args string) (Policy, error) {
 	p := TTFT(1)
 	p.Name = s
@@ -235,12 +274,23 @@ func parseTTFT(s, args string) (Policy, error) {
 			p.ExtAuto, p.Externality = true, 0
 			continue
 		}
+		if k == "calib" {
+			switch v {
+			case "online":
+				p.Calibration = CalibrationOnline
+			case CalibrationStatic, CalibrationOracle:
+				p.Calibration = v
+			default:
+				return Policy{}, fmt.Errorf("%w: policy %q: calib %q must be online, static or oracle", ErrConfig, s, v)
+			}
+			continue
+		}
 		f, err := strconv.ParseFloat(v, 64)
 		if !ok || err != nil {
 			return Policy{}, fmt.Errorf("%w: policy %q: %q is not key=number", ErrConfig, s, kv)
 		}
 		if k != "ext" {
-			return Policy{}, fmt.Errorf("%w: policy %q: unknown parameter %q (want ext)", ErrConfig, s, k)
+			return Policy{}, fmt.Errorf("%w: policy %q: unknown parameter %q (want ext or calib)", ErrConfig, s, k)
 		}
 		p.Externality, p.ExtAuto = f, false
 	}
@@ -254,6 +304,9 @@ func (p Policy) validate() error {
 	case KindTTFT:
 		if !(p.Externality >= 0) || math.IsInf(p.Externality, 0) {
 			return fmt.Errorf("%w: policy %q: ext must be a number ≥ 0", ErrConfig, p.Name)
+		}
+		if c := p.Calibration; c != CalibrationOnline && c != CalibrationStatic && c != CalibrationOracle {
+			return fmt.Errorf("%w: policy %q: unknown calibration %q", ErrConfig, p.Name, c)
 		}
 		return nil
 	case KindCost:
@@ -276,6 +329,10 @@ func (p Policy) routerConfig(blockSize int, predictedTTL time.Duration) localrou
 	case predictedTTL > 0:
 		c.PredictedTTL = predictedTTL
 	}
+	// Only the ttft policies calibrate (elsewhere calibration would move
+	// just Selection.Cost, which ranks pools: the baselines stay as they
+	// were); the oracle's models are pinned instead.
+	c.Calibrate = p.Kind == KindTTFT && p.Calibration == CalibrationOnline
 	if p.Kind == KindCost {
 		c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature = p.Credit, p.Scale, p.Temperature
 		c.WorkerChain = p.Chain

@@ -38,9 +38,20 @@ type Report struct {
 	CapacityOracleHitRatio float64 `json:"capacity_oracle_hit_ratio"`
 	// UnloadedTTFTMS is the TTFT of each request alone on an idle worker
 	// with a cold cache: the floor a loaded system is compared with.
-	UnloadedTTFTMS Dist        `json:"unloaded_ttft_ms"`
-	Results        []*Result   `json:"results"`
-	Replay         ReplayStats `json:"replay"`
+	UnloadedTTFTMS Dist `json:"unloaded_ttft_ms"`
+	// Load is --load: the offered rate as a multiple of Capacity, the
+	// pools' measured capacity (calibrate.go); Rate is the multiplier of
+	// the trace's arrivals it came to.
+	Load     float64   `json:"load,omitempty"`
+	Capacity *Capacity `json:"capacity,omitempty"`
+	// WarmupRequests is the number of first requests (by arrival) left out
+	// of every result's TTFT figures (ttft_ms): the first WarmupFraction
+	// of the trace, while caches fill and the routers' calibration learns.
+	WarmupRequests int       `json:"ttft_warmup_requests"`
+	Results        []*Result `json:"results"`
+	// classes: WriteTable prints the figures by priority and tenant.
+	classes bool
+	Replay  ReplayStats `json:"replay"`
 }
 
 // ReplayStats describe the replay itself, not the simulated system.
@@ -90,16 +101,44 @@ type Result struct {
 	BusySeconds    []float64 `json:"worker_busy_seconds"`
 	Preemptions    int       `json:"preemptions"`
 	EventsRejected int       `json:"kv_events_rejected"`
+	// SLOMS is each priority's TTFT target (--slo-ms, or the defaults of
+	// mix.go); SLOMetRatio the share of all offered requests served
+	// within theirs; GoodputRPS those requests per second of the offered
+	// window (first to last arrival).
+	SLOMS       map[string]float64 `json:"slo_ms"`
+	SLOMetRatio float64            `json:"slo_met_ratio"`
+	GoodputRPS  float64            `json:"goodput_rps"`
+	// ByPriority and ByTenant break the figures down by the priority and
+	// the tenant requests carried (ByTenant with --tenant-mix only).
+	ByPriority map[string]*ClassFigures `json:"by_priority"`
+	ByTenant   map[string]*ClassFigures `json:"by_tenant,omitempty"`
+	// JainFairness is Jain's index over the tenants' served share of their
+	// own demand (completed / offered; mix.go JainIndex), with
+	// --tenant-mix.
+	JainFairness *float64 `json:"jain_fairness,omitempty"`
 
 	// ttfts are the sorted TTFTs in ms, for plots.
 	ttfts []float64
 	// workers is the index of the worker that prefilled each request (-1
 	// if rejected), for tests.
 	workers []int
+	// finishes are the completed requests' last tokens, from the first
+	// arrival, sorted (Calibrate).
+	finishes []time.Duration
 }
 
 // Label names the result in tables and plots.
 func (r *Result) Label() string { return r.Topology + "/" + r.Policy }
+
+// WarmupFraction is the share of a trace's first requests (by arrival)
+// left out of the TTFT figures: caches start empty and online calibration
+// (localrouter.CalibrationMinSamples samples per worker) still uses the
+// configured curves, so the first requests measure the start, not the
+// policy. Hit ratio, throughput, ITL and E2E count every request.
+const WarmupFraction = 0.1
+
+// warmup is the number of requests of n left out of the TTFT figures.
+func warmup(n int) int { return int(float64(n) * WarmupFraction) }
 
 func newReport(cfg Config, wl *workload) *Report {
 	workers := cfg.Workers
@@ -112,6 +151,7 @@ func newReport(cfg Config, wl *workload) *Report {
 		EventDelayMS:   ms(cfg.EventDelay),
 		PredictedTTLMS: ms(max(0, cfg.routerConfig().PredictedTTL)),
 		OracleHitRatio: oracleHitRatio(wl),
+		WarmupRequests: warmup(len(wl.reqs)),
 	}
 	rep.CapacityOracleHitRatio = capacityOracleHitRatio(wl, workers*(cfg.KVTokens/cfg.BlockSize))
 	timing := mocker.DefaultTiming{Speedup: cfg.Speedup}
@@ -132,6 +172,7 @@ func (r *run) result() *Result {
 	var prompt, cached, out int64
 	var first, last time.Time
 	res.workers = make([]int, len(r.recs))
+	warm := warmup(len(r.recs))
 	for i, rec := range r.recs {
 		if first.IsZero() || rec.arrival.Before(first) {
 			first = rec.arrival
@@ -144,7 +185,9 @@ func (r *run) result() *Result {
 		}
 		res.Completed++
 		res.Preemptions += rec.preemptions
-		ttft = append(ttft, ms(rec.first.Sub(rec.arrival)))
+		if i >= warm {
+			ttft = append(ttft, ms(rec.first.Sub(rec.arrival)))
+		}
 		e2e = append(e2e, ms(rec.finish.Sub(rec.arrival)))
 		if rec.output > 1 {
 			itl = append(itl, ms(rec.finish.Sub(rec.first))/float64(rec.output-1))
@@ -155,6 +198,11 @@ func (r *run) result() *Result {
 		if rec.finish.After(last) {
 			last = rec.finish
 		}
+		res.finishes = append(res.finishes, rec.finish.Sub(epoch))
+	}
+	slices.Sort(res.finishes)
+	if r.cfg.SLOMS != nil {
+		r.classify(res)
 	}
 	res.TTFTMS, res.ITLMS, res.E2EMS = dist(ttft), dist(itl), dist(e2e)
 	slices.Sort(ttft)
@@ -208,8 +256,13 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 func (rep *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "trace %s: %d requests (%d malformed lines skipped), rate %gx, %d workers, block %d, %d KV tokens/worker, seed %d, event delay %gms, predicted TTL %gms\n",
 		orDash(rep.Trace), rep.Requests, rep.Skipped, rep.Rate, rep.Workers, rep.BlockSize, rep.KVTokens, rep.Seed, rep.EventDelayMS, rep.PredictedTTLMS)
-	fmt.Fprintf(w, "oracle hit ratio %.3f (infinite cache), capacity oracle %.3f (one LRU cache of the pool's KV capacity); unloaded TTFT (idle worker, cold cache) mean %.0f p50 %.0f p99 %.0f ms\n\n",
+	fmt.Fprintf(w, "oracle hit ratio %.3f (infinite cache), capacity oracle %.3f (one LRU cache of the pool's KV capacity); unloaded TTFT (idle worker, cold cache) mean %.0f p50 %.0f p99 %.0f ms\n",
 		rep.OracleHitRatio, rep.CapacityOracleHitRatio, rep.UnloadedTTFTMS.Mean, rep.UnloadedTTFTMS.P50, rep.UnloadedTTFTMS.P99)
+	if c := rep.Capacity; c != nil {
+		fmt.Fprintf(w, "capacity %.2f requests/s (a backlog of %d of the trace's requests at once, %d refused, 10th to 90th percentile completion over %.1fs); load %gx: %.2f requests/s offered, the trace's %.3f requests/s × %.3g\n",
+			c.RPS, c.Requests, c.Refused, c.WindowSeconds, rep.Load, rep.Load*c.RPS, c.TraceRPS, rep.Rate)
+	}
+	fmt.Fprintf(w, "TTFT columns leave out a warm-up: the first %d requests (%.0f %%); every other column counts all\n\n", rep.WarmupRequests, 100*WarmupFraction)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "topology\tpolicy\tTTFT mean\tp50\tp90\tp99 ms\tITL ms\tE2E mean\tp99 s\ttok/s\thit\t/oracle\t/capacity\timbalance\tpreempt\trejected\t")
 	for _, r := range rep.Results {
@@ -219,6 +272,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 			r.HitRatio, r.HitVsOracle, r.HitVsCapacityOracle, r.LoadImbalance, r.Preemptions, r.Rejected)
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := rep.writeClasses(w); err != nil {
 		return err
 	}
 	_, err := fmt.Fprintf(w, "\nreplay: %d simulated requests in %.1fs wall (%.0f requests/s), peak RSS %s\n",

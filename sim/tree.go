@@ -166,6 +166,9 @@ func (r *run) addWorker(p *simPool, blockSize int) error {
 		return err
 	}
 	p.router.AddWorker(w.key.ID, 1)
+	if err := r.policy.pinWorker(p, w, mocker.DefaultTiming{Speedup: cfg.Speedup}, cfg.MaxNumBatchedTokens); err != nil {
+		return err
+	}
 	p.workers = append(p.workers, w)
 	p.byKey[w.key] = w
 	r.workers = append(r.workers, w)

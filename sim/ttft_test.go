@@ -1,8 +1,11 @@
 package sim
 
 import (
+	"bytes"
 	"errors"
+	"math"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -30,7 +33,7 @@ func TestParseTTFTPolicies(t *testing.T) {
 // FuzzParsePolicies: any list is parsed into valid policies or refused with
 // ErrConfig, never a panic.
 func FuzzParsePolicies(f *testing.F) {
-	for _, s := range []string{"kvgate", "ttft:ext=2,dynamo", "cost:credit=2,scale=766,temp=0.1,tiers=0", "ttft:ext=", ",,", "cost:"} {
+	for _, s := range []string{"kvgate", "kvgate-oracle,kvgate-static", "ttft:ext=1,calib=oracle", "ttft:calib=", "ttft:ext=2,dynamo", "cost:credit=2,scale=766,temp=0.1,tiers=0", "ttft:ext=", ",,", "cost:"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -49,8 +52,97 @@ func FuzzParsePolicies(f *testing.F) {
 	})
 }
 
-// The ttft policies' chain is the local router's scorer, calibrated to
-// the simulated engines, and valid.
+func TestParseCalibrationPolicies(t *testing.T) {
+	got, err := ParsePolicies("kvgate,kvgate-static,kvgate-oracle,ttft:ext=1,calib=static")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Policy{KVGate(), KVGateStatic(), KVGateOracle(), {Name: "ttft:ext=1,calib=static", Kind: KindTTFT, Externality: 1, Calibration: CalibrationStatic}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ParsePolicies (-want +got):\n%s", diff)
+	}
+	if _, err := ParsePolicies("ttft:calib=sometimes"); !errors.Is(err, ErrConfig) {
+		t.Errorf("calib=sometimes: %v, want ErrConfig", err)
+	}
+	for _, tc := range []struct {
+		p         Policy
+		calibrate bool
+	}{{KVGate(), true}, {KVGateStatic(), false}, {KVGateOracle(), false}, {Dynamo(), false}} {
+		if got := tc.p.routerConfig(16, 0).Calibrate; got != tc.calibrate {
+			t.Errorf("%s: Calibrate %v, want %v", tc.p.Name, got, tc.calibrate)
+		}
+	}
+}
+
+// kvgate-oracle pins each worker's engine timing on its router, read off
+// the engine's own IterationTime; the others pin nothing.
+func TestOraclePinsEngineTiming(t *testing.T) {
+	cfg := Config{BlockSize: 16, Workers: 2, Speedup: 0.5}.withDefaults()
+	for _, p := range []Policy{KVGateOracle(), KVGate()} {
+		rt, err := localrouter.New(p.routerConfig(16, 0), localrouter.Options{SweepInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rt.Close()
+		pool := &simPool{router: rt}
+		for i := range 2 {
+			w := &worker{index: i, key: localrouter.WorkerKey{ID: "w" + strconv.Itoa(i)}}
+			rt.AddWorker(w.key.ID, 1)
+			pool.workers = append(pool.workers, w)
+		}
+		if err := p.pinOracle(pool, engineTimings(cfg), cfg.MaxNumBatchedTokens); err != nil {
+			t.Fatal(err)
+		}
+		c := rt.CalibrationOf(localrouter.WorkerKey{ID: "w1"})
+		if c.Pinned != (p.Calibration == CalibrationOracle) {
+			t.Fatalf("%s: pinned %v", p.Name, c.Pinned)
+		}
+		if !c.Pinned {
+			continue
+		}
+		// Twice as slow as the shipped curves, to the nanosecond the
+		// engine rounds its iterations to.
+		for _, tok := range []int{100, 4096, 8192} {
+			if got, want := c.Model.Prefill(tok), 2*mocker.PrefillMillis(tok); math.Abs(got-want) > 1e-5 {
+				t.Errorf("oracle prefill(%d) = %v ms, want %v", tok, got, want)
+			}
+		}
+		if got, want := c.Model.Decode(0.5), 2*mocker.DecodeMillis(0.5); math.Abs(got-want) > 1e-5 {
+			t.Errorf("oracle decode(0.5) = %v ms, want %v", got, want)
+		}
+	}
+	if err := KVGateOracle().pinOracle(&simPool{workers: []*worker{{index: 5}}}, engineTimings(cfg), 8192); !errors.Is(err, ErrConfig) {
+		t.Errorf("a worker without a timing: %v, want ErrConfig", err)
+	}
+}
+
+// The TTFT figures leave out the first tenth of the requests, and the
+// report says how many.
+func TestTTFTWarmup(t *testing.T) {
+	tr := randomTrace(t, 100, 3)
+	rep, err := Run(testContext(t), Config{Trace: tr, Seed: 1, Workers: 2, Policies: []Policy{KVGate(), KVGateStatic(), KVGateOracle()}, KVTokens: 4096, Rate: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.WarmupRequests != 10 {
+		t.Errorf("warm-up %d requests, want 10", rep.WarmupRequests)
+	}
+	for _, r := range rep.Results {
+		if r.Completed != 100 || len(r.ttfts) != 90 {
+			t.Errorf("%s: %d completed, %d TTFTs counted; want 100 and 90", r.Policy, r.Completed, len(r.ttfts))
+		}
+	}
+	var b bytes.Buffer
+	if err := rep.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "TTFT columns leave out a warm-up: the first 10 requests") {
+		t.Errorf("the table does not say the warm-up is left out:\n%s", b.String())
+	}
+}
+
+// The ttft policies' chain is the local router's scorer, given the
+// engines' chunk and KV capacity and the shipped curves, and valid.
 func TestTTFTChainIsTheRoutersScorer(t *testing.T) {
 	cfg := Config{BlockSize: 16}.withDefaults()
 	for _, p := range []Policy{KVGate(), TTFT(0.5)} {

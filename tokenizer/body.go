@@ -61,6 +61,11 @@ type Body struct {
 	// ChatCompletionRequest, ResponsesRequest); Anthropic bodies have no
 	// such field in vLLM and theirs is ignored.
 	CacheSalt string
+	// ExtraKey is SGLang's extra_key, which SGLang appends to cache_salt
+	// to key its cache ("" for none or a value SGLang ignores: "" or []);
+	// a value of another type is kept as its JSON. Read where cache_salt
+	// is.
+	ExtraKey string
 }
 
 // parsers parse request bodies; fastjson validates and parses an 8 KB
@@ -214,22 +219,9 @@ func parseBody(path string, body []byte, needModel bool, dups DuplicateKeys) (*B
 		if b.CacheSalt, err = cacheSalt(o); err != nil {
 			return nil, err
 		}
+		b.ExtraKey = extraKey(o)
 	}
 	return b, nil
-}
-
-// cacheSalt reads cache_salt as vLLM's check_cache_salt_support validates
-// it: absent or null is none; anything else must be a non-empty string
-// (the engine refuses the request otherwise).
-func cacheSalt(o *fastjson.Object) (string, error) {
-	v := present(o.Get("cache_salt"))
-	if v == nil {
-		return "", nil
-	}
-	if v.Type() != fastjson.TypeString || len(v.GetStringBytes()) == 0 {
-		return "", &BodyError{ReasonBadField, "cache_salt: must be a non-empty string if provided"}
-	}
-	return str(v), nil
 }
 
 // present is v, or nil for an absent or null field.

@@ -24,12 +24,16 @@ func TestParseBodyCacheSalt(t *testing.T) {
 		{"anthropic ignored", PathMessages, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"cache_salt":"s"}`, "", false},
 		{"empty", PathChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"cache_salt":""}`, "", true},
 		{"number", PathCompletions, `{"model":"m","prompt":"hi","cache_salt":3}`, "", true},
+		// SGLang's protocol admits a list; its OpenAI server refuses a
+		// non-empty one and ignores an empty one (salt.go): refused.
+		{"list", PathChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"cache_salt":["a","b"]}`, "", true},
+		{"empty list", PathCompletions, `{"model":"m","prompt":"hi","cache_salt":[]}`, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := ParseBody(tc.path, []byte(tc.body))
 			if tc.wantErr {
 				var be *BodyError
-				if !errors.As(err, &be) || be.Reason != ReasonBadField || !strings.Contains(be.Msg, "cache_salt") {
+				if !errors.As(err, &be) || be.Reason != ReasonBadField || !strings.Contains(be.Msg, "cache_salt") || strings.HasPrefix(tc.name, "list") && !strings.Contains(be.Msg, "not a list") {
 					t.Fatalf("ParseBody = %v, want a bad_field error naming cache_salt", err)
 				}
 				return
@@ -41,6 +45,23 @@ func TestParseBodyCacheSalt(t *testing.T) {
 				t.Errorf("CacheSalt = %q, want %q", b.CacheSalt, tc.want)
 			}
 		})
+	}
+}
+
+// TestParseBodyExtraKey: SGLang's extra_key, which SGLang appends to
+// cache_salt, is read where cache_salt is; Python-falsy values are none.
+func TestParseBodyExtraKey(t *testing.T) {
+	for _, tc := range []struct{ field, want string }{
+		{`"extra_key":"k"`, "k"}, {`"extra_key":""`, ""}, {`"extra_key":[]`, ""}, {`"extra_key":null`, ""},
+		{`"extra_key":0`, ""}, {`"extra_key":false`, ""}, {`"extra_key":["k"]`, `["k"]`}, {`"extra_key":1`, "1"},
+	} {
+		b, err := ParseBody(PathCompletions, []byte(`{"model":"m","prompt":"hi",`+tc.field+`}`))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.field, err)
+		}
+		if b.ExtraKey != tc.want {
+			t.Errorf("%s: ExtraKey = %q, want %q", tc.field, b.ExtraKey, tc.want)
+		}
 	}
 }
 

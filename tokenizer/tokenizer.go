@@ -30,7 +30,8 @@
 // metrics), set.go (Set, LoadSet: one Model per served model), request.go
 // (ChatRequest, Message, ToolCall, NewChat), body.go (Body, BodyError,
 // ParseBody, ParseBodyWith, ParseChat: completions and chat completions
-// bodies),
+// bodies), salt.go (cache_salt as vLLM and SGLang accept it, SGLang's
+// extra_key),
 // body_alt.go (the Responses API and Anthropic messages bodies),
 // dupkeys.go (DuplicateKeys: a key named twice in one object, refused or
 // read last-wins as Python's json reads it), media.go

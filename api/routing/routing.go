@@ -64,6 +64,11 @@ type Selection struct {
 	// worker chain (localrouter.ScorerSpec), in chain order; empty under
 	// the default chain and Dynamo's, whose one term is ChainScore.
 	Scores []Score
+	// AllSaturated: every candidate's engine reported saturation (the
+	// worker chain's saturation filter would have left none, so it chose
+	// among all; SignalsReport.AllSaturated, on the wire's probe answer).
+	// The global router's flow control reads it.
+	AllSaturated bool
 }
 
 // Score is one scorer's part in a worker's total: its raw value, its

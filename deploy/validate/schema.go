@@ -25,7 +25,9 @@
 // every gRPC hop), check_kvgate.go (kvgate's own settings: patches, block
 // sizes, engines, flags, listen addresses beyond loopback), check_pd.go
 // (llm-d's routing sidecar: its flags against its source, its ports;
-// vLLM's KV transfer; readiness probes).
+// vLLM's KV transfer; readiness probes). Tests beside them;
+// identity_test.go checks the ext_proc policy of docs/security.md's JWT
+// identity (testdata/identity) against its CRD.
 package validate
 
 import (

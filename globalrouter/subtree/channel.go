@@ -143,6 +143,11 @@ func (cs *chanStream) read() error {
 				}
 				_ = cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Acked{Acked: ev}})
 			})
+		case *localrouterv1.ChannelRequest_Release:
+			// Probes through a subtree reserve nothing (they are
+			// state-free): the parent's confirming commit is an ordinary
+			// commit naming its worker.
+			_ = cs.fail(id, statusOf(codes.NotFound, localrouterv1.ReasonUnknownRequest, "a subtree holds no reservations"))
 		case *localrouterv1.ChannelRequest_Cancel:
 			cs.mu.Lock()
 			if cancel := cs.probes[m.Cancel.GetId()]; cancel != nil {

@@ -16,7 +16,9 @@
 // Lifecycle: a request committed on a Track stream or a Channel stream is
 // freed below when the stream ends, however it ends (break means free, as
 // on a local router); one committed by Commit or BestWorker(request_id)
-// lives until Free, or until a Track stream attaches to it.
+// lives until Free, or until a Track stream attaches to it, or, when
+// ExpireAnonymous is on (internal/subtreed turns it on without mutual TLS,
+// -anonymous-commit-expiry), until that expiry frees it.
 //
 // internal/subtreed runs it as part of `kvgate extproc` (-subtree-listen):
 // the listener, TLS and -authorized-clients as the local router's gRPC,
@@ -28,7 +30,9 @@
 // Files: server.go (Server, NewServer, Register; the unary calls, the
 // Track stream, the probe and commit over the subtree's pools, the
 // conversions to and from the wire), channel.go (the Channel stream: its
-// messages in flight, freed when it ends).
+// messages in flight, freed when it ends), anonexpiry.go (ExpireAnonymous:
+// unary commits freed after a bound on a service without client
+// identity).
 package subtree
 
 import (
@@ -39,6 +43,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -73,6 +78,12 @@ type Server struct {
 
 	mu     sync.Mutex
 	manual map[string]pool.Tracker // committed by Commit or BestWorker(request_id)
+	// The anonymous-commit expiry of manual requests (anonexpiry.go),
+	// guarded by mu.
+	anonAfter   time.Duration
+	anonExpired func()
+	anonTimers  map[string]*time.Timer
+	anonClosed  bool
 
 	active atomic.Int64 // requests committed below and not freed
 }
@@ -99,7 +110,7 @@ func (s *Server) Register(g *grpc.Server) {
 }
 
 // Shutdown sets the health to NOT_SERVING for good (draining).
-func (s *Server) Shutdown() { s.health.Shutdown() }
+func (s *Server) Shutdown() { s.health.Shutdown(); s.stopAnon() }
 
 // Active is the number of requests committed through the service and not
 // yet freed.
@@ -288,6 +299,7 @@ func (s *Server) keep(ctx context.Context, id string, t pool.Tracker) error {
 		return statusOf(codes.AlreadyExists, localrouterv1.ReasonDuplicateRequest, fmt.Sprintf("request %q is already committed", id))
 	}
 	s.manual[id] = t
+	s.watchAnon(id, t)
 	return nil
 }
 
@@ -302,13 +314,17 @@ func (s *Server) take(id string) (pool.Tracker, error) {
 		return nil, statusOf(codes.NotFound, localrouterv1.ReasonUnknownRequest, fmt.Sprintf("request %q is not active", id))
 	}
 	delete(s.manual, id)
+	s.forgetAnon(id)
 	return t, nil
 }
 
 // BestWorker implements localrouterv1.LocalRouterServer: a probe, or with a
 // request_id decide-and-commit (freed by Free).
 func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerRequest) (*localrouterv1.BestWorkerResponse, error) {
-	if in.GetRequestId() == "" {
+	// A reserving probe (reserve_ttl_us) is answered as a state-free one:
+	// a subtree holds no reservations, and the parent's confirming commit
+	// is an ordinary commit naming its worker.
+	if in.GetRequestId() == "" || in.GetReserveTtlUs() > 0 {
 		sel, err := s.probe(ctx, in.GetPrompt(), nil, in.GetConfigOverride(), in.GetAllowedAddresses())
 		if err != nil {
 			return nil, err
@@ -379,6 +395,9 @@ func (s *Server) MarkPrefillComplete(ctx context.Context, in *localrouterv1.Mark
 
 // Free implements localrouterv1.LocalRouterServer.
 func (s *Server) Free(ctx context.Context, in *localrouterv1.FreeRequest) (*localrouterv1.FreeResponse, error) {
+	if in.GetReservation() {
+		return nil, statusOf(codes.NotFound, localrouterv1.ReasonUnknownRequest, "a subtree holds no reservations")
+	}
 	t, err := s.take(in.GetRequestId())
 	if err != nil {
 		return nil, err

@@ -5,7 +5,11 @@
 // clients saw: requests, errors by reason and by the fault active when
 // they started, latency percentiles, recovery time per fault, memory, and
 // the load every local router still counts once the traffic has stopped
-// (the leaked load, which must be 0).
+// (the leaked load, which must be 0); with Config.Accounting, the routers'
+// in-flight count against the engines' running+waiting, sampled.
+//
+// Files: chaos.go (Run, the faults, the report), accounting.go (the
+// -accounting samples and their report).
 package chaos
 
 import (
@@ -60,6 +64,11 @@ type Config struct {
 	// Up is the system; its addresses are forced to free loopback ports.
 	Up     up.Config
 	Logger *slog.Logger
+	// Accounting samples the routers' in-flight count and the engines'
+	// running+waiting every AccountingInterval from the start of the
+	// traffic until the leaked-load wait ends, and reports how they
+	// compare (Report.Accounting; accounting.go).
+	Accounting bool
 }
 
 // DefaultConfig is 200 streams for 60 s, every fault in turn, 5 s each,
@@ -95,6 +104,8 @@ type Report struct {
 	LeakedLoad     map[string]int    `json:"leaked_load"` // pool → requests still counted
 	ErrorsByPool   map[string]int    `json:"errors_by_pool"`
 	StatusesByPool map[string]statc  `json:"statuses_by_pool"`
+	// Accounting is set by Config.Accounting.
+	Accounting *AccountingReport `json:"accounting,omitempty"`
 }
 
 type statc map[string]int
@@ -179,6 +190,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	var mu sync.Mutex
 	var results []result
+	actx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	var sampled <-chan []up.AccountingSample
+	if cfg.Accounting {
+		sampled = sampleAccounting(actx, sys)
+	}
 	start := time.Now()
 	trafficCtx, stopTraffic := context.WithDeadline(ctx, start.Add(cfg.Duration))
 	defer stopTraffic()
@@ -274,6 +291,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond) // polling interval
+	}
+	if sampled != nil {
+		stopSampling()
+		rep.Accounting = accountingReport(sys, <-sampled, start.Add(traffic))
 	}
 	rep.HeapMaxMiB = float64(mem.maxHeap) / (1 << 20)
 	var ms runtime.MemStats
@@ -552,6 +573,15 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "memory: heap max %.0f MiB, runtime total %.0f MiB; goroutines at the end of the traffic (system still up) %d\n", r.HeapMaxMiB, r.SysMiB, r.Goroutines)
 	fmt.Fprintf(w, "leaked load (requests every local router still counts after the run; must be 0): %v\n", r.LeakedLoad)
+	if a := r.Accounting; a != nil {
+		fmt.Fprintf(w, "accounting (every %v): %d samples, %d with the routers' in-flight count other than the engines' running+waiting, max difference %d, longest run of differing samples %.1f s\n",
+			AccountingInterval, a.Samples, a.Diverged, a.MaxDivergence, a.LongestDivergenceSeconds)
+		fmt.Fprintf(w, "  outside the engines' range within ±%.0f s: %d (below: %d, above: %d) %s\n", a.WindowSeconds, a.OutsideWindow, a.Below, a.Above, a.FirstOutside)
+		fmt.Fprintf(w, "  shift to an equal engines' count: p50 %.1f s, p99 %.1f s, max %.1f s; none within ±5 s: %d\n", a.ShiftP50Seconds, a.ShiftP99Seconds, a.ShiftMaxSeconds, a.Unmatched)
+		fmt.Fprintf(w, "  against the global router's decisions in flight: %d samples differ, by at most %d (unaccounted at most %d; best-effort commits queued at most %d), longest run %.1f s\n",
+			a.DecidedDiverged, a.DecidedMaxDivergence, a.Unaccounted, a.MaxLate, a.DecidedLongestDivergenceSeconds)
+		fmt.Fprintf(w, "  after the traffic: routers %d, engines %d (both 0 after %.1f s); best effort %v; contended commits %v\n", a.AfterRouters, a.AfterEngines, a.AfterSeconds, a.BestEffort, a.Contended)
+	}
 }
 
 func sortedKeys[M ~map[string]V, V any](m M) []string {

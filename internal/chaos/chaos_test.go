@@ -51,3 +51,27 @@ func TestShortRun(t *testing.T) {
 		t.Errorf("unknown fault: got %v, want an error naming it", err)
 	}
 }
+
+// TestAccountingRun: -accounting samples the routers' and the engines'
+// counts through the run and reports them, both 0 after.
+func TestAccountingRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := DefaultConfig()
+	cfg.Streams, cfg.Duration, cfg.Kill, cfg.Accounting = 4, 2*time.Second, nil, true
+	cfg.Up.Pools = []up.PoolSpec{{Name: "pool-a", Workers: 2}, {Name: "pool-b", Workers: 1}}
+	cfg.Up.Speedup, cfg.Up.NumBlocks = 20, 2048
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := rep.Accounting
+	if a == nil || a.Samples < 2 || a.AfterRouters != 0 || a.AfterEngines != 0 {
+		t.Fatalf("accounting %+v: want samples, and both counts 0 after the run", a)
+	}
+	var b bytes.Buffer
+	rep.Print(&b)
+	if !strings.Contains(b.String(), "accounting (every 100ms)") {
+		t.Errorf("printed report lacks the accounting:\n%s", b.String())
+	}
+}

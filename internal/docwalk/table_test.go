@@ -72,6 +72,8 @@ var skips = []rule{
 	{"docs/envoy.md", "http://127.0.0.1:10000", "talks to the Envoy of the lines above, which needs envoy (not installed)"},
 	{"docs/envoy.md", "curl -s 127.0.0.1:9901/stats", "Envoy's admin port: needs envoy (not installed)"},
 	{"README.md", "kvgate bench -chaos", "the load-and-chaos run: a minute of load and faults, past the walk's budget (internal/chaos has its tests)"},
+	{"README.md", "kvgate bench -overload", "a benchmark: half a minute of calibration and overload, past the walk's budget (internal/overload has its test)"},
+	{"docs/replay-results.md", "kvgate bench -overload", "a benchmark: half a minute of calibration and overload, past the walk's budget (internal/overload has its test)"},
 	{"README.md", "kvgate bench -probe -rate 5000", "a benchmark: seconds of load at 5000/s, past the walk's budget (internal/loadbench has its tests)"},
 	{"README.md", "kvgate policy check pools.yaml", "the reader's pools file (examples/pools.yaml runs in docs/operating.md)"},
 	{"docs/hierarchy.md", "tree=RxP", "names the topology's form: R and P are placeholders"},

@@ -296,7 +296,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	}
 	defer router.Close()
 	if slis != nil {
-		if _, err := subtreed.Start(ctx, o.Subtree, slis, router, &o.TLS, etcdCli, g, logger); err != nil {
+		if _, err := subtreed.Start(ctx, o.Subtree, slis, router, &o.TLS, etcdCli, reg, g, logger); err != nil {
 			_ = g.Stop(context.WithoutCancel(ctx))
 			return err
 		}
@@ -326,7 +326,7 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	if mlis != nil {
 		page := status.New(status.Options{Recorder: decisions, Source: func(context.Context) status.Snapshot {
 			return status.Snapshot{Title: "kvgate extproc — live status", Info: []status.Fact{{Label: "ext_proc", Value: lis.Addr().String()}},
-				Pools: status.RouterPools(router, reg), Config: status.RouterConfig(router)}
+				Pools: status.RouterPools(router, reg), Config: status.RouterConfig(router), Flow: status.RouterFlow(router)}
 		}})
 		g.Go(ctx, "status page", func(ctx context.Context) error { page.Run(ctx); return nil })
 		g.ServeHTTP("admin", &http.Server{Handler: runner.AdminHandler(reg, map[string]http.Handler{"/kvgate/status/": page.Handler("/kvgate/status")}), ReadHeaderTimeout: 5 * time.Second}, mlis)

@@ -28,7 +28,9 @@
 // Soak), soak_load.go (the soak's requests: warm-up, held streams, the
 // steady load), soak_measure.go (heap and goroutine measures, the
 // decision-time histogram, profiles), fdlimit.go, fdlimit_unix.go and
-// fdlimit_other.go (the file descriptors a soak needs, RLIMIT_NOFILE).
+// fdlimit_other.go (the file descriptors a soak needs, RLIMIT_NOFILE),
+// idle.go (the idle-streams benchmark: silent ext_proc streams against
+// the server's stream bounds, heap and goroutines before, held, after).
 package loadbench
 
 import (

@@ -168,6 +168,7 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.Bool(&r.ReplicaSync), "router-replica-sync", "share request lifecycle with the pool's other router replicas")
 	fs.Var(config.Duration(&r.TTL), "router-ttl", "TTL of approximate-index entries (duration, or seconds)")
 	fs.Var(config.DurationOrZero(&r.PredictedTTL), "router-predicted-ttl", "with KV events, how long a placed request's blocks stay predicted on its worker until the engine's events confirm them (duration, or seconds; 0: none)")
+	fs.Var(config.Bool(&r.Calibrate), "router-calibrate", "fit each worker rank's timing model online from the first tokens the router observes (false: the configured curves for every rank); read by the ttft worker-chain scorer, and by the prediction reported as Selection.Cost whatever the chain (docs/localrouter.md, Calibration)")
 	fs.Var(config.Int(&r.MaxTreeSize, 1), "router-max-tree-size", "bound on approximate-index entries")
 	fs.Var(config.Int(&r.MinInitialWorkers, 0), "min-initial-workers", "not ready (health NOT_SERVING, UNAVAILABLE) until this many workers joined")
 	fs.Alias("router-min-initial-workers", "min-initial-workers")

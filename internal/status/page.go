@@ -93,6 +93,10 @@ code{background:#f6f8fa;padding:0 .3em}
 <tbody>{{range .Decisions}}<tr><td class="l">{{clock .Time}}</td><td class="l">{{.RequestID}}</td><td class="l">{{.Model}}</td><td class="l {{stateClass .Outcome}}">{{.Outcome}}</td>
 <td class="l">{{.Pool}}{{if .Worker}} / {{.Worker}}{{end}}</td><td>{{.Overlap}}/{{.Blocks}}</td><td>{{.Micros}}</td><td class="expl">{{if .Explanation}}{{.Explanation}}{{else}}<span class="muted">not sampled</span>{{end}}</td></tr>{{end}}</tbody></table>
 {{else}}<p>No decision yet.</p>{{end}}
+<h2>Flow control</h2>
+{{if .Flow}}<table id="flow-control"><thead><tr><th class="l">pools</th><th class="l">band</th><th>waiting</th><th>bytes</th><th class="l">flows (tenants)</th></tr></thead>
+<tbody>{{range .Flow}}<tr data-band="{{.Band}}"><td class="l">{{.Pools}}</td><td class="l">{{.Band}}</td><td data-field="flow-waiting">{{.Requests}}</td><td>{{.Bytes}}</td><td class="l">{{.Flows}}</td></tr>{{end}}</tbody></table>
+{{else}}<p>No request has waited{{if eq .Config.FlowControl "off"}} (flow control is off){{end}}.</p>{{end}}
 <h2>Configuration</h2>
 <table id="config"><tbody>
 <tr><th class="l">file</th><td class="l"><code>{{if .Config.File}}{{.Config.File}}{{else}}(built in code){{end}}</code></td></tr>
@@ -100,6 +104,7 @@ code{background:#f6f8fa;padding:0 .3em}
 <tr><th class="l">shadow chain</th><td class="l">{{if .Config.ShadowChain}}{{join .Config.ShadowChain " → "}}{{else}}none{{end}}</td></tr>
 <tr><th class="l">pools</th><td class="l">{{.Config.Pools}}</td></tr>
 <tr><th class="l">probe</th><td class="l">{{.Config.Probe}}</td></tr>
+<tr><th class="l">flow control</th><td class="l">{{.Config.FlowControl}}</td></tr>
 <tr><th class="l">last reload</th><td class="l">{{clock .Config.LastReload}}{{if .Config.ReloadError}} <span class="bad">refused: {{.Config.ReloadError}}</span>{{else}} <span class="ok">taken</span>{{end}}</td></tr>
 </tbody></table>
 {{end}}

@@ -1,11 +1,16 @@
 package status
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -66,6 +71,7 @@ func RouterConfig(r *globalrouter.Router) ConfigInfo {
 	for _, s := range cfg.Chain {
 		ci.Chain = append(ci.Chain, s.Name)
 	}
+	ci.FlowControl = flowSummary(cfg.FlowControl)
 	lr := r.LastReload()
 	ci.LastReload = lr.Time
 	if lr.Err != nil {
@@ -105,4 +111,62 @@ func DecisionCounts(gather prometheus.Gatherer) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// FlowBand is one band of one flow-control queue.
+type FlowBand struct {
+	// Pools are the pools the queue's models are served by.
+	Pools    string `json:"pools"`
+	Band     string `json:"band"`
+	Requests int    `json:"requests"`
+	Bytes    int64  `json:"bytes"`
+	// Flows are the tenants waiting, most first ("none": untenanted),
+	// at most maxFlowsShown of them, then how many more.
+	Flows string `json:"flows"`
+}
+
+// maxFlowsShown bounds the tenants a band's row names.
+const maxFlowsShown = 8
+
+// RouterFlow snapshots the global router's flow-control queues: every
+// band of every queue a request has waited in.
+func RouterFlow(r *globalrouter.Router) []FlowBand {
+	var out []FlowBand
+	for _, q := range r.FlowQueues() {
+		for _, b := range q.Bands {
+			names := slices.SortedFunc(maps.Keys(b.Flows), func(x, y string) int {
+				return cmp.Or(cmp.Compare(b.Flows[y], b.Flows[x]), cmp.Compare(x, y))
+			})
+			var parts []string
+			for i, n := range names {
+				if i == maxFlowsShown {
+					parts = append(parts, fmt.Sprintf("… %d more", len(names)-i))
+					break
+				}
+				if n == "" {
+					n = flowcontrol.NoFlow
+				}
+				parts = append(parts, fmt.Sprintf("%s: %d", n, b.Flows[names[i]]))
+			}
+			out = append(out, FlowBand{Pools: q.Pools, Band: b.Name, Requests: b.Requests, Bytes: b.Bytes, Flows: strings.Join(parts, ", ")})
+		}
+	}
+	return out
+}
+
+// flowSummary is flow_control in one line.
+func flowSummary(c flowcontrol.Config) string {
+	if !c.Enabled {
+		return "off"
+	}
+	var bands []string
+	for _, b := range c.Bands {
+		if b.MinPriority != nil {
+			bands = append(bands, fmt.Sprintf("%s (priority ≥ %d)", b.Name, *b.MinPriority))
+		} else {
+			bands = append(bands, b.Name)
+		}
+	}
+	return fmt.Sprintf("bands %s; capacity %d requests, %d bytes per queue; deadline %v; fairness %s; saturated above %d prefill tokens, %d decode tokens (0: not checked)",
+		strings.Join(bands, " > "), c.Capacity.Requests, c.Capacity.Bytes, c.Deadline, c.Fairness, max(c.Saturation.MaxPrefillTokens, 0), c.Saturation.MaxDecodeTokens)
 }

@@ -37,6 +37,8 @@ type Snapshot struct {
 	Info   []Fact     `json:"info"`
 	Pools  []Pool     `json:"pools"`
 	Config ConfigInfo `json:"config"`
+	// Flow are the global router's flow-control queues (RouterFlow).
+	Flow []FlowBand `json:"flow,omitempty"`
 	// Filled by the Page:
 	Time      time.Time  `json:"time"`
 	Decisions []Decision `json:"decisions"`
@@ -101,11 +103,13 @@ type HitSample struct {
 
 // ConfigInfo is the configuration and its last reload.
 type ConfigInfo struct {
-	File        string    `json:"file"`
-	Chain       []string  `json:"chain"`
-	ShadowChain []string  `json:"shadow_chain,omitempty"`
-	Pools       int       `json:"pools"`
-	Probe       string    `json:"probe"`
+	File        string   `json:"file"`
+	Chain       []string `json:"chain"`
+	ShadowChain []string `json:"shadow_chain,omitempty"`
+	Pools       int      `json:"pools"`
+	Probe       string   `json:"probe"`
+	// FlowControl summarises flow_control ("off" when it is).
+	FlowControl string    `json:"flow_control"`
 	LastReload  time.Time `json:"last_reload"`
 	ReloadError string    `json:"reload_error,omitempty"`
 }

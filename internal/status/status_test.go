@@ -40,7 +40,8 @@ func (f *fakeSource) snapshot(context.Context) status.Snapshot {
 		Pools: []status.Pool{{Name: "pool-a", Role: "aggregated", State: "circuit open", InFlight: 3, Decisions: 7,
 			Routers: []status.Router{{Address: "127.0.0.1:2", Circuit: "open", Failures: 2}},
 			Workers: []status.Worker{{ID: "w0", Address: "127.0.0.1:3", InFlight: 2, KVUsage: 0.25, CachedBlocks: 42, PrefixQueryTokens: f.query, PrefixHitTokens: f.hits}}}},
-		Config: status.ConfigInfo{File: "pools.yaml", Chain: []string{"model-match", "cost"}, LastReload: time.Unix(0, 0), ReloadError: "pools.yaml:3:1: bad"},
+		Config: status.ConfigInfo{File: "pools.yaml", Chain: []string{"model-match", "cost"}, LastReload: time.Unix(0, 0), ReloadError: "pools.yaml:3:1: bad", FlowControl: "bands high > default"},
+		Flow:   []status.FlowBand{{Pools: "pool-a", Band: "high", Requests: 5, Bytes: 900, Flows: "a: 4, none: 1"}},
 	}
 }
 
@@ -93,6 +94,8 @@ func TestPageServerRendered(t *testing.T) {
 		"explained on a sample: at most one decision every 10ms",
 		"why 2 &lt;b&gt;", "no pool reachable", "model-match → cost", "refused: pools.yaml:3:1: bad",
 		"<noscript>", `fetch("fragment"`,
+		`<tr data-band="high"><td class="l">pool-a</td><td class="l">high</td><td data-field="flow-waiting">5</td><td>900</td><td class="l">a: 4, none: 1</td></tr>`,
+		"bands high &gt; default",
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("page lacks %q", want)

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -65,6 +66,12 @@ type Config struct {
 	// empty: any verified client. The TLS is the process's
 	// (-tls-cert-file, -tls-client-ca-file, as the ext_proc listener's).
 	AuthorizedClients []string
+	// AnonymousCommitExpiry frees a request recorded by a unary call
+	// (Commit, BestWorker with request_id) after this long unless freed
+	// before, on a service without mutual TLS: the local router's
+	// -anonymous-commit-expiry, same name and meaning. 0:
+	// localrouterd.DefaultAnonymousCommitExpiry; negative: off.
+	AnonymousCommitExpiry time.Duration
 }
 
 // Flags defines the -subtree-* flags on fs.
@@ -77,6 +84,7 @@ func (c *Config) Flags(fs *config.FlagSet) {
 	fs.Var(config.Int(&c.MaxDepth, 0), "subtree-max-depth", fmt.Sprintf("deepest tree of global routers a call may cross before it is refused as a loop (0: %d)", globalrouter.DefaultMaxDepth))
 	fs.Var(config.String(&c.ID), "subtree-router-id", "router id of the subtree's etcd registration (default: host name and port)")
 	fs.Var(config.Duration(&c.RegisterTTL), "subtree-register-ttl", "lease TTL of the subtree's etcd registration (0: 10s)")
+	fs.Var(config.Duration(&c.AnonymousCommitExpiry), "anonymous-commit-expiry", fmt.Sprintf("read by the subtree service (-subtree-listen) without mutual TLS (anyone reaching the port may commit): a request recorded by a unary Commit or BestWorker with request_id is freed after this long unless freed before (requests on a Channel or Track stream end with their stream; 0: %v; negative: off, held until Free)", localrouterd.DefaultAnonymousCommitExpiry))
 	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS or URI SANs; the CN only when there is no SAN) allowed the subtree's lifecycle calls (Commit, Track, Channel, Free, MarkPrefillComplete); empty: any verified client")
 }
 
@@ -90,7 +98,7 @@ func (c Config) ListenAddr() string { return config.ListenAddr(c.Listen) }
 // Validate reports a bad combination, naming the flag.
 func (c Config) Validate() error {
 	if !c.Enabled() {
-		for flag, set := range map[string]bool{"-subtree-pool": c.Pool != "", "-subtree-advertise": c.Advertise != ""} {
+		for flag, set := range map[string]bool{"-subtree-pool": c.Pool != "", "-subtree-advertise": c.Advertise != "", "-anonymous-commit-expiry": c.AnonymousCommitExpiry != 0} {
 			if set {
 				return fmt.Errorf("%s: needs -subtree-listen", flag)
 			}
@@ -144,10 +152,12 @@ func (c Config) ListenOn() (net.Listener, error) {
 }
 
 // Start serves router's subtree on lis in g (TLS when tlsCfg is set; its
-// mutual TLS authorises lifecycle calls by c.AuthorizedClients), and
+// mutual TLS authorises lifecycle calls by c.AuthorizedClients; without
+// it unary commits expire after c.AnonymousCommitExpiry, counted on reg
+// when set), and
 // registers it in etcd as a router of c.Pool when set (etcd required
 // then). It returns once serving and registered.
-func Start(ctx context.Context, c Config, lis net.Listener, router *globalrouter.Router, tlsCfg *tlsconfig.Server, etcd *clientv3.Client, g *runner.Group, log *slog.Logger) (*Service, error) {
+func Start(ctx context.Context, c Config, lis net.Listener, router *globalrouter.Router, tlsCfg *tlsconfig.Server, etcd *clientv3.Client, reg prometheus.Registerer, g *runner.Group, log *slog.Logger) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -171,6 +181,28 @@ func Start(ctx context.Context, c Config, lis net.Listener, router *globalrouter
 			unary, stream := localrouterd.AuthorizationInterceptors(c.AuthorizedClients)
 			gopts = append(gopts, grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream))
 		}
+	}
+	// Under mutual TLS every caller is identified by a certificate the
+	// client CA verified; otherwise anonymous unary commits expire.
+	identified := tlsCfg != nil && tlsCfg.Enabled() && tlsCfg.MutualTLS()
+	expiry := c.AnonymousCommitExpiry
+	if expiry == 0 {
+		expiry = localrouterd.DefaultAnonymousCommitExpiry
+	}
+	switch {
+	case identified && c.AnonymousCommitExpiry != 0:
+		log.Warn("-anonymous-commit-expiry is not read: the subtree service's callers are identified by mutual TLS")
+	case !identified && expiry > 0:
+		expired := prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvgate_subtree_anonymous_expired_total",
+			Help: "Requests committed on the subtree service by an unauthenticated unary call (Commit, BestWorker with request_id) and freed by -anonymous-commit-expiry.",
+		})
+		if reg != nil {
+			if err := reg.Register(expired); err != nil {
+				return nil, fmt.Errorf("subtree: metrics: %w", err)
+			}
+		}
+		s.Server.ExpireAnonymous(expiry, expired.Inc)
 	}
 	gs := grpc.NewServer(gopts...)
 	s.Server.Register(gs)

@@ -3,6 +3,7 @@ package subtreed_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/subtreed"
 )
@@ -17,6 +18,7 @@ func TestConfigFlags(t *testing.T) {
 		{subtreed.Config{Listen: ":99999"}, "bad port"},
 		{subtreed.Config{Listen: ":9300", Pool: "a/b"}, "-subtree-pool"},
 		{subtreed.Config{Listen: ":9300", MaxDepth: -1}, "-subtree-max-depth"},
+		{subtreed.Config{AnonymousCommitExpiry: time.Second}, "-anonymous-commit-expiry: needs -subtree-listen"},
 	} {
 		if err := tt.c.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%+v: %v, want %q", tt.c, err, tt.want)

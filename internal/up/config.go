@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
+	"github.com/kvgate/kvgate/policies"
 )
 
 // PoolSpec is one pool of mock workers.
@@ -75,6 +76,13 @@ type Config struct {
 	UpstreamHTTP2 bool
 	// NumBlocks is each worker's KV cache size in blocks (8192).
 	NumBlocks int
+	// MaxNumSeqs bounds each worker's running sequences (0: the mocker's
+	// default, 256): a small value makes the engines the bottleneck of a
+	// load test on a small machine (kvgate bench -overload).
+	MaxNumSeqs int
+	// Chain replaces the global router's pool selection chain (nil: its
+	// default), e.g. with a priority policy that sheds.
+	Chain []policies.Spec
 	// MetricsPeriod is how often the local routers scrape their workers'
 	// engine metrics (500 ms; negative disables).
 	MetricsPeriod time.Duration

@@ -24,6 +24,7 @@ func (s *System) liveSnapshot(context.Context) status.Snapshot {
 		},
 		Pools:  status.RouterPools(s.Global, s.Registry),
 		Config: status.RouterConfig(s.Global),
+		Flow:   status.RouterFlow(s.Global),
 	}
 	byName := map[string]*status.Pool{}
 	for i := range snap.Pools {

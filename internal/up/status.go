@@ -2,6 +2,7 @@ package up
 
 import (
 	"encoding/json"
+	"fmt"
 	"html/template"
 	"net/http"
 	"sort"
@@ -68,6 +69,24 @@ type RankStatus struct {
 	Waiting    float64 `json:"waiting"`
 	KVUsage    float64 `json:"kv_usage"`
 	Saturation string  `json:"saturation,omitempty"`
+	// Timing is the model the ttft scorer prices the rank with
+	// (localrouter.Router.CalibrationOf), in one line.
+	Timing string `json:"timing"`
+}
+
+// timingLine writes a rank's timing model for the status page: where it
+// comes from, its samples and error, one chunk's prefill, the decode step
+// at an empty and a full KV cache, and the queue.
+func timingLine(c localrouter.WorkerCalibration, chunk int) string {
+	src := "prior"
+	switch {
+	case c.Pinned:
+		src = "pinned"
+	case c.Fitted:
+		src = "fitted"
+	}
+	return fmt.Sprintf("%s (%d samples of %d in the pool, error %.0f%%, speed ×%.2f): prefill %.0f ms/%d tokens, decode %.1f–%.1f ms, queue %.0f ms",
+		src, c.Samples, c.PoolSamples, 100*c.Error, c.Speed, c.Model.Prefill(chunk), chunk, c.Model.Decode(0), c.Model.Decode(1), c.Model.QueueMs)
 }
 
 // Status snapshots the system.
@@ -99,8 +118,9 @@ func (s *System) Status() Status {
 			if !ps.RouterIsStopped {
 				r := p.Router.Router()
 				for rank := range w.DPSize {
-					rs := RankStatus{DPRank: uint32(rank)}
-					if smp, ok := r.EngineSignals(localrouter.WorkerKey{ID: w.ID, DPRank: uint32(rank)}); ok {
+					key := localrouter.WorkerKey{ID: w.ID, DPRank: uint32(rank)}
+					rs := RankStatus{DPRank: uint32(rank), Timing: timingLine(r.CalibrationOf(key), r.TTFTChunk())}
+					if smp, ok := r.EngineSignals(key); ok {
 						rs.Scraped, rs.Running, rs.Waiting, rs.KVUsage = true, smp.Running, smp.Waiting, smp.KVUsage
 						rs.Saturation = r.Config().Saturation(smp)
 					}
@@ -146,10 +166,10 @@ etcd <code>{{range .Etcd}}{{.}} {{end}}</code> · NATS <code>{{.NATS}}</code> ·
 <p>local router <code>{{.Router}}</code>{{if .RouterIsStopped}} (stopped){{end}} · seen by the global router: {{.RouterState}} ({{.RoutersUp}}/{{.RoutersKnown}} available) ·
 requests in flight {{.RequestsActive}} · blocks indexed {{.IndexBlocks}}</p>
 <table><tr><th>worker</th><th>address</th><th>active requests</th><th>prefill tokens pending</th><th>active blocks</th>
-<th>engine running</th><th>waiting</th><th>KV usage</th><th>cached blocks</th><th>prefix hit rate</th><th>DP ranks</th><th>engine signals the router scraped, per rank</th></tr>
+<th>engine running</th><th>waiting</th><th>KV usage</th><th>cached blocks</th><th>prefix hit rate</th><th>DP ranks</th><th>engine signals the router scraped, and the timing model it prices the rank with, per rank</th></tr>
 {{range .Workers}}<tr><td>{{.ID}}</td><td>{{.Address}}</td><td>{{.ActiveRequests}}</td><td>{{.PrefillTokens}}</td><td>{{.ActiveBlocks}}</td>
 <td>{{.Running}}</td><td>{{.Waiting}}</td><td>{{printf "%.1f%%" (mul100 .KVUsage)}}</td><td>{{.CachedBlocks}}</td><td>{{printf "%.1f%%" (mul100 .PrefixHitRate)}}</td><td>{{.DPSize}}</td>
-<td>{{range .Ranks}}rank {{.DPRank}}: {{if .Scraped}}running {{.Running}}, waiting {{.Waiting}}, KV {{printf "%.1f%%" (mul100 .KVUsage)}}{{if .Saturation}} ({{.Saturation}}){{end}}{{else}}not scraped{{end}}<br>{{end}}</td></tr>
+<td>{{range .Ranks}}rank {{.DPRank}}: {{if .Scraped}}running {{.Running}}, waiting {{.Waiting}}, KV {{printf "%.1f%%" (mul100 .KVUsage)}}{{if .Saturation}} ({{.Saturation}}){{end}}{{else}}not scraped{{end}}; timing {{.Timing}}<br>{{end}}</td></tr>
 {{if .Warning}}<tr><td colspan="12" style="text-align:left;color:#a00">⚠ {{.ID}}: {{.Warning}}</td></tr>{{end}}
 {{end}}</table>
 {{end}}

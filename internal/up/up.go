@@ -23,7 +23,9 @@
 // embedded etcd), secure.go (the certificates of --secure-serving),
 // regions.go (the region routers of TopologyRegions), disaggregated.go
 // (the prefill and decode pools of TopologyDisaggregated), faults.go (stopping
-// and restarting parts, for tests), public.go (the gateway's public
+// and restarting parts, for tests), accounting.go (the routers' in-flight
+// count against the engines' running+waiting, sampled and compared
+// within a window), public.go (the gateway's public
 // paths), status.go (the status page), live.go (the live page's
 // snapshot), tokenizer.go (the tokenizers it loads).
 package up
@@ -141,7 +143,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		for i := range ps.Workers {
 			w, err := startWorker(ctx, workerSpec{
 				pool: ps.Name, id: fmt.Sprintf("%s-w%d", ps.Name, i), host: cfg.Host, model: cfg.Model, dpSize: ps.dpSize(i),
-				engine:  mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, Speedup: cfg.Speedup, Role: ps.Role},
+				engine:  mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, MaxNumSeqs: cfg.MaxNumSeqs, Speedup: cfg.Speedup, Role: ps.Role},
 				tok:     shared,
 				maxBody: int64(cfg.MaxBodyBytes),
 			}, s.nc, s.etcd.cli, cfg.Logger)
@@ -177,6 +179,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		gcfg.Trust.Steering, gcfg.Trust.RoutingHeaders = globalrouter.AccessOn, globalrouter.AccessOn
 	}
 	gcfg.Tenancy, gcfg.Trust.TokensSHA256 = cfg.Tenancy, cfg.TrustTokensSHA256
+	if cfg.Chain != nil {
+		gcfg.Chain = cfg.Chain
+	}
 	s.Decisions = status.NewRecorder(20)
 	gopts := []globalrouter.Option{
 		globalrouter.WithObserver(s.Decisions.Observe),

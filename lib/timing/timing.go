@@ -9,6 +9,18 @@ package timing
 
 import "math"
 
+// The curves' coefficients: prefill ms = PrefillQuad·t² + PrefillLinear·t +
+// PrefillFixed for t new tokens; decode ms = DecodeQuad·p² +
+// DecodeLinear·p + DecodeFixed at KV usage p.
+const (
+	PrefillQuad   = 4.21e-7
+	PrefillLinear = 0.01518
+	PrefillFixed  = 16.5
+	DecodeQuad    = -25.74
+	DecodeLinear  = 54.01
+	DecodeFixed   = 5.74
+)
+
 // PrefillMillis is the prefill part of an iteration computing newTokens
 // new tokens, in milliseconds (0 for none).
 func PrefillMillis(newTokens int) float64 {
@@ -16,12 +28,12 @@ func PrefillMillis(newTokens int) float64 {
 		return 0
 	}
 	t := float64(newTokens)
-	return 4.21e-7*t*t + 0.01518*t + 16.5
+	return PrefillQuad*t*t + PrefillLinear*t + PrefillFixed
 }
 
 // DecodeMillis is the decode part of an iteration at kvUsage (clamped to
 // 0..1), in milliseconds.
 func DecodeMillis(kvUsage float64) float64 {
 	p := math.Min(math.Max(kvUsage, 0), 1)
-	return -25.74*p*p + 54.01*p + 5.74
+	return DecodeQuad*p*p + DecodeLinear*p + DecodeFixed
 }

@@ -333,6 +333,9 @@ func (s *chanSession) probeRequest(ctx context.Context, c *chanCall, id uint64, 
 	pr.BlockSize, pr.IslTokens, pr.LoraName, pr.SessionKey = uint32(p.BlockSize), uint32(p.ISL), p.LoRAName, p.SessionKey
 	out := &c.probe
 	out.ConfigOverride, out.AllowedAddresses, out.Prompt = overrideProto(o.Override), o.AllowedAddresses, pr
+	if o.RequestID != "" {
+		out.ReserveRequestId, out.ReserveTtlUs = o.RequestID, ttlMicros(o.ReserveTTL)
+	}
 	switch {
 	case s.packed && len(p.BlockHashes) > 0:
 		out.PackedHashes = packHashes(p.BlockHashes)
@@ -376,11 +379,16 @@ func packHashes(hashes []uint64) []byte {
 }
 
 // BestWorker is a state-free probe over the channel: Client.BestWorker
-// without a request id (o.RequestID and o.UpdateIndexer must be unset;
-// they change state, which the channel leaves to commits).
+// without a request id (o.UpdateIndexer must be unset, and o.RequestID
+// unless o.ReserveTTL is set: recording a request is the channel's
+// commits' business). With o.RequestID and o.ReserveTTL it is a reserving
+// probe: the chosen worker is held for the request (see
+// BestWorkerOptions.ReserveTTL) until a commit on any stream confirms it
+// (CommitOptions.Reserved), Release releases it, its TTL passes or this
+// stream breaks.
 func (ch *Channel) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions) (routing.Selection, error) {
-	if o.RequestID != "" || o.UpdateIndexer {
-		return routing.Selection{}, errors.New("channel BestWorker is a pure query: use Client.BestWorker to record a request")
+	if (o.RequestID != "" && o.ReserveTTL <= 0) || o.UpdateIndexer {
+		return routing.Selection{}, errors.New("channel BestWorker is a pure query or a reservation: use Client.BestWorker to record a request")
 	}
 	s, err := ch.session(ctx)
 	if err != nil {
@@ -469,6 +477,20 @@ func (ch *Channel) CommitAsyncWith(ctx context.Context, id string, worker routin
 		// broken stream, which frees nothing more.
 	}
 	return &ChannelTracker{s: s, commitID: mid}, nil
+}
+
+// Release releases the reservation a reserving probe of this channel made
+// for request id, without waiting for the router's answer: it returns once
+// the release is sent. When the probe's stream has broken since, the
+// break released the reservation, and nothing is sent. ctx is unused: a
+// send only waits for the stream's other senders.
+func (ch *Channel) Release(_ context.Context, id string) error {
+	s := ch.sess.Load()
+	if s == nil || s.isBroken() {
+		return nil
+	}
+	// An id no call is registered under: the receiver drops the answer.
+	return s.send(&localrouterv1.ChannelRequest{Id: s.next.Add(1), Msg: &localrouterv1.ChannelRequest_Release{Release: &localrouterv1.ChannelRelease{RequestId: id}}})
 }
 
 // event sends a lifecycle event and waits, within ctx, for its ack.

@@ -30,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"time"
 
@@ -165,6 +166,7 @@ func selection(s *localrouterv1.Selection, isl int) routing.Selection {
 		OverlapBlocks: int(s.GetOverlapBlocks()), RequestBlocks: int(s.GetRequestBlocks()),
 		PrefillTokens: int(s.GetPotentialPrefillTokens()), DecodeBlocks: int(s.GetPotentialDecodeBlocks()),
 		Cost: s.GetCost(), ChainScore: s.GetChainScore(), Candidates: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()), ISL: isl,
+		AllSaturated: s.GetAllSaturated(),
 	}
 	if out.ISL == 0 {
 		out.ISL = out.RequestBlocks * out.BlockSize
@@ -198,6 +200,22 @@ type BestWorkerOptions struct {
 	// routing.ErrNoAllowedWorker. A router older than the field
 	// ignores it: callers check the answer's Address.
 	AllowedAddresses []string
+	// ReserveTTL, with RequestID, makes the call a reserving probe: the
+	// chosen worker is held for the request for ReserveTTL (its load
+	// counted by every later choice, the KV index untouched) instead of
+	// the request being recorded. A commit with CommitOptions.Reserved
+	// confirms it; Release (or the TTL) releases it. A router older than
+	// the field records the request instead: callers that reserve must
+	// know their routers.
+	ReserveTTL time.Duration
+}
+
+// ttlMicros is d in whole microseconds, at least 1 when d > 0.
+func ttlMicros(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	return uint32(min(max(d.Microseconds(), 1), math.MaxUint32))
 }
 
 func overrideProto(o *routing.Override) *localrouterv1.ConfigOverride {
@@ -213,7 +231,7 @@ func overrideProto(o *routing.Override) *localrouterv1.ConfigOverride {
 func (c *Client) BestWorker(ctx context.Context, p Prompt, o BestWorkerOptions) (routing.Selection, error) {
 	r, err := c.rpc.BestWorker(ctx, &localrouterv1.BestWorkerRequest{
 		Prompt: p.proto(), ConfigOverride: overrideProto(o.Override), RequestId: o.RequestID, UpdateIndexer: o.UpdateIndexer,
-		AllowedAddresses: o.AllowedAddresses,
+		AllowedAddresses: o.AllowedAddresses, ReserveTtlUs: ttlMicros(o.ReserveTTL),
 	})
 	if err != nil {
 		return routing.Selection{}, fromStatus(err)
@@ -309,10 +327,16 @@ type CommitOptions struct {
 	// (a caller's passive health ejected them). None left: an error
 	// wrapping routing.ErrNoAllowedWorker.
 	ExcludedAddresses []string
+	// Reserved confirms the reservation the request's reserving probe
+	// made on this router (BestWorkerOptions.ReserveTTL): a commit naming
+	// its worker, which the router records by turning the reservation
+	// into the request (CommitRequest.reserved). Unlike the fields above
+	// it applies to commits naming their worker only.
+	Reserved bool
 }
 
 func commitProto(id string, worker routing.WorkerKey, p Prompt, o CommitOptions) *localrouterv1.CommitRequest {
-	r := &localrouterv1.CommitRequest{RequestId: id, WorkerId: worker.ID, DpRank: worker.DPRank, Prompt: p.proto()}
+	r := &localrouterv1.CommitRequest{RequestId: id, WorkerId: worker.ID, DpRank: worker.DPRank, Prompt: p.proto(), Reserved: o.Reserved && worker.ID != ""}
 	if worker.ID == "" {
 		r.ConfigOverride, r.AllowedAddresses, r.ExcludedAddresses = overrideProto(o.Override), o.AllowedAddresses, o.ExcludedAddresses
 	}
@@ -337,7 +361,16 @@ func (c *Client) MarkPrefillComplete(ctx context.Context, id string) error {
 	return fromStatus(err)
 }
 
-// Free frees request id.
+// Release releases the reservation request id's reserving probe made
+// (BestWorkerOptions.ReserveTTL) and waits for the answer; none held
+// (expired, confirmed, released) is an error wrapping
+// routing.ErrUnknownRequest.
+func (c *Client) Release(ctx context.Context, id string) error {
+	_, err := c.rpc.Free(ctx, &localrouterv1.FreeRequest{RequestId: id, Reservation: true})
+	return fromStatus(err)
+}
+
+// Free forgets request id on the router (the manual lifecycle).
 func (c *Client) Free(ctx context.Context, id string) error {
 	_, err := c.rpc.Free(ctx, &localrouterv1.FreeRequest{RequestId: id})
 	return fromStatus(err)

@@ -21,9 +21,11 @@ import (
 // Client is a pool.Client over an in-process *localrouter.Router: the replay's
 // (sim) and tests' way to run the global router against local routers
 // without gRPC. Probe is BestWorker without a request id (Override and
-// Allowed honoured), Loads is PotentialLoads, CommitAsync is pool.Commit on the
-// named worker, or BestWorker with the request id (decide and commit in one
-// call) when pool.Commit.WorkerID is "", and a pool.Tracker's calls are
+// Allowed honoured; a reserving BestWorker when the prompt carries
+// ReserveID), Loads is PotentialLoads, CommitAsync is pool.Commit on the
+// named worker (Confirm when pool.Commit.Reserved), or BestWorker with the
+// request id (decide and commit in one call) when pool.Commit.WorkerID is
+// "", Release is the router's Release, and a pool.Tracker's calls are
 // MarkPrefillComplete and Free.
 //
 // Every call runs on the caller's goroutine and is done when it returns:
@@ -36,7 +38,8 @@ import (
 // circuits judge them as they judge the gRPC client's.
 //
 // Safe for concurrent use. Close frees the requests of the Trackers still
-// open (as a broken stream does) and refuses later calls with pool.ErrClosed;
+// open and releases the reservations its probes made and nobody confirmed
+// (as a broken stream does), and refuses later calls with pool.ErrClosed;
 // it does not close the router, which its owner closes.
 type Client struct {
 	r       *localrouter.Router
@@ -45,9 +48,15 @@ type Client struct {
 	mu     sync.Mutex
 	closed bool
 	open   map[*localTracker]struct{}
+	// reserved are the request ids this client's probes reserved for and
+	// that were not confirmed or released through it.
+	reserved map[string]struct{}
 }
 
-var _ pool.Client = (*Client)(nil)
+var (
+	_ pool.Client   = (*Client)(nil)
+	_ pool.Releaser = (*Client)(nil)
+)
 
 // New returns a Client over r; address maps a worker rank to the
 // address a selection names (the worker's host:port; nil: none).
@@ -55,7 +64,7 @@ func New(r *localrouter.Router, address func(localrouter.WorkerKey) string) *Cli
 	if address == nil {
 		address = func(localrouter.WorkerKey) string { return "" }
 	}
-	return &Client{r: r, address: address, open: make(map[*localTracker]struct{})}
+	return &Client{r: r, address: address, open: make(map[*localTracker]struct{}), reserved: make(map[string]struct{})}
 }
 
 func request(p pool.Prompt) localrouter.Request {
@@ -86,9 +95,16 @@ func (l *Client) Probe(ctx context.Context, p pool.Prompt) (routing.Selection, e
 	if err := l.check(ctx); err != nil {
 		return routing.Selection{}, err
 	}
-	sel, err := l.r.BestWorker(ctx, request(p), localrouter.BestWorkerOptions{Override: p.Override, Allow: l.allow(p.Allowed)})
+	opts := localrouter.BestWorkerOptions{Override: p.Override, Allow: l.allow(p.Allowed)}
+	if p.ReserveID != "" && p.ReserveTTL > 0 {
+		opts.RequestID, opts.ReserveTTL = p.ReserveID, p.ReserveTTL
+	}
+	sel, err := l.r.BestWorker(ctx, request(p), opts)
 	if err != nil {
 		return routing.Selection{}, localError(err)
+	}
+	if opts.ReserveTTL > 0 {
+		l.note(p.ReserveID, true)
 	}
 	sel.Address = l.address(localrouter.Selected(sel))
 	return sel, nil
@@ -127,10 +143,14 @@ func (l *Client) CommitAsync(ctx context.Context, c pool.Commit, committed func(
 		sel routing.Selection
 		err error
 	)
-	if c.WorkerID == "" {
+	switch {
+	case c.WorkerID == "":
 		sel, err = l.r.BestWorker(ctx, request(c.Prompt), localrouter.BestWorkerOptions{
 			RequestID: c.RequestID, Override: c.Prompt.Override, Allow: l.allow(c.Prompt.Allowed)})
-	} else {
+	case c.Reserved:
+		l.note(c.RequestID, false)
+		sel, err = l.r.Confirm(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, request(c.Prompt))
+	default:
 		sel, err = l.r.Commit(ctx, c.RequestID, localrouter.WorkerKey{ID: c.WorkerID, DPRank: c.DPRank}, request(c.Prompt))
 	}
 	t := &localTracker{l: l, id: c.RequestID}
@@ -155,7 +175,35 @@ func (l *Client) CommitAsync(ctx context.Context, c pool.Commit, committed func(
 	return t, nil
 }
 
-// Close implements Client: the open Trackers' requests are freed.
+// note records (held) or forgets request id's reservation made through l.
+func (l *Client) note(id string, held bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.reserved == nil {
+		return
+	}
+	if held {
+		l.reserved[id] = struct{}{}
+	} else {
+		delete(l.reserved, id)
+	}
+}
+
+// Release implements pool.Releaser: the router's Release, done when it
+// returns (a reservation already gone is no error).
+func (l *Client) Release(ctx context.Context, id string) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	l.note(id, false)
+	if err := l.r.Release(ctx, id); err != nil && !errors.Is(err, localrouter.ErrUnknownRequest) {
+		return localError(err)
+	}
+	return nil
+}
+
+// Close implements Client: the open Trackers' requests are freed and the
+// reservations released.
 func (l *Client) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -163,11 +211,14 @@ func (l *Client) Close() error {
 		return nil
 	}
 	l.closed = true
-	open := l.open
-	l.open = nil
+	open, reserved := l.open, l.reserved
+	l.open, l.reserved = nil, nil
 	l.mu.Unlock()
 	for t := range open {
 		t.free()
+	}
+	for id := range reserved {
+		_ = l.r.Release(context.Background(), id)
 	}
 	return nil
 }

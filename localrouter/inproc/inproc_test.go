@@ -353,3 +353,51 @@ func TestLocalConcurrent(t *testing.T) {
 		t.Fatalf("%d workers still have requests", n)
 	}
 }
+
+// TestReservations: a probe carrying ReserveID reserves (the next probe
+// of the same prompt goes elsewhere), a commit with Reserved confirms it
+// on the reserved worker, Release drops another, and Close releases the
+// ones left, as a broken stream does.
+func TestReservations(t *testing.T) {
+	r, addr := localRouter(t, 2)
+	c := inproc.New(r, addr)
+	ctx := context.Background()
+	p, _ := localPrompt(t, 0, 16)
+	reserve := func(id string) routing.Selection {
+		t.Helper()
+		q := p
+		q.ReserveID, q.ReserveTTL = id, time.Minute
+		sel, err := c.Probe(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sel
+	}
+	a, b := reserve("a"), reserve("b")
+	if a.WorkerID == b.WorkerID {
+		t.Errorf("two reserving probes of one prompt both chose %s", a.WorkerID)
+	}
+	tr, err := c.CommitAsync(ctx, pool.Commit{RequestID: "a", WorkerID: a.WorkerID, Prompt: p, Reserved: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	reserve("c")
+	if rs := r.ReservationStats(); rs.Held != 1 || rs.Confirmed != 1 || rs.Released != 1 {
+		t.Errorf("stats %+v, want c held, a confirmed, b released", rs)
+	}
+	if err := tr.Free(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rs := r.ReservationStats(); rs.Held != 0 || rs.Released != 2 {
+		t.Errorf("after Close %+v, want none held, c released", rs)
+	}
+	if n := r.Active().Stats().Requests; n != 0 {
+		t.Errorf("%d requests left after Close", n)
+	}
+}

@@ -70,6 +70,14 @@ type chanStream struct {
 	// pruneAt is the size of committed at which the requests the router
 	// expired (or freed by a call outside the stream) are dropped from it.
 	pruneAt int
+
+	// reserved are the request ids this stream's probes reserved a worker
+	// for and not yet confirmed or released (guarded by mu: probes run on
+	// the stream's workers); the stream's end releases them.
+	// reservedPruneAt is reserved's size at which the reservations gone
+	// by other ways (expired, confirmed on another stream) are dropped.
+	reserved        map[string]struct{}
+	reservedPruneAt int
 }
 
 // Channel implements localrouterv1.LocalRouterServer: probes, commits and
@@ -84,6 +92,7 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 	cs := &chanStream{
 		s: s, stream: stream, ctx: stream.Context(),
 		queued: make(map[uint64]*chanProbe), committed: make(map[uint64]string), pruneAt: channelPruneMin,
+		reserved: make(map[string]struct{}), reservedPruneAt: channelPruneMin,
 	}
 	// Freed however the stream ends; its context may be gone already.
 	defer cs.freeAll()
@@ -142,6 +151,8 @@ func (cs *chanStream) read(probes chan<- *chanProbe) error {
 			err = cs.commit(id, m.Commit)
 		case *localrouterv1.ChannelRequest_Event:
 			err = cs.event(id, m.Event)
+		case *localrouterv1.ChannelRequest_Release:
+			err = cs.release(id, m.Release.GetRequestId())
 		case *localrouterv1.ChannelRequest_Cancel:
 			cs.mu.Lock()
 			if p := cs.queued[m.Cancel.GetId()]; p != nil {
@@ -182,14 +193,18 @@ func (cs *chanStream) runProbe(p *chanProbe, pr *prober) {
 		_ = cs.fail(id, err)
 		return
 	}
+	if rid := in.GetReserveRequestId(); rid != "" {
+		cs.noteReserved(rid)
+	}
 	pr.sel.Selection = sel
 	pr.resp.Id, pr.resp.Msg = id, &pr.sel
 	_ = cs.send(&pr.resp)
 	pr.sel.Selection = nil // not kept alive by the worker
 }
 
-// probe is BestWorker without a request id over a channel probe; rep is
-// filled with the choice's signals.
+// probe is BestWorker without a request id over a channel probe, or a
+// reserving BestWorker when the probe names a request to reserve for; rep
+// is filled with the choice's signals.
 func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe, rep *localrouter.SignalsReport) (*localrouterv1.Selection, error) {
 	prompt := in.GetPrompt()
 	if packed := in.GetPackedHashes(); len(packed) > 0 {
@@ -207,9 +222,16 @@ func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe, rep 
 	if err != nil {
 		return nil, err
 	}
-	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
+	opts := localrouter.BestWorkerOptions{
 		Override: override(in.GetConfigOverride()), Signals: rep, Allow: s.allow(in.GetAllowedAddresses()),
-	})
+	}
+	if rid := in.GetReserveRequestId(); rid != "" {
+		if in.GetReserveTtlUs() == 0 {
+			return nil, fmt.Errorf("%w: probe reserves for request %q with no reserve_ttl_us", errInvalidArgument, rid)
+		}
+		opts.RequestID, opts.ReserveTTL = rid, time.Duration(in.GetReserveTtlUs())*time.Microsecond
+	}
+	sel, err := s.r.BestWorker(ctx, req, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -246,6 +268,11 @@ func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
 		return cs.fail(id, fmt.Errorf("%w: message id %d already names a request committed on this stream", errInvalidArgument, id))
 	}
 	sel, err := cs.s.commit(cs.ctx, in)
+	if in.GetReserved() {
+		cs.mu.Lock()
+		delete(cs.reserved, in.GetRequestId())
+		cs.mu.Unlock()
+	}
 	if err != nil {
 		return cs.fail(id, err)
 	}
@@ -283,9 +310,45 @@ func (cs *chanStream) event(id uint64, in *localrouterv1.ChannelEvent) error {
 	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Acked{Acked: in.GetEvent()}})
 }
 
-// freeAll frees the requests the stream committed and did not free.
+// noteReserved records that a probe of the stream reserved for request
+// rid, dropping the reservations gone otherwise when the set has grown.
+func (cs *chanStream) noteReserved(rid string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.reserved[rid] = struct{}{}
+	if len(cs.reserved) < cs.reservedPruneAt {
+		return
+	}
+	for r := range cs.reserved {
+		if _, ok := cs.s.r.Reserved(r); !ok {
+			delete(cs.reserved, r)
+		}
+	}
+	cs.reservedPruneAt = 2*len(cs.reserved) + channelPruneMin
+}
+
+// release releases the reservation a probe made for request rid.
+func (cs *chanStream) release(id uint64, rid string) error {
+	cs.mu.Lock()
+	delete(cs.reserved, rid)
+	cs.mu.Unlock()
+	if err := cs.s.r.Release(cs.ctx, rid); err != nil {
+		return cs.fail(id, err)
+	}
+	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Acked{Acked: localrouterv1.TrackEvent_TRACK_EVENT_FREE}})
+}
+
+// freeAll frees the requests the stream committed and did not free, and
+// releases the reservations its probes made and nobody confirmed.
 func (cs *chanStream) freeAll() {
 	ctx := context.WithoutCancel(cs.ctx)
+	cs.mu.Lock()
+	reserved := cs.reserved
+	cs.reserved = nil
+	cs.mu.Unlock()
+	for rid := range reserved {
+		_ = cs.s.r.Release(ctx, rid)
+	}
 	n := 0
 	for _, rid := range cs.committed {
 		if err := cs.s.free(ctx, rid); err == nil {

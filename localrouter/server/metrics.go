@@ -76,6 +76,8 @@ var (
 	descActiveBlocks   = prometheus.NewDesc("kvgate_localrouter_active_blocks", "Distinct KV blocks of requests in flight, per worker rank.", []string{"worker_id", "dp_rank"}, nil)
 	descTrackStreams   = prometheus.NewDesc("kvgate_localrouter_track_streams", "Open Track streams.", nil, nil)
 	descChanStreams    = prometheus.NewDesc("kvgate_localrouter_channel_streams", "Open Channel streams.", nil, nil)
+	descReservations   = prometheus.NewDesc("kvgate_localrouter_reservations_total", "Worker reservations of reserving probes, by outcome: made, confirmed (a commit turned it into its request), released (the request went elsewhere, or its stream ended), expired (unconfirmed within its TTL), missed (a confirming commit found none and was recorded as an ordinary commit).", []string{"outcome"}, nil)
+	descReserved       = prometheus.NewDesc("kvgate_localrouter_reservations", "Worker reservations held now.", nil, nil)
 	descReplica        = prometheus.NewDesc("kvgate_localrouter_replica_messages_total", "Replica-sync messages, by direction (sent, received, ignored own, failed).", []string{"direction"}, nil)
 )
 
@@ -87,7 +89,7 @@ type collector struct {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descWorkers, descReady, descIndexBlocks, descIndexEntries, descEventsApplied,
-		descEventsRejected, descEventGaps, descDumps, descExpired, descActive, descPrefill, descActiveBlocks, descTrackStreams, descChanStreams, descReplica} {
+		descEventsRejected, descEventGaps, descDumps, descExpired, descActive, descPrefill, descActiveBlocks, descTrackStreams, descChanStreams, descReplica, descReservations, descReserved} {
 		ch <- d
 	}
 }
@@ -134,6 +136,13 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descDumps, dumpsOK, "ok")
 	counter(descDumps, dumpsErr, "error")
 	counter(descExpired, active.Stats().Expired)
+	rs := r.ReservationStats()
+	gauge(descReserved, float64(rs.Held))
+	counter(descReservations, rs.Made, "made")
+	counter(descReservations, rs.Confirmed, "confirmed")
+	counter(descReservations, rs.Released, "released")
+	counter(descReservations, rs.Expired, "expired")
+	counter(descReservations, rs.Missed, "missed")
 	gauge(descTrackStreams, float64(c.srv.trackStreams.Load()))
 	gauge(descChanStreams, float64(c.srv.channelStreams.Load()))
 	if c.replica != nil {

@@ -314,15 +314,20 @@ func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerReq
 		return nil, toStatus(err)
 	}
 	var rep localrouter.SignalsReport
+	ttl := time.Duration(in.GetReserveTtlUs()) * time.Microsecond
+	if ttl > 0 && in.GetRequestId() == "" {
+		return nil, toStatus(fmt.Errorf("%w: reserve_ttl_us without a request_id to reserve for", errInvalidArgument))
+	}
 	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
 		RequestID: in.GetRequestId(), UpdateIndexer: in.GetUpdateIndexer(), Override: override(in.GetConfigOverride()),
-		Signals: &rep,
-		Allow:   s.allow(in.GetAllowedAddresses()),
+		Signals:    &rep,
+		Allow:      s.allow(in.GetAllowedAddresses()),
+		ReserveTTL: ttl,
 	})
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	if in.GetRequestId() != "" {
+	if in.GetRequestId() != "" && ttl == 0 {
 		s.added(in.GetRequestId(), req, sel, in.GetUpdateIndexer())
 	}
 	return &localrouterv1.BestWorkerResponse{Selection: s.withSignals(s.selection(sel), &rep)}, nil
@@ -376,12 +381,18 @@ func (s *Server) commit(ctx context.Context, in *localrouterv1.CommitRequest) (r
 		return routing.Selection{}, err
 	}
 	var sel routing.Selection
-	if in.GetWorkerId() == "" {
+	if in.GetReserved() && in.GetWorkerId() == "" {
+		return routing.Selection{}, fmt.Errorf("%w: commit confirms a reservation but names no worker_id", errInvalidArgument)
+	}
+	switch {
+	case in.GetReserved():
+		sel, err = s.r.Confirm(ctx, in.GetRequestId(), localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}, req)
+	case in.GetWorkerId() == "":
 		sel, err = s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
 			RequestID: in.GetRequestId(), Override: override(in.GetConfigOverride()),
 			Allow: s.allowExcept(in.GetAllowedAddresses(), in.GetExcludedAddresses()),
 		})
-	} else {
+	default:
 		sel, err = s.r.Commit(ctx, in.GetRequestId(), localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}, req)
 	}
 	if err != nil {
@@ -436,6 +447,12 @@ func (s *Server) MarkPrefillComplete(ctx context.Context, in *localrouterv1.Mark
 
 // Free implements localrouterv1.LocalRouterServer.
 func (s *Server) Free(ctx context.Context, in *localrouterv1.FreeRequest) (*localrouterv1.FreeResponse, error) {
+	if in.GetReservation() {
+		if err := s.r.Release(ctx, in.GetRequestId()); err != nil {
+			return nil, toStatus(err)
+		}
+		return &localrouterv1.FreeResponse{}, nil
+	}
 	if err := s.free(ctx, in.GetRequestId()); err != nil {
 		return nil, toStatus(err)
 	}
@@ -488,6 +505,7 @@ func (s *Server) Workers(ctx context.Context, _ *localrouterv1.WorkersRequest) (
 		if smp, ok := s.r.EngineSignals(k); ok {
 			rl.Engine = s.engineSignals(smp, s.r.Config().Saturation(smp))
 		}
+		rl.Calibration = calibrationProto(s.r.CalibrationOf(k), s.r.TTFTChunk())
 		w.Ranks = append(w.Ranks, rl)
 	}
 	if unread := s.unread(); len(unread) > 0 {
@@ -537,6 +555,7 @@ func (s *Server) Stats(ctx context.Context, _ *localrouterv1.StatsRequest) (*loc
 			TierWeights:          localrouter.FormatTierWeights(cfg.TierWeights),
 			WorkerChain:          localrouter.FormatWorkerChain(chainOrDefault(cfg.WorkerChain)),
 			Warnings:             s.unread(),
+			Calibrate:            cfg.Calibrate,
 		},
 		SaturationSkips: s.r.SaturationSkips(),
 	}
@@ -557,4 +576,23 @@ func chainOrDefault(chain []localrouter.ScorerSpec) []localrouter.ScorerSpec {
 		return localrouter.DefaultWorkerChain()
 	}
 	return chain
+}
+
+// calibrationProto is a rank's timing model on the wire.
+func calibrationProto(c localrouter.WorkerCalibration, chunk int) *localrouterv1.Calibration {
+	src := "prior"
+	switch {
+	case c.Pinned:
+		src = "pinned"
+	case c.Fitted:
+		src = "fitted"
+	}
+	m := c.Model
+	return &localrouterv1.Calibration{
+		Source: src, Samples: c.Samples, MinSamples: localrouter.CalibrationMinSamples, Error: c.Error,
+		PrefillQuad: m.PrefillQuad, PrefillLinear: m.PrefillLinear, PrefillFixed: m.PrefillFixed,
+		DecodeQuad: m.DecodeQuad, DecodeLinear: m.DecodeLinear, DecodeFixed: m.DecodeFixed, QueueMs: m.QueueMs,
+		PrefillQuadFactor: c.PrefillQuadFactor, PrefillLinearFactor: c.PrefillLinearFactor, DecodeFactor: c.DecodeFactor,
+		PrefillChunkMs: m.Prefill(chunk), PoolSamples: c.PoolSamples, Speed: c.Speed, SpeedRaw: c.SpeedRaw,
+	}
 }

@@ -77,8 +77,27 @@ func StartOn(t testing.TB, addr, pool string, blockSize int, workers ...Worker) 
 // Serve is StartOn outside a test (benchmarks of kvgate bench): the caller
 // stops the router with Close.
 func Serve(addr, pool string, blockSize int, workers ...Worker) (*Server, error) {
+	return serve(addr, pool, blockSize, nil, workers...)
+}
+
+// StartConfigured is Start with the router's configuration adjusted by
+// configure (localrouter.DefaultConfig at blockSize before it).
+func StartConfigured(t testing.TB, pool string, blockSize int, configure func(*localrouter.Config), workers ...Worker) *Server {
+	t.Helper()
+	s, err := serve("127.0.0.1:0", pool, blockSize, configure, workers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func serve(addr, pool string, blockSize int, configure func(*localrouter.Config), workers ...Worker) (*Server, error) {
 	cfg := localrouter.DefaultConfig()
 	cfg.BlockSize = blockSize
+	if configure != nil {
+		configure(&cfg)
+	}
 	r, err := localrouter.New(cfg, localrouter.Options{SweepInterval: -1})
 	if err != nil {
 		return nil, fmt.Errorf("localrouter.New: %w", err)

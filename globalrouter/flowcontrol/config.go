@@ -1,0 +1,234 @@
+package flowcontrol
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Defaults of Config, each with its principle (docs/flow-control.md).
+const (
+	// DefaultRequests bounds a queue's waiting requests: each holds an
+	// ext_proc stream, a goroutine and its body in the ext_proc server.
+	DefaultRequests = 1024
+	// DefaultBytes bounds the bodies a queue holds (256 MiB): sixteen
+	// bodies at the ext_proc server's 16 MiB cap, a thousand of 256 KiB.
+	DefaultBytes = 256 << 20
+	// DefaultDeadline is how long a request without a TTFT target may
+	// wait: below Envoy's default route timeout (15 s), so the client
+	// gets a 429 with retry-after rather than Envoy's 504.
+	DefaultDeadline = 10 * time.Second
+	// DefaultReprobe is the live queue's re-probe tick: pools are freed
+	// by other global routers too, whose frees this one does not see.
+	// 50 ms is a decode step or two of a loaded engine.
+	DefaultReprobe = 50 * time.Millisecond
+	// DefaultMaxPrefillTokens: a pool whose best worker has more prompt
+	// tokens waiting to prefill than two engine steps prefill (2 × vLLM's
+	// max_num_batched_tokens, 8192, the mocker's and the replay's
+	// default) is saturated. Taken from the replay (BENCHMARKS.md, "Flow
+	// control's cost per request"): one step's worth (8192) queued
+	// requests the workers would have served in time; 32768 and more
+	// served fewer under overload.
+	DefaultMaxPrefillTokens = 16384
+	// DefaultMaxFlowLabels caps the tenants that get their own metric
+	// label; the others are counted as "other".
+	DefaultMaxFlowLabels = 32
+)
+
+// Fairness policies (Config.Fairness).
+const (
+	FairnessRoundRobin = "round_robin"
+	FairnessWeighted   = "weighted"
+)
+
+// Config is a global router's flow control (its YAML section
+// flow_control). The zero value, with Enabled, is the defaults.
+type Config struct {
+	// Enabled turns flow control on: a request whose candidate pools are
+	// all saturated waits instead of being refused with 429.
+	Enabled bool `yaml:"enabled"`
+	// Bands order the queue by priority (x-kvgate-priority), highest
+	// first: a request belongs to the first band whose min_priority it
+	// reaches; the last band has no min_priority and takes the rest.
+	// Default: "high" (min_priority 1) and "default".
+	Bands []Band `yaml:"bands"`
+	// Capacity bounds each queue (one per set of pools a model is served
+	// by) in requests and body bytes (defaults DefaultRequests,
+	// DefaultBytes).
+	Capacity Capacity `yaml:"capacity"`
+	// Deadline is the longest a request waits (default DefaultDeadline);
+	// a request with a TTFT target (x-kvgate-ttft-ms) waits at most that.
+	Deadline time.Duration `yaml:"deadline"`
+	// Fairness shares a band between flows (tenants, by the tenancy
+	// header; untenanted requests are one flow): round_robin (default),
+	// or weighted by Weights.
+	Fairness string `yaml:"fairness"`
+	// Weights are the tenants' shares under weighted fairness (default
+	// 1); read only by weighted.
+	Weights map[string]float64 `yaml:"weights"`
+	// Reprobe is the live queue's re-probe tick (default
+	// DefaultReprobe): besides the frees of its own requests, the queue
+	// tries its head this often.
+	Reprobe time.Duration `yaml:"reprobe"`
+	// Saturation says when a pool is saturated.
+	Saturation Saturation `yaml:"saturation"`
+	// MaxFlowLabels caps the tenants named in metrics (default
+	// DefaultMaxFlowLabels); the rest are "other".
+	MaxFlowLabels int `yaml:"max_flow_labels"`
+}
+
+// Band is one priority band.
+type Band struct {
+	// Name labels the band in metrics and the status page.
+	Name string `yaml:"name"`
+	// MinPriority: requests of this priority or higher belong here
+	// (unless an earlier band takes them). nil: every priority (the last
+	// band only).
+	MinPriority *int `yaml:"min_priority"`
+	// Requests and Bytes bound the band (0: only the queue's Capacity).
+	Requests int   `yaml:"requests"`
+	Bytes    int64 `yaml:"bytes"`
+}
+
+// Capacity bounds a queue.
+type Capacity struct {
+	Requests int   `yaml:"requests"`
+	Bytes    int64 `yaml:"bytes"`
+}
+
+// Saturation is the rule that says a pool is saturated, on its probe's
+// answer (the best worker's figures): the rule of the priority policy's
+// shed (policies.LoadThresholds). A pool is saturated when one figure is
+// strictly above its threshold (0: not checked).
+type Saturation struct {
+	// MaxPrefillTokens bounds the best worker's potential prefill tokens
+	// (default DefaultMaxPrefillTokens; -1: not checked).
+	MaxPrefillTokens int `yaml:"max_prefill_tokens"`
+	// MaxDecodeTokens bounds its potential decode blocks × block size
+	// (default 0, not checked: the probe does not know the worker's KV
+	// capacity; set it to ~90 % of it).
+	MaxDecodeTokens int `yaml:"max_decode_tokens"`
+}
+
+// ErrConfig is the error of an invalid Config.
+var ErrConfig = errors.New("invalid flow_control")
+
+// DefaultBands are the bands of a Config that sets none.
+func DefaultBands() []Band {
+	one := 1
+	return []Band{{Name: "high", MinPriority: &one}, {Name: "default"}}
+}
+
+// Defaults fills in what is unset.
+func (c *Config) Defaults() {
+	if len(c.Bands) == 0 {
+		c.Bands = DefaultBands()
+	}
+	for i := range c.Bands {
+		if c.Bands[i].Name == "" {
+			c.Bands[i].Name = fmt.Sprintf("band%d", i)
+		}
+	}
+	if c.Capacity.Requests == 0 {
+		c.Capacity.Requests = DefaultRequests
+	}
+	if c.Capacity.Bytes == 0 {
+		c.Capacity.Bytes = DefaultBytes
+	}
+	if c.Deadline == 0 {
+		c.Deadline = DefaultDeadline
+	}
+	if c.Fairness == "" {
+		c.Fairness = FairnessRoundRobin
+	}
+	if c.Reprobe == 0 {
+		c.Reprobe = DefaultReprobe
+	}
+	if c.Saturation.MaxPrefillTokens == 0 {
+		c.Saturation.MaxPrefillTokens = DefaultMaxPrefillTokens
+	}
+	if c.MaxFlowLabels == 0 {
+		c.MaxFlowLabels = DefaultMaxFlowLabels
+	}
+}
+
+// Problem is one error of a Config: Key locates it in the section
+// ("bands[1].min_priority", "capacity"), for file:line.
+type Problem struct {
+	Key string
+	Msg string
+}
+
+func (p Problem) Error() string {
+	return fmt.Sprintf("%v: flow_control.%s: %s", ErrConfig, p.Key, p.Msg)
+}
+
+func (p Problem) Unwrap() error { return ErrConfig }
+
+// Validate checks c (defaults applied) and returns every problem.
+func (c *Config) Validate() []Problem {
+	var out []Problem
+	bad := func(key, format string, args ...any) {
+		out = append(out, Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
+	}
+	names := map[string]bool{}
+	for i, b := range c.Bands {
+		key := fmt.Sprintf("bands[%d]", i)
+		last := i == len(c.Bands)-1
+		switch {
+		case names[b.Name]:
+			bad(key+".name", "band %q named twice", b.Name)
+		case last && b.MinPriority != nil:
+			bad(key+".min_priority", "the last band takes every priority left: no min_priority")
+		case !last && b.MinPriority == nil:
+			bad(key+".min_priority", "required (only the last band has none)")
+		case i > 0 && b.MinPriority != nil && *b.MinPriority >= *c.Bands[i-1].MinPriority:
+			bad(key+".min_priority", "%d: bands go from the highest priority down (the previous band's is %d)", *b.MinPriority, *c.Bands[i-1].MinPriority)
+		}
+		names[b.Name] = true
+		if b.Requests < 0 || b.Bytes < 0 {
+			bad(key, "requests and bytes must not be negative")
+		}
+	}
+	if c.Capacity.Requests < 0 || c.Capacity.Bytes < 0 {
+		bad("capacity", "requests and bytes must not be negative")
+	}
+	if c.Deadline < 0 {
+		bad("deadline", "%v must not be negative", c.Deadline)
+	}
+	if c.Reprobe < 0 {
+		bad("reprobe", "%v must not be negative", c.Reprobe)
+	}
+	switch c.Fairness {
+	case FairnessRoundRobin:
+		if len(c.Weights) > 0 {
+			bad("weights", "read only by fairness: weighted (fairness is %s)", c.Fairness)
+		}
+	case FairnessWeighted:
+		for t, w := range c.Weights {
+			if !(w > 0) || math.IsInf(w, 0) {
+				bad("weights", "tenant %q: weight %v is not a positive number", t, w)
+			}
+		}
+	default:
+		bad("fairness", "%q: want %s or %s", c.Fairness, FairnessRoundRobin, FairnessWeighted)
+	}
+	if c.Saturation.MaxPrefillTokens < -1 || c.Saturation.MaxDecodeTokens < 0 {
+		bad("saturation", "thresholds must not be negative (max_prefill_tokens -1: not checked)")
+	}
+	if c.MaxFlowLabels < 0 {
+		bad("max_flow_labels", "%d must not be negative", c.MaxFlowLabels)
+	}
+	return out
+}
+
+// band returns the index of the band priority p belongs to.
+func (c *Config) band(p int) int {
+	for i, b := range c.Bands {
+		if b.MinPriority == nil || p >= *b.MinPriority {
+			return i
+		}
+	}
+	return len(c.Bands) - 1
+}

@@ -1,0 +1,186 @@
+package flowcontrol_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
+)
+
+var t0 = time.Unix(1000, 0)
+
+func newQueue(t *testing.T, cfg flowcontrol.Config) *flowcontrol.Queue {
+	t.Helper()
+	cfg.Enabled = true
+	q, err := flowcontrol.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+func enqueue(t *testing.T, q *flowcontrol.Queue, now time.Time, r flowcontrol.Request) *flowcontrol.Ticket {
+	t.Helper()
+	tk, err := q.Enqueue(now, r)
+	if err != nil {
+		t.Fatalf("Enqueue(%+v): %v", r, err)
+	}
+	return tk
+}
+
+// drain dispatches every request in order, returning their values.
+func drain(q *flowcontrol.Queue) []string {
+	var out []string
+	for tk := q.Peek(); tk != nil; tk = q.Peek() {
+		q.Dispatch(tk)
+		out = append(out, tk.Value.(string))
+	}
+	return out
+}
+
+func TestBandsStrict(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{})
+	for i, p := range []int{0, 0, 5, 0, 1} {
+		enqueue(t, q, t0.Add(time.Duration(i)), flowcontrol.Request{Priority: p, Value: string(rune('a' + i))})
+	}
+	// Band high (≥ 1) first, in arrival order: c (5), e (1); then the rest.
+	if diff := cmp.Diff([]string{"c", "e", "a", "b", "d"}, drain(q)); diff != "" {
+		t.Errorf("dispatch order (-want +got):\n%s", diff)
+	}
+}
+
+func TestRoundRobinFairnessAndFCFS(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{})
+	// Tenant a sends four for each of b's and c's.
+	var n int
+	add := func(flow string) {
+		n++
+		enqueue(t, q, t0.Add(time.Duration(n)), flowcontrol.Request{Flow: flow, Value: flow + string(rune('0'+n%10))})
+	}
+	for range 2 {
+		add("a")
+		add("a")
+		add("a")
+		add("a")
+		add("b")
+		add("c")
+	}
+	got := drain(q)
+	// Turns alternate a, b, c while all wait; each flow in its own order.
+	want := []string{"a1", "b5", "c6", "a2", "b1", "c2", "a3", "a4", "a7", "a8", "a9", "a0"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("dispatch order (-want +got):\n%s", diff)
+	}
+}
+
+func TestWeightedFairness(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{Fairness: flowcontrol.FairnessWeighted, Weights: map[string]float64{"a": 2}})
+	for i := range 6 {
+		enqueue(t, q, t0.Add(time.Duration(i)), flowcontrol.Request{Flow: "a", Value: "a"})
+		enqueue(t, q, t0.Add(time.Duration(i)), flowcontrol.Request{Flow: "b", Value: "b"})
+	}
+	got := strings.Join(drain(q)[:6], "")
+	// a has twice b's share while both wait.
+	if strings.Count(got, "a") != 4 || strings.Count(got, "b") != 2 {
+		t.Errorf("first six dispatched %q, want four of a and two of b", got)
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{
+		Capacity: flowcontrol.Capacity{Requests: 3, Bytes: 100},
+		Bands:    []flowcontrol.Band{{Name: "high", MinPriority: ptr(1), Requests: 1}, {Name: "low", Bytes: 60}},
+	})
+	enqueue(t, q, t0, flowcontrol.Request{Priority: 1, Bytes: 10})
+	refused := func(r flowcontrol.Request, what string) {
+		t.Helper()
+		_, err := q.Enqueue(t0, r)
+		var rf *flowcontrol.Refused
+		if !errors.As(err, &rf) || rf.Reason != flowcontrol.ReasonQueueFull {
+			t.Fatalf("%s: got %v, want a queue_full refusal", what, err)
+		}
+	}
+	refused(flowcontrol.Request{Priority: 1}, "the high band's second request")
+	enqueue(t, q, t0, flowcontrol.Request{Bytes: 50})
+	refused(flowcontrol.Request{Bytes: 11}, "past the low band's 60 bytes")
+	enqueue(t, q, t0, flowcontrol.Request{Bytes: 10})
+	refused(flowcontrol.Request{}, "a fourth request")
+	if q.Len() != 3 || q.Bytes() != 70 {
+		t.Errorf("got %d requests of %d bytes, want 3 of 70", q.Len(), q.Bytes())
+	}
+}
+
+func TestDeadlines(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{Deadline: time.Second})
+	a := enqueue(t, q, t0, flowcontrol.Request{Value: "a"})
+	b := enqueue(t, q, t0, flowcontrol.Request{Value: "b", Wait: 200 * time.Millisecond}) // its TTFT target
+	c := enqueue(t, q, t0.Add(100*time.Millisecond), flowcontrol.Request{Value: "c"})
+	if next, _ := q.NextDeadline(); !next.Equal(t0.Add(200 * time.Millisecond)) {
+		t.Errorf("next deadline %v, want b's at +200ms", next.Sub(t0))
+	}
+	if got := q.Expire(t0.Add(199 * time.Millisecond)); len(got) != 0 {
+		t.Errorf("expired %d before any deadline", len(got))
+	}
+	if got := q.Expire(t0.Add(time.Second)); len(got) != 2 || got[0] != b || got[1] != a {
+		t.Errorf("expired %v at +1s, want b then a", got)
+	}
+	if a.Queued() || b.Queued() || !c.Queued() || q.Len() != 1 {
+		t.Errorf("after expiry: a %v b %v c %v, %d waiting; want only c", a.Queued(), b.Queued(), c.Queued(), q.Len())
+	}
+}
+
+func TestCancel(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{})
+	a := enqueue(t, q, t0, flowcontrol.Request{Flow: "x", Value: "a", Bytes: 5})
+	enqueue(t, q, t0, flowcontrol.Request{Flow: "x", Value: "b"})
+	enqueue(t, q, t0, flowcontrol.Request{Flow: "y", Value: "c"})
+	if !q.Cancel(a) || q.Cancel(a) {
+		t.Fatal("Cancel: want true once, then false")
+	}
+	if q.Dispatch(a) {
+		t.Error("Dispatch of a cancelled ticket: got true")
+	}
+	if _, ok := q.NextDeadline(); !ok || q.Bytes() != 0 {
+		t.Errorf("bytes %d after the cancel, want 0", q.Bytes())
+	}
+	if diff := cmp.Diff([]string{"b", "c"}, drain(q)); diff != "" {
+		t.Errorf("dispatch order (-want +got):\n%s", diff)
+	}
+	if _, ok := q.NextDeadline(); ok || q.Len() != 0 {
+		t.Error("queue not empty after draining")
+	}
+	st := q.Stats()
+	if st[0].Requests != 0 || len(st[1].Flows) != 0 {
+		t.Errorf("stats after draining: %+v", st)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  flowcontrol.Config
+		key  string
+	}{
+		{"last band with min_priority", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}}}, "bands[0].min_priority"},
+		{"bands out of order", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}, {Name: "b", MinPriority: ptr(2)}, {Name: "c"}}}, "bands[1].min_priority"},
+		{"duplicate name", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}, {Name: "a"}}}, "bands[1].name"},
+		{"unknown fairness", flowcontrol.Config{Fairness: "lottery"}, "fairness"},
+		{"weights unread", flowcontrol.Config{Weights: map[string]float64{"a": 2}}, "weights"},
+		{"bad weight", flowcontrol.Config{Fairness: "weighted", Weights: map[string]float64{"a": -1}}, "weights"},
+		{"negative deadline", flowcontrol.Config{Deadline: -time.Second}, "deadline"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Defaults()
+			ps := tc.cfg.Validate()
+			if len(ps) != 1 || ps[0].Key != tc.key {
+				t.Errorf("got %v, want one problem at %s", ps, tc.key)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

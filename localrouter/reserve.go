@@ -1,0 +1,254 @@
+package localrouter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/api/routing"
+)
+
+// Reservations: a reserving probe (BestWorkerOptions.ReserveTTL) chooses a
+// worker as a probe does and holds it for its request for a short TTL:
+// the request's predicted load is recorded on the worker (ActiveSequences,
+// under a key no request id can take, so every later probe and BestWorker
+// sees it) but the KV index learns nothing (no approximate record, no
+// predicted blocks) until the commit confirms it (Confirm). A burst of
+// reserving probes therefore spreads by load as decide-and-commit does, in
+// one round trip: the commit that follows is a confirmation nobody waits
+// for. A reservation is released by Release (the global router chose
+// another pool), by its TTL passing (counted: ReservationStats.Expired) or
+// by its Channel stream ending (the server releases what its probes
+// reserved).
+//
+// The reservation table is guarded by Router.placeMu, as every placement
+// is: reserving, confirming, releasing and expiring are placements, so a
+// reservation's load and its table entry change together.
+
+// reservationKey is the ActiveSequences key of request id's reservation:
+// a NUL cannot begin a request id the global router makes, and a client
+// that sends one only reserves under its own name.
+func reservationKey(id string) string { return "\x00reserved\x00" + id }
+
+// reservation is one held worker.
+type reservation struct {
+	worker   WorkerKey
+	deadline time.Time
+}
+
+// reservations is the Router's reservation table.
+type reservations struct {
+	byID map[string]reservation // guarded by Router.placeMu
+	// held counts the reservations, read without the lock
+	// (creditReserved).
+	held atomic.Int64
+	// next is the earliest deadline (unix ns; MaxInt64: none), read
+	// without the lock so probes check it for free.
+	next atomic.Int64
+
+	made, confirmed, released, expired, missed atomic.Uint64
+}
+
+func newReservations() *reservations {
+	r := &reservations{byID: make(map[string]reservation)}
+	r.next.Store(math.MaxInt64)
+	return r
+}
+
+// ReservationStats are a Router's reservation counters.
+type ReservationStats struct {
+	// Held is the reservations held now.
+	Held int
+	// Made, Confirmed, Released and Expired count reservations made,
+	// turned into requests by a commit, released before their TTL, and
+	// expired unconfirmed. Missed counts confirming commits that found no
+	// reservation (expired, released, or another router's): they were
+	// recorded as ordinary commits naming their worker.
+	Made, Confirmed, Released, Expired, Missed uint64
+}
+
+// ReservationStats returns the reservation counters.
+func (r *Router) ReservationStats() ReservationStats {
+	r.placeMu.Lock()
+	held := len(r.res.byID)
+	r.placeMu.Unlock()
+	return ReservationStats{Held: held, Made: r.res.made.Load(), Confirmed: r.res.confirmed.Load(),
+		Released: r.res.released.Load(), Expired: r.res.expired.Load(), Missed: r.res.missed.Load()}
+}
+
+// Reserved reports whether request id holds a reservation, and on which
+// worker.
+func (r *Router) Reserved(id string) (WorkerKey, bool) {
+	r.placeMu.Lock()
+	defer r.placeMu.Unlock()
+	res, ok := r.res.byID[id]
+	return res.worker, ok
+}
+
+// reserveLocked records the reservation of request id on worker, whose
+// load was just added under reservationKey(id); seq are the request's
+// sequence hashes. placeMu is held.
+func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time) {
+	r.res.byID[id] = reservation{worker: worker, deadline: deadline}
+	r.res.held.Add(1)
+	r.res.made.Add(1)
+	if d := deadline.UnixNano(); d < r.res.next.Load() {
+		r.res.next.Store(d)
+	}
+}
+
+// dropLocked forgets request id's reservation and its load. placeMu is
+// held. It reports the worker it held.
+func (r *Router) dropLocked(id string) (WorkerKey, bool) {
+	res, ok := r.res.byID[id]
+	if !ok {
+		return WorkerKey{}, false
+	}
+	delete(r.res.byID, id)
+	r.active.Free(reservationKey(id))
+	r.res.held.Add(-1)
+	return res.worker, true
+}
+
+// Release releases request id's reservation (the request went to another
+// pool). An id with no reservation returns ErrUnknownRequest and changes
+// nothing.
+func (r *Router) Release(ctx context.Context, id string) error {
+	if err := r.check(); err != nil {
+		return err
+	}
+	r.placeMu.Lock()
+	_, ok := r.dropLocked(id)
+	r.placeMu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: no reservation for %q", ErrUnknownRequest, id)
+	}
+	r.res.released.Add(1)
+	return nil
+}
+
+// Confirm records request id on worker, confirming the reservation its
+// probe made: the reservation's load becomes the request's, re-keyed in
+// one step under placeMu (no other placement comes between, nothing is
+// computed again), and the index learns the request's blocks as a
+// commit's. The answer names the worker and the request's size only (no
+// cost terms: nothing was chosen). A reservation on another worker (the
+// caller moved the request) is released; none at all (expired, released)
+// is counted as missed; either way the commit is then recorded as Commit
+// would, with Commit's answer. An id already active is refused
+// (ErrDuplicateRequest) and its reservation released.
+func (r *Router) Confirm(ctx context.Context, id string, worker WorkerKey, req Request) (routing.Selection, error) {
+	if id == "" {
+		return routing.Selection{}, ErrEmptyRequestID
+	}
+	if err := r.check(); err != nil {
+		return routing.Selection{}, err
+	}
+	s := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(s)
+	isl, err := r.prepare(&req, s)
+	if err != nil {
+		return routing.Selection{}, err
+	}
+	r.placeMu.Lock()
+	res, ok := r.res.byID[id]
+	if !ok || res.worker != worker {
+		r.placeMu.Unlock()
+		return r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, Worker: &worker, confirm: true})
+	}
+	delete(r.res.byID, id)
+	r.res.held.Add(-1)
+	if err := r.active.Rename(reservationKey(id), id); err != nil {
+		r.active.Free(reservationKey(id))
+		r.res.released.Add(1)
+		r.placeMu.Unlock()
+		return routing.Selection{}, err
+	}
+	r.res.confirmed.Add(1)
+	now := r.clock()
+	switch {
+	case r.predicting():
+		r.index.Predict(now, worker, s.local)
+	case !r.cfg.UseKVEvents:
+		r.index.Record(now, worker, s.local)
+	}
+	r.placeMu.Unlock()
+	return routing.Selection{WorkerID: worker.ID, DPRank: worker.DPRank, RequestBlocks: len(s.local), BlockSize: r.cfg.BlockSize, ISL: isl}, nil
+}
+
+// confirmLocked drops request id's reservation before its commit is
+// recorded on worker, counting how it went. placeMu is held.
+func (r *Router) confirmLocked(id string, worker WorkerKey) {
+	held, ok := r.dropLocked(id)
+	switch {
+	case !ok:
+		r.res.missed.Add(1)
+	case held == worker:
+		r.res.confirmed.Add(1)
+	default:
+		r.res.released.Add(1)
+	}
+}
+
+// creditReserved credits, while reservations are held, each candidate
+// worker with the leading blocks of the request active on it — held by
+// reservations, or by requests, whose predicted entries credit them
+// already (s.overlaps raised to them; s.indexed keeps the index's own) —
+// as the predicted entries of a committed request credit it: a reserved
+// worker looks to the next probe as it will once the reservation is
+// confirmed, so a burst of one prompt spreads the same whether the
+// confirmations landed yet or not. The blocks count as in flight, never
+// as cached: a request is charged only the index's overlap. With no
+// reservation held it does nothing (one atomic load). It reports whether
+// it changed anything.
+func (r *Router) creditReserved(workers []WorkerKey, s *scratch) bool {
+	if r.res.held.Load() == 0 {
+		return false
+	}
+	s.reserved = r.active.Prefixes(s.reserved[:0], workers, s.seq)
+	changed := false
+	for i, n := range s.reserved {
+		if n > s.overlaps[i] {
+			changed = true
+		}
+	}
+	if !changed {
+		return false
+	}
+	s.indexed = append(s.indexed[:0], s.overlaps...)
+	for i, n := range s.reserved {
+		s.overlaps[i] = max(s.overlaps[i], n)
+	}
+	return true
+}
+
+// expireReservations drops the reservations past their deadline at now.
+// Probes call it when the earliest deadline passed (one atomic load
+// otherwise); Sweep calls it too.
+func (r *Router) expireReservations(now time.Time) {
+	if now.UnixNano() < r.res.next.Load() {
+		return
+	}
+	r.placeMu.Lock()
+	defer r.placeMu.Unlock()
+	r.expireLocked(now)
+}
+
+// expireLocked is expireReservations with placeMu held.
+func (r *Router) expireLocked(now time.Time) {
+	if now.UnixNano() < r.res.next.Load() {
+		return
+	}
+	next := int64(math.MaxInt64)
+	for id, res := range r.res.byID {
+		if !now.Before(res.deadline) {
+			r.dropLocked(id)
+			r.res.expired.Add(1)
+			continue
+		}
+		next = min(next, res.deadline.UnixNano())
+	}
+	r.res.next.Store(next)
+}

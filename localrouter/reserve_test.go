@@ -1,0 +1,180 @@
+package localrouter
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testenv"
+)
+
+// reserveRouter is a router of workers a and b on a clock the test moves,
+// in approximate mode (decisions are what the index learns from, so a
+// reservation that leaked into it would show).
+func reserveRouter(t *testing.T, now *time.Time) *Router {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.BlockSize = 4
+	cfg.UseKVEvents = false
+	r, err := New(cfg, Options{Clock: func() time.Time { return *now }, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	r.AddWorker("a", 1)
+	r.AddWorker("b", 1)
+	return r
+}
+
+// TestReservationSpreadsAndStaysOutOfTheIndex: a reservation's load is
+// seen by the next probe (a second identical prompt goes to the other
+// worker), the index learns nothing of it, and Confirm turns it into the
+// request on the same worker, counted once, the index learning the
+// request's blocks then.
+func TestReservationSpreadsAndStaysOutOfTheIndex(t *testing.T) {
+	now := time.Unix(100, 0)
+	r := reserveRouter(t, &now)
+	ctx := testenv.Context(t)
+	req := Request{Tokens: toks(64, 0)}
+	first, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: "r1", ReserveTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := r.Index().Stats().Entries; n != 0 {
+		t.Errorf("index entries after a reservation: %d, want 0", n)
+	}
+	if l := r.Active().Load(Selected(first)); l.ActiveRequests != 1 || l.PrefillTokens != 64 {
+		t.Errorf("reserved worker's load %+v, want 1 request, 64 prefill tokens", l)
+	}
+	second, err := r.BestWorker(ctx, req, BestWorkerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Selected(second) == Selected(first) {
+		t.Errorf("a probe after the reservation chose the reserved worker %v again", Selected(first))
+	}
+	sel, err := r.Confirm(ctx, "r1", Selected(first), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Selected(sel) != Selected(first) {
+		t.Errorf("confirmed on %v, want the reserved %v", Selected(sel), Selected(first))
+	}
+	if l := r.Active().Load(Selected(first)); l.ActiveRequests != 1 {
+		t.Errorf("after the confirmation %+v, want the one request (the reservation became it)", l)
+	}
+	if _, held := r.Reserved("r1"); held {
+		t.Error("the reservation is still held after its confirmation")
+	}
+	if n := r.Index().Stats().Entries; n == 0 {
+		t.Error("the index learned nothing of the confirmed request (approximate mode)")
+	}
+	if err := r.Free(ctx, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.ReservationStats(), (ReservationStats{Made: 1, Confirmed: 1}); got != want {
+		t.Errorf("stats %+v, want %+v", got, want)
+	}
+}
+
+// TestReservationEnds: a reservation ends by Release, by its TTL (counted
+// expired, seen by the next probe without a sweep), by a confirmation
+// naming another worker (released, the request recorded there), and a
+// confirmation that finds none records an ordinary commit (missed). An id
+// already active is refused (ErrDuplicateRequest); one already reserved
+// is reserved again.
+func TestReservationEnds(t *testing.T) {
+	now := time.Unix(100, 0)
+	r := reserveRouter(t, &now)
+	ctx := testenv.Context(t)
+	req := Request{Tokens: toks(64, 0)}
+	reserve := func(id string) WorkerKey {
+		t.Helper()
+		sel, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, ReserveTTL: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Selected(sel)
+	}
+	idle := func(when string) {
+		t.Helper()
+		for _, w := range []string{"a", "b"} {
+			if l := r.Active().Load(WorkerKey{ID: w}); l != (WorkerLoad{}) {
+				t.Errorf("%s: worker %s holds %+v, want nothing", when, w, l)
+			}
+		}
+	}
+
+	reserve("released")
+	reserve("released") // again: the first is released, the second holds
+	if rs := r.ReservationStats(); rs.Held != 1 || rs.Released != 1 {
+		t.Errorf("after reserving an id twice: %+v, want 1 held, 1 released", rs)
+	}
+	if err := r.Release(ctx, "released"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Release(ctx, "released"); !errors.Is(err, ErrUnknownRequest) {
+		t.Errorf("second release: %v, want ErrUnknownRequest", err)
+	}
+	idle("after the release")
+
+	reserve("expires")
+	now = now.Add(49 * time.Millisecond)
+	if _, held := r.Reserved("expires"); !held {
+		t.Error("the reservation ended before its TTL")
+	}
+	now = now.Add(time.Millisecond)
+	if _, err := r.BestWorker(ctx, req, BestWorkerOptions{}); err != nil { // a probe expires it
+		t.Fatal(err)
+	}
+	idle("after the TTL")
+
+	w := reserve("moved")
+	other := WorkerKey{ID: "a"}
+	if w == other {
+		other = WorkerKey{ID: "b"}
+	}
+	if _, err := r.Confirm(ctx, "moved", other, req); err != nil {
+		t.Fatal(err)
+	}
+	if l := r.Active().Load(w); l.ActiveRequests != 0 {
+		t.Errorf("the reserved worker %v still holds %+v after the request moved", w, l)
+	}
+	if l := r.Active().Load(other); l.ActiveRequests != 1 {
+		t.Errorf("worker %v holds %+v, want the moved request", other, l)
+	}
+	if _, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: "moved", ReserveTTL: time.Second}); !errors.Is(err, ErrDuplicateRequest) {
+		t.Errorf("reserving an active id: %v, want ErrDuplicateRequest", err)
+	}
+	if err := r.Free(ctx, "moved"); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := r.Confirm(ctx, "never", WorkerKey{ID: "a"}, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Free(ctx, "never"); err != nil {
+		t.Fatal(err)
+	}
+	idle("at the end")
+	want := ReservationStats{Made: 4, Released: 3, Expired: 1, Missed: 1}
+	if got := r.ReservationStats(); got != want {
+		t.Errorf("stats %+v, want %+v", got, want)
+	}
+}
+
+// TestSweepExpiresReservations: the sweeper expires reservations too,
+// when no probe comes.
+func TestSweepExpiresReservations(t *testing.T) {
+	now := time.Unix(100, 0)
+	r := reserveRouter(t, &now)
+	ctx := testenv.Context(t)
+	if _, err := r.BestWorker(ctx, Request{Tokens: toks(64, 0)}, BestWorkerOptions{RequestID: "x", ReserveTTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Second)
+	r.Sweep()
+	if rs := r.ReservationStats(); rs.Expired != 1 || rs.Held != 0 {
+		t.Errorf("after the sweep %+v, want 1 expired, none held", rs)
+	}
+}
