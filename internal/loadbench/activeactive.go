@@ -111,10 +111,10 @@ func (c *ActiveActiveConfig) defaults() {
 
 // AcceptedCommitModes splits the commit modes kvgate knows of into those
 // the global router's configuration validation accepts and those it
-// refuses (reserve until reserving probes exist): tests run a row per
-// accepted mode and log the refused.
+// refuses: tests run a row per accepted mode and log the refused (a
+// mode a later version adds joins this list).
 func AcceptedCommitModes() (accepted, refused []globalrouter.CommitMode) {
-	for _, m := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitPipelined, commitReserve} {
+	for _, m := range []globalrouter.CommitMode{globalrouter.CommitDecide, globalrouter.CommitPipelined, globalrouter.CommitReserve} {
 		if CheckCommitMode(m) == nil {
 			accepted = append(accepted, m)
 		} else {
@@ -123,10 +123,6 @@ func AcceptedCommitModes() (accepted, refused []globalrouter.CommitMode) {
 	}
 	return accepted, refused
 }
-
-// commitReserve is issue 26's reserving probes' mode (probe.commit:
-// reserve), named here before the global router has it.
-const commitReserve globalrouter.CommitMode = "reserve"
 
 // CheckCommitMode is the global router's configuration validation of a
 // configuration whose probe.commit is m.
