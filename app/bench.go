@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/internal/chaos"
 	"github.com/kvgate/kvgate/internal/loadbench"
@@ -43,7 +45,7 @@ func runBench(ctx context.Context, args []string) error {
 	probes := fs.Int("probes", 20000, "probe: probes per mode")
 	packed := fs.Bool("packed-hashes", false, "probe: send the channel's hashes as packed bytes, not the repeated field")
 	serverProc := fs.Bool("probe-server-process", false, "probe: serve the local router from a child process, and print each end's CPU apart")
-	decision := fs.Bool("decision", false, "paced decision benchmark: the Envoy-faithful client offers -rate 8 KB chat requests per second (-decision-n of them) to the ext_proc server of `kvgate up` (2 pools x 8 mock workers)")
+	decision := fs.Bool("decision", false, "decision benchmark: the Envoy-faithful client sends 8 KB chat requests to kvgate's ext_proc server, global router and local routers (-decision-pools × -decision-workers): -decision-sequential one at a time (the decision's parts: tokenize, round trips, gRPC floor), then -decision-n at -rate per second")
 	decisionN := fs.Int("decision-n", 3000, "decision: requests")
 	decisionProfile := fs.String("decision-server-profile", "", "decision: a file for a CPU profile of kvgate's process over the paced window")
 	decisionProc := fs.Bool("decision-server-process", true, "decision: run kvgate's side in a child process, as a real Envoy is a process of its own (false: one process, one heap)")
@@ -55,6 +57,17 @@ func runBench(ctx context.Context, args []string) error {
 	soakProfile := fs.String("soak-profile", "", "soak: a directory for a CPU profile of the ramp and goroutine dumps (what the ramp waits on)")
 	soakChannel := fs.Bool("soak-channel", true, "soak: the global router uses the local-router channel (false: unary probes and Track streams)")
 	soakHTTP2 := fs.Bool("soak-http2", true, "soak: the load client and the gateway's upstream speak h2c (HTTP/2 multiplexed over a few connections; false: HTTP/1.1, ~4 fds per stream)")
+	commit := fs.String("commit", "", "decision, active-active (read by those only): the global routers' probe.commit, one mode or several run in turn (decide,pipelined; reserve once the global router accepts it); default: -probe-config's, else decide")
+	probeConfig := fs.String("probe-config", "", "decision, active-active (read by those only): a YAML file with the global routers' probe section (probe: {commit: ..., timeout: ...}); -commit overrides its commit")
+	decisionPools := fs.String("decision-pools", "2", "decision: pools, one count or several run in turn (1,2)")
+	decisionWorkers := fs.Int("decision-workers", 8, "decision: workers per pool")
+	decisionSeq := fs.Int("decision-sequential", 300, "decision: exchanges run one at a time before the paced window, on which the decision's parts are measured (tokenize, round trips, gRPC floor)")
+	activeActive := fs.Int("active-active", 0, "active-active burst: this many global routers, each behind its own ext_proc server, on the same local routers, a burst of -aa-burst identical long prompts split among them (0: off)")
+	aaRuns := fs.Int("aa-runs", 30, "active-active: bursts per commit mode, each on fresh global routers")
+	aaBurst := fs.Int("aa-burst", 64, "active-active: requests per burst")
+	aaPools := fs.String("aa-pools", "4", "active-active: workers per pool, one count per pool (2,2: two pools of 2)")
+	aaKill := fs.Bool("aa-kill", false, "active-active: kill global router 0 once it routed half its share, each burst (its channels and streams cut)")
+	aaProcess := fs.Bool("aa-process", false, "active-active: run each global router and its ext_proc server in a child process (killed with SIGKILL); false: in this process")
 	oc := overload.DefaultConfig()
 	withOverload := fs.Bool("overload", false, "overload bench (issue 24): measure the capacity of `kvgate up` (in the process, or -overload-addr), then offer -load × it with the -priority-mix and -tenant-mix headers, and report TTFT, refusals, SLO, goodput and fairness per priority and tenant, and every router's in-flight count after (docs/replay-results.md)")
 	fs.StringVar(&oc.Addr, "overload-addr", "", "overload: a running gateway's base URL, e.g. http://127.0.0.1:8080 (default: start `kvgate up` in the process: 2 pools of 1 mock worker, 4 sequences each, a chain that sheds)")
@@ -76,12 +89,12 @@ func runBench(ctx context.Context, args []string) error {
 	fs.DurationVar(&ic.RequestTimeout, "idle-request-timeout", 5*time.Second, "idle: the server's -stream-request-timeout")
 	fs.IntVar(&ic.Conns, "idle-conns", 100, "idle: gRPC connections the streams are spread over")
 	fs.IntVar(&ic.Rounds, "idle-rounds", 2, "idle: rounds of -idle streams in turn (the heap after each later round is compared with the first's)")
-	asJSON := fs.Bool("json", false, "chaos, decision, idle, probe, soak, overload: print the report as JSON")
+	asJSON := fs.Bool("json", false, "active-active, chaos, decision, idle, probe, soak, overload: print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if chosen := countTrue(*probe, *soak > 0, *decision, *idle > 0, *withOverload, *withChaos); chosen > 1 {
-		return fmt.Errorf("-probe, -soak, -decision, -idle, -overload and -chaos: choose one")
+	if chosen := countTrue(*probe, *soak > 0, *decision, *idle > 0, *withOverload, *withChaos, *activeActive > 0); chosen > 1 {
+		return fmt.Errorf("-probe, -soak, -decision, -idle, -overload, -chaos and -active-active: choose one")
 	}
 	if !(*idle > 0) && (flagSet(fs, "idle-max-streams") || flagSet(fs, "idle-request-timeout") || flagSet(fs, "idle-conns") || flagSet(fs, "idle-rounds")) {
 		return fmt.Errorf("-idle-max-streams, -idle-request-timeout, -idle-conns and -idle-rounds are read by -idle only")
@@ -99,12 +112,49 @@ func runBench(ctx context.Context, args []string) error {
 			return fmt.Errorf("-%s is read by -overload only", name)
 		}
 	}
+	for _, only := range []struct {
+		on    bool
+		mode  string
+		flags []string
+	}{
+		{*decision || *activeActive > 0, "-decision or -active-active", []string{"commit", "probe-config"}},
+		{*decision, "-decision", []string{"decision-pools", "decision-workers", "decision-sequential", "decision-n", "decision-server-profile", "decision-server-process"}},
+		{*activeActive > 0, "-active-active", []string{"aa-runs", "aa-burst", "aa-pools", "aa-kill", "aa-process"}},
+	} {
+		for _, name := range only.flags {
+			if !only.on && flagSet(fs, name) {
+				return fmt.Errorf("-%s is read by %s only", name, only.mode)
+			}
+		}
+	}
+	modes, err := commitModes(*commit)
+	if err != nil {
+		return err
+	}
 	if *decision {
 		r := *rate
 		if !flagSet(fs, "rate") {
 			r = 1000
 		}
-		return benchDecision(ctx, loadbench.DecisionConfig{Rate: r, N: *decisionN, ServerProcess: *decisionProc, ServerProfile: *decisionProfile}, *asJSON)
+		pools, err := counts("-decision-pools", *decisionPools)
+		if err != nil {
+			return err
+		}
+		return benchDecision(ctx, loadbench.DecisionConfig{Rate: r, N: *decisionN, ServerProcess: *decisionProc, ServerProfile: *decisionProfile,
+			Workers: *decisionWorkers, Sequential: *decisionSeq, ProbeFile: *probeConfig}, modes, pools, *asJSON)
+	}
+	if *activeActive > 0 {
+		pools, err := counts("-aa-pools", *aaPools)
+		if err != nil {
+			return err
+		}
+		var pc globalrouter.ProbeConfig
+		if *probeConfig != "" {
+			if pc, err = loadbench.LoadProbeConfig(*probeConfig); err != nil {
+				return err
+			}
+		}
+		return benchActiveActive(ctx, loadbench.ActiveActiveConfig{Routers: *activeActive, Pools: pools, Burst: *aaBurst, Runs: *aaRuns, Kill: *aaKill, Process: *aaProcess, Probe: pc}, modes, *asJSON)
 	}
 	if *probe {
 		return benchProbe(ctx, loadbench.ProbeConfig{Rate: *rate, N: *probes, PackedHashes: *packed, ServerProcess: *serverProc}, *asJSON)
@@ -219,30 +269,119 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
-// benchDecision prints the paced decision figures.
-func benchDecision(ctx context.Context, cfg loadbench.DecisionConfig, asJSON bool) error {
-	fmt.Fprintf(os.Stderr, "decision: %d requests at %d/s (kvgate in its own process: %v); load average %s\n", cfg.N, cfg.Rate, cfg.ServerProcess, loadAverage())
-	res, err := loadbench.Decision(ctx, cfg)
+// benchDecision prints the decision figures of each commit mode and
+// number of pools.
+func benchDecision(ctx context.Context, cfg loadbench.DecisionConfig, modes []globalrouter.CommitMode, pools []int, asJSON bool) error {
+	fmt.Fprintf(os.Stderr, "decision: commit %v, pools %v: %d sequential, then %d requests at %d/s (kvgate in its own process: %v); load average %s\n",
+		modes, pools, cfg.Sequential, cfg.N, cfg.Rate, cfg.ServerProcess, loadbench.LoadAverage())
+	rep, err := loadbench.DecisionModes(ctx, cfg, modes, pools)
 	if err != nil {
 		return err
 	}
 	if asJSON {
-		return json.NewEncoder(os.Stdout).Encode(res)
+		return json.NewEncoder(os.Stdout).Encode(rep)
 	}
-	fmt.Printf("%-10s %10s %10s\n", "", "p50", "p99")
-	fmt.Printf("%-10s %8.0fµs %8.0fµs\n", "exchange", res.ExchangeP50us, res.ExchangeP99us)
-	fmt.Printf("%-10s %8.0fµs %8.0fµs   (target: p99 ≤ 1.5 ms at 1,000/s)\n", "decision", res.DecisionP50us, res.DecisionP99us)
-	if res.ServerProcess {
-		fmt.Printf("CPU per request: client %.0fµs, kvgate %.0fµs; %.0f req/s held\n", res.ClientCPUusPerReq, res.ServerCPUusPerReq, res.Rate)
-	} else {
-		fmt.Printf("CPU per request (client and kvgate in one process): %.0fµs; %.0f req/s held\n", res.ClientCPUusPerReq, res.Rate)
+	for _, res := range rep.Runs {
+		fmt.Printf("commit %s, %d pool(s) × %d workers; load average %s\n", res.Commit, res.Pools, res.Workers, res.LoadAverage)
+		fmt.Printf("  sequential (%d): decision p50 %.0fµs p99 %.0fµs; tokenize p50 %.0fµs; gRPC floor p50 %.0fµs (back to back %.0fµs, %d B)\n",
+			res.Sequential, res.DecisionP50us, res.DecisionP99us, res.TokenizeP50us, res.GRPCFloorP50us, res.GRPCFloorBackToBackP50us, res.ProbeBytes)
+		fmt.Printf("  round trips waited per decision %.2f, messages not waited %.2f; target decision p50 ≤ tokenize + 1.3 × floor = %.0fµs: %s\n",
+			res.RoundTripsPerDecision, res.UnwaitedPerDecision, res.TargetDecisionP50us, metOrMissed(res.TargetMet))
+		fmt.Printf("  paced: exchange p50 %.0fµs p99 %.0fµs; decision p50 %.0fµs p99 %.0fµs; %.0f req/s held; messages per request %v; %d best-effort (no probe answered in time)\n",
+			res.ExchangeP50us, res.ExchangeP99us, res.PacedDecisionP50us, res.PacedDecisionP99us, res.Rate, res.MessagesPerRequest, res.BestEffort)
+		if res.ServerProcess {
+			fmt.Printf("  CPU per request: client %.0fµs, kvgate %.0fµs", res.ClientCPUusPerReq, res.ServerCPUusPerReq)
+		} else {
+			fmt.Printf("  CPU per request (client and kvgate in one process): %.0fµs", res.ClientCPUusPerReq)
+		}
+		if res.CPUvsDecide > 0 {
+			fmt.Printf(" (×%.2f decide's)", res.CPUvsDecide)
+		}
+		fmt.Println()
 	}
 	return nil
 }
 
+func metOrMissed(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "MISSED"
+}
+
+// benchActiveActive runs and prints the active-active bursts of each
+// commit mode.
+func benchActiveActive(ctx context.Context, cfg loadbench.ActiveActiveConfig, modes []globalrouter.CommitMode, asJSON bool) error {
+	fmt.Fprintf(os.Stderr, "active-active: %d global routers (child processes: %v), pools %v, %d runs of %d per mode %v (kill: %v); load average %s\n",
+		cfg.Routers, cfg.Process, cfg.Pools, cfg.Runs, cfg.Burst, modes, cfg.Kill, loadbench.LoadAverage())
+	var all []loadbench.ActiveActiveResult
+	for _, m := range modes {
+		c := cfg
+		if m != "" {
+			c.Probe.Commit = m
+		}
+		res, err := loadbench.ActiveActive(ctx, c)
+		if err != nil {
+			return err
+		}
+		all = append(all, res)
+	}
+	if asJSON {
+		return json.NewEncoder(os.Stdout).Encode(all)
+	}
+	fmt.Printf("%-10s %5s %10s %11s %18s %6s %11s %7s  %s\n", "commit", "runs", "even runs", "exact runs", "max on one worker", "moved", "held twice", "failed", "first run's placement")
+	for _, r := range all {
+		moved, twice, failed := 0, 0, 0
+		for _, run := range r.Runs {
+			moved, twice, failed = moved+run.Moved, max(twice, run.HeldTwice), failed+run.Failed
+		}
+		fmt.Printf("%-10s %5d %10d %11d %18d %6d %11d %7d  %v\n", r.Commit, len(r.Runs), r.EvenRuns, r.ExactRuns, r.MaxOnOneWorker, moved, twice, failed, r.Runs[0].Placed)
+		for i, run := range r.Runs {
+			for _, v := range run.Violations {
+				fmt.Printf("  run %d: %s\n", i, v)
+			}
+		}
+	}
+	fmt.Printf("even: every worker got %d / workers; exact: every in-flight count matched the client's during (sampled), at the hold and after (0)\n", cfg.Burst)
+	fmt.Println("moved: contended commits moved to another pool (decide over several pools), each held on two pools for a moment; held twice: the most requests the local routers held above the exchanges opened; failed: the killed router's exchanges not routed")
+	return nil
+}
+
+// commitModes is -commit's list ("": one run with the configuration's
+// mode).
+func commitModes(s string) ([]globalrouter.CommitMode, error) {
+	if s == "" {
+		return []globalrouter.CommitMode{""}, nil
+	}
+	var out []globalrouter.CommitMode
+	for _, m := range config.SplitList(s) {
+		if err := loadbench.CheckCommitMode(globalrouter.CommitMode(m)); err != nil {
+			return nil, fmt.Errorf("-commit %s: %w", m, err)
+		}
+		out = append(out, globalrouter.CommitMode(m))
+	}
+	return out, nil
+}
+
+// counts is a flag's comma-separated list of positive counts.
+func counts(flagName, s string) ([]int, error) {
+	var out []int
+	for _, f := range config.SplitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%s %q: want positive counts separated by commas", flagName, s)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: empty", flagName)
+	}
+	return out, nil
+}
+
 // benchSoak prints the soak's figures.
 func benchSoak(ctx context.Context, cfg loadbench.SoakConfig, asJSON bool) error {
-	fmt.Fprintf(os.Stderr, "soak: %d concurrent streams held %v (channel %v); load average %s\n", cfg.Streams, cfg.Hold, cfg.Channel, loadAverage())
+	fmt.Fprintf(os.Stderr, "soak: %d concurrent streams held %v (channel %v); load average %s\n", cfg.Streams, cfg.Hold, cfg.Channel, loadbench.LoadAverage())
 	res, err := loadbench.Soak(ctx, cfg)
 	if err != nil {
 		return err

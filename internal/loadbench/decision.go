@@ -4,25 +4,21 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/internal/benchfig"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
@@ -46,26 +42,79 @@ type DecisionConfig struct {
 	// ServerProfile, with ServerProcess, is a file the server process
 	// writes a CPU profile of the paced window to ("": none).
 	ServerProfile string
-	Logger        *slog.Logger // progress; nil: none
+	// Commit is the global router's probe.commit (default: the probe
+	// configuration's, else decide); ProbeFile a YAML file of the global
+	// router's probe section (LoadProbeConfig; "": the defaults).
+	Commit    globalrouter.CommitMode
+	ProbeFile string
+	// Sequential is how many exchanges run one at a time before the paced
+	// window (default 300): the decision's parts are measured on them —
+	// tokenizing, the round trips to the local routers, the gRPC floor.
+	Sequential int
+	Logger     *slog.Logger // progress; nil: none
 }
 
-// DecisionResult is the paced decision benchmark's figures. Exchange is the
+// DecisionResult is the decision benchmark's figures for one commit mode
+// and one shape of pools.
+//
+// The sequential phase (one exchange at a time, Sequential of them):
+// Decision is the global router's decision alone, timed around its Decide
+// inside the ext_proc server; Tokenize the tokenizer's share of it, timed
+// around the global router's tokenizer; GRPCFloor a bare gRPC round trip
+// of ProbeBytes (the largest probe sent) on the local routers' transport,
+// in kvgate's process, one after each exchange; RoundTripsPerDecision the mean of
+// each decision's round trips to the local routers that it waited for,
+// counted on the wire (rtCounter), and UnwaitedPerDecision the messages
+// it sent without waiting (a pipelined commit); TargetDecisionP50us is
+// issue 26's bound, tokenize p50 + 1.3 × floor p50.
+//
+// The paced phase (Rate requests per second, N of them): Exchange is the
 // whole exchange as the client times it (headers and body out, the
-// routing headers back); Decision is the global router's decision alone,
-// timed around its Decide inside the ext_proc server; CPU is per request,
-// of the client's and kvgate's process (one process: ClientCPUusPerReq is
-// the whole, ServerCPUusPerReq 0).
+// routing headers back), PacedDecision the decisions, MessagesPerRequest
+// the messages sent to the local routers per request by kind (frees
+// included), CPU per request of the client's and kvgate's process (one
+// process: ClientCPUusPerReq is the whole, ServerCPUusPerReq 0).
 type DecisionResult struct {
-	Requests          int     `json:"requests"`
-	Errors            int     `json:"errors"`
-	Rate              float64 `json:"rate"`
-	ExchangeP50us     float64 `json:"exchange_p50_us"`
-	ExchangeP99us     float64 `json:"exchange_p99_us"`
-	DecisionP50us     float64 `json:"decision_p50_us"`
-	DecisionP99us     float64 `json:"decision_p99_us"`
+	Commit      string `json:"commit"`
+	Pools       int    `json:"pools"`
+	Workers     int    `json:"workers_per_pool"`
+	LoadAverage string `json:"load_average"`
+
+	Sequential     int     `json:"sequential"`
+	DecisionP50us  float64 `json:"decision_p50_us"`
+	DecisionP99us  float64 `json:"decision_p99_us"`
+	TokenizeP50us  float64 `json:"tokenize_p50_us"`
+	TokenizeP99us  float64 `json:"tokenize_p99_us"`
+	GRPCFloorP50us float64 `json:"grpc_floor_p50_us"`
+	GRPCFloorP99us float64 `json:"grpc_floor_p99_us"`
+	// GRPCFloorBackToBackP50us is the floor's round trips run one after
+	// the other with no pause (the process never idles between them).
+	GRPCFloorBackToBackP50us float64 `json:"grpc_floor_back_to_back_p50_us"`
+	ProbeBytes               int     `json:"probe_bytes"`
+	RoundTripsPerDecision    float64 `json:"round_trips_per_decision"`
+	UnwaitedPerDecision      float64 `json:"unwaited_messages_per_decision"`
+	TargetDecisionP50us      float64 `json:"target_decision_p50_us"`
+	TargetMet                bool    `json:"target_met"`
+
+	Requests           int                `json:"requests"`
+	Errors             int                `json:"errors"`
+	Rate               float64            `json:"rate"`
+	ExchangeP50us      float64            `json:"exchange_p50_us"`
+	ExchangeP99us      float64            `json:"exchange_p99_us"`
+	PacedDecisionP50us float64            `json:"paced_decision_p50_us"`
+	PacedDecisionP99us float64            `json:"paced_decision_p99_us"`
+	MessagesPerRequest map[string]float64 `json:"messages_per_request"`
+	// BestEffort is the paced requests routed with no local router's
+	// answer (every probe past its deadline: no probe result, no commit;
+	// an overloaded machine's mark).
+	BestEffort        int     `json:"best_effort"`
 	ClientCPUusPerReq float64 `json:"client_cpu_us_per_req"`
 	ServerCPUusPerReq float64 `json:"server_cpu_us_per_req"`
 	ServerProcess     bool    `json:"server_process"`
+	// CPUvsDecide is this run's kvgate CPU per request over the decide
+	// run's of the same pools in the same invocation (DecisionModes; 0:
+	// none; issue 26 wants reserve ≤ 0.75).
+	CPUvsDecide float64 `json:"kvgate_cpu_vs_decide,omitempty"`
 }
 
 // decisionServerEnv marks the process Decision starts with ServerProcess;
@@ -73,6 +122,8 @@ type DecisionResult struct {
 const (
 	decisionServerEnv        = "KVGATE_DECISION_SERVER"
 	decisionServerProfileEnv = "KVGATE_DECISION_SERVER_PROFILE"
+	decisionCommitEnv        = "KVGATE_DECISION_COMMIT"
+	decisionProbeFileEnv     = "KVGATE_DECISION_PROBE_FILE"
 )
 
 func (c *DecisionConfig) defaults() {
@@ -88,6 +139,9 @@ func (c *DecisionConfig) defaults() {
 	if c.Workers <= 0 {
 		c.Workers = 8
 	}
+	if c.Sequential <= 0 {
+		c.Sequential = 300
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -99,24 +153,39 @@ func (c *DecisionConfig) defaults() {
 // (pooltest.Serve, the routers extproc's benchmark runs), the
 // global router (the default chain and tokenizer) and the ext_proc server,
 // without etcd, NATS or workers (the exchange ends when Envoy would
-// connect to the worker).
+// connect to the worker); beside them the gRPC floor's server.
 type decisionSide struct {
 	addr  string
 	timed *timedDecider
+	tok   *timedTokenizer
+	rt    *rtCounter
+	floor *floorServer
+	reg   *prometheus.Registry // the global router's metrics
 	stop  func()
 }
 
-// timedDecider records each decision's duration inside the ext_proc server.
+// timedDecider records each decision's duration inside the ext_proc
+// server, and, while seq is set (decisions one at a time), brackets each
+// with rt's begin and end.
 type timedDecider struct {
 	d   globalrouter.Decider
+	rt  *rtCounter
+	seq atomic.Bool
 	mu  sync.Mutex
 	lat []time.Duration
 }
 
 func (t *timedDecider) Decide(ctx context.Context, req *globalrouter.Request) (*globalrouter.Decision, error) {
+	seq := t.seq.Load()
+	if seq {
+		t.rt.begin()
+	}
 	t0 := time.Now()
 	d, err := t.d.Decide(ctx, req)
 	el := time.Since(t0)
+	if seq {
+		t.rt.end()
+	}
 	t.mu.Lock()
 	t.lat = append(t.lat, el)
 	t.mu.Unlock()
@@ -132,7 +201,31 @@ func (t *timedDecider) take() []time.Duration {
 	return out
 }
 
-func startDecisionSide(pools, workers int) (_ *decisionSide, err error) {
+// sideConfig is what kvgate's side is built from (in a child process: its
+// environment).
+type sideConfig struct {
+	pools, workers int
+	commit         globalrouter.CommitMode
+	probeFile      string
+}
+
+// probeConfig is the global router's probe configuration: the file's (or
+// the defaults), with commit's mode if set.
+func (sc sideConfig) probeConfig() (globalrouter.ProbeConfig, error) {
+	var p globalrouter.ProbeConfig
+	if sc.probeFile != "" {
+		var err error
+		if p, err = LoadProbeConfig(sc.probeFile); err != nil {
+			return p, err
+		}
+	}
+	if sc.commit != "" {
+		p.Commit = sc.commit
+	}
+	return p, nil
+}
+
+func startDecisionSide(sc sideConfig) (_ *decisionSide, err error) {
 	var stops []func()
 	stop := func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -144,25 +237,43 @@ func startDecisionSide(pools, workers int) (_ *decisionSide, err error) {
 			stop()
 		}
 	}()
+	probe, err := sc.probeConfig()
+	if err != nil {
+		return nil, err
+	}
 	const blockSize = 16
 	var pcs []pool.Config
-	for p := range pools {
+	for p := range sc.pools {
 		name := fmt.Sprintf("pool-%d", p)
-		lr, err := pooltest.Serve("127.0.0.1:0", name, blockSize, pooltest.Workers(name, workers)...)
+		lr, err := pooltest.Serve("127.0.0.1:0", name, blockSize, pooltest.Workers(name, sc.workers)...)
 		if err != nil {
 			return nil, err
 		}
 		stops = append(stops, lr.Close)
 		pcs = append(pcs, pool.NewConfig(name, blockSize, []string{decisionModel}, lr.Addr))
 	}
+	floor, err := startFloor()
+	if err != nil {
+		return nil, err
+	}
+	stops = append(stops, floor.stop)
+	tok, err := loadDecisionTokenizer()
+	if err != nil {
+		return nil, err
+	}
+	ds := &decisionSide{tok: &timedTokenizer{t: tok}, rt: newRTCounter(), floor: floor}
 	gcfg := globalrouter.DefaultConfig(pcs...)
-	router, err := globalrouter.New(gcfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
+	gcfg.Probe = probe
+	gcfg.Defaults()
+	ds.reg = prometheus.NewRegistry()
+	router, err := globalrouter.New(gcfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)), globalrouter.WithRegisterer(ds.reg),
+		globalrouter.WithTokenizer(decisionModel, ds.tok), globalrouter.WithDialer(pool.ChannelDialer(ds.rt.dialOptions()...)))
 	if err != nil {
 		return nil, err
 	}
 	stops = append(stops, func() { router.Close() })
-	timed := &timedDecider{d: router}
-	xs, err := extproc.New(extproc.Config{}, timed, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	ds.timed = &timedDecider{d: router, rt: ds.rt}
+	xs, err := extproc.New(extproc.Config{}, ds.timed, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		return nil, err
 	}
@@ -174,36 +285,86 @@ func startDecisionSide(pools, workers int) (_ *decisionSide, err error) {
 	done := make(chan error, 1)
 	go func() { done <- xs.Serve(ctx, lis) }()
 	stops = append(stops, func() { cancel(); <-done })
-	return &decisionSide{addr: lis.Addr().String(), timed: timed, stop: stop}, nil
+	ds.addr, ds.stop = lis.Addr().String(), stop
+	return ds, nil
 }
 
 // decisionModel is the model the benchmark's pools serve and its requests
 // name.
 const decisionModel = "m"
 
-// serverSnapshot is what kvgate's side reports at the start and the end
-// of the paced window: its CPU time so far and the decisions' durations
-// since the previous snapshot.
+// serverSnapshot is what kvgate's side reports to a command: its CPU
+// time so far and what it recorded since the previous snapshot.
 type serverSnapshot struct {
-	CPUns     int64   `json:"cpu_ns"`
-	Decisions []int64 `json:"decisions_ns"`
+	CPUns      int64            `json:"cpu_ns"`
+	Decisions  []int64          `json:"decisions_ns"`
+	Tokenize   []int64          `json:"tokenize_ns"`
+	Rounds     []int            `json:"rounds"`
+	Unwaited   []int            `json:"unwaited"`
+	Sent       map[string]int64 `json:"sent"`
+	ProbeBytes int              `json:"probe_bytes"`
+	Floor      []int64          `json:"floor_ns"`
+	// BestEffort is the decisions so far routed with no local router's
+	// answer (kvgate_globalrouter_best_effort_total: every probe missed
+	// its deadline; no commit).
+	BestEffort int `json:"best_effort"`
 }
 
-func (ds *decisionSide) snapshot() serverSnapshot {
-	s := serverSnapshot{CPUns: CPUTime().Nanoseconds()}
-	for _, d := range ds.timed.take() {
-		s.Decisions = append(s.Decisions, d.Nanoseconds())
+func nanos(ds []time.Duration) []int64 {
+	out := make([]int64, len(ds))
+	for i, d := range ds {
+		out[i] = d.Nanoseconds()
 	}
-	return s
+	return out
+}
+
+func durations(ns []int64) []time.Duration {
+	out := make([]time.Duration, len(ns))
+	for i, n := range ns {
+		out[i] = time.Duration(n)
+	}
+	return out
+}
+
+// command runs one of the commands the benchmark drives kvgate's side
+// with: "snap" (a snapshot), "seq 1" / "seq 0" (decisions one at a time
+// from now / no longer: count their round trips), "floor N" (N bare gRPC
+// round trips of the largest probe's size: a snapshot of only them, in
+// Floor, and the CPU time).
+func (ds *decisionSide) command(cmd string) (serverSnapshot, error) {
+	switch f := strings.Fields(cmd); {
+	case len(f) == 2 && f[0] == "seq":
+		ds.timed.seq.Store(f[1] == "1")
+	case len(f) == 2 && f[0] == "floor":
+		n, err := strconv.Atoi(f[1])
+		if err != nil {
+			return serverSnapshot{}, fmt.Errorf("command %q: %w", cmd, err)
+		}
+		floor, err := ds.floor.measure(context.Background(), n, ds.rt.probeSize())
+		if err != nil {
+			return serverSnapshot{}, err
+		}
+		return serverSnapshot{CPUns: CPUTime().Nanoseconds(), Floor: nanos(floor)}, nil // the rest stays for the next snapshot
+	case cmd == "snap":
+	default:
+		return serverSnapshot{}, fmt.Errorf("unknown command %q", cmd)
+	}
+	s := serverSnapshot{CPUns: CPUTime().Nanoseconds(), Decisions: nanos(ds.timed.take()), Tokenize: nanos(ds.tok.take())}
+	s.Rounds, s.Unwaited = ds.rt.takeSeq()
+	s.Sent, s.ProbeBytes = ds.rt.takeSent()
+	var err error
+	s.BestEffort, err = gatherSum(ds.reg, "kvgate_globalrouter_best_effort_total", "", "")
+	return s, err
 }
 
 // serveDecisionServer is the decision benchmark's server process: it
 // prints "addr <ext_proc address>", then answers each line of its
-// input with "snap <json serverSnapshot>", until its input closes. With a
-// profile file it profiles its CPU from the first snapshot (the start of
-// the paced window) to the second.
+// input (a command) with "snap <json serverSnapshot>", until its input
+// closes. With a profile file it profiles its CPU from the first "snap"
+// (the start of the paced window) to the second.
 func serveDecisionServer(in io.Reader, out io.Writer, profile string) error {
-	ds, err := startDecisionSide(intEnv("KVGATE_DECISION_POOLS", 2), intEnv("KVGATE_DECISION_WORKERS", 8))
+	ds, err := startDecisionSide(sideConfig{pools: intEnv("KVGATE_DECISION_POOLS", 2), workers: intEnv("KVGATE_DECISION_WORKERS", 8),
+		commit: globalrouter.CommitMode(os.Getenv(decisionCommitEnv)), probeFile: os.Getenv(decisionProbeFileEnv)})
 	if err != nil {
 		return err
 	}
@@ -214,17 +375,23 @@ func serveDecisionServer(in io.Reader, out io.Writer, profile string) error {
 	lines := bufio.NewScanner(in)
 	stopProfile := func() {}
 	defer func() { stopProfile() }() // if the input closes first
-	for n := 0; lines.Scan(); n++ {
-		b, _ := json.Marshal(ds.snapshot())
+	for n := 0; lines.Scan(); {
+		s, err := ds.command(lines.Text())
+		if err != nil {
+			return err
+		}
+		b, _ := json.Marshal(s)
 		switch {
-		case profile == "":
+		case profile == "" || lines.Text() != "snap":
 		case n == 0:
 			if stopProfile, err = startCPUProfile(profile); err != nil {
 				return err
 			}
+			n++
 		case n == 1:
 			stopProfile()
 			stopProfile = func() {}
+			n++
 		}
 		if _, err := fmt.Fprintf(out, "snap %s\n", b); err != nil {
 			return err
@@ -239,181 +406,4 @@ func intEnv(name string, def int) int {
 		return def
 	}
 	return n
-}
-
-// Decision runs the paced decision benchmark.
-func Decision(ctx context.Context, cfg DecisionConfig) (DecisionResult, error) {
-	cfg.defaults()
-	var (
-		addr string
-		snap func() (serverSnapshot, error)
-	)
-	if cfg.ServerProcess {
-		ps, err := startChild(ctx, "decision bench", decisionServerEnv+"=1", decisionServerProfileEnv+"="+cfg.ServerProfile,
-			fmt.Sprintf("KVGATE_DECISION_POOLS=%d", cfg.Pools), fmt.Sprintf("KVGATE_DECISION_WORKERS=%d", cfg.Workers))
-		if err != nil {
-			return DecisionResult{}, err
-		}
-		defer ps.stop()
-		addr = ps.addr
-		snap = func() (serverSnapshot, error) {
-			var s serverSnapshot
-			if _, err := io.WriteString(ps.in, "snap\n"); err != nil {
-				return s, fmt.Errorf("decision bench: server process: %w", err)
-			}
-			line, err := ps.line()
-			if err != nil {
-				return s, fmt.Errorf("decision bench: server process: %w", err)
-			}
-			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "snap ")), &s); err != nil {
-				return s, fmt.Errorf("decision bench: server process: %.80q: %w", line, err)
-			}
-			return s, nil
-		}
-	} else {
-		ds, err := startDecisionSide(cfg.Pools, cfg.Workers)
-		if err != nil {
-			return DecisionResult{}, err
-		}
-		defer ds.stop()
-		addr = ds.addr
-		snap = func() (serverSnapshot, error) { return ds.snapshot(), nil }
-	}
-	cfg.Logger.Info("decision bench: kvgate's side is up", "ext_proc", addr, "server_process", cfg.ServerProcess)
-
-	conn, err := grpc.NewClient(addr, append(extprocclient.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		return DecisionResult{}, fmt.Errorf("decision bench: %w", err)
-	}
-	defer conn.Close()
-	client, err := extprocclient.New(conn, extprocclient.Config{
-		ProcessingMode: &extprocfilterv3.ProcessingMode{
-			RequestBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, RequestTrailerMode: extprocfilterv3.ProcessingMode_SEND,
-			ResponseBodyMode: extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseTrailerMode: extprocfilterv3.ProcessingMode_SEND,
-		},
-		ReceivingNamespaces: []string{"envoy.lb"},
-		MessageTimeout:      10 * time.Second,
-		BufferLimit:         32 << 20,
-	}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		return DecisionResult{}, fmt.Errorf("decision bench: %w", err)
-	}
-	for i := range 32 { // warm the connections, the tokenizer, the caches
-		if _, err := decisionExchange(ctx, client, decisionBody("warm", i)); err != nil {
-			return DecisionResult{}, fmt.Errorf("decision bench: warm-up: %w", err)
-		}
-	}
-	bodies := make([][]byte, cfg.N)
-	for i := range bodies {
-		bodies[i] = decisionBody("paced", i)
-	}
-	s0, err := snap()
-	if err != nil {
-		return DecisionResult{}, err
-	}
-	cpu0 := CPUTime()
-	lat := make([]time.Duration, cfg.N)
-	errs := make([]error, cfg.N)
-	var wg sync.WaitGroup
-	gap := time.Second / time.Duration(cfg.Rate)
-	t0 := time.Now()
-	for i := range cfg.N {
-		if d := time.Until(t0.Add(time.Duration(i) * gap)); d > 0 {
-			time.Sleep(d) // pacing the offered load
-		}
-		wg.Go(func() { lat[i], errs[i] = decisionExchange(ctx, client, bodies[i]) })
-	}
-	wg.Wait()
-	elapsed := time.Since(t0)
-	cpu := CPUTime() - cpu0
-	s1, err := snap()
-	if err != nil {
-		return DecisionResult{}, err
-	}
-	res := DecisionResult{Requests: cfg.N, Rate: float64(cfg.N) / elapsed.Seconds(), ServerProcess: cfg.ServerProcess}
-	var ok []time.Duration
-	var firstErr error
-	for i, e := range errs {
-		if e != nil {
-			res.Errors++
-			if firstErr == nil {
-				firstErr = e
-			}
-			continue
-		}
-		ok = append(ok, lat[i])
-	}
-	p := benchfig.Percentiles(ok)
-	res.ExchangeP50us, res.ExchangeP99us = float64(p.P50.Nanoseconds())/1e3, float64(p.P99.Nanoseconds())/1e3
-	dec := make([]time.Duration, len(s1.Decisions))
-	for i, ns := range s1.Decisions {
-		dec[i] = time.Duration(ns)
-	}
-	dp := benchfig.Percentiles(dec)
-	res.DecisionP50us, res.DecisionP99us = float64(dp.P50.Nanoseconds())/1e3, float64(dp.P99.Nanoseconds())/1e3
-	res.ClientCPUusPerReq = float64(cpu.Nanoseconds()) / 1e3 / float64(cfg.N)
-	if cfg.ServerProcess {
-		res.ServerCPUusPerReq = float64(s1.CPUns-s0.CPUns) / 1e3 / float64(cfg.N)
-	}
-	if res.Errors > 0 {
-		return res, fmt.Errorf("decision bench: %d of %d exchanges failed, the first: %w", res.Errors, cfg.N, firstErr)
-	}
-	return res, nil
-}
-
-// decisionBody is the benchmark's 8 KB chat body: a system line that makes
-// each request distinct, then one long user message.
-func decisionBody(series string, i int) []byte {
-	b, _ := json.Marshal(map[string]any{"model": decisionModel, "stream": true, "messages": []map[string]string{
-		{"role": "system", "content": fmt.Sprintf("%s %d: you are a helpful assistant.", series, i)},
-		{"role": "user", "content": decisionParagraph},
-	}})
-	return b
-}
-
-var decisionParagraph = func() string {
-	var para strings.Builder
-	for i := 0; para.Len() < 7800; i++ {
-		fmt.Fprintf(&para, "Paragraph %d: a router that knows which worker holds a prompt's prefix in its KV cache saves the prefill of that prefix. ", i)
-	}
-	return para.String()
-}()
-
-// decisionExchange runs one request through the ext_proc server up to its
-// release towards the upstream (what Envoy waits for before connecting to
-// the worker), then ends the stream, which frees the request.
-func decisionExchange(ctx context.Context, c *extprocclient.Client, body []byte) (time.Duration, error) {
-	start := time.Now()
-	s := c.Open(ctx, nil)
-	defer s.Close()
-	hdr := extprocclient.Headers{
-		{Key: ":method", Value: "POST"}, {Key: ":path", Value: "/v1/chat/completions"},
-		{Key: ":authority", Value: "gateway.local"}, {Key: ":scheme", Value: "http"},
-		{Key: "content-type", Value: "application/json"},
-	}
-	if err := s.SendRequestHeaders(ctx, hdr, false); err != nil {
-		return 0, err
-	}
-	if err := s.SendRequestData(ctx, body, true); err != nil {
-		return 0, err
-	}
-	routed := false
-	for {
-		f, err := s.ReadUpstream(ctx)
-		switch {
-		case errors.Is(err, io.EOF):
-			if !routed {
-				return 0, errors.New("request released without a destination")
-			}
-			return time.Since(start), nil
-		case errors.Is(err, extprocclient.ErrLocalReply):
-			lr := s.Info().LocalReply
-			return 0, fmt.Errorf("local reply %d %s", lr.Status, lr.Body)
-		case err != nil:
-			return 0, err
-		}
-		if f.Kind == extprocclient.FrameHeaders {
-			_, routed = f.Headers.Get("x-gateway-destination-endpoint")
-		}
-	}
 }

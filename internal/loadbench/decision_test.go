@@ -2,8 +2,11 @@ package loadbench
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"testing"
+
+	"github.com/kvgate/kvgate/globalrouter"
 )
 
 var decisionProfile = flag.String("decisionprofile", "", "write a CPU profile of the decision benchmark's kvgate process over the paced window to this file (with -decisionserverprocess)")
@@ -13,16 +16,71 @@ var decisionProfile = flag.String("decisionprofile", "", "write a CPU profile of
 // side measured apart only when it runs apart.
 func TestDecisionSmoke(t *testing.T) {
 	for _, apart := range []bool{false, true} {
-		res, err := Decision(context.Background(), DecisionConfig{Rate: 200, N: 100, ServerProcess: apart})
+		res, err := Decision(context.Background(), DecisionConfig{Rate: 200, N: 100, Sequential: 20, ServerProcess: apart})
 		if err != nil {
 			t.Fatalf("server process %v: %v", apart, err)
 		}
-		if res.Requests != 100 || res.Errors != 0 || res.ExchangeP50us <= 0 || res.DecisionP50us <= 0 || res.DecisionP99us < res.DecisionP50us {
+		if res.Requests != 100 || res.Errors != 0 || res.ExchangeP50us <= 0 || res.PacedDecisionP50us <= 0 || res.PacedDecisionP99us < res.PacedDecisionP50us {
 			t.Errorf("server process %v: %+v", apart, res)
 		}
 		if res.ServerProcess != apart || (res.ServerCPUusPerReq > 0) != apart {
 			t.Errorf("server process %v: kvgate's CPU apart: %v (%.0f µs/req)", apart, res.ServerProcess, res.ServerCPUusPerReq)
 		}
+	}
+}
+
+// TestDecisionJSON runs `kvgate bench -decision -json`'s report briefly,
+// every commit mode the global router's configuration accepts, one pool
+// and two: the object parses, carries the fields issue 26 names, and its
+// figures are sane (positive times, p99 ≥ p50, every request probing
+// every pool once, at least one round trip waited per decision, counted
+// on the wire). No timing threshold.
+func TestDecisionJSON(t *testing.T) {
+	modes, refused := AcceptedCommitModes()
+	t.Logf("commit modes run: %v; refused by the configuration (not run): %v", modes, refused)
+	rep, err := DecisionModes(context.Background(), DecisionConfig{Rate: 200, N: 60, Sequential: 20, Workers: 2, ServerProcess: true}, modes, []int{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(b, &obj); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"decision_p50_us", "decision_p99_us", "tokenize_p50_us", "grpc_floor_p50_us", "round_trips_per_decision",
+		"commit", "pools", "load_average", "server_cpu_us_per_req", "runs"} {
+		if _, ok := obj[k]; !ok {
+			t.Errorf("the report has no %q: %s", k, b)
+		}
+	}
+	if got, want := len(rep.Runs), 2*len(modes); got != want {
+		t.Fatalf("%d runs, want %d", got, want)
+	}
+	for _, r := range rep.Runs {
+		name := r.Commit + "/" + string(rune('0'+r.Pools))
+		t.Logf("%s: decision p50 %.0f µs, tokenize p50 %.0f µs, floor p50 %.0f µs, %.2f round trips (%.2f not waited), messages/request %v, %d best-effort, kvgate CPU %.0f µs/req (×%.2f decide's)",
+			name, r.DecisionP50us, r.TokenizeP50us, r.GRPCFloorP50us, r.RoundTripsPerDecision, r.UnwaitedPerDecision, r.MessagesPerRequest, r.BestEffort, r.ServerCPUusPerReq, r.CPUvsDecide)
+		if r.DecisionP50us <= 0 || r.DecisionP99us < r.DecisionP50us || r.TokenizeP50us <= 0 || r.GRPCFloorP50us <= 0 || r.GRPCFloorP99us < r.GRPCFloorP50us {
+			t.Errorf("%s: times: %+v", name, r)
+		}
+		if r.RoundTripsPerDecision < 1 || r.ProbeBytes <= 0 || r.ServerCPUusPerReq <= 0 || r.LoadAverage == "" {
+			t.Errorf("%s: round trips %v, probe bytes %d, CPU %v, load %q", name, r.RoundTripsPerDecision, r.ProbeBytes, r.ServerCPUusPerReq, r.LoadAverage)
+		}
+		// An overloaded machine routes some requests best-effort (no probe
+		// answered in time; the probers may not even send it): only
+		// without those is every pool probed once per request.
+		if p := r.MessagesPerRequest["probe"]; r.BestEffort == 0 && p != float64(r.Pools) {
+			t.Errorf("%s: %v probes per request, want one per pool (%d)", name, p, r.Pools)
+		}
+		if r.Commit == string(globalrouter.CommitDecide) && r.CPUvsDecide != 1 {
+			t.Errorf("%s: CPU against decide's ×%v, want ×1", name, r.CPUvsDecide)
+		}
+	}
+	if rep.Commit != rep.Runs[0].Commit || rep.DecisionP50us != rep.Runs[0].DecisionP50us {
+		t.Errorf("the top level is not the first run's figures")
 	}
 }
 
@@ -34,8 +92,9 @@ func BenchmarkDecisionPaced(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(res.ExchangeP99us, "exchange-p99-µs")
-	b.ReportMetric(res.DecisionP50us, "decide-p50-µs")
-	b.ReportMetric(res.DecisionP99us, "decide-p99-µs")
+	b.ReportMetric(res.PacedDecisionP50us, "decide-p50-µs")
+	b.ReportMetric(res.PacedDecisionP99us, "decide-p99-µs")
+	b.ReportMetric(res.DecisionP50us, "sequential-decide-p50-µs")
 	b.ReportMetric(res.ClientCPUusPerReq, "client-cpu-µs/req")
 	b.ReportMetric(res.ServerCPUusPerReq, "kvgate-cpu-µs/req")
 	b.ReportMetric(res.Rate, "req/s")

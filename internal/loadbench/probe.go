@@ -10,8 +10,21 @@
 // benchmark's server runs in its own process (ProbeConfig.ServerProcess,
 // DecisionConfig.ServerProcess), which measures each end apart.
 //
+// The active-active burst (ActiveActive, issue 26 item 3) runs two or
+// three global routers, each behind its own ext_proc server, on the same
+// local routers, and checks the burst spreads as with one and that every
+// in-flight count is exact, also when one router is killed mid-burst.
+//
 // Files: probe.go (the probe benchmark), floor.go (its gRPC floor),
-// decision.go (the decision benchmark), soak.go (SoakConfig, SoakResult,
+// decision.go (the decision benchmark's configuration, figures and kvgate
+// side), decision_run.go (its phases: warm-up, sequential, floor, paced;
+// DecisionModes, several commit modes and pools in one report),
+// decision_parts.go (the parts of a decision: the timed tokenizer, the
+// round trips counted on the wire, the floor beside the routers, the
+// probe configuration file), activeactive.go (ActiveActiveConfig,
+// ActiveActiveResult, the exchange), activeactive_side.go (a global
+// router under test, in this process or a child, and how it is killed),
+// activeactive_run.go (one burst and its checks), soak.go (SoakConfig, SoakResult,
 // Soak), soak_load.go (the soak's requests: warm-up, held streams, the
 // steady load), soak_measure.go (heap and goroutine measures, the
 // decision-time histogram, profiles), fdlimit.go, fdlimit_unix.go and
@@ -277,7 +290,8 @@ const (
 // "addr HOST:PORT" once serving the benchfig world; to each line read it
 // answers "cpu NANOSECONDS", its CPU time so far. It profiles its CPU from
 // the first such line to the end when Probe asked
-// (ProbeConfig.ServerProfile). The decision server's: serveDecisionServer.
+// (ProbeConfig.ServerProfile). The decision server's: serveDecisionServer;
+// an active-active global router's: serveAARouter.
 func ServeChild() bool {
 	var err error
 	switch {
@@ -285,6 +299,8 @@ func ServeChild() bool {
 		err = serveProbeServer(os.Stdin, os.Stdout, os.Getenv(probeServerProfileEnv))
 	case os.Getenv(decisionServerEnv) == "1":
 		err = serveDecisionServer(os.Stdin, os.Stdout, os.Getenv(decisionServerProfileEnv))
+	case os.Getenv(aaServerEnv) == "1":
+		err = serveAARouter(os.Stdin, os.Stdout)
 	default:
 		return false
 	}
