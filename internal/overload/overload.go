@@ -147,6 +147,9 @@ func (c *Config) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Addr != "" && c.Up.FlowControl.Enabled {
+		return errors.New("overload: flow control (-overload-flow-control) is the in-process system's: with an address (-overload-addr) nothing reads it; set flow_control in that gateway's file")
+	}
 	if !(c.Load > 0) || math.IsInf(c.Load, 0) {
 		return fmt.Errorf("overload: load %v: want a positive multiple of the capacity", c.Load)
 	}
@@ -205,7 +208,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer tr.CloseIdleConnections()
 	b := &bench{cfg: cfg, base: base, client: &http.Client{Transport: tr}}
 
-	rep := &Report{Load: cfg.Load, LoadAverageBefore: loadAverage()}
+	rep := &Report{Load: cfg.Load, FlowControl: cfg.Addr == "" && cfg.Up.FlowControl.Enabled, LoadAverageBefore: loadAverage()}
 	// The floor: requests one at a time on the idle system.
 	var floor []float64
 	for i := range 8 {
