@@ -83,6 +83,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs.DurationVar(&oc.Calibration, "overload-calibration", oc.Calibration, "overload: how long the closed-loop calibration runs (the capacity is its second half's completion rate)")
 	fs.IntVar(&oc.CalibrationStreams, "overload-streams", oc.CalibrationStreams, "overload: the calibration's closed-loop clients")
 	fs.IntVar(&oc.MaxTokens, "overload-max-tokens", oc.MaxTokens, "overload: max_tokens of each request")
+	fs.BoolVar(&oc.Up.FlowControl.Enabled, "overload-flow-control", false, "overload: turn the in-process `kvgate up`'s flow control on (its global router's flow_control section, defaults: requests to saturated pools wait instead of being shed; docs/flow-control.md); read by the in-process system only, refused with -overload-addr")
 	idle := fs.Int("idle", 0, "idle-streams benchmark: open this many silent ext_proc streams against an ext_proc server bounded by -idle-max-streams and -idle-request-timeout; heap and goroutines before, held and after")
 	var ic loadbench.IdleConfig
 	fs.IntVar(&ic.MaxStreams, "idle-max-streams", 2000, "idle: the server's -max-streams (below -idle)")
@@ -107,7 +108,7 @@ func runBench(ctx context.Context, args []string) error {
 		return benchOverload(ctx, oc, *prioMix, *tenantMix, *sloMS, *loadX, *asJSON)
 	}
 	for _, name := range []string{"overload-addr", "overload-admin", "trust-token", "tenant-header", "model", "priority-mix", "tenant-mix", "slo-ms", "load",
-		"overload-duration", "overload-calibration", "overload-streams", "overload-max-tokens"} {
+		"overload-duration", "overload-calibration", "overload-streams", "overload-max-tokens", "overload-flow-control"} {
 		if flagSet(fs, name) {
 			return fmt.Errorf("-%s is read by -overload only", name)
 		}
@@ -467,8 +468,11 @@ func benchOverload(ctx context.Context, oc overload.Config, prioMix, tenantMix, 
 		return fmt.Errorf("-load: %w", err)
 	}
 	where := "kvgate up in the process"
-	if oc.Addr != "" {
+	switch {
+	case oc.Addr != "":
 		where = oc.Addr
+	case oc.Up.FlowControl.Enabled:
+		where += ", flow control on"
 	}
 	fmt.Fprintf(os.Stderr, "overload: %s; calibrating %v with %d streams, then %gx for %v; load average %s\n", where, oc.Calibration, oc.CalibrationStreams, oc.Load, oc.Duration, loadAverage())
 	rep, err := overload.Run(ctx, oc)

@@ -88,3 +88,17 @@ func TestReplayOverloadFlags(t *testing.T) {
 		t.Errorf("--tenant-mix without --config: %v", err)
 	}
 }
+
+// -overload-flow-control turns the in-process system's queue on: without
+// -overload nothing reads it, nor with -overload-addr (another gateway's
+// file says whether it queues); both are refused naming the flag.
+func TestBenchOverloadFlowControlFlag(t *testing.T) {
+	ctx := context.Background()
+	if err := Run(ctx, []string{"bench", "-overload-flow-control"}); err == nil || !strings.Contains(err.Error(), "-overload-flow-control is read by -overload only") {
+		t.Errorf("without -overload: %v", err)
+	}
+	err := Run(ctx, []string{"bench", "-overload", "-overload-flow-control", "-overload-addr", "http://127.0.0.1:1"})
+	if err == nil || !strings.Contains(err.Error(), "-overload-flow-control") || !strings.Contains(err.Error(), "-overload-addr") {
+		t.Errorf("with -overload-addr: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/policies"
 )
 
@@ -42,8 +43,11 @@ func (c *Capacity) rateFor(load float64) float64 { return load * c.RPS / c.Trace
 // Calibrate measures the capacity of cfg's configured pools (Config.Global)
 // on cfg's trace (Capacity.RPS). The calibration replays the same
 // configuration with the same workers, without the priority and tenant
-// mixes and without the chain's priority policy: its shedding would refuse
-// the backlog, and the capacity is the pools', not the admission rule's.
+// mixes and without the admission rules: the chain's priority policy
+// (its shedding would refuse the backlog) and flow control (the queue, or
+// its saturation rule shedding, would refuse the backlog at its deadline
+// or at once): the capacity is the pools', not the admission rule's, so
+// a run with --flow-control and one without measure the same.
 // The rate counts completions only; at least 10 are needed.
 func Calibrate(ctx context.Context, cfg Config) (*Capacity, error) {
 	cfg = cfg.withDefaults()
@@ -74,8 +78,10 @@ func Calibrate(ctx context.Context, cfg Config) (*Capacity, error) {
 			gc.Chain = append(gc.Chain, s)
 		}
 	}
+	gc.FlowControl = flowcontrol.Config{}
 	g.Config = &gc
 	c := cfg
+	c.FlowControl = false
 	c.Trace = &Trace{Requests: backlog, BlockSize: cfg.Trace.BlockSize}
 	c.Rate, c.MaxRequests, c.Load, c.SLOMS, c.Progress, c.Parallel = 1, 0, 0, nil, nil, 1
 	c.Global = &g

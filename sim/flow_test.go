@@ -37,11 +37,12 @@ pools:
 // TestFlowControlReplay: under the same burst the shedding run (the
 // saturation rule without the queue) refuses requests as saturated; with
 // --flow-control the same requests wait in virtual time and all are
-// served (the deadline is long). simulate checks every request ended and nothing
-// stays in flight on the local router.
+// served (the deadline and the TTFT targets the requests state are
+// long). simulate checks every request ended and nothing stays in flight
+// on the local router.
 func TestFlowControlReplay(t *testing.T) {
 	tr := burstTrace(t, 120)
-	base := Config{Trace: tr, Workers: 2, Global: &GlobalReplay{Config: globalConfig(t, flowPool), Name: "flow",
+	base := Config{Trace: tr, Workers: 2, SLOMS: map[int]float64{1: 60000, 0: 60000}, Global: &GlobalReplay{Config: globalConfig(t, flowPool), Name: "flow",
 		Priorities: []Share{{Value: "1", Weight: 0.3}, {Value: "0", Weight: 0.7}}}}
 	shed := runReport(t, base).Results[0]
 	if shed.DecideRejected["saturated"] == 0 {
@@ -70,5 +71,24 @@ func TestFlowControlReplayDeadline(t *testing.T) {
 	got := runReport(t, cfg).Results[0]
 	if got.DecideRejected["queue_deadline"] == 0 || got.Completed+got.Rejected != 120 {
 		t.Errorf("got %d completed, rejected %v, want some queue_deadline and 120 answered", got.Completed, got.DecideRejected)
+	}
+}
+
+// TestFlowControlReplaySLO: under --flow-control each request states its
+// class's TTFT target (x-kvgate-ttft-ms), which bounds its wait below the
+// queue's deadline: with a 30 s deadline, a 100 ms target refuses the
+// requests still waiting at it (queue_deadline), a 60 s one none.
+func TestFlowControlReplaySLO(t *testing.T) {
+	tr := burstTrace(t, 120)
+	for _, c := range []struct {
+		slo     float64
+		refused bool
+	}{{100, true}, {60000, false}} {
+		cfg := Config{Trace: tr, Workers: 2, FlowControl: true, SLOMS: map[int]float64{0: c.slo},
+			Global: &GlobalReplay{Name: "flow", Config: globalConfig(t, flowPool)}}
+		got := runReport(t, cfg).Results[0]
+		if (got.DecideRejected["queue_deadline"] > 0) != c.refused || got.Completed+got.Rejected != 120 {
+			t.Errorf("target %v ms: %d completed, rejected %v; want refusals at the target: %v, 120 answered", c.slo, got.Completed, got.DecideRejected, c.refused)
+		}
 	}
 }

@@ -438,6 +438,14 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 		greq.Headers[globalrouter.HeaderPriority] = v
 		rec.priority, _ = strconv.Atoi(v) // validated
 	}
+	if slo, ok := r.cfg.SLOMS[rec.priority]; ok && r.flow != nil {
+		// Under flow control the client states the TTFT target its class
+		// is judged by (--slo-ms, or the default), as x-kvgate-ttft-ms:
+		// the queue bounds its wait by it (docs/flow-control.md). Only
+		// with --flow-control, so that no other replay changes (the slo
+		// policies read the header too).
+		greq.Headers[globalrouter.HeaderTTFT] = strconv.FormatInt(int64(math.Ceil(slo)), 10)
+	}
 	if r.tenantHeader != "" {
 		// Its own stream of the prefix's key: a tenant is one
 		// application's requests, independent of their priority.

@@ -125,6 +125,13 @@ func TestLoadCalibration(t *testing.T) {
 	if want := 2 * c.RPS / c.TraceRPS; math.Abs(rep.Rate-want) > 1e-9*want {
 		t.Errorf("rate %v, want %v", rep.Rate, want)
 	}
+	// Flow control is an admission rule too: the capacity is the same
+	// with the queue on.
+	fc := base
+	fc.Load, fc.FlowControl = 0, true
+	if cq, err := Calibrate(testContext(t), fc); err != nil || cq.RPS != c.RPS || cq.Refused != c.Refused {
+		t.Errorf("capacity with --flow-control %+v, %v; want %+v", cq, err, c)
+	}
 	flat := base
 	flat.Global = nil
 	if _, err := Run(testContext(t), flat); err == nil || !errors.Is(err, ErrConfig) {

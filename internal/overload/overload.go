@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/internal/up"
 	"github.com/kvgate/kvgate/sim"
 )
@@ -118,6 +119,20 @@ chain:
 pools: [{name: p, models: [m], routers: {etcd: true}}]
 `
 
+// FlowSaturation is the in-process system's flow_control.saturation when
+// its flow control is on and Config.Up sets none: a pool is saturated as
+// soon as its least-loaded worker has a prompt other than the request's
+// own waiting for its first token (the mock engine, like vLLM, counts a
+// prompt waiting for a running slot as prefill pending). Under flow
+// control the router's queue, ordered by band and fair between tenants,
+// holds the overflow; the engine's own queue is first come first served,
+// so whatever waits there waits out of order. The flow_control default
+// (16,384 tokens: two engine steps of 8,192) presumes the token budget
+// bounds the engine; here its 4 running sequences do (a step prefills
+// every waiting prompt of ~370 tokens, but only 4 run at once), and 16,384
+// tokens are ~44 of these prompts, 11 whole requests' wait per worker.
+var FlowSaturation = flowcontrol.Saturation{MaxPrefillTokens: 1}
+
 func (c *Config) defaults() error {
 	d := DefaultConfig()
 	if c.Addr == "" && c.Up.Model == "" && len(c.Up.Pools) == 0 {
@@ -147,6 +162,9 @@ func (c *Config) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Addr != "" && c.Up.FlowControl.Enabled {
+		return errors.New("overload: flow control (-overload-flow-control) is the in-process system's: with an address (-overload-addr) nothing reads it; set flow_control in that gateway's file")
+	}
 	if !(c.Load > 0) || math.IsInf(c.Load, 0) {
 		return fmt.Errorf("overload: load %v: want a positive multiple of the capacity", c.Load)
 	}
@@ -174,6 +192,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		u := cfg.Up
 		u.GatewayAddr, u.ExtprocAddr, u.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 		u.Logger = cfg.Logger
+		if u.FlowControl.Enabled && u.FlowControl.Saturation == (flowcontrol.Saturation{}) {
+			u.FlowControl.Saturation = FlowSaturation
+		}
 		sum := sha256.Sum256([]byte(cfg.TrustToken))
 		u.Tenancy = globalrouter.TenancyConfig{Header: cfg.TenantHeader, Salt: true}
 		u.TrustTokensSHA256 = []string{hex.EncodeToString(sum[:])}
@@ -205,7 +226,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer tr.CloseIdleConnections()
 	b := &bench{cfg: cfg, base: base, client: &http.Client{Transport: tr}}
 
-	rep := &Report{Load: cfg.Load, LoadAverageBefore: loadAverage()}
+	rep := &Report{Load: cfg.Load, FlowControl: cfg.Addr == "" && cfg.Up.FlowControl.Enabled, LoadAverageBefore: loadAverage()}
 	// The floor: requests one at a time on the idle system.
 	var floor []float64
 	for i := range 8 {
@@ -221,6 +242,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.slo = slo
 	rep.SLOMS = map[string]float64{}
 	for p, v := range slo {
 		rep.SLOMS[strconv.Itoa(p)] = v
@@ -280,7 +302,10 @@ func sloTargets(cfg Config, floorMS float64) (map[int]float64, error) {
 }
 
 type bench struct {
-	cfg    Config
+	cfg Config
+	// slo is each priority's TTFT target, sent as x-kvgate-ttft-ms once
+	// known (not with the unloaded floor's requests).
+	slo    map[int]float64
 	base   string
 	client *http.Client
 }

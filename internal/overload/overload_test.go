@@ -9,7 +9,9 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/internal/up"
 	"github.com/kvgate/kvgate/sim"
 )
 
@@ -18,16 +20,28 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreLeaks()...)
 // TestShortRun: a brief overload of `kvgate up` in the process with both
 // mixes: every request sent is served, refused or failed (none failed),
 // the figures are there by priority and by tenant, and every local
-// router's in-flight count is 0 after.
+// router's in-flight count is 0 after; the same with the in-process
+// system's flow control on (-overload-flow-control), where the report
+// says so.
 func TestShortRun(t *testing.T) {
+	for _, fc := range []bool{false, true} {
+		t.Run(map[bool]string{false: "shedding", true: "flow-control"}[fc], func(t *testing.T) { shortRun(t, fc) })
+	}
+}
+
+func shortRun(t *testing.T, flowControl bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := DefaultConfig()
 	cfg.Up.Speedup, cfg.Up.NumBlocks = 10, 2048
+	cfg.Up.FlowControl.Enabled = flowControl
 	cfg.Calibration, cfg.Duration, cfg.CalibrationStreams, cfg.MaxTokens = time.Second, 1500*time.Millisecond, 8, 8
 	rep, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rep.FlowControl != flowControl {
+		t.Errorf("report's flow_control %v, want %v", rep.FlowControl, flowControl)
 	}
 	if rep.CapacityRPS <= 0 || rep.Sent == 0 {
 		t.Fatalf("report %+v: want a capacity and requests sent", rep)
@@ -67,6 +81,7 @@ func TestConfigErrors(t *testing.T) {
 	for _, c := range []Config{
 		{Load: -1},
 		{Priorities: []sim.Share{{Value: "high", Weight: 1}}},
+		{Addr: "http://127.0.0.1:1", Up: up.Config{FlowControl: flowcontrol.Config{Enabled: true}}},
 	} {
 		if _, err := Run(ctx, c); err == nil || !strings.Contains(err.Error(), "overload") {
 			t.Errorf("%+v: got %v, want an overload error", c, err)

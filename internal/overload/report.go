@@ -18,6 +18,9 @@ import (
 // goodput_rps).
 type Report struct {
 	Load float64 `json:"load"`
+	// FlowControl: the in-process system's global router queued requests
+	// (Config.Up.FlowControl) instead of shedding them.
+	FlowControl bool `json:"flow_control"`
 	// UnloadedTTFTMS and UnloadedE2EMS are the slowest TTFT and whole
 	// duration of 8 requests sent one at a time to the idle system; the
 	// second is the floor of the default SLOs.
@@ -185,6 +188,11 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // Print writes the report for people.
 func (r *Report) Print(w io.Writer) {
+	mode := "shedding (no flow control)"
+	if r.FlowControl {
+		mode = "flow control (the admission queue)"
+	}
+	fmt.Fprintf(w, "system: %s\n", mode)
 	fmt.Fprintf(w, "unloaded (slowest of 8 alone): TTFT %.1f ms, whole request %.1f ms; capacity %.2f requests/s (closed-loop calibration, %d refused meanwhile); offered %gx = %.2f requests/s for %.0f s\n",
 		r.UnloadedTTFTMS, r.UnloadedE2EMS, r.CapacityRPS, r.CalibrationRefused, r.Load, r.OfferedRPS, r.WindowSeconds)
 	fmt.Fprintf(w, "load average before %s, after %s\n\n", r.LoadAverageBefore, r.LoadAverageAfter)

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,6 +59,12 @@ func (b *bench) send(ctx context.Context, n int, priority, tenant string) (o out
 	}
 	if priority != "" {
 		req.Header.Set(globalrouter.HeaderPriority, priority)
+		// The client states the TTFT target its class is judged by:
+		// flow control bounds the request's wait by it (the replay's
+		// --flow-control does the same; the Shedding chain reads it not).
+		if p, err := strconv.Atoi(priority); err == nil && b.slo[p] > 0 {
+			req.Header.Set(globalrouter.HeaderTTFT, strconv.FormatInt(int64(math.Ceil(b.slo[p])), 10))
+		}
 	}
 	if tenant != "" {
 		req.Header.Set(b.cfg.TenantHeader, tenant)

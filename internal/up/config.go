@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter"
 	"github.com/kvgate/kvgate/membership"
@@ -83,6 +84,11 @@ type Config struct {
 	// Chain replaces the global router's pool selection chain (nil: its
 	// default), e.g. with a priority policy that sheds.
 	Chain []policies.Spec
+	// FlowControl is the global router's flow_control section (zero:
+	// off): with Enabled, requests whose pools are all saturated wait in
+	// its queue instead of being refused (docs/flow-control.md; `kvgate
+	// bench -overload -overload-flow-control` sets it).
+	FlowControl flowcontrol.Config
 	// MetricsPeriod is how often the local routers scrape their workers'
 	// engine metrics (500 ms; negative disables).
 	MetricsPeriod time.Duration

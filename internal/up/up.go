@@ -182,6 +182,7 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	if cfg.Chain != nil {
 		gcfg.Chain = cfg.Chain
 	}
+	gcfg.FlowControl = cfg.FlowControl // globalrouter.New applies its defaults and validates it
 	s.Decisions = status.NewRecorder(20)
 	gopts := []globalrouter.Option{
 		globalrouter.WithObserver(s.Decisions.Observe),
