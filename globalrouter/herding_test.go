@@ -168,8 +168,12 @@ func testDecideNoHerding(t *testing.T, dialer pool.Dialer, layout []int, mode gl
 		// exactly (each probe sees the ones before it); across pools
 		// every in-flight request holds a reservation in each pool until
 		// the chain has ranked, so the pools look alike while the burst
-		// lasts and the split between them is measured, not a contract
-		// (BENCHMARKS.md, reserving probes).
+		// lasts: each request's two costs tie, or differ by the one step
+		// of the reservations its later-served probe counted, and every
+		// request sees the same pool as the cheaper. The split between
+		// the pools is measured, not a contract (BENCHMARKS.md, reserving
+		// probes, "Follow-up": per-request tie orders only turned the
+		// herd's direction).
 		if n := countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "kept") +
 			countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "moved") +
 			countByLabel(t, reg, "kvgate_globalrouter_contended_commits_total", "outcome", "refused"); n != 0 {

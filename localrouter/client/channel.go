@@ -480,8 +480,8 @@ func (ch *Channel) CommitAsyncWith(ctx context.Context, id string, worker routin
 }
 
 // Release releases the reservation a reserving probe of this channel made
-// for request id, without waiting for the router's answer: it returns once
-// the release is sent. When the probe's stream has broken since, the
+// for request id; the router does not answer it: it returns once the
+// release is sent. When the probe's stream has broken since, the
 // break released the reservation, and nothing is sent. ctx is unused: a
 // send only waits for the stream's other senders.
 func (ch *Channel) Release(_ context.Context, id string) error {
@@ -489,7 +489,8 @@ func (ch *Channel) Release(_ context.Context, id string) error {
 	if s == nil || s.isBroken() {
 		return nil
 	}
-	// An id no call is registered under: the receiver drops the answer.
+	// An id no call is registered under: the server does not answer a
+	// release (ChannelRequest.release).
 	return s.send(&localrouterv1.ChannelRequest{Id: s.next.Add(1), Msg: &localrouterv1.ChannelRequest_Release{Release: &localrouterv1.ChannelRelease{RequestId: id}}})
 }
 

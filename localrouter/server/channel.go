@@ -152,7 +152,7 @@ func (cs *chanStream) read(probes chan<- *chanProbe) error {
 		case *localrouterv1.ChannelRequest_Event:
 			err = cs.event(id, m.Event)
 		case *localrouterv1.ChannelRequest_Release:
-			err = cs.release(id, m.Release.GetRequestId())
+			cs.release(m.Release.GetRequestId())
 		case *localrouterv1.ChannelRequest_Cancel:
 			cs.mu.Lock()
 			if p := cs.queued[m.Cancel.GetId()]; p != nil {
@@ -327,15 +327,17 @@ func (cs *chanStream) noteReserved(rid string) {
 	cs.reservedPruneAt = 2*len(cs.reserved) + channelPruneMin
 }
 
-// release releases the reservation a probe made for request rid.
-func (cs *chanStream) release(id uint64, rid string) error {
+// release releases the reservation a probe made for request rid. It is
+// not answered (ChannelRequest.release): the client sends it without
+// waiting and registers no call for it (client.Channel.Release), so an
+// answer was a write, a wake-up and a decode per losing pool of every
+// decision, all dropped on arrival. A release of nothing (expired,
+// confirmed or released already) changes nothing.
+func (cs *chanStream) release(rid string) {
 	cs.mu.Lock()
 	delete(cs.reserved, rid)
 	cs.mu.Unlock()
-	if err := cs.s.r.Release(cs.ctx, rid); err != nil {
-		return cs.fail(id, err)
-	}
-	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Acked{Acked: localrouterv1.TrackEvent_TRACK_EVENT_FREE}})
+	_ = cs.s.r.Release(cs.ctx, rid)
 }
 
 // freeAll frees the requests the stream committed and did not free, and

@@ -2730,9 +2730,10 @@ type ChannelRequest_Cancel struct {
 
 type ChannelRequest_Release struct {
 	// Release the reservation a probe of this stream made for a request
-	// (ChannelProbe.reserve_request_id); answered acked
-	// TRACK_EVENT_FREE, or NOT_FOUND when none is held (expired, already
-	// confirmed or released). Nothing else changes.
+	// (ChannelProbe.reserve_request_id). Not answered: the client sends
+	// it without waiting and no call awaits it (its id still follows the
+	// stream's numbering). A release of none held (expired, confirmed or
+	// released already) changes nothing.
 	Release *ChannelRelease `protobuf:"bytes,6,opt,name=release,proto3,oneof"`
 }
 
