@@ -55,7 +55,8 @@ func (e *shareEngine) start(now time.Time, chunk int) {
 // scorer, pricing all four alike, gives the slow ones far more. The shares
 // (slow over fast, after a warm-up of a tenth of the requests): at 50 %,
 // static 0.59, calibrated 0.00, oracle 0.00 (the fast workers alone keep up
-// and answer sooner); at 90 %, 0.51, 0.44 and 0.37: near saturation a slow
+// and answer sooner); at 90 %, 0.51, 0.45 and 0.40 (0.44 and 0.37 before the
+// externality was priced in the pool's token time, scorer_ttft.go): near saturation a slow
 // worker gets about half a fast one's work, in proportion to its speed, as
 // the pool needs all of it.
 func TestHeterogeneousShare(t *testing.T) {

@@ -22,7 +22,7 @@ import (
 //	ttft  = (n-1)·prefill(chunk) + prefill(work - (n-1)·chunk)
 //	      + n·decode(kv occupancy)   when the worker has requests running
 //	ext   = 1 by default (or a number); ext=auto: arrival rate per worker × ttft
-//	score = ttft + ext × uncached tokens × prefill time per token
+//	score = ttft + ext × uncached tokens × the pool's prefill time per token
 //
 // in milliseconds, written out in blocks of prefill time (score divided
 // by block_size × prefill(chunk) / chunk), so that its weight compares
@@ -178,28 +178,65 @@ func (s *ttftScorer) shape(in *ChainInput, j int) ttftShape {
 // model; perWorker is the arrival rate per worker in requests/ms
 // (ext=auto).
 func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
+	return s.millisAt(in, j, perWorker, s.poolTokenMillis(in))
+}
+
+// tokenMillisOf is the prefill time of one token in a full chunk on rank
+// k under its model (the configured curves, calibrated or pinned).
+func (s *ttftScorer) tokenMillisOf(k WorkerKey) float64 {
+	m, speed := s.cal.model(k)
+	if m == &s.prior && speed == 1 {
+		return s.tokenMillis()
+	}
+	return speed * m.Prefill(s.chunk) / float64(s.chunk)
+}
+
+// poolTokenMillis is the pool's prefill time of one token: the harmonic
+// mean of the considered ranks' own (in.Loads), the token time of a
+// worker at the pool's mean speed. The externality is priced in it, not
+// in the candidate's own token time: the requests delayed behind a
+// placement on worker w arrive there at about λ_w = λ·s_w/Σs (a pool
+// sharing work by speed s), each delayed by the placement's uncached
+// tokens at w's token time τ₀/s_w; their product, λ/Σs · uncached · τ₀,
+// is the same on every worker. Pricing it at the candidate's own token
+// time counted a slow worker's slowness twice (its TTFT already has it),
+// and the scorer told the true speeds overloaded the fast workers
+// (docs/replay-results.md, "Heterogeneous pools"). On a pool of equal
+// workers it is each worker's own, and nothing changes.
+func (s *ttftScorer) poolTokenMillis(in *ChainInput) float64 {
+	if len(in.Loads) == 0 {
+		return s.tokenMillis()
+	}
+	var inv float64
+	for i := range in.Loads {
+		inv += 1 / s.tokenMillisOf(in.Loads[i].Worker)
+	}
+	return float64(len(in.Loads)) / inv
+}
+
+// millisAt is millis with the pool's token time given (Score computes it
+// once per decision).
+func (s *ttftScorer) millisAt(in *ChainInput, j int, perWorker, poolTokenMs float64) float64 {
 	sh := s.shape(in, j)
 	m, speed := s.cal.model(in.Loads[j].Worker)
-	var ms, tokenMs float64
+	var ms float64
 	if m == &s.prior && speed == 1 { // the configured curves, computed as they always were
 		ms = float64(sh.n-1)*s.prefill(s.chunk) + s.prefill(sh.rest)
 		if sh.decoding {
 			ms += float64(sh.n) * s.decode(sh.p)
 		}
-		tokenMs = s.tokenMillis()
 	} else {
 		ms = float64(sh.n-1)*m.Prefill(s.chunk) + m.Prefill(sh.rest)
 		if sh.decoding {
 			ms += float64(sh.n) * m.Decode(sh.p)
 		}
 		ms = ms*speed + m.QueueMs
-		tokenMs = speed * m.Prefill(s.chunk) / float64(s.chunk)
 	}
 	ext := s.ext
 	if s.auto {
 		ext = perWorker * ms
 	}
-	return ms + ext*float64(sh.uncached)*tokenMs
+	return ms + ext*float64(sh.uncached)*poolTokenMs
 }
 
 // features are candidate j's calibration features (calib.go): the prior's
@@ -234,8 +271,9 @@ func (s *ttftScorer) perWorker(in *ChainInput) float64 {
 func (s *ttftScorer) Score(in *ChainInput, cand []int, out []float64) {
 	perWorker := s.perWorker(in)
 	block := s.tokenMillis() * float64(in.BlockSize)
+	pool := s.poolTokenMillis(in)
 	for i, j := range cand {
-		out[i] = s.millis(in, j, perWorker) / block
+		out[i] = s.millisAt(in, j, perWorker, pool) / block
 	}
 }
 

@@ -194,3 +194,61 @@ func TestSelectionCostIsOneUnit(t *testing.T) {
 		}
 	}
 }
+
+// TestTTFTExternalityInPoolTime: the externality is priced at the pool's
+// token time (the harmonic mean of the considered ranks' own: a worker at
+// the pool's mean speed), not the candidate's. On a pool of one worker at
+// the configured speed and one twice as slow, the externality of a
+// candidate's uncached tokens is the same on both, at 4/3 of the fast
+// one's token time, and the difference between their scores is the
+// difference between their predicted TTFTs; on a pool of equal workers
+// (both twice as slow) it is each one's own token time, as before the
+// rule.
+func TestTTFTExternalityInPoolTime(t *testing.T) {
+	const isl = 4096
+	fast, slow := WorkerKey{ID: "fast"}, WorkerKey{ID: "slow"}
+	in := &ChainInput{
+		Loads: []PotentialLoad{
+			{Worker: fast, PotentialPrefillTokens: isl + 3000, ActiveRequests: 2, PotentialDecodeBlocks: 1000},
+			{Worker: slow, PotentialPrefillTokens: isl + 1000, ActiveRequests: 1, PotentialDecodeBlocks: 500},
+		},
+		Overlap: []float64{0, 0}, ISL: isl, BlockSize: 16, PoolRanks: 2,
+	}
+	for _, tc := range []struct {
+		name       string
+		fastFactor float64 // fast's times × this (slow's are × 2)
+		poolToken  float64 // want, in units of the configured token time
+	}{
+		{"one slow worker", 1, 4.0 / 3},
+		{"equal workers", 2, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m1 := newTestTTFT(t, map[string]string{"ext": "1"})
+			m0 := newTestTTFT(t, map[string]string{"ext": "0"})
+			for _, m := range []*ttftScorer{m1, m0} {
+				s2 := scaledModel(&m.prior, 2)
+				m.cal.pin(slow, &s2)
+				if tc.fastFactor != 1 {
+					f := scaledModel(&m.prior, tc.fastFactor)
+					m.cal.pin(fast, &f)
+				}
+			}
+			want := isl * tc.poolToken * m1.tokenMillis()
+			for j, k := range []WorkerKey{fast, slow} {
+				ext := m1.millis(in, j, 0) - m0.millis(in, j, 0)
+				if math.Abs(ext-want) > 1e-9*want {
+					t.Errorf("%s: externality %.6f ms, want %.6f (%g × the configured token time × %d tokens)", k.ID, ext, want, tc.poolToken, isl)
+				}
+			}
+			// Score computes the pool's token time once: the same scores.
+			out := make([]float64, 2)
+			m1.Score(in, []int{0, 1}, out)
+			block := m1.tokenMillis() * 16
+			for j := range out {
+				if w := m1.millis(in, j, 0) / block; math.Abs(out[j]-w) > 1e-9*w {
+					t.Errorf("Score[%d] %.6f blocks, want %.6f", j, out[j], w)
+				}
+			}
+		})
+	}
+}
