@@ -178,6 +178,20 @@ func (s *ttftScorer) shape(in *ChainInput, j int) ttftShape {
 // model; perWorker is the arrival rate per worker in requests/ms
 // (ext=auto).
 func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
+	ms, ext := s.parts(in, j, perWorker)
+	return ms + ext
+}
+
+// ttftMillis is candidate j's predicted time to first token alone (millis
+// without the externality term): Selection.TTFT.
+func (s *ttftScorer) ttftMillis(in *ChainInput, j int) float64 {
+	ms, _ := s.parts(in, j, 0)
+	return ms
+}
+
+// parts are millis's two terms: the predicted time to first token, and
+// the delay the request's uncached prefill imposes on those behind it.
+func (s *ttftScorer) parts(in *ChainInput, j int, perWorker float64) (float64, float64) {
 	sh := s.shape(in, j)
 	m, speed := s.cal.model(in.Loads[j].Worker)
 	var ms, tokenMs float64
@@ -199,7 +213,7 @@ func (s *ttftScorer) millis(in *ChainInput, j int, perWorker float64) float64 {
 	if s.auto {
 		ext = perWorker * ms
 	}
-	return ms + ext*float64(sh.uncached)*tokenMs
+	return ms, ext * float64(sh.uncached) * tokenMs
 }
 
 // features are candidate j's calibration features (calib.go): the prior's
