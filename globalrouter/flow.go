@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"sync"
@@ -164,8 +164,8 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 // Decide implements Decider. With flow control on, a request whose pools
 // are all saturated waits in its pools' queue (flow.go) until a pool has
 // room, its deadline, or its client leaving; a request arriving while
-// others wait joins them without a decision of its own (it would
-// overtake them).
+// others of its band or above wait joins them without a decision of its
+// own (it would overtake them).
 func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	st := r.acquire()
 	if r.opts.noFlowQueue || st == nil {
@@ -188,14 +188,14 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 		return nil, fmt.Errorf("%w: the global router is closed", ErrNoPool)
 	}
 	var need time.Duration
-	if q.Len() == 0 {
+	fr, key := r.FlowRequest(req)
+	if q.Ahead(fr.Priority) == 0 {
 		d, err := r.decideOnce(ctx, req)
 		if !errors.Is(err, ErrSaturated) || ctx.Err() != nil {
 			return d, err
 		}
 		need = FlowNeed(err)
 	}
-	fr, key := r.FlowRequest(req)
 	if key != me.flowKey { // reloaded meanwhile: no longer its queue
 		return r.decideOnce(ctx, req)
 	}

@@ -76,14 +76,14 @@ func (f *flowReplay) queue(r *run, key string) (*flowcontrol.Queue, error) {
 }
 
 // waiting reports whether greq joins its queue without a decision of its
-// own: others wait there (it would overtake them).
+// own: others of its band or above wait there (it would overtake them).
 func (r *run) flowWaiting(greq *globalrouter.Request) bool {
 	if r.flow == nil {
 		return false
 	}
-	_, key := r.gr.FlowRequest(greq)
+	fr, key := r.gr.FlowRequest(greq)
 	q := r.flow.qs[key]
-	return q != nil && q.Len() > 0
+	return q != nil && q.Ahead(fr.Priority) > 0
 }
 
 // flowEnqueue queues request idx, need its predicted service time

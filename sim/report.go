@@ -12,7 +12,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-
 )
 
 // Report is the outcome of a Run.

@@ -119,6 +119,17 @@ func (l *Live) Wait(ctx context.Context, r Request, try Try, undo func()) error 
 	return ctx.Err()
 }
 
+// Ahead is how many requests wait in priority p's band and above
+// (Queue.Ahead).
+func (l *Live) Ahead(p int) int {
+	if l.Len() == 0 {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.q.Ahead(p)
+}
+
 // Len is how many requests wait.
 func (l *Live) Len() int { return int(l.n.Load()) }
 

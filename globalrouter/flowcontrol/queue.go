@@ -197,6 +197,16 @@ func (q *Queue) Enqueue(now time.Time, r Request) (*Ticket, error) {
 	return t, nil
 }
 
+// Ahead is how many requests wait in priority p's band and the bands
+// above it: those a request of p must not overtake.
+func (q *Queue) Ahead(p int) int {
+	n := 0
+	for i := range q.cfg.band(p) + 1 {
+		n += q.bands[i].n
+	}
+	return n
+}
+
 // Peek returns the request to serve next, nil when none waits: the
 // highest band's, the flow its fairness policy names, that flow's oldest.
 func (q *Queue) Peek() *Ticket {

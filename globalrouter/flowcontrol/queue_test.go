@@ -231,3 +231,16 @@ func TestLate(t *testing.T) {
 		t.Errorf("request without target refused late: %v", rf)
 	}
 }
+
+func TestAhead(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{})
+	enqueue(t, q, t0, flowcontrol.Request{Priority: 0, Value: "a"})
+	enqueue(t, q, t0, flowcontrol.Request{Priority: 0, Value: "b"})
+	if q.Ahead(1) != 0 || q.Ahead(0) != 2 {
+		t.Errorf("Ahead(1) %d Ahead(0) %d, want 0 (nothing in band high) and 2", q.Ahead(1), q.Ahead(0))
+	}
+	enqueue(t, q, t0, flowcontrol.Request{Priority: 3, Value: "c"})
+	if q.Ahead(1) != 1 || q.Ahead(0) != 3 {
+		t.Errorf("Ahead(1) %d Ahead(0) %d, want 1 and 3", q.Ahead(1), q.Ahead(0))
+	}
+}
