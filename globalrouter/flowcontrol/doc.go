@@ -25,7 +25,7 @@
 // the replay (package sim) runs the same Queue in virtual time.
 //
 // Files: config.go (Config, Band, Capacity, Saturation, the defaults and
-// their principles, Validate), queue.go (Queue, Ticket, Refused),
+// their principles, Validate), queue.go (Queue, Ticket, Refused, Late),
 // fairness.go (Fairness, RoundRobin, Weighted), live.go (Live, Try: the
 // wall-clock wrapper), metrics.go (the Prometheus metrics; tenants past
 // max_flow_labels are counted as "other").
