@@ -118,7 +118,7 @@ func (r *Router) commit(ctx context.Context, st *state, p *prepared, results []p
 				notes = append(notes, n)
 			}
 		}
-		d := &Decision{Primary: endpoint(c.Pool, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: l, DPRankBodyField: pe.cfg.DPRankBodyField}
+		d := &Decision{Primary: endpoint(c.Pool, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, TTFT: millis(sel.TTFT), Lease: l, DPRankBodyField: pe.cfg.DPRankBodyField}
 		d.Fallbacks = r.fallbacks(st, p, d.Primary, rest)
 		l.main = r.movableTracker(p, tr, len(d.Fallbacks))
 		if c.Prefill != nil {
@@ -411,7 +411,7 @@ func (r *Router) decidePinnedWorker(ctx context.Context, st *state, p *prepared,
 			sel.BlockSize = pe.cfg.BlockSize
 		}
 		sel.ISL = len(p.tokens)
-		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, Lease: &lease{main: tr, flow: r.flow}, DPRankBodyField: pe.cfg.DPRankBodyField}
+		d := &Decision{Primary: endpoint(pe.cfg.Name, sel), ISL: len(p.tokens), RequestBlocks: sel.RequestBlocks, TTFT: millis(sel.TTFT), Lease: &lease{main: tr, flow: r.flow}, DPRankBodyField: pe.cfg.DPRankBodyField}
 		if p.explain {
 			d.Explanation = fmt.Sprintf("model=%s isl=%d; pinned by %s=%s: pool %s, worker %s rank %d (%s), overlap %d/%d blocks; chain: %s",
 				p.req.Model, len(p.tokens), HeaderWorkerID, worker, pe.cfg.Name, sel.WorkerID, sel.DPRank, sel.Address, sel.OverlapBlocks, sel.RequestBlocks, trace.String())

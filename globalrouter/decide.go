@@ -211,8 +211,8 @@ again:
 		}
 		return nil, r.noPool(st, p, results, nil)
 	}
-	if flowSaturated(&st.cfg.FlowControl, cands, len(p.tokens)) {
-		return nil, &Refusal{Kind: ErrSaturated, Reason: "saturated", Public: "every eligible pool is saturated; retry later"}
+	if sat, need := flowSaturated(&st.cfg.FlowControl, cands, len(p.tokens)); sat {
+		return nil, &Refusal{Kind: ErrSaturated, Reason: "saturated", Public: "every eligible pool is saturated; retry later", TTFT: need}
 	}
 	ranked, err := st.chain.Rank(&p.view, cands, trace)
 	if err != nil {

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/policies"
@@ -126,6 +128,17 @@ func (r *Router) FlowRequest(req *Request) (flowcontrol.Request, string) {
 	return st.flowRequest(req)
 }
 
+// FlowNeed is the predicted time to first token a saturated refusal of
+// Decide carries (Refusal.TTFT: the request's service time once
+// dispatched, flowcontrol.Request.Need), 0 when err carries none.
+func FlowNeed(err error) time.Duration {
+	var rf *Refusal
+	if errors.As(err, &rf) {
+		return rf.TTFT
+	}
+	return 0
+}
+
 func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 	me := st.model(req.GetModel())
 	if me == nil || !st.cfg.FlowControl.Enabled {
@@ -151,8 +164,8 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 // Decide implements Decider. With flow control on, a request whose pools
 // are all saturated waits in its pools' queue (flow.go) until a pool has
 // room, its deadline, or its client leaving; a request arriving while
-// others wait joins them without a decision of its own (it would
-// overtake them).
+// others of its band or above wait joins them without a decision of its
+// own (it would overtake them).
 func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	st := r.acquire()
 	if r.opts.noFlowQueue || st == nil {
@@ -174,26 +187,40 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	case q == nil:
 		return nil, fmt.Errorf("%w: the global router is closed", ErrNoPool)
 	}
-	if q.Len() == 0 {
+	var need time.Duration
+	fr, key := r.FlowRequest(req)
+	if q.Ahead(fr.Priority) == 0 {
 		d, err := r.decideOnce(ctx, req)
 		if !errors.Is(err, ErrSaturated) || ctx.Err() != nil {
 			return d, err
 		}
+		need = FlowNeed(err)
 	}
-	fr, key := r.FlowRequest(req)
 	if key != me.flowKey { // reloaded meanwhile: no longer its queue
 		return r.decideOnce(ctx, req)
 	}
+	fr.Need = need
 	var d *Decision
+	var start time.Time // set by Wait before any try
 	try := func(ctx context.Context) error {
 		dd, err := r.decideOnce(ctx, req)
 		if errors.Is(err, ErrSaturated) {
 			return flowcontrol.ErrSaturated
 		}
+		if err == nil {
+			// Deadline-aware dispatch: a request that would miss its
+			// target on the worker it got goes back, refused, and its
+			// place serves one that can still make it.
+			if rf := flowcontrol.Late(&fr, r.opts.now().Sub(start), dd.TTFT); rf != nil {
+				_ = dd.Lease.Free(context.WithoutCancel(ctx))
+				return rf
+			}
+		}
 		d = dd
 		return err
 	}
 	undo := func() { _ = d.Lease.Free(context.WithoutCancel(ctx)) }
+	start = r.opts.now()
 	err = q.Wait(ctx, fr, try, undo)
 	var rf *flowcontrol.Refused
 	if errors.As(err, &rf) {
@@ -215,10 +242,15 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 // idle pool), or every worker's engine saturated as the pool's worker
 // chain sees it (the saturation filter's saturation_waiting,
 // saturation_kv_usage; the probe's AllSaturated).
-func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl int) bool {
+//
+// need is the request's least predicted time to first token among the
+// serving candidates (routing.Selection.TTFT): the time it still needs
+// once dispatched, which shortens its queue deadline.
+func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl int) (saturated bool, need time.Duration) {
 	if !cfg.Enabled {
-		return false
+		return false, 0
 	}
+	need = -1
 	rule := policies.PriorityShed{MaxPrefillTokens: max(cfg.Saturation.MaxPrefillTokens, 0), MaxDecodeTokens: cfg.Saturation.MaxDecodeTokens}
 	serving := 0
 	for _, c := range cands {
@@ -226,13 +258,24 @@ func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl int)
 			continue
 		}
 		serving++
+		if t := millis(c.Probe.TTFT); need < 0 || t < need {
+			need = t
+		}
 		pr := c.Probe
 		pr.ISL = isl
 		c.Probe.PrefillTokens = max(pr.PrefillTokens-pr.UncachedTokens(), 0)
 		c.Probe.DecodeBlocks = max(pr.DecodeBlocks-pr.RequestBlocks, 0)
 		if !rule.Loaded(c) && !c.Probe.AllSaturated {
-			return false
+			return false, 0
 		}
 	}
-	return serving > 0
+	return serving > 0, max(need, 0)
+}
+
+// millis is a routing.Selection's milliseconds as a duration.
+func millis(ms float64) time.Duration {
+	if !(ms > 0) || ms > float64(math.MaxInt64/int64(time.Millisecond)) {
+		return 0
+	}
+	return time.Duration(ms * float64(time.Millisecond))
 }

@@ -83,6 +83,11 @@ type Decision struct {
 	// ISL is the prompt length in tokens; RequestBlocks per Primary's pool.
 	ISL           int
 	RequestBlocks int
+	// TTFT is the local router's predicted time to first token of the
+	// request alone on Primary (routing.Selection.TTFT; 0 when unknown):
+	// flow control refuses a queued request whose remaining budget is
+	// below it.
+	TTFT time.Duration
 	// Explanation says why Primary won (set when Request.Explain).
 	Explanation string
 	// DPRankBodyField: Primary's pool sets SGLang's routed_dp_rank body
@@ -162,7 +167,10 @@ type Refusal struct {
 	Public string
 	// RetryAfter, when set, is when a retry may succeed (429, 503).
 	RetryAfter time.Duration
-	Err        error
+	// TTFT, on flow control's saturated refusal, is the request's least
+	// predicted time to first token among its pools (FlowNeed).
+	TTFT time.Duration
+	Err  error
 }
 
 func (r *Refusal) Error() string {

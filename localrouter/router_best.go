@@ -239,7 +239,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	// Address and Router are the caller's to fill: it knows them.
 	sel := routing.Selection{
 		WorkerID: l.Worker.ID, DPRank: l.Worker.DPRank, OverlapBlocks: l.OverlapBlocks, PrefillTokens: l.PotentialPrefillTokens,
-		DecodeBlocks: l.PotentialDecodeBlocks, Cost: r.chain.selectionCost(&cs.in, i), ChainScore: cs.totals[k], RequestBlocks: len(s.local), Candidates: len(workers),
+		DecodeBlocks: l.PotentialDecodeBlocks, Cost: r.chain.selectionCost(&cs.in, i), TTFT: r.chain.selectionTTFT(&cs.in, i), ChainScore: cs.totals[k], RequestBlocks: len(s.local), Candidates: len(workers),
 		BlockSize: r.cfg.BlockSize, ISL: isl,
 	}
 	if r.chain.report {

@@ -283,6 +283,12 @@ func (c *workerChain) selectionCost(in *ChainInput, j int) float64 {
 	return c.timing.millis(in, j, c.timing.perWorker(in))
 }
 
+// selectionTTFT is Selection.TTFT for candidate j of in: the predicted
+// time to first token alone, in milliseconds (by the same timing).
+func (c *workerChain) selectionTTFT(in *ChainInput, j int) float64 {
+	return c.timing.ttftMillis(in, j)
+}
+
 func buildChain(specs []ScorerSpec, cfg Config) (*workerChain, error) {
 	if len(specs) == 0 {
 		specs = DefaultWorkerChain()

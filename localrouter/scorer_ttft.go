@@ -217,6 +217,21 @@ func (s *ttftScorer) poolTokenMillis(in *ChainInput) float64 {
 // millisAt is millis with the pool's token time given (Score computes it
 // once per decision).
 func (s *ttftScorer) millisAt(in *ChainInput, j int, perWorker, poolTokenMs float64) float64 {
+	ms, ext := s.parts(in, j, perWorker, poolTokenMs)
+	return ms + ext
+}
+
+// ttftMillis is candidate j's predicted time to first token alone (millis
+// without the externality term): Selection.TTFT.
+func (s *ttftScorer) ttftMillis(in *ChainInput, j int) float64 {
+	ms, _ := s.parts(in, j, 0, 0)
+	return ms
+}
+
+// parts are millisAt's two terms: the predicted time to first token, and
+// the delay the request's uncached prefill imposes on those behind it,
+// priced at poolTokenMs a token.
+func (s *ttftScorer) parts(in *ChainInput, j int, perWorker, poolTokenMs float64) (float64, float64) {
 	sh := s.shape(in, j)
 	m, speed := s.cal.model(in.Loads[j].Worker)
 	var ms float64
@@ -236,7 +251,7 @@ func (s *ttftScorer) millisAt(in *ChainInput, j int, perWorker, poolTokenMs floa
 	if s.auto {
 		ext = perWorker * ms
 	}
-	return ms + ext*float64(sh.uncached)*poolTokenMs
+	return ms, ext * float64(sh.uncached) * poolTokenMs
 }
 
 // features are candidate j's calibration features (calib.go): the prior's

@@ -187,6 +187,15 @@ func TestSelectionCostIsOneUnit(t *testing.T) {
 		if !(sel.Cost > 0) {
 			t.Errorf("%s: Cost %g, want > 0 ms", chain, sel.Cost)
 		}
+		// TTFT is Cost without the externality term (ext 1: the
+		// request's 32 uncached tokens at the calibration's ms a token).
+		tokenMs := DefaultTTFTPrefillMillis / DefaultTTFTChunk
+		if chain == "ttft/prefill_ms=5000" {
+			tokenMs = 5000.0 / DefaultTTFTChunk
+		}
+		if want := sel.Cost - 32*tokenMs; !(sel.TTFT > 0) || math.Abs(sel.TTFT-want) > 1e-9*sel.Cost {
+			t.Errorf("%s: TTFT %g ms, want Cost %g less 32 uncached tokens' prefill = %g", chain, sel.TTFT, sel.Cost, want)
+		}
 	}
 	for _, chain := range []string{"cost", "prefix=2,decode"} {
 		if costs[chain] != costs["saturation,ttft"] {

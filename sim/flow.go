@@ -76,19 +76,22 @@ func (f *flowReplay) queue(r *run, key string) (*flowcontrol.Queue, error) {
 }
 
 // waiting reports whether greq joins its queue without a decision of its
-// own: others wait there (it would overtake them).
+// own: others of its band or above wait there (it would overtake them).
 func (r *run) flowWaiting(greq *globalrouter.Request) bool {
 	if r.flow == nil {
 		return false
 	}
-	_, key := r.gr.FlowRequest(greq)
+	fr, key := r.gr.FlowRequest(greq)
 	q := r.flow.qs[key]
-	return q != nil && q.Len() > 0
+	return q != nil && q.Ahead(fr.Priority) > 0
 }
 
-// flowEnqueue queues request idx; refused at the door, it is rejected.
-func (r *run) flowEnqueue(idx int, greq *globalrouter.Request) error {
+// flowEnqueue queues request idx, need its predicted service time
+// (flowcontrol.Request.Need; 0: unknown); refused at the door, it is
+// rejected.
+func (r *run) flowEnqueue(idx int, greq *globalrouter.Request, need time.Duration) error {
 	fr, key := r.gr.FlowRequest(greq)
+	fr.Need = need
 	q, err := r.flow.queue(r, key)
 	if err != nil {
 		return err
@@ -146,6 +149,15 @@ func (r *run) flowDispatch(ctx context.Context, q *flowcontrol.Queue) error {
 			q.Cancel(t)
 			r.flowReject(w.idx, decideErrorKind(err))
 		default:
+			// Deadline-aware dispatch, as live (globalrouter.Decide).
+			if rf := flowcontrol.Late(&t.Request, r.now.Sub(t.Enqueued), d.TTFT); rf != nil {
+				if err := d.Lease.Free(ctx); err != nil {
+					return err
+				}
+				q.Cancel(t)
+				r.flowReject(w.idx, rf.Reason)
+				continue
+			}
 			q.Dispatch(t)
 			if err := r.placeGlobal(ctx, w.idx, w.greq, d); err != nil {
 				return err

@@ -66,7 +66,8 @@ func TestFlowControlReplay(t *testing.T) {
 // (queue_deadline), none lost.
 func TestFlowControlReplayDeadline(t *testing.T) {
 	tr := burstTrace(t, 120)
-	cfg := Config{Trace: tr, Workers: 2, FlowControl: true, Global: &GlobalReplay{Name: "flow",
+	// Targets long enough not to bind (queue_late): the deadline does.
+	cfg := Config{Trace: tr, Workers: 2, FlowControl: true, SLOMS: map[int]float64{0: 60000}, Global: &GlobalReplay{Name: "flow",
 		Config: globalConfig(t, "flow_control: {enabled: true, deadline: 100ms, saturation: {max_prefill_tokens: 2048}}\n"+onePool)}}
 	got := runReport(t, cfg).Results[0]
 	if got.DecideRejected["queue_deadline"] == 0 || got.Completed+got.Rejected != 120 {
@@ -77,7 +78,11 @@ func TestFlowControlReplayDeadline(t *testing.T) {
 // TestFlowControlReplaySLO: under --flow-control each request states its
 // class's TTFT target (x-kvgate-ttft-ms), which bounds its wait below the
 // queue's deadline: with a 30 s deadline, a 100 ms target refuses the
-// requests still waiting at it (queue_deadline), a 60 s one none.
+// requests that can no longer meet it: at the door when the predicted
+// time to first token alone passes it, at dispatch when the wait plus
+// the predicted time to first token on the worker it got does
+// (queue_late), at the target less the predicted TTFT when still
+// waiting (queue_deadline); a 60 s target none.
 func TestFlowControlReplaySLO(t *testing.T) {
 	tr := burstTrace(t, 120)
 	for _, c := range []struct {
@@ -87,7 +92,8 @@ func TestFlowControlReplaySLO(t *testing.T) {
 		cfg := Config{Trace: tr, Workers: 2, FlowControl: true, SLOMS: map[int]float64{0: c.slo},
 			Global: &GlobalReplay{Name: "flow", Config: globalConfig(t, flowPool)}}
 		got := runReport(t, cfg).Results[0]
-		if (got.DecideRejected["queue_deadline"] > 0) != c.refused || got.Completed+got.Rejected != 120 {
+		refused := got.DecideRejected["queue_deadline"] + got.DecideRejected["queue_late"]
+		if (refused > 0) != c.refused || got.Completed+got.Rejected != 120 {
 			t.Errorf("target %v ms: %d completed, rejected %v; want refusals at the target: %v, 120 answered", c.slo, got.Completed, got.DecideRejected, c.refused)
 		}
 	}

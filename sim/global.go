@@ -453,7 +453,7 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 		greq.Headers[r.tenantHeader] = rec.tenant
 	}
 	if r.flowWaiting(greq) {
-		return r.flowEnqueue(idx, greq) // others wait: it joins them
+		return r.flowEnqueue(idx, greq, 0) // others wait: it joins them
 	}
 	d, err := r.gr.Decide(ctx, greq)
 	if err != nil {
@@ -461,7 +461,7 @@ func (r *run) arriveGlobal(ctx context.Context, idx int) error {
 			return ctx.Err()
 		}
 		if r.flow != nil && errors.Is(err, globalrouter.ErrSaturated) {
-			return r.flowEnqueue(idx, greq)
+			return r.flowEnqueue(idx, greq, globalrouter.FlowNeed(err))
 		}
 		rec.rejected = true
 		r.decideErrors[decideErrorKind(err)]++

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -229,14 +230,44 @@ func (r *run) classify(res *Result) {
 	if res.ByTenant != nil {
 		// Served throughput normalised by demand: each tenant's share of
 		// its own offered requests that was served.
-		var xs []float64
+		var xs, demand, served []float64
+		total := 0.0
 		for _, t := range sortedKeys(res.ByTenant) {
 			c := res.ByTenant[t]
 			xs = append(xs, ratio(float64(c.Completed), float64(c.Offered)))
+			demand = append(demand, float64(c.Offered))
+			served = append(served, float64(c.Completed))
+			total += float64(c.Completed)
 		}
 		j := JainIndex(xs)
 		res.JainFairness = &j
+		// Normalised instead by each tenant's max-min fair share.
+		fair := MaxMinShares(demand, total)
+		for i := range xs {
+			xs[i] = ratio(served[i], fair[i])
+		}
+		jm := JainIndex(xs)
+		res.JainMaxMin = &jm
 	}
+}
+
+// MaxMinShares is the max-min fair allocation of total between demands
+// (water-filling): every demand below the common level is met in full,
+// the others get the level. Shares sum to min(total, Σ demands).
+func MaxMinShares(demands []float64, total float64) []float64 {
+	out := make([]float64, len(demands))
+	idx := make([]int, len(demands))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(demands[a], demands[b]) })
+	left := total
+	for k, i := range idx {
+		level := left / float64(len(idx)-k)
+		out[i] = min(max(demands[i], 0), level)
+		left -= out[i]
+	}
+	return out
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -280,6 +311,9 @@ func (rep *Report) writeClasses(w io.Writer) error {
 		jain := "-"
 		if r.JainFairness != nil {
 			jain = strconv.FormatFloat(*r.JainFairness, 'f', 3, 64)
+		}
+		if r.JainMaxMin != nil {
+			jain += ", max-min " + strconv.FormatFloat(*r.JainMaxMin, 'f', 3, 64)
 		}
 		fmt.Fprintf(tw, "%s\tall (Jain %s)\t%d\t%d\t%d\t%s\t%s\t-\t%.3f\t%.3f\t\n", r.Label(), jain, r.Completed+r.Rejected, r.Completed, r.Rejected,
 			f0(r.TTFTMS.Mean), f0(r.TTFTMS.P99), r.SLOMetRatio, r.GoodputRPS)

@@ -66,6 +66,9 @@ func TestOverloadFigures(t *testing.T) {
 	if r.JainFairness == nil || *r.JainFairness <= 0 || *r.JainFairness > 1 {
 		t.Errorf("jain_fairness %v: want within (0, 1]", r.JainFairness)
 	}
+	if r.JainMaxMin == nil || *r.JainMaxMin <= 0 || *r.JainMaxMin > 1 {
+		t.Errorf("jain_fairness_max_min %v: want within (0, 1]", r.JainMaxMin)
+	}
 	if got := r.SLOMetRatio; got != float64(met)/float64(len(tr.Requests)) {
 		t.Errorf("slo_met_ratio %v, want %d/%d", got, met, len(tr.Requests))
 	}
@@ -241,4 +244,34 @@ func FuzzParseShares(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestMaxMinShares: water-filling meets the small demands in full and
+// splits the rest equally: the a=4,b=c=d=1 at half its demand
+// (3.5 of 7) gives each 0.875 (every demand is above the level); at 5,
+// b, c, d theirs and a the 2 left.
+func TestMaxMinShares(t *testing.T) {
+	for _, c := range []struct {
+		demands []float64
+		total   float64
+		want    []float64
+	}{
+		{[]float64{4, 1, 1, 1}, 3.5, []float64{0.875, 0.875, 0.875, 0.875}},
+		{[]float64{4, 1, 1, 1}, 5, []float64{2, 1, 1, 1}},
+		{[]float64{4, 1, 1, 1}, 2, []float64{0.5, 0.5, 0.5, 0.5}},
+		{[]float64{4, 1, 1, 1}, 10, []float64{4, 1, 1, 1}},
+		{[]float64{3, 0, 6}, 6, []float64{3, 0, 3}},
+		{nil, 5, []float64{}},
+	} {
+		got := MaxMinShares(c.demands, c.total)
+		if len(got) != len(c.want) {
+			t.Fatalf("MaxMinShares(%v, %v) = %v, want %v", c.demands, c.total, got, c.want)
+		}
+		for i := range got {
+			if math.Abs(got[i]-c.want[i]) > 1e-12 {
+				t.Errorf("MaxMinShares(%v, %v) = %v, want %v", c.demands, c.total, got, c.want)
+				break
+			}
+		}
+	}
 }

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-
 )
 
 // Report is the outcome of a Run.
@@ -120,6 +119,13 @@ type Result struct {
 	// own demand (completed / offered; mix.go JainIndex), with
 	// --tenant-mix.
 	JainFairness *float64 `json:"jain_fairness,omitempty"`
+	// JainMaxMin is Jain's index over the tenants' served requests
+	// normalised by their max-min fair share of all that was served
+	// (MaxMinShares: the water-filling of the served total over the
+	// tenants' demands), Jain's own normalisation (throughput over the
+	// fair allocation): 1 when each tenant got its max-min share, which
+	// round robin between tenants aims at. With --tenant-mix.
+	JainMaxMin *float64 `json:"jain_fairness_max_min,omitempty"`
 
 	// ttfts are the sorted TTFTs in ms, for plots.
 	ttfts []float64

@@ -51,6 +51,11 @@ type Selection struct {
 	// calibration when the chain has none). One unit whatever the pool's
 	// chain, so that pools compare (the global router's cost policy).
 	Cost float64
+	// TTFT is the predicted time to first token of the request alone on
+	// the worker, in milliseconds: Cost less the delay it imposes on
+	// those behind it (same timing model). Flow control reads it (a
+	// queued request whose remaining budget is below it is refused).
+	TTFT float64
 	// ChainScore is the worker's total under the pool's worker chain, in
 	// the chain's own units (blocks of prefill time under ttft, Dynamo's
 	// cost in blocks under cost); it compares workers of one pool only.

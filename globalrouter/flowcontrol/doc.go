@@ -10,7 +10,10 @@
 // first served. It is bounded per band and in total, in requests and in
 // body bytes; each request has a deadline (the configured one, or its
 // TTFT target when shorter). A request refused at the door (queue_full),
-// at its deadline (queue_deadline) or when the router stops
+// at its deadline (queue_deadline), when it can no longer meet its TTFT
+// target (queue_late: its wait plus its predicted time to first token on
+// the worker it would get passes it; checked at the door and at
+// dispatch, Late) or when the router stops
 // (queue_closed) is a *Refused, which the global router answers 429 with
 // retry-after.
 //
@@ -22,7 +25,7 @@
 // the replay (package sim) runs the same Queue in virtual time.
 //
 // Files: config.go (Config, Band, Capacity, Saturation, the defaults and
-// their principles, Validate), queue.go (Queue, Ticket, Refused),
+// their principles, Validate), queue.go (Queue, Ticket, Refused, Late),
 // fairness.go (Fairness, RoundRobin, Weighted), live.go (Live, Try: the
 // wall-clock wrapper), metrics.go (the Prometheus metrics; tenants past
 // max_flow_labels are counted as "other").

@@ -16,7 +16,7 @@ var ErrSaturated = errors.New("still saturated")
 // Try attempts a queued request at dispatch time (the decision made
 // against fresh probes): nil when it went (the caller keeps what it
 // decided), ErrSaturated to wait on, any other error to end the request
-// with it. It runs on the queue's goroutine with the waiter's context.
+// with it (a *Refused, Late's, is counted a refusal). It runs on the queue's goroutine with the waiter's context.
 type Try func(ctx context.Context) error
 
 // Live runs a Queue on the wall clock: one goroutine dispatches, from the
@@ -117,6 +117,17 @@ func (l *Live) Wait(ctx context.Context, r Request, try Try, undo func()) error 
 	}
 	l.mu.Unlock()
 	return ctx.Err()
+}
+
+// Ahead is how many requests wait in priority p's band and above
+// (Queue.Ahead).
+func (l *Live) Ahead(p int) int {
+	if l.Len() == 0 {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.q.Ahead(p)
 }
 
 // Len is how many requests wait.
@@ -224,7 +235,16 @@ func (l *Live) dispatch() {
 			l.m.left(t, "dispatched", now)
 		default:
 			l.q.Cancel(t)
-			l.m.left(t, "failed", now)
+			var rf *Refused
+			if errors.As(err, &rf) { // Late: refused at dispatch
+				if rf.Band == "" {
+					rf.Band = t.Band()
+				}
+				l.m.left(t, "deadline", now)
+				l.m.refused(t.Band(), rf.Reason)
+			} else {
+				l.m.left(t, "failed", now)
+			}
 		}
 		l.counted()
 		w.state = finished

@@ -241,3 +241,28 @@ func TestMetricsFoldFlows(t *testing.T) {
 	}
 	waitDepth(t, l, 0)
 }
+
+// A try that refuses (Late, at dispatch) ends its request with that
+// refusal, counted as one, and the queue goes on to the next.
+func TestLiveTryRefused(t *testing.T) {
+	l, reg := newLive(t, flowcontrol.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	late := flowcontrol.Late(&flowcontrol.Request{Wait: time.Millisecond}, time.Millisecond, time.Millisecond)
+	errc, errc2 := make(chan error, 1), make(chan error, 1)
+	go func() { errc <- l.Wait(ctx, flowcontrol.Request{}, func(context.Context) error { return late }, nil) }()
+	waitDepth(t, l, 1)
+	go func() { errc2 <- l.Wait(ctx, flowcontrol.Request{}, func(context.Context) error { return nil }, nil) }()
+	waitDepth(t, l, 2)
+	l.Kick()
+	var rf *flowcontrol.Refused
+	if err := <-errc; !errors.As(err, &rf) || rf.Reason != flowcontrol.ReasonLate || rf.Band != "default" {
+		t.Fatalf("first: got %v, want queue_late in band default", err)
+	}
+	if err := <-errc2; err != nil {
+		t.Errorf("second, dispatched after the refusal: %v", err)
+	}
+	if got := testutil.ToFloat64(mustVec(t, reg, "kvgate_flowcontrol_refusals_total")); got != 1 {
+		t.Errorf("refusals %v, want 1", got)
+	}
+}

@@ -57,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer, maxFlows int) (*Metrics, error) {
 		}, []string{"queue", "band"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_flowcontrol_refusals_total",
-			Help: "Requests refused by flow control (429 with retry-after), by queue, band and reason (queue_full, queue_deadline, queue_closed).",
+			Help: "Requests refused by flow control (429 with retry-after), by queue, band and reason (queue_full, queue_deadline, queue_late, queue_closed).",
 		}, []string{"queue", "band", "reason"}),
 		mu: &sync.Mutex{}, flows: map[string]bool{}, max: maxFlows,
 	}

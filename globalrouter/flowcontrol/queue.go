@@ -16,6 +16,10 @@ const (
 	ReasonQueueFull = "queue_full"
 	// ReasonDeadline: the request waited its deadline.
 	ReasonDeadline = "queue_deadline"
+	// ReasonLate: the request cannot meet its TTFT target: its wait plus
+	// its predicted time to first token on the worker it would get is
+	// past it (at dispatch, Late; at the door, Request.Need).
+	ReasonLate = "queue_late"
 	// ReasonClosed: the queue was closed (the router stopping).
 	ReasonClosed = "queue_closed"
 )
@@ -43,12 +47,30 @@ type Request struct {
 	Flow string
 	// Bytes is the request's size (its body), counted against capacity.
 	Bytes int64
-	// Wait, when > 0, bounds the wait below Config.Deadline (the
-	// request's TTFT target).
+	// Wait, when > 0, is the request's TTFT target: it bounds the wait
+	// below Config.Deadline, less Need.
 	Wait time.Duration
+	// Need is the request's predicted service time once dispatched (its
+	// predicted time to first token at admission; 0: unknown): a request
+	// with a target waits at most Wait − Need, and one whose target is
+	// below it is refused at the door (queue_late).
+	Need time.Duration
 	// Value is the caller's (the live queue's waiter, the replay's
 	// request index).
 	Value any
+}
+
+// Late is the refusal of r at dispatch when, having waited waited, its
+// predicted time to first token on the worker it got (ttft) would take
+// it past its target (r.Wait): deadline-aware dispatch, so that capacity
+// goes to requests that can still meet theirs. nil when it can, or r has
+// no target. The refusal's Band is left to the caller.
+func Late(r *Request, waited, ttft time.Duration) *Refused {
+	if r.Wait <= 0 || waited+ttft <= r.Wait {
+		return nil
+	}
+	return &Refused{Reason: ReasonLate, Msg: fmt.Sprintf("waited %v for a saturated pool; with its predicted time to first token (%v) it would miss its target (%v); retry later",
+		waited.Round(time.Millisecond), ttft.Round(time.Millisecond), r.Wait)}
 }
 
 // Ticket is a request in the queue.
@@ -146,8 +168,14 @@ func (q *Queue) Enqueue(now time.Time, r Request) (*Ticket, error) {
 		return nil, full("band "+b.cfg.Name+" is", b.n, b.bytes)
 	}
 	wait := q.cfg.Deadline
-	if r.Wait > 0 && r.Wait < wait {
-		wait = r.Wait
+	if r.Wait > 0 {
+		w := r.Wait - max(r.Need, 0)
+		if w <= 0 {
+			return nil, &Refused{Reason: ReasonLate, Band: b.cfg.Name,
+				Msg: fmt.Sprintf("its predicted time to first token (%v) is past its target (%v) on every saturated pool; retry later",
+					r.Need.Round(time.Millisecond), r.Wait)}
+		}
+		wait = min(wait, w)
 	}
 	t := &Ticket{Request: r, Enqueued: now, Deadline: now.Add(wait), band: b}
 	f := b.flows[r.Flow]
@@ -167,6 +195,16 @@ func (q *Queue) Enqueue(now time.Time, r Request) (*Ticket, error) {
 	q.bytes += r.Bytes
 	heap.Push(&q.deadlines, t)
 	return t, nil
+}
+
+// Ahead is how many requests wait in priority p's band and the bands
+// above it: those a request of p must not overtake.
+func (q *Queue) Ahead(p int) int {
+	n := 0
+	for i := range q.cfg.band(p) + 1 {
+		n += q.bands[i].n
+	}
+	return n
 }
 
 // Peek returns the request to serve next, nil when none waits: the

@@ -184,3 +184,63 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A request with a target waits at most its target less its predicted
+// service time (Need), and is refused at the door when that is nothing.
+func TestDeadlineLessNeed(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{Deadline: time.Second})
+	a := enqueue(t, q, t0, flowcontrol.Request{Value: "a", Wait: 500 * time.Millisecond, Need: 300 * time.Millisecond})
+	if !a.Deadline.Equal(t0.Add(200 * time.Millisecond)) {
+		t.Errorf("deadline +%v, want +200ms (target 500ms less 300ms predicted)", a.Deadline.Sub(t0))
+	}
+	b := enqueue(t, q, t0, flowcontrol.Request{Value: "b", Need: 300 * time.Millisecond}) // no target
+	if !b.Deadline.Equal(t0.Add(time.Second)) {
+		t.Errorf("deadline of a request without target +%v, want the configured 1s", b.Deadline.Sub(t0))
+	}
+	_, err := q.Enqueue(t0, flowcontrol.Request{Value: "c", Wait: 300 * time.Millisecond, Need: 300 * time.Millisecond})
+	var rf *flowcontrol.Refused
+	if !errors.As(err, &rf) || rf.Reason != flowcontrol.ReasonLate || rf.Band != "default" {
+		t.Errorf("request whose target is its predicted TTFT: got %v, want queue_late at the door", err)
+	}
+	if q.Len() != 2 {
+		t.Errorf("%d waiting, want 2", q.Len())
+	}
+}
+
+func TestLate(t *testing.T) {
+	r := &flowcontrol.Request{Wait: time.Second}
+	for _, c := range []struct {
+		waited, ttft time.Duration
+		late         bool
+	}{
+		{0, time.Second, false},
+		{400 * time.Millisecond, 600 * time.Millisecond, false},
+		{400 * time.Millisecond, 601 * time.Millisecond, true},
+		{time.Second, 0, false},
+		{time.Second, time.Nanosecond, true},
+	} {
+		rf := flowcontrol.Late(r, c.waited, c.ttft)
+		if (rf != nil) != c.late {
+			t.Errorf("Late(waited %v, ttft %v) = %v, want late %v", c.waited, c.ttft, rf, c.late)
+		}
+		if rf != nil && (rf.Reason != flowcontrol.ReasonLate || !strings.Contains(rf.Msg, "target")) {
+			t.Errorf("Late refusal %+v: want queue_late naming the target", rf)
+		}
+	}
+	if rf := flowcontrol.Late(&flowcontrol.Request{}, time.Hour, time.Hour); rf != nil {
+		t.Errorf("request without target refused late: %v", rf)
+	}
+}
+
+func TestAhead(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{})
+	enqueue(t, q, t0, flowcontrol.Request{Priority: 0, Value: "a"})
+	enqueue(t, q, t0, flowcontrol.Request{Priority: 0, Value: "b"})
+	if q.Ahead(1) != 0 || q.Ahead(0) != 2 {
+		t.Errorf("Ahead(1) %d Ahead(0) %d, want 0 (nothing in band high) and 2", q.Ahead(1), q.Ahead(0))
+	}
+	enqueue(t, q, t0, flowcontrol.Request{Priority: 3, Value: "c"})
+	if q.Ahead(1) != 1 || q.Ahead(0) != 3 {
+		t.Errorf("Ahead(1) %d Ahead(0) %d, want 1 and 3", q.Ahead(1), q.Ahead(0))
+	}
+}

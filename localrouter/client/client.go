@@ -165,7 +165,7 @@ func selection(s *localrouterv1.Selection, isl int) routing.Selection {
 		WorkerID: s.GetWorkerId(), DPRank: s.GetDpRank(), Address: s.GetAddress(),
 		OverlapBlocks: int(s.GetOverlapBlocks()), RequestBlocks: int(s.GetRequestBlocks()),
 		PrefillTokens: int(s.GetPotentialPrefillTokens()), DecodeBlocks: int(s.GetPotentialDecodeBlocks()),
-		Cost: s.GetCost(), ChainScore: s.GetChainScore(), Candidates: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()), ISL: isl,
+		Cost: s.GetCost(), TTFT: s.GetTtftMs(), ChainScore: s.GetChainScore(), Candidates: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()), ISL: isl,
 		AllSaturated: s.GetAllSaturated(),
 	}
 	if out.ISL == 0 {

@@ -64,3 +64,33 @@ func contributions(s []routing.Score) []float64 {
 	}
 	return out
 }
+
+// TestTTFTCrossesTheWire: the predicted time to first token of the
+// request alone (ttft_ms; flow control reads it) reaches the Go client
+// over the unary call and the channel: positive, and below Cost by the
+// delay the request's uncached prefill imposes on those behind it.
+func TestTTFTCrossesTheWire(t *testing.T) {
+	p := startPoolWith(localrouter.DefaultConfig(), "a")
+	defer p.stop()
+	c, err := client.Dial(p.addr, []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ch := c.Channel(client.ChannelOptions{})
+	defer ch.Close()
+	ctx := testenv.Context(t)
+	pr := client.Prompt{Tokens: prompt(1, 64)}
+	for name, bw := range map[string]func() (routing.Selection, error){
+		"unary":   func() (routing.Selection, error) { return c.BestWorker(ctx, pr, client.BestWorkerOptions{}) },
+		"channel": func() (routing.Selection, error) { return ch.BestWorker(ctx, pr, client.BestWorkerOptions{}) },
+	} {
+		s, err := bw()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !(s.TTFT > 0) || !(s.TTFT < s.Cost) {
+			t.Errorf("%s: TTFT %g ms, Cost %g ms; want 0 < TTFT < Cost (64 uncached tokens)", name, s.TTFT, s.Cost)
+		}
+	}
+}

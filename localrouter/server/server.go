@@ -238,7 +238,7 @@ func (s *Server) selection(sel routing.Selection) *localrouterv1.Selection {
 		WorkerId: sel.WorkerID, DpRank: sel.DPRank, Address: s.address(sel.WorkerID),
 		OverlapBlocks: uint32(sel.OverlapBlocks), RequestBlocks: uint32(sel.RequestBlocks),
 		PotentialPrefillTokens: uint32(sel.PrefillTokens), PotentialDecodeBlocks: uint32(sel.DecodeBlocks),
-		Cost: sel.Cost, ChainScore: sel.ChainScore, Candidates: uint32(sel.Candidates), BlockSize: uint32(s.r.Config().BlockSize),
+		Cost: sel.Cost, TtftMs: sel.TTFT, ChainScore: sel.ChainScore, Candidates: uint32(sel.Candidates), BlockSize: uint32(s.r.Config().BlockSize),
 		Scores: scores(sel.Scores),
 	}
 }

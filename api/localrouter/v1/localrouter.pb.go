@@ -286,7 +286,13 @@ type Selection struct {
 	// units: blocks of prefill time under the ttft scorer, Dynamo's cost in
 	// blocks under the cost scorer. It compares workers of one pool only;
 	// across pools compare cost.
-	ChainScore    float64 `protobuf:"fixed64,15,opt,name=chain_score,json=chainScore,proto3" json:"chain_score,omitempty"`
+	ChainScore float64 `protobuf:"fixed64,15,opt,name=chain_score,json=chainScore,proto3" json:"chain_score,omitempty"`
+	// The predicted time to first token of the request alone on the chosen
+	// worker, in milliseconds: cost without the delay it imposes on the
+	// requests behind it (the same timing model and calibration). The
+	// global router's flow control reads it: a queued request whose
+	// remaining budget is below it is refused rather than served late.
+	TtftMs        float64 `protobuf:"fixed64,16,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -422,6 +428,13 @@ func (x *Selection) GetScores() []*Score {
 func (x *Selection) GetChainScore() float64 {
 	if x != nil {
 		return x.ChainScore
+	}
+	return 0
+}
+
+func (x *Selection) GetTtftMs() float64 {
+	if x != nil {
+		return x.TtftMs
 	}
 	return 0
 }
@@ -3258,7 +3271,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x12router_temperature\x18\x03 \x01(\x01H\x02R\x11routerTemperature\x88\x01\x01B\x17\n" +
 	"\x15_overlap_score_creditB\x15\n" +
 	"\x13_prefill_load_scaleB\x15\n" +
-	"\x13_router_temperature\"\xe8\x04\n" +
+	"\x13_router_temperature\"\x81\x05\n" +
 	"\tSelection\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x18\n" +
@@ -3279,7 +3292,8 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\rall_saturated\x18\r \x01(\bR\fallSaturated\x124\n" +
 	"\x06scores\x18\x0e \x03(\v2\x1c.kvgate.localrouter.v1.ScoreR\x06scores\x12\x1f\n" +
 	"\vchain_score\x18\x0f \x01(\x01R\n" +
-	"chainScore\"i\n" +
+	"chainScore\x12\x17\n" +
+	"\attft_ms\x18\x10 \x01(\x01R\x06ttftMs\"i\n" +
 	"\x05Score\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03raw\x18\x02 \x01(\x01R\x03raw\x12\x16\n" +
