@@ -5,6 +5,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Conns holds the clients to local routers, shared by the pools of a global
@@ -103,7 +106,11 @@ func (cs *Conns) Close() error {
 	cs.mu.Unlock()
 	var first error
 	for _, c := range all {
-		if err := c.r.Close(); err != nil && first == nil {
+		// Canceled is gRPC's answer for a connection already closing
+		// ("grpc: the client connection is closing"): closed, which is
+		// what was asked. Seen once in e2e TestRegionsTopology under a
+		// loaded make test; the first closer is not identified.
+		if err := c.r.Close(); err != nil && status.Code(err) != codes.Canceled && first == nil {
 			first = fmt.Errorf("close local router %s: %w", c.addr, err)
 		}
 	}
