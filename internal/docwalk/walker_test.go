@@ -151,7 +151,7 @@ func (w *walker) listenAddr(flag, doc string) (string, bool) {
 	}
 	key := "127.0.0.1:" + port
 	real, ok := w.ports[key]
-	if !ok || w.shared[key] {
+	if !ok || w.shared[key] || !w.reusable(real) {
 		real = net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort()))
 		w.ports[key], w.shared[key] = real, false
 	}
@@ -163,6 +163,24 @@ func (w *walker) listenAddr(flag, doc string) (string, bool) {
 		return "tcp://" + real, true
 	}
 	return real, true
+}
+
+// reusable reports whether a port the walk gave an earlier server of the
+// document can be given again: that server still holds it (serve stops it
+// first, as the reader would), or nobody does. A port the earlier server
+// let go may since have been taken by another test package's process (an
+// ephemeral port): then the walk picks a new one, and the document's later
+// commands follow the new mapping.
+func (w *walker) reusable(addr string) bool {
+	if s := w.owner[addr]; s != nil && !s.exited() {
+		return true
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }
 
 // hostPort is a listening flag's value as an address to dial.
