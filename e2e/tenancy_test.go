@@ -37,32 +37,14 @@ func TestTenantIsolationThroughGateway(t *testing.T) {
 		b, _ := json.Marshal(m)
 		return string(b)
 	}
-	cached := func(r reply) int {
-		t.Helper()
-		var out struct {
-			Usage struct {
-				Details struct {
-					Cached int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		if r.status != 200 {
-			t.Fatalf("status %d: %.300s", r.status, r.body)
-		}
-		if err := json.Unmarshal(r.body, &out); err != nil {
-			t.Fatalf("%v: %.300s", err, r.body)
-		}
-		return out.Usage.Details.Cached
-	}
-
 	a := chat(t, ctx, c, s, body, "x-tenant", "a", "x-kvgate-trust", token)
-	cached(a)
+	cachedTokens(t, a)
 	waitCached(t, s, a.pool, a.worker, 20)
 	pin := []string{"x-kvgate-pool", a.pool, "x-kvgate-worker-id", a.worker, "x-kvgate-dp-rank", a.header.Get("x-kvgate-dp-rank")}
 	// Control: A's second copy is routed to its cache and read from it.
 	again := chat(t, ctx, c, s, body, "x-tenant", "a", "x-kvgate-trust", token)
-	if again.overlap < 20 || cached(again) < 20*16 {
-		t.Fatalf("tenant a's own copy: overlap %d, cached %d; want its prefix cached (the test shows nothing)", again.overlap, cached(again))
+	if again.overlap < 20 || cachedTokens(t, again) < 20*16 {
+		t.Fatalf("tenant a's own copy: overlap %d, cached %d; want its prefix cached (the test shows nothing)", again.overlap, cachedTokens(t, again))
 	}
 
 	for _, tc := range []struct {
@@ -76,7 +58,7 @@ func TestTenantIsolationThroughGateway(t *testing.T) {
 		{"untenanted, pinned", body, pin},
 	} {
 		r := chat(t, ctx, c, s, tc.body, tc.hdr...)
-		if n := cached(r); n != 0 || r.overlap != 0 {
+		if n := cachedTokens(t, r); n != 0 || r.overlap != 0 {
 			t.Errorf("%s: engine cached %d tokens, router overlap %d blocks; want 0 and 0", tc.name, n, r.overlap)
 		}
 	}
