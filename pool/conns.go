@@ -5,9 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Conns holds the clients to local routers, shared by the pools of a global
@@ -31,6 +28,10 @@ type conn struct {
 	circuit *circuit
 	lat     latency // probe latencies: the adaptive deadline
 	refs    int     // guarded by Conns.mu
+	// closed: the client's Close has been called or claimed, by the last
+	// release or by Conns.Close, whichever came first (guarded by
+	// Conns.mu), so it is closed exactly once.
+	closed bool
 }
 
 // NewConns returns an empty set of clients made with dial. now (nil:
@@ -81,9 +82,12 @@ func (cs *Conns) ref(c *conn) {
 func (cs *Conns) release(c *conn) {
 	cs.mu.Lock()
 	c.refs--
-	last := c.refs == 0
-	if last && cs.m[c.addr] == c { // the address may already name a newer conn
-		delete(cs.m, c.addr)
+	last := c.refs == 0 && !c.closed // Conns.Close may have claimed it
+	if last {
+		c.closed = true
+		if cs.m[c.addr] == c { // the address may already name a newer conn
+			delete(cs.m, c.addr)
+		}
 	}
 	cs.mu.Unlock()
 	if last {
@@ -101,16 +105,18 @@ func (cs *Conns) Len() int {
 // Close closes every client, referenced or not; later acquisitions fail.
 func (cs *Conns) Close() error {
 	cs.mu.Lock()
-	all := cs.m
+	all := make([]*conn, 0, len(cs.m))
+	for _, c := range cs.m {
+		if !c.closed { // a last release between may have claimed it
+			c.closed = true
+			all = append(all, c)
+		}
+	}
 	cs.m, cs.closed = map[string]*conn{}, true
 	cs.mu.Unlock()
 	var first error
 	for _, c := range all {
-		// Canceled is gRPC's answer for a connection already closing
-		// ("grpc: the client connection is closing"): closed, which is
-		// what was asked. Seen once in e2e TestRegionsTopology under a
-		// loaded make test; the first closer is not identified.
-		if err := c.r.Close(); err != nil && status.Code(err) != codes.Canceled && first == nil {
+		if err := c.r.Close(); err != nil && first == nil {
 			first = fmt.Errorf("close local router %s: %w", c.addr, err)
 		}
 	}
