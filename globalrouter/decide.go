@@ -39,6 +39,9 @@ type prepared struct {
 	hdr    headers
 	view   policies.Request
 	id     string
+	// tenant is the request's tenant as this decision's configuration
+	// derived it (TenancyConfig.tenant), "" for none.
+	tenant string
 	// explain: the decision is to be explained to the caller.
 	explain bool
 	// salted: the hashes carry the tenant's salt. (A prompt shorter than
@@ -96,11 +99,16 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: msg}
 	}
-	if !st.cfg.Tenancy.allows(req.Headers, trusted) {
-		h := st.cfg.Tenancy.Header
-		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: h + " is honoured from trusted callers only (the gateway sets it)"}
+	// The tenant, once, from this decision's snapshot: the salting and
+	// the policies below read this field, never the header again.
+	tenant, terr := st.cfg.Tenancy.tenant(req, trusted)
+	if terr != nil {
+		return nil, terr
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := st.cfg.Tenancy.checkExtraKey(req); err != nil {
 		return nil, err
 	}
 	if req.Subset != nil && len(req.Subset.Addresses) == 0 {
@@ -120,7 +128,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		eligible = []*poolEntry{pe}
 	}
 	_, tsp := r.span(ctx, "kvgate.tokenize")
-	p, err := r.prepare(req, me, hdr, &st.cfg.Tenancy)
+	p, err := r.prepare(req, me, hdr, &st.cfg.Tenancy, tenant)
 	if p != nil {
 		endSpan(tsp, err, attribute.Int("kvgate.isl", len(p.tokens)))
 	} else {
@@ -340,8 +348,8 @@ func candidate(res probeResult) policies.Candidate {
 
 // prepare tokenizes the request once and hashes it once per distinct block
 // size of the model's pools.
-func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *TenancyConfig) (*prepared, error) {
-	p := &prepared{req: req, me: me, id: req.ID, hdr: hdr}
+func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *TenancyConfig, tenant string) (*prepared, error) {
+	p := &prepared{req: req, me: me, id: req.ID, hdr: hdr, tenant: tenant}
 	if p.id == "" {
 		p.id = newID()
 	}
@@ -371,7 +379,7 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *Tenancy
 		return nil, fmt.Errorf("%w: the prompt is empty", ErrBadRequest)
 	}
 	p.hashes = make([][]uint64, len(me.blockSizes))
-	salt, salted, err := ten.salt(req.Headers, req.CacheSalt)
+	salt, salted, err := ten.salt(tenant, req.CacheSalt)
 	if err != nil {
 		return nil, err
 	}
@@ -385,6 +393,7 @@ func (r *Router) prepare(req *Request, me *modelEntry, hdr headers, ten *Tenancy
 		}
 	}
 	p.view = hdr.view(req, p.id, len(p.tokens))
+	ten.view(&p.view, tenant)
 	return p, nil
 }
 

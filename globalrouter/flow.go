@@ -155,8 +155,8 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 	if hdr, err := parseHeaders(req.Headers); err == nil && st.cfg.Trust.Steering.allows(trusted) {
 		out.Priority, out.Wait = hdr.priority, hdr.slo.TTFT
 	}
-	if t := st.cfg.Tenancy.Header; t != "" && st.cfg.Tenancy.allows(req.Headers, trusted) {
-		out.Flow = req.Headers[t]
+	if tenant, err := st.cfg.Tenancy.tenant(req, trusted); err == nil {
+		out.Flow = tenant
 	}
 	return out, me.flowKey
 }

@@ -47,13 +47,6 @@ const XFCCHeader = "x-forwarded-client-cert"
 // api/v1alpha1/ext_proc_types.go, internal/xds/translator/extproc.go).
 const JWTAuthnNamespace = "envoy.filters.http.jwt_authn"
 
-// identityMark is the key identify adds to the headers it derived the
-// tenant into, with the source's name: tenancy.allows believes the tenant
-// header of an xfcc or jwt-claim configuration only under it. No caller
-// can set it: it is no HTTP header name (a leading ':' that no pseudo-
-// header has), and identify drops any copy a caller sent.
-const identityMark = ":kvgate-identity"
-
 // XFCCIdentity says which SAN of the client certificate names the tenant.
 type XFCCIdentity struct {
 	// SAN is "uri" (a URI SAN, e.g. a SPIFFE ID) or "dns".
@@ -121,78 +114,62 @@ func (t *TenancyConfig) validateIdentity(where string) error {
 	return nil
 }
 
-// allows reports whether the request may name its tenant: it names none,
-// or its caller is believed (Identity). Under xfcc and jwt-claim the
-// header is believed only as identify derived it.
-func (t *TenancyConfig) allows(h map[string]string, trusted bool) bool {
-	if t.Header == "" || h[t.Header] == "" {
-		return true
+// tenant is the request's tenant ("" for none), derived once per
+// decision from the configuration snapshot the decision holds (decide),
+// so that a reload can never pair one configuration's identity with
+// another's salting or policies. trusted says the caller carries a trust
+// token.
+//
+// Under trusted the tenant header is believed only from a trusted caller
+// (any other request naming a tenant is 403 untrusted_header); under on
+// from every caller. Under xfcc and jwt-claim the tenant is read from the
+// client certificate or the JWT claim, believed only from a trusted Envoy
+// (a trust token or the ext_proc connection's mutual TLS: 403
+// untrusted_identity), and a request without one is 403
+// missing_identity; the client's own copy of the tenant header counts
+// for nothing.
+func (t *TenancyConfig) tenant(req *Request, trusted bool) (string, error) {
+	if t.Header == "" {
+		return "", nil
 	}
+	h := req.Headers
 	switch t.Identity {
 	case IdentityOn:
-		return true
-	case IdentityXFCC, IdentityJWTClaim:
-		return h[identityMark] == string(t.Identity)
+		return h[t.Header], nil
+	case IdentityXFCC:
+		return t.XFCC.tenant(h[XFCCHeader], trusted || req.PeerVerified)
+	case IdentityJWTClaim:
+		return t.JWT.tenant(req.JWTAuthn, trusted || req.PeerVerified)
 	}
-	return trusted
+	if v := h[t.Header]; v != "" && !trusted {
+		return "", &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: t.Header + " is honoured from trusted callers only (the gateway sets it)"}
+	}
+	return h[t.Header], nil
 }
 
-// identify derives the tenant of a request whose configuration takes it
-// from the client certificate or a JWT claim: it returns a request whose
-// headers carry the tenant in the tenant header (the caller's copy
-// replaced) and the identityMark, or a refusal: 403 untrusted_identity
-// when the caller may not vouch for the identity (no trust token, no
-// mutual TLS), 403 missing_identity when none names a tenant. Other
-// configurations get the request as it is, less any identityMark a
-// caller sent. It reads one snapshot of the configuration; decide reads
-// its own, and a reload between the two fails closed (allows).
-func (r *Router) identify(req *Request) (*Request, error) {
-	if req == nil {
-		return nil, nil
-	}
-	st := r.acquire()
-	if st == nil {
-		return req, nil
-	}
-	defer st.release()
-	t := &st.cfg.Tenancy
+// checkExtraKey refuses SGLang's extra_key when tenants are salted.
+func (t *TenancyConfig) checkExtraKey(req *Request) error {
 	if t.Salt && req.ExtraKey != "" {
 		// SGLang keys its cache by cache_salt + extra_key, concatenated
 		// (python/sglang/srt/entrypoints/openai/serving_base.py
 		// _compute_extra_key, c5695a4be1c4f84791eeaceeb6e4a775f8e7d0cc):
 		// tenant "a" with extra_key "b" would read tenant "ab"'s cache.
-		return nil, fmt.Errorf("%w: extra_key: SGLang appends it to cache_salt, so with tenancy salting on it could spell another tenant's salt; send cache_salt instead", ErrBadRequest)
+		return fmt.Errorf("%w: extra_key: SGLang appends it to cache_salt, so with tenancy salting on it could spell another tenant's salt; send cache_salt instead", ErrBadRequest)
 	}
-	h := req.Headers
-	_, marked := h[identityMark]
-	if t.Identity != IdentityXFCC && t.Identity != IdentityJWTClaim {
-		if !marked {
-			return req, nil
-		}
-		out := *req
-		out.Headers = maps.Clone(h)
-		delete(out.Headers, identityMark)
-		return &out, nil
+	return nil
+}
+
+// view is the policies' view of the request's headers: the tenant
+// tenancy derived, under the tenant header's name (policies.Request.
+// Header). Headers are the request's own, not copied, unless the client
+// sent a tenant header the derived tenant replaces (xfcc, jwt-claim): no
+// policy sees a tenant the router does not believe.
+func (t *TenancyConfig) view(v *policies.Request, tenant string) {
+	v.TenantHeader, v.Tenant = t.Header, tenant
+	if got, ok := v.Headers[t.Header]; ok && t.Header != "" && got != tenant {
+		v.Headers = maps.Clone(v.Headers)
+		v.Headers[t.Header] = tenant
 	}
-	trusted := req.PeerVerified || st.cfg.Trust.trusted(h)
-	var tenant string
-	var err error
-	if t.Identity == IdentityXFCC {
-		tenant, err = t.XFCC.tenant(h[XFCCHeader], trusted)
-	} else {
-		tenant, err = t.JWT.tenant(req.JWTAuthn, trusted)
-	}
-	if err != nil {
-		return nil, err
-	}
-	out := *req
-	out.Headers = maps.Clone(h)
-	if out.Headers == nil {
-		out.Headers = map[string]string{}
-	}
-	out.Headers[t.Header] = tenant
-	out.Headers[identityMark] = string(t.Identity)
-	return &out, nil
 }
 
 func untrustedIdentity(what string) *Refusal {

@@ -171,11 +171,7 @@ func (r *Router) Close() error {
 func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error) {
 	start := r.opts.now()
 	ctx, sp := r.startDecide(ctx, req)
-	ireq, err := r.identify(req)
-	var d *Decision
-	if err == nil {
-		d, err = r.decide(ctx, ireq)
-	}
+	d, err := r.decide(ctx, req)
 	outcome, poolName := "ok", ""
 	if err != nil {
 		outcome = errOutcome(err)

@@ -140,7 +140,7 @@ type TenancyConfig struct {
 	// forwards a client's copy; "xfcc" reads it from the client
 	// certificate Envoy forwards (XFCC), "jwt-claim" from a claim of the
 	// JWT Envoy verified (JWT), both believed only from a trusted Envoy,
-	// and written to Header (the client's copy replaced).
+	// and standing in for Header (the client's copy counts for nothing).
 	Identity Identity `yaml:"identity"`
 	// XFCC says which SAN of the client certificate names the tenant
 	// (identity xfcc only).
@@ -169,27 +169,27 @@ const TenantSaltPrefix = "kvgate-tenant:"
 // salt is the cache salt a request's blocks are hashed with
 // (kvevents.ChainSeed: Dynamo's salt seed), and, when salted, the
 // cache_salt the engine gets (Decision.CacheSalt): the request's own
-// cache_salt when salting is off or its headers name no tenant;
+// cache_salt when salting is off or it has no tenant (tenant);
 // otherwise TenantSaltPrefix, the tenant, and, when the client sent a
 // cache_salt, a NUL (which no header value holds, so the pair is
 // unambiguous) and the client's salt: combined, never dropped. salted
 // reports the tenant's part.
-func (t *TenancyConfig) salt(h map[string]string, cacheSalt string) (salt string, salted bool, err error) {
+func (t *TenancyConfig) salt(tenant, cacheSalt string) (salt string, salted bool, err error) {
 	if !t.Salt {
 		return cacheSalt, false, nil
 	}
-	if h[t.Header] == "" {
+	if tenant == "" {
 		if strings.HasPrefix(cacheSalt, TenantSaltPrefix) {
 			return "", false, fmt.Errorf("%w: cache_salt: a salt beginning %q is reserved for tenants", ErrBadRequest, TenantSaltPrefix)
 		}
 		return cacheSalt, false, nil
 	}
-	if !utf8.ValidString(h[t.Header]) {
+	if !utf8.ValidString(tenant) {
 		// JSON (the engine's cache_salt) would read every invalid byte
 		// as U+FFFD: two tenants the router keeps apart would meet.
 		return "", false, fmt.Errorf("%w: %s: the tenant is not valid UTF-8", ErrBadRequest, t.Header)
 	}
-	s := TenantSaltPrefix + h[t.Header]
+	s := TenantSaltPrefix + tenant
 	if cacheSalt != "" {
 		s += "\x00" + cacheSalt
 	}

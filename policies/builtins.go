@@ -101,7 +101,7 @@ func (*HeaderMatch) Name() string { return NameHeaderMatch }
 func (h *HeaderMatch) Rank(req *Request, cands []Candidate) ([]Candidate, error) {
 	return slices.DeleteFunc(cands, func(c Candidate) bool {
 		for name, values := range h.rules[c.Pool] {
-			got, ok := req.Headers[name]
+			got, ok := req.Header(name)
 			if !ok || (len(values) > 0 && !slices.Contains(values, got)) {
 				return true
 			}

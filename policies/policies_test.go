@@ -88,6 +88,7 @@ func TestPolicies(t *testing.T) {
 		chainArgs string
 		poolArgs  map[string]string
 		headers   map[string]string
+		tenant    string // the x-tenant the router derived (Request.Tenant)
 		in        []policies.Candidate
 		want      []string
 	}{
@@ -105,6 +106,8 @@ func TestPolicies(t *testing.T) {
 			headers: map[string]string{"x-tenant": "other"}, in: []policies.Candidate{a, b, c}, want: []string{"c"}},
 		{name: "header-match value and presence", policy: "header-match", poolArgs: map[string]string{"a": "headers: {x-tenant: [acme]}", "b": "headers: {X-Canary: []}"},
 			headers: map[string]string{"x-tenant": "acme", "x-canary": "1"}, in: []policies.Candidate{a, b, c}, want: []string{"a", "b", "c"}},
+		{name: "header-match reads the derived tenant, not the header", policy: "header-match", poolArgs: map[string]string{"a": "headers: {x-tenant: [acme]}", "b": "headers: {x-tenant: [other]}"},
+			headers: map[string]string{"x-tenant": "other"}, tenant: "acme", in: []policies.Candidate{a, b, c}, want: []string{"a", "c"}},
 		{name: "disaggregate pairs long uncached prompts", policy: "disaggregate", chainArgs: "threshold_tokens: 1000", in: []policies.Candidate{pre, dec, a}, want: []string{"dec+pre", "a"}},
 		{name: "disaggregate keeps short uncached prompts local", policy: "disaggregate", chainArgs: "threshold_tokens: 1000", in: []policies.Candidate{pre, decWarm}, want: []string{"dec2"}},
 		{name: "disaggregate without prefill pool", policy: "disaggregate", in: []policies.Candidate{dec, a}, want: []string{"dec", "a"}},
@@ -120,7 +123,11 @@ func TestPolicies(t *testing.T) {
 				t.Errorf("Name() = %q, want %q", p.Name(), tt.policy)
 			}
 			in := append([]policies.Candidate(nil), tt.in...)
-			got, err := p.Rank(&policies.Request{Model: "m", ISL: 2000, Headers: tt.headers}, in)
+			req := &policies.Request{Model: "m", ISL: 2000, Headers: tt.headers}
+			if tt.tenant != "" {
+				req.TenantHeader, req.Tenant = "x-tenant", tt.tenant
+			}
+			got, err := p.Rank(req, in)
 			if err != nil {
 				t.Fatalf("Rank: %v", err)
 			}

@@ -36,14 +36,34 @@ type Request struct {
 	Path string
 	// ISL is the prompt length in tokens.
 	ISL int
-	// Headers are the request headers, keys lower-case.
+	// Headers are the request headers, keys lower-case. Read a header
+	// through Header: the tenant header's value is the tenant the router
+	// derived, which under tenancy.identity xfcc or jwt-claim need not be
+	// in Headers at all.
 	Headers map[string]string
+	// TenantHeader is tenancy.header ("" without tenancy), and Tenant the
+	// request's tenant as tenancy.identity derived it ("" for none): from
+	// the header of a believed caller, the client certificate or the JWT
+	// claim Envoy forwarded. Headers never hold another value under
+	// TenantHeader.
+	TenantHeader string
+	Tenant       string
 	// SessionKey groups requests of one conversation or user ("" none).
 	SessionKey string
 	// Priority: higher is more important (0 default).
 	Priority int
 	// SLO are the request's latency targets (zero: none given).
 	SLO SLO
+}
+
+// Header is the value of the request header name (lower-case) and
+// whether the request has it, the tenant header reading Tenant.
+func (r *Request) Header(name string) (string, bool) {
+	if name == r.TenantHeader && name != "" {
+		return r.Tenant, r.Tenant != ""
+	}
+	v, ok := r.Headers[name]
+	return v, ok
 }
 
 // SLO are latency targets a request asks for.
