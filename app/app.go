@@ -28,7 +28,8 @@
 // registries they build), extproc.go (kvgate extproc → internal/extprocd),
 // localrouter.go (kvgate localrouter → internal/localrouterd), mocker.go
 // (kvgate mocker: its flags and tokenizer → internal/mockerd), relay.go
-// (kvgate relay → internal/relayd), up.go (kvgate up → internal/up),
+// (kvgate relay → internal/relayd), up.go (kvgate up → internal/up), up_tenancy.go (kvgate up's
+// tenancy flags),
 // replay.go (kvgate replay: a trace against simulated workers, a global
 // router configuration, a sweep), policy.go (kvgate policy check and
 // policy replay), bench.go (kvgate bench: the headline figures, the probe,

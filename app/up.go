@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/envoy/gateway"
@@ -21,7 +20,30 @@ import (
 // runUp starts the whole system locally (`make run`): flags → up.Config →
 // up.Run.
 func runUp(ctx context.Context, args []string, x *extensions) error {
+	cfg, otlp, err := parseUp(args, x)
+	if err != nil {
+		return err
+	}
+	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: otlp, Insecure: true, Service: "kvgate-up"})
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = tp.Shutdown(sctx) // flushes what is batched, or gives up
+		}()
+		cfg.TracerProvider = tp
+	}
+	return up.Run(ctx, cfg, os.Stdout, 15*time.Second)
+}
+
+// parseUp is the system `kvgate up` args ask for, and the OTLP endpoint
+// to trace it to.
+func parseUp(args []string, x *extensions) (up.Config, string, error) {
 	cfg := up.DefaultConfig()
+	fail := func(err error) (up.Config, string, error) { return up.Config{}, "", err }
 	fs := config.NewFlagSet("up", os.Stderr)
 	fs.Var(config.Listen(&cfg.GatewayAddr), "gateway-addr", "HTTP address of the gateway (Envoy's place; a port alone is loopback)")
 	fs.Var(config.Listen(&cfg.ExtprocAddr), "extproc-addr", "gRPC address of the ext_proc server")
@@ -44,32 +66,26 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	prefillWorkers := fs.Int("prefill-workers", 1, "workers in the prefill pool of -topology disaggregated")
 	decodeWorkers := fs.Int("decode-workers", 2, "workers in the decode pool of -topology disaggregated")
 	regionWorkers := fs.Int("region-pool-workers", 2, "workers in each pool of -topology regions")
-	tenantHeader := fs.String("tenant-header", "", "turn tenancy on: the header naming the tenant (e.g. x-tenant); each tenant's blocks are salted, in the router and, as the body's cache_salt, in the engines; only callers holding a -trust-token may name a tenant (docs/security.md)")
-	trustToken := fs.String("trust-token-sha256", "", "comma-separated hex SHA-256 digests of the trust tokens (x-kvgate-trust) of the callers that may name a tenant (the gateway's)")
+	var tenancy tenancyFlags
+	tenancy.register(fs)
 	otlp := fs.String("otlp-endpoint", "", `OTLP/gRPC collector host:port to trace the global router's decisions to, without TLS ("" : off)`)
 	var logging config.Logging
 	logging.Flags(fs, "warn")
 	if err := fs.Parse(args, os.Getenv); err != nil {
-		return err
+		return fail(err)
 	}
 	log, err := logging.Logger(os.Stderr)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	if *a < 1 || *b < 1 {
-		return errors.New("each pool needs at least one worker")
+		return fail(errors.New("each pool needs at least one worker"))
 	}
 	if *dp < 1 || *dp > mocker.MaxDPSize {
-		return fmt.Errorf("-pool-b-dp-size %d: want 1..%d", *dp, mocker.MaxDPSize)
+		return fail(fmt.Errorf("-pool-b-dp-size %d: want 1..%d", *dp, mocker.MaxDPSize))
 	}
-	if *tenantHeader != "" {
-		if *trustToken == "" {
-			return errors.New("-tenant-header needs -trust-token-sha256: only trusted callers may name a tenant")
-		}
-		cfg.Tenancy = globalrouter.TenancyConfig{Header: *tenantHeader, Salt: true}
-	}
-	if *trustToken != "" {
-		cfg.TrustTokensSHA256 = strings.Split(*trustToken, ",")
+	if cfg.Tenancy, cfg.TrustTokensSHA256, err = tenancy.config(); err != nil {
+		return fail(err)
 	}
 	dpSizes := make([]int, *b)
 	dpSizes[*b-1] = *dp
@@ -83,7 +99,7 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 		rc.Scorers = x.scorerRegistry()
 		chain, err := localrouter.LoadWorkerChain(spec, rc)
 		if err != nil {
-			return fmt.Errorf("-%s-worker-chain: %w", cfg.Pools[i].Name, err)
+			return fail(fmt.Errorf("-%s-worker-chain: %w", cfg.Pools[i].Name, err))
 		}
 		cfg.Pools[i].WorkerChain = chain
 	}
@@ -91,29 +107,17 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 	case up.TopologyFlat:
 	case up.TopologyRegions:
 		if *regionWorkers < 1 {
-			return errors.New("-region-pool-workers: each pool needs at least one worker")
+			return fail(errors.New("-region-pool-workers: each pool needs at least one worker"))
 		}
 		cfg.Topology, cfg.Pools = up.TopologyRegions, up.RegionPools(*regionWorkers)
 	case up.TopologyDisaggregated:
 		if *prefillWorkers < 1 || *decodeWorkers < 1 {
-			return errors.New("-prefill-workers, -decode-workers: each pool needs at least one worker")
+			return fail(errors.New("-prefill-workers, -decode-workers: each pool needs at least one worker"))
 		}
 		cfg.Topology, cfg.Pools = up.TopologyDisaggregated, up.DisaggregatedPools(*prefillWorkers, *decodeWorkers)
 	default:
-		return fmt.Errorf("-topology %q: want %s, %s or %s", *topology, up.TopologyFlat, up.TopologyRegions, up.TopologyDisaggregated)
+		return fail(fmt.Errorf("-topology %q: want %s, %s or %s", *topology, up.TopologyFlat, up.TopologyRegions, up.TopologyDisaggregated))
 	}
 	cfg.Logger = log
-	tp, err := tracing.Setup(ctx, tracing.Options{Endpoint: *otlp, Insecure: true, Service: "kvgate-up"})
-	if err != nil {
-		return err
-	}
-	if tp != nil {
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = tp.Shutdown(sctx) // flushes what is batched, or gives up
-		}()
-		cfg.TracerProvider = tp
-	}
-	return up.Run(ctx, cfg, os.Stdout, 15*time.Second)
+	return cfg, *otlp, nil
 }
