@@ -78,6 +78,7 @@ func Check(objs []Object, flags Flags) []error {
 	x.checkReferences()
 	x.checkRoutes()
 	x.checkExtProc()
+	x.checkIdentity()
 	x.checkPatches()
 	x.checkTLS()
 	x.checkBlockSizes()

@@ -25,9 +25,16 @@
 // every gRPC hop), check_kvgate.go (kvgate's own settings: patches, block
 // sizes, engines, flags, listen addresses beyond loopback), check_pd.go
 // (llm-d's routing sidecar: its flags against its source, its ports;
-// vLLM's KV transfer; readiness probes). Tests beside them;
-// identity_test.go checks the ext_proc policy of docs/security.md's JWT
-// identity (testdata/identity) against its CRD.
+// vLLM's KV transfer; readiness probes), check_identity.go (tenants from
+// Envoy, tenancy.identity xfcc and jwt-claim: the clients' mutual TLS and
+// XFCC mode, the JWT provider and forwarded metadata, Envoy's client
+// certificate towards a kvgate that requires one). Tests beside them.
+//
+// Envoy Gateway's own translator (gatewayapi → xDS) is not run: it is an
+// internal package of github.com/envoyproxy/gateway, and its command
+// (egctl x translate) needs that module's whole dependency tree, which
+// the offline build does not hold. What it would add, and these checks
+// cannot see, is the xDS it generates (listeners, clusters, filter order).
 package validate
 
 import (

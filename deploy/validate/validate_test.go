@@ -313,6 +313,42 @@ func mutations() []mutation {
 				c := container(o, "extproc")
 				c["args"] = append(c["args"].([]any), "-no-such-flag=1")
 			}, want: "[flags] container extproc: kvgate extproc has no flag -no-such-flag"},
+		{name: "CEL: jwt_authn's namespace writable", overlay: "overlays/tenancy-jwt", kind: "EnvoyExtensionPolicy/kvgate-extproc",
+			edit: func(o map[string]any) {
+				obj(list(o, "spec", "extProc")[0], "metadata")["writableNamespaces"] = []any{"envoy.lb", "envoy.filters.http.jwt_authn"}
+			}, want: "writableNamespaces cannot contain well-known Envoy HTTP filter namespaces"},
+		{name: "identity: jwt_authn metadata not forwarded", overlay: "overlays/tenancy-jwt", kind: "EnvoyExtensionPolicy/kvgate-extproc",
+			edit: func(o map[string]any) {
+				obj(list(o, "spec", "extProc")[0], "metadata")["accessibleNamespaces"] = []any{"envoy.lb"}
+			}, want: "[identity] tenancy.identity jwt-claim: extProc metadata.accessibleNamespaces lacks envoy.filters.http.jwt_authn"},
+		{name: "identity: no jwt provider", overlay: "overlays/tenancy-jwt", kind: "SecurityPolicy/kvgate-jwt", drop: true,
+			want: `[identity] tenancy.identity jwt-claim: no SecurityPolicy has a jwt provider named "idp"`},
+		{name: "CEL: jwt provider without JWKS", overlay: "overlays/tenancy-jwt", kind: "SecurityPolicy/kvgate-jwt",
+			edit: func(o map[string]any) { delete(list(o, "spec", "jwt", "providers")[0].(map[string]any), "remoteJWKS") },
+			want: "either remoteJWKS or localJWKS must be specified"},
+		{name: "identity: XFCC passed through", overlay: "overlays/tenancy-xfcc", kind: "ClientTrafficPolicy/kvgate-client-mtls",
+			edit: func(o map[string]any) {
+				obj(o, "spec", "headers")["xForwardedClientCert"] = map[string]any{"mode": "ForwardOnly"}
+			}, want: `[identity] tenancy.identity xfcc: headers.xForwardedClientCert.mode "ForwardOnly"`},
+		{name: "CEL: XFCC details with a pass-through mode", overlay: "overlays/tenancy-xfcc", kind: "ClientTrafficPolicy/kvgate-client-mtls",
+			edit: func(o map[string]any) {
+				obj(o, "spec", "headers", "xForwardedClientCert")["mode"] = "AlwaysForwardOnly"
+			},
+			want: "certDetailsToAdd can only be set when mode is AppendForward or SanitizeSet"},
+		{name: "identity: XFCC without the SAN kind read", overlay: "overlays/tenancy-xfcc", kind: "ClientTrafficPolicy/kvgate-client-mtls",
+			edit: func(o map[string]any) {
+				obj(o, "spec", "headers", "xForwardedClientCert")["certDetailsToAdd"] = []any{"DNS"}
+			},
+			want: "[identity] tenancy.identity xfcc: headers.xForwardedClientCert.certDetailsToAdd lacks URI"},
+		{name: "identity: no clients' mutual TLS", overlay: "overlays/tenancy-xfcc", kind: "ClientTrafficPolicy/kvgate-client-mtls", drop: true,
+			want: "[identity] tenancy.identity xfcc: no ClientTrafficPolicy targets a Gateway"},
+		{name: "identity: Envoy presents no client certificate", overlay: "overlays/tenancy-xfcc", kind: "Gateway/kvgate",
+			edit: func(o map[string]any) { delete(obj(o, "spec"), "tls") }, want: "[identity] tenancy.identity xfcc: the ext_proc server requires a client certificate"},
+		{name: "identity: ext_proc verifies no client certificate", overlay: "overlays/tenancy-xfcc", kind: "Deployment/kvgate-extproc",
+			edit: func(o map[string]any) { delete(container(o, "extproc"), "env") }, want: "[identity] tenancy.identity xfcc: the ext_proc server verifies no client certificate"},
+		{name: "ClientTrafficPolicy unknown field (pruning)", overlay: "overlays/tenancy-xfcc", kind: "ClientTrafficPolicy/kvgate-client-mtls",
+			edit: func(o map[string]any) { obj(o, "spec", "headers", "xForwardedClientCert")["modes"] = "SanitizeSet" },
+			want: "spec.headers.xForwardedClientCert.modes"},
 		{name: "missing ConfigMap", overlay: "overlays/two-pools", kind: "Deployment/kvgate-extproc",
 			edit: func(o map[string]any) {
 				for _, v := range list(o, "spec", "template", "spec", "volumes") {
