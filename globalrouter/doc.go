@@ -68,7 +68,8 @@
 // pinned workers, lease, error mapping), trust.go (trust, tenancy),
 // identity.go (where the tenant comes from: the tenant header, the client
 // certificate Envoy forwards in x-forwarded-client-cert, a verified JWT
-// claim; SGLang's extra_key refused when salting), explain.go (what
+// claim, derived once per decision from the configuration snapshot the
+// decision holds; SGLang's extra_key refused when salting), explain.go (what
 // each pool's probe answered and why the winner won),
 // epp.go (the endpoint-picker protocol: Request.Subset bounds every
 // endpoint of a decision, probes send it as allowed_addresses; a lease is
@@ -100,7 +101,9 @@
 // (Decision.CacheSalt); the tenant header is believed from trusted
 // callers only (tenancy.identity trusted), otherwise the request is
 // refused; identity xfcc and jwt-claim derive it from the client
-// certificate or JWT a trusted Envoy vouches for (identity.go).
+// certificate or JWT a trusted Envoy vouches for (identity.go). The
+// tenant is a field of the prepared request, read by the salting and, as
+// policies.Request.Tenant, by the policies: the headers are not rewritten.
 //
 // Failure (pool package for the circuits): when no eligible pool's local
 // router can be reached, after one retry of the probe with the longest
