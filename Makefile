@@ -2,9 +2,13 @@
 GO      ?= go
 PKGS    ?= ./...
 BENCH   ?= .
-# staticcheck, pinned (a version that builds with the module's Go); `go run`
-# fetches it through the module proxy without adding it to go.mod.
+# staticcheck, pinned (a version that builds with the module's Go): `go
+# install` fetches it through the module proxy without adding it to go.mod
+# and builds it once into $(STATICCHECK_BIN) (a git-ignored folder), at the
+# start of make test beside the other preparations (test-prep) rather than
+# in the lint, after the unit tests.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+STATICCHECK_BIN := $(CURDIR)/.cache/staticcheck/$(subst @,-,$(notdir $(STATICCHECK)))
 # Extra `go test` flags for every pass of make test (e.g. TESTFLAGS=-count=1
 # to rerun tests whose results are cached).
 TESTFLAGS ?=
@@ -31,9 +35,11 @@ STATIC_BIN := $(CURDIR)/.cache/static/kvgate
 # no list or build tag to keep up to date; name such tests *Alloc*).
 ALLOC_PKGS = $(sort $(dir $(shell find . -name '*_test.go' -not -path './.*' -not -path './deploy/validate/*' | xargs -r grep -l -e 'testing.AllocsPerRun')))
 
+TEST_PREP += staticcheck
+
 -include mk/*.mk
 
-.PHONY: run test test-unit test-alloc bench lint proto build tools fuzz
+.PHONY: run test test-unit test-alloc bench lint proto build tools fuzz staticcheck
 
 ## run: start the whole system locally on embedded defaults (built, then
 ## run without `go run`, which exits 1 when interrupted: Ctrl-C after a
@@ -77,11 +83,20 @@ bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime 2s $(PKGS)
 
 ## lint: formatting, vet, staticcheck and consistent import aliases (internal/lint)
-lint:
+lint: staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(STATIC_ENV) $(GO) vet $(PKGS)
-	$(STATIC_ENV) $(GO) run $(STATICCHECK) $(PKGS)
+	$(STATIC_ENV) $(STATICCHECK_BIN) $(PKGS)
 	$(STATIC_ENV) $(GO) run ./internal/lint
+
+# staticcheck: the pinned staticcheck, built once (with the static build's
+# settings: the standard library's packages are that build's).
+staticcheck: $(STATICCHECK_BIN)
+
+$(STATICCHECK_BIN):
+	@mkdir -p $(dir $@)
+	$(STATIC_ENV) GOBIN=$(dir $@).tmp $(GO) install $(STATICCHECK)
+	mv $(dir $@).tmp/staticcheck $@ && rmdir $(dir $@).tmp
 
 ## static: the image's static binary at $(STATIC_BIN), built with the
 ## Dockerfile's `go build` line (its -o replaced)

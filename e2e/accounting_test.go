@@ -58,6 +58,8 @@ var sink atomic.Int64 // keeps the spinning loops' work observable
 // are 0. Every request gets
 // 200. The counts sampled every 100 ms throughout are logged
 // (up.AnalyzeAccounting).
+//
+// Not parallel: its CPU hog would starve the other tests' systems.
 func TestAccountingUnderCPUPressure(t *testing.T) {
 	s := startSystem(t, func(c *up.Config) { c.Speedup = 1 })
 	ctx := testenv.ContextWithTimeout(t, 2*testTimeout)

@@ -81,7 +81,7 @@ func apiCases() []apiCase {
 // hit is the router's overlap in blocks, or one block less when the
 // prompt ends on a block boundary).
 func TestAPIsRouteWithCache(t *testing.T) {
-	s := startSystem(t)
+	s := startSystem(t, fixedProbes)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	const blockSize = 16
@@ -133,6 +133,7 @@ func TestAPIsRouteWithCache(t *testing.T) {
 // so the router sends it to a decode worker naming no prefiller, which
 // prefills it; the client gets its answer and no router keeps it.
 func TestDisaggregatedOtherAPIs(t *testing.T) {
+	t.Parallel()
 	s := startDisaggregated(t)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)

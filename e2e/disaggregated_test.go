@@ -67,6 +67,7 @@ func statusJSON(t *testing.T, ctx context.Context, c *http.Client, s *up.System)
 // with the same prefix is served by the same decode worker from the
 // transferred blocks.
 func TestDisaggregated(t *testing.T) {
+	t.Parallel()
 	s := startDisaggregated(t)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
@@ -147,6 +148,7 @@ func TestDisaggregated(t *testing.T) {
 // disaggregated request gets the decode worker's 502 naming the
 // prefiller, as llm-d's sidecar answers, and no router keeps it.
 func TestDisaggregatedDeadPrefiller(t *testing.T) {
+	t.Parallel()
 	s := startDisaggregated(t)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)

@@ -16,6 +16,7 @@ import (
 // engine serves on rank 1 shows x-data-parallel-rank arrived; unpinned
 // requests that land there are served on the rank the router reported.
 func TestDataParallelRankReachesEngine(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)

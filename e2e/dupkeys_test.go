@@ -15,6 +15,7 @@ import (
 // mock engine (Python's json in vLLM) does, so the model routed is the
 // model run and a stream flag is the one the engine obeys.
 func TestDuplicateKeysThroughGateway(t *testing.T) {
+	t.Parallel()
 	const dupModel = `{"model":"mock-llama","model":"other","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 	const dupStream = `{"model":"mock-llama","stream":false,"max_tokens":2,"messages":[{"role":"user","content":"hi"}],"stream":true}`
 	t.Run("refuse", func(t *testing.T) {

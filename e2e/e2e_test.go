@@ -17,6 +17,7 @@ import (
 // it comes back from a mock worker with the routing headers, and the local
 // router's loads return to zero.
 func TestChat(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
@@ -67,7 +68,7 @@ func TestChat(t *testing.T) {
 // after the other (no load to balance), land on the same worker, with the
 // cached prefix reported as overlap.
 func TestSharedPrefixSameWorker(t *testing.T) {
-	s := startSystem(t)
+	s := startSystem(t, fixedProbes)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	for _, topic := range []string{"routing", "caching"} {
@@ -95,20 +96,32 @@ func TestSharedPrefixSameWorker(t *testing.T) {
 	waitIdle(t, s)
 }
 
-// waitCached polls until worker's local router has indexed at least n of
-// its blocks (KV events travel through NATS after the response).
+// waitCached polls until worker's local router has indexed every block
+// the worker caches, at least n (KV events travel through NATS after the
+// response). At least n alone is no wait for the last request's blocks
+// when earlier requests already put n there.
 func waitCached(t testing.TB, s *up.System, pool, worker string, n int) {
 	t.Helper()
 	p := s.Pool(pool)
+	var w *up.Worker
+	for _, x := range p.Workers {
+		if x.ID == worker {
+			w = x
+		}
+	}
+	if w == nil {
+		t.Fatalf("pool %s has no worker %s", pool, worker)
+	}
 	testenv.Eventually(t, testTimeout, func() (string, bool) {
-		got := p.Router.Router().Index().TreeSize(localrouter.WorkerKey{ID: worker})
-		return fmt.Sprintf("%s/%s: %d blocks indexed, want ≥ %d", pool, worker, got, n), got >= n
+		got, cached := p.Router.Router().Index().TreeSize(localrouter.WorkerKey{ID: worker}), w.RankStats(0).CachedBlocks
+		return fmt.Sprintf("%s/%s: %d blocks indexed of the %d it caches, want all and ≥ %d", pool, worker, got, cached, n), got >= n && got == cached
 	})
 }
 
 // TestStoppedPoolSkipped: with pool-a's local router stopped, requests are
 // still served, by pool-b.
 func TestStoppedPoolSkipped(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
@@ -131,6 +144,7 @@ func TestStoppedPoolSkipped(t *testing.T) {
 // router: in flight with its prompt pending until the first chunk, prefill
 // complete after it, and freed when the client goes away mid-stream.
 func TestLifecycleWithRealRouter(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, func(c *up.Config) { c.Speedup = 1 }) // slow decode: the stream outlives the checks
 	c := httpClient(t)
 	ctx, cancel := context.WithCancel(testenv.ContextWithTimeout(t, testTimeout))
@@ -158,6 +172,7 @@ func TestLifecycleWithRealRouter(t *testing.T) {
 // TestErrorsThroughGateway: refusals come back OpenAI-shaped with the
 // dropped reason, and leave nothing in flight.
 func TestErrorsThroughGateway(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)

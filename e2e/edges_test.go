@@ -18,6 +18,7 @@ import (
 // a request just under them through, and answers 408 to a slowloris client
 // once -gateway-body-timeout passes.
 func TestGatewayEdges(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, func(c *up.Config) { c.GatewayBodyTimeout = 200 * time.Millisecond })
 	ctx := testenv.Context(t)
 	c := httpClient(t)

@@ -37,6 +37,7 @@ func xfccOf(spiffe string) string {
 // 403 missing_identity, one naming no tenant 403 missing_identity, an
 // unreadable one 403 bad_identity; a client's x-tenant counts for nothing.
 func TestTenantFromXFCCThroughGateway(t *testing.T) {
+	t.Parallel()
 	const token = "gateway-secret"
 	sum := sha256.Sum256([]byte(token))
 	s := startSystem(t, func(c *up.Config) {
@@ -86,6 +87,7 @@ func TestTenantFromXFCCThroughGateway(t *testing.T) {
 // cache_salt; metadata without the token is 403 untrusted_identity; no JWT,
 // or one without the claim, 403 missing_identity; nothing stays committed.
 func TestTenantFromJWTThroughExtproc(t *testing.T) {
+	t.Parallel()
 	const token = "gateway-secret"
 	sum := sha256.Sum256([]byte(token))
 	s := startSystem(t, func(c *up.Config) {

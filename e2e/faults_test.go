@@ -82,6 +82,7 @@ func twoSmallPools(c *up.Config) {
 // next request to the dead worker is Envoy's 503 without its address, and
 // the other pool serves on.
 func TestWorkerKilledMidStream(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Speedup = 1 }) // slow decode: streams outlive the kill
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
@@ -148,6 +149,7 @@ func TestWorkerKilledMidStream(t *testing.T) {
 // pool never fails, and once the router is back pool-a serves again; no
 // load is left anywhere.
 func TestLocalRouterKilled(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Speedup = 5 })
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
@@ -185,6 +187,7 @@ func TestLocalRouterKilled(t *testing.T) {
 // router's index converges on what its worker caches (the events lost
 // meanwhile are recovered through a dump when the next one shows the gap).
 func TestNATSDown(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, twoSmallPools)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
@@ -227,6 +230,7 @@ func TestNATSDown(t *testing.T) {
 // back. Healthy pools must not answer 503 during the outage; afterwards
 // everything serves and no load is left.
 func TestEtcdDown(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, twoSmallPools)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
@@ -310,7 +314,8 @@ func registrationLeases(ctx context.Context, cli *clientv3.Client) (map[string]i
 
 // TestDuplicateRequestIDs (issue 13 item 6): 30 concurrent streams share
 // one client x-request-id. Every one completes and no load is left; the
-// router should count 30 requests while they run.
+// router should count 30 requests while they run. Not parallel: another
+// test's load would slow the openings past the streams' length.
 func TestDuplicateRequestIDs(t *testing.T) {
 	// Slow, long streams: each must still be running when the last one
 	// opens, or the count below would miss the ones already finished.
@@ -394,6 +399,7 @@ func TestDuplicateRequestIDs(t *testing.T) {
 // tokenizing) rather than routed to a worker that refuses it (issue 13
 // item 10: the router took 16 MiB and tokenized it, the worker 4 MiB).
 func TestHostileInput(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, twoSmallPools)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
@@ -441,6 +447,7 @@ func TestHostileInput(t *testing.T) {
 // reaches the worker (which would refuse it too, after the router had
 // tokenized it: issue 13 item 10).
 func TestBodyLimitPerModel(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, twoSmallPools, func(c *up.Config) { c.Extproc.MaxBodyBytes = 16 << 20 })
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	big := chatBody("mock-llama", strings.Repeat("word ", (4<<20)/5+10), false, 2)

@@ -19,6 +19,7 @@ import (
 // pool, worker), and afterwards, a client that went away mid-stream
 // included, no local router and no region router holds a request.
 func TestRegionsTopology(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, func(c *up.Config) { c.Topology, c.Pools = up.TopologyRegions, up.RegionPools(2) })
 	if len(s.Regions) != 2 || len(s.Pools) != 4 {
 		t.Fatalf("%d regions, %d pools; want 2 and 4", len(s.Regions), len(s.Pools))

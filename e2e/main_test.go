@@ -31,6 +31,13 @@ func startSystem(t testing.TB, mutate ...func(*up.Config)) *up.System {
 	return uptest.Start(t, append([]func(*up.Config){fast}, mutate...)...)
 }
 
+// fixedProbes gives the global router a fixed, generous probe deadline
+// (up.Config.ProbeTimeout) instead of the adaptive one (as short as
+// 25 ms): for the tests that check where the cache sends a request, a
+// probe that a loaded machine let run past its deadline leaves its pool,
+// and the cache in it, out of the decision.
+func fixedProbes(c *up.Config) { c.ProbeTimeout = 10 * time.Second }
+
 // httpClient is a client whose idle connections close at cleanup.
 func httpClient(t testing.TB) *http.Client {
 	tr := &http.Transport{}

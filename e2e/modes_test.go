@@ -25,6 +25,7 @@ import (
 // metadata name a real worker, the response streams back unchanged, and the
 // local routers' loads return to zero.
 func TestExtprocModesWithRealRouters(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t)
 	conn, err := grpc.NewClient(s.ExtprocAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 // client could POST /reset_prefix_cache and read status.json with every
 // internal address).
 func TestPublicSurface(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)

@@ -17,6 +17,7 @@ import (
 // once everything is up, serves a request, and stops everything when its
 // context ends (Ctrl-C); goleak (TestMain) checks nothing is left running.
 func TestRunStopsCleanly(t *testing.T) {
+	t.Parallel()
 	cfg := up.DefaultConfig()
 	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.AdminAddr, cfg.Speedup = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", 20
 	cfg.Logger = slog.New(slog.DiscardHandler)

@@ -74,7 +74,7 @@ type sdkThrown struct {
 // API lands on the same worker with the cache the engine reads.
 func TestSDKs(t *testing.T) {
 	node, dir := needSDKs(t)
-	s := startSystem(t)
+	s := startSystem(t, fixedProbes)
 	ctx := testenv.ContextWithTimeout(t, 2*testTimeout)
 	cmd := exec.CommandContext(ctx, node, "testdata/sdk/sdk.mjs", dir, s.GatewayURL(), "mock-llama")
 	var stderr strings.Builder

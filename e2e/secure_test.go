@@ -24,6 +24,7 @@ import (
 // the CA file is printed, and a plaintext client of a local router is
 // refused.
 func TestSecureServing(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, func(c *up.Config) { c.SecureServing = true })
 	if s.CAFile == "" || !strings.Contains(s.Summary(), s.CAFile) {
 		t.Fatalf("CA file %q not in the summary:\n%s", s.CAFile, s.Summary())
@@ -76,6 +77,7 @@ func TestSecureServing(t *testing.T) {
 // addresses) and metrics are served on the admin listener, not on the
 // gateway's public port.
 func TestStatusOnlyOnAdminListener(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t)
 	c := httpClient(t)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)

@@ -16,6 +16,7 @@ import (
 // address, and the status page and its JSON (on the admin listener) show
 // the pools and workers.
 func TestStatusAndSummary(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t)
 	sum := s.Summary()
 	wants := []string{s.GatewayURL(), s.AdminURL(), s.ExtprocAddr(), s.NATSURL(), s.EtcdEndpoints()[0], "curl -si " + s.GatewayURL() + "/v1/chat/completions"}
@@ -80,6 +81,7 @@ func TestStatusAndSummary(t *testing.T) {
 // nothing behind, and a stream still open when its pool's router comes
 // back is committed there (late), then freed when it ends.
 func TestAllPoolsDown(t *testing.T) {
+	t.Parallel()
 	s := startSystem(t, func(c *up.Config) { c.Speedup = 1 })
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)

@@ -23,7 +23,7 @@ import (
 func TestTenantIsolationThroughGateway(t *testing.T) {
 	const token = "gateway-secret"
 	sum := sha256.Sum256([]byte(token))
-	s := startSystem(t, func(c *up.Config) {
+	s := startSystem(t, fixedProbes, func(c *up.Config) {
 		c.Tenancy.Header, c.Tenancy.Salt = "x-tenant", true
 		c.TrustTokensSHA256 = []string{hex.EncodeToString(sum[:])}
 	})

@@ -59,7 +59,7 @@ func secretBody(try int) string {
 func TestCrossTenantTries(t *testing.T) {
 	const token, tries = "gateway-secret", 100
 	sum := sha256.Sum256([]byte(token))
-	s := startSystem(t, func(c *up.Config) {
+	s := startSystem(t, fixedProbes, func(c *up.Config) {
 		c.Tenancy.Header, c.Tenancy.Salt = "x-tenant", true
 		c.TrustTokensSHA256 = []string{hex.EncodeToString(sum[:])}
 	})
@@ -117,7 +117,7 @@ func TestCrossTenantTries(t *testing.T) {
 // tries against `kvgate up` without tenancy read A's cache every time, so
 // TestCrossTenantTries's 0 is the salting's, not a blind counter's.
 func TestCrossTenantTriesUnsalted(t *testing.T) {
-	s := startSystem(t)
+	s := startSystem(t, fixedProbes)
 	ctx := testenv.ContextWithTimeout(t, testTimeout)
 	c := httpClient(t)
 	const tries = 5

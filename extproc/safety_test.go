@@ -291,7 +291,14 @@ func TestWorkerRefusingConnections(t *testing.T) {
 	prompt := tokenIDs(64, 7)
 	lr.Store(t, "w-dead", prompt)
 	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{"m"}, lr.Addr))
-	cfg.Probe.Timeout = 10 * time.Second
+	// A fixed, generous probe deadline (the adaptive one, as short as
+	// 25 ms, let a loaded machine's probe time out and the decision go best
+	// effort), and an ejection that outlasts the test (the default 1 s
+	// could end between two requests on a loaded machine, and the router
+	// would rightly try the dead worker again): what is checked is that
+	// the failure report ejects it, not for how long.
+	cfg.Probe.Timeout, cfg.Probe.MinTimeout = 10*time.Second, 10*time.Second
+	cfg.Probe.EjectBase, cfg.Probe.EjectMax = 10*time.Minute, 10*time.Minute
 	cfg.Trust.RoutingHeaders = globalrouter.AccessOn
 	r, err := globalrouter.New(cfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {

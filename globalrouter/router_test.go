@@ -119,6 +119,12 @@ func TestDecideErrors(t *testing.T) {
 func TestStoppedPoolIsSkipped(t *testing.T) {
 	ctx := testenv.Context(t)
 	c := newCluster(t)
+	// A fixed probe deadline, the generous one: with the adaptive one (as
+	// short as 25 ms) a loaded machine let pool-b's probe run past it, the
+	// decision found no pool and probed again, and pool-a's extra refusal
+	// opened its circuit one decision early. pool-a's probes fail at once
+	// (connection refused), whatever the deadline.
+	c.cfg.Probe.MinTimeout = c.cfg.Probe.Timeout
 	// A clock that stands still: the circuit stays open whatever the
 	// machine's speed.
 	now := time.Unix(1000, 0)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
+	"testing"
 
 	tiktokenloader "github.com/pkoukk/tiktoken-go-loader"
 )
@@ -20,7 +22,26 @@ var openAIEncodings = map[string]map[string]uint32{
 // on this package's byte-level BPE with the hand-written split patterns.
 // openai_test.go checks it against tiktoken-go and the reference checks it
 // against js-tiktoken.
+//
+// In a test binary (testing.Testing) each encoding is built once and
+// shared by every Load of the process: the tests of many packages start
+// routers and whole systems, each loading cl100k_base, which takes seconds
+// under the race detector. The encoding is read-only once built (routers
+// and mock workers already share one Model), so sharing it changes no
+// result. Outside tests every Load builds its own, as before.
 func loadOpenAI(encoding string) (*hfTokenizer, error) {
+	if !testing.Testing() {
+		return buildOpenAI(encoding)
+	}
+	f, _ := sharedOpenAI.LoadOrStore(encoding, sync.OnceValues(func() (*hfTokenizer, error) { return buildOpenAI(encoding) }))
+	return f.(func() (*hfTokenizer, error))()
+}
+
+// sharedOpenAI holds a test binary's built encodings (loadOpenAI):
+// encoding name → its sync.OnceValues builder.
+var sharedOpenAI sync.Map
+
+func buildOpenAI(encoding string) (*hfTokenizer, error) {
 	specials, ok := openAIEncodings[encoding]
 	if !ok {
 		names := make([]string, 0, len(openAIEncodings))

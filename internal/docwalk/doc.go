@@ -38,8 +38,10 @@
 //     A printed HTTP status must be 2xx unless the document shows or
 //     expects another. A command with an
 //     expectation gets 5 s to settle (a reader is slower than the walk).
-//   - replay commands run at most replayCap requests; /tmp moves to the
-//     document's folder.
+//   - replay commands run at most replayCap requests; a `kvgate bench
+//     -overload` that sets no window of its own runs with
+//     overloadWindows (seconds, not its default half minute); /tmp moves
+//     to the document's folder.
 //
 // table_test.go holds every decision, each with its reason: what each
 // program is (run, a tool run where installed, a stand-in, never), the

@@ -111,6 +111,10 @@ func TestRewrite(t *testing.T) {
 		{"go run ./cmd/kvgate replay --trace t --rate 6 # or x", "/b/kvgate replay --max-requests 80 --trace t --rate 6 # or x"},
 		{"kvgate policy replay c.yaml --generate agentic --max-requests 1500", "kvgate policy replay c.yaml --generate agentic --max-requests 80"},
 		{"kvgate replay --generate agentic --max-requests 20", "kvgate replay --generate agentic --max-requests 20"},
+		{"kvgate bench -overload -overload-flow-control", "kvgate bench " + overloadWindows + " -overload -overload-flow-control"},
+		{"kvgate bench -overload", "kvgate bench " + overloadWindows + " -overload"},
+		{"kvgate bench -overload -overload-duration 5s", "kvgate bench -overload -overload-duration 5s"},
+		{"kvgate bench -chaos -streams 200", "kvgate bench -chaos -streams 200"},
 	} {
 		if got := w.rewrite(c.in); got != c.want {
 			t.Errorf("rewrite(%q)\n = %q\nwant %q", c.in, got, c.want)

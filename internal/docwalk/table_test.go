@@ -144,6 +144,14 @@ var fixtures = map[string]string{
 // figures, within its time budget.
 const replayCap = 80
 
+// overloadWindows are the windows (and the calibration's clients and
+// answer length) a `kvgate bench -overload` command runs with when it
+// sets no window (its defaults, 6 s of calibration, 20 s of load and
+// 64-token answers, took 35 s each in the walk): the walk checks that the
+// command runs and prints its report, not its figures; internal/overload's
+// TestShortRun measures with the same settings.
+const overloadWindows = "-overload-calibration 1s -overload-duration 1500ms -overload-streams 8 -overload-max-tokens 8"
+
 // mooncakeTrace is a small trace of the Mooncake format: requests sharing
 // prefixes of 512-token blocks, 100 ms apart.
 func mooncakeTrace() string {

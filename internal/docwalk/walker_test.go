@@ -105,10 +105,15 @@ var (
 	binRE    = regexp.MustCompile(`(^|[\s;|&(])bin/kvgate\b`)
 	maxReqRE = regexp.MustCompile(`--?max-requests[ =](\d+)`)
 	replayRE = regexp.MustCompile(`\bkvgate (?:policy )?replay\b[^-\n]*`)
+	// benchRE and overloadRE find `kvgate bench -overload`; overloadSetRE
+	// its windows when the command sets them itself.
+	benchRE       = regexp.MustCompile(`\bkvgate bench\b`)
+	overloadRE    = regexp.MustCompile(`(^|\s)--?overload(\s|$)`)
+	overloadSetRE = regexp.MustCompile(`--?overload-(?:calibration|duration)\b`)
 )
 
 // rewrite is the command as the walk runs it: its binaries, its ports,
-// /tmp and its replay size moved.
+// /tmp, its replay size and its overload bench's windows moved.
 func (w *walker) rewrite(text string) string {
 	text = tmpRE.ReplaceAllString(text, "${1}"+w.tmp+"/")
 	text = goRunRE.ReplaceAllStringFunc(text, func(m string) string {
@@ -132,6 +137,9 @@ func (w *walker) rewrite(text string) string {
 			head := strings.TrimRight(text[:loc[1]], " ")
 			text = head + fmt.Sprintf(" --max-requests %d ", replayCap) + strings.TrimLeft(text[loc[1]:], " ")
 		}
+	}
+	if loc := benchRE.FindStringIndex(text); loc != nil && overloadRE.MatchString(text) && !overloadSetRE.MatchString(text) {
+		text = text[:loc[1]] + " " + overloadWindows + text[loc[1]:]
 	}
 	return text
 }

@@ -45,6 +45,10 @@ type ActiveActiveConfig struct {
 	// is the mode measured.
 	Probe  globalrouter.ProbeConfig
 	Logger *slog.Logger // progress; nil: none
+	// Tokenizer is the in-process global routers' (nil: cl100k_base,
+	// loaded by this call; a child process loads its own): tests share
+	// one across their rows.
+	Tokenizer globalrouter.Tokenizer
 }
 
 // ActiveActiveRun is one burst's outcome.
@@ -142,9 +146,12 @@ func ActiveActive(ctx context.Context, cfg ActiveActiveConfig) (ActiveActiveResu
 	if err := CheckCommitMode(res.Commit); err != nil {
 		return res, fmt.Errorf("active-active: %w", err)
 	}
-	tok, err := loadDecisionTokenizer()
-	if err != nil {
-		return res, err
+	tok := cfg.Tokenizer
+	if tok == nil {
+		var err error
+		if tok, err = loadDecisionTokenizer(); err != nil {
+			return res, err
+		}
 	}
 	var (
 		servers []*pooltest.Server

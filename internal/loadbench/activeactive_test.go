@@ -4,7 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,6 +43,15 @@ func envInt(name string, def int) int {
 func TestActiveActive(t *testing.T) {
 	modes, refused := AcceptedCommitModes()
 	t.Logf("commit modes run: %v; refused by the global router's configuration, not run: %v; %d burst(s) per row", modes, refused, *aaRuns)
+	// One tokenizer for every row's in-process routers, and the burst's
+	// one prompt tokenized once: what is checked is the counting, not the
+	// encoding (64 identical ~7,000-token prompts a row, tens of ms each
+	// under -race).
+	base, err := loadDecisionTokenizer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := &promptOnce{Tokenizer: base}
 	for _, mode := range modes {
 		for _, layout := range []struct {
 			name  string
@@ -64,13 +75,38 @@ func TestActiveActive(t *testing.T) {
 						}
 						t.Run(name, func(t *testing.T) {
 							testActiveActive(t, ActiveActiveConfig{Routers: routers, Pools: layout.pools, Burst: 64, Runs: *aaRuns, Kill: kill,
-								Process: process, Probe: globalrouter.ProbeConfig{Commit: mode}})
+								Process: process, Probe: globalrouter.ProbeConfig{Commit: mode}, Tokenizer: tok})
 						})
 					}
 				}
 			}
 		}
 	}
+}
+
+// promptOnce is a Tokenizer that encodes each distinct prompt once and
+// answers its ids (a copy) after; chats go to the tokenizer.
+type promptOnce struct {
+	globalrouter.Tokenizer
+	mu   sync.Mutex
+	seen map[string][]uint32
+}
+
+func (p *promptOnce) Encode(text string) ([]uint32, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ids, ok := p.seen[text]; ok {
+		return slices.Clone(ids), nil
+	}
+	ids, err := p.Tokenizer.Encode(text)
+	if err != nil {
+		return nil, err
+	}
+	if p.seen == nil {
+		p.seen = map[string][]uint32{}
+	}
+	p.seen[text] = slices.Clone(ids)
+	return ids, nil
 }
 
 func testActiveActive(t *testing.T, cfg ActiveActiveConfig) {

@@ -21,6 +21,7 @@ func TestMain(m *testing.M) {
 // its back (as an etcd outage longer than the TTL would): the worker
 // registers again under a new lease.
 func TestRegistrationSurvivesLeaseLoss(t *testing.T) {
+	t.Parallel() // its own etcd: nothing shared
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, cli := testenv.StartEtcd(t)
@@ -63,6 +64,7 @@ func TestRegistrationSurvivesLeaseLoss(t *testing.T) {
 }
 
 func TestRegisterRejectsBadInfo(t *testing.T) {
+	t.Parallel() // its own etcd: nothing shared
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, cli := testenv.StartEtcd(t)
@@ -81,6 +83,7 @@ func TestRegisterRejectsBadInfo(t *testing.T) {
 // the registration's back (whether or not it has registered again yet)
 // succeeds and leaves no key behind.
 func TestCloseAfterLeaseLoss(t *testing.T) {
+	t.Parallel() // its own etcd: nothing shared
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, cli := testenv.StartEtcd(t)

@@ -48,6 +48,7 @@ func (d *downCounter) state() (int, []string) {
 // lease, and a watcher that followed the pool throughout never saw a worker
 // leave (a router would have freed its in-flight requests).
 func TestLeasesSurviveEtcdRestart(t *testing.T) {
+	t.Parallel() // its own etcd: nothing shared
 	ctx := testenv.ContextWithTimeout(t, 90*time.Second)
 	e := testenv.StartRestartableEtcd(t)
 	etcd := runner.Etcd{Endpoints: e.Endpoints()}
@@ -142,6 +143,7 @@ func TestLeasesSurviveEtcdRestart(t *testing.T) {
 // TestCloseWhileEtcdDown: Close returns (with an error) when etcd cannot
 // be reached, rather than hanging on the revoke.
 func TestCloseWhileEtcdDown(t *testing.T) {
+	t.Parallel() // its own etcd: nothing shared
 	ctx := testenv.ContextWithTimeout(t, 60*time.Second)
 	e := testenv.StartRestartableEtcd(t)
 	cli, err := (runner.Etcd{Endpoints: e.Endpoints()}).Client(ctx)

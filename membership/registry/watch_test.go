@@ -67,6 +67,7 @@ func info(id, addr string) string {
 }
 
 func TestWatcher(t *testing.T) {
+	t.Parallel() // its own etcd: nothing shared
 	_, cli := testenv.StartEtcd(t)
 	prefix := membership.WorkersPrefix("p")
 	put(t, cli, prefix+"w1", info("w1", "a:1"))
@@ -110,6 +111,7 @@ func TestWatcher(t *testing.T) {
 }
 
 func TestRouterRegistrationSurvivesLeaseLoss(t *testing.T) {
+	t.Parallel() // its own etcd: nothing shared
 	_, cli := testenv.StartEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
