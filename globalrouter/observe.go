@@ -9,6 +9,9 @@ import (
 type Observation struct {
 	Time      time.Time
 	RequestID string
+	// ClientID is the client's x-request-id (Request.ClientID), "" when
+	// it sent none.
+	ClientID string
 	Model     string
 	// Outcome is "ok" or the error's kind (bad_request, unknown_model,
 	// pin_refused, saturated, no_pool, error); Err is the error.
@@ -65,6 +68,14 @@ func (r *Request) GetID() string {
 		return ""
 	}
 	return r.ID
+}
+
+// clientID returns the request's ClientID ("" for a nil request).
+func (r *Request) clientID() string {
+	if r == nil {
+		return ""
+	}
+	return r.ClientID
 }
 
 // GetModel returns the request's model ("" for a nil request).
