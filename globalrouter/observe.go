@@ -12,7 +12,7 @@ type Observation struct {
 	// ClientID is the client's x-request-id (Request.ClientID), "" when
 	// it sent none.
 	ClientID string
-	Model     string
+	Model    string
 	// Outcome is "ok" or the error's kind (bad_request, unknown_model,
 	// pin_refused, saturated, no_pool, error); Err is the error.
 	Outcome  string
