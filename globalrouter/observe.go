@@ -43,6 +43,18 @@ func WithObserver(observe func(Observation)) Option {
 	}
 }
 
+// WithFreeObserver calls freed when a decision's Lease is freed (its first
+// Free), with the request's id (Observation.RequestID) and the time, before
+// the free is sent to the local routers: with WithObserver's decisions and
+// the local routers' own records, a benchmark splits a request's way from
+// its engine's last token to its router's free into the response's way to
+// the ext_proc server and the free's way to the router (`kvgate bench
+// -chaos -accounting`). It is called on the freeing goroutine: it must not
+// block.
+func WithFreeObserver(freed func(id string, at time.Time)) Option {
+	return func(o *options) { o.freed = freed }
+}
+
 // ObserverExplainInterval is the least time between two decisions explained
 // for an observer alone (WithObserver).
 const ObserverExplainInterval = 10 * time.Millisecond

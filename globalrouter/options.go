@@ -34,6 +34,7 @@ type options struct {
 	shadowFile string         // WithShadowFile (shadow.go)
 	subtree    SubtreeOptions // WithSubtree (subtree.go)
 	observe    func(Observation)
+	freed      func(id string, at time.Time) // WithFreeObserver (observe.go)
 	explainObs *explainSampler      // WithObserver (observe.go)
 	tracer     trace.TracerProvider // WithTracerProvider (tracing.go)
 	// noFlowQueue: WithoutFlowQueue (flow.go).

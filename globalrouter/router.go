@@ -184,6 +184,9 @@ func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error
 		if l, ok := d.Lease.(*lease); ok {
 			l.live = &r.leases
 			r.leases.Add(1)
+			if r.opts.freed != nil {
+				l.id, l.onFree = req.GetID(), r.opts.freed
+			}
 		}
 	}
 	dur := r.opts.now().Sub(start)

@@ -66,11 +66,7 @@ func accountingReport(sys *up.System, rec *recorder, samples []up.AccountingSamp
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval
 	}
-	at := make([]time.Time, len(samples))
-	for i, s := range samples {
-		at[i] = s.At
-	}
-	rep.PerRequest = rec.report(AccountingWindow, at, end)
+	rep.PerRequest = rec.report(AccountingWindow, samples, end)
 	return rep
 }
 

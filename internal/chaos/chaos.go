@@ -223,6 +223,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				// the routers and the engines saw of it.
 				id := fmt.Sprintf("chaos-%d-%d", i, n)
 				res := oneRequest(trafficCtx, client, sys.GatewayURL(), model, prompt(rng), cfg.MaxTokens, cfg.RequestTimeout, "x-request-id", id)
+				rec.clientDone(id, res.start.Add(res.latency))
 				if trafficCtx.Err() != nil && res.reason != "" {
 					break // cut off by the end of the run, not a failure
 				}

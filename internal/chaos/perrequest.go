@@ -32,13 +32,19 @@ type reqRecord struct {
 	// last entry's removal; double the time it was counted twice.
 	routers      int
 	commit, free time.Time
-	maxRouters   int
-	double       time.Duration
-	doubleSince  time.Time
+	// leaseFree is when the global router's lease was freed (the ext_proc
+	// server saw the response's end, or the stream's).
+	leaseFree   time.Time
+	maxRouters  int
+	double      time.Duration
+	doubleSince time.Time
 	// admit and left are the engine's (zero: never admitted / not left).
 	admit, left time.Time
 	worker      string // the engine's, pool/worker/rank
 	engineKey   string // its key in recorder.byEngine
+	// clientEnd is when the client read the response's end (zero: not a
+	// client of the run's traffic).
+	clientEnd time.Time
 }
 
 // recorder joins the parts' observations. Safe for concurrent use.
@@ -57,6 +63,7 @@ func newRecorder() *recorder {
 func (rec *recorder) observers() up.Observers {
 	return up.Observers{
 		Decisions: rec.decision,
+		Freed:     rec.leaseFreed,
 		Router:    func(string) localrouter.ActiveObserver { return routerObs{rec} },
 		Engine: func(pool, worker string) mocker.RequestObserver {
 			return engineObs{rec: rec, prefix: pool + "/" + worker + "/"}
@@ -103,6 +110,7 @@ func (rec *recorder) decision(o globalrouter.Observation) {
 			// The engine admitted it before the decision was observed
 			// (or the router record came first): merge into r.
 			r.admit, r.left, r.worker, r.engineKey = c.admit, c.left, c.worker, c.engineKey
+			r.clientEnd = c.clientEnd
 			if c.engineKey != "" {
 				rec.byEngine[c.engineKey] = r
 			}
@@ -111,6 +119,23 @@ func (rec *recorder) decision(o globalrouter.Observation) {
 		rec.byClient[o.ClientID] = r
 	}
 	r.decideStart, r.decided, r.bestEffort = o.Time, o.Time.Add(o.Duration), o.Decision.BestEffort
+}
+
+func (rec *recorder) leaseFreed(id string, at time.Time) {
+	rec.mu.Lock()
+	rec.router(id).leaseFree = at
+	rec.mu.Unlock()
+}
+
+// clientDone notes when the client read request id's end (nil recorder:
+// nothing).
+func (rec *recorder) clientDone(id string, at time.Time) {
+	if rec == nil {
+		return
+	}
+	rec.mu.Lock()
+	rec.client(id).clientEnd = at
+	rec.mu.Unlock()
 }
 
 type routerObs struct{ rec *recorder }
@@ -216,10 +241,36 @@ type PerRequest struct {
 	// global router's Decide returned it (decide-and-commit's answer
 	// travelling back, a contended decision's recheck).
 	CommitToDecided Lags `json:"commit_to_decided"`
+	// FinishToClient is from the engine's finish to the client's reading
+	// of the response's end (the response's way through the gateway and
+	// the ext_proc server), FreeToClient from the router's free to it
+	// (the ext_proc server frees before it passes the last chunk on).
+	FinishToClient Lags `json:"finish_to_client"`
+	FreeToClient   Lags `json:"free_to_client"`
+	// FinishToLeaseFree is from the engine's finish to the global router's
+	// lease freed (the response's way to the ext_proc server's free), and
+	// LeaseFreeToFree from there to the router's free (the free's way).
+	FinishToLeaseFree Lags `json:"finish_to_lease_free"`
+	LeaseFreeToFree   Lags `json:"lease_free_to_free"`
 	// BestEffort counts the best-effort decisions, and BestEffortLate those
 	// whose commit reached a router after the engine had admitted them.
 	BestEffort     int `json:"best_effort"`
 	BestEffortLate int `json:"best_effort_late"`
+	// The routers' count against the global router's decisions in flight
+	// (the samples' Routers − Decided), and how much of it the requests
+	// committed on a router whose Decide had not returned explain
+	// (InDecide, at the same sample): RoutersOverDecided is the largest
+	// difference, InDecideThen the requests in Decide at that sample, and
+	// Residual the largest difference less those in Decide (a double
+	// count, or a free sent and not yet applied).
+	RoutersOverDecided int `json:"routers_over_decided"`
+	InDecideThen       int `json:"in_decide_then"`
+	Residual           int `json:"residual"`
+	// SampleSkew is the largest difference between a sample's Routers and
+	// the routers' count the records give at the sample's time: how far
+	// the sampler's reads, one after the other on a starved process, are
+	// from one instant (the residual's part that is not the system's).
+	SampleSkew int `json:"sample_skew"`
 }
 
 // Lags is a distribution of lags, in seconds.
@@ -243,9 +294,9 @@ func (l Lags) String() string {
 	return fmt.Sprintf("min %.3f s, p50 %.3f s, p99 %.3f s, max %.3f s (n %d)", l.Min, l.P50, l.P99, l.Max, l.N)
 }
 
-// report analyses the records against window, with the samples' times at
-// and the traffic's end.
-func (rec *recorder) report(window time.Duration, at []time.Time, end time.Time) *PerRequest {
+// report analyses the records against window, with the samples and the
+// traffic's end.
+func (rec *recorder) report(window time.Duration, samples []up.AccountingSample, end time.Time) *PerRequest {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	seen := map[*reqRecord]bool{}
@@ -259,7 +310,7 @@ func (rec *recorder) report(window time.Duration, at []time.Time, end time.Time)
 		}
 	}
 	out := &PerRequest{Requests: len(all)}
-	var in, fr, dec []time.Duration
+	var in, fr, dec, fc, frc, fl, lf []time.Duration
 	var worst time.Duration
 	for _, r := range all {
 		counted, admitted := !r.commit.IsZero(), !r.admit.IsZero()
@@ -293,6 +344,12 @@ func (rec *recorder) report(window time.Duration, at []time.Time, end time.Time)
 			continue
 		}
 		out.Both++
+		if !r.clientEnd.IsZero() {
+			fc, frc = append(fc, r.clientEnd.Sub(r.left)), append(frc, r.clientEnd.Sub(r.free))
+		}
+		if !r.leaseFree.IsZero() {
+			fl, lf = append(fl, r.leaseFree.Sub(r.left)), append(lf, r.free.Sub(r.leaseFree))
+		}
 		a, f := r.admit.Sub(r.commit), r.free.Sub(r.left)
 		in, fr = append(in, a), append(fr, f)
 		for _, d := range []time.Duration{a, f} {
@@ -310,10 +367,28 @@ func (rec *recorder) report(window time.Duration, at []time.Time, end time.Time)
 		}
 	}
 	out.CommitToAdmit, out.FinishToFree, out.CommitToDecided = lagsOf(in), lagsOf(fr), lagsOf(dec)
-	for _, t := range at {
+	out.FinishToClient, out.FreeToClient = lagsOf(fc), lagsOf(frc)
+	out.FinishToLeaseFree, out.LeaseFreeToFree = lagsOf(fl), lagsOf(lf)
+	for _, sm := range samples {
+		t := sm.At
 		lo, hi := t.Add(-window), t.Add(window)
 		bad := false
+		inDecide, explained, routers := 0, 0, 0
 		for _, r := range all {
+			if within(r.commit, r.free, t, t) {
+				routers++
+			}
+			if !r.decided.IsZero() && within(r.commit, r.decided, t, t) {
+				inDecide++
+			}
+			// What else routers − decided holds: frees sent and not yet
+			// applied (+), best-effort decisions not yet committed (−).
+			if !r.leaseFree.IsZero() && within(r.leaseFree, r.free, t, t) {
+				explained++
+			}
+			if !r.decided.IsZero() && !r.decided.After(t) && (r.commit.IsZero() || r.commit.After(t)) && (r.leaseFree.IsZero() || r.leaseFree.After(t)) {
+				explained--
+			}
 			// A zero end is open: counted still.
 			if within(r.commit, r.free, t, t) && !within(r.admit, r.left, lo, hi) {
 				out.RoutersUnmatched++
@@ -327,6 +402,11 @@ func (rec *recorder) report(window time.Duration, at []time.Time, end time.Time)
 		if bad {
 			out.SamplesUnmatched++
 		}
+		if d := sm.Routers - sm.Decided; d > out.RoutersOverDecided {
+			out.RoutersOverDecided, out.InDecideThen = d, inDecide
+		}
+		out.Residual = max(out.Residual, abs(sm.Routers-sm.Decided-inDecide-explained))
+		out.SampleSkew = max(out.SampleSkew, abs(sm.Routers-routers))
 	}
 	return out
 }
@@ -340,7 +420,7 @@ func within(from, to, lo, hi time.Time) bool {
 	return to.IsZero() || to.After(lo)
 }
 
-func abs(d time.Duration) time.Duration {
+func abs[T int | time.Duration](d T) T {
 	if d < 0 {
 		return -d
 	}
@@ -352,10 +432,14 @@ func (p *PerRequest) print(w io.Writer, window float64) {
 		p.Requests, p.Both, p.RouterOnly, p.EngineOnly, p.Open)
 	fmt.Fprintf(w, "    router commit → engine admit: %v\n", p.CommitToAdmit)
 	fmt.Fprintf(w, "    engine finish → router free:  %v\n", p.FinishToFree)
+	fmt.Fprintf(w, "    engine finish → lease freed: %v; lease freed → router free: %v\n", p.FinishToLeaseFree, p.LeaseFreeToFree)
+	fmt.Fprintf(w, "    engine finish → client read the end: %v; router free → client read the end: %v\n", p.FinishToClient, p.FreeToClient)
 	fmt.Fprintf(w, "    either lag beyond ±%.0f s: %d requests; worst: %s\n", window, p.OverWindow, p.Worst)
 	fmt.Fprintf(w, "    router only and freed after the traffic's end (cut off): %d; at the samples, requests a router counted that no engine held within ±%.0f s: %d, the reverse: %d (%d samples)\n",
 		p.RouterOnlyCutOff, window, p.RoutersUnmatched, p.EnginesUnmatched, p.SamplesUnmatched)
 	fmt.Fprintf(w, "    router commit → Decide returned: %v\n", p.CommitToDecided)
+	fmt.Fprintf(w, "    routers − decisions in flight, max %d, of which committed and Decide not returned %d; residual once those, the frees in transit and the late commits are taken out, max %d (the samples' own skew: up to %d)\n",
+		p.RoutersOverDecided, p.InDecideThen, p.Residual, p.SampleSkew)
 	fmt.Fprintf(w, "    counted twice at once: %d requests, %.3f s in all, at most %d entries; best effort %d, committed after the engine admitted %d\n",
 		p.Doubled, p.DoubledSeconds, p.MaxRouters, p.BestEffort, p.BestEffortLate)
 }

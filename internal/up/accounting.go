@@ -13,15 +13,17 @@ import (
 
 // Observers watch a System request by request, each through the part's own
 // observer interface: Decisions every decision of the global router (after
-// the status page's recorder), Router each pool's local router's lifecycle
+// the status page's recorder) and Freed each decision's lease freed, Router each pool's local router's lifecycle
 // state (localrouter.ActiveObserver; a restarted router gets the pool's
 // again), Engine each mock worker's ranks (mocker.RequestObserver; a
 // restarted worker too). `kvgate bench -chaos -accounting` joins them by
 // request id (internal/chaos). Each may be nil.
 type Observers struct {
 	Decisions func(globalrouter.Observation)
-	Router    func(pool string) localrouter.ActiveObserver
-	Engine    func(pool, worker string) mocker.RequestObserver
+	// Freed is the global router's WithFreeObserver.
+	Freed  func(id string, at time.Time)
+	Router func(pool string) localrouter.ActiveObserver
+	Engine func(pool, worker string) mocker.RequestObserver
 }
 
 // observeRouter makes the pool's observer (if any) watch its local

@@ -197,6 +197,9 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		globalrouter.WithRegisterer(s.Registry),
 		globalrouter.WithTokenizer(cfg.Model, shared),
 	}
+	if cfg.Observers.Freed != nil {
+		gopts = append(gopts, globalrouter.WithFreeObserver(cfg.Observers.Freed))
+	}
 	var xopts []grpc.ServerOption
 	xclient := insecure.NewCredentials()
 	if sec != nil {
