@@ -35,8 +35,8 @@ type options struct {
 	subtree    SubtreeOptions // WithSubtree (subtree.go)
 	observe    func(Observation)
 	freed      func(id string, at time.Time) // WithFreeObserver (observe.go)
-	explainObs *explainSampler      // WithObserver (observe.go)
-	tracer     trace.TracerProvider // WithTracerProvider (tracing.go)
+	explainObs *explainSampler               // WithObserver (observe.go)
+	tracer     trace.TracerProvider          // WithTracerProvider (tracing.go)
 	// noFlowQueue: WithoutFlowQueue (flow.go).
 	noFlowQueue bool
 }
