@@ -320,6 +320,32 @@ func (t *lateTracker) PrefillComplete(ctx context.Context) error {
 	return tr.PrefillComplete(ctx)
 }
 
+// Retarget implements LateRetargeter.
+func (t *lateTracker) Retarget(workerID string, dpRank uint32) bool {
+	q := &t.p.late
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t.lc.state != lateQueued {
+		return false
+	}
+	t.lc.cm.WorkerID, t.lc.cm.DPRank = workerID, dpRank
+	return true
+}
+
+// LateRetargeter is implemented by the Trackers of Pool.CommitLate: while
+// the commit is still queued (no router of the pool reached yet), Retarget
+// makes it name another worker of the pool — the one the data plane
+// reports served the request, when that is not the one decided — and
+// reports true; once the commit is being sent, or is sent, or the request
+// ended, it changes nothing and reports false (the caller moves the request
+// with a commit of its own and a free of this one). Safe for concurrent use
+// with the Tracker's other methods and the delivery.
+type LateRetargeter interface {
+	Retarget(workerID string, dpRank uint32) bool
+}
+
+var _ LateRetargeter = (*lateTracker)(nil)
+
 func (t *lateTracker) Free(ctx context.Context) error {
 	q := &t.p.late
 	q.mu.Lock()
