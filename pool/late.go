@@ -273,13 +273,22 @@ func (p *Pool) sendLate(lc *lateCommit) bool {
 	}
 	p.late.mu.Unlock()
 	// Events follow the commit on its stream, in order: a free that came
-	// while it was being sent goes after it.
-	ectx, ecancel := context.WithTimeout(context.WithoutCancel(p.life), p.timeout)
-	defer ecancel()
-	if freed {
-		_ = t.Free(ectx)
-	} else if prefill {
-		_ = t.PrefillComplete(ectx)
+	// while it was being sent goes after it. Their acknowledgements are
+	// waited for off the batch: the next batch must not wait for them (a
+	// round trip each on a starved process, which held up to 146 commits
+	// queued under two CPU hogs; BENCHMARKS.md "Per request").
+	if freed || prefill {
+		p.wg.Add(1) // the delivery's own count is held: Close waits for this too
+		go func() {
+			defer p.wg.Done()
+			ectx, ecancel := context.WithTimeout(context.WithoutCancel(p.life), p.timeout)
+			defer ecancel()
+			if freed {
+				_ = t.Free(ectx)
+			} else {
+				_ = t.PrefillComplete(ectx)
+			}
+		}()
 	}
 	return true
 }
