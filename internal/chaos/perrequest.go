@@ -271,6 +271,9 @@ type PerRequest struct {
 	// the sampler's reads, one after the other on a starved process, are
 	// from one instant (the residual's part that is not the system's).
 	SampleSkew int `json:"sample_skew"`
+	// DecidedSkew is the same for the samples' Decided against the
+	// decisions returned and not freed the records give.
+	DecidedSkew int `json:"decided_skew"`
 }
 
 // Lags is a distribution of lags, in seconds.
@@ -373,8 +376,11 @@ func (rec *recorder) report(window time.Duration, samples []up.AccountingSample,
 		t := sm.At
 		lo, hi := t.Add(-window), t.Add(window)
 		bad := false
-		inDecide, explained, routers := 0, 0, 0
+		inDecide, explained, routers, decided := 0, 0, 0, 0
 		for _, r := range all {
+			if !r.decided.IsZero() && within(r.decided, r.leaseFree, t, t) {
+				decided++
+			}
 			if within(r.commit, r.free, t, t) {
 				routers++
 			}
@@ -407,6 +413,7 @@ func (rec *recorder) report(window time.Duration, samples []up.AccountingSample,
 		}
 		out.Residual = max(out.Residual, abs(sm.Routers-sm.Decided-inDecide-explained))
 		out.SampleSkew = max(out.SampleSkew, abs(sm.Routers-routers))
+		out.DecidedSkew = max(out.DecidedSkew, abs(sm.Decided-decided))
 	}
 	return out
 }
@@ -438,8 +445,8 @@ func (p *PerRequest) print(w io.Writer, window float64) {
 	fmt.Fprintf(w, "    router only and freed after the traffic's end (cut off): %d; at the samples, requests a router counted that no engine held within ±%.0f s: %d, the reverse: %d (%d samples)\n",
 		p.RouterOnlyCutOff, window, p.RoutersUnmatched, p.EnginesUnmatched, p.SamplesUnmatched)
 	fmt.Fprintf(w, "    router commit → Decide returned: %v\n", p.CommitToDecided)
-	fmt.Fprintf(w, "    routers − decisions in flight, max %d, of which committed and Decide not returned %d; residual once those, the frees in transit and the late commits are taken out, max %d (the samples' own skew: up to %d)\n",
-		p.RoutersOverDecided, p.InDecideThen, p.Residual, p.SampleSkew)
+	fmt.Fprintf(w, "    routers − decisions in flight, max %d, of which committed and Decide not returned %d; residual once those, the frees in transit and the late commits are taken out, max %d (the samples' own skew: routers up to %d, decided up to %d)\n",
+		p.RoutersOverDecided, p.InDecideThen, p.Residual, p.SampleSkew, p.DecidedSkew)
 	fmt.Fprintf(w, "    counted twice at once: %d requests, %.3f s in all, at most %d entries; best effort %d, committed after the engine admitted %d\n",
 		p.Doubled, p.DoubledSeconds, p.MaxRouters, p.BestEffort, p.BestEffortLate)
 }
