@@ -39,7 +39,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs.Float64Var(&cc.Up.Speedup, "speedup", cc.Up.Speedup, "chaos: speed-up factor of the mock workers")
 	fs.DurationVar(&cc.ErrorPause, "error-pause", cc.ErrorPause, "chaos: a client's pause after a failed request before its next (0: retry at once)")
 	fs.DurationVar(&cc.Up.ProbeTimeout, "probe-timeout", 0, "chaos: the global router's probe deadline (0: its default)")
-	fs.BoolVar(&cc.Accounting, "accounting", false, "chaos: sample the local routers' in-flight count and the engines' running+waiting every 100 ms and report how they compare (issue 27 item 4); without -kill it runs no fault")
+	fs.BoolVar(&cc.Accounting, "accounting", false, "chaos: sample the local routers' in-flight count and the engines' running+waiting every 100 ms, record every request's router commit and free and engine admission and departure (joined by x-request-id), and report how they compare, per sample and per request (issue 27 item 4); without -kill it runs no fault")
 	probe := fs.Bool("probe", false, "side-by-side probe benchmark: the local-router channel against unary BestWorker on the same index")
 	rate := fs.Int("rate", 5000, "probe: probes per second offered; decision: requests per second (default 1000 there)")
 	probes := fs.Int("probes", 20000, "probe: probes per mode")

@@ -101,7 +101,8 @@
 //
 // server.go (Server, New, Config, Register, Serve), config.go (Config,
 // Defaults, Validate), stream.go (one ext_proc exchange: the request and
-// response phases), body.go (parsing a request body), bodymode.go (what the
+// response phases), lifecycle.go (its lease: prefill complete off the
+// stream's goroutine, free once, after it), body.go (parsing a request body), bodymode.go (what the
 // body modes share) with bodymode_buffered.go, bodymode_streamed.go,
 // bodymode_fullduplex.go and bodymode_other.go, reply.go (immediate
 // responses: HTTP errors in OpenAI's or Anthropic's shape, 413, routing

@@ -98,15 +98,11 @@ func (x *exchange) noteRequestMetadata(req *extprocv3.ProcessingRequest) {
 // noteServed moves the request's lifecycle to the endpoint the data plane
 // says served it, when that is a fallback of the decision rather than the
 // primary: committed on the fallback's local router, freed on the
-// primary's. It runs once per exchange, on the first response message
-// that carries the report.
+// primary's (a best-effort decision's too: its late commit then names the
+// fallback's worker). It runs once per exchange, on the first response
+// message that carries the report.
 func (x *exchange) noteServed(req *extprocv3.ProcessingRequest) {
 	if x.decision == nil || x.servedSeen || x.freed {
-		return
-	}
-	if x.decision.BestEffort {
-		// Nothing was committed: there is no lifecycle to move, and a
-		// best-effort choice says nothing of the workers' health.
 		return
 	}
 	served := servedOf(req.GetMetadataContext())
@@ -114,7 +110,12 @@ func (x *exchange) noteServed(req *extprocv3.ProcessingRequest) {
 		return
 	}
 	x.servedSeen = true
-	x.connectFailures(served)
+	if !x.decision.BestEffort {
+		// A best-effort choice (the last known workers, no router
+		// reached) says nothing of the workers' health; its lifecycle,
+		// committed late, moves as any other.
+		x.connectFailures(served)
+	}
 	if served == x.current.Address {
 		return
 	}

@@ -102,7 +102,8 @@ func (l moverLease) Move(ctx context.Context, to globalrouter.Endpoint) error {
 // first fallback (the primary refused the connection) and reports it in
 // the response's metadata_context; the lease moves there before prefill
 // complete and free, and the response names the endpoint that served it.
-// A report of the primary moves nothing.
+// A report of the primary moves nothing. A best-effort decision moves as
+// any other (its late commit must name the worker that served it).
 func TestServedMovesLifecycle(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -115,41 +116,48 @@ func TestServedMovesLifecycle(t *testing.T) {
 		{"primary served", nil, []string{"prefill", "free"}, wantPrimary},
 	} {
 		for _, m := range allModes {
-			t.Run(tc.name+"/"+m.name, func(t *testing.T) {
-				var lease *leaseDouble
-				d := &deciderDouble{}
-				conn, _ := startServer(t, extproc.Config{}, deciderFunc(func(ctx context.Context, req *globalrouter.Request) (*globalrouter.Decision, error) {
-					dec, err := d.Decide(ctx, req)
-					if err == nil {
-						lease = dec.Lease.(*leaseDouble)
-						dec.Lease = moverLease{lease}
-					}
-					return dec, err
-				}))
-				c := eppClient(t, conn, m, "envoy.lb")
-				ctx := testenv.Context(t)
-				res, err := c.Process(ctx, extprocclient.Request{
-					Message: extprocclient.Message{Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)}},
-					Endpoint: func(ctx context.Context, ep string, req *extprocclient.Message) (*extprocclient.Message, error) {
-						if tc.refuse[ep] {
-							return nil, extprocclient.ErrConnectFailure
+			for _, bestEffort := range []bool{false, true} {
+				name := tc.name + "/" + m.name
+				if bestEffort {
+					name += "/best effort"
+				}
+				t.Run(name, func(t *testing.T) {
+					var lease *leaseDouble
+					d := &deciderDouble{}
+					conn, _ := startServer(t, extproc.Config{}, deciderFunc(func(ctx context.Context, req *globalrouter.Request) (*globalrouter.Decision, error) {
+						dec, err := d.Decide(ctx, req)
+						if err == nil {
+							lease = dec.Lease.(*leaseDouble)
+							dec.Lease = moverLease{lease}
+							dec.BestEffort = bestEffort
 						}
-						return sseResponse("data: {}\n\n")(ctx, req)
-					},
+						return dec, err
+					}))
+					c := eppClient(t, conn, m, "envoy.lb")
+					ctx := testenv.Context(t)
+					res, err := c.Process(ctx, extprocclient.Request{
+						Message: extprocclient.Message{Headers: post("/v1/completions"), Body: [][]byte{[]byte(`{"model":"m1","prompt":"hi"}`)}},
+						Endpoint: func(ctx context.Context, ep string, req *extprocclient.Message) (*extprocclient.Message, error) {
+							if tc.refuse[ep] {
+								return nil, extprocclient.ErrConnectFailure
+							}
+							return sseResponse("data: {}\n\n")(ctx, req)
+						},
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if lease == nil {
+						t.Fatal("no decision")
+					}
+					if diff := cmp.Diff(tc.want, lease.calls()); diff != "" {
+						t.Errorf("lease calls (-want +got):\n%s", diff)
+					}
+					if got := get(res.Downstream.Headers, "x-kvgate-endpoint"); got != tc.endpoint {
+						t.Errorf("x-kvgate-endpoint %q, want %q", got, tc.endpoint)
+					}
 				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if lease == nil {
-					t.Fatal("no decision")
-				}
-				if diff := cmp.Diff(tc.want, lease.calls()); diff != "" {
-					t.Errorf("lease calls (-want +got):\n%s", diff)
-				}
-				if got := get(res.Downstream.Headers, "x-kvgate-endpoint"); got != tc.endpoint {
-					t.Errorf("x-kvgate-endpoint %q, want %q", got, tc.endpoint)
-				}
-			})
+			}
 		}
 	}
 }

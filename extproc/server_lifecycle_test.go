@@ -1,6 +1,7 @@
 package extproc_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
+	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
 )
 
@@ -118,4 +120,66 @@ func TestFreedWhenStreamEndsBeforeResponse(t *testing.T) {
 		got := counterValue(t, reg, "kvgate_extproc_requests_total", "499")
 		return fmt.Sprintf("requests_total{code=499} = %v, want 1", got), got == 1
 	})
+}
+
+// blockingLease is leaseDouble whose PrefillComplete waits for release: a
+// local router slow to acknowledge.
+type blockingLease struct {
+	*leaseDouble
+	release chan struct{}
+}
+
+func (l blockingLease) PrefillComplete(ctx context.Context) error {
+	select {
+	case <-l.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	l.add("prefill")
+	return nil
+}
+
+// TestPrefillAckDoesNotHoldTheResponse: while the local router has not
+// acknowledged the request's prefill-complete, the response's next chunks
+// still go through (they queued behind the acknowledgement, and with them
+// the response's end and the free: issue 27, BENCHMARKS.md "Per
+// request"); the free still follows the prefill-complete.
+func TestPrefillAckDoesNotHoldTheResponse(t *testing.T) {
+	for _, m := range allModes {
+		t.Run(m.name, func(t *testing.T) {
+			lease := blockingLease{&leaseDouble{}, make(chan struct{})}
+			d := &deciderDouble{}
+			conn, _ := startServer(t, extproc.Config{}, deciderFunc(func(ctx context.Context, req *globalrouter.Request) (*globalrouter.Decision, error) {
+				dec, err := d.Decide(ctx, req)
+				if err == nil {
+					dec.Lease = lease
+				}
+				return dec, err
+			}))
+			c := envoyClient(t, conn, m)
+			ctx := testenv.Context(t)
+			s := c.Open(ctx, nil)
+			defer s.Close()
+			mustOK(t, s.SendRequestHeaders(ctx, post("/v1/completions"), false))
+			mustOK(t, s.SendRequestData(ctx, []byte(`{"model":"m1","prompt":"hi","stream":true}`), true))
+			drain(t, ctx, s.ReadUpstream)
+			mustOK(t, s.SendResponseHeaders(ctx, extprocclient.Headers{{Key: ":status", Value: "200"}, {Key: "content-type", Value: "text/event-stream"}}, false))
+			mustOK(t, s.SendResponseData(ctx, []byte(sseChunks[0]), false))
+			readUntilData(t, ctx, s)
+			// The prefill-complete is unacknowledged: the next chunk must
+			// still come through.
+			mustOK(t, s.SendResponseData(ctx, []byte(sseChunks[1]), false))
+			readUntilData(t, ctx, s)
+			if got := lease.calls(); len(got) != 0 {
+				t.Fatalf("lease calls %v before the acknowledgement, want none", got)
+			}
+			mustOK(t, s.SendResponseData(ctx, []byte(sseChunks[2]), true))
+			close(lease.release)
+			drain(t, ctx, s.ReadDownstream)
+			testenv.Eventually(t, testCtxTimeout, func() (string, bool) {
+				got := lease.calls()
+				return fmt.Sprintf("lease calls %v, want [prefill free]", got), cmp.Equal(got, []string{"prefill", "free"})
+			})
+		})
+	}
 }

@@ -2,7 +2,6 @@ package extproc
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -54,6 +53,10 @@ type exchange struct {
 	lease      globalrouter.Lease
 	prefilled  bool
 	freed      bool
+	// prefilling is closed once the prefill-complete call, made off the
+	// stream's goroutine, has returned (nil: none in flight): the free
+	// waits for it, so the two reach the local router in order.
+	prefilling chan struct{}
 	// id is the request's id on the local routers (made here, one per
 	// stream); clientID the client's x-request-id, for logs only.
 	id, clientID string
@@ -453,7 +456,19 @@ func (x *exchange) responseBody(b *extprocv3.HttpBody) error {
 		return err
 	}
 	if prefilled {
-		x.leaseCall("prefill complete", x.lease.PrefillComplete)
+		// Off the stream's goroutine: the call waits for the router's
+		// acknowledgement, and the response's next chunks, its end (and
+		// so the free) among them, must not queue behind that round trip
+		// (under CPU pressure it held each request's free for hundreds of
+		// milliseconds after its engine had finished; BENCHMARKS.md "Per
+		// request").
+		done := make(chan struct{})
+		x.prefilling = done
+		lease, ep := x.lease, x.current
+		go func() {
+			defer close(done)
+			x.leaseCallOn(ep, "prefill complete", lease.PrefillComplete)
+		}()
 	}
 	return nil
 }
@@ -503,45 +518,6 @@ func (x *exchange) endResponse() {
 		x.hasUsage = false
 	}
 	x.free()
-}
-
-// --- lifecycle ---
-
-// free releases the request on its local router, once.
-func (x *exchange) free() {
-	if x.lease == nil || x.freed {
-		return
-	}
-	x.freed = true
-	x.leaseCall("free", x.lease.Free)
-}
-
-// leaseCall runs a Lease method under LeaseTimeout, on a context that
-// outlives the stream (a free after the client left must still reach the
-// local router).
-func (x *exchange) leaseCall(what string, f func(context.Context) error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.stream.Context()), x.s.cfg.LeaseTimeout)
-	defer cancel()
-	if err := f(ctx); err != nil {
-		x.log.Warn("lease "+what+" failed", "pool", x.current.Pool, "worker", x.current.WorkerID, "err", err)
-	}
-}
-
-// finish runs when the stream ends for any reason.
-func (x *exchange) finish() {
-	if x.decision != nil && !x.counted {
-		x.code = codeClientClosed
-		x.count(x.current.Pool)
-	}
-	x.free()
-}
-
-func (x *exchange) count(pool string) {
-	if x.counted {
-		return
-	}
-	x.counted = true
-	x.s.m.requests.WithLabelValues(pool, x.code).Inc()
 }
 
 // --- helpers ---

@@ -2,6 +2,9 @@ package globalrouter
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
 
 	"github.com/kvgate/kvgate/policies"
 	"github.com/kvgate/kvgate/pool"
@@ -81,17 +84,63 @@ func (r *Router) bestEffort(ctx context.Context, st *state, p *prepared, results
 	if pe := st.byName[c.Pool]; pe != nil {
 		d.DPRankBodyField = pe.cfg.DPRankBodyField
 		counted := r.m.bestEffortOutcomes.MustCurryWith(map[string]string{"pool": c.Pool})
-		d.Lease = &lease{main: pe.p.CommitLate(pool.Commit{
+		main := pe.p.CommitLate(pool.Commit{
 			RequestID: p.id, WorkerID: c.Probe.WorkerID, DPRank: c.Probe.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
-		}, func(o pool.LateOutcome) { counted.WithLabelValues(string(o)).Inc() })}
+		}, func(o pool.LateOutcome) { counted.WithLabelValues(string(o)).Inc() })
+		d.Lease = &lease{main: main}
+		d.Fallbacks = r.fallbacks(st, p, d.Primary, ranked[1:])
+		if len(d.Fallbacks) > 0 {
+			d.Lease = &lease{main: &movable{move: r.lateMover(p), retarget: retargeter(c.Pool, main), cur: main}}
+		}
+	} else {
+		d.Fallbacks = r.fallbacks(st, p, d.Primary, ranked[1:])
 	}
-	d.Fallbacks = r.fallbacks(st, p, d.Primary, ranked[1:])
 	r.m.bestEffort.WithLabelValues(c.Pool).Inc()
 	r.log.Warn("no local router reachable after a retry; routing best-effort on the last known workers, the commit queued for the pool's routers", "request_id", p.id, "client_request_id", p.req.ClientID, "pool", c.Pool, "worker_id", c.Probe.WorkerID)
 	if trace != nil {
 		d.Explanation = explain(p, results, ranked, trace, nil) + "; best effort: no local router reachable, last known worker, committed when its router answers again"
 	}
 	return d
+}
+
+// A best-effort request the data plane served from a fallback (Envoy
+// retried: the primary refused the connection) is accounted on the worker
+// that served it, as a decided one is (Mover): while its late commit is
+// still queued the commit is made to name that worker (retargeter), else
+// the request is committed late on the fallback's pool under an id of its
+// own (lateMover; its routers may be as unreachable as the primary's were)
+// and the first late commit freed.
+
+// retargeter returns the movable's retarget of a best-effort decision on
+// poolName whose late commit's Tracker is t.
+func retargeter(poolName string, t pool.Tracker) func(Endpoint) bool {
+	rt, ok := t.(pool.LateRetargeter)
+	if !ok {
+		return nil
+	}
+	return func(to Endpoint) bool { return to.Pool == poolName && rt.Retarget(to.WorkerID, to.DPRank) }
+}
+
+// lateMover returns the function that moves best-effort request p to
+// another endpoint: a late commit of the request (id with movedSuffix) on
+// the endpoint's pool and worker, in the configuration current at the
+// move, its outcome counted as the first's.
+func (r *Router) lateMover(p *prepared) func(ctx context.Context, to Endpoint, refused *atomic.Pointer[error]) (pool.Tracker, error) {
+	return func(_ context.Context, to Endpoint, _ *atomic.Pointer[error]) (pool.Tracker, error) {
+		st := r.acquire()
+		if st == nil {
+			return nil, errors.New("the global router is closed")
+		}
+		defer st.release()
+		pe := st.byName[to.Pool]
+		if pe == nil {
+			return nil, fmt.Errorf("pool %q is no longer configured", to.Pool)
+		}
+		counted := r.m.bestEffortOutcomes.MustCurryWith(map[string]string{"pool": to.Pool})
+		return pe.p.CommitLate(pool.Commit{
+			RequestID: p.id + movedSuffix, WorkerID: to.WorkerID, DPRank: to.DPRank, Prompt: p.prompt(pe.cfg.BlockSize),
+		}, func(o pool.LateOutcome) { counted.WithLabelValues(string(o)).Inc() }), nil
+	}
 }
 
 // Leases is the number of decisions Decide returned whose Lease has not

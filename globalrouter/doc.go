@@ -57,7 +57,8 @@
 // retire), reload.go (Reload, WatchFile),
 // watchfiles.go (what WatchFile looks at), shadow.go (shadow mode: a
 // candidate chain ranking alongside the live one, never committing),
-// observe.go (WithObserver, LastReload: what a status page reads),
+// observe.go (WithObserver, WithFreeObserver, LastReload: what a status
+// page and a benchmark read),
 // tracing.go (OpenTelemetry spans and exemplars, WithTracerProvider),
 // headers.go (request headers), decide.go (prepare, probe, rank, the
 // cause of no pool), accounting.go (the one retry of a probe that reached

@@ -107,6 +107,9 @@ func (l *lease) Move(ctx context.Context, to Endpoint) error {
 	if !ok || m.move == nil {
 		return errors.New("the lease cannot move: its decision has no fallbacks")
 	}
+	if m.retarget != nil && m.retarget(to) {
+		return nil // a best-effort commit still queued now names to
+	}
 	prev := l.mainRefused.Swap(nil) // the primary's refusal is no longer the request's
 	tr, err := m.move(ctx, to, &l.mainRefused)
 	if err != nil {
@@ -122,6 +125,10 @@ type movable struct {
 	// move commits the request on to's pool; refused receives a refusal
 	// of that commit.
 	move func(ctx context.Context, to Endpoint, refused *atomic.Pointer[error]) (pool.Tracker, error)
+	// retarget (nil: none) moves the request without a commit of its
+	// own, when it can: a best-effort decision's late commit still
+	// queued is made to name to's worker (accounting.go).
+	retarget func(to Endpoint) bool
 
 	mu        sync.Mutex
 	cur       pool.Tracker

@@ -9,7 +9,10 @@ import (
 type Observation struct {
 	Time      time.Time
 	RequestID string
-	Model     string
+	// ClientID is the client's x-request-id (Request.ClientID), "" when
+	// it sent none.
+	ClientID string
+	Model    string
 	// Outcome is "ok" or the error's kind (bad_request, unknown_model,
 	// pin_refused, saturated, no_pool, error); Err is the error.
 	Outcome  string
@@ -40,6 +43,18 @@ func WithObserver(observe func(Observation)) Option {
 	}
 }
 
+// WithFreeObserver calls freed when a decision's Lease is freed (its first
+// Free), with the request's id (Observation.RequestID) and the time, before
+// the free is sent to the local routers: with WithObserver's decisions and
+// the local routers' own records, a benchmark splits a request's way from
+// its engine's last token to its router's free into the response's way to
+// the ext_proc server and the free's way to the router (`kvgate bench
+// -chaos -accounting`). It is called on the freeing goroutine: it must not
+// block.
+func WithFreeObserver(freed func(id string, at time.Time)) Option {
+	return func(o *options) { o.freed = freed }
+}
+
 // ObserverExplainInterval is the least time between two decisions explained
 // for an observer alone (WithObserver).
 const ObserverExplainInterval = 10 * time.Millisecond
@@ -65,6 +80,14 @@ func (r *Request) GetID() string {
 		return ""
 	}
 	return r.ID
+}
+
+// clientID returns the request's ClientID ("" for a nil request).
+func (r *Request) clientID() string {
+	if r == nil {
+		return ""
+	}
+	return r.ClientID
 }
 
 // GetModel returns the request's model ("" for a nil request).

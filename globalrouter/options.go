@@ -34,8 +34,9 @@ type options struct {
 	shadowFile string         // WithShadowFile (shadow.go)
 	subtree    SubtreeOptions // WithSubtree (subtree.go)
 	observe    func(Observation)
-	explainObs *explainSampler      // WithObserver (observe.go)
-	tracer     trace.TracerProvider // WithTracerProvider (tracing.go)
+	freed      func(id string, at time.Time) // WithFreeObserver (observe.go)
+	explainObs *explainSampler               // WithObserver (observe.go)
+	tracer     trace.TracerProvider          // WithTracerProvider (tracing.go)
 	// noFlowQueue: WithoutFlowQueue (flow.go).
 	noFlowQueue bool
 }

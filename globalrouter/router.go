@@ -180,6 +180,9 @@ func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error
 		if l, ok := d.Lease.(*lease); ok {
 			l.live = &r.leases
 			r.leases.Add(1)
+			if r.opts.freed != nil {
+				l.id, l.onFree = req.GetID(), r.opts.freed
+			}
 		}
 	}
 	dur := r.opts.now().Sub(start)
@@ -187,7 +190,7 @@ func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error
 	endDecide(sp, d, outcome, err)
 	r.m.decisions.WithLabelValues(poolName, outcome).Inc()
 	if r.opts.observe != nil {
-		o := Observation{Time: start, RequestID: req.GetID(), Model: req.GetModel(), Outcome: outcome, Err: err, Duration: dur, Decision: d}
+		o := Observation{Time: start, RequestID: req.GetID(), ClientID: req.clientID(), Model: req.GetModel(), Outcome: outcome, Err: err, Duration: dur, Decision: d}
 		if d != nil {
 			o.Explanation = d.explained
 		}

@@ -62,6 +62,27 @@ type ActiveSequences struct {
 
 	unknownOps atomic.Uint64
 	expired    atomic.Uint64
+	// obs is told of every request added and removed (nil: none).
+	obs ActiveObserver
+}
+
+// ActiveObserver is told of each request ActiveSequences starts and stops
+// counting (Stats().Requests), at that moment: how a benchmark compares,
+// request by request, what the router counted with what the engines ran
+// (`kvgate bench -chaos -accounting`). The calls are made under the state's
+// lock, in the order the count changes: an observer must be quick, must not
+// block and must not call ActiveSequences. A renamed request (a reservation
+// becoming its request) is removed under its old id and added under the new.
+type ActiveObserver interface {
+	Added(id string, key WorkerKey, at time.Time)
+	Removed(id string, key WorkerKey, at time.Time)
+}
+
+// Observe makes o (nil: none) the state's observer.
+func (a *ActiveSequences) Observe(o ActiveObserver) {
+	a.mu.Lock()
+	a.obs = o
+	a.mu.Unlock()
 }
 
 // NewActiveSequences returns an empty lifecycle state.
@@ -102,6 +123,9 @@ func (a *ActiveSequences) Add(now time.Time, id string, key WorkerKey, seqHashes
 	}
 	r := &activeReq{id: id, slot: slot, seq: append([]uint64(nil), seqHashes...), prefill: prefill, inPrefill: true, added: now}
 	a.byID[id] = r
+	if a.obs != nil {
+		a.obs.Added(id, key, time.Now())
+	}
 	w := &a.slots[slot]
 	w.prefill += prefill
 	w.requests++
@@ -139,6 +163,11 @@ func (a *ActiveSequences) Rename(from, to string) error {
 	delete(a.byID, from)
 	r.id = to
 	a.byID[to] = r
+	if a.obs != nil {
+		now, key := time.Now(), a.slots[r.slot].key
+		a.obs.Removed(from, key, now)
+		a.obs.Added(to, key, now)
+	}
 	return nil
 }
 
@@ -176,6 +205,9 @@ func (a *ActiveSequences) Free(id string) bool {
 func (a *ActiveSequences) freeLocked(r *activeReq) {
 	delete(a.byID, r.id)
 	w := &a.slots[r.slot]
+	if a.obs != nil {
+		a.obs.Removed(r.id, w.key, time.Now())
+	}
 	if r.inPrefill {
 		w.prefill -= r.prefill
 	}

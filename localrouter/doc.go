@@ -97,7 +97,7 @@
 // configuration guard, ConfigWarning), predicted.go (predicted entries),
 // tree.go (the node slab and child table), bitset.go (the per-node worker
 // sets), entrylist.go (the TTL-ordered entry lists), slots.go (slot
-// tables), active.go (ActiveSequences), refs.go (its shared block
+// tables), active.go (ActiveSequences, its ActiveObserver), refs.go (its shared block
 // references), router.go (Router, Options, New, the sweeper, Close),
 // router_members.go (membership: AddWorker, RemoveWorker, SetWorkerStale,
 // Ready; ApplyEvent), router_signals.go (engine signals, saturation

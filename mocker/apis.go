@@ -44,7 +44,7 @@ func (s *Server) admit(r *http.Request, g genRequest, id string) (*apiRun, *http
 		return nil, e
 	}
 	l := s.ranks[rank]
-	st, err := l.submit(g.request(id))
+	st, err := l.submit(g.request(id), r.Header.Get(HeaderRequestID))
 	if err != nil {
 		code := "invalid_request"
 		if errors.Is(err, ErrTooLong) {

@@ -138,7 +138,8 @@
 // timing_curves.go (Curves: the timing model as data, ParseCurves for a
 // replay's --engine-timing file),
 // tokenizer.go (Tokenizer, WordTokenizer, RenderChat), runner.go (Clock,
-// KVSink, the goroutine stepping one rank's Engine), sink.go (ZMQSink,
+// KVSink, the goroutine stepping one rank's Engine), observe.go
+// (RequestObserver: a rank's admissions and departures, for benchmarks), sink.go (ZMQSink,
 // PublisherSink, FuncSink), metrics.go (vLLM's Prometheus metrics),
 // server.go (Server, ServerConfig, NewServer, Run, stats,
 // ConfigureHTTPServer), model.go (Server.Model: the model name the

@@ -82,6 +82,10 @@ type live struct {
 	mu      sync.Mutex
 	eng     *Engine
 	streams map[string]*stream
+	// obs (nil: none) is told of admissions and departures; index is the
+	// rank's number for it.
+	obs   RequestObserver
+	index int
 
 	wake chan struct{}
 }
@@ -90,13 +94,18 @@ func newLive(eng *Engine, clock Clock, sink KVSink, log *slog.Logger, m *serverM
 	return &live{clock: clock, sink: sink, log: log, m: m, eng: eng, streams: map[string]*stream{}, wake: make(chan struct{}, 1)}
 }
 
-// submit queues r and returns its stream.
-func (l *live) submit(r Request) (*stream, error) {
+// submit queues r and returns its stream; clientID is the request's
+// X-Request-Id, for the observer.
+func (l *live) submit(r Request, clientID string) (*stream, error) {
 	st := newStream()
 	l.mu.Lock()
-	err := l.eng.Submit(l.clock.Now(), r)
+	now := l.clock.Now()
+	err := l.eng.Submit(now, r)
 	if err == nil {
 		l.streams[r.ID] = st
+		if l.obs != nil {
+			l.obs.Admitted(l.index, r.ID, clientID, now)
+		}
 	}
 	l.mu.Unlock()
 	if err != nil {
@@ -113,7 +122,9 @@ func (l *live) submit(r Request) (*stream, error) {
 func (l *live) abort(id string) {
 	l.mu.Lock()
 	if _, ok := l.streams[id]; ok {
-		l.eng.Abort(id)
+		if l.eng.Abort(id) && l.obs != nil {
+			l.obs.Left(l.index, id, l.clock.Now(), FinishAbort)
+		}
 		delete(l.streams, id)
 	}
 	l.mu.Unlock()
@@ -152,6 +163,11 @@ func (l *live) run(ctx context.Context) {
 			}
 		}
 		for _, c := range res.Completed {
+			if l.obs != nil {
+				// The count dropped now, in this Step, whenever the
+				// iteration that finished it ended (c.Finished).
+				l.obs.Left(l.index, c.RequestID, now, c.Reason)
+			}
 			if st, ok := l.streams[c.RequestID]; ok {
 				st.done <- c
 				delete(l.streams, c.RequestID)

@@ -86,6 +86,9 @@ type ServerOptions struct {
 	Sink  KVSink
 	Sinks []KVSink
 	Clock Clock
+	// Observer (nil: none) is told when each rank admits and lets go of a
+	// request (observe.go).
+	Observer RequestObserver
 }
 
 // NewServer builds a server with an idle engine.
@@ -140,7 +143,9 @@ func NewServer(cfg ServerConfig, opts ServerOptions) (*Server, error) {
 		if len(opts.Sinks) > 0 {
 			sink = opts.Sinks[r]
 		}
-		s.ranks = append(s.ranks, newLive(eng, clock, sink, log.With("dp_rank", r), nil))
+		l := newLive(eng, clock, sink, log.With("dp_rank", r), nil)
+		l.obs, l.index = opts.Observer, r
+		s.ranks = append(s.ranks, l)
 	}
 	// Every rank has the same engine configuration (a rank's own cache).
 	if ec := s.ranks[0].eng.Config(); s.cfg.MaxModelLen <= 0 || s.cfg.MaxModelLen > ec.NumBlocks*ec.BlockSize {

@@ -25,7 +25,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g genRequest) 
 		return
 	}
 	l := s.ranks[rank]
-	st, err := l.submit(req)
+	st, err := l.submit(req, r.Header.Get(HeaderRequestID))
 	if err != nil {
 		code := "invalid_request"
 		if errors.Is(err, ErrTooLong) {

@@ -58,7 +58,8 @@
 // config.go (Config, Routers, DecodeConfigs), pool.go (Pool, Options,
 // Open, Close, picking a router), probe.go (Probe, ProbeError, the known
 // workers: Others, LastKnown; ProbeAgain, the retry with the longest
-// deadline), late.go (CommitLate: a best-effort decision's commit, queued,
+// deadline), late.go (CommitLate: a best-effort decision's commit, queued
+// (LateRetargeter: made to name the worker that served it),
 // bounded, and sent with its lifecycle in order once a router of the pool
 // answers again), commit.go (CommitAsync, Commit, Decide, the
 // tracker), health.go (Health, Routers: the circuits as policies and

@@ -273,13 +273,22 @@ func (p *Pool) sendLate(lc *lateCommit) bool {
 	}
 	p.late.mu.Unlock()
 	// Events follow the commit on its stream, in order: a free that came
-	// while it was being sent goes after it.
-	ectx, ecancel := context.WithTimeout(context.WithoutCancel(p.life), p.timeout)
-	defer ecancel()
-	if freed {
-		_ = t.Free(ectx)
-	} else if prefill {
-		_ = t.PrefillComplete(ectx)
+	// while it was being sent goes after it. Their acknowledgements are
+	// waited for off the batch: the next batch must not wait for them (a
+	// round trip each on a starved process, which held up to 146 commits
+	// queued under two CPU hogs; BENCHMARKS.md "Per request").
+	if freed || prefill {
+		p.wg.Add(1) // the delivery's own count is held: Close waits for this too
+		go func() {
+			defer p.wg.Done()
+			ectx, ecancel := context.WithTimeout(context.WithoutCancel(p.life), p.timeout)
+			defer ecancel()
+			if freed {
+				_ = t.Free(ectx)
+			} else {
+				_ = t.PrefillComplete(ectx)
+			}
+		}()
 	}
 	return true
 }
@@ -319,6 +328,32 @@ func (t *lateTracker) PrefillComplete(ctx context.Context) error {
 	q.mu.Unlock()
 	return tr.PrefillComplete(ctx)
 }
+
+// Retarget implements LateRetargeter.
+func (t *lateTracker) Retarget(workerID string, dpRank uint32) bool {
+	q := &t.p.late
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t.lc.state != lateQueued {
+		return false
+	}
+	t.lc.cm.WorkerID, t.lc.cm.DPRank = workerID, dpRank
+	return true
+}
+
+// LateRetargeter is implemented by the Trackers of Pool.CommitLate: while
+// the commit is still queued (no router of the pool reached yet), Retarget
+// makes it name another worker of the pool — the one the data plane
+// reports served the request, when that is not the one decided — and
+// reports true; once the commit is being sent, or is sent, or the request
+// ended, it changes nothing and reports false (the caller moves the request
+// with a commit of its own and a free of this one). Safe for concurrent use
+// with the Tracker's other methods and the delivery.
+type LateRetargeter interface {
+	Retarget(workerID string, dpRank uint32) bool
+}
+
+var _ LateRetargeter = (*lateTracker)(nil)
 
 func (t *lateTracker) Free(ctx context.Context) error {
 	q := &t.p.late

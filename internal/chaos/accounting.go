@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +36,8 @@ type AccountingReport struct {
 	// Contended is kvgate_globalrouter_contended_commits_total by outcome
 	// (decide-and-commits placed again under the router's recheck lock).
 	Contended map[string]float64 `json:"contended"`
+	// PerRequest compares the two request by request (perrequest.go).
+	PerRequest *PerRequest `json:"per_request,omitempty"`
 }
 
 // sampleAccounting samples sys until ctx ends; the result is sent on the
@@ -44,8 +48,9 @@ func sampleAccounting(ctx context.Context, sys *up.System) <-chan []up.Accountin
 	return out
 }
 
-// accountingReport analyses samples; end is when the traffic stopped.
-func accountingReport(sys *up.System, samples []up.AccountingSample, end time.Time) *AccountingReport {
+// accountingReport analyses samples and rec's records; end is when the
+// traffic stopped.
+func accountingReport(sys *up.System, rec *recorder, samples []up.AccountingSample, end time.Time) *AccountingReport {
 	rep := &AccountingReport{AccountingReport: up.AnalyzeAccounting(samples, AccountingWindow), AfterSeconds: -1, BestEffort: bestEffort(sys.Registry), Contended: counterBy(sys.Registry, "kvgate_globalrouter_contended_commits_total", "outcome")}
 	// Both counts back to 0: the last frees and the engines' aborts of
 	// the requests the end of the run cut off land.
@@ -61,6 +66,7 @@ func accountingReport(sys *up.System, samples []up.AccountingSample, end time.Ti
 		}
 		time.Sleep(20 * time.Millisecond) // polling interval
 	}
+	rep.PerRequest = rec.report(AccountingWindow, samples, end)
 	return rep
 }
 
@@ -108,4 +114,18 @@ func counterBy(reg *prometheus.Registry, name, label string) map[string]float64 
 		}
 	}
 	return out
+}
+
+// print writes the report for people (Report.Print).
+func (a *AccountingReport) print(w io.Writer) {
+	fmt.Fprintf(w, "accounting (every %v): %d samples, %d with the routers' in-flight count other than the engines' running+waiting, max difference %d, longest run of differing samples %.1f s\n",
+		AccountingInterval, a.Samples, a.Diverged, a.MaxDivergence, a.LongestDivergenceSeconds)
+	fmt.Fprintf(w, "  outside the engines' range within ±%.0f s: %d (below: %d, above: %d) %s\n", a.WindowSeconds, a.OutsideWindow, a.Below, a.Above, a.FirstOutside)
+	fmt.Fprintf(w, "  shift to an equal engines' count: p50 %.1f s, p99 %.1f s, max %.1f s; none within ±5 s: %d\n", a.ShiftP50Seconds, a.ShiftP99Seconds, a.ShiftMaxSeconds, a.Unmatched)
+	fmt.Fprintf(w, "  against the global router's decisions in flight: %d samples differ, by at most %d (unaccounted at most %d; best-effort commits queued at most %d), longest run %.1f s\n",
+		a.DecidedDiverged, a.DecidedMaxDivergence, a.Unaccounted, a.MaxLate, a.DecidedLongestDivergenceSeconds)
+	fmt.Fprintf(w, "  after the traffic: routers %d, engines %d (both 0 after %.1f s); best effort %v; contended commits %v\n", a.AfterRouters, a.AfterEngines, a.AfterSeconds, a.BestEffort, a.Contended)
+	if p := a.PerRequest; p != nil {
+		p.print(w, a.WindowSeconds)
+	}
 }

@@ -6,10 +6,13 @@
 // they started, latency percentiles, recovery time per fault, memory, and
 // the load every local router still counts once the traffic has stopped
 // (the leaked load, which must be 0); with Config.Accounting, the routers'
-// in-flight count against the engines' running+waiting, sampled.
+// in-flight count against the engines' running+waiting, sampled, and
+// request by request.
 //
 // Files: chaos.go (Run, the faults, the report), accounting.go (the
-// -accounting samples and their report).
+// -accounting samples and their report), perrequest.go (-accounting's
+// per-request comparison: each request's router commit and free, engine
+// admission and departure, joined by id).
 package chaos
 
 import (
@@ -167,6 +170,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	ucfg := cfg.Up
 	ucfg.GatewayAddr, ucfg.ExtprocAddr, ucfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	ucfg.Logger = cfg.Logger
+	var rec *recorder
+	if cfg.Accounting {
+		rec = newRecorder()
+		ucfg.Observers = rec.observers()
+	}
 	sys, err := up.Start(ctx, ucfg)
 	if err != nil {
 		return nil, err
@@ -210,8 +218,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
-			for trafficCtx.Err() == nil {
-				res := oneRequest(trafficCtx, client, sys.GatewayURL(), model, prompt(rng), cfg.MaxTokens, cfg.RequestTimeout)
+			for n := 0; trafficCtx.Err() == nil; n++ {
+				// Each request's own id, by which -accounting joins what
+				// the routers and the engines saw of it.
+				id := fmt.Sprintf("chaos-%d-%d", i, n)
+				res := oneRequest(trafficCtx, client, sys.GatewayURL(), model, prompt(rng), cfg.MaxTokens, cfg.RequestTimeout, "x-request-id", id)
+				rec.clientDone(id, res.start.Add(res.latency))
 				if trafficCtx.Err() != nil && res.reason != "" {
 					break // cut off by the end of the run, not a failure
 				}
@@ -294,7 +306,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if sampled != nil {
 		stopSampling()
-		rep.Accounting = accountingReport(sys, <-sampled, start.Add(traffic))
+		rep.Accounting = accountingReport(sys, rec, <-sampled, start.Add(traffic))
 	}
 	rep.HeapMaxMiB = float64(mem.maxHeap) / (1 << 20)
 	var ms runtime.MemStats
@@ -573,14 +585,8 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "memory: heap max %.0f MiB, runtime total %.0f MiB; goroutines at the end of the traffic (system still up) %d\n", r.HeapMaxMiB, r.SysMiB, r.Goroutines)
 	fmt.Fprintf(w, "leaked load (requests every local router still counts after the run; must be 0): %v\n", r.LeakedLoad)
-	if a := r.Accounting; a != nil {
-		fmt.Fprintf(w, "accounting (every %v): %d samples, %d with the routers' in-flight count other than the engines' running+waiting, max difference %d, longest run of differing samples %.1f s\n",
-			AccountingInterval, a.Samples, a.Diverged, a.MaxDivergence, a.LongestDivergenceSeconds)
-		fmt.Fprintf(w, "  outside the engines' range within ±%.0f s: %d (below: %d, above: %d) %s\n", a.WindowSeconds, a.OutsideWindow, a.Below, a.Above, a.FirstOutside)
-		fmt.Fprintf(w, "  shift to an equal engines' count: p50 %.1f s, p99 %.1f s, max %.1f s; none within ±5 s: %d\n", a.ShiftP50Seconds, a.ShiftP99Seconds, a.ShiftMaxSeconds, a.Unmatched)
-		fmt.Fprintf(w, "  against the global router's decisions in flight: %d samples differ, by at most %d (unaccounted at most %d; best-effort commits queued at most %d), longest run %.1f s\n",
-			a.DecidedDiverged, a.DecidedMaxDivergence, a.Unaccounted, a.MaxLate, a.DecidedLongestDivergenceSeconds)
-		fmt.Fprintf(w, "  after the traffic: routers %d, engines %d (both 0 after %.1f s); best effort %v; contended commits %v\n", a.AfterRouters, a.AfterEngines, a.AfterSeconds, a.BestEffort, a.Contended)
+	if r.Accounting != nil {
+		r.Accounting.print(w)
 	}
 }
 

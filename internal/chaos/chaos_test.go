@@ -69,9 +69,12 @@ func TestAccountingRun(t *testing.T) {
 	if a == nil || a.Samples < 2 || a.AfterRouters != 0 || a.AfterEngines != 0 {
 		t.Fatalf("accounting %+v: want samples, and both counts 0 after the run", a)
 	}
+	if p := a.PerRequest; p == nil || p.Both == 0 || p.Open != 0 || p.CommitToAdmit.N != p.Both {
+		t.Errorf("per request %+v: want requests both sides counted, none open", p)
+	}
 	var b bytes.Buffer
 	rep.Print(&b)
-	if !strings.Contains(b.String(), "accounting (every 100ms)") {
+	if !strings.Contains(b.String(), "accounting (every 100ms)") || !strings.Contains(b.String(), "per request") {
 		t.Errorf("printed report lacks the accounting:\n%s", b.String())
 	}
 }

@@ -76,6 +76,10 @@ type RunDeps struct {
 	Registry *prometheus.Registry
 	NATS     *nats.Conn
 	Etcd     *clientv3.Client
+	// Observer (nil: none) is the server's mocker.ServerOptions.Observer:
+	// `kvgate bench -chaos -accounting` reads each request's admission and
+	// departure through it.
+	Observer mocker.RequestObserver
 }
 
 // Instance is a started mocker.
@@ -277,7 +281,7 @@ func Start(ctx context.Context, cfg RunConfig, deps RunDeps) (inst *Instance, er
 		return nil, fmt.Errorf("mocker: unknown events mode %q (want zmq, nats or none)", cfg.Events)
 	}
 
-	srv, err := mocker.NewServer(cfg.Server, mocker.ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink, Sinks: sinks})
+	srv, err := mocker.NewServer(cfg.Server, mocker.ServerOptions{Logger: log, Registry: deps.Registry, Sink: sink, Sinks: sinks, Observer: deps.Observer})
 	if err != nil {
 		return nil, err
 	}

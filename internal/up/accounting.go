@@ -5,7 +5,34 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/mocker"
 )
+
+// Observers watch a System request by request, each through the part's own
+// observer interface: Decisions every decision of the global router (after
+// the status page's recorder) and Freed each decision's lease freed, Router each pool's local router's lifecycle
+// state (localrouter.ActiveObserver; a restarted router gets the pool's
+// again), Engine each mock worker's ranks (mocker.RequestObserver; a
+// restarted worker too). `kvgate bench -chaos -accounting` joins them by
+// request id (internal/chaos). Each may be nil.
+type Observers struct {
+	Decisions func(globalrouter.Observation)
+	// Freed is the global router's WithFreeObserver.
+	Freed  func(id string, at time.Time)
+	Router func(pool string) localrouter.ActiveObserver
+	Engine func(pool, worker string) mocker.RequestObserver
+}
+
+// observeRouter makes the pool's observer (if any) watch its local
+// router's lifecycle state.
+func (p *Pool) observeRouter() {
+	if p.obs != nil {
+		p.Router.Router().Active().Observe(p.obs)
+	}
+}
 
 // InFlight reports the requests the system's local routers hold in flight
 // (every pool whose router runs) and the requests its engines hold
@@ -217,4 +244,13 @@ func AnalyzeAccounting(samples []AccountingSample, window time.Duration) Account
 		rep.LongestDivergenceSeconds = max(rep.LongestDivergenceSeconds, samples[len(samples)-1].At.Sub(runStart).Seconds())
 	}
 	return rep
+}
+
+// observeDecision is the global router's observer: the status page's
+// recorder, then Observers.Decisions.
+func (s *System) observeDecision(o globalrouter.Observation) {
+	s.Decisions.Observe(o)
+	if f := s.cfg.Observers.Decisions; f != nil {
+		f(o)
+	}
 }

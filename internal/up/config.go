@@ -118,6 +118,9 @@ type Config struct {
 	// routers may name (nil: the built-ins; app.WithScorer adds to them).
 	Scorers *localrouter.ScorerRegistry
 	Logger  *slog.Logger
+	// Observers watch the parts request by request (nil fields: none;
+	// accounting.go).
+	Observers Observers
 	// TracerProvider traces the global router's decisions (nil: off).
 	TracerProvider trace.TracerProvider
 }

@@ -25,6 +25,7 @@ func (p *Pool) RestartRouter(ctx context.Context) error {
 		return fmt.Errorf("pool %s: local router: %w", p.Name, err)
 	}
 	p.Router, p.Registry = r, reg
+	p.observeRouter()
 	p.stopped.Store(false)
 	return nil
 }

@@ -76,6 +76,9 @@ type Pool struct {
 	log     *slog.Logger
 	// Registry holds the local router's metrics (kvgate_localrouter_*).
 	Registry *prometheus.Registry
+	// obs watches the local router's lifecycle state (Observers.Router;
+	// nil: none).
+	obs localrouter.ActiveObserver
 }
 
 // StopRouter closes the pool's local router (as if its process died or

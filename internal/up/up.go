@@ -140,12 +140,17 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 		if p.Router, err = localrouterd.Start(ctx, rc, localrouterd.Deps{Logger: cfg.Logger, Registry: p.Registry}); err != nil {
 			return nil, fmt.Errorf("pool %s: local router: %w", ps.Name, err)
 		}
+		if cfg.Observers.Router != nil {
+			p.obs = cfg.Observers.Router(ps.Name)
+			p.observeRouter()
+		}
 		for i := range ps.Workers {
 			w, err := startWorker(ctx, workerSpec{
 				pool: ps.Name, id: fmt.Sprintf("%s-w%d", ps.Name, i), host: cfg.Host, model: cfg.Model, dpSize: ps.dpSize(i),
 				engine:  mocker.Config{BlockSize: cfg.BlockSize, NumBlocks: cfg.NumBlocks, MaxNumSeqs: cfg.MaxNumSeqs, Speedup: cfg.Speedup, Role: ps.Role},
 				tok:     shared,
 				maxBody: int64(cfg.MaxBodyBytes),
+				obs:     cfg.Observers.Engine,
 			}, s.nc, s.etcd.cli, cfg.Logger)
 			if err != nil {
 				return nil, fmt.Errorf("pool %s: %w", ps.Name, err)
@@ -185,12 +190,15 @@ func Start(ctx context.Context, cfg Config) (_ *System, err error) {
 	gcfg.FlowControl = cfg.FlowControl // globalrouter.New applies its defaults and validates it
 	s.Decisions = status.NewRecorder(20)
 	gopts := []globalrouter.Option{
-		globalrouter.WithObserver(s.Decisions.Observe),
+		globalrouter.WithObserver(s.observeDecision),
 		globalrouter.WithTracerProvider(cfg.TracerProvider),
 		globalrouter.WithEtcd(s.etcd.cli),
 		globalrouter.WithLogger(cfg.Logger),
 		globalrouter.WithRegisterer(s.Registry),
 		globalrouter.WithTokenizer(cfg.Model, shared),
+	}
+	if cfg.Observers.Freed != nil {
+		gopts = append(gopts, globalrouter.WithFreeObserver(cfg.Observers.Freed))
 	}
 	var xopts []grpc.ServerOption
 	xclient := insecure.NewCredentials()

@@ -42,6 +42,8 @@ type workerSpec struct {
 	tok                   mocker.Tokenizer
 	maxBody               int64
 	listen                string // host:port; "" is host with a free port
+	// obs gives the worker's observer (Observers.Engine; nil: none).
+	obs func(pool, worker string) mocker.RequestObserver
 }
 
 func startWorker(ctx context.Context, spec workerSpec, nc *nats.Conn, cli *clientv3.Client, log *slog.Logger) (*Worker, error) {
@@ -51,13 +53,17 @@ func startWorker(ctx context.Context, spec workerSpec, nc *nats.Conn, cli *clien
 	if listen == "" {
 		listen = net.JoinHostPort(spec.host, "0")
 	}
+	var obs mocker.RequestObserver
+	if spec.obs != nil {
+		obs = spec.obs(spec.pool, spec.id)
+	}
 	inst, err := mockerd.Start(runCtx, mockerd.RunConfig{
 		Server:   mocker.ServerConfig{Engine: spec.engine, Model: spec.model, Tokenizer: spec.tok, DPSize: spec.dpSize, MaxBodyBytes: spec.maxBody},
 		Listen:   listen,
 		Pool:     spec.pool,
 		WorkerID: spec.id,
 		Events:   mockerd.EventsNATS,
-	}, mockerd.RunDeps{Logger: log.With("worker", spec.id), Registry: prometheus.NewRegistry(), NATS: nc, Etcd: cli})
+	}, mockerd.RunDeps{Logger: log.With("worker", spec.id), Registry: prometheus.NewRegistry(), NATS: nc, Etcd: cli, Observer: obs})
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("worker %s: %w", spec.id, err)
