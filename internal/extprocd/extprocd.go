@@ -163,11 +163,23 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	if err := o.Subtree.Validate(); err != nil {
 		return Options{}, err
 	}
+	if err := o.Subtree.CheckGiven(fs, o.TLS.MutualTLS()); err != nil {
+		return Options{}, err
+	}
+	if err := fs.NotRead("traces are sent only with -otlp-endpoint", "otlp-insecure"); err != nil && o.OTLPEndpoint == "" {
+		return Options{}, err
+	}
+	if _, gogc := lookupEnv("GOGC"); gogc {
+		fs.WarnNotRead("the GOGC environment variable is set, and wins", "gc-percent")
+	}
 	if o.Subtree.Pool != "" && len(o.Etcd) == 0 {
 		return Options{}, errors.New("-subtree-pool: needs -etcd (the subtree registers there)")
 	}
 	return o, o.Config.Validate()
 }
+
+// lookupEnv is os.LookupEnv (a variable of tests).
+var lookupEnv = os.LookupEnv
 
 func parseMode(s string) (extprocfilterv3.ProcessingMode_BodySendMode, error) {
 	v, ok := extprocfilterv3.ProcessingMode_BodySendMode_value[strings.ToUpper(s)]
