@@ -144,7 +144,7 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.Listen(&c.HealthAddr), "health-addr", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
 	c.TLS.Flags(fs)
 	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS or URI SANs; the CN only when there is no SAN) allowed lifecycle calls (Commit, Track, Free, MarkPrefillComplete, DumpEvents); empty: any verified client")
-	fs.Var(config.Duration(&c.AnonymousCommitExpiry), "anonymous-commit-expiry", "without mutual TLS (anyone reaching the port may commit), a request recorded by a unary Commit or BestWorker with request_id is freed after this long unless freed before (requests on a Channel or Track stream end with their stream; negative: only the router's request_expiry)")
+	fs.Var(config.SignedDuration(&c.AnonymousCommitExpiry), "anonymous-commit-expiry", fmt.Sprintf("without mutual TLS (anyone reaching the port may commit), a request recorded by a unary Commit or BestWorker with request_id is freed after this long unless freed before (requests on a Channel or Track stream end with their stream; 0: %v; negative: off, only the router's request_expiry); under mutual TLS not read (warned)", DefaultAnonymousCommitExpiry))
 	fs.Var(config.List(&c.Etcd), "etcd", "etcd endpoints, comma-separated (required)")
 	c.EtcdTLS.Flags(fs, "etcd", "etcd", false)
 	fs.Var(config.String(&c.NATS), "nats-url", "NATS URL (required with KV events or replica sync)")
@@ -222,6 +222,12 @@ func ParseFlagsWith(name string, args []string, getenv func(string) string, usag
 	}
 	if c.RouterID == "" {
 		c.RouterID = defaultRouterID()
+	}
+	if c.AnonymousCommitExpiry == 0 {
+		c.AnonymousCommitExpiry = DefaultAnonymousCommitExpiry
+	}
+	if c.TLS.MutualTLS() {
+		fs.WarnNotRead("the callers are identified by mutual TLS (-tls-client-ca-file): no commit is anonymous", "anonymous-commit-expiry")
 	}
 	if err := c.applyPoolsFile(); err != nil {
 		return Config{}, err

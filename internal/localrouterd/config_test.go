@@ -191,3 +191,24 @@ pools:
 		}
 	}
 }
+
+// TestAnonymousCommitExpiryFlag: the flag takes 0 (the default) and a
+// negative duration (off), as its usage says, and is warned about under
+// mutual TLS, where no commit is anonymous.
+func TestAnonymousCommitExpiryFlag(t *testing.T) {
+	base := []string{"--pool", "p", "--etcd", "e:1", "--nats-url", "n"}
+	for in, want := range map[string]time.Duration{"-1s": -time.Second, "0": DefaultAnonymousCommitExpiry, "5s": 5 * time.Second} {
+		c, err := ParseFlags("localrouter", append(base, "-anonymous-commit-expiry", in), func(string) string { return "" }, io.Discard)
+		if err != nil || c.AnonymousCommitExpiry != want {
+			t.Errorf("-anonymous-commit-expiry %s: %v, %v; want %v", in, c.AnonymousCommitExpiry, err, want)
+		}
+	}
+	var out strings.Builder
+	args := append(base, "-secure-serving", "-tls-client-ca-file", "ca.pem")
+	if _, err := ParseFlags("localrouter", args, func(k string) string { return map[string]string{"KVGATE_ANONYMOUS_COMMIT_EXPIRY": "1m"}[k] }, &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "warning: KVGATE_ANONYMOUS_COMMIT_EXPIRY set but not read: the callers are identified by mutual TLS"; !strings.Contains(out.String(), want) {
+		t.Errorf("under mutual TLS, output %q; want %q", out.String(), want)
+	}
+}
