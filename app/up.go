@@ -55,12 +55,12 @@ func parseUp(args []string, x *extensions) (up.Config, string, error) {
 	fs.DurationVar(&cfg.GatewayBodyTimeout, "gateway-body-timeout", gateway.DefaultBodyTimeout, "the gateway answers 408 to a request body that takes longer to arrive (a slow-body client; negative: no bound)")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name the mock workers serve")
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
-	a := fs.Int("pool-a-workers", 3, "workers in pool-a")
-	b := fs.Int("pool-b-workers", 2, "workers in pool-b")
-	dp := fs.Int("pool-b-dp-size", 2, "data-parallel ranks of pool-b's last worker (each rank its own KV cache)")
+	a := fs.Int("pool-a-workers", 3, "workers in pool-a (-topology flat)")
+	b := fs.Int("pool-b-workers", 2, "workers in pool-b (-topology flat)")
+	dp := fs.Int("pool-b-dp-size", 2, "data-parallel ranks of pool-b's last worker (each rank its own KV cache; -topology flat)")
 	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (negative: never)")
 	fs.BoolVar(&cfg.SecureServing, "secure-serving", false, "TLS on the ext_proc hop and mutual TLS on the local-router hop, with a CA made at start (its file is printed)")
-	chainA := fs.String("pool-a-worker-chain", "", "pool-a's worker chain, inline or a YAML file (as kvgate localrouter -worker-chain; empty: the default)")
+	chainA := fs.String("pool-a-worker-chain", "", "pool-a's worker chain, inline or a YAML file (as kvgate localrouter -worker-chain; empty: the default; -topology flat)")
 	chainB := fs.String("pool-b-worker-chain", "", "pool-b's worker chain (as -pool-a-worker-chain)")
 	topology := fs.String("topology", up.TopologyFlat, "flat (the pools under the one global router), regions (2 regions x 2 pools: two region routers serving their subtrees, under the global router behind the gateway; docs/hierarchy.md) or disaggregated (a prefill pool and a decode pool, the disaggregate policy pairing them; docs/disaggregated.md)")
 	prefillWorkers := fs.Int("prefill-workers", 1, "workers in the prefill pool of -topology disaggregated")
@@ -103,9 +103,27 @@ func parseUp(args []string, x *extensions) (up.Config, string, error) {
 		}
 		cfg.Pools[i].WorkerChain = chain
 	}
+	// Each topology reads its own pool flags: the others', set, are
+	// refused rather than passed over.
+	flat := []string{"pool-a-workers", "pool-b-workers", "pool-b-dp-size", "pool-a-worker-chain", "pool-b-worker-chain"}
+	regions, disagg := []string{"region-pool-workers"}, []string{"prefill-workers", "decode-workers"}
+	for _, t := range []struct {
+		topology string
+		names    []string
+	}{{up.TopologyFlat, flat}, {up.TopologyRegions, regions}, {up.TopologyDisaggregated, disagg}} {
+		if t.topology == *topology {
+			continue
+		}
+		if err := fs.NotRead(fmt.Sprintf("read by -topology %s only (this is -topology %s)", t.topology, *topology), t.names...); err != nil {
+			return fail(err)
+		}
+	}
 	switch *topology {
 	case up.TopologyFlat:
 	case up.TopologyRegions:
+		if cfg.SecureServing {
+			return fail(fmt.Errorf("-secure-serving: not supported with -topology %s (the region routers serve their subtrees in plaintext)", up.TopologyRegions))
+		}
 		if *regionWorkers < 1 {
 			return fail(errors.New("-region-pool-workers: each pool needs at least one worker"))
 		}

@@ -169,7 +169,7 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.Duration(&r.TTL), "router-ttl", "TTL of approximate-index entries (duration, or seconds)")
 	fs.Var(config.DurationOrZero(&r.PredictedTTL), "router-predicted-ttl", "with KV events, how long a placed request's blocks stay predicted on its worker until the engine's events confirm them (duration, or seconds; 0: none)")
 	fs.Var(config.Bool(&r.Calibrate), "router-calibrate", "fit each worker rank's timing model online from the first tokens the router observes (false: the configured curves for every rank); read by the ttft worker-chain scorer, and by the prediction reported as Selection.Cost whatever the chain (docs/localrouter.md, Calibration)")
-	fs.Var(config.Int(&r.MaxTreeSize, 1), "router-max-tree-size", "bound on approximate-index entries")
+	fs.Var(config.Int(&r.MaxTreeSize, 1), "router-max-tree-size", "bound on approximate-index entries (-router-use-kv-events=false), and on predicted entries (with KV events and -router-predicted-ttl); past it the oldest are pruned")
 	fs.Var(config.Int(&r.MinInitialWorkers, 0), "min-initial-workers", "not ready (health NOT_SERVING, UNAVAILABLE) until this many workers joined")
 	fs.Alias("router-min-initial-workers", "min-initial-workers")
 	fs.Env("min-initial-workers", "DYN_ROUTER_MIN_INITIAL_WORKERS")

@@ -1,0 +1,35 @@
+package app
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestUpTopologyFlags: each -topology reads its own pool flags; another
+// topology's, set, is refused naming the flag and the topology that
+// reads it, instead of being passed over (the pools are the topology's).
+func TestUpTopologyFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		err  string // "" : accepted
+	}{
+		{[]string{"-pool-a-workers=4", "-pool-b-dp-size=1"}, ""},
+		{[]string{"-topology=regions", "-region-pool-workers=3"}, ""},
+		{[]string{"-topology=disaggregated", "-prefill-workers=2", "-decode-workers=3"}, ""},
+		{[]string{"-topology=regions", "-pool-a-workers=4"}, "-pool-a-workers set but not read: read by -topology flat only (this is -topology regions)"},
+		{[]string{"-topology=disaggregated", "-pool-b-worker-chain=cost"}, "-pool-b-worker-chain set but not read: read by -topology flat only"},
+		{[]string{"-prefill-workers=2"}, "-prefill-workers set but not read: read by -topology disaggregated only (this is -topology flat)"},
+		{[]string{"-topology=disaggregated", "-region-pool-workers=1"}, "-region-pool-workers set but not read: read by -topology regions only"},
+		{[]string{"-topology=regions", "-secure-serving"}, "-secure-serving: not supported with -topology regions"},
+	} {
+		cfg, _, err := parseUp(tt.args, nil)
+		switch {
+		case tt.err == "" && err != nil:
+			t.Errorf("%v: %v", tt.args, err)
+		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+			t.Errorf("%v: error %v, want one containing %q", tt.args, err, tt.err)
+		case tt.err == "" && len(cfg.Pools) == 0:
+			t.Errorf("%v: no pools", tt.args)
+		}
+	}
+}
