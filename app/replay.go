@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -73,8 +72,12 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
+	// Given: on the command line or from the environment (KVGATE_TOPOLOGY
+	// set and --config given is the same contradiction as --topology).
 	onCLI := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })
+	for _, n := range []string{"topology", "policies", "rate", "engine-scrape-period", "engine-scrape-delay"} {
+		onCLI[n] = fs.Given(n)
+	}
 	switch {
 	case *configPath != "" && (onCLI["topology"] || onCLI["policies"]):
 		return errors.New("--config replays the configuration's pools and chain: --topology and --policies do not apply")
