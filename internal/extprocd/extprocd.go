@@ -252,6 +252,9 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	if err := gcfg.CheckWorkerChains(localrouter.PoolChainCheck(o.Scorers)); err != nil {
 		return err
 	}
+	for _, why := range gcfg.Unread() {
+		logger.Warn("setting takes no effect", "why", why)
+	}
 	for _, p := range gcfg.Pools {
 		if p.Routers.Etcd && len(o.Etcd) == 0 {
 			return fmt.Errorf("%s: pool %q discovers its local routers in etcd (routers.etcd): give -etcd ENDPOINTS", o.PoolsFile, p.Name)
