@@ -229,6 +229,12 @@ func ParseFlagsWith(name string, args []string, getenv func(string) string, usag
 	if c.TLS.MutualTLS() {
 		fs.WarnNotRead("the callers are identified by mutual TLS (-tls-client-ca-file): no commit is anonymous", "anonymous-commit-expiry")
 	}
+	if !c.Router.UseKVEvents && !c.Router.ReplicaSync {
+		fs.WarnNotRead("NATS carries the KV events (-router-use-kv-events) and the replica sync (-router-replica-sync), both off here", "nats-url")
+	}
+	if c.NATS == "" {
+		fs.WarnNotRead("read by the NATS client only, and there is no -nats-url", "nats-ca-file", "nats-cert-file", "nats-key-file", "nats-creds-file")
+	}
 	if err := c.applyPoolsFile(); err != nil {
 		return Config{}, err
 	}
