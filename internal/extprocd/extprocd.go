@@ -169,6 +169,9 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	if err := fs.NotRead("traces are sent only with -otlp-endpoint", "otlp-insecure"); err != nil && o.OTLPEndpoint == "" {
 		return Options{}, err
 	}
+	if len(o.Etcd) == 0 {
+		fs.WarnNotRead("read by the etcd client only, and there is no -etcd", "etcd-ca-file", "etcd-cert-file", "etcd-key-file")
+	}
 	if _, gogc := lookupEnv("GOGC"); gogc {
 		fs.WarnNotRead("the GOGC environment variable is set, and wins", "gc-percent")
 	}

@@ -29,6 +29,10 @@ func TestSubtreeFlags(t *testing.T) {
 	if o, err := parseFlags("extproc", []string{"-config", "p.yaml", "-subtree-listen", ":9300", "-anonymous-commit-expiry", "-1s", "-subtree-router-id", "r"}, env, io.Discard); err != nil || o.Subtree.AnonymousCommitExpiry >= 0 {
 		t.Errorf("-anonymous-commit-expiry -1s (off, as its usage says): %v, %v", o.Subtree.AnonymousCommitExpiry, err)
 	}
+	var warned strings.Builder
+	if _, err := parseFlags("extproc", []string{"-config", "p.yaml", "-etcd-ca-file", "ca.pem"}, env, &warned); err != nil || !strings.Contains(warned.String(), "warning: -etcd-ca-file set but not read: read by the etcd client only, and there is no -etcd\n") {
+		t.Errorf("-etcd-ca-file without -etcd: %v, output %q", err, warned.String())
+	}
 	if _, err := parseFlags("extproc", []string{"-config", "p.yaml"}, func(k string) string { return map[string]string{"KVGATE_SUBTREE_MODEL": "m"}[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "KVGATE_SUBTREE_MODEL set but not read") {
 		t.Errorf("KVGATE_SUBTREE_MODEL without -subtree-listen: %v", err)
 	}
