@@ -44,3 +44,35 @@ pools:
 		}
 	}
 }
+
+// TestConfigRefusesTokenizerModel: a model entry's tokenizer.model other
+// than its name is refused: the router names the tokenizer after the
+// entry, so the field would be passed over.
+func TestConfigRefusesTokenizerModel(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pools.yaml")
+	data := `models:
+  - name: m
+    tokenizer: {backend: openai, model: other}
+pools:
+  - name: pool-a
+    models: [m]
+    routers: {static: ["127.0.0.1:7101"]}
+`
+	if err := os.WriteFile(file, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := globalrouter.LoadConfig(file, nil)
+	if want := `models: "m": tokenizer.model "other" is not read`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("error %v, want one containing %q", err, want)
+	}
+	// A field another backend reads is refused at validation, with the
+	// file's position, before any tokenizer is loaded.
+	data = strings.Replace(data, "model: other", "timeout: 2s", 1)
+	if err := os.WriteFile(file, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = globalrouter.LoadConfig(file, nil)
+	if want := `models: "m": tokenizer: invalid configuration: model "m": timeout is read by the remote backend only, not openai`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("error %v, want one containing %q", err, want)
+	}
+}
