@@ -51,14 +51,14 @@ func parseUp(args []string, x *extensions) (up.Config, string, error) {
 	fs.IntVar(&cfg.MaxBodyBytes, "max-body-bytes", mocker.DefaultMaxBodyBytes, "the one request body limit: the router's cap, the model's max_body_bytes and every worker's")
 	fs.Var(&cfg.Extproc.DuplicateKeys, "duplicate-keys", extprocd.DuplicateKeysUsage)
 	extprocd.BoundsFlags(fs, &cfg.Extproc)
-	fs.IntVar(&cfg.GatewayMaxHeaderBytes, "gateway-max-header-bytes", gateway.DefaultMaxRequestHeadersBytes, "the gateway answers 431 to request headers larger than this (Envoy's max_request_headers_kb, 60 KiB)")
-	fs.DurationVar(&cfg.GatewayBodyTimeout, "gateway-body-timeout", gateway.DefaultBodyTimeout, "the gateway answers 408 to a request body that takes longer to arrive (a slow-body client; negative: no bound)")
+	fs.IntVar(&cfg.GatewayMaxHeaderBytes, "gateway-max-header-bytes", gateway.DefaultMaxRequestHeadersBytes, "the gateway answers 431 to request headers larger than this (Envoy's max_request_headers_kb, 60 KiB; 0: that default)")
+	fs.DurationVar(&cfg.GatewayBodyTimeout, "gateway-body-timeout", gateway.DefaultBodyTimeout, "the gateway answers 408 to a request body that takes longer to arrive (a slow-body client; 0: the default; negative: no bound)")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name the mock workers serve")
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "speed-up factor of the mock workers' timing model")
 	a := fs.Int("pool-a-workers", 3, "workers in pool-a (-topology flat)")
 	b := fs.Int("pool-b-workers", 2, "workers in pool-b (-topology flat)")
 	dp := fs.Int("pool-b-dp-size", 2, "data-parallel ranks of pool-b's last worker (each rank its own KV cache; -topology flat)")
-	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (negative: never)")
+	fs.DurationVar(&cfg.MetricsPeriod, "metrics-period", cfg.MetricsPeriod, "how often the local routers scrape the workers' engine metrics (0 or negative: never, as kvgate localrouter -router-metrics-period 0)")
 	fs.BoolVar(&cfg.SecureServing, "secure-serving", false, "TLS on the ext_proc hop and mutual TLS on the local-router hop, with a CA made at start (its file is printed)")
 	chainA := fs.String("pool-a-worker-chain", "", "pool-a's worker chain, inline or a YAML file (as kvgate localrouter -worker-chain; empty: the default; -topology flat)")
 	chainB := fs.String("pool-b-worker-chain", "", "pool-b's worker chain (as -pool-a-worker-chain)")
@@ -77,6 +77,15 @@ func parseUp(args []string, x *extensions) (up.Config, string, error) {
 	log, err := logging.Logger(os.Stderr)
 	if err != nil {
 		return fail(err)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		return fail(fmt.Errorf("-max-body-bytes %d: want a positive limit", cfg.MaxBodyBytes))
+	}
+	if !(cfg.Speedup > 0) {
+		return fail(fmt.Errorf("-speedup %v: want a positive factor", cfg.Speedup))
+	}
+	if cfg.MetricsPeriod == 0 {
+		cfg.MetricsPeriod = -1 // never: up.Config's 0 is its default, the flag's is off
 	}
 	if *a < 1 || *b < 1 {
 		return fail(errors.New("each pool needs at least one worker"))

@@ -33,3 +33,19 @@ func TestUpTopologyFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestUpNumbers: -metrics-period 0 means never, as the local router's
+// flag does (up.Config's 0 would be its 500ms default); a body limit or a
+// speed-up that is not positive is refused (both were replaced by their
+// defaults in silence).
+func TestUpNumbers(t *testing.T) {
+	cfg, _, err := parseUp([]string{"-metrics-period=0"}, nil)
+	if err != nil || cfg.MetricsPeriod >= 0 {
+		t.Errorf("-metrics-period 0: %v, %v; want a negative period (never)", cfg.MetricsPeriod, err)
+	}
+	for args, want := range map[string]string{"-max-body-bytes=0": "-max-body-bytes 0: want a positive limit", "-speedup=0": "-speedup 0: want a positive factor"} {
+		if _, _, err := parseUp([]string{args}, nil); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", args, err, want)
+		}
+	}
+}
