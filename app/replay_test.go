@@ -114,3 +114,13 @@ func TestReplayConfigRefusesTopologyFromEnv(t *testing.T) {
 		t.Errorf("error %v, want the refusal of --topology", err)
 	}
 }
+
+// TestReplayConfigRefusesBlockSize: with --config each pool replays with
+// its own block_size; --block-size, which it would not read, is refused.
+func TestReplayConfigRefusesBlockSize(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := replayCmd(context.Background(), nil, "replay", []string{"--config", "../examples/pools.yaml", "--generate", "agentic", "--block-size", "64"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--block-size does not apply") {
+		t.Errorf("error %v, want the refusal of --block-size", err)
+	}
+}
