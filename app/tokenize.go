@@ -143,6 +143,17 @@ func tokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 				sizes = append(sizes, p.BlockSize)
 			}
 		}
+		// A model configured as a LoRA adapter (lora_of) is hashed with
+		// the adapter's seed, named by the model: as the router does.
+		for _, m := range gc.Models {
+			if m.Name != name || m.LoRAOf == "" || m.LoRAOf == name {
+				continue
+			}
+			if *lora != "" && *lora != name {
+				return badInput("--lora %q: %s configures %q as a LoRA adapter of %q, hashed as adapter %q", *lora, *config, name, m.LoRAOf, name)
+			}
+			*lora = name
+		}
 		switch {
 		case flagSet(fs, "block-size") && !slices.Contains(sizes, *blockSize):
 			return badInput("--block-size %d: the pools of %s serving %q hash with block sizes %v", *blockSize, *config, name, sizes)

@@ -217,6 +217,13 @@ func TestTokenizeConfigBlockSize(t *testing.T) {
     models: [m]
     block_size: 64
     routers: {static: ["127.0.0.1:1"]}
+  - name: b
+    models: [m, sql]
+    block_size: 64
+    routers: {static: ["127.0.0.1:2"]}
+models:
+  - name: sql
+    lora_of: m
 `
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -234,5 +241,38 @@ func TestTokenizeConfigBlockSize(t *testing.T) {
 	err := tokenize([]string{"--config", file, "--model", "m", "--block-size", "16"}, strings.NewReader(`{"prompt":"x"}`), &out, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), `--block-size 16: the pools of `+file+` serving "m" hash with block sizes [64]`) {
 		t.Errorf("--block-size 16: %v", err)
+	}
+}
+
+// TestTokenizeConfigLoRA: with --config, a model configured as a LoRA
+// adapter (lora_of) is hashed with the adapter's seed, as the router
+// hashes it, without --lora; a --lora naming another adapter is refused.
+func TestTokenizeConfigLoRA(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pools.yaml")
+	cfg := `models:
+  - name: sql
+    lora_of: m
+pools:
+  - name: a
+    models: [m, sql]
+    routers: {static: ["127.0.0.1:1"]}
+`
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"prompt":"` + strings.Repeat("word ", 40) + `"}`
+	var viaConfig, viaFlag bytes.Buffer
+	if err := tokenize([]string{"--config", file, "--model", "sql"}, strings.NewReader(body), &viaConfig, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if err := tokenize([]string{"--encoding", "cl100k_base", "--model", "sql", "--lora", "sql"}, strings.NewReader(body), &viaFlag, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if viaConfig.String() != viaFlag.String() {
+		t.Errorf("--config of an adapter:\n%s\nwant as --lora sql:\n%s", viaConfig.String(), viaFlag.String())
+	}
+	err := tokenize([]string{"--config", file, "--model", "sql", "--lora", "other"}, strings.NewReader(body), &viaConfig, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `configures "sql" as a LoRA adapter of "m"`) {
+		t.Errorf("--lora other: %v", err)
 	}
 }
