@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -193,7 +194,47 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string) error {
 			f.given[fl.Name] = env
 		}
 	})
+	f.warnStrayEnv(getenv)
 	return errors.Join(errs...)
+}
+
+// NotFlagVariables are the KVGATE_* variables read by kvgate's tests and
+// benchmark harnesses, never by a flag: Parse does not warn about them.
+var NotFlagVariables = []string{
+	"KVGATE_REQUIRE_TOOLS", "KVGATE_STATIC_BIN", "KVGATE_SDK_DIR", "KVGATE_DOCWALK_TOOLS", "KVGATE_TOKENIZER_CACHE",
+	"KVGATE_TOKENIZER_REF", "KVGATE_TEST_ARTIFACTS", "KVGATE_TRUST_TOKEN",
+	// internal/loadbench's child processes and benchmark sizes.
+	"KVGATE_AA_POOLS", "KVGATE_AA_PROBE", "KVGATE_AA_SERVER", "KVGATE_ACTIVE_ACTIVE_RUNS", "KVGATE_DECISION_COMMIT",
+	"KVGATE_DECISION_POOLS", "KVGATE_DECISION_PROBE_FILE", "KVGATE_DECISION_SERVER", "KVGATE_DECISION_SERVER_PROFILE",
+	"KVGATE_DECISION_WORKERS", "KVGATE_PROBE_SERVER", "KVGATE_PROBE_SERVER_PROFILE",
+}
+
+// environ is the process's environment (a variable of tests).
+var environ = os.Environ
+
+// warnStrayEnv warns about each KVGATE_* variable of the environment
+// (that getenv also returns) that sets no flag of f: another
+// subcommand's, or a misspelling, which would otherwise pass in silence.
+func (f *FlagSet) warnStrayEnv(getenv func(string) string) {
+	read := map[string]bool{}
+	f.VisitAll(func(fl *flag.Flag) {
+		if _, isAlias := f.aliases[fl.Name]; !isAlias {
+			for _, e := range f.envs(fl.Name) {
+				read[e] = true
+			}
+		}
+	})
+	var stray []string
+	for _, kv := range environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix) && !read[name] && !slices.Contains(NotFlagVariables, name) && getenv(name) != "" {
+			stray = append(stray, name)
+		}
+	}
+	slices.Sort(stray)
+	for _, name := range slices.Compact(stray) {
+		fmt.Fprintf(f.Output(), "warning: %s is set but not read: kvgate %s has no flag it sets (kvgate %s -h lists its variables)\n", name, f.Name(), f.Name())
+	}
 }
 
 // Given reports whether Parse set -name (or an alias of it), on the command

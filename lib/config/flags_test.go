@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -234,5 +235,34 @@ func TestSignedDuration(t *testing.T) {
 	var d time.Duration
 	if err := config.SignedDuration(&d).Set("soon"); err == nil {
 		t.Error("soon: no error")
+	}
+}
+
+// TestFlagSetWarnsOfStrayVariables: a KVGATE_* variable of the
+// environment that sets none of the subcommand's flags (another
+// subcommand's, a misspelling) is warned about; the flags' own variables,
+// their aliases', and the harness variables are not.
+func TestFlagSetWarnsOfStrayVariables(t *testing.T) {
+	t.Setenv("KVGATE_ROUTER_TEMPRATURE", "0.5")
+	t.Setenv("KVGATE_MAX_THINGS", "3")
+	t.Setenv("KVGATE_ROUTER_BLOCK_SIZE", "32")
+	t.Setenv("KVGATE_REQUIRE_TOOLS", "1")
+	var out strings.Builder
+	fs := config.NewFlagSet("up", &out)
+	var n, bs int
+	fs.Var(config.Int(&n, 0), "max-things", "")
+	fs.Var(config.Int(&bs, 1), "block-size", "")
+	fs.Alias("router-block-size", "block-size")
+	if err := fs.Parse(nil, os.Getenv); err != nil {
+		t.Fatal(err)
+	}
+	if want := "warning: KVGATE_ROUTER_TEMPRATURE is set but not read: kvgate up has no flag it sets (kvgate up -h lists its variables)\n"; out.String() != want {
+		t.Errorf("output %q, want %q", out.String(), want)
+	}
+	out.Reset()
+	fs = config.NewFlagSet("up", &out)
+	fs.Var(config.Int(&n, 0), "max-things", "")
+	if err := fs.Parse(nil, func(string) string { return "" }); err != nil || out.Len() != 0 {
+		t.Errorf("a getenv that returns nothing reads no variable: %v, output %q", err, out.String())
 	}
 }
