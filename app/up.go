@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -42,9 +43,14 @@ func runUp(ctx context.Context, args []string, x *extensions) error {
 // parseUp is the system `kvgate up` args ask for, and the OTLP endpoint
 // to trace it to.
 func parseUp(args []string, x *extensions) (up.Config, string, error) {
+	return parseUpTo(args, x, os.Stderr)
+}
+
+// parseUpTo is parseUp with the usage and the warnings written to out.
+func parseUpTo(args []string, x *extensions, out io.Writer) (up.Config, string, error) {
 	cfg := up.DefaultConfig()
 	fail := func(err error) (up.Config, string, error) { return up.Config{}, "", err }
-	fs := config.NewFlagSet("up", os.Stderr)
+	fs := config.NewFlagSet("up", out)
 	fs.Var(config.Listen(&cfg.GatewayAddr), "gateway-addr", "HTTP address of the gateway (Envoy's place; a port alone is loopback)")
 	fs.Var(config.Listen(&cfg.ExtprocAddr), "extproc-addr", "gRPC address of the ext_proc server")
 	fs.Var(config.Listen(&cfg.AdminAddr), "admin-addr", "HTTP address of the status page, status.json and metrics (keep it on loopback: they list every internal address)")

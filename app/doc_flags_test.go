@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/extprocd"
 )
 
 // usageDefaults reads a subcommand's -h output (config.FlagSet's usage):
@@ -59,23 +61,63 @@ func sameDefault(doc, printed string) bool {
 }
 
 // TestMockerDocFlagTable: docs/mocker.md's flag table names flags the
-// mocker has, with their defaults (a row's defaults in its flags' order;
-// a default the document describes in words, "listen address",
-// "num-blocks × block-size", is not compared), and every flag but the
-// deprecated ones is in it.
+// mocker has, with their defaults, and every flag but the deprecated ones
+// is in it.
 func TestMockerDocFlagTable(t *testing.T) {
 	var usage strings.Builder
 	if _, _, err := parseMocker([]string{"-h"}, nil, &usage); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
-	defaults := usageDefaults(t, usage.String())
-	data, err := os.ReadFile("../docs/mocker.md")
+	checkDocFlagTable(t, "../docs/mocker.md", "### Flags", usage.String())
+}
+
+// TestExtprocDocFlagTable and TestUpDocFlagTable: docs/operating.md's
+// flag reference, as TestMockerDocFlagTable.
+func TestExtprocDocFlagTable(t *testing.T) {
+	var usage strings.Builder
+	if _, err := extprocd.ParseFlags("extproc", []string{"-h"}, &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	checkDocFlagTable(t, "../docs/operating.md", "### `kvgate extproc`", usage.String())
+}
+
+func TestUpDocFlagTable(t *testing.T) {
+	var usage strings.Builder
+	if _, _, err := parseUpTo([]string{"-h"}, nil, &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	checkDocFlagTable(t, "../docs/operating.md", "### `kvgate up`", usage.String())
+}
+
+// checkDocFlagTable holds the flag table under heading in file to a
+// subcommand's usage: every flag the table names exists, with the
+// default the usage prints (a row's defaults in its flags' order; a
+// default described in words, "listen address", "num-blocks ×
+// block-size", is not compared), and every flag but the deprecated ones
+// and the aliases is in the table.
+func checkDocFlagTable(t *testing.T, file, heading, usage string) {
+	t.Helper()
+	defaults := usageDefaults(t, usage)
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := regexp.MustCompile("(?m)^\\| (`--[a-z-]+`(?:, `--[a-z-]+`)*) \\| ([^|]*) \\|")
+	doc := string(data)
+	i := strings.Index(doc, "\n"+heading+"\n")
+	if i < 0 {
+		t.Fatalf("%s: no heading %q", file, heading)
+	}
+	doc = doc[i+len(heading)+2:]
+	if j := strings.Index(doc, "\n#"); j >= 0 {
+		doc = doc[:j]
+	}
+	row := regexp.MustCompile("(?m)^\\| (`--?[a-z0-9-]+`(?:, `--?[a-z0-9-]+`)*) \\| ([^|]*) \\|")
 	seen := map[string]bool{}
-	for _, r := range row.FindAllStringSubmatch(string(data), -1) {
+	rows := row.FindAllStringSubmatch(doc, -1)
+	if len(rows) == 0 {
+		t.Fatalf("%s: no flag rows under %q", file, heading)
+	}
+	for _, r := range rows {
 		var names []string
 		for _, n := range strings.Split(r[1], ", ") {
 			names = append(names, strings.Trim(n, "`-"))
@@ -85,7 +127,7 @@ func TestMockerDocFlagTable(t *testing.T) {
 			seen[n] = true
 			printed, ok := defaults[n]
 			if !ok {
-				t.Errorf("docs/mocker.md: --%s: no such flag", n)
+				t.Errorf("%s: --%s: no such flag", file, n)
 				continue
 			}
 			if len(docs) != len(names) {
@@ -96,19 +138,20 @@ func TestMockerDocFlagTable(t *testing.T) {
 				continue // described, not a value
 			}
 			if !sameDefault(strings.Fields(d)[0], printed) {
-				t.Errorf("docs/mocker.md: --%s: default %q, the flag's is %q", n, d, printed)
+				t.Errorf("%s: --%s: default %q, the flag's is %q", file, n, d, printed)
 			}
 		}
 	}
-	lines := strings.Split(usage.String(), "\n")
+	lines := strings.Split(usage, "\n")
 	for i, line := range lines {
 		f := strings.Fields(line)
 		if !strings.HasPrefix(line, "  -") || len(f) == 0 || i+1 == len(lines) {
 			continue
 		}
 		n := f[0][1:]
-		if !seen[n] && !strings.Contains(lines[i+1], "deprecated") {
-			t.Errorf("docs/mocker.md: the flag table lacks --%s", n)
+		next := strings.TrimSpace(lines[i+1])
+		if !seen[n] && !strings.HasPrefix(next, "deprecated") && !strings.HasPrefix(next, "alias of") {
+			t.Errorf("%s: the flag table under %q lacks --%s", file, heading, n)
 		}
 	}
 }
