@@ -97,6 +97,28 @@ func runBench(ctx context.Context, args []string) error {
 	if chosen := countTrue(*probe, *soak > 0, *decision, *idle > 0, *withOverload, *withChaos, *activeActive > 0); chosen > 1 {
 		return fmt.Errorf("-probe, -soak, -decision, -idle, -overload, -chaos and -active-active: choose one")
 	}
+	headline := countTrue(*probe, *soak > 0, *decision, *idle > 0, *withOverload, *withChaos, *activeActive > 0) == 0
+	for _, only := range []struct {
+		on    bool
+		mode  string
+		flags []string
+	}{
+		{*decision || *activeActive > 0, "-decision or -active-active", []string{"commit", "probe-config"}},
+		{*decision, "-decision", []string{"decision-pools", "decision-workers", "decision-sequential", "decision-n", "decision-server-profile", "decision-server-process"}},
+		{*activeActive > 0, "-active-active", []string{"aa-runs", "aa-burst", "aa-pools", "aa-kill", "aa-process"}},
+		{*probe || *decision, "-probe or -decision", []string{"rate"}},
+		{*probe, "-probe", []string{"probes", "packed-hashes", "probe-server-process"}},
+		{*soak > 0, "-soak", []string{"soak-hold", "soak-speedup", "soak-opening", "soak-steady-every", "soak-profile", "soak-channel", "soak-http2"}},
+		{*withChaos, "-chaos", []string{"streams", "duration", "kill", "hold", "max-tokens", "speedup", "error-pause", "probe-timeout"}},
+		{headline, "the headline figures (no mode flag)", []string{"n", "apply-for"}},
+		{!headline, "the modes (-probe, -decision, -soak, -idle, -overload, -chaos, -active-active)", []string{"json"}},
+	} {
+		for _, name := range only.flags {
+			if !only.on && flagSet(fs, name) {
+				return fmt.Errorf("-%s is read by %s only", name, only.mode)
+			}
+		}
+	}
 	if !(*idle > 0) && (flagSet(fs, "idle-max-streams") || flagSet(fs, "idle-request-timeout") || flagSet(fs, "idle-conns") || flagSet(fs, "idle-rounds")) {
 		return fmt.Errorf("-idle-max-streams, -idle-request-timeout, -idle-conns and -idle-rounds are read by -idle only")
 	}
@@ -111,21 +133,6 @@ func runBench(ctx context.Context, args []string) error {
 		"overload-duration", "overload-calibration", "overload-streams", "overload-max-tokens", "overload-flow-control"} {
 		if flagSet(fs, name) {
 			return fmt.Errorf("-%s is read by -overload only", name)
-		}
-	}
-	for _, only := range []struct {
-		on    bool
-		mode  string
-		flags []string
-	}{
-		{*decision || *activeActive > 0, "-decision or -active-active", []string{"commit", "probe-config"}},
-		{*decision, "-decision", []string{"decision-pools", "decision-workers", "decision-sequential", "decision-n", "decision-server-profile", "decision-server-process"}},
-		{*activeActive > 0, "-active-active", []string{"aa-runs", "aa-burst", "aa-pools", "aa-kill", "aa-process"}},
-	} {
-		for _, name := range only.flags {
-			if !only.on && flagSet(fs, name) {
-				return fmt.Errorf("-%s is read by %s only", name, only.mode)
-			}
 		}
 	}
 	modes, err := commitModes(*commit)

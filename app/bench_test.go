@@ -27,6 +27,13 @@ func TestBenchFlagsReadOnlyByTheirMode(t *testing.T) {
 		{[]string{"-decision", "-commit", "nonsense"}, `-commit nonsense`},
 		{[]string{"-decision", "-decision-pools", "1,x"}, "-decision-pools"},
 		{[]string{"-active-active", "2", "-aa-pools", "0"}, "-aa-pools"},
+		// Each mode's own flags, set for another mode, were ignored.
+		{[]string{"-soak", "10", "-rate", "100"}, "-rate is read by -probe or -decision only"},
+		{[]string{"-decision", "-probes", "100"}, "-probes is read by -probe only"},
+		{[]string{"-probe", "-soak-hold", "1s"}, "-soak-hold is read by -soak only"},
+		{[]string{"-overload", "-streams", "10"}, "-streams is read by -chaos only"},
+		{[]string{"-probe", "-n", "500"}, "-n is read by the headline figures (no mode flag) only"},
+		{[]string{"-json"}, "-json is read by the modes"},
 	} {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			err := runBench(context.Background(), tt.args)

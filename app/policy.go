@@ -136,6 +136,9 @@ func checkConfig(x *extensions, path, shadowPath string, withEtcd bool, w, warn 
 			}
 		}
 	}
+	for _, why := range cfg.Unread() {
+		fmt.Fprintf(warn, "warning: %s\n", why)
+	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "%s: ok\n", path)
 	fmt.Fprintf(&b, "probe: timeout %v, backoff %v..%v\n", cfg.Probe.Timeout, cfg.Probe.BackoffBase, cfg.Probe.BackoffMax)

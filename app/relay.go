@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -15,11 +17,24 @@ import (
 
 // runRelay is `kvgate relay`: flags → relay.Config → relayd.Serve.
 func runRelay(ctx context.Context, args []string) error {
+	cfg, sc, log, err := parseRelay(args, os.Getenv, os.Stderr)
+	if err != nil {
+		return err
+	}
+	return relayd.Serve(ctx, cfg, sc, log)
+}
+
+// parseRelay is the relay args and the environment (getenv) ask for,
+// and its logger; the usage and the warnings go to out.
+func parseRelay(args []string, getenv func(string) string, out io.Writer) (relay.Config, relayd.ServeConfig, *slog.Logger, error) {
 	var cfg relay.Config
 	var sc relayd.ServeConfig
+	fail := func(err error) (relay.Config, relayd.ServeConfig, *slog.Logger, error) {
+		return relay.Config{}, relayd.ServeConfig{}, nil, err
+	}
 	w := &cfg.Worker
 	w.Role = membership.RoleAggregated
-	fs := config.NewFlagSet("relay", os.Stderr)
+	fs := config.NewFlagSet("relay", out)
 	zmq := fs.String("zmq", "tcp://127.0.0.1:5557", "the engine's ZMQ PUB endpoint (vLLM --kv-events-config endpoint); comma-separated, one per data-parallel rank")
 	replay := fs.String("zmq-replay", "", "the engine's replay endpoints (vLLM replay_endpoint), aligned with -zmq: lost messages are fetched from there")
 	fs.StringVar(&cfg.Topic, "topic", "", "ZMQ topic prefix to subscribe to (empty: all)")
@@ -42,20 +57,20 @@ func runRelay(ctx context.Context, args []string) error {
 	loraIDs := fs.String("lora-ids", "", "adapter names of engine lora ids, for engines that send lora_id without lora_name: id=name,… (vLLM's integer ids, SGLang's string ids)")
 	var logging config.Logging
 	logging.Flags(fs, "info")
-	if err := fs.Parse(args, os.Getenv); err != nil {
-		return err
+	if err := fs.Parse(args, getenv); err != nil {
+		return fail(err)
 	}
 	if w.ID == "" {
-		return errors.New("-worker-id is required")
+		return fail(errors.New("-worker-id is required"))
 	}
-	log, err := logging.Logger(os.Stderr)
+	log, err := logging.Logger(out)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	for _, kv := range config.SplitList(*loraIDs) {
 		id, name, ok := strings.Cut(kv, "=")
 		if !ok || id == "" || name == "" {
-			return fmt.Errorf("-lora-ids %q: want id=name", kv)
+			return fail(fmt.Errorf("-lora-ids %q: want id=name", kv))
 		}
 		if cfg.LoRANames == nil {
 			cfg.LoRANames = map[string]string{}
@@ -69,5 +84,11 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	cfg.Register = w.Address != ""
 	sc.EtcdEndpoints = config.SplitList(*etcd)
-	return relayd.Serve(ctx, cfg, sc, log)
+	if !cfg.Register {
+		// Harmless to keep (one set of flags for every engine's relay),
+		// but not read: warned about.
+		fs.WarnNotRead("read by the engine's etcd registration only, made with -address", "model", "role", "dp-size", "kv-capacity-blocks",
+			"lease-ttl", "etcd", "etcd-ca-file", "etcd-cert-file", "etcd-key-file")
+	}
+	return cfg, sc, log, nil
 }

@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -51,7 +50,7 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 		workers     = fs.Int("workers", 8, "simulated workers in total")
 		topologies  = fs.String("topology", sim.TopologyFlat, "comma-separated topologies: flat, pools[=P], disagg[=prefill workers], tree=RxP (R region global routers of P pools each under a top global router, the real Decide at every floor; router policies only: kvgate, ttft:..., dynamo, kvgate-cost, cost:..., chain:...; docs/hierarchy.md)")
 		policies    = fs.String("policies", "random,round-robin,least-loaded,kv-overlap,dynamo,kvgate", "comma-separated policies: random, round-robin, least-loaded, kv-overlap, dynamo, kvgate (predicted TTFT, each worker's timing calibrated online by its local router), kvgate-static (the shipped curves, no calibration), kvgate-oracle (each engine's true timing pinned: the bound), kvgate-cost (its Dynamo-formula form), kvgate-no-tiers, kvgate-r1, ttft:ext=W[,calib=online|static|oracle], cost:credit=C,scale=S,temp=T,tiers=0|1, chain:<worker chain> (e.g. chain:cost=1/normalize=max,prefix=1,cold=0.3; docs/localrouter.md)")
-		blockSize   = fs.Int("block-size", 16, "KV block size of workers and routers, in tokens")
+		blockSize   = fs.Int("block-size", 16, "KV block size of workers and routers, in tokens (with --config: each pool's block_size instead, and this flag is refused)")
 		kvTokens    = fs.Int("kv-tokens", 1<<20, "KV cache capacity of each worker, in tokens")
 		cpuTokens   = fs.Int("cpu-kv-tokens", 0, "CPU KV tier of each worker, in tokens (0: none): GPU evictions offload there, hits reload; compare policies kvgate-cost and kvgate-no-tiers")
 		maxSeqs     = fs.Int("max-num-seqs", 256, "running sequences per worker")
@@ -73,11 +72,17 @@ func replayCmd(ctx context.Context, x *extensions, cmdName string, args []string
 	if err := fs.Parse(args, os.Getenv); err != nil {
 		return err
 	}
+	// Given: on the command line or from the environment (KVGATE_TOPOLOGY
+	// set and --config given is the same contradiction as --topology).
 	onCLI := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { onCLI[f.Name] = true })
+	for _, n := range []string{"topology", "policies", "rate", "engine-scrape-period", "engine-scrape-delay"} {
+		onCLI[n] = fs.Given(n)
+	}
 	switch {
 	case *configPath != "" && (onCLI["topology"] || onCLI["policies"]):
 		return errors.New("--config replays the configuration's pools and chain: --topology and --policies do not apply")
+	case *configPath != "" && fs.Given("block-size"):
+		return errors.New("--config replays the configuration's pools, each with its own block_size: --block-size does not apply")
 	case *configPath == "" && (*poolWorkers != "" || *models != "" || *priorityMix != "" || *tenantMix != "" || *load != "" || *flowControl):
 		return errors.New("--pool-workers, --models, --priority-mix, --tenant-mix, --load and --flow-control need --config")
 	case *load != "" && onCLI["rate"]:

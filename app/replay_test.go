@@ -102,3 +102,25 @@ func TestBenchOverloadFlowControlFlag(t *testing.T) {
 		t.Errorf("with -overload-addr: %v", err)
 	}
 }
+
+// TestReplayConfigRefusesTopologyFromEnv: --config replays the file's
+// pools, so a topology set through KVGATE_TOPOLOGY is refused as
+// --topology is (it used to be read from the command line only).
+func TestReplayConfigRefusesTopologyFromEnv(t *testing.T) {
+	t.Setenv("KVGATE_TOPOLOGY", "pools=2")
+	var stdout, stderr bytes.Buffer
+	err := replayCmd(context.Background(), nil, "replay", []string{"--config", "../examples/pools.yaml", "--generate", "agentic"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--topology and --policies do not apply") {
+		t.Errorf("error %v, want the refusal of --topology", err)
+	}
+}
+
+// TestReplayConfigRefusesBlockSize: with --config each pool replays with
+// its own block_size; --block-size, which it would not read, is refused.
+func TestReplayConfigRefusesBlockSize(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := replayCmd(context.Background(), nil, "replay", []string{"--config", "../examples/pools.yaml", "--generate", "agentic", "--block-size", "64"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--block-size does not apply") {
+		t.Errorf("error %v, want the refusal of --block-size", err)
+	}
+}

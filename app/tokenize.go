@@ -70,7 +70,7 @@ func tokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	encoding := fs.String("encoding", "", "OpenAI encoding: cl100k_base or o200k_base")
 	config := fs.String("config", "", "global router configuration file (with --model)")
 	model := fs.String("model", "", "model whose tokenizer --config names (default: the body's model)")
-	blockSize := fs.Int("block-size", 16, "KV block size in tokens")
+	blockSize := fs.Int("block-size", 16, "KV block size in tokens (with --config: default the block_size of the pools serving the model, and one of theirs)")
 	lora := fs.String("lora", "", "LoRA adapter name the blocks are hashed for")
 	salt := fs.String("cache-salt", "", "cache_salt the blocks are hashed with (default: the body's cache_salt; both set and different is an error)")
 	path := fs.String("path", "", "request path deciding the body's form: /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages (default: by the body's fields)")
@@ -135,6 +135,33 @@ func tokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			return badInput("--config %s: no pool serves model %q (known: %s)", *config, name, strings.Join(known, ", "))
 		}
 		cfg = gc.TokenizerFor(name)
+		// The router hashes a model once per block size of the pools
+		// serving it: the hashes printed are for one of those.
+		var sizes []int
+		for _, p := range gc.Pools {
+			if (slices.Contains(p.Models, name) || slices.Contains(p.Models, "*")) && !slices.Contains(sizes, p.BlockSize) {
+				sizes = append(sizes, p.BlockSize)
+			}
+		}
+		// A model configured as a LoRA adapter (lora_of) is hashed with
+		// the adapter's seed, named by the model: as the router does.
+		for _, m := range gc.Models {
+			if m.Name != name || m.LoRAOf == "" || m.LoRAOf == name {
+				continue
+			}
+			if *lora != "" && *lora != name {
+				return badInput("--lora %q: %s configures %q as a LoRA adapter of %q, hashed as adapter %q", *lora, *config, name, m.LoRAOf, name)
+			}
+			*lora = name
+		}
+		switch {
+		case flagSet(fs, "block-size") && !slices.Contains(sizes, *blockSize):
+			return badInput("--block-size %d: the pools of %s serving %q hash with block sizes %v", *blockSize, *config, name, sizes)
+		case !flagSet(fs, "block-size") && len(sizes) == 1:
+			*blockSize = sizes[0]
+		case !flagSet(fs, "block-size"):
+			return badInput("--config %s: the pools serving %q hash with block sizes %v: choose one with --block-size", *config, name, sizes)
+		}
 	}
 	cfg.Logger = discardLogger()
 	tok, err := tokenizer.Load(cfg)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -201,5 +203,76 @@ func TestTokenizeKnownModel(t *testing.T) {
 	var out bytes.Buffer
 	if err := tokenize([]string{"--config", "../examples/pools-local.yaml", "--model", "mock-model"}, strings.NewReader(`{"prompt":"x"}`), &out, io.Discard); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTokenizeConfigBlockSize: with --config the block size is the one
+// the router hashes the model with, its pools' block_size (the flag's 16
+// was printed whatever the pools); a --block-size no serving pool has is
+// refused.
+func TestTokenizeConfigBlockSize(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pools.yaml")
+	cfg := `pools:
+  - name: a
+    models: [m]
+    block_size: 64
+    routers: {static: ["127.0.0.1:1"]}
+  - name: b
+    models: [m, sql]
+    block_size: 64
+    routers: {static: ["127.0.0.1:2"]}
+models:
+  - name: sql
+    lora_of: m
+`
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := tokenize([]string{"--config", file, "--model", "m"}, strings.NewReader(`{"prompt":"x"}`), &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		BlockSize int `json:"block_size"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil || got.BlockSize != 64 {
+		t.Errorf("block_size %d (%v), want the pool's 64", got.BlockSize, err)
+	}
+	err := tokenize([]string{"--config", file, "--model", "m", "--block-size", "16"}, strings.NewReader(`{"prompt":"x"}`), &out, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `--block-size 16: the pools of `+file+` serving "m" hash with block sizes [64]`) {
+		t.Errorf("--block-size 16: %v", err)
+	}
+}
+
+// TestTokenizeConfigLoRA: with --config, a model configured as a LoRA
+// adapter (lora_of) is hashed with the adapter's seed, as the router
+// hashes it, without --lora; a --lora naming another adapter is refused.
+func TestTokenizeConfigLoRA(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pools.yaml")
+	cfg := `models:
+  - name: sql
+    lora_of: m
+pools:
+  - name: a
+    models: [m, sql]
+    routers: {static: ["127.0.0.1:1"]}
+`
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"prompt":"` + strings.Repeat("word ", 40) + `"}`
+	var viaConfig, viaFlag bytes.Buffer
+	if err := tokenize([]string{"--config", file, "--model", "sql"}, strings.NewReader(body), &viaConfig, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if err := tokenize([]string{"--encoding", "cl100k_base", "--model", "sql", "--lora", "sql"}, strings.NewReader(body), &viaFlag, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if viaConfig.String() != viaFlag.String() {
+		t.Errorf("--config of an adapter:\n%s\nwant as --lora sql:\n%s", viaConfig.String(), viaFlag.String())
+	}
+	err := tokenize([]string{"--config", file, "--model", "sql", "--lora", "other"}, strings.NewReader(body), &viaConfig, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `configures "sql" as a LoRA adapter of "m"`) {
+		t.Errorf("--lora other: %v", err)
 	}
 }

@@ -47,7 +47,9 @@ type Config struct {
 	// protocol_config (older Envoys); newer ones say which modes they use.
 	RequestBodyMode  extprocfilterv3.ProcessingMode_BodySendMode
 	ResponseBodyMode extprocfilterv3.ProcessingMode_BodySendMode
-	// RetryAfter is the retry-after of a 429.
+	// RetryAfter is the retry-after of a 429 (saturated) and of a 503 (no
+	// pool reachable, no endpoint in the subset), unless the refusal names
+	// its own (globalrouter.Refusal.RetryAfter, e.g. flow control's).
 	RetryAfter time.Duration
 	// LeaseTimeout bounds each Lease call (prefill complete, free).
 	LeaseTimeout time.Duration

@@ -310,6 +310,10 @@ func (c *Config) validate(reg *policies.Registry) (*policies.Chain, error) {
 			model("models: %q listed twice", m.Name)
 		case m.MaxBodyBytes < 0:
 			model("models: %q: max_body_bytes %d must not be negative", m.Name, m.MaxBodyBytes)
+		case m.Tokenizer.Model != "" && m.Tokenizer.Model != m.Name:
+			model("models: %q: tokenizer.model %q is not read: the tokenizer serves the entry's name (a LoRA adapter names its base with lora_of)", m.Name, m.Tokenizer.Model)
+		case c.tokenizerFor(m.Name).CheckFields() != nil:
+			model("models: %q: %v", m.Name, c.tokenizerFor(m.Name).CheckFields())
 		case !served[m.Name] && !served["*"]:
 			model("models: %q has a tokenizer but no pool serves it", m.Name)
 		}

@@ -80,7 +80,8 @@
 // docs/hierarchy.md), subtree_commit.go (its commits, forwarded by
 // pool-qualified worker id), subtree_dial.go (SubtreeDialer: a child
 // router as a parent's pool), config.go (Config, ProbeConfig,
-// ModelConfig), types.go (Request, Decision, Endpoint, Lease, the
+// ModelConfig), unread.go (Config.Unread: the fields set that no policy
+// of the chains reads, warned about where the file is loaded), types.go (Request, Decision, Endpoint, Lease, the
 // errors), headernames.go (the x-kvgate-* header names), metrics.go
 // (the decision, probe, commit and ejection metrics),
 // probers.go (the bounded probe goroutines), flow.go (flow control:

@@ -43,6 +43,9 @@ func (r *Router) Reload(cfg Config) error {
 	r.m.reloads.WithLabelValues("ok").Inc()
 	r.noteReload(cfg.File, nil)
 	r.log.Info("configuration reloaded", "file", cfg.File, "pools", len(st.pools), "chain", chainNames(st.chain))
+	for _, why := range cfg.Unread() {
+		r.log.Warn("setting takes no effect", "why", why)
+	}
 	return nil
 }
 

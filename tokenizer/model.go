@@ -82,8 +82,12 @@ var _ Tokenizer = (*Model)(nil)
 // Load builds the tokenizer cfg names. Everything that can be checked is
 // checked here, not at the first request: a missing or corrupt
 // tokenizer.json is an error naming the file and what is wrong, an unknown
-// backend or encoding an error wrapping ErrConfig.
+// backend or encoding, or a field the backend does not read, an error
+// wrapping ErrConfig.
 func Load(cfg Config) (*Model, error) {
+	if err := cfg.CheckFields(); err != nil {
+		return nil, err
+	}
 	if cfg.CacheSize == 0 {
 		cfg.CacheSize = defaultCacheSize
 	}
@@ -315,4 +319,26 @@ func estimateChatText(req *ChatRequest) string {
 		text.WriteString(msg.Role + ": " + msg.Content + "\n")
 	}
 	return text.String()
+}
+
+// CheckFields refuses a field set that cfg's backend does not read
+// (encoding is openai's, path huggingface's, url and timeout remote's):
+// a setting passed over in silence would tokenize otherwise than its
+// author believes. Load calls it; a configuration's validation may call
+// it before loading anything.
+func (cfg Config) CheckFields() error {
+	for _, f := range []struct {
+		name, reader string
+		set          bool
+	}{
+		{"encoding", BackendOpenAI, cfg.Encoding != ""},
+		{"path", BackendHuggingFace, cfg.Path != ""},
+		{"url", BackendRemote, cfg.URL != ""},
+		{"timeout", BackendRemote, cfg.Timeout != 0},
+	} {
+		if f.set && cfg.Backend != f.reader && cfg.Backend != "" {
+			return fmt.Errorf("%w: model %q: %s is read by the %s backend only, not %s", ErrConfig, cfg.Model, f.name, f.reader, cfg.Backend)
+		}
+	}
+	return nil
 }

@@ -115,7 +115,7 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	fs := config.NewFlagSet(name, usage)
 	fs.Var(config.Listen(&o.Addr), "addr", "gRPC listen address of the ext_proc service (a port alone is loopback)")
 	fs.StringVar(&o.PoolsFile, "config", "", "global router configuration file: pools, policies, models (required; see examples/pools.yaml)")
-	fs.DurationVar(&o.WatchInterval, "config-watch", 0, "how often to check the configuration file for changes (0: default, <0: never)")
+	fs.DurationVar(&o.WatchInterval, "config-watch", 0, fmt.Sprintf("how often to check the configuration file (and -shadow-config) for changes (0: %v; negative: never)", globalrouter.DefaultWatchInterval))
 	fs.StringVar(&o.ShadowFile, "shadow-config", "", "a shadow file: a candidate policy chain that ranks alongside the live one on every request, never committing (metrics kvgate_shadow_*; watched like -config)")
 	fs.StringVar(&o.OTLPEndpoint, "otlp-endpoint", "", `OTLP/gRPC collector host:port to trace decisions to (spans decide, tokenize, probe, commit, continuing Envoy's traceparent; "" : off)`)
 	fs.BoolVar(&o.OTLPInsecure, "otlp-insecure", true, "send traces without TLS")
@@ -128,12 +128,12 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	o.RouterTLS.Flags(fs, "router-tls", "the local routers", true)
 	o.Subtree.Flags(fs)
 	paths := fs.String("inference-paths", strings.Join(o.InferencePaths, ","), "comma-separated paths that are routed; others pass through")
-	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body accepted (413 past it)")
+	fs.IntVar(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body accepted (413 past it; 0: the default)")
 	fs.Var(&o.DuplicateKeys, "duplicate-keys", DuplicateKeysUsage)
 	BoundsFlags(fs, &o.Config)
 	reqMode := fs.String("request-body-mode", o.RequestBodyMode.String(), "request body mode assumed when Envoy does not say: FULL_DUPLEX_STREAMED or BUFFERED")
 	respMode := fs.String("response-body-mode", o.ResponseBodyMode.String(), "response body mode assumed when Envoy does not say: STREAMED, FULL_DUPLEX_STREAMED or BUFFERED")
-	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 or 503")
+	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "retry-after of a 429 (saturated) or a 503 (no pool reachable), unless the refusal names its own (flow control's); 0: the default")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&o.LogFormat, "log-format", config.LogJSON, "json (one object a line, as every kvgate subcommand logs by default) or text")
 	fs.IntVar(&o.GCPercent, "gc-percent", DefaultGCPercent, "garbage collector target when GOGC is not set (0: the runtime's default)")
@@ -163,11 +163,26 @@ func parseFlags(name string, args []string, getenv func(string) string, usage io
 	if err := o.Subtree.Validate(); err != nil {
 		return Options{}, err
 	}
+	if err := o.Subtree.CheckGiven(fs, o.TLS.MutualTLS()); err != nil {
+		return Options{}, err
+	}
+	if err := fs.NotRead("traces are sent only with -otlp-endpoint", "otlp-insecure"); err != nil && o.OTLPEndpoint == "" {
+		return Options{}, err
+	}
+	if len(o.Etcd) == 0 {
+		fs.WarnNotRead("read by the etcd client only, and there is no -etcd", "etcd-ca-file", "etcd-cert-file", "etcd-key-file")
+	}
+	if _, gogc := lookupEnv("GOGC"); gogc {
+		fs.WarnNotRead("the GOGC environment variable is set, and wins", "gc-percent")
+	}
 	if o.Subtree.Pool != "" && len(o.Etcd) == 0 {
 		return Options{}, errors.New("-subtree-pool: needs -etcd (the subtree registers there)")
 	}
 	return o, o.Config.Validate()
 }
+
+// lookupEnv is os.LookupEnv (a variable of tests).
+var lookupEnv = os.LookupEnv
 
 func parseMode(s string) (extprocfilterv3.ProcessingMode_BodySendMode, error) {
 	v, ok := extprocfilterv3.ProcessingMode_BodySendMode_value[strings.ToUpper(s)]
@@ -239,6 +254,9 @@ func run(ctx context.Context, o Options, logger *slog.Logger, lis, mlis net.List
 	}
 	if err := gcfg.CheckWorkerChains(localrouter.PoolChainCheck(o.Scorers)); err != nil {
 		return err
+	}
+	for _, why := range gcfg.Unread() {
+		logger.Warn("setting takes no effect", "why", why)
 	}
 	for _, p := range gcfg.Pools {
 		if p.Routers.Etcd && len(o.Etcd) == 0 {

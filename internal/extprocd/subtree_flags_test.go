@@ -26,6 +26,16 @@ func TestSubtreeFlags(t *testing.T) {
 	if !o.Subtree.Enabled() || o.Subtree.ListenAddr() != "127.0.0.1:9300" || o.Subtree.Pool != "region-a" || o.Subtree.MaxDepth != 4 {
 		t.Errorf("subtree = %+v", o.Subtree)
 	}
+	if o, err := parseFlags("extproc", []string{"-config", "p.yaml", "-subtree-listen", ":9300", "-anonymous-commit-expiry", "-1s", "-subtree-router-id", "r"}, env, io.Discard); err != nil || o.Subtree.AnonymousCommitExpiry >= 0 {
+		t.Errorf("-anonymous-commit-expiry -1s (off, as its usage says): %v, %v", o.Subtree.AnonymousCommitExpiry, err)
+	}
+	var warned strings.Builder
+	if _, err := parseFlags("extproc", []string{"-config", "p.yaml", "-etcd-ca-file", "ca.pem"}, env, &warned); err != nil || !strings.Contains(warned.String(), "warning: -etcd-ca-file set but not read: read by the etcd client only, and there is no -etcd\n") {
+		t.Errorf("-etcd-ca-file without -etcd: %v, output %q", err, warned.String())
+	}
+	if _, err := parseFlags("extproc", []string{"-config", "p.yaml"}, func(k string) string { return map[string]string{"KVGATE_SUBTREE_MODEL": "m"}[k] }, io.Discard); err == nil || !strings.Contains(err.Error(), "KVGATE_SUBTREE_MODEL set but not read") {
+		t.Errorf("KVGATE_SUBTREE_MODEL without -subtree-listen: %v", err)
+	}
 	if o, err := parseFlags("extproc", []string{"-config", "p.yaml"}, env, io.Discard); err != nil || o.Subtree.Enabled() {
 		t.Errorf("the subtree is off by default: %+v, %v", o.Subtree, err)
 	}
@@ -33,6 +43,17 @@ func TestSubtreeFlags(t *testing.T) {
 		"-subtree-pool region-a":                       "needs -subtree-listen",
 		"-subtree-listen :9300 -subtree-pool region-a": "-subtree-pool: needs -etcd",
 		"-subtree-listen 127.0.0.1":                    "-subtree-listen",
+		// Every -subtree-* flag is read by the service alone; the
+		// registration's only with -subtree-pool; -authorized-clients
+		// only under mutual TLS.
+		"-subtree-max-depth 4":                           "-subtree-max-depth set but not read: the subtree service is off",
+		"-subtree-model m -subtree-router-id r":          "-subtree-model, -subtree-router-id set but not read",
+		"-authorized-clients a":                          "-authorized-clients set but not read: the subtree service is off",
+		"-anonymous-commit-expiry 0":                     "-anonymous-commit-expiry set but not read",
+		"-subtree-listen :9300 -subtree-register-ttl 5s": "-subtree-register-ttl set but not read: they shape the subtree's etcd registration, made only with -subtree-pool",
+		"-subtree-listen :9300 -subtree-block-size 16":   "-subtree-block-size set but not read",
+		"-subtree-listen :9300 -authorized-clients a":    "-authorized-clients set but not read: it authorises callers by their client certificates",
+		"-otlp-insecure=false":                           "-otlp-insecure set but not read: traces are sent only with -otlp-endpoint",
 	} {
 		_, err := parseFlags("extproc", append([]string{"-config", "p.yaml"}, strings.Fields(args)...), env, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), want) {

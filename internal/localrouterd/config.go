@@ -144,7 +144,7 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.Listen(&c.HealthAddr), "health-addr", "plaintext gRPC health server address, for probes that cannot do TLS (empty: none)")
 	c.TLS.Flags(fs)
 	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS or URI SANs; the CN only when there is no SAN) allowed lifecycle calls (Commit, Track, Free, MarkPrefillComplete, DumpEvents); empty: any verified client")
-	fs.Var(config.Duration(&c.AnonymousCommitExpiry), "anonymous-commit-expiry", "without mutual TLS (anyone reaching the port may commit), a request recorded by a unary Commit or BestWorker with request_id is freed after this long unless freed before (requests on a Channel or Track stream end with their stream; negative: only the router's request_expiry)")
+	fs.Var(config.SignedDuration(&c.AnonymousCommitExpiry), "anonymous-commit-expiry", fmt.Sprintf("without mutual TLS (anyone reaching the port may commit), a request recorded by a unary Commit or BestWorker with request_id is freed after this long unless freed before (requests on a Channel or Track stream end with their stream; 0: %v; negative: off, only the router's request_expiry); under mutual TLS not read (warned)", DefaultAnonymousCommitExpiry))
 	fs.Var(config.List(&c.Etcd), "etcd", "etcd endpoints, comma-separated (required)")
 	c.EtcdTLS.Flags(fs, "etcd", "etcd", false)
 	fs.Var(config.String(&c.NATS), "nats-url", "NATS URL (required with KV events or replica sync)")
@@ -169,7 +169,7 @@ func flags(fs *config.FlagSet, c *Config) {
 	fs.Var(config.Duration(&r.TTL), "router-ttl", "TTL of approximate-index entries (duration, or seconds)")
 	fs.Var(config.DurationOrZero(&r.PredictedTTL), "router-predicted-ttl", "with KV events, how long a placed request's blocks stay predicted on its worker until the engine's events confirm them (duration, or seconds; 0: none)")
 	fs.Var(config.Bool(&r.Calibrate), "router-calibrate", "fit each worker rank's timing model online from the first tokens the router observes (false: the configured curves for every rank); read by the ttft worker-chain scorer, and by the prediction reported as Selection.Cost whatever the chain (docs/localrouter.md, Calibration)")
-	fs.Var(config.Int(&r.MaxTreeSize, 1), "router-max-tree-size", "bound on approximate-index entries")
+	fs.Var(config.Int(&r.MaxTreeSize, 1), "router-max-tree-size", "bound on approximate-index entries (-router-use-kv-events=false), and on predicted entries (with KV events and -router-predicted-ttl); past it the oldest are pruned")
 	fs.Var(config.Int(&r.MinInitialWorkers, 0), "min-initial-workers", "not ready (health NOT_SERVING, UNAVAILABLE) until this many workers joined")
 	fs.Alias("router-min-initial-workers", "min-initial-workers")
 	fs.Env("min-initial-workers", "DYN_ROUTER_MIN_INITIAL_WORKERS")
@@ -222,6 +222,18 @@ func ParseFlagsWith(name string, args []string, getenv func(string) string, usag
 	}
 	if c.RouterID == "" {
 		c.RouterID = defaultRouterID()
+	}
+	if c.AnonymousCommitExpiry == 0 {
+		c.AnonymousCommitExpiry = DefaultAnonymousCommitExpiry
+	}
+	if c.TLS.MutualTLS() {
+		fs.WarnNotRead("the callers are identified by mutual TLS (-tls-client-ca-file): no commit is anonymous", "anonymous-commit-expiry")
+	}
+	if !c.Router.UseKVEvents && !c.Router.ReplicaSync {
+		fs.WarnNotRead("NATS carries the KV events (-router-use-kv-events) and the replica sync (-router-replica-sync), both off here", "nats-url")
+	}
+	if c.NATS == "" {
+		fs.WarnNotRead("read by the NATS client only, and there is no -nats-url", "nats-ca-file", "nats-cert-file", "nats-key-file", "nats-creds-file")
 	}
 	if err := c.applyPoolsFile(); err != nil {
 		return Config{}, err

@@ -191,3 +191,50 @@ pools:
 		}
 	}
 }
+
+// TestAnonymousCommitExpiryFlag: the flag takes 0 (the default) and a
+// negative duration (off), as its usage says, and is warned about under
+// mutual TLS, where no commit is anonymous.
+func TestAnonymousCommitExpiryFlag(t *testing.T) {
+	base := []string{"--pool", "p", "--etcd", "e:1", "--nats-url", "n"}
+	for in, want := range map[string]time.Duration{"-1s": -time.Second, "0": DefaultAnonymousCommitExpiry, "5s": 5 * time.Second} {
+		c, err := ParseFlags("localrouter", append(base, "-anonymous-commit-expiry", in), func(string) string { return "" }, io.Discard)
+		if err != nil || c.AnonymousCommitExpiry != want {
+			t.Errorf("-anonymous-commit-expiry %s: %v, %v; want %v", in, c.AnonymousCommitExpiry, err, want)
+		}
+	}
+	var out strings.Builder
+	args := append(base, "-secure-serving", "-tls-client-ca-file", "ca.pem")
+	if _, err := ParseFlags("localrouter", args, func(k string) string { return map[string]string{"KVGATE_ANONYMOUS_COMMIT_EXPIRY": "1m"}[k] }, &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "warning: KVGATE_ANONYMOUS_COMMIT_EXPIRY set but not read: the callers are identified by mutual TLS"; !strings.Contains(out.String(), want) {
+		t.Errorf("under mutual TLS, output %q; want %q", out.String(), want)
+	}
+}
+
+// TestNATSFlagsNotRead: the NATS flags are warned about where the router
+// uses no NATS: -nats-url with KV events and replica sync off, the NATS
+// client's TLS without -nats-url.
+func TestNATSFlagsNotRead(t *testing.T) {
+	var out strings.Builder
+	args := []string{"--pool", "p", "--etcd", "e:1", "--nats-url", "n", "--router-use-kv-events=false"}
+	if _, err := ParseFlags("localrouter", args, func(string) string { return "" }, &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "warning: -nats-url set but not read: NATS carries the KV events (-router-use-kv-events) and the replica sync (-router-replica-sync), both off here\n"; out.String() != want {
+		t.Errorf("output %q, want %q", out.String(), want)
+	}
+	out.Reset()
+	args = []string{"--pool", "p", "--etcd", "e:1", "--router-use-kv-events=false", "--nats-creds-file", "c"}
+	if _, err := ParseFlags("localrouter", args, func(string) string { return "" }, &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "warning: -nats-creds-file set but not read: read by the NATS client only, and there is no -nats-url\n"; out.String() != want {
+		t.Errorf("output %q, want %q", out.String(), want)
+	}
+	out.Reset()
+	if _, err := ParseFlags("localrouter", []string{"--pool", "p", "--etcd", "e:1", "--nats-url", "n", "--nats-creds-file", "c"}, func(string) string { return "" }, &out); err != nil || out.Len() != 0 {
+		t.Errorf("with KV events: %v, output %q; want no warning", err, out.String())
+	}
+}

@@ -84,7 +84,7 @@ func (c *Config) Flags(fs *config.FlagSet) {
 	fs.Var(config.Int(&c.MaxDepth, 0), "subtree-max-depth", fmt.Sprintf("deepest tree of global routers a call may cross before it is refused as a loop (0: %d)", globalrouter.DefaultMaxDepth))
 	fs.Var(config.String(&c.ID), "subtree-router-id", "router id of the subtree's etcd registration (default: host name and port)")
 	fs.Var(config.Duration(&c.RegisterTTL), "subtree-register-ttl", "lease TTL of the subtree's etcd registration (0: 10s)")
-	fs.Var(config.Duration(&c.AnonymousCommitExpiry), "anonymous-commit-expiry", fmt.Sprintf("read by the subtree service (-subtree-listen) without mutual TLS (anyone reaching the port may commit): a request recorded by a unary Commit or BestWorker with request_id is freed after this long unless freed before (requests on a Channel or Track stream end with their stream; 0: %v; negative: off, held until Free)", localrouterd.DefaultAnonymousCommitExpiry))
+	fs.Var(config.SignedDuration(&c.AnonymousCommitExpiry), "anonymous-commit-expiry", fmt.Sprintf("read by the subtree service (-subtree-listen) without mutual TLS (anyone reaching the port may commit): a request recorded by a unary Commit or BestWorker with request_id is freed after this long unless freed before (requests on a Channel or Track stream end with their stream; 0: %v; negative: off, held until Free)", localrouterd.DefaultAnonymousCommitExpiry))
 	fs.Var(config.List(&c.AuthorizedClients), "authorized-clients", "under mutual TLS, comma-separated client certificate names (DNS or URI SANs; the CN only when there is no SAN) allowed the subtree's lifecycle calls (Commit, Track, Channel, Free, MarkPrefillComplete); empty: any verified client")
 }
 
@@ -94,6 +94,27 @@ func (c Config) Enabled() bool { return c.Listen != "" }
 // ListenAddr is Listen as config.ListenAddr reads it: a port alone is
 // loopback (DefaultListen), as for every listen flag.
 func (c Config) ListenAddr() string { return config.ListenAddr(c.Listen) }
+
+// CheckGiven refuses the -subtree-* flags given on fs (the command line
+// or the environment) that c does not read: every one without
+// -subtree-listen, the registration's without -subtree-pool, and
+// -authorized-clients without mutual TLS (mutualTLS: the process's
+// -tls-client-ca-file).
+func (c Config) CheckGiven(fs *config.FlagSet, mutualTLS bool) error {
+	if !c.Enabled() {
+		return fs.NotRead("the subtree service is off (no -subtree-listen)", "subtree-advertise", "subtree-pool", "subtree-block-size",
+			"subtree-model", "subtree-max-depth", "subtree-router-id", "subtree-register-ttl", "anonymous-commit-expiry", "authorized-clients")
+	}
+	if c.Pool == "" {
+		if err := fs.NotRead("they shape the subtree's etcd registration, made only with -subtree-pool", "subtree-block-size", "subtree-register-ttl"); err != nil {
+			return err
+		}
+	}
+	if !mutualTLS {
+		return fs.NotRead("it authorises callers by their client certificates: set -tls-client-ca-file (mutual TLS)", "authorized-clients")
+	}
+	return nil
+}
 
 // Validate reports a bad combination, naming the flag.
 func (c Config) Validate() error {

@@ -9,7 +9,12 @@
 //     environment variable KVGATE_FOO_BAR (command line first, then the
 //     environment, then the default), plus any extra names registered with
 //     Env (Dynamo's DYN_* aliases of the router knobs). Errors name the flag
-//     or the variable at fault.
+//     or the variable at fault. A flag given (Given: on the command line or
+//     from the environment) that the running configuration does not read
+//     is refused (NotRead) or warned about (WarnNotRead), naming why; a
+//     KVGATE_* variable of the environment that sets no flag of the
+//     subcommand (another's, a misspelling) is warned about at Parse
+//     (NotFlagVariables, the tests' and harnesses', excepted).
 //   - A configuration type T follows one convention: `func (T) Defaults() T`
 //     returns a copy with every unset field set to its default (so the zero
 //     value plus Defaults is usable), and `func (T) Validate() error` reports

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +29,7 @@ type FlagSet struct {
 	aliases    map[string]string   // alias → canonical flag
 	deprecated map[string]string   // deprecated flag → the flag to use instead
 	extra      map[string][]string // canonical flag → extra env names, lowest precedence first
+	given      map[string]string   // canonical flag → where Parse set it: "-name" or an environment variable
 }
 
 // NewFlagSet returns an empty FlagSet that reports errors instead of
@@ -35,7 +37,7 @@ type FlagSet struct {
 func NewFlagSet(name string, out io.Writer) *FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(out)
-	f := &FlagSet{FlagSet: fs, aliases: map[string]string{}, deprecated: map[string]string{}, extra: map[string][]string{}}
+	f := &FlagSet{FlagSet: fs, aliases: map[string]string{}, deprecated: map[string]string{}, extra: map[string][]string{}, given: map[string]string{}}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: kvgate %s [flags]\n\nflags (the environment variables in brackets set them too; the command line wins):\n", name)
 		f.PrintDefaults()
@@ -158,9 +160,6 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string) error {
 			fmt.Fprintf(f.Output(), "warning: -%s is deprecated; use %s\n", fl.Name, use)
 		}
 	})
-	if getenv == nil {
-		return nil
-	}
 	onCLI := map[string]bool{}
 	f.Visit(func(fl *flag.Flag) {
 		name := fl.Name
@@ -168,7 +167,11 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string) error {
 			name = c
 		}
 		onCLI[name] = true
+		f.given[name] = "-" + fl.Name
 	})
+	if getenv == nil {
+		return nil
+	}
 	var errs []error
 	f.VisitAll(func(fl *flag.Flag) {
 		if _, isAlias := f.aliases[fl.Name]; isAlias || onCLI[fl.Name] {
@@ -186,10 +189,92 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string) error {
 			}
 			if err := fl.Value.Set(v); err != nil {
 				errs = append(errs, fmt.Errorf("environment variable %s=%q: %w (flag -%s)", env, v, err, fl.Name))
+				continue
+			}
+			f.given[fl.Name] = env
+		}
+	})
+	f.warnStrayEnv(getenv)
+	return errors.Join(errs...)
+}
+
+// NotFlagVariables are the KVGATE_* variables read by kvgate's tests and
+// benchmark harnesses, never by a flag: Parse does not warn about them.
+var NotFlagVariables = []string{
+	"KVGATE_REQUIRE_TOOLS", "KVGATE_STATIC_BIN", "KVGATE_SDK_DIR", "KVGATE_DOCWALK_TOOLS", "KVGATE_TOKENIZER_CACHE",
+	"KVGATE_TOKENIZER_REF", "KVGATE_TEST_ARTIFACTS", "KVGATE_TRUST_TOKEN",
+	// internal/loadbench's child processes and benchmark sizes.
+	"KVGATE_AA_POOLS", "KVGATE_AA_PROBE", "KVGATE_AA_SERVER", "KVGATE_ACTIVE_ACTIVE_RUNS", "KVGATE_DECISION_COMMIT",
+	"KVGATE_DECISION_POOLS", "KVGATE_DECISION_PROBE_FILE", "KVGATE_DECISION_SERVER", "KVGATE_DECISION_SERVER_PROFILE",
+	"KVGATE_DECISION_WORKERS", "KVGATE_PROBE_SERVER", "KVGATE_PROBE_SERVER_PROFILE",
+}
+
+// environ is the process's environment (a variable of tests).
+var environ = os.Environ
+
+// warnStrayEnv warns about each KVGATE_* variable of the environment
+// (that getenv also returns) that sets no flag of f: another
+// subcommand's, or a misspelling, which would otherwise pass in silence.
+func (f *FlagSet) warnStrayEnv(getenv func(string) string) {
+	read := map[string]bool{}
+	f.VisitAll(func(fl *flag.Flag) {
+		if _, isAlias := f.aliases[fl.Name]; !isAlias {
+			for _, e := range f.envs(fl.Name) {
+				read[e] = true
 			}
 		}
 	})
-	return errors.Join(errs...)
+	var stray []string
+	for _, kv := range environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix) && !read[name] && !slices.Contains(NotFlagVariables, name) && getenv(name) != "" {
+			stray = append(stray, name)
+		}
+	}
+	slices.Sort(stray)
+	for _, name := range slices.Compact(stray) {
+		fmt.Fprintf(f.Output(), "warning: %s is set but not read: kvgate %s has no flag it sets (kvgate %s -h lists its variables)\n", name, f.Name(), f.Name())
+	}
+}
+
+// Given reports whether Parse set -name (or an alias of it), on the command
+// line or from the environment: the operator asked for it, whatever its
+// value (a flag set to its default is given too).
+func (f *FlagSet) Given(name string) bool { return f.Source(name) != "" }
+
+// Source is where Parse set -name: "-name" (or "-alias") for the command
+// line, the environment variable's name otherwise; "" when not set.
+func (f *FlagSet) Source(name string) string {
+	if c, ok := f.aliases[name]; ok {
+		name = c
+	}
+	return f.given[name]
+}
+
+// NotRead is nil unless some of names were given (Given); then it is an
+// error naming each where it was set and why the running configuration
+// does not read it: a knob set but not read is refused or warned about,
+// never passed over in silence.
+func (f *FlagSet) NotRead(why string, names ...string) error {
+	var set []string
+	for _, n := range names {
+		if src := f.Source(n); src != "" {
+			set = append(set, src)
+		}
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s set but not read: %s", strings.Join(set, ", "), why)
+}
+
+// WarnNotRead prints NotRead's error, if any, as a warning to the flag
+// set's output (where the usage and the deprecation warnings go), for a
+// knob that is harmless to keep but takes no effect.
+func (f *FlagSet) WarnNotRead(why string, names ...string) {
+	if err := f.NotRead(why, names...); err != nil {
+		fmt.Fprintf(f.Output(), "warning: %v\n", err)
+	}
 }
 
 // Value is a flag.Value built from two functions, for fields whose parsing
@@ -343,4 +428,25 @@ func String(p *string) *Value {
 		SetFunc: func(s string) error { *p = strings.TrimSpace(s); return nil },
 		GetFunc: func() string { return *p },
 	}
+}
+
+// SignedDuration is Duration that also accepts 0 and negative durations,
+// for flags whose usage gives them a meaning (0: the default; negative:
+// off).
+func SignedDuration(p *time.Duration) *Value {
+	d := Duration(p)
+	d.SetFunc = func(s string) error {
+		s = strings.TrimSpace(s)
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			f, ferr := strconv.ParseFloat(s, 64)
+			if ferr != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+				return errors.New("not a duration (like 120s, -1s) or a number of seconds")
+			}
+			v = time.Duration(f * float64(time.Second))
+		}
+		*p = v
+		return nil
+	}
+	return d
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -178,5 +179,90 @@ func TestLogging(t *testing.T) {
 		if !strings.HasPrefix(out.String(), tt.prefix) {
 			t.Errorf("%v: logged %q, want it to start %q", tt.args, out.String(), tt.prefix)
 		}
+	}
+}
+
+// TestFlagSetGivenAndNotRead: Given and NotRead see a flag set on the
+// command line (under its name or an alias) or from the environment, and
+// never one left at its default, even when a flag is set to that value.
+func TestFlagSetGivenAndNotRead(t *testing.T) {
+	parse := func(args []string, env map[string]string) (*config.FlagSet, *strings.Builder) {
+		t.Helper()
+		var out strings.Builder
+		fs := config.NewFlagSet("t", &out)
+		var n, bs int
+		fs.Var(config.Int(&n, 0), "max-things", "")
+		fs.Var(config.Int(&bs, 1), "block-size", "")
+		fs.Alias("router-block-size", "block-size")
+		fs.Env("block-size", "DYN_KV_CACHE_BLOCK_SIZE")
+		fs.String("other", "", "")
+		if err := fs.Parse(args, func(k string) string { return env[k] }); err != nil {
+			t.Fatal(err)
+		}
+		return fs, &out
+	}
+	fs, _ := parse(nil, nil)
+	if fs.Given("max-things") || fs.NotRead("why", "max-things", "block-size") != nil {
+		t.Errorf("nothing set: Given %v, NotRead %v", fs.Given("max-things"), fs.NotRead("why", "max-things", "block-size"))
+	}
+	fs, out := parse([]string{"-max-things=0", "-router-block-size", "8"}, map[string]string{"KVGATE_OTHER": "x"})
+	for name, want := range map[string]string{"max-things": "-max-things", "block-size": "-router-block-size", "router-block-size": "-router-block-size", "other": "KVGATE_OTHER"} {
+		if got := fs.Source(name); got != want {
+			t.Errorf("Source(%q) = %q, want %q", name, got, want)
+		}
+	}
+	err := fs.NotRead("-topology regions makes its own pools", "max-things", "block-size")
+	if want := "-max-things, -router-block-size set but not read: -topology regions makes its own pools"; err == nil || err.Error() != want {
+		t.Errorf("NotRead = %v, want %q", err, want)
+	}
+	fs.WarnNotRead("read with -x only", "other")
+	if want := "warning: KVGATE_OTHER set but not read: read with -x only\n"; out.String() != want {
+		t.Errorf("WarnNotRead wrote %q, want %q", out.String(), want)
+	}
+	fs, _ = parse(nil, map[string]string{"DYN_KV_CACHE_BLOCK_SIZE": "32"})
+	if got := fs.Source("block-size"); got != "DYN_KV_CACHE_BLOCK_SIZE" {
+		t.Errorf("Source from Dynamo's variable = %q", got)
+	}
+}
+
+func TestSignedDuration(t *testing.T) {
+	for in, want := range map[string]time.Duration{"-1s": -time.Second, "0": 0, "90": 90 * time.Second, "2m": 2 * time.Minute, "-5": -5 * time.Second} {
+		var d time.Duration
+		if err := config.SignedDuration(&d).Set(in); err != nil || d != want {
+			t.Errorf("%q: %v, %v; want %v", in, d, err, want)
+		}
+	}
+	var d time.Duration
+	if err := config.SignedDuration(&d).Set("soon"); err == nil {
+		t.Error("soon: no error")
+	}
+}
+
+// TestFlagSetWarnsOfStrayVariables: a KVGATE_* variable of the
+// environment that sets none of the subcommand's flags (another
+// subcommand's, a misspelling) is warned about; the flags' own variables,
+// their aliases', and the harness variables are not.
+func TestFlagSetWarnsOfStrayVariables(t *testing.T) {
+	t.Setenv("KVGATE_ROUTER_TEMPRATURE", "0.5")
+	t.Setenv("KVGATE_MAX_THINGS", "3")
+	t.Setenv("KVGATE_ROUTER_BLOCK_SIZE", "32")
+	t.Setenv("KVGATE_REQUIRE_TOOLS", "1")
+	var out strings.Builder
+	fs := config.NewFlagSet("up", &out)
+	var n, bs int
+	fs.Var(config.Int(&n, 0), "max-things", "")
+	fs.Var(config.Int(&bs, 1), "block-size", "")
+	fs.Alias("router-block-size", "block-size")
+	if err := fs.Parse(nil, os.Getenv); err != nil {
+		t.Fatal(err)
+	}
+	if want := "warning: KVGATE_ROUTER_TEMPRATURE is set but not read: kvgate up has no flag it sets (kvgate up -h lists its variables)\n"; out.String() != want {
+		t.Errorf("output %q, want %q", out.String(), want)
+	}
+	out.Reset()
+	fs = config.NewFlagSet("up", &out)
+	fs.Var(config.Int(&n, 0), "max-things", "")
+	if err := fs.Parse(nil, func(string) string { return "" }); err != nil || out.Len() != 0 {
+		t.Errorf("a getenv that returns nothing reads no variable: %v, output %q", err, out.String())
 	}
 }
