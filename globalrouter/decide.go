@@ -96,6 +96,9 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: msg}
 	}
+	if st.cfg.objectivePriority(req.Headers, &hdr, trusted) {
+		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: HeaderObjective + " is honoured for trusted callers only"}
+	}
 	if !st.cfg.Tenancy.allows(req.Headers, trusted) {
 		h := st.cfg.Tenancy.Header
 		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: h + " is honoured from trusted callers only (the gateway sets it)"}

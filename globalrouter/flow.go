@@ -78,11 +78,13 @@ func (f *flowQueues) queue(key string, cfg flowcontrol.Config) (*flowcontrol.Liv
 }
 
 // sameQueueConfig reports whether a and b make the same queue (the
-// saturation thresholds are not the queue's).
+// saturation thresholds and the objectives are not the queue's).
 func sameQueueConfig(a, b *flowcontrol.Config) bool {
 	a2, b2 := *a, *b
 	b2.Defaults()
 	a2.Saturation, b2.Saturation = flowcontrol.Saturation{}, flowcontrol.Saturation{}
+	a2.Objectives, b2.Objectives = nil, nil // read per request
+	a2.ObjectivesFile, b2.ObjectivesFile, a2.InferencePool, b2.InferencePool = "", "", "", ""
 	return reflect.DeepEqual(a2, b2)
 }
 
@@ -152,7 +154,11 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 	// tenant from a caller who may not send it counts for nothing (its
 	// decision will refuse it).
 	trusted := st.cfg.Trust.trusted(req.Headers)
-	if hdr, err := parseHeaders(req.Headers); err == nil && st.cfg.Trust.Steering.allows(trusted) {
+	if hdr, err := parseHeaders(req.Headers); err == nil {
+		if !st.cfg.Trust.Steering.allows(trusted) {
+			hdr = headers{}
+		}
+		st.cfg.objectivePriority(req.Headers, &hdr, trusted)
 		out.Priority, out.Wait = hdr.priority, hdr.slo.TTFT
 	}
 	if t := st.cfg.Tenancy.Header; t != "" && st.cfg.Tenancy.allows(req.Headers, trusted) {

@@ -67,6 +67,20 @@ type Config struct {
 	// Weights are the tenants' shares under weighted fairness (default
 	// 1); read only by weighted.
 	Weights map[string]float64 `yaml:"weights"`
+	// Objectives map the Inference Extension's InferenceObjectives to
+	// priorities: a request naming one in x-gateway-inference-objective
+	// (globalrouter.HeaderObjective) has its priority, unless an honoured
+	// x-kvgate-priority sets one; a name not listed is priority 0, as the
+	// endpoint picker does. Read by the global router per request.
+	Objectives []Objective `yaml:"objectives"`
+	// ObjectivesFile is a file of InferenceObjective manifests (relative
+	// to the configuration file; ParseObjectives) whose objectives are
+	// read as Objectives too.
+	ObjectivesFile string `yaml:"objectives_file"`
+	// InferencePool keeps, of ObjectivesFile's objectives, those whose
+	// poolRef names this InferencePool ("": every one); read only with
+	// ObjectivesFile.
+	InferencePool string `yaml:"inference_pool"`
 	// Reprobe is the live queue's re-probe tick (default
 	// DefaultReprobe): besides the frees of its own requests, the queue
 	// tries its head this often.
@@ -216,6 +230,20 @@ func (c *Config) Validate() []Problem {
 	}
 	if c.Saturation.MaxPrefillTokens < -1 || c.Saturation.MaxDecodeTokens < 0 {
 		bad("saturation", "thresholds must not be negative (max_prefill_tokens -1: not checked)")
+	}
+	seen := map[string]bool{}
+	for i, o := range c.Objectives {
+		key := fmt.Sprintf("objectives[%d].name", i)
+		switch {
+		case len(o.Name) == 0 || len(o.Name) > 253 || !dnsSubdomain.MatchString(o.Name):
+			bad(key, "%q is not an InferenceObjective name (lower-case letters, digits, '-' and '.', at most 253)", o.Name)
+		case seen[o.Name]:
+			bad(key, "objective %q listed twice", o.Name)
+		}
+		seen[o.Name] = true
+	}
+	if c.InferencePool != "" && c.ObjectivesFile == "" {
+		bad("inference_pool", "read only with objectives_file (it picks the file's objectives by poolRef)")
 	}
 	if c.MaxFlowLabels < 0 {
 		bad("max_flow_labels", "%d must not be negative", c.MaxFlowLabels)

@@ -26,7 +26,9 @@
 //
 // Files: config.go (Config, Band, Capacity, Saturation, the defaults and
 // their principles, Validate), queue.go (Queue, Ticket, Refused, Late),
-// fairness.go (Fairness, RoundRobin, Weighted), live.go (Live, Try: the
+// fairness.go (Fairness, RoundRobin, Weighted), objectives.go
+// (Objective, ParseObjectives: the Inference Extension's InferenceObjective
+// manifests, strictly, by pool), live.go (Live, Try: the
 // wall-clock wrapper), metrics.go (the Prometheus metrics; tenants past
 // max_flow_labels are counted as "other").
 // docs/flow-control.md describes it for operators.
