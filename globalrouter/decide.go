@@ -214,7 +214,7 @@ again:
 		}
 		return nil, r.noPool(st, p, results, nil)
 	}
-	if sat, need := flowSaturated(&st.cfg.FlowControl, cands, len(p.tokens)); sat {
+	if sat, need := flowSaturated(&st.cfg.FlowControl, cands, len(p.tokens), p.view.Priority); sat {
 		return nil, &Refusal{Kind: ErrSaturated, Reason: "saturated", Public: "every eligible pool is saturated; retry later", TTFT: need}
 	}
 	ranked, err := st.chain.Rank(&p.view, cands, trace)

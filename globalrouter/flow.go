@@ -195,6 +195,7 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	var need time.Duration
 	fr, key := r.FlowRequest(req)
+	seen := q.Kicks() // a free during its decision is not lost (WaitAfter)
 	if q.Ahead(fr.Priority) == 0 {
 		d, err := r.decideOnce(ctx, req)
 		if !errors.Is(err, ErrSaturated) || ctx.Err() != nil {
@@ -227,7 +228,7 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	undo := func() { _ = d.Lease.Free(context.WithoutCancel(ctx)) }
 	start = r.opts.now()
-	err = q.Wait(ctx, fr, try, undo)
+	err = q.WaitAfter(ctx, fr, seen, try, undo)
 	var rf *flowcontrol.Refused
 	if errors.As(err, &rf) {
 		return nil, &Refusal{Kind: ErrSaturated, Reason: rf.Reason, Public: rf.Msg, Err: rf}
@@ -252,12 +253,13 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 // need is the request's least predicted time to first token among the
 // serving candidates (routing.Selection.TTFT): the time it still needs
 // once dispatched, which shortens its queue deadline.
-func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl int) (saturated bool, need time.Duration) {
+func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl, priority int) (saturated bool, need time.Duration) {
 	if !cfg.Enabled {
 		return false, 0
 	}
 	need = -1
-	rule := policies.PriorityShed{MaxPrefillTokens: max(cfg.Saturation.MaxPrefillTokens, 0), MaxDecodeTokens: cfg.Saturation.MaxDecodeTokens}
+	sat := cfg.SaturationFor(priority)
+	rule := policies.PriorityShed{MaxPrefillTokens: max(sat.MaxPrefillTokens, 0), MaxDecodeTokens: sat.MaxDecodeTokens}
 	serving := 0
 	for _, c := range cands {
 		if c.Role == policies.RolePrefill {

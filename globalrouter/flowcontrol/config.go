@@ -31,6 +31,15 @@ const (
 	// requests the workers would have served in time; 32768 and more
 	// served fewer under overload.
 	DefaultMaxPrefillTokens = 16384
+	// DefaultLowerBandShare: the bands below the top one are saturated at
+	// a quarter of its max_prefill_tokens (4,096 of 16,384: half an engine
+	// step), so a top-band request arriving at a worker waits behind at
+	// most half a step of theirs. Taken from the replay on both traces
+	// (BENCHMARKS.md, "Flow control: headroom for the high band"): 1 (the
+	// same mark) and 0.5 left the high band's p99 at 2× 1.6-3.0× its
+	// 0.7×; 0.125 and a single token starved the low band at 0.7× on the
+	// agentic trace.
+	DefaultLowerBandShare = 0.25
 	// DefaultMaxFlowLabels caps the tenants that get their own metric
 	// label; the others are counted as "other".
 	DefaultMaxFlowLabels = 32
@@ -103,6 +112,10 @@ type Band struct {
 	// Requests and Bytes bound the band (0: only the queue's Capacity).
 	Requests int   `yaml:"requests"`
 	Bytes    int64 `yaml:"bytes"`
+	// Saturation, when set, is the band's own rule in place of the
+	// queue's (Config.Saturation): a lower band given a lower mark leaves
+	// the engines headroom for the bands above it (SaturationFor).
+	Saturation *Saturation `yaml:"saturation"`
 }
 
 // Capacity bounds a queue.
@@ -123,6 +136,11 @@ type Saturation struct {
 	// (default 0, not checked: the probe does not know the worker's KV
 	// capacity; set it to ~90 % of it).
 	MaxDecodeTokens int `yaml:"max_decode_tokens"`
+	// LowerBandShare is the share of MaxPrefillTokens the bands below
+	// the top one are saturated at (default DefaultLowerBandShare; 1: the
+	// same mark): the headroom left for the top band. A band's own
+	// saturation replaces it.
+	LowerBandShare float64 `yaml:"lower_band_share"`
 }
 
 // ErrConfig is the error of an invalid Config.
@@ -161,6 +179,9 @@ func (c *Config) Defaults() {
 	}
 	if c.Saturation.MaxPrefillTokens == 0 {
 		c.Saturation.MaxPrefillTokens = DefaultMaxPrefillTokens
+	}
+	if c.Saturation.LowerBandShare == 0 {
+		c.Saturation.LowerBandShare = DefaultLowerBandShare
 	}
 	if c.MaxFlowLabels == 0 {
 		c.MaxFlowLabels = DefaultMaxFlowLabels
@@ -204,6 +225,12 @@ func (c *Config) Validate() []Problem {
 		if b.Requests < 0 || b.Bytes < 0 {
 			bad(key, "requests and bytes must not be negative")
 		}
+		if s := b.Saturation; s != nil && (s.MaxPrefillTokens < -1 || s.MaxDecodeTokens < 0) {
+			bad(key+".saturation", "thresholds must not be negative (max_prefill_tokens -1: not checked, 0: the queue's)")
+		}
+		if s := b.Saturation; s != nil && s.LowerBandShare != 0 {
+			bad(key+".saturation.lower_band_share", "read from flow_control.saturation only")
+		}
 	}
 	if c.Capacity.Requests < 0 || c.Capacity.Bytes < 0 {
 		bad("capacity", "requests and bytes must not be negative")
@@ -231,6 +258,9 @@ func (c *Config) Validate() []Problem {
 	if c.Saturation.MaxPrefillTokens < -1 || c.Saturation.MaxDecodeTokens < 0 {
 		bad("saturation", "thresholds must not be negative (max_prefill_tokens -1: not checked)")
 	}
+	if x := c.Saturation.LowerBandShare; !(x >= 0 && x <= 1) {
+		bad("saturation.lower_band_share", "%v: want a share above 0, at most 1", x)
+	}
 	seen := map[string]bool{}
 	for i, o := range c.Objectives {
 		key := fmt.Sprintf("objectives[%d].name", i)
@@ -247,6 +277,32 @@ func (c *Config) Validate() []Problem {
 	}
 	if c.MaxFlowLabels < 0 {
 		bad("max_flow_labels", "%d must not be negative", c.MaxFlowLabels)
+	}
+	return out
+}
+
+// SaturationFor is the saturation rule of priority p's band (defaults
+// applied): the band's own when set (its unset max_prefill_tokens the
+// queue's); else the queue's for the top band, and for the bands below it
+// the queue's with max_prefill_tokens scaled by lower_band_share (at
+// least 1 token).
+func (c *Config) SaturationFor(p int) Saturation {
+	out := c.Saturation
+	if len(c.Bands) == 0 {
+		return out
+	}
+	i := c.band(p)
+	if s := c.Bands[i].Saturation; s != nil {
+		if s.MaxDecodeTokens != 0 {
+			out.MaxDecodeTokens = s.MaxDecodeTokens
+		}
+		if s.MaxPrefillTokens != 0 {
+			out.MaxPrefillTokens = s.MaxPrefillTokens
+		}
+		return out
+	}
+	if share := out.LowerBandShare; i > 0 && share > 0 && share < 1 && out.MaxPrefillTokens > 0 {
+		out.MaxPrefillTokens = max(1, int(float64(out.MaxPrefillTokens)*share))
 	}
 	return out
 }

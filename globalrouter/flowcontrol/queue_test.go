@@ -172,6 +172,10 @@ func TestConfigValidate(t *testing.T) {
 		{"weights unread", flowcontrol.Config{Weights: map[string]float64{"a": 2}}, "weights"},
 		{"bad weight", flowcontrol.Config{Fairness: "weighted", Weights: map[string]float64{"a": -1}}, "weights"},
 		{"negative deadline", flowcontrol.Config{Deadline: -time.Second}, "deadline"},
+		{"share above 1", flowcontrol.Config{Saturation: flowcontrol.Saturation{LowerBandShare: 1.5}}, "saturation.lower_band_share"},
+		{"share in a band", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}, {Name: "b", Saturation: &flowcontrol.Saturation{LowerBandShare: 0.5}}}}, "bands[1].saturation.lower_band_share"},
+		{"bad objective name", flowcontrol.Config{Objectives: []flowcontrol.Objective{{Name: "A B"}}}, "objectives[0].name"},
+		{"objective twice", flowcontrol.Config{Objectives: []flowcontrol.Objective{{Name: "a"}, {Name: "a", Priority: 1}}}, "objectives[1].name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Defaults()
@@ -184,6 +188,39 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestSaturationFor: the top band has the queue's mark, the bands below
+// lower_band_share of it (a quarter by default, at least a token), a
+// band's own saturation replaces either.
+func TestSaturationFor(t *testing.T) {
+	three := []flowcontrol.Band{{Name: "top", MinPriority: ptr(10)}, {Name: "mid", MinPriority: ptr(1)}, {Name: "rest"}}
+	own := []flowcontrol.Band{{Name: "top", MinPriority: ptr(1)}, {Name: "rest", Saturation: &flowcontrol.Saturation{MaxPrefillTokens: 100, MaxDecodeTokens: 7}}}
+	for _, tc := range []struct {
+		name     string
+		cfg      flowcontrol.Config
+		priority int
+		want     int
+	}{
+		{"default top", flowcontrol.Config{}, 1, 16384},
+		{"default lower", flowcontrol.Config{}, 0, 4096},
+		{"share 1: one mark", flowcontrol.Config{Saturation: flowcontrol.Saturation{LowerBandShare: 1}}, 0, 16384},
+		{"middle band", flowcontrol.Config{Bands: three}, 5, 4096},
+		{"one token stays one", flowcontrol.Config{Saturation: flowcontrol.Saturation{MaxPrefillTokens: 1}}, 0, 1},
+		{"not checked stays", flowcontrol.Config{Saturation: flowcontrol.Saturation{MaxPrefillTokens: -1}}, 0, -1},
+		{"band's own", flowcontrol.Config{Bands: own}, 0, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Enabled = true
+			tc.cfg.Defaults()
+			if ps := tc.cfg.Validate(); len(ps) > 0 {
+				t.Fatal(ps)
+			}
+			if got := tc.cfg.SaturationFor(tc.priority).MaxPrefillTokens; got != tc.want {
+				t.Errorf("priority %d: max_prefill_tokens %d, want %d", tc.priority, got, tc.want)
+			}
+		})
+	}
+}
 
 // A request with a target waits at most its target less its predicted
 // service time (Need), and is refused at the door when that is nothing.
