@@ -287,11 +287,18 @@ func (c *Config) Validate() []Problem {
 // the queue's with max_prefill_tokens scaled by lower_band_share (at
 // least 1 token).
 func (c *Config) SaturationFor(p int) Saturation {
-	out := c.Saturation
 	if len(c.Bands) == 0 {
+		return c.Saturation
+	}
+	return c.BandSaturation(c.band(p))
+}
+
+// BandSaturation is band i's saturation rule (SaturationFor).
+func (c *Config) BandSaturation(i int) Saturation {
+	out := c.Saturation
+	if i < 0 || i >= len(c.Bands) {
 		return out
 	}
-	i := c.band(p)
 	if s := c.Bands[i].Saturation; s != nil {
 		if s.MaxDecodeTokens != 0 {
 			out.MaxDecodeTokens = s.MaxDecodeTokens

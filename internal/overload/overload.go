@@ -133,8 +133,12 @@ pools: [{name: p, models: [m], routers: {etcd: true}}]
 // here its 4 running sequences do, and 16,384 tokens are ~44 of these
 // prompts, 11 whole requests' wait per worker. One token (the former
 // value) held a request whenever another prompt was being prefilled on
-// both workers, in the running batch or not: at 0.7× it cost ~190 ms a
-// request (BENCHMARKS.md, "Flow control: headroom for the high band").
+// both workers, in the running batch or not: at 0.7× its mean TTFT was
+// 218-275 ms against 65-78 ms with the rule off and 85-115 ms shedding;
+// this rule measured 85-235 ms (mean of five runs 169), the same 2×
+// figures within the noise (BENCHMARKS.md, "Flow control: headroom for
+// the high band"). Telling a prompt in the running batch from a queued
+// one needs the engine's fresh waiting count, which the router lacks.
 var FlowSaturation = flowcontrol.Saturation{MaxPrefillTokens: 4 * 370}
 
 func (c *Config) defaults() error {
