@@ -49,6 +49,7 @@ const (
 const (
 	FairnessRoundRobin = "round_robin"
 	FairnessWeighted   = "weighted"
+	FairnessShortest   = "shortest"
 )
 
 // Config is a global router's flow control (its YAML section
@@ -71,7 +72,9 @@ type Config struct {
 	Deadline time.Duration `yaml:"deadline"`
 	// Fairness shares a band between flows (tenants, by the tenancy
 	// header; untenanted requests are one flow): round_robin (default),
-	// or weighted by Weights.
+	// weighted by Weights, or shortest (the flow whose oldest request is
+	// the smallest goes next: more requests served per prefilled token,
+	// at the cost of the turn-taking; Shortest).
 	Fairness string `yaml:"fairness"`
 	// Weights are the tenants' shares under weighted fairness (default
 	// 1); read only by weighted.
@@ -242,7 +245,7 @@ func (c *Config) Validate() []Problem {
 		bad("reprobe", "%v must not be negative", c.Reprobe)
 	}
 	switch c.Fairness {
-	case FairnessRoundRobin:
+	case FairnessRoundRobin, FairnessShortest:
 		if len(c.Weights) > 0 {
 			bad("weights", "read only by fairness: weighted (fairness is %s)", c.Fairness)
 		}
@@ -253,7 +256,7 @@ func (c *Config) Validate() []Problem {
 			}
 		}
 	default:
-		bad("fairness", "%q: want %s or %s", c.Fairness, FairnessRoundRobin, FairnessWeighted)
+		bad("fairness", "%q: want %s, %s or %s", c.Fairness, FairnessRoundRobin, FairnessWeighted, FairnessShortest)
 	}
 	if c.Saturation.MaxPrefillTokens < -1 || c.Saturation.MaxDecodeTokens < 0 {
 		bad("saturation", "thresholds must not be negative (max_prefill_tokens -1: not checked)")

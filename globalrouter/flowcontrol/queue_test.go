@@ -77,6 +77,27 @@ func TestRoundRobinFairnessAndFCFS(t *testing.T) {
 	}
 }
 
+// TestShortestFairness: the flow whose oldest request is the smallest
+// goes next; within a flow, first come first served (b's small second
+// request waits behind its large first).
+func TestShortestFairness(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{Fairness: flowcontrol.FairnessShortest})
+	for i, r := range []flowcontrol.Request{
+		{Flow: "a", Bytes: 500, Value: "a500"},
+		{Flow: "b", Bytes: 900, Value: "b900"},
+		{Flow: "b", Bytes: 10, Value: "b10"},
+		{Flow: "c", Bytes: 100, Value: "c100"},
+		{Flow: "a", Bytes: 50, Value: "a50"},
+		{Flow: "d", Bytes: 100, Value: "d100"},
+	} {
+		enqueue(t, q, t0.Add(time.Duration(i)), r)
+	}
+	want := []string{"c100", "d100", "a500", "a50", "b900", "b10"}
+	if diff := cmp.Diff(want, drain(q)); diff != "" {
+		t.Errorf("dispatch order (-want +got):\n%s", diff)
+	}
+}
+
 func TestWeightedFairness(t *testing.T) {
 	q := newQueue(t, flowcontrol.Config{Fairness: flowcontrol.FairnessWeighted, Weights: map[string]float64{"a": 2}})
 	for i := range 6 {
@@ -169,6 +190,7 @@ func TestConfigValidate(t *testing.T) {
 		{"bands out of order", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}, {Name: "b", MinPriority: ptr(2)}, {Name: "c"}}}, "bands[1].min_priority"},
 		{"duplicate name", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}, {Name: "a"}}}, "bands[1].name"},
 		{"unknown fairness", flowcontrol.Config{Fairness: "lottery"}, "fairness"},
+		{"weights unread by shortest", flowcontrol.Config{Fairness: "shortest", Weights: map[string]float64{"a": 2}}, "weights"},
 		{"weights unread", flowcontrol.Config{Weights: map[string]float64{"a": 2}}, "weights"},
 		{"bad weight", flowcontrol.Config{Fairness: "weighted", Weights: map[string]float64{"a": -1}}, "weights"},
 		{"negative deadline", flowcontrol.Config{Deadline: -time.Second}, "deadline"},
