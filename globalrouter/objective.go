@@ -32,7 +32,11 @@ func (c *Config) loadObjectives(errs *[]error) {
 		return
 	}
 	c.objectives = make(map[string]int, len(fc.Objectives))
-	for _, o := range fc.Objectives {
+	for i, o := range fc.Objectives {
+		// The decoder truncates 1.5 into 1: a priority is an integer.
+		if n := config.Field(config.NodeAt(c.at["flow_control:"], "objectives", i), "priority"); n != nil && n.Tag != "!!int" {
+			*errs = append(*errs, fmt.Errorf("%s:%d:%d: %w: flow_control.objectives[%d].priority: %q is not an integer", c.file(), n.Line, n.Column, policies.ErrConfig, i, n.Value))
+		}
 		c.objectives[o.Name] = o.Priority
 	}
 	if fc.ObjectivesFile == "" {
