@@ -219,18 +219,28 @@ func checkConfig(x *extensions, path, shadowPath string, withEtcd bool, w, warn 
 	}
 	if fc := cfg.FlowControl; fc.Enabled {
 		var bands []string
-		for _, band := range fc.Bands {
+		for i, band := range fc.Bands {
+			sat := fc.BandSaturation(i)
+			mark := fmt.Sprintf("saturated above %d prefill tokens, %d decode tokens", max(sat.MaxPrefillTokens, 0), sat.MaxDecodeTokens)
 			if band.MinPriority != nil {
-				bands = append(bands, fmt.Sprintf("%s (priority ≥ %d)", band.Name, *band.MinPriority))
+				bands = append(bands, fmt.Sprintf("%s (priority ≥ %d; %s)", band.Name, *band.MinPriority, mark))
 			} else {
-				bands = append(bands, band.Name)
+				bands = append(bands, fmt.Sprintf("%s (%s)", band.Name, mark))
 			}
 		}
-		fmt.Fprintf(&b, "flow control: requests to saturated pools wait (bands %s; %d requests, %d bytes per queue; deadline %v; %s between tenants); saturated above %d prefill tokens, %d decode tokens (0: not checked)\n",
-			strings.Join(bands, " > "), fc.Capacity.Requests, fc.Capacity.Bytes, fc.Deadline, fc.Fairness, max(fc.Saturation.MaxPrefillTokens, 0), fc.Saturation.MaxDecodeTokens)
+		fmt.Fprintf(&b, "flow control: requests to saturated pools wait (bands %s; %d requests, %d bytes per queue; deadline %v; %s between tenants; 0 tokens: not checked; %d objectives named inline%s)\n",
+			strings.Join(bands, " > "), fc.Capacity.Requests, fc.Capacity.Bytes, fc.Deadline, fc.Fairness, len(fc.Objectives), objectivesFile(fc.ObjectivesFile))
 	}
 	_, err = w.Write(b.Bytes())
 	return err
+}
+
+// objectivesFile names flow control's objectives file in the summary.
+func objectivesFile(f string) string {
+	if f == "" {
+		return ""
+	}
+	return ", more in " + f
 }
 
 func writeChain(b *bytes.Buffer, specs []policies.Spec) {

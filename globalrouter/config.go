@@ -49,6 +49,9 @@ type Config struct {
 	sum [32]byte
 	// shadowChain is Shadow's chain, built by validate.
 	shadowChain *policies.Chain
+	// objectives are FlowControl's objectives (its list and its file's),
+	// by name: their priorities, built by validate (objective.go).
+	objectives map[string]int
 	// at locates the sections validate's errors name ("probe",
 	// "models[i]") in the file, for file:line:column (nil: built in Go).
 	at map[string]*yaml.Node
@@ -343,14 +346,22 @@ func (c *Config) validateFlow(errs *[]error) {
 		if !reflect.DeepEqual(*fc, flowcontrol.Config{}) {
 			c.failAt(errs, "flow_control", "flow_control is set but not enabled (enabled: true), so nothing reads it")
 		}
+		if c.Trust.Objectives != "" && c.Trust.Objectives.valid() {
+			c.failAt(errs, "", "trust.objectives is set but flow control is off, so nothing reads it")
+		}
+		c.objectives = nil
 		return
 	}
-	for _, p := range fc.Validate() {
+	problems := fc.Validate()
+	for _, p := range problems {
 		where := c.file()
 		if n := config.NodeAt(c.at["flow_control:"], flowPath(p.Key)...); n != nil {
 			where = fmt.Sprintf("%s:%d:%d", where, n.Line, n.Column)
 		}
 		*errs = append(*errs, fmt.Errorf("%s: %w: %w", where, policies.ErrConfig, p))
+	}
+	if len(problems) == 0 {
+		c.loadObjectives(errs)
 	}
 }
 
@@ -528,6 +539,9 @@ func parseConfig(file string, data []byte) (*Config, error) {
 	c := &Config{Probe: fc.Probe, Trust: fc.Trust, Tenancy: fc.Tenancy, Chain: fc.Chain, Models: fc.Models, Pools: pools, Shadow: fc.Shadow, FlowControl: fc.FlowControl, File: file, sum: watchSum(file, data), at: sections(doc)}
 	if c.Shadow != nil {
 		c.Shadow.setFile(file)
+	}
+	if p := &c.FlowControl.ObjectivesFile; *p != "" && !filepath.IsAbs(*p) {
+		*p = filepath.Join(filepath.Dir(file), *p)
 	}
 	for i := range c.Chain {
 		c.Chain[i].Args.File = file

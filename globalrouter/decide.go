@@ -99,6 +99,9 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: msg}
 	}
+	if st.cfg.objectivePriority(req.Headers, &hdr, trusted) {
+		return nil, &Refusal{Kind: ErrForbidden, Reason: "untrusted_header", Public: HeaderObjective + " is honoured for trusted callers only"}
+	}
 	// The tenant, once, from this decision's snapshot: the salting and
 	// the policies below read this field, never the header again.
 	tenant, terr := st.cfg.Tenancy.tenant(req, trusted)
@@ -219,7 +222,7 @@ again:
 		}
 		return nil, r.noPool(st, p, results, nil)
 	}
-	if sat, need := flowSaturated(&st.cfg.FlowControl, cands, len(p.tokens)); sat {
+	if sat, need := flowSaturated(&st.cfg.FlowControl, cands, len(p.tokens), p.view.Priority); sat {
 		return nil, &Refusal{Kind: ErrSaturated, Reason: "saturated", Public: "every eligible pool is saturated; retry later", TTFT: need}
 	}
 	ranked, err := st.chain.Rank(&p.view, cands, trace)

@@ -86,7 +86,11 @@
 // (the decision, probe, commit and ejection metrics),
 // probers.go (the bounded probe goroutines), flow.go (flow control:
 // Decide waits in the queue of its pools while they are all saturated,
-// package flowcontrol; FlowQueues, FlowRequest), workerchain.go
+// package flowcontrol; FlowQueues, FlowRequest), objective.go (the
+// Inference Extension's objective header, x-gateway-inference-objective:
+// the priority of a configured InferenceObjective, flow_control.objectives
+// and objectives_file; trust.objectives says who may name one, default
+// anyone, as the endpoint picker), workerchain.go
 // (CheckWorkerChains: the pools' worker chains checked against a local
 // router's scorer registry, by the process that links one; Validate checks
 // their shape only).

@@ -78,11 +78,13 @@ func (f *flowQueues) queue(key string, cfg flowcontrol.Config) (*flowcontrol.Liv
 }
 
 // sameQueueConfig reports whether a and b make the same queue (the
-// saturation thresholds are not the queue's).
+// saturation thresholds and the objectives are not the queue's).
 func sameQueueConfig(a, b *flowcontrol.Config) bool {
 	a2, b2 := *a, *b
 	b2.Defaults()
 	a2.Saturation, b2.Saturation = flowcontrol.Saturation{}, flowcontrol.Saturation{}
+	a2.Objectives, b2.Objectives = nil, nil // read per request
+	a2.ObjectivesFile, b2.ObjectivesFile, a2.InferencePool, b2.InferencePool = "", "", "", ""
 	return reflect.DeepEqual(a2, b2)
 }
 
@@ -152,7 +154,11 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 	// tenant from a caller who may not send it counts for nothing (its
 	// decision will refuse it).
 	trusted := st.cfg.Trust.trusted(req.Headers)
-	if hdr, err := parseHeaders(req.Headers); err == nil && st.cfg.Trust.Steering.allows(trusted) {
+	if hdr, err := parseHeaders(req.Headers); err == nil {
+		if !st.cfg.Trust.Steering.allows(trusted) {
+			hdr = headers{}
+		}
+		st.cfg.objectivePriority(req.Headers, &hdr, trusted)
 		out.Priority, out.Wait = hdr.priority, hdr.slo.TTFT
 	}
 	if tenant, err := st.cfg.Tenancy.tenant(req, trusted); err == nil {
@@ -189,6 +195,7 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	var need time.Duration
 	fr, key := r.FlowRequest(req)
+	seen := q.Kicks() // a free during its decision is not lost (WaitAfter)
 	if q.Ahead(fr.Priority) == 0 {
 		d, err := r.decideOnce(ctx, req)
 		if !errors.Is(err, ErrSaturated) || ctx.Err() != nil {
@@ -221,7 +228,7 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	undo := func() { _ = d.Lease.Free(context.WithoutCancel(ctx)) }
 	start = r.opts.now()
-	err = q.Wait(ctx, fr, try, undo)
+	err = q.WaitAfter(ctx, fr, seen, try, undo)
 	var rf *flowcontrol.Refused
 	if errors.As(err, &rf) {
 		return nil, &Refusal{Kind: ErrSaturated, Reason: rf.Reason, Public: rf.Msg, Err: rf}
@@ -246,12 +253,13 @@ func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
 // need is the request's least predicted time to first token among the
 // serving candidates (routing.Selection.TTFT): the time it still needs
 // once dispatched, which shortens its queue deadline.
-func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl int) (saturated bool, need time.Duration) {
+func flowSaturated(cfg *flowcontrol.Config, cands []policies.Candidate, isl, priority int) (saturated bool, need time.Duration) {
 	if !cfg.Enabled {
 		return false, 0
 	}
 	need = -1
-	rule := policies.PriorityShed{MaxPrefillTokens: max(cfg.Saturation.MaxPrefillTokens, 0), MaxDecodeTokens: cfg.Saturation.MaxDecodeTokens}
+	sat := cfg.SaturationFor(priority)
+	rule := policies.PriorityShed{MaxPrefillTokens: max(sat.MaxPrefillTokens, 0), MaxDecodeTokens: sat.MaxDecodeTokens}
 	serving := 0
 	for _, c := range cands {
 		if c.Role == policies.RolePrefill {

@@ -20,10 +20,10 @@ func TestFlowSaturatedNeed(t *testing.T) {
 		return policies.Candidate{Pool: "p", Probe: routing.Selection{PrefillTokens: waiting, BlockSize: 16, TTFT: ttftMs}}
 	}
 	over := cfg.Saturation.MaxPrefillTokens + 1000
-	if sat, need := flowSaturated(&cfg, []policies.Candidate{cand(over, 400), cand(over, 300)}, 10); !sat || need != 300*time.Millisecond {
+	if sat, need := flowSaturated(&cfg, []policies.Candidate{cand(over, 400), cand(over, 300)}, 10, 0); !sat || need != 300*time.Millisecond {
 		t.Errorf("past the rule: saturated %v need %v, want true, 300ms", sat, need)
 	}
-	if sat, _ := flowSaturated(&cfg, []policies.Candidate{cand(over, 400), cand(100, 900)}, 10); sat {
+	if sat, _ := flowSaturated(&cfg, []policies.Candidate{cand(over, 400), cand(100, 900)}, 10, 0); sat {
 		t.Error("one pool under the rule: held, want dispatched")
 	}
 }

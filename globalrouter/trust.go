@@ -58,6 +58,13 @@ type TrustConfig struct {
 	// x-prefiller-host-port, x-kvgate-explain): they tell a client what
 	// the cache holds, an oracle for other tenants' prompts. Default off.
 	RoutingHeaders Access `yaml:"routing_headers"`
+	// Objectives: who may name an InferenceObjective
+	// (x-gateway-inference-objective) and so choose its priority. Default
+	// (unset) on: any caller, as the Inference Extension's endpoint picker
+	// takes it from any request; the objectives it can name are the
+	// operator's (flow_control.objectives). trusted or off answer others
+	// 403. Read only when flow_control names objectives.
+	Objectives Access `yaml:"objectives"`
 
 	digests [][]byte
 }
@@ -79,6 +86,9 @@ func (t *TrustConfig) validate(file string) error {
 	if !t.Steering.valid() {
 		return fmt.Errorf("%s: %w: trust.steering %q: want off, trusted or on", file, policies.ErrConfig, t.Steering)
 	}
+	if t.Objectives != "" && !t.Objectives.valid() {
+		return fmt.Errorf("%s: %w: trust.objectives %q: want off, trusted or on", file, policies.ErrConfig, t.Objectives)
+	}
 	if !t.RoutingHeaders.valid() {
 		return fmt.Errorf("%s: %w: trust.routing_headers %q: want off, trusted or on", file, policies.ErrConfig, t.RoutingHeaders)
 	}
@@ -91,6 +101,12 @@ func (t *TrustConfig) validate(file string) error {
 		t.digests = append(t.digests, b)
 	}
 	return nil
+}
+
+// objectivesAllow reports whether a caller of the given trust may name an
+// objective (unset: anyone).
+func (t *TrustConfig) objectivesAllow(trusted bool) bool {
+	return t.Objectives == "" || t.Objectives.allows(trusted)
 }
 
 // trusted reports whether the request's headers carry a trusted token.

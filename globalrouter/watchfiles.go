@@ -13,7 +13,7 @@ import (
 
 // What WatchFile looks at: the configuration file and every file it
 // references — the pools' policy files, the models' tokenizer files and
-// chat templates — and the shadow file (WithShadowFile). The list is read
+// chat templates, flow control's objectives file — and the shadow file (WithShadowFile). The list is read
 // from the configuration file's content at each look, not from the current
 // configuration, so a file a refused configuration added is watched too: fixing it
 // reloads.
@@ -30,6 +30,9 @@ type refsView struct {
 			ChatTemplate string `yaml:"chat_template"`
 		} `yaml:"tokenizer"`
 	} `yaml:"models"`
+	FlowControl struct {
+		ObjectivesFile string `yaml:"objectives_file"`
+	} `yaml:"flow_control"`
 }
 
 // ReferencedFiles returns the files the configuration file at file, of
@@ -57,6 +60,7 @@ func ReferencedFiles(file string, data []byte) []string {
 		add(m.Tokenizer.Path)
 		add(m.Tokenizer.ChatTemplate)
 	}
+	add(v.FlowControl.ObjectivesFile)
 	slices.Sort(out)
 	return slices.Compact(out)
 }

@@ -31,6 +31,15 @@ const (
 	// requests the workers would have served in time; 32768 and more
 	// served fewer under overload.
 	DefaultMaxPrefillTokens = 16384
+	// DefaultLowerBandShare: the bands below the top one are saturated at
+	// a quarter of its max_prefill_tokens (4,096 of 16,384: half an engine
+	// step), so a top-band request arriving at a worker waits behind at
+	// most half a step of theirs. Taken from the replay on both traces
+	// (BENCHMARKS.md, "Flow control: headroom for the high band"): 1 (the
+	// same mark) and 0.5 left the high band's p99 at 2× 1.6-3.0× its
+	// 0.7×; 0.125 and a single token starved the low band at 0.7× on the
+	// agentic trace.
+	DefaultLowerBandShare = 0.25
 	// DefaultMaxFlowLabels caps the tenants that get their own metric
 	// label; the others are counted as "other".
 	DefaultMaxFlowLabels = 32
@@ -40,6 +49,7 @@ const (
 const (
 	FairnessRoundRobin = "round_robin"
 	FairnessWeighted   = "weighted"
+	FairnessShortest   = "shortest"
 )
 
 // Config is a global router's flow control (its YAML section
@@ -62,11 +72,27 @@ type Config struct {
 	Deadline time.Duration `yaml:"deadline"`
 	// Fairness shares a band between flows (tenants, by the tenancy
 	// header; untenanted requests are one flow): round_robin (default),
-	// or weighted by Weights.
+	// weighted by Weights, or shortest (the flow whose oldest request is
+	// the smallest goes next: more requests served per prefilled token,
+	// at the cost of the turn-taking; Shortest).
 	Fairness string `yaml:"fairness"`
 	// Weights are the tenants' shares under weighted fairness (default
 	// 1); read only by weighted.
 	Weights map[string]float64 `yaml:"weights"`
+	// Objectives map the Inference Extension's InferenceObjectives to
+	// priorities: a request naming one in x-gateway-inference-objective
+	// (globalrouter.HeaderObjective) has its priority, unless an honoured
+	// x-kvgate-priority sets one; a name not listed is priority 0, as the
+	// endpoint picker does. Read by the global router per request.
+	Objectives []Objective `yaml:"objectives"`
+	// ObjectivesFile is a file of InferenceObjective manifests (relative
+	// to the configuration file; ParseObjectives) whose objectives are
+	// read as Objectives too.
+	ObjectivesFile string `yaml:"objectives_file"`
+	// InferencePool keeps, of ObjectivesFile's objectives, those whose
+	// poolRef names this InferencePool ("": every one); read only with
+	// ObjectivesFile.
+	InferencePool string `yaml:"inference_pool"`
 	// Reprobe is the live queue's re-probe tick (default
 	// DefaultReprobe): besides the frees of its own requests, the queue
 	// tries its head this often.
@@ -89,6 +115,10 @@ type Band struct {
 	// Requests and Bytes bound the band (0: only the queue's Capacity).
 	Requests int   `yaml:"requests"`
 	Bytes    int64 `yaml:"bytes"`
+	// Saturation, when set, is the band's own rule in place of the
+	// queue's (Config.Saturation): a lower band given a lower mark leaves
+	// the engines headroom for the bands above it (SaturationFor).
+	Saturation *Saturation `yaml:"saturation"`
 }
 
 // Capacity bounds a queue.
@@ -109,6 +139,11 @@ type Saturation struct {
 	// (default 0, not checked: the probe does not know the worker's KV
 	// capacity; set it to ~90 % of it).
 	MaxDecodeTokens int `yaml:"max_decode_tokens"`
+	// LowerBandShare is the share of MaxPrefillTokens the bands below
+	// the top one are saturated at (default DefaultLowerBandShare; 1: the
+	// same mark): the headroom left for the top band. A band's own
+	// saturation replaces it.
+	LowerBandShare float64 `yaml:"lower_band_share"`
 }
 
 // ErrConfig is the error of an invalid Config.
@@ -147,6 +182,9 @@ func (c *Config) Defaults() {
 	}
 	if c.Saturation.MaxPrefillTokens == 0 {
 		c.Saturation.MaxPrefillTokens = DefaultMaxPrefillTokens
+	}
+	if c.Saturation.LowerBandShare == 0 {
+		c.Saturation.LowerBandShare = DefaultLowerBandShare
 	}
 	if c.MaxFlowLabels == 0 {
 		c.MaxFlowLabels = DefaultMaxFlowLabels
@@ -190,6 +228,12 @@ func (c *Config) Validate() []Problem {
 		if b.Requests < 0 || b.Bytes < 0 {
 			bad(key, "requests and bytes must not be negative")
 		}
+		if s := b.Saturation; s != nil && (s.MaxPrefillTokens < -1 || s.MaxDecodeTokens < 0) {
+			bad(key+".saturation", "thresholds must not be negative (max_prefill_tokens -1: not checked, 0: the queue's)")
+		}
+		if s := b.Saturation; s != nil && s.LowerBandShare != 0 {
+			bad(key+".saturation.lower_band_share", "read from flow_control.saturation only")
+		}
 	}
 	if c.Capacity.Requests < 0 || c.Capacity.Bytes < 0 {
 		bad("capacity", "requests and bytes must not be negative")
@@ -201,7 +245,7 @@ func (c *Config) Validate() []Problem {
 		bad("reprobe", "%v must not be negative", c.Reprobe)
 	}
 	switch c.Fairness {
-	case FairnessRoundRobin:
+	case FairnessRoundRobin, FairnessShortest:
 		if len(c.Weights) > 0 {
 			bad("weights", "read only by fairness: weighted (fairness is %s)", c.Fairness)
 		}
@@ -212,13 +256,63 @@ func (c *Config) Validate() []Problem {
 			}
 		}
 	default:
-		bad("fairness", "%q: want %s or %s", c.Fairness, FairnessRoundRobin, FairnessWeighted)
+		bad("fairness", "%q: want %s, %s or %s", c.Fairness, FairnessRoundRobin, FairnessWeighted, FairnessShortest)
 	}
 	if c.Saturation.MaxPrefillTokens < -1 || c.Saturation.MaxDecodeTokens < 0 {
 		bad("saturation", "thresholds must not be negative (max_prefill_tokens -1: not checked)")
 	}
+	if x := c.Saturation.LowerBandShare; !(x >= 0 && x <= 1) {
+		bad("saturation.lower_band_share", "%v: want a share above 0, at most 1", x)
+	}
+	seen := map[string]bool{}
+	for i, o := range c.Objectives {
+		key := fmt.Sprintf("objectives[%d].name", i)
+		switch {
+		case len(o.Name) == 0 || len(o.Name) > 253 || !dnsSubdomain.MatchString(o.Name):
+			bad(key, "%q is not an InferenceObjective name (lower-case letters, digits, '-' and '.', at most 253)", o.Name)
+		case seen[o.Name]:
+			bad(key, "objective %q listed twice", o.Name)
+		}
+		seen[o.Name] = true
+	}
+	if c.InferencePool != "" && c.ObjectivesFile == "" {
+		bad("inference_pool", "read only with objectives_file (it picks the file's objectives by poolRef)")
+	}
 	if c.MaxFlowLabels < 0 {
 		bad("max_flow_labels", "%d must not be negative", c.MaxFlowLabels)
+	}
+	return out
+}
+
+// SaturationFor is the saturation rule of priority p's band (defaults
+// applied): the band's own when set (its unset max_prefill_tokens the
+// queue's); else the queue's for the top band, and for the bands below it
+// the queue's with max_prefill_tokens scaled by lower_band_share (at
+// least 1 token).
+func (c *Config) SaturationFor(p int) Saturation {
+	if len(c.Bands) == 0 {
+		return c.Saturation
+	}
+	return c.BandSaturation(c.band(p))
+}
+
+// BandSaturation is band i's saturation rule (SaturationFor).
+func (c *Config) BandSaturation(i int) Saturation {
+	out := c.Saturation
+	if i < 0 || i >= len(c.Bands) {
+		return out
+	}
+	if s := c.Bands[i].Saturation; s != nil {
+		if s.MaxDecodeTokens != 0 {
+			out.MaxDecodeTokens = s.MaxDecodeTokens
+		}
+		if s.MaxPrefillTokens != 0 {
+			out.MaxPrefillTokens = s.MaxPrefillTokens
+		}
+		return out
+	}
+	if share := out.LowerBandShare; i > 0 && share > 0 && share < 1 && out.MaxPrefillTokens > 0 {
+		out.MaxPrefillTokens = max(1, int(float64(out.MaxPrefillTokens)*share))
 	}
 	return out
 }

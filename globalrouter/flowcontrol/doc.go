@@ -3,7 +3,8 @@
 // with 429, until a pool has room or its deadline passes.
 //
 // The queue has strict priority bands (x-kvgate-priority, as the global
-// router reads it from trusted callers), and within a band shares turns
+// router reads it from trusted callers, or the priority of the
+// InferenceObjective a request names, Objective), and within a band shares turns
 // fairly between flows (tenants, by the tenancy header; untenanted
 // requests are one flow) with a pluggable Fairness (RoundRobin by
 // default, Weighted by configured shares); within a flow, first come
@@ -15,7 +16,10 @@
 // the worker it would get passes it; checked at the door and at
 // dispatch, Late) or when the router stops
 // (queue_closed) is a *Refused, which the global router answers 429 with
-// retry-after.
+// retry-after. Saturation is judged per band (SaturationFor): the bands
+// below the top one at lower_band_share of its mark, the headroom that
+// keeps the top band's requests from waiting behind theirs in the
+// engines' first-come-first-served queues.
 //
 // The core (Queue) runs nothing by itself: no goroutine, no timer; its
 // callers pass the time, and call Enqueue, Peek, Dispatch, Cancel and
@@ -26,7 +30,9 @@
 //
 // Files: config.go (Config, Band, Capacity, Saturation, the defaults and
 // their principles, Validate), queue.go (Queue, Ticket, Refused, Late),
-// fairness.go (Fairness, RoundRobin, Weighted), live.go (Live, Try: the
+// fairness.go (Fairness, RoundRobin, Weighted), objectives.go
+// (Objective, ParseObjectives: the Inference Extension's InferenceObjective
+// manifests, strictly, by pool), live.go (Live, Try: the
 // wall-clock wrapper), metrics.go (the Prometheus metrics; tenants past
 // max_flow_labels are counted as "other").
 // docs/flow-control.md describes it for operators.

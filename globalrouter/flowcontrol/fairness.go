@@ -16,8 +16,11 @@ type Fairness interface {
 
 // builtinFairness is the fairness of cfg.Fairness.
 func builtinFairness(cfg *Config) Fairness {
-	if cfg.Fairness == FairnessWeighted {
+	switch cfg.Fairness {
+	case FairnessWeighted:
 		return &Weighted{}
+	case FairnessShortest:
+		return &Shortest{}
 	}
 	return &RoundRobin{}
 }
@@ -90,4 +93,29 @@ func (w *Weighted) Remove(f *Flow) {
 		w.active.Remove(f.ring)
 		f.ring = nil
 	}
+}
+
+// Shortest serves, of the active flows, the one whose oldest request is
+// the smallest (Request.Bytes: its body, a prompt's size), the earliest
+// activated on a tie; within a flow still first come, first served. It
+// dispatches by predicted work: under overload more requests are served
+// per prefilled token (as shedding does by refusing the longest prompts
+// first), and a flow of long prompts waits while shorter heads keep
+// coming, up to its requests' deadlines (queue_deadline): no share is
+// promised. Not the default (round_robin is).
+type Shortest struct{ RoundRobin }
+
+var _ Fairness = (*Shortest)(nil)
+
+// Next implements Fairness.
+func (s *Shortest) Next() *Flow {
+	var best *Flow
+	var size int64
+	for e := s.ring.Front(); e != nil; e = e.Next() {
+		f := e.Value.(*Flow)
+		if b := f.fifo.Front().Value.(*Ticket).Bytes; best == nil || b < size {
+			best, size = f, b
+		}
+	}
+	return best
 }

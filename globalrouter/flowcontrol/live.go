@@ -29,7 +29,11 @@ type Live struct {
 	q  *Queue
 	// n is q.Len(), stored under mu at each change: Len reads it without
 	// the lock (every decision of the queue's pools asks).
-	n     atomic.Int64
+	n atomic.Int64
+	// kicks counts Kick's calls: a request whose own decision found its
+	// pools saturated (WaitAfter) was maybe freed room for before it
+	// joined the queue, by a Kick that found the queue empty.
+	kicks atomic.Uint64
 	now   func() time.Time
 	m     *Metrics
 	kick  chan struct{}
@@ -81,6 +85,14 @@ func (l *Live) Config() Config { return l.q.cfg }
 // called when try let the request go after its client left (free what
 // try took).
 func (l *Live) Wait(ctx context.Context, r Request, try Try, undo func()) error {
+	return l.WaitAfter(ctx, r, l.Kicks(), try, undo)
+}
+
+// WaitAfter is Wait for a request whose pools were found saturated when
+// Kicks was seen: a Kick since (a lease freed room while the request
+// decided, and found the queue empty) dispatches at once rather than at
+// the next Kick or re-probe tick.
+func (l *Live) WaitAfter(ctx context.Context, r Request, seen uint64, try Try, undo func()) error {
 	w := &waiter{ctx: ctx, try: try, undo: undo, out: make(chan error, 1)}
 	r.Value = w
 	l.mu.Lock()
@@ -96,6 +108,9 @@ func (l *Live) Wait(ctx context.Context, r Request, try Try, undo func()) error 
 	l.m.enqueued(t)
 	l.counted()
 	l.mu.Unlock()
+	if l.kicks.Load() != seen {
+		signal(l.kick) // room freed while it decided: try it now
+	}
 	signal(l.wake) // its deadline may be the earliest
 	select {
 	case err := <-w.out:
@@ -137,7 +152,13 @@ func (l *Live) Len() int { return int(l.n.Load()) }
 func (l *Live) counted() { l.n.Store(int64(l.q.Len())) }
 
 // Kick asks for a dispatch: a pool may have room. It never blocks.
-func (l *Live) Kick() { signal(l.kick) }
+func (l *Live) Kick() {
+	l.kicks.Add(1)
+	signal(l.kick)
+}
+
+// Kicks is how many times Kick was called (WaitAfter's seen).
+func (l *Live) Kicks() uint64 { return l.kicks.Load() }
 
 // Stats returns every band's queue.
 func (l *Live) Stats() []BandStats {

@@ -266,3 +266,18 @@ func TestLiveTryRefused(t *testing.T) {
 		t.Errorf("refusals %v, want 1", got)
 	}
 }
+
+// TestLiveKickWhileDeciding: a lease freed room while the request made
+// its own decision (saturated) and before it joined the queue; that Kick
+// found the queue empty. WaitAfter dispatches it at once, not at the next
+// Kick or re-probe tick (an hour here: the test would time out).
+func TestLiveKickWhileDeciding(t *testing.T) {
+	l, _ := newLive(t, flowcontrol.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seen := l.Kicks() // the request decides: saturated
+	l.Kick()          // a lease frees meanwhile: nothing waits yet
+	if err := l.WaitAfter(ctx, flowcontrol.Request{}, seen, func(context.Context) error { return nil }, nil); err != nil {
+		t.Fatalf("WaitAfter: got %v, want dispatched on the Kick it missed", err)
+	}
+}

@@ -77,6 +77,27 @@ func TestRoundRobinFairnessAndFCFS(t *testing.T) {
 	}
 }
 
+// TestShortestFairness: the flow whose oldest request is the smallest
+// goes next; within a flow, first come first served (b's small second
+// request waits behind its large first).
+func TestShortestFairness(t *testing.T) {
+	q := newQueue(t, flowcontrol.Config{Fairness: flowcontrol.FairnessShortest})
+	for i, r := range []flowcontrol.Request{
+		{Flow: "a", Bytes: 500, Value: "a500"},
+		{Flow: "b", Bytes: 900, Value: "b900"},
+		{Flow: "b", Bytes: 10, Value: "b10"},
+		{Flow: "c", Bytes: 100, Value: "c100"},
+		{Flow: "a", Bytes: 50, Value: "a50"},
+		{Flow: "d", Bytes: 100, Value: "d100"},
+	} {
+		enqueue(t, q, t0.Add(time.Duration(i)), r)
+	}
+	want := []string{"c100", "d100", "a500", "a50", "b900", "b10"}
+	if diff := cmp.Diff(want, drain(q)); diff != "" {
+		t.Errorf("dispatch order (-want +got):\n%s", diff)
+	}
+}
+
 func TestWeightedFairness(t *testing.T) {
 	q := newQueue(t, flowcontrol.Config{Fairness: flowcontrol.FairnessWeighted, Weights: map[string]float64{"a": 2}})
 	for i := range 6 {
@@ -169,9 +190,14 @@ func TestConfigValidate(t *testing.T) {
 		{"bands out of order", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}, {Name: "b", MinPriority: ptr(2)}, {Name: "c"}}}, "bands[1].min_priority"},
 		{"duplicate name", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}, {Name: "a"}}}, "bands[1].name"},
 		{"unknown fairness", flowcontrol.Config{Fairness: "lottery"}, "fairness"},
+		{"weights unread by shortest", flowcontrol.Config{Fairness: "shortest", Weights: map[string]float64{"a": 2}}, "weights"},
 		{"weights unread", flowcontrol.Config{Weights: map[string]float64{"a": 2}}, "weights"},
 		{"bad weight", flowcontrol.Config{Fairness: "weighted", Weights: map[string]float64{"a": -1}}, "weights"},
 		{"negative deadline", flowcontrol.Config{Deadline: -time.Second}, "deadline"},
+		{"share above 1", flowcontrol.Config{Saturation: flowcontrol.Saturation{LowerBandShare: 1.5}}, "saturation.lower_band_share"},
+		{"share in a band", flowcontrol.Config{Bands: []flowcontrol.Band{{Name: "a", MinPriority: ptr(1)}, {Name: "b", Saturation: &flowcontrol.Saturation{LowerBandShare: 0.5}}}}, "bands[1].saturation.lower_band_share"},
+		{"bad objective name", flowcontrol.Config{Objectives: []flowcontrol.Objective{{Name: "A B"}}}, "objectives[0].name"},
+		{"objective twice", flowcontrol.Config{Objectives: []flowcontrol.Objective{{Name: "a"}, {Name: "a", Priority: 1}}}, "objectives[1].name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Defaults()
@@ -184,6 +210,39 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestSaturationFor: the top band has the queue's mark, the bands below
+// lower_band_share of it (a quarter by default, at least a token), a
+// band's own saturation replaces either.
+func TestSaturationFor(t *testing.T) {
+	three := []flowcontrol.Band{{Name: "top", MinPriority: ptr(10)}, {Name: "mid", MinPriority: ptr(1)}, {Name: "rest"}}
+	own := []flowcontrol.Band{{Name: "top", MinPriority: ptr(1)}, {Name: "rest", Saturation: &flowcontrol.Saturation{MaxPrefillTokens: 100, MaxDecodeTokens: 7}}}
+	for _, tc := range []struct {
+		name     string
+		cfg      flowcontrol.Config
+		priority int
+		want     int
+	}{
+		{"default top", flowcontrol.Config{}, 1, 16384},
+		{"default lower", flowcontrol.Config{}, 0, 4096},
+		{"share 1: one mark", flowcontrol.Config{Saturation: flowcontrol.Saturation{LowerBandShare: 1}}, 0, 16384},
+		{"middle band", flowcontrol.Config{Bands: three}, 5, 4096},
+		{"one token stays one", flowcontrol.Config{Saturation: flowcontrol.Saturation{MaxPrefillTokens: 1}}, 0, 1},
+		{"not checked stays", flowcontrol.Config{Saturation: flowcontrol.Saturation{MaxPrefillTokens: -1}}, 0, -1},
+		{"band's own", flowcontrol.Config{Bands: own}, 0, 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Enabled = true
+			tc.cfg.Defaults()
+			if ps := tc.cfg.Validate(); len(ps) > 0 {
+				t.Fatal(ps)
+			}
+			if got := tc.cfg.SaturationFor(tc.priority).MaxPrefillTokens; got != tc.want {
+				t.Errorf("priority %d: max_prefill_tokens %d, want %d", tc.priority, got, tc.want)
+			}
+		})
+	}
+}
 
 // A request with a target waits at most its target less its predicted
 // service time (Need), and is refused at the door when that is nothing.

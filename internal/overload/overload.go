@@ -120,18 +120,26 @@ pools: [{name: p, models: [m], routers: {etcd: true}}]
 `
 
 // FlowSaturation is the in-process system's flow_control.saturation when
-// its flow control is on and Config.Up sets none: a pool is saturated as
-// soon as its least-loaded worker has a prompt other than the request's
-// own waiting for its first token (the mock engine, like vLLM, counts a
-// prompt waiting for a running slot as prefill pending). Under flow
-// control the router's queue, ordered by band and fair between tenants,
-// holds the overflow; the engine's own queue is first come first served,
-// so whatever waits there waits out of order. The flow_control default
-// (16,384 tokens: two engine steps of 8,192) presumes the token budget
-// bounds the engine; here its 4 running sequences do (a step prefills
-// every waiting prompt of ~370 tokens, but only 4 run at once), and 16,384
-// tokens are ~44 of these prompts, 11 whole requests' wait per worker.
-var FlowSaturation = flowcontrol.Saturation{MaxPrefillTokens: 1}
+// its flow control is on and Config.Up sets none: a pool is saturated for
+// the top band when its least-loaded worker has more than one engine
+// batch of other prompts waiting for their first token, 4 running
+// sequences × ~370-token prompts = 1,480 tokens, and for the lower band
+// at lower_band_share of it (the default quarter: 370, one prompt), the
+// headroom that keeps the top band out of the engine's first-come,
+// first-served queue. The mock engine, like vLLM, counts a prompt waiting
+// for a running slot as prefill pending, and so does the router until
+// the prompt's first token. The flow_control default (16,384 tokens: two
+// engine steps of 8,192) presumes the token budget bounds the engine;
+// here its 4 running sequences do, and 16,384 tokens are ~44 of these
+// prompts, 11 whole requests' wait per worker. One token (the former
+// value) held a request whenever another prompt was being prefilled on
+// both workers, in the running batch or not: at 0.7× its mean TTFT was
+// 218-275 ms against 65-78 ms with the rule off and 85-115 ms shedding;
+// this rule measured 85-235 ms (mean of five runs 169), the same 2×
+// figures within the noise (BENCHMARKS.md, "Flow control: headroom for
+// the high band"). Telling a prompt in the running batch from a queued
+// one needs the engine's fresh waiting count, which the router lacks.
+var FlowSaturation = flowcontrol.Saturation{MaxPrefillTokens: 4 * 370}
 
 func (c *Config) defaults() error {
 	d := DefaultConfig()

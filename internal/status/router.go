@@ -160,13 +160,15 @@ func flowSummary(c flowcontrol.Config) string {
 		return "off"
 	}
 	var bands []string
-	for _, b := range c.Bands {
+	for i, b := range c.Bands {
+		sat := c.BandSaturation(i)
+		mark := fmt.Sprintf("saturated above %d prefill tokens, %d decode tokens", max(sat.MaxPrefillTokens, 0), sat.MaxDecodeTokens)
 		if b.MinPriority != nil {
-			bands = append(bands, fmt.Sprintf("%s (priority ≥ %d)", b.Name, *b.MinPriority))
+			bands = append(bands, fmt.Sprintf("%s (priority ≥ %d; %s)", b.Name, *b.MinPriority, mark))
 		} else {
-			bands = append(bands, b.Name)
+			bands = append(bands, fmt.Sprintf("%s (%s)", b.Name, mark))
 		}
 	}
-	return fmt.Sprintf("bands %s; capacity %d requests, %d bytes per queue; deadline %v; fairness %s; saturated above %d prefill tokens, %d decode tokens (0: not checked)",
-		strings.Join(bands, " > "), c.Capacity.Requests, c.Capacity.Bytes, c.Deadline, c.Fairness, max(c.Saturation.MaxPrefillTokens, 0), c.Saturation.MaxDecodeTokens)
+	return fmt.Sprintf("bands %s; 0 tokens: not checked; capacity %d requests, %d bytes per queue; deadline %v; fairness %s; %d objectives named inline",
+		strings.Join(bands, " > "), c.Capacity.Requests, c.Capacity.Bytes, c.Deadline, c.Fairness, len(c.Objectives))
 }
