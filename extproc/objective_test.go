@@ -156,3 +156,23 @@ func TestObjectiveTrusted(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestObjectiveNotSentUpstream: the routed request reaches the worker
+// without x-gateway-inference-objective, as the Inference Extension's
+// endpoint picker strips it once read (GIE v1.0.0
+// pkg/epp/handlers/request.go); the objective still chose the band.
+func TestObjectiveNotSentUpstream(t *testing.T) {
+	ctx := testenv.Context(t)
+	r, lr := objectiveRouter(t, "")
+	conn, _ := startServer(t, extproc.Config{}, r)
+	c := envoyClient(t, conn, allModes[1])
+
+	s, h := routed(t, ctx, c, tokenBody(20, 0), extprocclient.HeaderField{Key: globalrouter.HeaderObjective, Value: "food-review"})
+	if v, ok := h.Get(globalrouter.HeaderObjective); ok {
+		t.Errorf("upstream headers carry %s: %q; want it stripped", globalrouter.HeaderObjective, v)
+	}
+	respond(t, ctx, s, "200", "application/json", `{}`)
+	if err := lr.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

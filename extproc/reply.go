@@ -215,7 +215,9 @@ func destination(d *globalrouter.Decision) string {
 
 // routingHeaders are the request header mutations of a decision.
 // The trust header never goes upstream (the worker has no use for a
-// caller's token).
+// caller's token), nor the Inference Extension's objective, which the
+// endpoint picker strips once it has read it (GIE v1.0.0
+// pkg/epp/handlers/request.go).
 func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPrefiller bool, trustHeader string) *extprocv3.HeaderMutation {
 	hs := []*corev3.HeaderValueOption{
 		setHeader(globalrouter.HeaderDestination, dest),
@@ -225,7 +227,7 @@ func routingHeaders(d *globalrouter.Decision, dest string, explain bool, hadPref
 		setHeader(globalrouter.HeaderDataParallelRank, strconv.FormatUint(uint64(d.Primary.DPRank), 10)),
 		setHeader(globalrouter.HeaderOverlapBlocks, strconv.Itoa(d.Primary.OverlapBlocks)),
 	}
-	m := &extprocv3.HeaderMutation{RemoveHeaders: []string{trustHeader}}
+	m := &extprocv3.HeaderMutation{RemoveHeaders: []string{trustHeader, globalrouter.HeaderObjective}}
 	if d.Prefill != nil {
 		hs = append(hs, setHeader(globalrouter.HeaderPrefiller, d.Prefill.Address))
 	} else if hadPrefiller {
