@@ -19,6 +19,7 @@ import (
 var update = flag.Bool("update", false, "rewrite golden files in testdata/")
 
 func TestTwoReplicasAgreeOnLoads(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	for _, useEvents := range []bool{true, false} {
 		name := map[bool]string{true: "kv-events", false: "approximate"}[useEvents]
@@ -96,6 +97,7 @@ func TestTwoReplicasAgreeOnLoads(t *testing.T) {
 }
 
 func TestTrackLifecycle(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("track")
 	cfg.Router.UseKVEvents = false
@@ -178,6 +180,7 @@ func TestTrackLifecycle(t *testing.T) {
 }
 
 func TestMetricsExposition(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("metrics")
 	cfg.Router.UseKVEvents = false
