@@ -16,6 +16,7 @@ import (
 // recorded on a Track stream committed before it stays until its stream
 // frees it.
 func TestAnonymousCommitExpiry(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("anon")
 	cfg.Router.UseKVEvents = false

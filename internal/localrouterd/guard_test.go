@@ -12,6 +12,7 @@ import (
 // another size than the pool's has nothing indexed; the Workers answer
 // says why and which flag fixes it, and Stats shows the tier weights.
 func TestWorkersShowConfigWarning(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("guard")
 	cfg.Router.UseKVEvents = false
@@ -44,6 +45,7 @@ func TestWorkersShowConfigWarning(t *testing.T) {
 // not read is in every Worker's config warning and in Stats, naming who
 // reads it and the running chain.
 func TestWorkersShowUnreadSettings(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("unread")
 	cfg.Router.UseKVEvents = false

@@ -22,6 +22,7 @@ import (
 )
 
 func TestMembershipFollowsEtcd(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("members")
 	cfg.Router.UseKVEvents = false
@@ -70,6 +71,7 @@ func TestMembershipFollowsEtcd(t *testing.T) {
 }
 
 func TestLeaseExpiryRemovesWorker(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("lease")
 	cfg.Router.UseKVEvents = false
@@ -81,6 +83,7 @@ func TestLeaseExpiryRemovesWorker(t *testing.T) {
 }
 
 func TestRouterRegistersItself(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("reg")
 	svc, _, _ := e.start(cfg)
@@ -111,6 +114,7 @@ func TestRouterRegistersItself(t *testing.T) {
 }
 
 func TestEventsAndGapTriggersDump(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("events")
 	svc, c, _ := e.start(cfg)
@@ -175,6 +179,7 @@ func TestEventsAndGapTriggersDump(t *testing.T) {
 }
 
 func TestMinInitialWorkersGate(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("gate")
 	cfg.Router.UseKVEvents = false
@@ -218,6 +223,7 @@ func TestMinInitialWorkersGate(t *testing.T) {
 }
 
 func TestApproximateModeLearnsFromCommits(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("approx")
 	cfg.Router.UseKVEvents = false
@@ -242,6 +248,7 @@ func TestApproximateModeLearnsFromCommits(t *testing.T) {
 }
 
 func TestBadRequestsGetTheRightCodes(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("bad")
 	cfg.Router.UseKVEvents = false
@@ -337,6 +344,7 @@ func code(err error) string {
 }
 
 func TestReflectionListsTheServices(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("refl")
 	cfg.Router.UseKVEvents = false
@@ -374,6 +382,7 @@ func TestReflectionListsTheServices(t *testing.T) {
 // still counted, but is not chosen while a fresh worker is left; cleared,
 // it is chosen again.
 func TestStaleWorkerGetsNoRequests(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	cfg := e.config("stale")
 	cfg.Router.UseKVEvents = false

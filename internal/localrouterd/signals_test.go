@@ -27,6 +27,7 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.99
 // answer, shows the signals in PotentialLoads and Workers, and counts a
 // worker whose endpoint fails without failing.
 func TestEngineSignalsOverGRPC(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(vllmBusy)) }))
 	defer busy.Close()

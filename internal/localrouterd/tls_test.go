@@ -75,6 +75,7 @@ func (p *testPKI) dial(t *testing.T, addr, client string) localrouterv1.LocalRou
 // rule but may probe, a client without a certificate or in plaintext gets
 // nothing, and the plaintext health listener answers probes.
 func TestMutualTLSAuthorisesLifecycleCalls(t *testing.T) {
+	t.Parallel() // its own etcd and NATS (newEnv)
 	e := newEnv(t)
 	p := newTestPKI(t, "extproc", "intruder")
 	cfg := e.config("mtls")
