@@ -154,10 +154,20 @@ func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligi
 	}
 	results := r.probe(ctx, p, eligible, false)
 	if p.reserve > 0 {
+		locked := false
+		if contended(results) {
+			results, locked = r.reprobeContended(ctx, st, p, eligible, results)
+		}
 		// However the decision ends, the reservations no commit confirmed
 		// are released (those of probes that answered, the retried ones
-		// of reprobe included: it fills results in place).
-		defer func() { r.releaseReservations(ctx, p, heldReservations(results)) }()
+		// of reprobe included: it fills results in place), and then the
+		// recheck lock a contended decision took.
+		defer func() {
+			r.releaseReservations(ctx, p, heldReservations(results))
+			if locked {
+				<-r.recheckMu
+			}
+		}()
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -22,6 +22,61 @@ import (
 // the local router drops it and counts it
 // (kvgate_localrouter_reservations_total{outcome="expired"}).
 
+// Contended decisions. Each probe reserves on its own pool, so while a
+// burst is in flight every pool counts a reservation of every request,
+// though each request will keep only one: the pools' answers, taken at
+// different moments, count different shares of reservations that are to
+// be released, and every request of a burst can see the same pool as the
+// cheaper (BENCHMARKS.md, reserving probes). A reserving probe's answer
+// says how many other requests' reservations its router held
+// (routing.Selection.ReservationsHeld). A decision over several pools
+// whose answers counted none is made in one round trip, as above. One
+// whose answers counted some is contended: its own reservations are
+// released at once (so that they weigh on nobody while it waits), it
+// takes Router.recheckMu, as decide's contended commits do, and probes
+// every pool again, reserving; it holds the lock until its confirmation
+// and releases are sent. A router's contended decisions thus follow one
+// another, each probed after the previous one's confirmation and releases
+// went out on the same channels (a channel's messages are handled in
+// order), so each sees the choices made before it, as decide's waited
+// recheck provides, with two round trips instead of decide's up to four.
+// The lock is never taken by a decision over one pool, nor by one that
+// met no other reservation (a sequential stream of decisions).
+
+// contended reports whether several pools answered and any answer counted
+// another request's reservation.
+func contended(results []probeResult) bool {
+	answered, held := 0, false
+	for _, res := range results {
+		if res.err == nil {
+			answered++
+			held = held || res.sel.ReservationsHeld > 0
+		}
+	}
+	return answered > 1 && held
+}
+
+// reprobeContended releases the reservations of the contended probes
+// results, takes the recheck lock (waiting at most the probe timeout;
+// locked says whether it did: the caller releases it once its decision's
+// messages are sent) and probes eligible again, reserving.
+func (r *Router) reprobeContended(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, results []probeResult) (_ []probeResult, locked bool) {
+	// Released in order: each pool handles the release before the probe
+	// that reserves again for the same request (a release overtaking it
+	// would release the new reservation).
+	for _, h := range heldReservations(results) {
+		h.pe.p.ReleaseOrdered(context.WithoutCancel(ctx), h.router, p.id)
+		r.m.reservationsReleased.WithLabelValues(h.pe.cfg.Name).Inc()
+	}
+	locked = r.lockRecheck(ctx, st.cfg.Probe.Timeout)
+	outcome := "locked"
+	if !locked {
+		outcome = "busy"
+	}
+	r.m.reprobes.WithLabelValues(outcome).Inc()
+	return r.probe(ctx, p, eligible, false), locked
+}
+
 // heldReservation is a reservation a probe answered with.
 type heldReservation struct {
 	pe     *poolEntry

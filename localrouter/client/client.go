@@ -166,7 +166,7 @@ func selection(s *localrouterv1.Selection, isl int) routing.Selection {
 		OverlapBlocks: int(s.GetOverlapBlocks()), RequestBlocks: int(s.GetRequestBlocks()),
 		PrefillTokens: int(s.GetPotentialPrefillTokens()), DecodeBlocks: int(s.GetPotentialDecodeBlocks()),
 		Cost: s.GetCost(), TTFT: s.GetTtftMs(), ChainScore: s.GetChainScore(), Candidates: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()), ISL: isl,
-		AllSaturated: s.GetAllSaturated(),
+		AllSaturated: s.GetAllSaturated(), ReservationsHeld: int(s.GetReservationsHeld()),
 	}
 	if out.ISL == 0 {
 		out.ISL = out.RequestBlocks * out.BlockSize
