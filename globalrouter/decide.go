@@ -53,6 +53,8 @@ type prepared struct {
 	// pools whose reservation a commit confirmed (reserve.go).
 	reserve   time.Duration
 	confirmed []string
+	// probed is when the last round of reserving probes was sent.
+	probed time.Time
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
@@ -151,6 +153,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, pinPool string) (*Decision, error) {
 	if st.cfg.Probe.Commit == CommitReserve {
 		p.reserve = st.cfg.Probe.ReserveTTL
+		p.probed = r.opts.now()
 	}
 	results := r.probe(ctx, p, eligible, false)
 	if p.reserve > 0 {

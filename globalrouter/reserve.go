@@ -74,6 +74,7 @@ func (r *Router) reprobeContended(ctx context.Context, st *state, p *prepared, e
 		outcome = "busy"
 	}
 	r.m.reprobes.WithLabelValues(outcome).Inc()
+	p.probed = r.opts.now()
 	return r.probe(ctx, p, eligible, false), locked
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +37,11 @@ func reservationKey(id string) string { return "\x00reserved\x00" + id }
 type reservation struct {
 	worker   WorkerKey
 	deadline time.Time
+	// local are the request's local block hashes, kept when its
+	// confirmation will have the index learn them (predicted entries, or
+	// the approximate index) so that ConfirmHeld needs no prompt; nil
+	// otherwise.
+	local []uint64
 }
 
 // reservations is the Router's reservation table.
@@ -90,8 +96,12 @@ func (r *Router) Reserved(id string) (WorkerKey, bool) {
 // reserveLocked records the reservation of request id on worker, whose
 // load was just added under reservationKey(id); seq are the request's
 // sequence hashes. placeMu is held.
-func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time) {
-	r.res.byID[id] = reservation{worker: worker, deadline: deadline}
+func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time, local []uint64) {
+	res := reservation{worker: worker, deadline: deadline}
+	if r.predicting() || !r.cfg.UseKVEvents {
+		res.local = slices.Clone(local)
+	}
+	r.res.byID[id] = res
 	r.res.held.Add(1)
 	r.res.made.Add(1)
 	if d := deadline.UnixNano(); d < r.res.next.Load() {
@@ -176,6 +186,49 @@ func (r *Router) Confirm(ctx context.Context, id string, worker WorkerKey, req R
 	}
 	r.placeMu.Unlock()
 	return routing.Selection{WorkerID: worker.ID, DPRank: worker.DPRank, RequestBlocks: len(s.local), BlockSize: r.cfg.BlockSize, ISL: isl}, nil
+}
+
+// ConfirmHeld confirms the reservation request id holds on worker, as
+// Confirm does, from the reservation alone (no prompt: it kept the
+// request's blocks): the answerless confirmation of a channel
+// (ChannelRequest.confirm). A reservation that is gone (expired,
+// released) is counted as missed, one on another worker is released and
+// counted as missed too; either way nothing is recorded and it returns
+// ErrUnknownRequest. An id already active is refused (ErrDuplicateRequest)
+// and its reservation released.
+func (r *Router) ConfirmHeld(id string, worker WorkerKey) error {
+	if id == "" {
+		return ErrEmptyRequestID
+	}
+	if err := r.check(); err != nil {
+		return err
+	}
+	r.placeMu.Lock()
+	defer r.placeMu.Unlock()
+	res, ok := r.res.byID[id]
+	if !ok || res.worker != worker {
+		if ok {
+			r.dropLocked(id)
+		}
+		r.res.missed.Add(1)
+		return fmt.Errorf("%w: no reservation for %q on %s", ErrUnknownRequest, id, worker)
+	}
+	delete(r.res.byID, id)
+	r.res.held.Add(-1)
+	if err := r.active.Rename(reservationKey(id), id); err != nil {
+		r.active.Free(reservationKey(id))
+		r.res.released.Add(1)
+		return err
+	}
+	r.res.confirmed.Add(1)
+	now := r.clock()
+	switch {
+	case r.predicting():
+		r.index.Predict(now, worker, res.local)
+	case !r.cfg.UseKVEvents:
+		r.index.Record(now, worker, res.local)
+	}
+	return nil
 }
 
 // confirmLocked drops request id's reservation before its commit is

@@ -224,13 +224,18 @@ type Commit struct {
 	// router (Prompt.ReserveID): the reservation becomes the request on
 	// WorkerID, which must be set (see client.CommitOptions.Reserved).
 	Reserved bool
+	// Unanswered, with Reserved, lets the confirmation go unanswered,
+	// carrying no prompt, where the transport offers it (see
+	// client.CommitOptions.Unanswered: set it only when the reservation is
+	// surely held).
+	Unanswered bool
 }
 
 // options are a commit's bounds on the wire (a commit without a worker
 // only).
 func (c Commit) options() client.CommitOptions {
 	if c.WorkerID != "" {
-		return client.CommitOptions{Reserved: c.Reserved}
+		return client.CommitOptions{Reserved: c.Reserved, Unanswered: c.Reserved && c.Unanswered}
 	}
 	return client.CommitOptions{Override: c.Prompt.Override, AllowedAddresses: c.Prompt.Allowed, ExcludedAddresses: c.Exclude}
 }

@@ -97,7 +97,7 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 	// Freed however the stream ends; its context may be gone already.
 	defer cs.freeAll()
 	if err := cs.send(&localrouterv1.ChannelResponse{Msg: &localrouterv1.ChannelResponse_Hello{
-		Hello: &localrouterv1.ChannelHello{MaxInFlight: ChannelMaxInFlight}}}); err != nil {
+		Hello: &localrouterv1.ChannelHello{MaxInFlight: ChannelMaxInFlight, Confirms: true}}}); err != nil {
 		return err
 	}
 	probes := make(chan *chanProbe, ChannelMaxInFlight)
@@ -153,6 +153,8 @@ func (cs *chanStream) read(probes chan<- *chanProbe) error {
 			err = cs.event(id, m.Event)
 		case *localrouterv1.ChannelRequest_Release:
 			cs.release(m.Release.GetRequestId())
+		case *localrouterv1.ChannelRequest_Confirm:
+			cs.confirm(id, m.Confirm)
 		case *localrouterv1.ChannelRequest_Cancel:
 			cs.mu.Lock()
 			if p := cs.queued[m.Cancel.GetId()]; p != nil {
@@ -286,6 +288,26 @@ func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
 		cs.pruneAt = 2*len(cs.committed) + channelPruneMin
 	}
 	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Selection{Selection: cs.s.selection(sel)}})
+}
+
+// confirm turns the reservation a probe made into the request, without
+// an answer (ChannelRequest.confirm): the request is then the stream's,
+// under the confirm's message id, as a commit's. A confirm whose
+// reservation is gone records nothing (the router counts it as missed);
+// its events answer NOT_FOUND.
+func (cs *chanStream) confirm(id uint64, in *localrouterv1.ChannelConfirm) {
+	rid := in.GetRequestId()
+	cs.mu.Lock()
+	delete(cs.reserved, rid)
+	cs.mu.Unlock()
+	if _, dup := cs.committed[id]; dup {
+		return // a reused id: the earlier request keeps it
+	}
+	if err := cs.s.r.ConfirmHeld(rid, localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}); err != nil {
+		cs.s.log.Debug("answerless confirmation dropped", "request_id", rid, "err", err)
+		return
+	}
+	cs.committed[id] = rid
 }
 
 // event applies a lifecycle event to a request committed on the stream.
