@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/testenv"
 )
 
@@ -176,5 +177,58 @@ func TestSweepExpiresReservations(t *testing.T) {
 	r.Sweep()
 	if rs := r.ReservationStats(); rs.Expired != 1 || rs.Held != 0 {
 		t.Errorf("after the sweep %+v, want 1 expired, none held", rs)
+	}
+}
+
+// TestReservationHeldAndReplaced: a reserving probe's answer counts the
+// other requests' reservations held (ReservationsHeld, never its own); a
+// decide-and-commit of a reserved request replaces its reservation (the
+// request counted once); ConfirmHeld, with no prompt, turns a reservation
+// into its request and the index learns its blocks, and one naming
+// another worker records nothing and counts as missed.
+func TestReservationHeldAndReplaced(t *testing.T) {
+	now := time.Unix(100, 0)
+	r := reserveRouter(t, &now)
+	ctx := testenv.Context(t)
+	req := Request{Tokens: toks(64, 0)}
+	var sels []routing.Selection
+	for i, id := range []string{"r1", "r2", "r2"} {
+		sel, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, ReserveTTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := min(i, 1); sel.ReservationsHeld != want {
+			t.Errorf("probe %d (%s): %d reservations held, want %d", i, id, sel.ReservationsHeld, want)
+		}
+		sels = append(sels, sel)
+	}
+	if _, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: "r2"}); err != nil {
+		t.Fatal(err)
+	}
+	if rs := r.ReservationStats(); rs.Held != 1 || r.Active().Stats().Requests != 2 {
+		t.Errorf("after r2's decide-and-commit: %+v, %d requests; want r1's reservation and r2: 2", rs, r.Active().Stats().Requests)
+	}
+	other := Selected(sels[0])
+	other.ID = map[string]string{"a": "b", "b": "a"}[other.ID]
+	if err := r.ConfirmHeld("r1", other); !errors.Is(err, ErrUnknownRequest) {
+		t.Errorf("ConfirmHeld on another worker: %v, want ErrUnknownRequest", err)
+	}
+	if _, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: "r3", ReserveTTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	entries := r.Index().Stats().Entries
+	w, _ := r.Reserved("r3")
+	if err := r.ConfirmHeld("r3", w); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := r.Active().Has("r3"); !ok || got != w {
+		t.Errorf("r3 on %v (%v), want %v", got, ok, w)
+	}
+	if r.Index().Stats().Entries <= entries {
+		t.Errorf("the index learnt nothing of r3's confirmation (%d entries)", entries)
+	}
+	rs := r.ReservationStats()
+	if rs.Held != 0 || rs.Missed != 1 || rs.Confirmed != 1 || rs.Released != 2 {
+		t.Errorf("stats %+v, want none held, 1 missed, 1 confirmed, 2 released (r2 twice)", rs)
 	}
 }

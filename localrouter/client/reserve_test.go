@@ -148,7 +148,9 @@ func TestChannelUnansweredConfirm(t *testing.T) {
 		sels = append(sels, sel)
 	}
 	unanswered := client.CommitOptions{Reserved: true, Unanswered: true}
-	noAnswer := func(sel routing.Selection, err error) { t.Errorf("an unanswered confirmation was answered: %+v, %v", sel, err) }
+	noAnswer := func(sel routing.Selection, err error) {
+		t.Errorf("an unanswered confirmation was answered: %+v, %v", sel, err)
+	}
 	tr, err := ch.CommitAsyncWith(ctx, "u0", routing.Selected(sels[0]), pr, unanswered, noAnswer)
 	if err != nil {
 		t.Fatal(err)
