@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/kvevents"
 )
 
 // Reservations: a reserving probe (BestWorkerOptions.ReserveTTL) chooses a
@@ -37,16 +38,22 @@ func reservationKey(id string) string { return "\x00reserved\x00" + id }
 type reservation struct {
 	worker   WorkerKey
 	deadline time.Time
-	// local are the request's local block hashes, kept when its
-	// confirmation will have the index learn them (predicted entries, or
-	// the approximate index) so that ConfirmHeld needs no prompt; nil
-	// otherwise.
-	local []uint64
+	// local are the request's local block hashes, isl its length in
+	// tokens and charged the overlap its load was charged with, kept so
+	// that ConfirmHeld needs no prompt, even past the TTL (lapsed).
+	local        []uint64
+	isl, charged int
+	ttl          time.Duration
 }
 
 // reservations is the Router's reservation table.
 type reservations struct {
 	byID map[string]reservation // guarded by Router.placeMu
+	// lapsed are the reservations that expired, kept for one more TTL
+	// (their deadline moved there) so that an answerless confirmation
+	// arriving late (a stalled process) still records its request
+	// (ConfirmHeld). Guarded by Router.placeMu.
+	lapsed map[string]reservation
 	// held counts the reservations, read without the lock
 	// (creditReserved).
 	held atomic.Int64
@@ -58,7 +65,7 @@ type reservations struct {
 }
 
 func newReservations() *reservations {
-	r := &reservations{byID: make(map[string]reservation)}
+	r := &reservations{byID: make(map[string]reservation), lapsed: make(map[string]reservation)}
 	r.next.Store(math.MaxInt64)
 	return r
 }
@@ -96,12 +103,9 @@ func (r *Router) Reserved(id string) (WorkerKey, bool) {
 // reserveLocked records the reservation of request id on worker, whose
 // load was just added under reservationKey(id); seq are the request's
 // sequence hashes. placeMu is held.
-func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time, local []uint64) {
-	res := reservation{worker: worker, deadline: deadline}
-	if r.predicting() || !r.cfg.UseKVEvents {
-		res.local = slices.Clone(local)
-	}
-	r.res.byID[id] = res
+func (r *Router) reserveLocked(id string, worker WorkerKey, now time.Time, ttl time.Duration, local []uint64, isl, charged int) {
+	deadline := now.Add(ttl)
+	r.res.byID[id] = reservation{worker: worker, deadline: deadline, local: slices.Clone(local), isl: isl, charged: charged, ttl: ttl}
 	r.res.held.Add(1)
 	r.res.made.Add(1)
 	if d := deadline.UnixNano(); d < r.res.next.Load() {
@@ -191,9 +195,12 @@ func (r *Router) Confirm(ctx context.Context, id string, worker WorkerKey, req R
 // ConfirmHeld confirms the reservation request id holds on worker, as
 // Confirm does, from the reservation alone (no prompt: it kept the
 // request's blocks): the answerless confirmation of a channel
-// (ChannelRequest.confirm). A reservation that is gone (expired,
-// released) is counted as missed, one on another worker is released and
-// counted as missed too; either way nothing is recorded and it returns
+// (ChannelRequest.confirm). One that expired less than a TTL ago (the
+// confirmation was late: a stalled process) is recorded from what the
+// reservation kept, as a commit naming its worker, and counted as missed.
+// A reservation that is gone otherwise (released, or expired longer ago)
+// is counted as missed, one on another worker is released and counted as
+// missed too; either way nothing is recorded and it returns
 // ErrUnknownRequest. An id already active is refused (ErrDuplicateRequest)
 // and its reservation released.
 func (r *Router) ConfirmHeld(id string, worker WorkerKey) error {
@@ -206,6 +213,18 @@ func (r *Router) ConfirmHeld(id string, worker WorkerKey) error {
 	r.placeMu.Lock()
 	defer r.placeMu.Unlock()
 	res, ok := r.res.byID[id]
+	if lapsed, late := r.res.lapsed[id]; !ok && late && lapsed.worker == worker {
+		// Expired before its confirmation came: recorded as a commit
+		// naming its worker would be, from what the reservation kept.
+		delete(r.res.lapsed, id)
+		r.res.missed.Add(1)
+		now := r.clock()
+		if err := r.active.Add(now, id, worker, kvevents.AppendSequenceHashes(nil, lapsed.local), lapsed.isl, lapsed.charged, r.cfg.BlockSize); err != nil {
+			return err
+		}
+		r.learnLocked(now, worker, lapsed.local)
+		return nil
+	}
 	if !ok || res.worker != worker {
 		if ok {
 			r.dropLocked(id)
@@ -221,14 +240,20 @@ func (r *Router) ConfirmHeld(id string, worker WorkerKey) error {
 		return err
 	}
 	r.res.confirmed.Add(1)
-	now := r.clock()
+	r.learnLocked(r.clock(), worker, res.local)
+	return nil
+}
+
+// learnLocked has the index learn a confirmed request's blocks as a
+// commit's: predicted entries, or the approximate index's record.
+// placeMu is held.
+func (r *Router) learnLocked(now time.Time, worker WorkerKey, local []uint64) {
 	switch {
 	case r.predicting():
-		r.index.Predict(now, worker, res.local)
+		r.index.Predict(now, worker, local)
 	case !r.cfg.UseKVEvents:
-		r.index.Record(now, worker, res.local)
+		r.index.Record(now, worker, local)
 	}
-	return nil
 }
 
 // confirmLocked drops request id's reservation before its commit is
@@ -295,10 +320,20 @@ func (r *Router) expireLocked(now time.Time) {
 		return
 	}
 	next := int64(math.MaxInt64)
+	for id, res := range r.res.lapsed {
+		if !now.Before(res.deadline) {
+			delete(r.res.lapsed, id)
+			continue
+		}
+		next = min(next, res.deadline.UnixNano())
+	}
 	for id, res := range r.res.byID {
 		if !now.Before(res.deadline) {
 			r.dropLocked(id)
 			r.res.expired.Add(1)
+			res.deadline = res.deadline.Add(res.ttl)
+			r.res.lapsed[id] = res
+			next = min(next, res.deadline.UnixNano())
 			continue
 		}
 		next = min(next, res.deadline.UnixNano())

@@ -232,3 +232,40 @@ func TestReservationHeldAndReplaced(t *testing.T) {
 		t.Errorf("stats %+v, want none held, 1 missed, 1 confirmed, 2 released (r2 twice)", rs)
 	}
 }
+
+// TestLateConfirmHeld: an answerless confirmation that comes after its
+// reservation expired, within one more TTL, still records the request
+// (counted as missed); one later than that records nothing.
+func TestLateConfirmHeld(t *testing.T) {
+	now := time.Unix(100, 0)
+	r := reserveRouter(t, &now)
+	ctx := testenv.Context(t)
+	req := Request{Tokens: toks(64, 0)}
+	var workers []WorkerKey
+	for _, id := range []string{"late", "later"} {
+		sel, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, ReserveTTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers = append(workers, Selected(sel))
+	}
+	now = now.Add(1500 * time.Millisecond)
+	r.Sweep()
+	if rs := r.ReservationStats(); rs.Held != 0 || rs.Expired != 2 || r.Active().Stats().Requests != 0 {
+		t.Fatalf("after the TTL: %+v, %d requests; want both expired, nothing held", rs, r.Active().Stats().Requests)
+	}
+	if err := r.ConfirmHeld("late", workers[0]); err != nil {
+		t.Fatalf("late confirmation within a TTL of the expiry: %v", err)
+	}
+	if w, ok := r.Active().Has("late"); !ok || w != workers[0] {
+		t.Errorf("late on %v (%v), want %v", w, ok, workers[0])
+	}
+	now = now.Add(time.Second)
+	r.Sweep()
+	if err := r.ConfirmHeld("later", workers[1]); !errors.Is(err, ErrUnknownRequest) {
+		t.Errorf("confirmation two TTLs after the reservation: %v, want ErrUnknownRequest", err)
+	}
+	if rs := r.ReservationStats(); rs.Missed != 2 || r.Active().Stats().Requests != 1 {
+		t.Errorf("%+v, %d requests; want 2 missed, 1 request", rs, r.Active().Stats().Requests)
+	}
+}

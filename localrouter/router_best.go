@@ -284,7 +284,7 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			// are told now (Confirm chooses nothing): a reservation is
 			// their choice.
 			sel.ReservationsHeld = len(r.res.byID) // others': its own was dropped above
-			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL), s.local)
+			r.reserveLocked(opts.RequestID, l.Worker, now, opts.ReserveTTL, s.local, isl, charged)
 			for _, o := range r.chain.observers {
 				o.Chosen(&cs.in, i)
 			}
