@@ -63,10 +63,16 @@ func contended(results []probeResult) bool {
 func (r *Router) reprobeContended(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, results []probeResult) (_ []probeResult, locked bool) {
 	// Released in order: each pool handles the release before the probe
 	// that reserves again for the same request (a release overtaking it
-	// would release the new reservation).
-	for _, h := range heldReservations(results) {
-		h.pe.p.ReleaseOrdered(context.WithoutCancel(ctx), h.router, p.id)
-		r.m.reservationsReleased.WithLabelValues(h.pe.cfg.Name).Inc()
+	// would release the new reservation). Only the answered probes': one
+	// that timed out may still be running on its router, whose probe
+	// again replaces what it reserved (a release would be deferred past
+	// both, localrouter/server's reserveDone).
+	for _, res := range results {
+		if res.err != nil || res.sel.Router == "" {
+			continue
+		}
+		res.pe.p.ReleaseOrdered(context.WithoutCancel(ctx), res.sel.Router, p.id)
+		r.m.reservationsReleased.WithLabelValues(res.pe.cfg.Name).Inc()
 	}
 	locked = r.lockRecheck(ctx, st.cfg.Probe.Timeout)
 	outcome := "locked"

@@ -78,6 +78,12 @@ type chanStream struct {
 	// by other ways (expired, confirmed on another stream) are dropped.
 	reserved        map[string]struct{}
 	reservedPruneAt int
+	// reserving counts, by request id, the stream's reserving probes
+	// queued or running (guarded by mu); early are the request ids whose
+	// release came while one was (the client gave up waiting for its
+	// answer): the probe's reservation is released as soon as it is made.
+	reserving map[string]int
+	early     map[string]struct{}
 }
 
 // Channel implements localrouterv1.LocalRouterServer: probes, commits and
@@ -93,6 +99,7 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 		s: s, stream: stream, ctx: stream.Context(),
 		queued: make(map[uint64]*chanProbe), committed: make(map[uint64]string), pruneAt: channelPruneMin,
 		reserved: make(map[string]struct{}), reservedPruneAt: channelPruneMin,
+		reserving: make(map[string]int), early: make(map[string]struct{}),
 	}
 	// Freed however the stream ends; its context may be gone already.
 	defer cs.freeAll()
@@ -141,6 +148,9 @@ func (cs *chanStream) read(probes chan<- *chanProbe) error {
 			}
 			cs.mu.Lock()
 			cs.queued[id] = p
+			if rid := m.Probe.GetReserveRequestId(); rid != "" {
+				cs.reserving[rid]++
+			}
 			cs.mu.Unlock()
 			select {
 			case probes <- p:
@@ -181,6 +191,9 @@ func (cs *chanStream) runProbe(p *chanProbe, pr *prober) {
 	p.in, p.deadline = nil, time.Time{}
 	p.canceled.Store(false)
 	probePool.Put(p)
+	if rid := in.GetReserveRequestId(); rid != "" {
+		defer cs.reserveDone(rid)
+	}
 	switch {
 	case canceled:
 		_ = cs.fail(id, context.Canceled)
@@ -358,8 +371,32 @@ func (cs *chanStream) noteReserved(rid string) {
 func (cs *chanStream) release(rid string) {
 	cs.mu.Lock()
 	delete(cs.reserved, rid)
+	if cs.reserving[rid] > 0 {
+		// Its probe is still queued or running (the client stopped
+		// waiting for it): released once it has reserved (reserveDone),
+		// not left to its TTL.
+		cs.early[rid] = struct{}{}
+	}
 	cs.mu.Unlock()
 	_ = cs.s.r.Release(cs.ctx, rid)
+}
+
+// reserveDone ends a reserving probe of request rid (answered, failed or
+// dropped): a release that came while it ran releases what it reserved.
+func (cs *chanStream) reserveDone(rid string) {
+	cs.mu.Lock()
+	if cs.reserving[rid]--; cs.reserving[rid] <= 0 {
+		delete(cs.reserving, rid)
+	}
+	_, early := cs.early[rid]
+	if early && cs.reserving[rid] == 0 {
+		delete(cs.early, rid)
+		delete(cs.reserved, rid)
+	}
+	cs.mu.Unlock()
+	if early {
+		_ = cs.s.r.Release(cs.ctx, rid)
+	}
 }
 
 // freeAll frees the requests the stream committed and did not free, and
