@@ -195,15 +195,16 @@ func (r *Router) Confirm(ctx context.Context, id string, worker WorkerKey, req R
 // ConfirmHeld confirms the reservation request id holds on worker, as
 // Confirm does, from the reservation alone (no prompt: it kept the
 // request's blocks): the answerless confirmation of a channel
-// (ChannelRequest.confirm). One that expired less than a TTL ago (the
-// confirmation was late: a stalled process) is recorded from what the
-// reservation kept, as a commit naming its worker, and counted as missed.
-// A reservation that is gone otherwise (released, or expired longer ago)
-// is counted as missed, one on another worker is released and counted as
-// missed too; either way nothing is recorded and it returns
-// ErrUnknownRequest. An id already active is refused (ErrDuplicateRequest)
-// and its reservation released.
-func (r *Router) ConfirmHeld(id string, worker WorkerKey) error {
+// (ChannelRequest.confirm). A reservation on another worker (the caller
+// moved the request: the probe's worker was ejected since) is released
+// and the request recorded on worker, as Confirm does. One that expired
+// less than a TTL ago (the confirmation was late: a stalled process) is
+// recorded from what it kept, as a commit naming its worker, and counted
+// as missed. One gone otherwise (released, expired longer ago) records
+// nothing, is counted as missed and returns ErrUnknownRequest. An id
+// already active is refused (ErrDuplicateRequest) and its reservation
+// released.
+func (r *Router) ConfirmHeld(ctx context.Context, id string, worker WorkerKey) error {
 	if id == "" {
 		return ErrEmptyRequestID
 	}
@@ -211,27 +212,34 @@ func (r *Router) ConfirmHeld(id string, worker WorkerKey) error {
 		return err
 	}
 	r.placeMu.Lock()
-	defer r.placeMu.Unlock()
 	res, ok := r.res.byID[id]
-	if lapsed, late := r.res.lapsed[id]; !ok && late && lapsed.worker == worker {
-		// Expired before its confirmation came: recorded as a commit
-		// naming its worker would be, from what the reservation kept.
+	if !ok {
+		res, ok = r.res.lapsed[id]
 		delete(r.res.lapsed, id)
-		r.res.missed.Add(1)
-		now := r.clock()
-		if err := r.active.Add(now, id, worker, kvevents.AppendSequenceHashes(nil, lapsed.local), lapsed.isl, lapsed.charged, r.cfg.BlockSize); err != nil {
-			return err
+		if ok && res.worker == worker {
+			// Expired before its confirmation came.
+			defer r.placeMu.Unlock()
+			r.res.missed.Add(1)
+			now := r.clock()
+			if err := r.active.Add(now, id, worker, kvevents.AppendSequenceHashes(nil, res.local), res.isl, res.charged, r.cfg.BlockSize); err != nil {
+				return err
+			}
+			r.learnLocked(now, worker, res.local)
+			return nil
 		}
-		r.learnLocked(now, worker, lapsed.local)
-		return nil
 	}
 	if !ok || res.worker != worker {
-		if ok {
-			r.dropLocked(id)
+		r.placeMu.Unlock()
+		if !ok || len(res.local) == 0 {
+			r.res.missed.Add(1)
+			return fmt.Errorf("%w: no reservation for %q", ErrUnknownRequest, id)
 		}
-		r.res.missed.Add(1)
-		return fmt.Errorf("%w: no reservation for %q on %s", ErrUnknownRequest, id, worker)
+		// Recorded on worker from the blocks the reservation kept, its
+		// reservation released in the same placement (confirmLocked).
+		_, err := r.BestWorker(ctx, Request{LocalHashes: res.local, BlockSize: r.cfg.BlockSize, ISL: res.isl}, BestWorkerOptions{RequestID: id, Worker: &worker, confirm: true})
+		return err
 	}
+	defer r.placeMu.Unlock()
 	delete(r.res.byID, id)
 	r.res.held.Add(-1)
 	if err := r.active.Rename(reservationKey(id), id); err != nil {

@@ -185,7 +185,7 @@ func TestSweepExpiresReservations(t *testing.T) {
 // decide-and-commit of a reserved request replaces its reservation (the
 // request counted once); ConfirmHeld, with no prompt, turns a reservation
 // into its request and the index learns its blocks, and one naming
-// another worker records nothing and counts as missed.
+// another worker releases the reservation and records the request there.
 func TestReservationHeldAndReplaced(t *testing.T) {
 	now := time.Unix(100, 0)
 	r := reserveRouter(t, &now)
@@ -210,15 +210,18 @@ func TestReservationHeldAndReplaced(t *testing.T) {
 	}
 	other := Selected(sels[0])
 	other.ID = map[string]string{"a": "b", "b": "a"}[other.ID]
-	if err := r.ConfirmHeld("r1", other); !errors.Is(err, ErrUnknownRequest) {
-		t.Errorf("ConfirmHeld on another worker: %v, want ErrUnknownRequest", err)
+	if err := r.ConfirmHeld(ctx, "r1", other); err != nil {
+		t.Errorf("ConfirmHeld on another worker: %v", err)
+	}
+	if got, ok := r.Active().Has("r1"); !ok || got != other {
+		t.Errorf("r1 on %v (%v), want the worker its confirmation named, %v", got, ok, other)
 	}
 	if _, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: "r3", ReserveTTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	entries := r.Index().Stats().Entries
 	w, _ := r.Reserved("r3")
-	if err := r.ConfirmHeld("r3", w); err != nil {
+	if err := r.ConfirmHeld(ctx, "r3", w); err != nil {
 		t.Fatal(err)
 	}
 	if got, ok := r.Active().Has("r3"); !ok || got != w {
@@ -228,8 +231,8 @@ func TestReservationHeldAndReplaced(t *testing.T) {
 		t.Errorf("the index learnt nothing of r3's confirmation (%d entries)", entries)
 	}
 	rs := r.ReservationStats()
-	if rs.Held != 0 || rs.Missed != 1 || rs.Confirmed != 1 || rs.Released != 2 {
-		t.Errorf("stats %+v, want none held, 1 missed, 1 confirmed, 2 released (r2 twice)", rs)
+	if rs.Held != 0 || rs.Missed != 0 || rs.Confirmed != 1 || rs.Released != 3 || r.Active().Stats().Requests != 3 {
+		t.Errorf("stats %+v, %d requests; want none held or missed, 1 confirmed, 3 released (r2 twice, r1 moved), 3 requests", rs, r.Active().Stats().Requests)
 	}
 }
 
@@ -254,7 +257,7 @@ func TestLateConfirmHeld(t *testing.T) {
 	if rs := r.ReservationStats(); rs.Held != 0 || rs.Expired != 2 || r.Active().Stats().Requests != 0 {
 		t.Fatalf("after the TTL: %+v, %d requests; want both expired, nothing held", rs, r.Active().Stats().Requests)
 	}
-	if err := r.ConfirmHeld("late", workers[0]); err != nil {
+	if err := r.ConfirmHeld(ctx, "late", workers[0]); err != nil {
 		t.Fatalf("late confirmation within a TTL of the expiry: %v", err)
 	}
 	if w, ok := r.Active().Has("late"); !ok || w != workers[0] {
@@ -262,7 +265,7 @@ func TestLateConfirmHeld(t *testing.T) {
 	}
 	now = now.Add(time.Second)
 	r.Sweep()
-	if err := r.ConfirmHeld("later", workers[1]); !errors.Is(err, ErrUnknownRequest) {
+	if err := r.ConfirmHeld(ctx, "later", workers[1]); !errors.Is(err, ErrUnknownRequest) {
 		t.Errorf("confirmation two TTLs after the reservation: %v, want ErrUnknownRequest", err)
 	}
 	if rs := r.ReservationStats(); rs.Missed != 2 || r.Active().Stats().Requests != 1 {

@@ -316,7 +316,7 @@ func (cs *chanStream) confirm(id uint64, in *localrouterv1.ChannelConfirm) {
 	if _, dup := cs.committed[id]; dup {
 		return // a reused id: the earlier request keeps it
 	}
-	if err := cs.s.r.ConfirmHeld(rid, localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}); err != nil {
+	if err := cs.s.r.ConfirmHeld(cs.ctx, rid, localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}); err != nil {
 		cs.s.log.Debug("answerless confirmation dropped", "request_id", rid, "err", err)
 		return
 	}

@@ -2783,12 +2783,13 @@ type ChannelRequest_Confirm struct {
 	// no prompt: the reservation holds the request's load and blocks).
 	// Not answered: the client sends it without waiting and no call awaits
 	// it; the message's id names the request for its events, as a
-	// commit's does. One whose reservation expired less than a TTL ago is
-	// recorded from what the reservation kept; one whose reservation is
-	// gone otherwise (released, expired longer ago) or on another worker
-	// is dropped; both are counted
-	// (kvgate_localrouter_reservations_total{outcome="missed"}); a dropped
-	// one's events answer NOT_FOUND.
+	// commit's does. One whose reservation is on another worker (the
+	// caller moved the request) releases it and records the request on
+	// worker_id from the blocks the reservation kept; one whose reservation
+	// expired less than a TTL ago is recorded from what it kept; one whose
+	// reservation is gone otherwise (released, expired longer ago) is
+	// dropped, its events answering NOT_FOUND. The last two are counted
+	// (kvgate_localrouter_reservations_total{outcome="missed"}).
 	// Sent only to a server whose ChannelHello.confirms is set; an older
 	// server answers it INVALID_ARGUMENT ("empty channel message").
 	Confirm *ChannelConfirm `protobuf:"bytes,7,opt,name=confirm,proto3,oneof"`
