@@ -12,10 +12,13 @@ import (
 // the worker it names for the request (pool.Prompt.ReserveID, for
 // ProbeConfig.ReserveTTL): the router counts the request's load there at
 // once, so the probes that follow — this global router's or another's —
-// see it and a burst spreads without a second round trip and without
-// Router.recheckMu. The commit of the chosen pool (and of the chosen
-// prefill pool) confirms its reservation without waiting
-// (pool.Commit.Reserved, in place); every other reservation is released
+// see it and a burst over one pool spreads without a second round trip
+// and without Router.recheckMu (over several, see contended decisions
+// below). The commit of the chosen pool (and of the chosen prefill pool)
+// confirms its reservation without waiting (pool.Commit.Reserved, in
+// place; pool.Commit.Unanswered within half the TTL of the probe: the
+// request id and the worker only, never answered, where the local router
+// takes it); every other reservation is released
 // here, without waiting either, once the decision is made, whatever it
 // is. A release that is lost, or a global router that dies between its
 // probes and its commit, leaves the reservation to its TTL, after which
