@@ -273,9 +273,21 @@ func (r *Router) place(ctx context.Context, pe *poolEntry, p *prepared, probed r
 		r.log.Warn("decide-and-commit fell back to the pipelined commit of the probed worker", "request_id", p.id, "pool", pe.cfg.Name, "worker_id", probed.WorkerID, "err", err)
 		note = fmt.Sprintf("decide-and-commit on %s fell back to the probed worker (%v)", pe.cfg.Name, err)
 	}
+	// Unanswered (no prompt, nothing to wait for) while the reservation
+	// is surely held: within half its TTL of the probe. Later, the
+	// answered commit, which records the request even if the reservation
+	// expired. An unanswered confirmation's span ends once it is sent.
+	unanswered := reserved && r.opts.now().Sub(p.probed) < p.reserve/2
+	listen := r.committed(p.id, pe.cfg.Name, probed.WorkerID, into)
+	if !unanswered {
+		listen = traced(csp, listen)
+	}
 	tr, err = pe.p.CommitAsync(ctx, probed.Router, pool.Commit{
-		RequestID: p.id, WorkerID: probed.WorkerID, DPRank: probed.DPRank, Prompt: p.prompt(pe.cfg.BlockSize), Reserved: reserved,
-	}, traced(csp, r.committed(p.id, pe.cfg.Name, probed.WorkerID, into)))
+		RequestID: p.id, WorkerID: probed.WorkerID, DPRank: probed.DPRank, Prompt: p.prompt(pe.cfg.BlockSize), Reserved: reserved, Unanswered: unanswered,
+	}, listen)
+	if unanswered && err == nil {
+		endSpan(csp, nil)
+	}
 	if reserved {
 		// Sent or not, the confirmation consumed the reservation: a
 		// commit that could not be sent broke the stream, which released

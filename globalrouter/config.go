@@ -130,7 +130,9 @@ const (
 	// request (its load counted by every later probe, for ReserveTTL), so
 	// a burst spreads as with decide; the probed worker's reservation is
 	// then confirmed by a commit that is not waited for, and the other
-	// pools' reservations are released. One round trip, no lock.
+	// pools' reservations are released. One round trip and no lock,
+	// unless several pools' probes met other requests' reservations: then
+	// the pools are probed again under the recheck lock (reserve.go).
 	CommitReserve CommitMode = "reserve"
 )
 

@@ -56,6 +56,8 @@ type prepared struct {
 	// pools whose reservation a commit confirmed (reserve.go).
 	reserve   time.Duration
 	confirmed []string
+	// probed is when the last round of reserving probes was sent.
+	probed time.Time
 }
 
 func (p *prepared) prompt(blockSize int) pool.Prompt {
@@ -162,13 +164,24 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 func (r *Router) decideProbed(ctx context.Context, st *state, p *prepared, eligible []*poolEntry, pinPool string) (*Decision, error) {
 	if st.cfg.Probe.Commit == CommitReserve {
 		p.reserve = st.cfg.Probe.ReserveTTL
+		p.probed = r.opts.now()
 	}
 	results := r.probe(ctx, p, eligible, false)
 	if p.reserve > 0 {
+		locked := false
+		if contended(results) {
+			results, locked = r.reprobeContended(ctx, st, p, eligible, results)
+		}
 		// However the decision ends, the reservations no commit confirmed
 		// are released (those of probes that answered, the retried ones
-		// of reprobe included: it fills results in place).
-		defer func() { r.releaseReservations(ctx, p, heldReservations(results)) }()
+		// of reprobe included: it fills results in place), and then the
+		// recheck lock a contended decision took.
+		defer func() {
+			r.releaseReservations(ctx, p, heldReservations(results))
+			if locked {
+				<-r.recheckMu
+			}
+		}()
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -24,8 +24,11 @@
 // (ProbeConfig.ReserveTTL), so later probes see the load and a burst
 // spreads as with decide; the chosen pool's reservation is confirmed by a
 // pipelined commit of the probed worker (no second placement, not waited
-// for, no recheck and no lock), the others are released, and one nobody
-// confirms expires. A pinned worker's commit is always waited for: its
+// for, unanswered where the local router takes it), the others are
+// released, and one nobody confirms expires. Over several pools, a
+// decision whose probes met other requests' reservations is contended:
+// it releases its own and probes again under the recheck lock; the
+// others take no lock. A pinned worker's commit is always waited for: its
 // answer gives the address.
 //
 // Router implements Decider. Build it with New from a Config (LoadConfig

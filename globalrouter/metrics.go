@@ -26,6 +26,9 @@ type metrics struct {
 	// reservationsReleased counts the probes' reservations released
 	// unconfirmed (probe.commit: reserve; reserve.go), by pool.
 	reservationsReleased *prometheus.CounterVec
+	// reprobes counts the contended reserving decisions probed again
+	// under the recheck lock (reserve.go), by outcome.
+	reprobes *prometheus.CounterVec
 }
 
 // Latency buckets from 50 µs (an in-process decision) to the probe
@@ -81,8 +84,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_globalrouter_reservations_released_total",
 			Help: "Reservations of reserving probes (probe.commit: reserve) released unconfirmed because the decision went to another pool or to none (or their probe's answer came too late), by the pool that held them (its local router counts the ones that expired instead).",
 		}, []string{"pool"}),
+		reprobes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_reserve_reprobes_total",
+			Help: "Decisions in probe.commit: reserve over several pools whose probes found other requests' reservations held (contended: those may be released where they were counted), their reservations released and the pools probed again under the router's recheck lock, by outcome (locked; busy: the lock was not free within the probe timeout, probed again without it).",
+		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.bestEffortOutcomes, m.ejections, m.reservationsReleased} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.bestEffortOutcomes, m.ejections, m.reservationsReleased, m.reprobes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -115,6 +115,16 @@ func TestReserveReleasesLosers(t *testing.T) {
 					t.Errorf("decision %d decided and committed in reserve mode: %s", i, d.Explanation)
 				}
 				held = append(held, d)
+				// The losing pool's release is not waited for by the
+				// decision; a unary one may still be on its way when the
+				// next decision probes, which would then find it held and
+				// be contended (reserve.go). Sequential decisions wait for
+				// it here.
+				for _, s := range []*pooltest.Server{a, b} {
+					if err := s.WaitNoReservations(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
 			on := map[string]int{}
 			for _, d := range held {

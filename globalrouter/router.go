@@ -39,8 +39,9 @@ type Router struct {
 	reloadMu sync.Mutex // serialises Reload and Close
 	// recheckMu (a channel of capacity 1: a lock waited for with a
 	// bound) serialises the contended decide-and-commits: their second
-	// placement and their recheck (commit.go). Uncontended commits do not
-	// take it.
+	// placement and their recheck (commit.go); and the contended
+	// reserving decisions: their second probes, up to their confirmation
+	// and releases (reserve.go). Uncontended decisions do not take it.
 	recheckMu chan struct{}
 	// leases counts the decisions returned whose Lease is not freed yet
 	// (Leases; accounting.go).

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/api/routing"
+	"github.com/kvgate/kvgate/kvevents"
 )
 
 // Reservations: a reserving probe (BestWorkerOptions.ReserveTTL) chooses a
@@ -36,11 +38,22 @@ func reservationKey(id string) string { return "\x00reserved\x00" + id }
 type reservation struct {
 	worker   WorkerKey
 	deadline time.Time
+	// local are the request's local block hashes, isl its length in
+	// tokens and charged the overlap its load was charged with, kept so
+	// that ConfirmHeld needs no prompt, even past the TTL (lapsed).
+	local        []uint64
+	isl, charged int
+	ttl          time.Duration
 }
 
 // reservations is the Router's reservation table.
 type reservations struct {
 	byID map[string]reservation // guarded by Router.placeMu
+	// lapsed are the reservations that expired, kept for one more TTL
+	// (their deadline moved there) so that an answerless confirmation
+	// arriving late (a stalled process) still records its request
+	// (ConfirmHeld). Guarded by Router.placeMu.
+	lapsed map[string]reservation
 	// held counts the reservations, read without the lock
 	// (creditReserved).
 	held atomic.Int64
@@ -52,7 +65,7 @@ type reservations struct {
 }
 
 func newReservations() *reservations {
-	r := &reservations{byID: make(map[string]reservation)}
+	r := &reservations{byID: make(map[string]reservation), lapsed: make(map[string]reservation)}
 	r.next.Store(math.MaxInt64)
 	return r
 }
@@ -90,8 +103,9 @@ func (r *Router) Reserved(id string) (WorkerKey, bool) {
 // reserveLocked records the reservation of request id on worker, whose
 // load was just added under reservationKey(id); seq are the request's
 // sequence hashes. placeMu is held.
-func (r *Router) reserveLocked(id string, worker WorkerKey, deadline time.Time) {
-	r.res.byID[id] = reservation{worker: worker, deadline: deadline}
+func (r *Router) reserveLocked(id string, worker WorkerKey, now time.Time, ttl time.Duration, local []uint64, isl, charged int) {
+	deadline := now.Add(ttl)
+	r.res.byID[id] = reservation{worker: worker, deadline: deadline, local: slices.Clone(local), isl: isl, charged: charged, ttl: ttl}
 	r.res.held.Add(1)
 	r.res.made.Add(1)
 	if d := deadline.UnixNano(); d < r.res.next.Load() {
@@ -178,6 +192,78 @@ func (r *Router) Confirm(ctx context.Context, id string, worker WorkerKey, req R
 	return routing.Selection{WorkerID: worker.ID, DPRank: worker.DPRank, RequestBlocks: len(s.local), BlockSize: r.cfg.BlockSize, ISL: isl}, nil
 }
 
+// ConfirmHeld confirms the reservation request id holds on worker, as
+// Confirm does, from the reservation alone (no prompt: it kept the
+// request's blocks): the answerless confirmation of a channel
+// (ChannelRequest.confirm). A reservation on another worker (the caller
+// moved the request: the probe's worker was ejected since) is released
+// and the request recorded on worker, as Confirm does. One that expired
+// less than a TTL ago (the confirmation was late: a stalled process) is
+// recorded from what it kept, as a commit naming its worker, and counted
+// as missed. One gone otherwise (released, expired longer ago) records
+// nothing, is counted as missed and returns ErrUnknownRequest. An id
+// already active is refused (ErrDuplicateRequest) and its reservation
+// released.
+func (r *Router) ConfirmHeld(ctx context.Context, id string, worker WorkerKey) error {
+	if id == "" {
+		return ErrEmptyRequestID
+	}
+	if err := r.check(); err != nil {
+		return err
+	}
+	r.placeMu.Lock()
+	res, ok := r.res.byID[id]
+	if !ok {
+		res, ok = r.res.lapsed[id]
+		delete(r.res.lapsed, id)
+		if ok && res.worker == worker {
+			// Expired before its confirmation came.
+			defer r.placeMu.Unlock()
+			r.res.missed.Add(1)
+			now := r.clock()
+			if err := r.active.Add(now, id, worker, kvevents.AppendSequenceHashes(nil, res.local), res.isl, res.charged, r.cfg.BlockSize); err != nil {
+				return err
+			}
+			r.learnLocked(now, worker, res.local)
+			return nil
+		}
+	}
+	if !ok || res.worker != worker {
+		r.placeMu.Unlock()
+		if !ok || len(res.local) == 0 {
+			r.res.missed.Add(1)
+			return fmt.Errorf("%w: no reservation for %q", ErrUnknownRequest, id)
+		}
+		// Recorded on worker from the blocks the reservation kept, its
+		// reservation released in the same placement (confirmLocked).
+		_, err := r.BestWorker(ctx, Request{LocalHashes: res.local, BlockSize: r.cfg.BlockSize, ISL: res.isl}, BestWorkerOptions{RequestID: id, Worker: &worker, confirm: true})
+		return err
+	}
+	defer r.placeMu.Unlock()
+	delete(r.res.byID, id)
+	r.res.held.Add(-1)
+	if err := r.active.Rename(reservationKey(id), id); err != nil {
+		r.active.Free(reservationKey(id))
+		r.res.released.Add(1)
+		return err
+	}
+	r.res.confirmed.Add(1)
+	r.learnLocked(r.clock(), worker, res.local)
+	return nil
+}
+
+// learnLocked has the index learn a confirmed request's blocks as a
+// commit's: predicted entries, or the approximate index's record.
+// placeMu is held.
+func (r *Router) learnLocked(now time.Time, worker WorkerKey, local []uint64) {
+	switch {
+	case r.predicting():
+		r.index.Predict(now, worker, local)
+	case !r.cfg.UseKVEvents:
+		r.index.Record(now, worker, local)
+	}
+}
+
 // confirmLocked drops request id's reservation before its commit is
 // recorded on worker, counting how it went. placeMu is held.
 func (r *Router) confirmLocked(id string, worker WorkerKey) {
@@ -242,10 +328,20 @@ func (r *Router) expireLocked(now time.Time) {
 		return
 	}
 	next := int64(math.MaxInt64)
+	for id, res := range r.res.lapsed {
+		if !now.Before(res.deadline) {
+			delete(r.res.lapsed, id)
+			continue
+		}
+		next = min(next, res.deadline.UnixNano())
+	}
 	for id, res := range r.res.byID {
 		if !now.Before(res.deadline) {
 			r.dropLocked(id)
 			r.res.expired.Add(1)
+			res.deadline = res.deadline.Add(res.ttl)
+			r.res.lapsed[id] = res
+			next = min(next, res.deadline.UnixNano())
 			continue
 		}
 		next = min(next, res.deadline.UnixNano())

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/internal/testenv"
 )
 
@@ -176,5 +177,98 @@ func TestSweepExpiresReservations(t *testing.T) {
 	r.Sweep()
 	if rs := r.ReservationStats(); rs.Expired != 1 || rs.Held != 0 {
 		t.Errorf("after the sweep %+v, want 1 expired, none held", rs)
+	}
+}
+
+// TestReservationHeldAndReplaced: a reserving probe's answer counts the
+// other requests' reservations held (ReservationsHeld, never its own); a
+// decide-and-commit of a reserved request replaces its reservation (the
+// request counted once); ConfirmHeld, with no prompt, turns a reservation
+// into its request and the index learns its blocks, and one naming
+// another worker releases the reservation and records the request there.
+func TestReservationHeldAndReplaced(t *testing.T) {
+	now := time.Unix(100, 0)
+	r := reserveRouter(t, &now)
+	ctx := testenv.Context(t)
+	req := Request{Tokens: toks(64, 0)}
+	var sels []routing.Selection
+	for i, id := range []string{"r1", "r2", "r2"} {
+		sel, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, ReserveTTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := min(i, 1); sel.ReservationsHeld != want {
+			t.Errorf("probe %d (%s): %d reservations held, want %d", i, id, sel.ReservationsHeld, want)
+		}
+		sels = append(sels, sel)
+	}
+	if _, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: "r2"}); err != nil {
+		t.Fatal(err)
+	}
+	if rs := r.ReservationStats(); rs.Held != 1 || r.Active().Stats().Requests != 2 {
+		t.Errorf("after r2's decide-and-commit: %+v, %d requests; want r1's reservation and r2: 2", rs, r.Active().Stats().Requests)
+	}
+	other := Selected(sels[0])
+	other.ID = map[string]string{"a": "b", "b": "a"}[other.ID]
+	if err := r.ConfirmHeld(ctx, "r1", other); err != nil {
+		t.Errorf("ConfirmHeld on another worker: %v", err)
+	}
+	if got, ok := r.Active().Has("r1"); !ok || got != other {
+		t.Errorf("r1 on %v (%v), want the worker its confirmation named, %v", got, ok, other)
+	}
+	if _, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: "r3", ReserveTTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	entries := r.Index().Stats().Entries
+	w, _ := r.Reserved("r3")
+	if err := r.ConfirmHeld(ctx, "r3", w); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := r.Active().Has("r3"); !ok || got != w {
+		t.Errorf("r3 on %v (%v), want %v", got, ok, w)
+	}
+	if r.Index().Stats().Entries <= entries {
+		t.Errorf("the index learnt nothing of r3's confirmation (%d entries)", entries)
+	}
+	rs := r.ReservationStats()
+	if rs.Held != 0 || rs.Missed != 0 || rs.Confirmed != 1 || rs.Released != 3 || r.Active().Stats().Requests != 3 {
+		t.Errorf("stats %+v, %d requests; want none held or missed, 1 confirmed, 3 released (r2 twice, r1 moved), 3 requests", rs, r.Active().Stats().Requests)
+	}
+}
+
+// TestLateConfirmHeld: an answerless confirmation that comes after its
+// reservation expired, within one more TTL, still records the request
+// (counted as missed); one later than that records nothing.
+func TestLateConfirmHeld(t *testing.T) {
+	now := time.Unix(100, 0)
+	r := reserveRouter(t, &now)
+	ctx := testenv.Context(t)
+	req := Request{Tokens: toks(64, 0)}
+	var workers []WorkerKey
+	for _, id := range []string{"late", "later"} {
+		sel, err := r.BestWorker(ctx, req, BestWorkerOptions{RequestID: id, ReserveTTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		workers = append(workers, Selected(sel))
+	}
+	now = now.Add(1500 * time.Millisecond)
+	r.Sweep()
+	if rs := r.ReservationStats(); rs.Held != 0 || rs.Expired != 2 || r.Active().Stats().Requests != 0 {
+		t.Fatalf("after the TTL: %+v, %d requests; want both expired, nothing held", rs, r.Active().Stats().Requests)
+	}
+	if err := r.ConfirmHeld(ctx, "late", workers[0]); err != nil {
+		t.Fatalf("late confirmation within a TTL of the expiry: %v", err)
+	}
+	if w, ok := r.Active().Has("late"); !ok || w != workers[0] {
+		t.Errorf("late on %v (%v), want %v", w, ok, workers[0])
+	}
+	now = now.Add(time.Second)
+	r.Sweep()
+	if err := r.ConfirmHeld(ctx, "later", workers[1]); !errors.Is(err, ErrUnknownRequest) {
+		t.Errorf("confirmation two TTLs after the reservation: %v, want ErrUnknownRequest", err)
+	}
+	if rs := r.ReservationStats(); rs.Missed != 2 || r.Active().Stats().Requests != 1 {
+		t.Errorf("%+v, %d requests; want 2 missed, 1 request", rs, r.Active().Stats().Requests)
 	}
 }

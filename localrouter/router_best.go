@@ -190,6 +190,14 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			if _, ok := r.dropLocked(opts.RequestID); ok {
 				r.res.released.Add(1)
 			}
+		default:
+			// A decide-and-commit of a request that holds a reservation
+			// (the global router found its probes contended and places it
+			// anew): the reservation gives way to the placement, so the
+			// request is never counted twice.
+			if _, ok := r.dropLocked(opts.RequestID); ok {
+				r.res.released.Add(1)
+			}
 		}
 	}
 	r.index.FindMatches(s.local, &s.matches)
@@ -275,7 +283,8 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 			// of the request at its commit. The chain's stateful scorers
 			// are told now (Confirm chooses nothing): a reservation is
 			// their choice.
-			r.reserveLocked(opts.RequestID, l.Worker, now.Add(opts.ReserveTTL))
+			sel.ReservationsHeld = len(r.res.byID) // others': its own was dropped above
+			r.reserveLocked(opts.RequestID, l.Worker, now, opts.ReserveTTL, s.local, isl, charged)
 			for _, o := range r.chain.observers {
 				o.Chosen(&cs.in, i)
 			}

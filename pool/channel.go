@@ -126,6 +126,15 @@ func (c *channelClient) Release(ctx context.Context, id string) error {
 	return c.channel(ctx).Release(ctx, id)
 }
 
+// ReleaseOrdered implements OrderedReleaser: the channel handles its
+// messages in order, so the release message is enough; unary calls wait.
+func (c *channelClient) ReleaseOrdered(ctx context.Context, id string) error {
+	if c.unary.Load() {
+		return c.grpcClient.ReleaseOrdered(ctx, id)
+	}
+	return c.channel(ctx).Release(ctx, id)
+}
+
 func (c *channelClient) Close() error {
 	_ = c.ch.Close()
 	c.hopsMu.Lock()

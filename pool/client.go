@@ -53,6 +53,15 @@ type Releaser interface {
 	Release(ctx context.Context, id string) error
 }
 
+// OrderedReleaser is a Releaser whose ReleaseOrdered returns once the
+// release is sure to be handled before any message the caller sends the
+// router after it (a probe reserving again for the same request, say): on
+// a channel, a release sent on the stream (handled in order, not waited
+// for); on unary calls, a Free waited for.
+type OrderedReleaser interface {
+	ReleaseOrdered(ctx context.Context, id string) error
+}
+
 // Dialer makes a Client for a local router's gRPC address.
 type Dialer func(addr string) (Client, error)
 
@@ -110,6 +119,14 @@ func (g *grpcClient) Release(ctx context.Context, id string) error {
 		_ = g.c.Release(ctx, id)
 	}()
 	return nil
+}
+
+// ReleaseOrdered implements OrderedReleaser: a unary Free of the
+// reservation, waited for (bounded by releaseTimeout).
+func (g *grpcClient) ReleaseOrdered(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	return g.c.Release(ctx, id)
 }
 
 // releaseTimeout bounds a unary release: past it the reservation's TTL
@@ -207,13 +224,18 @@ type Commit struct {
 	// router (Prompt.ReserveID): the reservation becomes the request on
 	// WorkerID, which must be set (see client.CommitOptions.Reserved).
 	Reserved bool
+	// Unanswered, with Reserved, lets the confirmation go unanswered,
+	// carrying no prompt, where the transport offers it (see
+	// client.CommitOptions.Unanswered: set it only when the reservation is
+	// surely held).
+	Unanswered bool
 }
 
 // options are a commit's bounds on the wire (a commit without a worker
 // only).
 func (c Commit) options() client.CommitOptions {
 	if c.WorkerID != "" {
-		return client.CommitOptions{Reserved: c.Reserved}
+		return client.CommitOptions{Reserved: c.Reserved, Unanswered: c.Reserved && c.Unanswered}
 	}
 	return client.CommitOptions{Override: c.Prompt.Override, AllowedAddresses: c.Prompt.Allowed, ExcludedAddresses: c.Exclude}
 }

@@ -183,6 +183,24 @@ func (p *Pool) Release(ctx context.Context, routerAddr, id string) {
 	}
 }
 
+// ReleaseOrdered is Release, but the release is handled by the router
+// before any message sent to it after ReleaseOrdered returns
+// (OrderedReleaser; a Client that is only a Releaser releases without
+// that promise).
+func (p *Pool) ReleaseOrdered(ctx context.Context, routerAddr, id string) {
+	for _, c := range *p.routers.Load() {
+		if c.addr == routerAddr {
+			switch r := c.r.(type) {
+			case OrderedReleaser:
+				_ = r.ReleaseOrdered(ctx, id)
+			case Releaser:
+				_ = r.Release(ctx, id)
+			}
+			return
+		}
+	}
+}
+
 // ejectedKnown are the addresses of the pool's recently seen workers that
 // passive health ejected.
 func (p *Pool) ejectedKnown() []string {

@@ -45,3 +45,12 @@ func (s sharedClient) Release(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// ReleaseOrdered implements OrderedReleaser as the shared client does,
+// else as Release.
+func (s sharedClient) ReleaseOrdered(ctx context.Context, id string) error {
+	if r, ok := s.Client.(OrderedReleaser); ok {
+		return r.ReleaseOrdered(ctx, id)
+	}
+	return s.Release(ctx, id)
+}

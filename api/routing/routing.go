@@ -74,6 +74,12 @@ type Selection struct {
 	// among all; SignalsReport.AllSaturated, on the wire's probe answer).
 	// The global router's flow control reads it.
 	AllSaturated bool
+	// ReservationsHeld, in a reserving probe's answer only, is the
+	// reservations of other requests the router held when it chose (the
+	// wire's Selection.reservations_held): the global router in
+	// probe.commit: reserve takes a count above 0 on any of several pools
+	// as a contended decision.
+	ReservationsHeld int
 }
 
 // Score is one scorer's part in a worker's total: its raw value, its

@@ -215,6 +215,16 @@ func poolLoads(servers []*pooltest.Server) (map[string]int, int) {
 	return out, total
 }
 
+// reservationStats are each local router's reservation counters (for a
+// count found off: an expired or missed reservation explains one).
+func reservationStats(servers []*pooltest.Server) string {
+	var b strings.Builder
+	for i, s := range servers {
+		fmt.Fprintf(&b, "pool-%d %+v; ", i, s.Router.ReservationStats())
+	}
+	return strings.TrimSuffix(b.String(), "; ")
+}
+
 // pollUntil calls cond every 2 ms until it holds (nil) or ctx ends
 // (cond's last error).
 func pollUntil(ctx context.Context, cond func() error) error {

@@ -206,7 +206,7 @@ func activeActiveRun(ctx context.Context, cfg ActiveActiveConfig, servers []*poo
 	// it, within the run's deadline.
 	if err := pollUntil(ctx, func() error {
 		if _, n := poolLoads(servers); n != live {
-			return fmt.Errorf("at the hold: the local routers hold %d requests, the live routers routed %d", n, live)
+			return fmt.Errorf("at the hold: the local routers hold %d requests, the live routers routed %d (reservations: %s)", n, live, reservationStats(servers))
 		}
 		return nil
 	}); err != nil {

@@ -140,14 +140,13 @@ func testActiveActive(t *testing.T, cfg ActiveActiveConfig) {
 	t.Logf("%s: %d of %d runs even, %d exact, at most %d on one worker, %d moved commits, at most %d held twice; first run: placed %v, routed %v, %d failed, %d samples",
 		mode, res.EvenRuns, len(res.Runs), res.ExactRuns, res.MaxOnOneWorker, moved, heldTwice, res.Runs[0].Placed, res.Runs[0].Routed, res.Runs[0].Failed, res.Runs[0].Samples)
 	// The spread required: every mode's but pipelined on one pool of 4
-	// (issue 26's 16/16/16/16), and decide's over two pools of 2 with one
-	// router (globalrouter's TestDecideNoHerding). Measured, not required:
-	// pipelined (herds by design); decide over two pools with several
-	// routers (each router's recheck lock serialises only its own
-	// contended commits: a run in a few ends 15/17/16/16); reserve over two
-	// pools (logged in globalrouter's herding tests too). A kill frees a
-	// share of the burst.
-	mustSpread := mode != globalrouter.CommitPipelined && (len(cfg.Pools) == 1 || (mode == globalrouter.CommitDecide && cfg.Routers == 1))
+	// (issue 26's 16/16/16/16), and decide's and reserve's over two pools
+	// of 2 with one router (globalrouter's TestDecideNoHerding). Measured,
+	// not required: pipelined (herds by design); decide and reserve over
+	// two pools with several routers (each router's recheck lock
+	// serialises only its own contended decisions: a run in a few ends
+	// 15/17/16/16). A kill frees a share of the burst.
+	mustSpread := mode != globalrouter.CommitPipelined && (len(cfg.Pools) == 1 || cfg.Routers == 1)
 	if kill || !mustSpread {
 		if !kill && res.EvenRuns < len(res.Runs) {
 			t.Logf("measured, not required: %d of %d runs spread exactly (%s over %v with %d routers)", res.EvenRuns, len(res.Runs), mode, cfg.Pools, cfg.Routers)

@@ -143,6 +143,9 @@ type chanSession struct {
 	done   chan struct{} // closed when the receiver returned
 	// serverMax is the router's in-flight bound from its hello.
 	serverMax atomic.Uint32
+	// confirms: the router's hello says it takes answerless
+	// confirmations (ChannelRequest.confirm).
+	confirms atomic.Bool
 }
 
 // chanCall is a message awaiting its answer. Whoever removes it from
@@ -284,6 +287,7 @@ func (s *chanSession) receive() {
 		}
 		if h := m.GetHello(); h != nil {
 			s.serverMax.Store(h.GetMaxInFlight())
+			s.confirms.Store(h.GetConfirms())
 			continue
 		}
 		c, ok := s.take(m.GetId())
@@ -458,6 +462,17 @@ func (ch *Channel) CommitAsyncWith(ctx context.Context, id string, worker routin
 	s, err := ch.session(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if o.Reserved && o.Unanswered && worker.ID != "" && s.confirms.Load() {
+		// No slot: nothing is awaited. The hello came before any answer
+		// on the stream, so before the reserving probe's: a router that
+		// takes confirmations has said so.
+		mid := s.next.Add(1)
+		if err := s.send(&localrouterv1.ChannelRequest{Id: mid, Msg: &localrouterv1.ChannelRequest_Confirm{Confirm: &localrouterv1.ChannelConfirm{
+			RequestId: id, WorkerId: worker.ID, DpRank: worker.DPRank}}}); err != nil {
+			return nil, err
+		}
+		return &ChannelTracker{s: s, commitID: mid}, nil
 	}
 	if err := s.acquire(ctx); err != nil {
 		return nil, err

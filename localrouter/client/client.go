@@ -166,7 +166,7 @@ func selection(s *localrouterv1.Selection, isl int) routing.Selection {
 		OverlapBlocks: int(s.GetOverlapBlocks()), RequestBlocks: int(s.GetRequestBlocks()),
 		PrefillTokens: int(s.GetPotentialPrefillTokens()), DecodeBlocks: int(s.GetPotentialDecodeBlocks()),
 		Cost: s.GetCost(), TTFT: s.GetTtftMs(), ChainScore: s.GetChainScore(), Candidates: int(s.GetCandidates()), BlockSize: int(s.GetBlockSize()), ISL: isl,
-		AllSaturated: s.GetAllSaturated(),
+		AllSaturated: s.GetAllSaturated(), ReservationsHeld: int(s.GetReservationsHeld()),
 	}
 	if out.ISL == 0 {
 		out.ISL = out.RequestBlocks * out.BlockSize
@@ -333,6 +333,17 @@ type CommitOptions struct {
 	// into the request (CommitRequest.reserved). Unlike the fields above
 	// it applies to commits naming their worker only.
 	Reserved bool
+	// Unanswered, with Reserved, lets a channel whose router takes them
+	// (its hello's confirms) send the confirmation as
+	// ChannelRequest.confirm: the request id and the worker only, never
+	// answered (committed is not called), its reservation holding the
+	// request's load and blocks. A confirmation whose reservation is gone
+	// (expired, or released by a broken stream) is then dropped and
+	// counted by the router, not recorded as an ordinary commit: set it
+	// when the reservation is surely held (well within its TTL, on the
+	// stream that probed). Elsewhere (unary calls, an older router) the
+	// confirmation is the answered commit.
+	Unanswered bool
 }
 
 func commitProto(id string, worker routing.WorkerKey, p Prompt, o CommitOptions) *localrouterv1.CommitRequest {

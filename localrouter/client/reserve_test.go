@@ -125,3 +125,54 @@ func TestUnaryReservations(t *testing.T) {
 		t.Errorf("stats %+v, want %+v", got, want)
 	}
 }
+
+// TestChannelUnansweredConfirm: with CommitOptions.Unanswered a router
+// whose hello offers it takes the confirmation as ChannelRequest.confirm:
+// nothing answers it (committed is never called), the reservation becomes
+// the request on its worker, and the request's Free is answered as a
+// commit's. One naming another worker than its reservation's (the caller
+// moved the request) releases the reservation and records the request on
+// the worker it names.
+func TestChannelUnansweredConfirm(t *testing.T) {
+	p := startPool("w1", "w2")
+	defer p.stop()
+	ctx := testenv.Context(t)
+	ch := dialT(t, p.addr).Channel(client.ChannelOptions{})
+	defer ch.Close()
+	pr := hashPrompt(t, prompt(0, 256))
+	var sels []routing.Selection
+	for i := range 2 {
+		sel, err := ch.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: fmt.Sprint("u", i), ReserveTTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sels = append(sels, sel)
+	}
+	unanswered := client.CommitOptions{Reserved: true, Unanswered: true}
+	noAnswer := func(sel routing.Selection, err error) {
+		t.Errorf("an unanswered confirmation was answered: %+v, %v", sel, err)
+	}
+	tr, err := ch.CommitAsyncWith(ctx, "u0", routing.Selected(sels[0]), pr, unanswered, noAnswer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := routing.Selected(sels[0]) // u1 reserved the other worker
+	if _, err := ch.CommitAsyncWith(ctx, "u1", wrong, pr, unanswered, noAnswer); err != nil {
+		t.Fatal(err)
+	}
+	waitReservations(t, p.router, 0)
+	waitActive(t, p.router, 2)
+	for _, id := range []string{"u0", "u1"} {
+		if w, ok := p.router.Active().Has(id); !ok || w.ID != sels[0].WorkerID {
+			t.Errorf("%s on %v (%v), want %s", id, w, ok, sels[0].WorkerID)
+		}
+	}
+	if err := tr.Free(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitActive(t, p.router, 1)
+	want := localrouter.ReservationStats{Made: 2, Confirmed: 1, Released: 1}
+	if got := p.router.ReservationStats(); got != want {
+		t.Errorf("stats %+v, want %+v", got, want)
+	}
+}

@@ -78,6 +78,12 @@ type chanStream struct {
 	// by other ways (expired, confirmed on another stream) are dropped.
 	reserved        map[string]struct{}
 	reservedPruneAt int
+	// reserving counts, by request id, the stream's reserving probes
+	// queued or running (guarded by mu); early are the request ids whose
+	// release came while one was (the client gave up waiting for its
+	// answer): the probe's reservation is released as soon as it is made.
+	reserving map[string]int
+	early     map[string]struct{}
 }
 
 // Channel implements localrouterv1.LocalRouterServer: probes, commits and
@@ -93,11 +99,12 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 		s: s, stream: stream, ctx: stream.Context(),
 		queued: make(map[uint64]*chanProbe), committed: make(map[uint64]string), pruneAt: channelPruneMin,
 		reserved: make(map[string]struct{}), reservedPruneAt: channelPruneMin,
+		reserving: make(map[string]int), early: make(map[string]struct{}),
 	}
 	// Freed however the stream ends; its context may be gone already.
 	defer cs.freeAll()
 	if err := cs.send(&localrouterv1.ChannelResponse{Msg: &localrouterv1.ChannelResponse_Hello{
-		Hello: &localrouterv1.ChannelHello{MaxInFlight: ChannelMaxInFlight}}}); err != nil {
+		Hello: &localrouterv1.ChannelHello{MaxInFlight: ChannelMaxInFlight, Confirms: true}}}); err != nil {
 		return err
 	}
 	probes := make(chan *chanProbe, ChannelMaxInFlight)
@@ -141,6 +148,9 @@ func (cs *chanStream) read(probes chan<- *chanProbe) error {
 			}
 			cs.mu.Lock()
 			cs.queued[id] = p
+			if rid := m.Probe.GetReserveRequestId(); rid != "" {
+				cs.reserving[rid]++
+			}
 			cs.mu.Unlock()
 			select {
 			case probes <- p:
@@ -153,6 +163,8 @@ func (cs *chanStream) read(probes chan<- *chanProbe) error {
 			err = cs.event(id, m.Event)
 		case *localrouterv1.ChannelRequest_Release:
 			cs.release(m.Release.GetRequestId())
+		case *localrouterv1.ChannelRequest_Confirm:
+			cs.confirm(id, m.Confirm)
 		case *localrouterv1.ChannelRequest_Cancel:
 			cs.mu.Lock()
 			if p := cs.queued[m.Cancel.GetId()]; p != nil {
@@ -179,6 +191,9 @@ func (cs *chanStream) runProbe(p *chanProbe, pr *prober) {
 	p.in, p.deadline = nil, time.Time{}
 	p.canceled.Store(false)
 	probePool.Put(p)
+	if rid := in.GetReserveRequestId(); rid != "" {
+		defer cs.reserveDone(rid)
+	}
 	switch {
 	case canceled:
 		_ = cs.fail(id, context.Canceled)
@@ -288,6 +303,26 @@ func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
 	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Selection{Selection: cs.s.selection(sel)}})
 }
 
+// confirm turns the reservation a probe made into the request, without
+// an answer (ChannelRequest.confirm): the request is then the stream's,
+// under the confirm's message id, as a commit's. A confirm whose
+// reservation is gone records nothing (the router counts it as missed);
+// its events answer NOT_FOUND.
+func (cs *chanStream) confirm(id uint64, in *localrouterv1.ChannelConfirm) {
+	rid := in.GetRequestId()
+	cs.mu.Lock()
+	delete(cs.reserved, rid)
+	cs.mu.Unlock()
+	if _, dup := cs.committed[id]; dup {
+		return // a reused id: the earlier request keeps it
+	}
+	if err := cs.s.r.ConfirmHeld(cs.ctx, rid, localrouter.WorkerKey{ID: in.GetWorkerId(), DPRank: in.GetDpRank()}); err != nil {
+		cs.s.log.Debug("answerless confirmation dropped", "request_id", rid, "err", err)
+		return
+	}
+	cs.committed[id] = rid
+}
+
 // event applies a lifecycle event to a request committed on the stream.
 func (cs *chanStream) event(id uint64, in *localrouterv1.ChannelEvent) error {
 	rid, ok := cs.committed[in.GetCommitId()]
@@ -336,8 +371,32 @@ func (cs *chanStream) noteReserved(rid string) {
 func (cs *chanStream) release(rid string) {
 	cs.mu.Lock()
 	delete(cs.reserved, rid)
+	if cs.reserving[rid] > 0 {
+		// Its probe is still queued or running (the client stopped
+		// waiting for it): released once it has reserved (reserveDone),
+		// not left to its TTL.
+		cs.early[rid] = struct{}{}
+	}
 	cs.mu.Unlock()
 	_ = cs.s.r.Release(cs.ctx, rid)
+}
+
+// reserveDone ends a reserving probe of request rid (answered, failed or
+// dropped): a release that came while it ran releases what it reserved.
+func (cs *chanStream) reserveDone(rid string) {
+	cs.mu.Lock()
+	if cs.reserving[rid]--; cs.reserving[rid] <= 0 {
+		delete(cs.reserving, rid)
+	}
+	_, early := cs.early[rid]
+	if early && cs.reserving[rid] == 0 {
+		delete(cs.early, rid)
+		delete(cs.reserved, rid)
+	}
+	cs.mu.Unlock()
+	if early {
+		_ = cs.s.r.Release(cs.ctx, rid)
+	}
 }
 
 // freeAll frees the requests the stream committed and did not free, and

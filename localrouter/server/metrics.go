@@ -76,7 +76,7 @@ var (
 	descActiveBlocks   = prometheus.NewDesc("kvgate_localrouter_active_blocks", "Distinct KV blocks of requests in flight, per worker rank.", []string{"worker_id", "dp_rank"}, nil)
 	descTrackStreams   = prometheus.NewDesc("kvgate_localrouter_track_streams", "Open Track streams.", nil, nil)
 	descChanStreams    = prometheus.NewDesc("kvgate_localrouter_channel_streams", "Open Channel streams.", nil, nil)
-	descReservations   = prometheus.NewDesc("kvgate_localrouter_reservations_total", "Worker reservations of reserving probes, by outcome: made, confirmed (a commit turned it into its request), released (the request went elsewhere, or its stream ended), expired (unconfirmed within its TTL), missed (a confirming commit found none and was recorded as an ordinary commit).", []string{"outcome"}, nil)
+	descReservations   = prometheus.NewDesc("kvgate_localrouter_reservations_total", "Worker reservations of reserving probes, by outcome: made, confirmed (a commit turned it into its request), released (the request went elsewhere, or its stream ended), expired (unconfirmed within its TTL), missed (a confirming commit found none and was recorded as an ordinary commit, or an answerless channel confirmation found none, or one on another worker, and was dropped).", []string{"outcome"}, nil)
 	descReserved       = prometheus.NewDesc("kvgate_localrouter_reservations", "Worker reservations held now.", nil, nil)
 	descReplica        = prometheus.NewDesc("kvgate_localrouter_replica_messages_total", "Replica-sync messages, by direction (sent, received, ignored own, failed).", []string{"direction"}, nil)
 )

@@ -239,7 +239,7 @@ func (s *Server) selection(sel routing.Selection) *localrouterv1.Selection {
 		OverlapBlocks: uint32(sel.OverlapBlocks), RequestBlocks: uint32(sel.RequestBlocks),
 		PotentialPrefillTokens: uint32(sel.PrefillTokens), PotentialDecodeBlocks: uint32(sel.DecodeBlocks),
 		Cost: sel.Cost, TtftMs: sel.TTFT, ChainScore: sel.ChainScore, Candidates: uint32(sel.Candidates), BlockSize: uint32(s.r.Config().BlockSize),
-		Scores: scores(sel.Scores),
+		Scores: scores(sel.Scores), ReservationsHeld: uint32(sel.ReservationsHeld),
 	}
 }
 

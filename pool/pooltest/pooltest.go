@@ -202,6 +202,22 @@ func (s *Server) WaitActive(ctx context.Context, n int) error {
 	}
 }
 
+// WaitNoReservations polls until the router holds no reservation
+// (probe.commit: reserve; releases and confirmations are not waited for by
+// the global router) or ctx ends.
+func (s *Server) WaitNoReservations(ctx context.Context) error {
+	for {
+		if s.Router.ReservationStats().Held == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("reservations still held: %+v: %w", s.Router.ReservationStats(), ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // directory is the static worker directory (server.Directory).
 type directory map[string]membership.WorkerInfo
 

@@ -292,9 +292,19 @@ type Selection struct {
 	// requests behind it (the same timing model and calibration). The
 	// global router's flow control reads it: a queued request whose
 	// remaining budget is below it is refused rather than served late.
-	TtftMs        float64 `protobuf:"fixed64,16,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TtftMs float64 `protobuf:"fixed64,16,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
+	// A reserving probe's answer only (BestWorkerRequest.reserve_ttl_us,
+	// ChannelProbe.reserve_request_id): the reservations of other requests
+	// the router held when it chose, this request's own not counted. A
+	// global router in probe.commit: reserve that probed several pools takes
+	// a count above 0 on any of them as a contended decision (those
+	// reservations may be released from this pool once their own decisions
+	// land) and places the request by decide-and-commit instead of
+	// confirming the probe. 0 from a router older than the field: every
+	// decision looks uncontended, as before it.
+	ReservationsHeld uint32 `protobuf:"varint,17,opt,name=reservations_held,json=reservationsHeld,proto3" json:"reservations_held,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Selection) Reset() {
@@ -435,6 +445,13 @@ func (x *Selection) GetChainScore() float64 {
 func (x *Selection) GetTtftMs() float64 {
 	if x != nil {
 		return x.TtftMs
+	}
+	return 0
+}
+
+func (x *Selection) GetReservationsHeld() uint32 {
+	if x != nil {
+		return x.ReservationsHeld
 	}
 	return 0
 }
@@ -2623,6 +2640,7 @@ type ChannelRequest struct {
 	//	*ChannelRequest_Event
 	//	*ChannelRequest_Cancel
 	//	*ChannelRequest_Release
+	//	*ChannelRequest_Confirm
 	Msg           isChannelRequest_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2717,6 +2735,15 @@ func (x *ChannelRequest) GetRelease() *ChannelRelease {
 	return nil
 }
 
+func (x *ChannelRequest) GetConfirm() *ChannelConfirm {
+	if x != nil {
+		if x, ok := x.Msg.(*ChannelRequest_Confirm); ok {
+			return x.Confirm
+		}
+	}
+	return nil
+}
+
 type isChannelRequest_Msg interface {
 	isChannelRequest_Msg()
 }
@@ -2750,6 +2777,24 @@ type ChannelRequest_Release struct {
 	Release *ChannelRelease `protobuf:"bytes,6,opt,name=release,proto3,oneof"`
 }
 
+type ChannelRequest_Confirm struct {
+	// Confirm the reservation a probe made for a request on the worker it
+	// named (as a CommitRequest with reserved set and worker_id, carrying
+	// no prompt: the reservation holds the request's load and blocks).
+	// Not answered: the client sends it without waiting and no call awaits
+	// it; the message's id names the request for its events, as a
+	// commit's does. One whose reservation is on another worker (the
+	// caller moved the request) releases it and records the request on
+	// worker_id from the blocks the reservation kept; one whose reservation
+	// expired less than a TTL ago is recorded from what it kept; one whose
+	// reservation is gone otherwise (released, expired longer ago) is
+	// dropped, its events answering NOT_FOUND. The last two are counted
+	// (kvgate_localrouter_reservations_total{outcome="missed"}).
+	// Sent only to a server whose ChannelHello.confirms is set; an older
+	// server answers it INVALID_ARGUMENT ("empty channel message").
+	Confirm *ChannelConfirm `protobuf:"bytes,7,opt,name=confirm,proto3,oneof"`
+}
+
 func (*ChannelRequest_Probe) isChannelRequest_Msg() {}
 
 func (*ChannelRequest_Commit) isChannelRequest_Msg() {}
@@ -2759,6 +2804,70 @@ func (*ChannelRequest_Event) isChannelRequest_Msg() {}
 func (*ChannelRequest_Cancel) isChannelRequest_Msg() {}
 
 func (*ChannelRequest_Release) isChannelRequest_Msg() {}
+
+func (*ChannelRequest_Confirm) isChannelRequest_Msg() {}
+
+// ChannelConfirm names the request whose reservation becomes the request,
+// and the worker the probe's answer named.
+type ChannelConfirm struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	WorkerId      string                 `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	DpRank        uint32                 `protobuf:"varint,3,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChannelConfirm) Reset() {
+	*x = ChannelConfirm{}
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChannelConfirm) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChannelConfirm) ProtoMessage() {}
+
+func (x *ChannelConfirm) ProtoReflect() protoreflect.Message {
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChannelConfirm.ProtoReflect.Descriptor instead.
+func (*ChannelConfirm) Descriptor() ([]byte, []int) {
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ChannelConfirm) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ChannelConfirm) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *ChannelConfirm) GetDpRank() uint32 {
+	if x != nil {
+		return x.DpRank
+	}
+	return 0
+}
 
 // ChannelRelease names the request whose reservation is released.
 type ChannelRelease struct {
@@ -2770,7 +2879,7 @@ type ChannelRelease struct {
 
 func (x *ChannelRelease) Reset() {
 	*x = ChannelRelease{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2782,7 +2891,7 @@ func (x *ChannelRelease) String() string {
 func (*ChannelRelease) ProtoMessage() {}
 
 func (x *ChannelRelease) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[31]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2795,7 +2904,7 @@ func (x *ChannelRelease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelRelease.ProtoReflect.Descriptor instead.
 func (*ChannelRelease) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{31}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ChannelRelease) GetRequestId() string {
@@ -2838,7 +2947,7 @@ type ChannelProbe struct {
 
 func (x *ChannelProbe) Reset() {
 	*x = ChannelProbe{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2850,7 +2959,7 @@ func (x *ChannelProbe) String() string {
 func (*ChannelProbe) ProtoMessage() {}
 
 func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[32]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2863,7 +2972,7 @@ func (x *ChannelProbe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelProbe.ProtoReflect.Descriptor instead.
 func (*ChannelProbe) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{32}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ChannelProbe) GetPrompt() *Prompt {
@@ -2930,7 +3039,7 @@ type ChannelEvent struct {
 
 func (x *ChannelEvent) Reset() {
 	*x = ChannelEvent{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2942,7 +3051,7 @@ func (x *ChannelEvent) String() string {
 func (*ChannelEvent) ProtoMessage() {}
 
 func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[33]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2955,7 +3064,7 @@ func (x *ChannelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelEvent.ProtoReflect.Descriptor instead.
 func (*ChannelEvent) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{33}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ChannelEvent) GetCommitId() uint64 {
@@ -2981,7 +3090,7 @@ type ChannelCancel struct {
 
 func (x *ChannelCancel) Reset() {
 	*x = ChannelCancel{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3102,7 @@ func (x *ChannelCancel) String() string {
 func (*ChannelCancel) ProtoMessage() {}
 
 func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[34]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3115,7 @@ func (x *ChannelCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelCancel.ProtoReflect.Descriptor instead.
 func (*ChannelCancel) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{34}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ChannelCancel) GetId() uint64 {
@@ -3029,7 +3138,7 @@ type ChannelError struct {
 
 func (x *ChannelError) Reset() {
 	*x = ChannelError{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3041,7 +3150,7 @@ func (x *ChannelError) String() string {
 func (*ChannelError) ProtoMessage() {}
 
 func (x *ChannelError) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[35]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3054,7 +3163,7 @@ func (x *ChannelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelError.ProtoReflect.Descriptor instead.
 func (*ChannelError) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{35}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ChannelError) GetCode() uint32 {
@@ -3083,14 +3192,17 @@ type ChannelHello struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Probes and commits the server runs or queues per stream before it
 	// stops reading.
-	MaxInFlight   uint32 `protobuf:"varint,1,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	MaxInFlight uint32 `protobuf:"varint,1,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// The server takes ChannelRequest.confirm. A client sends confirmations
+	// as answered commits (CommitRequest.reserved) to a server without it.
+	Confirms      bool `protobuf:"varint,2,opt,name=confirms,proto3" json:"confirms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ChannelHello) Reset() {
 	*x = ChannelHello{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3102,7 +3214,7 @@ func (x *ChannelHello) String() string {
 func (*ChannelHello) ProtoMessage() {}
 
 func (x *ChannelHello) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[36]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3115,7 +3227,7 @@ func (x *ChannelHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelHello.ProtoReflect.Descriptor instead.
 func (*ChannelHello) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{36}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ChannelHello) GetMaxInFlight() uint32 {
@@ -3123,6 +3235,13 @@ func (x *ChannelHello) GetMaxInFlight() uint32 {
 		return x.MaxInFlight
 	}
 	return 0
+}
+
+func (x *ChannelHello) GetConfirms() bool {
+	if x != nil {
+		return x.Confirms
+	}
+	return false
 }
 
 // ChannelResponse answers the ChannelRequest of the same id.
@@ -3142,7 +3261,7 @@ type ChannelResponse struct {
 
 func (x *ChannelResponse) Reset() {
 	*x = ChannelResponse{}
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[37]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3154,7 +3273,7 @@ func (x *ChannelResponse) String() string {
 func (*ChannelResponse) ProtoMessage() {}
 
 func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[37]
+	mi := &file_api_localrouter_v1_localrouter_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3167,7 +3286,7 @@ func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelResponse.ProtoReflect.Descriptor instead.
 func (*ChannelResponse) Descriptor() ([]byte, []int) {
-	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{37}
+	return file_api_localrouter_v1_localrouter_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ChannelResponse) GetId() uint64 {
@@ -3271,7 +3390,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x12router_temperature\x18\x03 \x01(\x01H\x02R\x11routerTemperature\x88\x01\x01B\x17\n" +
 	"\x15_overlap_score_creditB\x15\n" +
 	"\x13_prefill_load_scaleB\x15\n" +
-	"\x13_router_temperature\"\x81\x05\n" +
+	"\x13_router_temperature\"\xae\x05\n" +
 	"\tSelection\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x17\n" +
 	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12\x18\n" +
@@ -3293,7 +3412,8 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x06scores\x18\x0e \x03(\v2\x1c.kvgate.localrouter.v1.ScoreR\x06scores\x12\x1f\n" +
 	"\vchain_score\x18\x0f \x01(\x01R\n" +
 	"chainScore\x12\x17\n" +
-	"\attft_ms\x18\x10 \x01(\x01R\x06ttftMs\"i\n" +
+	"\attft_ms\x18\x10 \x01(\x01R\x06ttftMs\x12+\n" +
+	"\x11reservations_held\x18\x11 \x01(\rR\x10reservationsHeld\"i\n" +
 	"\x05Score\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03raw\x18\x02 \x01(\x01R\x03raw\x12\x16\n" +
@@ -3472,15 +3592,21 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x06config\x18\x10 \x01(\v2#.kvgate.localrouter.v1.RouterConfigR\x06config\x12'\n" +
 	"\x0fmetrics_scrapes\x18\x11 \x01(\x04R\x0emetricsScrapes\x126\n" +
 	"\x17metrics_scrape_failures\x18\x12 \x01(\x04R\x15metricsScrapeFailures\x12)\n" +
-	"\x10saturation_skips\x18\x13 \x01(\x04R\x0fsaturationSkips\"\xe4\x02\n" +
+	"\x10saturation_skips\x18\x13 \x01(\x04R\x0fsaturationSkips\"\xa7\x03\n" +
 	"\x0eChannelRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12;\n" +
 	"\x05probe\x18\x02 \x01(\v2#.kvgate.localrouter.v1.ChannelProbeH\x00R\x05probe\x12>\n" +
 	"\x06commit\x18\x03 \x01(\v2$.kvgate.localrouter.v1.CommitRequestH\x00R\x06commit\x12;\n" +
 	"\x05event\x18\x04 \x01(\v2#.kvgate.localrouter.v1.ChannelEventH\x00R\x05event\x12>\n" +
 	"\x06cancel\x18\x05 \x01(\v2$.kvgate.localrouter.v1.ChannelCancelH\x00R\x06cancel\x12A\n" +
-	"\arelease\x18\x06 \x01(\v2%.kvgate.localrouter.v1.ChannelReleaseH\x00R\areleaseB\x05\n" +
-	"\x03msg\"/\n" +
+	"\arelease\x18\x06 \x01(\v2%.kvgate.localrouter.v1.ChannelReleaseH\x00R\arelease\x12A\n" +
+	"\aconfirm\x18\a \x01(\v2%.kvgate.localrouter.v1.ChannelConfirmH\x00R\aconfirmB\x05\n" +
+	"\x03msg\"e\n" +
+	"\x0eChannelConfirm\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1b\n" +
+	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\x17\n" +
+	"\adp_rank\x18\x03 \x01(\rR\x06dpRank\"/\n" +
 	"\x0eChannelRelease\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\xda\x02\n" +
@@ -3501,9 +3627,10 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\fChannelError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"2\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"N\n" +
 	"\fChannelHello\x12\"\n" +
-	"\rmax_in_flight\x18\x01 \x01(\rR\vmaxInFlight\"\x9f\x02\n" +
+	"\rmax_in_flight\x18\x01 \x01(\rR\vmaxInFlight\x12\x1a\n" +
+	"\bconfirms\x18\x02 \x01(\bR\bconfirms\"\x9f\x02\n" +
 	"\x0fChannelResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12@\n" +
 	"\tselection\x18\x02 \x01(\v2 .kvgate.localrouter.v1.SelectionH\x00R\tselection\x129\n" +
@@ -3543,7 +3670,7 @@ func file_api_localrouter_v1_localrouter_proto_rawDescGZIP() []byte {
 }
 
 var file_api_localrouter_v1_localrouter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_api_localrouter_v1_localrouter_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(TrackEvent)(0),                     // 0: kvgate.localrouter.v1.TrackEvent
 	(*Prompt)(nil),                      // 1: kvgate.localrouter.v1.Prompt
@@ -3577,13 +3704,14 @@ var file_api_localrouter_v1_localrouter_proto_goTypes = []any{
 	(*RouterConfig)(nil),                // 29: kvgate.localrouter.v1.RouterConfig
 	(*StatsResponse)(nil),               // 30: kvgate.localrouter.v1.StatsResponse
 	(*ChannelRequest)(nil),              // 31: kvgate.localrouter.v1.ChannelRequest
-	(*ChannelRelease)(nil),              // 32: kvgate.localrouter.v1.ChannelRelease
-	(*ChannelProbe)(nil),                // 33: kvgate.localrouter.v1.ChannelProbe
-	(*ChannelEvent)(nil),                // 34: kvgate.localrouter.v1.ChannelEvent
-	(*ChannelCancel)(nil),               // 35: kvgate.localrouter.v1.ChannelCancel
-	(*ChannelError)(nil),                // 36: kvgate.localrouter.v1.ChannelError
-	(*ChannelHello)(nil),                // 37: kvgate.localrouter.v1.ChannelHello
-	(*ChannelResponse)(nil),             // 38: kvgate.localrouter.v1.ChannelResponse
+	(*ChannelConfirm)(nil),              // 32: kvgate.localrouter.v1.ChannelConfirm
+	(*ChannelRelease)(nil),              // 33: kvgate.localrouter.v1.ChannelRelease
+	(*ChannelProbe)(nil),                // 34: kvgate.localrouter.v1.ChannelProbe
+	(*ChannelEvent)(nil),                // 35: kvgate.localrouter.v1.ChannelEvent
+	(*ChannelCancel)(nil),               // 36: kvgate.localrouter.v1.ChannelCancel
+	(*ChannelError)(nil),                // 37: kvgate.localrouter.v1.ChannelError
+	(*ChannelHello)(nil),                // 38: kvgate.localrouter.v1.ChannelHello
+	(*ChannelResponse)(nil),             // 39: kvgate.localrouter.v1.ChannelResponse
 }
 var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	5,  // 0: kvgate.localrouter.v1.Selection.engine:type_name -> kvgate.localrouter.v1.EngineSignals
@@ -3608,43 +3736,44 @@ var file_api_localrouter_v1_localrouter_proto_depIdxs = []int32{
 	24, // 19: kvgate.localrouter.v1.Worker.ranks:type_name -> kvgate.localrouter.v1.RankLoad
 	26, // 20: kvgate.localrouter.v1.WorkersResponse.workers:type_name -> kvgate.localrouter.v1.Worker
 	29, // 21: kvgate.localrouter.v1.StatsResponse.config:type_name -> kvgate.localrouter.v1.RouterConfig
-	33, // 22: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
+	34, // 22: kvgate.localrouter.v1.ChannelRequest.probe:type_name -> kvgate.localrouter.v1.ChannelProbe
 	12, // 23: kvgate.localrouter.v1.ChannelRequest.commit:type_name -> kvgate.localrouter.v1.CommitRequest
-	34, // 24: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
-	35, // 25: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
-	32, // 26: kvgate.localrouter.v1.ChannelRequest.release:type_name -> kvgate.localrouter.v1.ChannelRelease
-	1,  // 27: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
-	2,  // 28: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
-	0,  // 29: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
-	3,  // 30: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
-	0,  // 31: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
-	36, // 32: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
-	37, // 33: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
-	7,  // 34: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
-	9,  // 35: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
-	12, // 36: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
-	15, // 37: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
-	17, // 38: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
-	19, // 39: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
-	21, // 40: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
-	23, // 41: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
-	28, // 42: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
-	31, // 43: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
-	8,  // 44: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
-	11, // 45: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
-	13, // 46: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
-	16, // 47: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
-	18, // 48: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
-	20, // 49: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
-	22, // 50: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
-	27, // 51: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
-	30, // 52: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
-	38, // 53: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
-	44, // [44:54] is the sub-list for method output_type
-	34, // [34:44] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	35, // 24: kvgate.localrouter.v1.ChannelRequest.event:type_name -> kvgate.localrouter.v1.ChannelEvent
+	36, // 25: kvgate.localrouter.v1.ChannelRequest.cancel:type_name -> kvgate.localrouter.v1.ChannelCancel
+	33, // 26: kvgate.localrouter.v1.ChannelRequest.release:type_name -> kvgate.localrouter.v1.ChannelRelease
+	32, // 27: kvgate.localrouter.v1.ChannelRequest.confirm:type_name -> kvgate.localrouter.v1.ChannelConfirm
+	1,  // 28: kvgate.localrouter.v1.ChannelProbe.prompt:type_name -> kvgate.localrouter.v1.Prompt
+	2,  // 29: kvgate.localrouter.v1.ChannelProbe.config_override:type_name -> kvgate.localrouter.v1.ConfigOverride
+	0,  // 30: kvgate.localrouter.v1.ChannelEvent.event:type_name -> kvgate.localrouter.v1.TrackEvent
+	3,  // 31: kvgate.localrouter.v1.ChannelResponse.selection:type_name -> kvgate.localrouter.v1.Selection
+	0,  // 32: kvgate.localrouter.v1.ChannelResponse.acked:type_name -> kvgate.localrouter.v1.TrackEvent
+	37, // 33: kvgate.localrouter.v1.ChannelResponse.error:type_name -> kvgate.localrouter.v1.ChannelError
+	38, // 34: kvgate.localrouter.v1.ChannelResponse.hello:type_name -> kvgate.localrouter.v1.ChannelHello
+	7,  // 35: kvgate.localrouter.v1.LocalRouter.BestWorker:input_type -> kvgate.localrouter.v1.BestWorkerRequest
+	9,  // 36: kvgate.localrouter.v1.LocalRouter.PotentialLoads:input_type -> kvgate.localrouter.v1.PotentialLoadsRequest
+	12, // 37: kvgate.localrouter.v1.LocalRouter.Commit:input_type -> kvgate.localrouter.v1.CommitRequest
+	15, // 38: kvgate.localrouter.v1.LocalRouter.Track:input_type -> kvgate.localrouter.v1.TrackRequest
+	17, // 39: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:input_type -> kvgate.localrouter.v1.MarkPrefillCompleteRequest
+	19, // 40: kvgate.localrouter.v1.LocalRouter.Free:input_type -> kvgate.localrouter.v1.FreeRequest
+	21, // 41: kvgate.localrouter.v1.LocalRouter.DumpEvents:input_type -> kvgate.localrouter.v1.DumpEventsRequest
+	23, // 42: kvgate.localrouter.v1.LocalRouter.Workers:input_type -> kvgate.localrouter.v1.WorkersRequest
+	28, // 43: kvgate.localrouter.v1.LocalRouter.Stats:input_type -> kvgate.localrouter.v1.StatsRequest
+	31, // 44: kvgate.localrouter.v1.LocalRouter.Channel:input_type -> kvgate.localrouter.v1.ChannelRequest
+	8,  // 45: kvgate.localrouter.v1.LocalRouter.BestWorker:output_type -> kvgate.localrouter.v1.BestWorkerResponse
+	11, // 46: kvgate.localrouter.v1.LocalRouter.PotentialLoads:output_type -> kvgate.localrouter.v1.PotentialLoadsResponse
+	13, // 47: kvgate.localrouter.v1.LocalRouter.Commit:output_type -> kvgate.localrouter.v1.CommitResponse
+	16, // 48: kvgate.localrouter.v1.LocalRouter.Track:output_type -> kvgate.localrouter.v1.TrackResponse
+	18, // 49: kvgate.localrouter.v1.LocalRouter.MarkPrefillComplete:output_type -> kvgate.localrouter.v1.MarkPrefillCompleteResponse
+	20, // 50: kvgate.localrouter.v1.LocalRouter.Free:output_type -> kvgate.localrouter.v1.FreeResponse
+	22, // 51: kvgate.localrouter.v1.LocalRouter.DumpEvents:output_type -> kvgate.localrouter.v1.DumpEventsResponse
+	27, // 52: kvgate.localrouter.v1.LocalRouter.Workers:output_type -> kvgate.localrouter.v1.WorkersResponse
+	30, // 53: kvgate.localrouter.v1.LocalRouter.Stats:output_type -> kvgate.localrouter.v1.StatsResponse
+	39, // 54: kvgate.localrouter.v1.LocalRouter.Channel:output_type -> kvgate.localrouter.v1.ChannelResponse
+	45, // [45:55] is the sub-list for method output_type
+	35, // [35:45] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_api_localrouter_v1_localrouter_proto_init() }
@@ -3669,8 +3798,9 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 		(*ChannelRequest_Event)(nil),
 		(*ChannelRequest_Cancel)(nil),
 		(*ChannelRequest_Release)(nil),
+		(*ChannelRequest_Confirm)(nil),
 	}
-	file_api_localrouter_v1_localrouter_proto_msgTypes[37].OneofWrappers = []any{
+	file_api_localrouter_v1_localrouter_proto_msgTypes[38].OneofWrappers = []any{
 		(*ChannelResponse_Selection)(nil),
 		(*ChannelResponse_Acked)(nil),
 		(*ChannelResponse_Error)(nil),
@@ -3682,7 +3812,7 @@ func file_api_localrouter_v1_localrouter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_localrouter_v1_localrouter_proto_rawDesc), len(file_api_localrouter_v1_localrouter_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
