@@ -69,7 +69,8 @@
 // ids, seeded by adapter and cache_salt, with the chat's media items as
 // the engines' extra_keys), reserve.go (probe.commit: reserve: releasing
 // the reservations no commit confirmed), commit.go (commit, fallbacks,
-// pinned workers, lease, error mapping), trust.go (trust, tenancy),
+// lease, error mapping), pin.go (a pinned worker's decision and its
+// refusals), trust.go (trust, tenancy),
 // identity.go (where the tenant comes from: the tenant header, the client
 // certificate Envoy forwards in x-forwarded-client-cert, a verified JWT
 // claim, derived once per decision from the configuration snapshot the
