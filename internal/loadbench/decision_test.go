@@ -71,8 +71,20 @@ func TestDecisionJSON(t *testing.T) {
 		}
 		// An overloaded machine routes some requests best-effort (no probe
 		// answered in time; the probers may not even send it): only
-		// without those is every pool probed once per request.
-		if p := r.MessagesPerRequest["probe"]; r.BestEffort == 0 && p != float64(r.Pools) {
+		// without those is every pool probed once per request. In reserve
+		// mode over several pools a decision whose probes met another
+		// request's reservation (paced requests overlap on a loaded
+		// machine) releases its own and probes every pool once more
+		// (globalrouter/reserve.go, contended decisions): between one and
+		// two probes per pool, and each extra probe follows a release.
+		p := r.MessagesPerRequest["probe"]
+		switch {
+		case r.BestEffort > 0:
+		case r.Commit == string(globalrouter.CommitReserve) && r.Pools > 1:
+			if p < float64(r.Pools) || p > 2*float64(r.Pools) || r.MessagesPerRequest["release"] < p-float64(r.Pools) {
+				t.Errorf("%s: %v probes and %v releases per request, want %d to %d probes, a release before each second probe", name, p, r.MessagesPerRequest["release"], r.Pools, 2*r.Pools)
+			}
+		case p != float64(r.Pools):
 			t.Errorf("%s: %v probes per request, want one per pool (%d)", name, p, r.Pools)
 		}
 		if r.Commit == string(globalrouter.CommitDecide) && r.CPUvsDecide != 1 {
