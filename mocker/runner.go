@@ -150,6 +150,7 @@ func (l *live) run(ctx context.Context) {
 			if st, ok := l.streams[tok.RequestID]; ok {
 				st.push(tok)
 			}
+			l.m.token(l.rank, tok)
 		}
 		for _, c := range res.Completed {
 			if st, ok := l.streams[c.RequestID]; ok {
