@@ -75,6 +75,9 @@ func newServerMetrics(reg prometheus.Registerer, model string, ranks []*live) *s
 		// Present from the start, at 0, as vLLM's make_per_engine does.
 		m.prompt.WithLabelValues(l.rank)
 		m.generation.WithLabelValues(l.rank)
+		for _, h := range []*prometheus.HistogramVec{m.ttft, m.itl, m.tpot, m.queue, m.prefill, m.decode, m.e2e} {
+			h.WithLabelValues(l.rank)
+		}
 		gauge := func(name, help string, f func(Stats) float64) prometheus.Collector {
 			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: rl},
 				func() float64 { return f(l.stats()) })

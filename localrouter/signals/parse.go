@@ -98,6 +98,10 @@ var (
 // share).
 type Sample = routing.EngineSample
 
+// HistogramTotals are a latency histogram's cumulative sum and count
+// (routing.HistogramTotals).
+type HistogramTotals = routing.HistogramTotals
+
 // Adapters splits a comma-joined adapter list (LoRARunning, LoRAWaiting).
 func Adapters(list string) []string {
 	var out []string

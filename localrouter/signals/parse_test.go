@@ -9,14 +9,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/kvgate/kvgate/api/routing"
 )
 
 var at = time.Unix(1700000000, 0)
-
-// HistogramTotals is routing's, as Sample is.
-type HistogramTotals = routing.HistogramTotals
 
 // vllmDP2 is shaped like vLLM's exposition with two engines (DP ranks),
 // prometheus_client's text format: counters end in _total, with _created
