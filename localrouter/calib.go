@@ -224,10 +224,10 @@ func (r *rls) updateN(x [calibParams]float64, y, scale, m float64) {
 	sq := math.Sqrt(m)
 	if y > 0 {
 		e := res / y
-		r.sqErr += (e*e - r.sqErr) * math.Min(1, m/math.Min(float64(r.n)+m, CalibrationMemory))
+		r.sqErr += (e*e - r.sqErr) * m / math.Min(float64(r.n)+m, CalibrationMemory)
 	}
-	bound := math.Max(2*r.absRes/sq, 0.05*math.Max(pred, 0.05))
-	r.absRes += (math.Min(sq*math.Abs(res), 10*r.absRes+0.05) - r.absRes) * math.Min(1, m/math.Min(float64(r.n)+m, calibScaleMemory))
+	bound := math.Max(calibHuberK*r.absRes/sq, 0.05*math.Max(pred, 0.05))
+	r.absRes += (math.Min(sq*math.Abs(res), 10*r.absRes+0.05) - r.absRes) * m / math.Min(float64(r.n)+m, calibScaleMemory)
 	y = pred + math.Max(-bound, math.Min(bound, res)) // Huber: bounded influence
 	for i := range calibParams {
 		for j := range calibParams {
@@ -294,3 +294,7 @@ func (r *rls) model(prior *TimingModel) TimingModel {
 		QueueMs: prior.QueueMs + r.theta[3]*calibQueueUnit,
 	}
 }
+
+// calibHuberK bounds residuals at calibHuberK × the running mean absolute
+// residual.
+var calibHuberK = 2.0

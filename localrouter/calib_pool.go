@@ -61,11 +61,11 @@ func (w *workerFit) observeN(pred, y, m float64) {
 	s := math.Float64frombits(w.speed.Load())
 	if y > 0 {
 		e := (y - s*pred) / y
-		w.sqErr += (e*e - w.sqErr) * math.Min(1, m/math.Min(float64(w.n)+m, CalibrationMemory))
+		w.sqErr += (e*e - w.sqErr) * m / math.Min(float64(w.n)+m, CalibrationMemory)
 	}
 	res := y - w.raw*pred
-	bound := math.Max(2*w.absRes/sq, 0.05*math.Max(w.raw*pred, 0.05))
-	w.absRes += (math.Min(sq*math.Abs(res), 10*w.absRes+0.05) - w.absRes) * math.Min(1, m/math.Min(float64(w.n)+m, calibScaleMemory))
+	bound := math.Max(calibHuberK*w.absRes/sq, 0.05*math.Max(w.raw*pred, 0.05))
+	w.absRes += (math.Min(sq*math.Abs(res), 10*w.absRes+0.05) - w.absRes) * m / math.Min(float64(w.n)+m, calibScaleMemory)
 	y = w.raw*pred + math.Max(-bound, math.Min(bound, res)) // Huber
 	w.sxx = lambda*w.sxx + m*pred*pred
 	w.sxy = lambda*w.sxy + m*pred*y
@@ -109,6 +109,9 @@ type calibration struct {
 	// hist is each rank's engine-histogram bookkeeping (calib_hist.go),
 	// under mu.
 	hist map[WorkerKey]*histState
+	// noLifecycle: first tokens reported by the lifecycle are not samples
+	// (Router.SetLifecycleSamples).
+	noLifecycle atomic.Bool
 }
 
 func newCalibration(learn bool, prior *TimingModel) *calibration {
@@ -170,7 +173,7 @@ func (c *calibration) placed(id string, k WorkerKey, x [calibParams]float64, sca
 
 // firstToken takes request id's sample: its first token came at now.
 func (c *calibration) firstToken(id string, now time.Time) {
-	if !c.learn {
+	if !c.learn || c.noLifecycle.Load() {
 		return
 	}
 	c.mu.Lock()

@@ -98,7 +98,7 @@ func TestParseLatencyOldAndSGLang(t *testing.T) {
 		`sglang:queue_time_seconds_count{model_name="m"} 3` + "\n"
 	for _, tt := range []struct {
 		name, body string
-		want Sample
+		want       Sample
 	}{
 		{"vllm time_per_output_token", "# TYPE vllm:time_per_output_token_seconds histogram\n" + old,
 			Sample{Engine: EngineVLLM, At: at, ITL: HistogramTotals{Sum: 0.5, Count: 5, Has: true}}},
