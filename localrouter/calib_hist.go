@@ -20,7 +20,9 @@ import (
 // matched to the oldest placements on the rank still awaiting a sample
 // (the engine schedules first come, first served, so its first tokens
 // come about in placement order), including placements freed before a
-// first token was reported. The matched placements' summed features and
+// first token was reported; where the lifecycle reported first tokens on
+// the rank in the interval, only those freed ones (the placements still
+// pending will have theirs reported). The matched placements' summed features and
 // the remainder's summed time (scaled to the matched count when fewer
 // placements wait than first tokens came: load that bypassed the router)
 // make one aggregate sample, the mean of m samples, which the fit weighs
@@ -126,7 +128,11 @@ func (c *calibration) engineLatency(k WorkerKey, smp signals.Sample) {
 		c.mu.Unlock()
 		return
 	}
-	batch := c.oldestUnsampled(k, h, int(count), smp.At)
+	// Where the lifecycle reported first tokens on the rank in the
+	// interval, those still pending will have theirs: only placements
+	// freed without one are matched (the remainder is then load that
+	// bypassed the router, or a first token the lifecycle reports next).
+	batch := c.oldestUnsampled(k, h, int(count), smp.At, lcCount > 0)
 	m := float64(len(batch))
 	if m == 0 {
 		c.mu.Unlock()
@@ -147,13 +153,13 @@ func (c *calibration) engineLatency(k WorkerKey, smp signals.Sample) {
 }
 
 // oldestUnsampled takes up to n of rank k's placements awaiting a sample
-// (freed ones first: they are older than any still pending), placed
-// before at. Callers hold c.mu.
-func (c *calibration) oldestUnsampled(k WorkerKey, h *histState, n int, at time.Time) []pendingSample {
+// (freed ones first: they are older than any still pending; with
+// freedOnly, only those), placed before at. Callers hold c.mu.
+func (c *calibration) oldestUnsampled(k WorkerKey, h *histState, n int, at time.Time, freedOnly bool) []pendingSample {
 	take := min(n, len(h.unsampled))
 	out := slices.Clone(h.unsampled[:take])
 	h.unsampled = h.unsampled[take:]
-	if len(out) == n {
+	if len(out) == n || freedOnly {
 		return out
 	}
 	var ids []string

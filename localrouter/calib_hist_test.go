@@ -156,3 +156,36 @@ func TestCalibrationHistogramReset(t *testing.T) {
 		t.Fatalf("after the restart: %d samples, TTFT mean %g ms; want 1 and 500", c.HistogramSamples, c.EngineTTFTMs)
 	}
 }
+
+// TestCalibrationHistogramsBypass: where the lifecycle reports every first
+// token of the router's placements, first tokens of load that bypassed
+// the router (in the engine's histogram, not placed) take no placement
+// still awaiting its own first token.
+func TestCalibrationHistogramsBypass(t *testing.T) {
+	ctx := context.Background()
+	r, now := calibRouter(t, 1, true)
+	r.SetEngineSignals("w0", vllmTTFT(t, 0, 0, *now))
+	for _, id := range []string{"a", "b"} {
+		if _, err := r.BestWorker(ctx, uniqueRequest(len(id), 16), BestWorkerOptions{RequestID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	*now = now.Add(100 * time.Millisecond)
+	if err := r.MarkPrefillComplete(ctx, "a"); err != nil { // a's first token, reported
+		t.Fatal(err)
+	}
+	// The engine counted a's first token and three of requests it was
+	// sent directly; b's is still to come.
+	r.SetEngineSignals("w0", vllmTTFT(t, 0.4, 4, *now))
+	c := r.CalibrationOf(WorkerKey{ID: "w0"})
+	if c.HistogramSamples != 0 || c.Samples != 1 {
+		t.Fatalf("samples %d, from histograms %d; want a's alone, from the lifecycle", c.Samples, c.HistogramSamples)
+	}
+	*now = now.Add(100 * time.Millisecond)
+	if err := r.MarkPrefillComplete(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.CalibrationOf(WorkerKey{ID: "w0"}); c.Samples != 2 {
+		t.Errorf("samples %d after b's first token, want 2: b's placement was kept for it", c.Samples)
+	}
+}
