@@ -2,6 +2,7 @@ package localrouter
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/localrouter/signals"
@@ -168,7 +169,12 @@ func (c *calibration) oldestUnsampled(k WorkerKey, h *histState, n int, at time.
 			ids = append(ids, id)
 		}
 	}
-	slices.SortFunc(ids, func(a, b string) int { return c.pending[a].start.Compare(c.pending[b].start) })
+	slices.SortFunc(ids, func(a, b string) int { // by placement, then id: deterministic
+		if o := c.pending[a].start.Compare(c.pending[b].start); o != 0 {
+			return o
+		}
+		return strings.Compare(a, b)
+	})
 	for _, id := range ids[:min(n-len(out), len(ids))] {
 		out = append(out, c.pending[id])
 		delete(c.pending, id)
