@@ -51,22 +51,27 @@ const calibSpeedPrior = 1.0
 
 // observe folds in one sample of the rank: the pool's prediction and the
 // observation, both relative to the sample's scale.
-func (w *workerFit) observe(pred, y float64) {
-	const lambda = 1 - 1.0/CalibrationMemory
+func (w *workerFit) observe(pred, y float64) { w.observeN(pred, y, 1) }
+
+// observeN folds in the mean of m samples of the rank (weighed as m, as
+// rls.updateN).
+func (w *workerFit) observeN(pred, y, m float64) {
+	lambda := math.Pow(1-1.0/CalibrationMemory, m)
+	sq := math.Sqrt(m)
 	s := math.Float64frombits(w.speed.Load())
 	if y > 0 {
 		e := (y - s*pred) / y
-		w.sqErr += (e*e - w.sqErr) / float64(min(w.n+1, CalibrationMemory))
+		w.sqErr += (e*e - w.sqErr) * m / math.Min(float64(w.n)+m, CalibrationMemory)
 	}
 	res := y - w.raw*pred
-	bound := math.Max(2*w.absRes, 0.05*math.Max(w.raw*pred, 0.05))
-	w.absRes += (math.Min(math.Abs(res), 10*w.absRes+0.05) - w.absRes) / float64(min(w.n+1, calibScaleMemory))
+	bound := math.Max(calibHuberK*w.absRes/sq, 0.05*math.Max(w.raw*pred, 0.05))
+	w.absRes += (math.Min(sq*math.Abs(res), 10*w.absRes+0.05) - w.absRes) * m / math.Min(float64(w.n)+m, calibScaleMemory)
 	y = w.raw*pred + math.Max(-bound, math.Min(bound, res)) // Huber
-	w.sxx = lambda*w.sxx + pred*pred
-	w.sxy = lambda*w.sxy + pred*y
+	w.sxx = lambda*w.sxx + m*pred*pred
+	w.sxy = lambda*w.sxy + m*pred*y
 	w.raw = (w.sxy + calibSpeedPrior) / (w.sxx + calibSpeedPrior)
 	w.raw = math.Max(calibMinFactor, math.Min(calibMaxFactor, w.raw))
-	w.n++
+	w.n += uint64(m)
 	used := 1.0
 	if w.n >= CalibrationMinSamples {
 		se := 1.25 * w.absRes / math.Sqrt(w.sxx+calibSpeedPrior) // σ ≈ 1.25 × mean |residual|
@@ -101,6 +106,12 @@ type calibration struct {
 	pool    *rls
 	shape   atomic.Pointer[TimingModel]
 	dropped atomic.Uint64
+	// hist is each rank's engine-histogram bookkeeping (calib_hist.go),
+	// under mu.
+	hist map[WorkerKey]*histState
+	// noLifecycle: first tokens reported by the lifecycle are not samples
+	// (Router.SetLifecycleSamples).
+	noLifecycle atomic.Bool
 }
 
 func newCalibration(learn bool, prior *TimingModel) *calibration {
@@ -162,7 +173,7 @@ func (c *calibration) placed(id string, k WorkerKey, x [calibParams]float64, sca
 
 // firstToken takes request id's sample: its first token came at now.
 func (c *calibration) firstToken(id string, now time.Time) {
-	if !c.learn {
+	if !c.learn || c.noLifecycle.Load() {
 		return
 	}
 	c.mu.Lock()
@@ -173,26 +184,38 @@ func (c *calibration) firstToken(id string, now time.Time) {
 	}
 	delete(c.pending, id)
 	w := c.fitFor(s.key)
-	c.mu.Unlock()
 	y := float64(now.Sub(s.start)) / float64(time.Millisecond)
 	if !(y > 0) || math.IsInf(y, 0) || w.pinned.Load() != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.lifecycleSeen(s.key, y)
+	c.mu.Unlock()
+	c.apply(w, s.x, y, s.scale, 1)
+}
+
+// apply folds the mean of m samples of rank w into the pool's shape and
+// the rank's speed: features x and scale, observed y ms. Callers hold no
+// lock.
+func (c *calibration) apply(w *workerFit, x [calibParams]float64, y, scale, m float64) {
+	if w.pinned.Load() != nil {
 		return
 	}
 	// The rank's speed is judged against the pool's shape as it stood
 	// before this sample; the shape learns from the sample divided by the
 	// rank's speed, so that a pool of mixed speeds fits one shape.
 	c.poolMu.Lock()
-	pred := c.pool.predict(&s.x) / s.scale
+	pred := c.pool.predict(&x) / scale
 	speed := math.Float64frombits(w.speed.Load())
-	c.pool.update(s.x, y/speed, s.scale)
+	c.pool.updateN(x, y/speed, scale, m)
 	if c.pool.n >= CalibrationMinSamples {
-		m := c.pool.model(c.prior)
-		c.shape.Store(&m)
+		md := c.pool.model(c.prior)
+		c.shape.Store(&md)
 	}
 	c.poolMu.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.observe(pred, y/s.scale)
+	w.observeN(pred, y/scale, m)
 }
 
 // forget drops the pending samples of ids (freed before their first token,
@@ -204,7 +227,10 @@ func (c *calibration) forget(ids ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range ids {
-		delete(c.pending, id)
+		if s, ok := c.pending[id]; ok {
+			delete(c.pending, id)
+			c.keepUnsampled(s) // its first token may yet be in a histogram
+		}
 	}
 }
 
@@ -219,6 +245,13 @@ func (c *calibration) expire(cutoff time.Time) {
 		if s.start.Before(cutoff) {
 			delete(c.pending, id)
 		}
+	}
+	for _, h := range c.hist {
+		i := 0
+		for i < len(h.unsampled) && h.unsampled[i].start.Before(cutoff) {
+			i++
+		}
+		h.unsampled = h.unsampled[i:]
 	}
 }
 
@@ -255,6 +288,7 @@ func (c *calibration) report(k WorkerKey) WorkerCalibration {
 	m, speed := c.model(k)
 	out.Model = scaledModel(m, speed)
 	out.Fitted = m != c.prior
+	c.histReport(k, &out)
 	w, ok := (*c.fits.Load())[k]
 	if !ok {
 		return out
@@ -263,8 +297,8 @@ func (c *calibration) report(k WorkerKey) WorkerCalibration {
 		out.Pinned, out.Fitted = true, false
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	out.Samples, out.Error, out.SpeedRaw = w.n, math.Sqrt(w.sqErr), w.raw
 	out.Speed = math.Float64frombits(w.speed.Load())
+	w.mu.Unlock()
 	return out
 }

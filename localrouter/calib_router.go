@@ -61,5 +61,13 @@ func (r *Router) Calibration() []WorkerCalibration {
 // iteration the reports price (Calibration's prefill_chunk_ms).
 func (r *Router) TTFTChunk() int { return r.chain.timing.chunk }
 
+// SetLifecycleSamples sets whether the first tokens the lifecycle reports
+// (MarkPrefillComplete) are calibration samples: on by default; off, only
+// the engines' latency histograms are (calib_hist.go), as for a pool whose
+// first tokens are never reported. The replay's kvgate-hist policy turns
+// it off to measure calibration from the histograms alone. Safe for
+// concurrent use.
+func (r *Router) SetLifecycleSamples(on bool) { r.chain.timing.cal.noLifecycle.Store(!on) }
+
 // CalibrationOf reports rank k's timing model.
 func (r *Router) CalibrationOf(k WorkerKey) WorkerCalibration { return r.chain.timing.cal.report(k) }

@@ -67,7 +67,10 @@
 //     rank's speed, shrunk towards the pool's by its significance; the
 //     configured curves until CalibrationMinSamples samples
 //     (Config.Calibrate; Router.PinTiming sets a rank's model outright).
-//     Router.Calibration reports them.
+//     Where the engines' metrics are scraped, their time to first token
+//     histograms add samples for the first tokens the lifecycle did not
+//     see (calib_hist.go; the lifecycle stays primary). Router.Calibration
+//     reports them.
 //
 // # Concurrency
 //
@@ -111,5 +114,6 @@
 // scorer_yaml.go (the chain's YAML form), calib.go (the ttft scorer's
 // timing models: TimingModel, the online fit), calib_pool.go (the pool's
 // shape and each rank's speed over it, samples, pins), calib_router.go
-// (PinTiming, Calibration, the lifecycle's samples).
+// (PinTiming, Calibration, the lifecycle's samples), calib_hist.go (the
+// samples from the engines' latency histograms).
 package localrouter

@@ -44,8 +44,13 @@ func (r *Router) setSignals(id string, ranks map[uint32]signals.Sample, keep boo
 			rank = 0
 		}
 		if int(rank) < dp {
-			next[WorkerKey{ID: id, DPRank: rank}] = smp
+			k := WorkerKey{ID: id, DPRank: rank}
+			next[k] = smp
 			changed = true
+			// The engine's latency histograms feed the ttft scorer's
+			// calibration (calib_hist.go). Lock order: sigMu, then the
+			// calibration's.
+			r.chain.timing.cal.engineLatency(k, smp)
 		}
 	}
 	if changed {

@@ -26,9 +26,10 @@ POLICIES=${POLICIES:-round-robin,dynamo,llm-d,kvgate}
 mkdir -p "$OUT"
 
 # The kvgate policies of issue 25 this binary has (kvgate-static and
-# kvgate-oracle come with online calibration; kvgate-auto, the measured
-# externality, is shown beside the default on every profile).
-for p in kvgate-static kvgate-oracle kvgate-auto; do
+# kvgate-oracle come with online calibration, kvgate-hist with the
+# histograms' samples; kvgate-auto, the measured externality, is shown
+# beside the default on every profile).
+for p in kvgate-static kvgate-oracle kvgate-hist kvgate-auto; do
 	if "$KVGATE" replay --generate agentic --max-requests 1 --policies "$p" >/dev/null 2>&1; then
 		case ",$POLICIES," in *",$p,"*) ;; *) POLICIES="$POLICIES,$p" ;; esac
 	fi

@@ -48,6 +48,10 @@ type Token struct {
 	// Index is the token's position in the output, 0 for the first.
 	Index int
 	ID    uint32
+	// Since is the time from the request's arrival (the first token: its
+	// time to first token) or from its previous token (the inter-token
+	// latency) to this one, as vLLM's per-iteration stats observe them.
+	Since time.Duration
 }
 
 // Finish reasons of a Completion.
@@ -59,10 +63,11 @@ const (
 // Completion is the record of a finished request.
 type Completion struct {
 	RequestID string
-	// Arrival is when Submit was called; FirstToken when the first token was
+	// Arrival is when Submit was called; Scheduled when it was first
+	// scheduled (zero if never); FirstToken when the first token was
 	// produced (zero if none); Finished when the last was.
-	Arrival, FirstToken, Finished time.Time
-	PromptTokens                  int
+	Arrival, Scheduled, FirstToken, Finished time.Time
+	PromptTokens                             int
 	// CachedTokens is the prompt tokens served from the prefix cache when
 	// the request was first scheduled.
 	CachedTokens int
@@ -145,6 +150,8 @@ type seq struct {
 	output                  int
 	arrival, eligible       time.Time
 	firstToken              time.Time
+	scheduled               time.Time // first scheduled (Completion.Scheduled)
+	lastToken               time.Time // when the last token was produced
 	cachedTokens            int
 	preemptions             int
 	counted                 bool

@@ -94,6 +94,7 @@ func (e *Engine) schedule(at time.Time) bool {
 		if !s.counted {
 			s.counted = true
 			s.cachedTokens = start
+			s.scheduled = at
 			e.stats.PrefixQueryTokens += int64(s.promptLen)
 			e.stats.PrefixHitTokens += int64(start)
 			e.stats.CPUHitTokens += int64(cpuHits * bs)
@@ -215,10 +216,13 @@ func (e *Engine) commit(it *iteration, res *StepResult) {
 		tok := e.nextToken(s)
 		s.tokens = append(s.tokens, tok)
 		s.output++
+		since := it.end.Sub(s.lastToken)
 		if s.firstToken.IsZero() {
 			s.firstToken = it.end
+			since = it.end.Sub(s.arrival)
 		}
-		res.Tokens = append(res.Tokens, Token{RequestID: s.req.ID, Index: s.output - 1, ID: tok})
+		s.lastToken = it.end
+		res.Tokens = append(res.Tokens, Token{RequestID: s.req.ID, Index: s.output - 1, ID: tok, Since: since})
 		if s.output >= s.req.MaxTokens {
 			e.finish(s, it.end, res)
 		}
@@ -235,6 +239,7 @@ func (e *Engine) finish(s *seq, at time.Time, res *StepResult) {
 		HeldBlocks:   held,
 		RequestID:    s.req.ID,
 		Arrival:      s.arrival,
+		Scheduled:    s.scheduled,
 		FirstToken:   s.firstToken,
 		Finished:     at,
 		PromptTokens: s.promptLen,

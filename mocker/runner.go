@@ -161,6 +161,7 @@ func (l *live) run(ctx context.Context) {
 			if st, ok := l.streams[tok.RequestID]; ok {
 				st.push(tok)
 			}
+			l.m.token(l.rank, tok)
 		}
 		for _, c := range res.Completed {
 			if l.obs != nil {

@@ -313,7 +313,10 @@ func TestNonStreamingAndInfo(t *testing.T) {
 	for _, name := range []string{
 		"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
 		`vllm:prefix_cache_queries_total{engine="0",model_name="m"}`, `vllm:prefix_cache_hits_total{engine="0",model_name="m"} 32`,
-		"vllm:time_to_first_token_seconds_bucket",
+		"vllm:time_to_first_token_seconds_bucket", `vllm:time_to_first_token_seconds_bucket{engine="0",model_name="m",le="2560"}`,
+		"vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_count",
+		"vllm:request_queue_time_seconds_count", "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
+		`vllm:e2e_request_latency_seconds_bucket{engine="0",model_name="m",le="7680"}`,
 	} {
 		if !strings.Contains(metrics, name) {
 			t.Errorf("/metrics lacks %s", name)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/localrouter"
+	"github.com/kvgate/kvgate/localrouter/signals"
 	"github.com/kvgate/kvgate/membership"
 	"github.com/kvgate/kvgate/mocker"
 	"github.com/kvgate/kvgate/policies"
@@ -23,6 +24,9 @@ type worker struct {
 	eventID uint64
 	// wake is when the engine asked to be stepped next (zero: idle).
 	wake time.Time
+	// ttft is the engine's time to first token histogram's totals, as its
+	// metrics would report them (scrape.go).
+	ttft signals.HistogramTotals
 }
 
 // simPool is a set of workers behind one local router.
@@ -110,6 +114,9 @@ func (r *run) buildPools() error {
 		}
 		if err := r.policy.pinOracle(p, timings, cfg.MaxNumBatchedTokens); err != nil {
 			return err
+		}
+		if r.policy.Kind == KindTTFT && r.policy.Calibration == CalibrationHistograms {
+			rt.SetLifecycleSamples(false)
 		}
 		r.pools = append(r.pools, p)
 	}

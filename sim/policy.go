@@ -60,8 +60,11 @@ type Policy struct {
 	// worker's timing model from what its router observes, starting from
 	// the shipped curves; CalibrationStatic keeps the shipped curves;
 	// CalibrationOracle pins each worker's true model (the simulated
-	// engine's own timing): the bound. The scorer is never given the
-	// engines' speed otherwise (sim/ttft.go).
+	// engine's own timing): the bound; CalibrationHistograms fits online
+	// from the engines' scraped time to first token histograms alone, the
+	// lifecycle's first tokens not taken as samples
+	// (localrouter.Router.SetLifecycleSamples). The scorer is never given
+	// the engines' speed otherwise (sim/ttft.go).
 	Calibration string
 }
 
@@ -70,6 +73,9 @@ const (
 	CalibrationOnline = ""
 	CalibrationStatic = "static"
 	CalibrationOracle = "oracle"
+	// CalibrationHistograms needs the engines scraped
+	// (Engines.ScrapePeriod, on by default).
+	CalibrationHistograms = "histograms"
 )
 
 // KindChainPrefix starts a policy naming a worker chain:
@@ -129,6 +135,15 @@ func KVGateStatic() Policy {
 func KVGateOracle() Policy {
 	p := KVGate()
 	p.Name, p.Calibration = "kvgate-oracle", CalibrationOracle
+	return p
+}
+
+// KVGateHist is KVGate calibrating from the engines' time to first token
+// histograms alone (scraped with the other engine signals), as for a pool
+// whose first tokens the lifecycle never reports.
+func KVGateHist() Policy {
+	p := KVGate()
+	p.Name, p.Calibration = "kvgate-hist", CalibrationHistograms
 	return p
 }
 
@@ -214,6 +229,8 @@ func ParsePolicy(s string) (Policy, error) {
 		return KVGateStatic(), nil
 	case "kvgate-oracle":
 		return KVGateOracle(), nil
+	case "kvgate-hist":
+		return KVGateHist(), nil
 	case "kvgate-auto":
 		return KVGateAuto(), nil
 	case "kvgate-cost":
@@ -226,7 +243,7 @@ func ParsePolicy(s string) (Policy, error) {
 		return parseTTFT(s, args)
 	}
 	if kind != KindCost {
-		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-static, kvgate-oracle, kvgate-auto, kvgate-cost, kvgate-no-tiers, kvgate-r1, ttft:ext=… or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
+		return Policy{}, fmt.Errorf("%w: unknown policy %q (want random, round-robin, least-loaded, kv-overlap, dynamo, kvgate, kvgate-static, kvgate-oracle, kvgate-hist, kvgate-auto, kvgate-cost, kvgate-no-tiers, kvgate-r1, ttft:ext=… or cost:credit=…,scale=…,temp=…)", ErrConfig, s)
 	}
 	p := Dynamo()
 	p.Name = s
@@ -278,10 +295,10 @@ func parseTTFT(s, args string) (Policy, error) {
 			switch v {
 			case "online":
 				p.Calibration = CalibrationOnline
-			case CalibrationStatic, CalibrationOracle:
+			case CalibrationStatic, CalibrationOracle, CalibrationHistograms:
 				p.Calibration = v
 			default:
-				return Policy{}, fmt.Errorf("%w: policy %q: calib %q must be online, static or oracle", ErrConfig, s, v)
+				return Policy{}, fmt.Errorf("%w: policy %q: calib %q must be online, static, oracle or histograms", ErrConfig, s, v)
 			}
 			continue
 		}
@@ -305,7 +322,7 @@ func (p Policy) validate() error {
 		if !(p.Externality >= 0) || math.IsInf(p.Externality, 0) {
 			return fmt.Errorf("%w: policy %q: ext must be a number ≥ 0", ErrConfig, p.Name)
 		}
-		if c := p.Calibration; c != CalibrationOnline && c != CalibrationStatic && c != CalibrationOracle {
+		if c := p.Calibration; c != CalibrationOnline && c != CalibrationStatic && c != CalibrationOracle && c != CalibrationHistograms {
 			return fmt.Errorf("%w: policy %q: unknown calibration %q", ErrConfig, p.Name, c)
 		}
 		return nil
@@ -332,7 +349,7 @@ func (p Policy) routerConfig(blockSize int, predictedTTL time.Duration) localrou
 	// Only the ttft policies calibrate (elsewhere calibration would move
 	// just Selection.Cost, which ranks pools: the baselines stay as they
 	// were); the oracle's models are pinned instead.
-	c.Calibrate = p.Kind == KindTTFT && p.Calibration == CalibrationOnline
+	c.Calibrate = p.Kind == KindTTFT && (p.Calibration == CalibrationOnline || p.Calibration == CalibrationHistograms)
 	if p.Kind == KindCost {
 		c.OverlapScoreCredit, c.PrefillLoadScale, c.RouterTemperature = p.Credit, p.Scale, p.Temperature
 		c.WorkerChain = p.Chain

@@ -9,8 +9,10 @@ import (
 // (localrouter/signals.Scraper → Router.SetEngineSignals): every scrape
 // period each engine's running and waiting requests and KV usage are
 // sampled, as vLLM's vllm:num_requests_running, vllm:num_requests_waiting
-// and vllm:kv_cache_usage_perc gauges report them, and reach its pool's
-// router ScrapeDelay later. Worker chains that read engine signals
+// and vllm:kv_cache_usage_perc gauges report them, with its time to first
+// token histogram's totals (vllm:time_to_first_token_seconds' _sum and
+// _count, observed at each first token as vLLM does), and reach its
+// pool's router ScrapeDelay later. Worker chains that read engine signals
 // (saturation, waiting, kv-usage, running, the ttft scorer's KV usage)
 // and the llm-d baseline (llmd.go) see exactly that: values up to one
 // period plus the delay old, never the engine's live state.
@@ -33,11 +35,13 @@ func (r *run) scrape() {
 	smp := make([]signals.Sample, len(r.workers))
 	for i, w := range r.workers {
 		st := w.eng.Stats()
+		ttft := w.ttft
+		ttft.Has = true // present from the start, as vLLM's are
 		smp[i] = signals.Sample{
 			Engine:  signals.EngineVLLM,
 			Running: float64(st.Running), Waiting: float64(st.Waiting),
 			KVUsage: st.KVUsage, HasKVUsage: true,
-			At: r.now,
+			TTFT: ttft, At: r.now,
 		}
 	}
 	if d := r.cfg.Engines.ScrapeDelay; d > 0 {

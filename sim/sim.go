@@ -417,6 +417,8 @@ func (r *run) step(ctx context.Context, w *worker) error {
 		if tk.Index != 0 {
 			continue
 		}
+		w.ttft.Sum += tk.Since.Seconds() // the engine's histogram (scrape.go)
+		w.ttft.Count++
 		var err error
 		switch {
 		case r.gr == nil:

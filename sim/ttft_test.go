@@ -53,11 +53,11 @@ func FuzzParsePolicies(f *testing.F) {
 }
 
 func TestParseCalibrationPolicies(t *testing.T) {
-	got, err := ParsePolicies("kvgate,kvgate-static,kvgate-oracle,ttft:ext=1,calib=static")
+	got, err := ParsePolicies("kvgate,kvgate-static,kvgate-oracle,kvgate-hist,ttft:ext=1,calib=static")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Policy{KVGate(), KVGateStatic(), KVGateOracle(), {Name: "ttft:ext=1,calib=static", Kind: KindTTFT, Externality: 1, Calibration: CalibrationStatic}}
+	want := []Policy{KVGate(), KVGateStatic(), KVGateOracle(), KVGateHist(), {Name: "ttft:ext=1,calib=static", Kind: KindTTFT, Externality: 1, Calibration: CalibrationStatic}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("ParsePolicies (-want +got):\n%s", diff)
 	}
@@ -67,7 +67,7 @@ func TestParseCalibrationPolicies(t *testing.T) {
 	for _, tc := range []struct {
 		p         Policy
 		calibrate bool
-	}{{KVGate(), true}, {KVGateStatic(), false}, {KVGateOracle(), false}, {Dynamo(), false}} {
+	}{{KVGate(), true}, {KVGateStatic(), false}, {KVGateOracle(), false}, {KVGateHist(), true}, {Dynamo(), false}} {
 		if got := tc.p.routerConfig(16, 0).Calibrate; got != tc.calibrate {
 			t.Errorf("%s: Calibrate %v, want %v", tc.p.Name, got, tc.calibrate)
 		}
@@ -120,7 +120,7 @@ func TestOraclePinsEngineTiming(t *testing.T) {
 // report says how many.
 func TestTTFTWarmup(t *testing.T) {
 	tr := randomTrace(t, 100, 3)
-	rep, err := Run(testContext(t), Config{Trace: tr, Seed: 1, Workers: 2, Policies: []Policy{KVGate(), KVGateStatic(), KVGateOracle()}, KVTokens: 4096, Rate: 2})
+	rep, err := Run(testContext(t), Config{Trace: tr, Seed: 1, Workers: 2, Policies: []Policy{KVGate(), KVGateStatic(), KVGateOracle(), KVGateHist()}, KVTokens: 4096, Rate: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,8 +30,36 @@ type EngineSample struct {
 	LoRARunning, LoRAWaiting string
 	MaxLoRA                  int
 	HasLoRA                  bool
+	// TTFT, ITL, Queue, Prefill and Decode are the engine's own latency
+	// histograms, cumulative since it started, when scraped (Has): the
+	// time to first token, the inter-token latency, and the per-request
+	// queue, prefill and decode phases (vLLM; SGLang reports the queue).
+	// The local router's calibration takes their interval deltas.
+	TTFT, ITL, Queue, Prefill, Decode HistogramTotals
 	// At is when the sample was scraped.
 	At time.Time
+}
+
+// HistogramTotals are a Prometheus histogram's cumulative _sum (in the
+// histogram's unit, seconds here) and _count.
+type HistogramTotals struct {
+	Sum, Count float64
+	Has        bool
+}
+
+// Mean is the mean observation between prev and h (Sum and Count deltas)
+// and the observations in between; ok is false when either lacks the
+// histogram, nothing was observed, or the totals went down (the engine
+// restarted: the interval is unknown).
+func (h HistogramTotals) Mean(prev HistogramTotals) (mean, count float64, ok bool) {
+	if !h.Has || !prev.Has {
+		return 0, 0, false
+	}
+	dc, ds := h.Count-prev.Count, h.Sum-prev.Sum
+	if !(dc > 0) || ds < 0 {
+		return 0, 0, false
+	}
+	return ds / dc, dc, true
 }
 
 // SignalsReport is the engine-signal side of a BestWorker choice, filled

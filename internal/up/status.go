@@ -76,7 +76,9 @@ type RankStatus struct {
 
 // timingLine writes a rank's timing model for the status page: where it
 // comes from, its samples and error, one chunk's prefill, the decode step
-// at an empty and a full KV cache, and the queue.
+// at an empty and a full KV cache, and the queue; then, where the engine's
+// latency histograms are scraped, the samples they gave and the last
+// interval's mean time to first token and inter-token latency.
 func timingLine(c localrouter.WorkerCalibration, chunk int) string {
 	src := "prior"
 	switch {
@@ -85,8 +87,14 @@ func timingLine(c localrouter.WorkerCalibration, chunk int) string {
 	case c.Fitted:
 		src = "fitted"
 	}
-	return fmt.Sprintf("%s (%d samples of %d in the pool, error %.0f%%, speed ×%.2f): prefill %.0f ms/%d tokens, decode %.1f–%.1f ms, queue %.0f ms",
+	line := fmt.Sprintf("%s (%d samples of %d in the pool, error %.0f%%, speed ×%.2f): prefill %.0f ms/%d tokens, decode %.1f–%.1f ms, queue %.0f ms",
 		src, c.Samples, c.PoolSamples, 100*c.Error, c.Speed, c.Model.Prefill(chunk), chunk, c.Model.Decode(0), c.Model.Decode(1), c.Model.QueueMs)
+	if c.Histograms {
+		// The engine's own histograms: how many samples they gave, and
+		// the last scrape interval's means as the engine measured them.
+		line += fmt.Sprintf("; engine histograms: %d samples, TTFT %.0f ms, ITL %.1f ms", c.HistogramSamples, c.EngineTTFTMs, c.EngineITLMs)
+	}
+	return line
 }
 
 // Status snapshots the system.

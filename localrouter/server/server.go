@@ -594,5 +594,7 @@ func calibrationProto(c localrouter.WorkerCalibration, chunk int) *localrouterv1
 		DecodeQuad: m.DecodeQuad, DecodeLinear: m.DecodeLinear, DecodeFixed: m.DecodeFixed, QueueMs: m.QueueMs,
 		PrefillQuadFactor: c.PrefillQuadFactor, PrefillLinearFactor: c.PrefillLinearFactor, DecodeFactor: c.DecodeFactor,
 		PrefillChunkMs: m.Prefill(chunk), PoolSamples: c.PoolSamples, Speed: c.Speed, SpeedRaw: c.SpeedRaw,
+		Histograms: c.Histograms, HistogramSamples: c.HistogramSamples, EngineTtftMs: c.EngineTTFTMs, EngineItlMs: c.EngineITLMs,
+		EngineQueueMs: c.EngineQueueMs, EnginePrefillMs: c.EnginePrefillMs, EngineDecodeMs: c.EngineDecodeMs,
 	}
 }

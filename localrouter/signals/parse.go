@@ -21,11 +21,13 @@
 //     vllm:kv_cache_usage_perc (older builds: vllm:gpu_cache_usage_perc),
 //     vllm:num_preemptions_total, vllm:prefix_cache_queries_total and
 //     vllm:prefix_cache_hits_total (older: vllm:gpu_prefix_cache_*).
+//
 //   - SGLang (python/sglang/srt/metrics/collector.py,
 //     SchedulerMetricsCollector; a dp_rank label when DP attention is on,
 //     python/sglang/srt/managers/scheduler_metrics_mixin.py):
 //     sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage,
 //     sglang:cache_hit_rate, sglang:num_retracted_reqs (its preemption).
+//
 //   - vLLM's LoRA adapters (vllm/v1/metrics/loggers.py, gauge_lora_info):
 //     vllm:lora_requests_info, a gauge set to the current time whose labels
 //     running_lora_adapters and waiting_lora_adapters are the adapters of
@@ -35,8 +37,19 @@
 //     process exits) the one with the latest timestamp wins, as the Gateway
 //     API Inference Extension reads it.
 //
-// Files: parse.go (Sample, Parse: the metric names above, per rank, and
-// the LoRA adapters), scraper.go (Target, Sink, Scraper: the periodic
+//   - The engines' latency histograms (their _sum and _count per rank, for
+//     the local router's calibration): vLLM's
+//     vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds
+//     (older: vllm:time_per_output_token_seconds),
+//     vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds
+//     and vllm:request_decode_time_seconds (loggers.py at 005a810b);
+//     SGLang's sglang:time_to_first_token_seconds,
+//     sglang:inter_token_latency_seconds and sglang:queue_time_seconds
+//     (collector.py at 93d04878; its tokenizer-side histograms carry no
+//     dp_rank label, so they are read as rank 0's).
+//
+// Files: parse.go (Sample, Parse: the metric names above, per rank, the
+// latency histograms and the LoRA adapters), scraper.go (Target, Sink, Scraper: the periodic
 // scrapes, Stats).
 package signals
 
@@ -85,6 +98,10 @@ var (
 // share).
 type Sample = routing.EngineSample
 
+// HistogramTotals are a latency histogram's cumulative sum and count
+// (routing.HistogramTotals).
+type HistogramTotals = routing.HistogramTotals
+
 // Adapters splits a comma-joined adapter list (LoRARunning, LoRAWaiting).
 func Adapters(list string) []string {
 	var out []string
@@ -119,6 +136,34 @@ const (
 	nFields
 )
 
+// latency histograms and what they set.
+type hist int
+
+const (
+	hTTFT hist = iota
+	hITL
+	hITLOld
+	hQueue
+	hPrefill
+	hDecode
+	nHists
+)
+
+var histNames = map[string]struct {
+	engine string
+	h      hist
+}{
+	"vllm:time_to_first_token_seconds":   {EngineVLLM, hTTFT},
+	"vllm:inter_token_latency_seconds":   {EngineVLLM, hITL},
+	"vllm:time_per_output_token_seconds": {EngineVLLM, hITLOld},
+	"vllm:request_queue_time_seconds":    {EngineVLLM, hQueue},
+	"vllm:request_prefill_time_seconds":  {EngineVLLM, hPrefill},
+	"vllm:request_decode_time_seconds":   {EngineVLLM, hDecode},
+	"sglang:time_to_first_token_seconds": {EngineSGLang, hTTFT},
+	"sglang:inter_token_latency_seconds": {EngineSGLang, hITL},
+	"sglang:queue_time_seconds":          {EngineSGLang, hQueue},
+}
+
 var names = map[string]struct {
 	engine string
 	f      field
@@ -146,6 +191,7 @@ type acc struct {
 	engine string
 	v      [nFields]float64
 	has    [nFields]bool
+	hist   [nHists]routing.HistogramTotals
 	// lora: the latest vllm:lora_requests_info series (loraAt its value).
 	lora              bool
 	loraAt            float64
@@ -180,6 +226,12 @@ func Parse(r io.Reader, maxBytes int64, at time.Time) (map[uint32]Sample, error)
 			}
 			continue
 		}
+		if hn, ok := histNames[name]; ok {
+			if err := readHist(mf, hn.engine, hn.h, ranks); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		n, ok := names[name]
 		if !ok {
 			continue
@@ -193,13 +245,9 @@ func Parse(r io.Reader, maxBytes int64, at time.Time) (map[uint32]Sample, error)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %s: %v", ErrMalformed, name, err)
 			}
-			a := ranks[rank]
-			if a == nil {
-				if len(ranks) >= MaxRanks {
-					return nil, fmt.Errorf("%w: more than %d data-parallel ranks", ErrMalformed, MaxRanks)
-				}
-				a = &acc{engine: n.engine}
-				ranks[rank] = a
+			a, err := accOf(ranks, rank, n.engine)
+			if err != nil {
+				return nil, err
 			}
 			if !a.has[n.f] || v > a.v[n.f] {
 				a.v[n.f], a.has[n.f] = v, true
@@ -226,6 +274,11 @@ func (a *acc) sample(at time.Time) Sample {
 	}
 	if s.KVUsage > 1 {
 		s.KVUsage = 1
+	}
+	s.TTFT, s.Queue, s.Prefill, s.Decode = a.hist[hTTFT], a.hist[hQueue], a.hist[hPrefill], a.hist[hDecode]
+	s.ITL = a.hist[hITL]
+	if !s.ITL.Has {
+		s.ITL = a.hist[hITLOld]
 	}
 	if a.lora {
 		s.LoRARunning, s.LoRAWaiting, s.MaxLoRA, s.HasLoRA = a.loraRun, a.loraWait, a.maxLoRA, true
@@ -309,13 +362,9 @@ func readLoRA(mf *dto.MetricFamily, ranks map[uint32]*acc) error {
 				return fmt.Errorf("%w: %s: %v", ErrMalformed, loraMetric, err)
 			}
 		}
-		a := ranks[0]
-		if a == nil {
-			if len(ranks) >= MaxRanks {
-				return fmt.Errorf("%w: more than %d data-parallel ranks", ErrMalformed, MaxRanks)
-			}
-			a = &acc{engine: EngineVLLM}
-			ranks[0] = a
+		a, err := accOf(ranks, 0, EngineVLLM)
+		if err != nil {
+			return err
 		}
 		if !a.lora || v > a.loraAt {
 			a.lora, a.loraAt, a.loraRun, a.loraWait, a.maxLoRA = true, v, run, wait, maxLoRA
@@ -332,4 +381,48 @@ func adapters(s string) (string, error) {
 		return "", fmt.Errorf("more than %d adapters", MaxLoRAAdapters)
 	}
 	return strings.Join(list, ","), nil
+}
+
+// accOf returns rank's accumulator, creating it for engine.
+func accOf(ranks map[uint32]*acc, rank uint32, engine string) (*acc, error) {
+	a := ranks[rank]
+	if a == nil {
+		if len(ranks) >= MaxRanks {
+			return nil, fmt.Errorf("%w: more than %d data-parallel ranks", ErrMalformed, MaxRanks)
+		}
+		a = &acc{engine: engine}
+		ranks[rank] = a
+	}
+	return a, nil
+}
+
+// readHist adds each series of latency histogram mf (its _sum and _count)
+// to its rank's totals: several series of one rank (SGLang's tp_rank or
+// is_streaming labels) partition its requests, so they add up. A series
+// whose sum or count is negative, NaN or infinite is an error.
+func readHist(mf *dto.MetricFamily, engine string, h hist, ranks map[uint32]*acc) error {
+	for _, m := range mf.GetMetric() {
+		hm := m.GetHistogram()
+		if hm == nil {
+			continue // not typed histogram: not the engine's
+		}
+		sum, count := hm.GetSampleSum(), float64(hm.GetSampleCount())
+		if math.IsNaN(sum) || math.IsInf(sum, 0) || sum < 0 {
+			return fmt.Errorf("%w: %s: sum %g is not a duration", ErrMalformed, mf.GetName(), sum)
+		}
+		rank, err := rankOf(m, rankLabel[engine])
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrMalformed, mf.GetName(), err)
+		}
+		a, err := accOf(ranks, rank, engine)
+		if err != nil {
+			return err
+		}
+		t := &a.hist[h]
+		t.Sum, t.Count, t.Has = t.Sum+sum, t.Count+count, true
+		if math.IsInf(t.Sum, 0) || math.IsInf(t.Count, 0) {
+			return fmt.Errorf("%w: %s: the sum of rank %d's series overflows", ErrMalformed, mf.GetName(), rank)
+		}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package signals
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,7 +92,8 @@ func TestParse(t *testing.T) {
 		want map[uint32]Sample
 	}{
 		{"vllm dp 2", vllmDP2, map[uint32]Sample{
-			0: {Engine: EngineVLLM, Running: 3, Waiting: 2, KVUsage: 0.97, HasKVUsage: true, Preemptions: 7, PrefixHitRate: 0.25, HasPrefixHitRate: true, At: at},
+			0: {Engine: EngineVLLM, Running: 3, Waiting: 2, KVUsage: 0.97, HasKVUsage: true, Preemptions: 7, PrefixHitRate: 0.25, HasPrefixHitRate: true,
+				TTFT: HistogramTotals{Sum: 0.5, Count: 4, Has: true}, At: at},
 			1: {Engine: EngineVLLM, Running: 1, Waiting: 0, KVUsage: 0.25, HasKVUsage: true, PrefixHitRate: 0, HasPrefixHitRate: true, At: at},
 		}},
 		{"vllm before 0.9", vllmOld, map[uint32]Sample{
@@ -158,7 +160,7 @@ func TestParseBoundsRanks(t *testing.T) {
 // FuzzParse: any body is an error or samples within their ranges, never a
 // panic.
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{vllmDP2, vllmOld, sglangDP2, vllmLoRA, "", "# TYPE x gauge\nx 1\n", `vllm:num_requests_running{engine="1"} 1e308`} {
+	for _, s := range []string{vllmDP2, vllmOld, sglangDP2, vllmLoRA, vllmLatency, "", "# TYPE x gauge\nx 1\n", `vllm:num_requests_running{engine="1"} 1e308`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
@@ -175,6 +177,11 @@ func FuzzParse(f *testing.F) {
 		for r, s := range got {
 			if s.KVUsage < 0 || s.KVUsage > 1 || s.PrefixHitRate < 0 || s.PrefixHitRate > 1 || s.Waiting < 0 || s.Running < 0 {
 				t.Fatalf("rank %d: sample out of range: %+v", r, s)
+			}
+			for _, h := range []HistogramTotals{s.TTFT, s.ITL, s.Queue, s.Prefill, s.Decode} {
+				if h.Sum < 0 || h.Count < 0 || math.IsNaN(h.Sum) || math.IsInf(h.Sum, 0) {
+					t.Fatalf("rank %d: histogram totals out of range: %+v", r, h)
+				}
 			}
 			if s.Engine != EngineVLLM && s.Engine != EngineSGLang {
 				t.Fatalf("rank %d: engine %q", r, s.Engine)

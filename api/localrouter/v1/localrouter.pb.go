@@ -1868,10 +1868,24 @@ type Calibration struct {
 	// The rank's speed factor over the pool's fit (its prefill and decode
 	// times; the model above includes it), and before shrinking towards 1
 	// by its significance.
-	Speed         float64 `protobuf:"fixed64,17,opt,name=speed,proto3" json:"speed,omitempty"`
-	SpeedRaw      float64 `protobuf:"fixed64,18,opt,name=speed_raw,json=speedRaw,proto3" json:"speed_raw,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Speed    float64 `protobuf:"fixed64,17,opt,name=speed,proto3" json:"speed,omitempty"`
+	SpeedRaw float64 `protobuf:"fixed64,18,opt,name=speed_raw,json=speedRaw,proto3" json:"speed_raw,omitempty"`
+	// histograms: the rank's engine latency histograms are scraped
+	// (vLLM's vllm:time_to_first_token_seconds, SGLang's); histogram_samples
+	// of samples came from them: first tokens the lifecycle did not see,
+	// matched to the rank's oldest placements awaiting one.
+	Histograms       bool   `protobuf:"varint,19,opt,name=histograms,proto3" json:"histograms,omitempty"`
+	HistogramSamples uint64 `protobuf:"varint,20,opt,name=histogram_samples,json=histogramSamples,proto3" json:"histogram_samples,omitempty"`
+	// The last scrape interval's means as the engine measured them, in ms
+	// (0: none observed or not reported): time to first token, inter-token
+	// latency, and the queue, prefill and decode phases of a request.
+	EngineTtftMs    float64 `protobuf:"fixed64,21,opt,name=engine_ttft_ms,json=engineTtftMs,proto3" json:"engine_ttft_ms,omitempty"`
+	EngineItlMs     float64 `protobuf:"fixed64,22,opt,name=engine_itl_ms,json=engineItlMs,proto3" json:"engine_itl_ms,omitempty"`
+	EngineQueueMs   float64 `protobuf:"fixed64,23,opt,name=engine_queue_ms,json=engineQueueMs,proto3" json:"engine_queue_ms,omitempty"`
+	EnginePrefillMs float64 `protobuf:"fixed64,24,opt,name=engine_prefill_ms,json=enginePrefillMs,proto3" json:"engine_prefill_ms,omitempty"`
+	EngineDecodeMs  float64 `protobuf:"fixed64,25,opt,name=engine_decode_ms,json=engineDecodeMs,proto3" json:"engine_decode_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Calibration) Reset() {
@@ -2026,6 +2040,55 @@ func (x *Calibration) GetSpeed() float64 {
 func (x *Calibration) GetSpeedRaw() float64 {
 	if x != nil {
 		return x.SpeedRaw
+	}
+	return 0
+}
+
+func (x *Calibration) GetHistograms() bool {
+	if x != nil {
+		return x.Histograms
+	}
+	return false
+}
+
+func (x *Calibration) GetHistogramSamples() uint64 {
+	if x != nil {
+		return x.HistogramSamples
+	}
+	return 0
+}
+
+func (x *Calibration) GetEngineTtftMs() float64 {
+	if x != nil {
+		return x.EngineTtftMs
+	}
+	return 0
+}
+
+func (x *Calibration) GetEngineItlMs() float64 {
+	if x != nil {
+		return x.EngineItlMs
+	}
+	return 0
+}
+
+func (x *Calibration) GetEngineQueueMs() float64 {
+	if x != nil {
+		return x.EngineQueueMs
+	}
+	return 0
+}
+
+func (x *Calibration) GetEnginePrefillMs() float64 {
+	if x != nil {
+		return x.EnginePrefillMs
+	}
+	return 0
+}
+
+func (x *Calibration) GetEngineDecodeMs() float64 {
+	if x != nil {
+		return x.EngineDecodeMs
 	}
 	return 0
 }
@@ -3509,7 +3572,7 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x0factive_requests\x18\x04 \x01(\rR\x0eactiveRequests\x12#\n" +
 	"\rcached_blocks\x18\x05 \x01(\rR\fcachedBlocks\x12<\n" +
 	"\x06engine\x18\x06 \x01(\v2$.kvgate.localrouter.v1.EngineSignalsR\x06engine\x12D\n" +
-	"\vcalibration\x18\a \x01(\v2\".kvgate.localrouter.v1.CalibrationR\vcalibration\"\xf2\x04\n" +
+	"\vcalibration\x18\a \x01(\v2\".kvgate.localrouter.v1.CalibrationR\vcalibration\"\x87\a\n" +
 	"\vCalibration\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x18\n" +
 	"\asamples\x18\x02 \x01(\x04R\asamples\x12\x1f\n" +
@@ -3531,7 +3594,16 @@ const file_api_localrouter_v1_localrouter_proto_rawDesc = "" +
 	"\x10prefill_chunk_ms\x18\x0f \x01(\x01R\x0eprefillChunkMs\x12!\n" +
 	"\fpool_samples\x18\x10 \x01(\x04R\vpoolSamples\x12\x14\n" +
 	"\x05speed\x18\x11 \x01(\x01R\x05speed\x12\x1b\n" +
-	"\tspeed_raw\x18\x12 \x01(\x01R\bspeedRaw\"\xad\x02\n" +
+	"\tspeed_raw\x18\x12 \x01(\x01R\bspeedRaw\x12\x1e\n" +
+	"\n" +
+	"histograms\x18\x13 \x01(\bR\n" +
+	"histograms\x12+\n" +
+	"\x11histogram_samples\x18\x14 \x01(\x04R\x10histogramSamples\x12$\n" +
+	"\x0eengine_ttft_ms\x18\x15 \x01(\x01R\fengineTtftMs\x12\"\n" +
+	"\rengine_itl_ms\x18\x16 \x01(\x01R\vengineItlMs\x12&\n" +
+	"\x0fengine_queue_ms\x18\x17 \x01(\x01R\rengineQueueMs\x12*\n" +
+	"\x11engine_prefill_ms\x18\x18 \x01(\x01R\x0fenginePrefillMs\x12(\n" +
+	"\x10engine_decode_ms\x18\x19 \x01(\x01R\x0eengineDecodeMs\"\xad\x02\n" +
 	"\x06Worker\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x17\n" +
