@@ -26,6 +26,9 @@ type metrics struct {
 	// reservationsReleased counts the probes' reservations released
 	// unconfirmed (probe.commit: reserve; reserve.go), by pool.
 	reservationsReleased *prometheus.CounterVec
+	// unreadHeaders counts requests carrying a header the configuration
+	// does not read, by header (unreadhdr.go: four names at most).
+	unreadHeaders *prometheus.CounterVec
 }
 
 // Latency buckets from 50 µs (an in-process decision) to the probe
@@ -81,8 +84,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_globalrouter_reservations_released_total",
 			Help: "Reservations of reserving probes (probe.commit: reserve) released unconfirmed because the decision went to another pool or to none (or their probe's answer came too late), by the pool that held them (its local router counts the ones that expired instead).",
 		}, []string{"pool"}),
+		unreadHeaders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_unread_headers_total",
+			Help: "Requests carrying a header the running configuration does not read (x-kvgate-priority, x-kvgate-ttft-ms, x-kvgate-itl-ms, x-kvgate-session-id: read by some policies or flow control only), by header; the decision's explanation says why.",
+		}, []string{"header"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.bestEffortOutcomes, m.ejections, m.reservationsReleased} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.bestEffortOutcomes, m.ejections, m.reservationsReleased, m.unreadHeaders} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
