@@ -82,6 +82,30 @@ func TestUnreadHeaders(t *testing.T) {
 		t.Errorf("ITL logged %d times over two configurations, want twice", n)
 	}
 
+	// A header-match rule naming the ITL header reads it.
+	flowOnly := text
+	text = strings.Replace(text, "routers: {static: [\""+c.a.Addr+"\"]}",
+		"routers: {static: [\""+c.a.Addr+"\"]}\n    policy: {header-match: {headers: {x-kvgate-itl-ms: []}}}", 1)
+	text = strings.Replace(text, "[model-match, cost, session-affinity]", "[model-match, header-match, cost, session-affinity]", 1)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ReloadFile(path); err != nil {
+		t.Fatalf("ReloadFile: %v", err)
+	}
+	if ex := decide(); strings.Contains(ex, " not read: ") {
+		t.Errorf("with header-match on %s: explanation %q notes a header", globalrouter.HeaderITL, ex)
+	}
+	if got := countByLabel(t, reg, "kvgate_globalrouter_unread_headers_total", "header", globalrouter.HeaderITL); got != 4 {
+		t.Errorf("ITL counted %v once header-match reads it, want still 4", got)
+	}
+	if err := os.WriteFile(path, []byte(flowOnly), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ReloadFile(path); err != nil {
+		t.Fatalf("ReloadFile: %v", err)
+	}
+
 	// Without an explanation asked for, nothing is added; still counted.
 	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi", Headers: hdrs})
 	if err != nil {
