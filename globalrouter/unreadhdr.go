@@ -74,6 +74,9 @@ func (r *Router) unreadHeaders(cfg *Config, chain *policies.Chain) []*unreadHead
 // header per configuration, and adds a note to d's explanation when it
 // has one (the caller asked, and may see it).
 func (r *Router) noteUnreadHeaders(st *state, h map[string]string, d *Decision) {
+	if len(h) == 0 {
+		return
+	}
 	for _, u := range st.unread {
 		if _, ok := h[u.name]; !ok {
 			continue
