@@ -64,7 +64,7 @@ func (r *Router) unreadHeaders(cfg *Config, chain *policies.Chain) []*unreadHead
 	add(HeaderTTFT, read.TTFT || flow, fmt.Sprintf("read by the %s policy's prefill grid and flow control only: %s has no prefill grid and%s",
 		policies.NameSLOGrid, chainWords, off))
 	add(HeaderITL, read.ITL, fmt.Sprintf("read by the %s policy's decode grid only: %s has none", policies.NameSLOGrid, chainWords))
-	add(HeaderSession, read.Session, fmt.Sprintf("read by the %s policy only, which %s does not run; it is still passed to the pools' local routers, whose worker chain reads it with the session scorer",
+	add(HeaderSession, read.Session, fmt.Sprintf("read by the %s policy only, which %s does not run; it is still passed to the pools' local routers, whose worker chain reads it with the session scorer (a router without that scorer logs so once)",
 		policies.NameSessionAffinity, chainWords))
 	return out
 }
