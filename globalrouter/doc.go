@@ -85,7 +85,12 @@
 // pool-qualified worker id), subtree_dial.go (SubtreeDialer: a child
 // router as a parent's pool), config.go (Config, ProbeConfig,
 // ModelConfig), unread.go (Config.Unread: the fields set that no policy
-// of the chains reads, warned about where the file is loaded), types.go (Request, Decision, Endpoint, Lease, the
+// of the chains reads, warned about where the file is loaded),
+// unreadhdr.go (the request headers only some policies or flow control
+// read, listed per configuration: a request carrying one the running
+// configuration does not read gets a note in its explanation, a count in
+// kvgate_globalrouter_unread_headers_total and a warning logged once per
+// header per configuration), types.go (Request, Decision, Endpoint, Lease, the
 // errors), headernames.go (the x-kvgate-* header names), metrics.go
 // (the decision, probe, commit and ejection metrics),
 // probers.go (the bounded probe goroutines), flow.go (flow control:

@@ -29,6 +29,9 @@ type metrics struct {
 	// reprobes counts the contended reserving decisions probed again
 	// under the recheck lock (reserve.go), by outcome.
 	reprobes *prometheus.CounterVec
+	// unreadHeaders counts requests carrying a header the configuration
+	// does not read, by header (unreadhdr.go: four names at most).
+	unreadHeaders *prometheus.CounterVec
 }
 
 // Latency buckets from 50 µs (an in-process decision) to the probe
@@ -88,8 +91,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvgate_globalrouter_reserve_reprobes_total",
 			Help: "Decisions in probe.commit: reserve over several pools whose probes found other requests' reservations held (contended: those may be released where they were counted), their reservations released and the pools probed again under the router's recheck lock, by outcome (locked; busy: the lock was not free within the probe timeout, probed again without it).",
 		}, []string{"outcome"}),
+		unreadHeaders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_globalrouter_unread_headers_total",
+			Help: "Requests carrying a header the running configuration does not read (x-kvgate-priority, x-kvgate-ttft-ms, x-kvgate-itl-ms, x-kvgate-session-id: read by some policies or flow control only), by header; the decision's explanation says why.",
+		}, []string{"header"}),
 	}
-	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.bestEffortOutcomes, m.ejections, m.reservationsReleased, m.reprobes} {
+	for _, c := range []prometheus.Collector{m.decision, m.tokenize, m.probe, m.decisions, m.reloads, m.refusedCommits, m.contended, m.bestEffort, m.bestEffortOutcomes, m.ejections, m.reservationsReleased, m.reprobes, m.unreadHeaders} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

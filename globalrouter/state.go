@@ -20,6 +20,9 @@ type state struct {
 	models map[string]*modelEntry
 	// wildcard serves models no pool names, when a pool serves "*".
 	wildcard *modelEntry
+	// unread are the request headers this configuration does not read
+	// (unreadhdr.go).
+	unread []*unreadHeader
 
 	// refs counts the state's users: one for the Router while the state
 	// is current, one per decision using it. Once it reaches zero it
@@ -47,7 +50,8 @@ type modelEntry struct {
 // build opens cfg's pools and tokenizers (reusing old's tokenizers that did
 // not change) around chain, the policy chain cfg.validate built.
 func (r *Router) build(cfg *Config, chain *policies.Chain, old *state) (_ *state, err error) {
-	st := &state{cfg: cfg, chain: chain, byName: map[string]*poolEntry{}, models: map[string]*modelEntry{}, drained: make(chan struct{})}
+	st := &state{cfg: cfg, chain: chain, byName: map[string]*poolEntry{}, models: map[string]*modelEntry{}, drained: make(chan struct{}),
+		unread: r.unreadHeaders(cfg, chain)}
 	st.refs.Store(1)
 	defer func() {
 		if err != nil {

@@ -59,7 +59,8 @@
 //     the chain, Selection.ChainScore the chain's own total; other chains
 //     report each scorer's part in routing.Selection.Scores.
 //     Config.Unread (scorer_knobs.go) names the settings the chain does
-//     not read. Stateful scorers (cold) keep their own mutex, a leaf.
+//     not read; OverrideNote and SessionNote (there too) the request's
+//     override and session key it ignores, logged once. Stateful scorers (cold) keep their own mutex, a leaf.
 //   - Calibration (calib.go, calib_pool.go): the ttft scorer prices each
 //     rank with its own TimingModel, fitted online (least squares with
 //     forgetting, Huber-bounded residuals) from the time between each

@@ -99,8 +99,9 @@ type Router struct {
 	stop                chan struct{}
 	done                chan struct{}
 
-	// overrideNoted: OverrideNote was logged (once per router).
-	overrideNoted atomic.Bool
+	// overrideNoted: OverrideNote was logged (once per router);
+	// sessionNoted: SessionNote was.
+	overrideNoted, sessionNoted atomic.Bool
 }
 
 type scratch struct {

@@ -122,6 +122,9 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 	if o := opts.Override; o != nil && (o.OverlapScoreCredit != nil || o.PrefillLoadScale != nil) && !r.chain.readsOverride() && !r.overrideNoted.Swap(true) {
 		r.log.Warn(OverrideNote(r.cfg.WorkerChain))
 	}
+	if req.SessionKey != "" && !r.chain.session && !r.sessionNoted.Swap(true) {
+		r.log.Warn(SessionNote(r.cfg.WorkerChain))
+	}
 	mem := r.members.Load()
 	if len(mem.dp) < r.cfg.MinInitialWorkers {
 		return routing.Selection{}, ErrNotReady

@@ -272,6 +272,9 @@ type workerChain struct {
 	credit, scale *float64
 	// cost: the chain has the cost scorer (it reads the cost parameters).
 	cost bool
+	// session: the chain reads the request's session key (the session
+	// scorer, or an entry not built in; scorer_knobs.go).
+	session bool
 	// timing is the ttft scorer whose prediction is Selection.Cost: the
 	// chain's own (its first), else one at the default calibration.
 	timing *ttftScorer
@@ -349,6 +352,7 @@ func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
 			return err
 		}
 		c.filters = append(c.filters, chainFilter{sp.Name, flt})
+		c.session = c.session || !builtinEntry(sp.Name)
 		return nil
 	}
 	w := sp.Weight
@@ -372,6 +376,9 @@ func (c *workerChain) add(i int, sp ScorerSpec, cfg Config) error {
 		c.timing = t
 	}
 	c.scorers = append(c.scorers, chainScorer{sp.Name, w, sc})
+	if _, ok := sc.(sessionScorer); ok || !builtinEntry(sp.Name) {
+		c.session = true
+	}
 	if o, ok := sc.(Observer); ok {
 		c.observers = append(c.observers, o)
 	}

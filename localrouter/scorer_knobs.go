@@ -2,6 +2,7 @@ package localrouter
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -134,6 +135,24 @@ func EngineMetricEntries(chain []ScorerSpec) []string {
 // readsOverride reports whether the chain reads a ConfigOverride's
 // overlap_score_credit and prefill_load_scale (it has the cost scorer).
 func (c *workerChain) readsOverride() bool { return c.cost }
+
+// builtinEntry reports whether name is a built-in filter or scorer (one
+// registered from Go may read any of the request).
+func builtinEntry(name string) bool {
+	filters, scorers := ChainEntries()
+	return slices.Contains(filters, name) || slices.Contains(scorers, name)
+}
+
+// SessionNote is the warning a router logs, once, when a request carries
+// a session key (the global router's x-kvgate-session-id) its chain does
+// not read.
+func SessionNote(chain []ScorerSpec) string {
+	if len(chain) == 0 {
+		chain = DefaultWorkerChain()
+	}
+	return "a request's session key (x-kvgate-session-id, Prompt.session_key) is read by the `session` scorer only; this router's chain is " +
+		FormatWorkerChain(chain) + ": ignored (logged once)"
+}
 
 // OverrideNote is the warning a router logs, once, when a request's
 // override sets cost parameters its chain does not read.

@@ -111,3 +111,38 @@ func TestOverrideUnreadIsLoggedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionUnreadIsLoggedOnce: a request's session key under a chain
+// without the session scorer is ignored, and the router says so, once;
+// under a chain with it nothing is logged.
+func TestSessionUnreadIsLoggedOnce(t *testing.T) {
+	for _, tt := range []struct {
+		chain string
+		warns int
+	}{{"", 1}, {"ttft,session", 0}} {
+		var buf bytes.Buffer
+		cfg := DefaultConfig()
+		cfg.BlockSize = 4
+		if tt.chain != "" {
+			specs, err := ParseWorkerChain(tt.chain)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.WorkerChain = specs
+		}
+		r, err := New(cfg, Options{SweepInterval: -1, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		r.AddWorker("a", 1)
+		for range 3 {
+			if _, err := r.BestWorker(testenv.Context(t), Request{Tokens: toks(16, 1), SessionKey: "s1"}, BestWorkerOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := strings.Count(buf.String(), "is read by the `session` scorer only"); got != tt.warns {
+			t.Errorf("chain %q: %d warnings, want %d; log:\n%s", tt.chain, got, tt.warns, buf.String())
+		}
+	}
+}

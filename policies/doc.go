@@ -30,5 +30,6 @@
 // PosError), builtins.go (model-match, header-match, kv-overlap, cost,
 // failover), weighted.go (weighted, session-affinity), disaggregate.go
 // (disaggregate: remote prefill when it pays), slogrid.go (slo-grid),
-// priority.go (priority: tiers and shedding).
+// priority.go (priority: tiers and shedding), reads.go (Reads, Reader:
+// which request fields and headers a policy reads).
 package policies

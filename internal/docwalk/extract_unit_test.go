@@ -121,3 +121,24 @@ func TestRewrite(t *testing.T) {
 		}
 	}
 }
+
+// TestReadsDefault: a mocker run with --events other than zmq gets no
+// KVGATE_ZMQ_ENDPOINT (it would warn that the variable is not read); with
+// zmq, or no --events (zmq by default), it does.
+func TestReadsDefault(t *testing.T) {
+	for _, tt := range []struct {
+		sub, flag, text string
+		want            bool
+	}{
+		{"mocker", "zmq-endpoint", "kvgate mocker --model-name m --events nats --nats-url nats://127.0.0.1:4222", false},
+		{"mocker", "zmq-endpoint", "kvgate mocker --events=none", false},
+		{"mocker", "zmq-endpoint", "kvgate mocker --events zmq", true},
+		{"mocker", "zmq-endpoint", "kvgate mocker --model-name m", true},
+		{"mocker", "port", "kvgate mocker --events nats", true},
+		{"up", "gateway-addr", "kvgate up --events nats", true},
+	} {
+		if got := readsDefault(tt.sub, tt.flag, tt.text); got != tt.want {
+			t.Errorf("readsDefault(%s, %s, %q) = %v, want %v", tt.sub, tt.flag, tt.text, got, tt.want)
+		}
+	}
+}

@@ -63,7 +63,7 @@ func (w *walker) serve(c command, where string, known bool) {
 		doc, given := "", false
 		if m := regexp.MustCompile(`\s--?` + flag + `[ =](\S+)`).FindStringSubmatch(c.text); m != nil {
 			doc, given = m[1], true
-		} else if def == "" {
+		} else if def == "" || !readsDefault(sub, flag, c.text) {
 			continue
 		} else {
 			doc = def

@@ -2,6 +2,7 @@ package docwalk
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -187,4 +188,20 @@ var serverDefaults = map[string]map[string]string{
 	"localrouter": {"grpc-addr": "127.0.0.1:7100", "admin-addr": "127.0.0.1:9100", "health-addr": ""},
 	"mocker":      {"port": "8001", "zmq-endpoint": "tcp://127.0.0.1:5557"},
 	"relay":       {"admin-addr": ""},
+}
+
+// eventsRE finds a command's --events value.
+var eventsRE = regexp.MustCompile(`\s--?events[ =](\S+)`)
+
+// readsDefault reports whether the server command text reads flag, so that
+// its default is worth setting: a mocker run with --events other than zmq
+// does not read --zmq-endpoint, and would warn that KVGATE_ZMQ_ENDPOINT is
+// set but not read (app/mocker.go).
+func readsDefault(sub, flag, text string) bool {
+	if sub == "mocker" && flag == "zmq-endpoint" {
+		if m := eventsRE.FindStringSubmatch(text); m != nil && strings.Trim(m[1], `"'`) != "zmq" {
+			return false
+		}
+	}
+	return true
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -221,9 +222,9 @@ func (s *aaLocal) stop() {}
 // lists the pools (name=address, comma-separated, block size 16) and
 // aaProbeEnv is the probe configuration as YAML.
 const (
-	aaServerEnv = "KVGATE_AA_SERVER"
-	aaPoolsEnv  = "KVGATE_AA_POOLS"
-	aaProbeEnv  = "KVGATE_AA_PROBE"
+	aaServerEnv = config.EnvAAServer
+	aaPoolsEnv  = config.EnvAAPools
+	aaProbeEnv  = config.EnvAAProbe
 )
 
 // aaChild is a global router and its ext_proc server in a child process

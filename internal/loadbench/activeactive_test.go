@@ -12,12 +12,13 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // aaRuns is how many bursts each row of TestActiveActive runs: cheap in
 // make test, 30 for issue 26's figures (-aaruns 30, or
 // KVGATE_ACTIVE_ACTIVE_RUNS=30, with -race too).
-var aaRuns = flag.Int("aaruns", envInt("KVGATE_ACTIVE_ACTIVE_RUNS", 1), "bursts per row of TestActiveActive (env KVGATE_ACTIVE_ACTIVE_RUNS)")
+var aaRuns = flag.Int("aaruns", envInt(config.EnvActiveActiveRuns, 1), "bursts per row of TestActiveActive (env KVGATE_ACTIVE_ACTIVE_RUNS)")
 
 func envInt(name string, def int) int {
 	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
@@ -120,10 +121,10 @@ type DecisionResult struct {
 // decisionServerEnv marks the process Decision starts with ServerProcess;
 // decisionServerProfileEnv names its profile's file.
 const (
-	decisionServerEnv        = "KVGATE_DECISION_SERVER"
-	decisionServerProfileEnv = "KVGATE_DECISION_SERVER_PROFILE"
-	decisionCommitEnv        = "KVGATE_DECISION_COMMIT"
-	decisionProbeFileEnv     = "KVGATE_DECISION_PROBE_FILE"
+	decisionServerEnv        = config.EnvDecisionServer
+	decisionServerProfileEnv = config.EnvDecisionServerProfile
+	decisionCommitEnv        = config.EnvDecisionCommit
+	decisionProbeFileEnv     = config.EnvDecisionProbeFile
 )
 
 func (c *DecisionConfig) defaults() {
@@ -363,7 +364,7 @@ func (ds *decisionSide) command(cmd string) (serverSnapshot, error) {
 // closes. With a profile file it profiles its CPU from the first "snap"
 // (the start of the paced window) to the second.
 func serveDecisionServer(in io.Reader, out io.Writer, profile string) error {
-	ds, err := startDecisionSide(sideConfig{pools: intEnv("KVGATE_DECISION_POOLS", 2), workers: intEnv("KVGATE_DECISION_WORKERS", 8),
+	ds, err := startDecisionSide(sideConfig{pools: intEnv(config.EnvDecisionPools, 2), workers: intEnv(config.EnvDecisionWorkers, 8),
 		commit: globalrouter.CommitMode(os.Getenv(decisionCommitEnv)), probeFile: os.Getenv(decisionProbeFileEnv)})
 	if err != nil {
 		return err

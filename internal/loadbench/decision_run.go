@@ -18,6 +18,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/benchfig"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // DecisionReport is `kvgate bench -decision -json`: one object whose
@@ -105,7 +106,7 @@ func Decision(ctx context.Context, cfg DecisionConfig) (DecisionResult, error) {
 	)
 	if cfg.ServerProcess {
 		ps, err := startChild(ctx, "decision bench", decisionServerEnv+"=1", decisionServerProfileEnv+"="+cfg.ServerProfile,
-			fmt.Sprintf("KVGATE_DECISION_POOLS=%d", cfg.Pools), fmt.Sprintf("KVGATE_DECISION_WORKERS=%d", cfg.Workers),
+			fmt.Sprintf("%s=%d", config.EnvDecisionPools, cfg.Pools), fmt.Sprintf("%s=%d", config.EnvDecisionWorkers, cfg.Workers),
 			decisionCommitEnv+"="+string(cfg.Commit), decisionProbeFileEnv+"="+cfg.ProbeFile)
 		if err != nil {
 			return res, err

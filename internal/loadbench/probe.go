@@ -55,6 +55,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/kvgate/kvgate/internal/benchfig"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/localrouter/client"
 	"github.com/kvgate/kvgate/localrouter/server"
 )
@@ -276,8 +277,8 @@ func serveProbe(ctx context.Context) (string, []benchfig.Prompt, func(), error) 
 // probeServerEnv marks the process Probe starts with ServerProcess;
 // probeServerProfileEnv names its profile's file.
 const (
-	probeServerEnv        = "KVGATE_PROBE_SERVER"
-	probeServerProfileEnv = "KVGATE_PROBE_SERVER_PROFILE"
+	probeServerEnv        = config.EnvProbeServer
+	probeServerProfileEnv = config.EnvProbeServerProfile
 )
 
 // ServeChild, called first in main (or TestMain), makes this binary a

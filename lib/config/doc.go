@@ -26,7 +26,9 @@
 // (ListenAddr, Listen).
 //
 // Files: flags.go (FlagSet: environment, aliases, deprecated names, typed
-// usage; the Value flag types), listen.go (ListenAddr, Listen: one meaning
+// usage; the Value flag types), harnessenv.go (NotFlagVariables, the one
+// list of the tests' and harnesses' KVGATE_* variables, and the Env names
+// internal/loadbench reads them by), listen.go (ListenAddr, Listen: one meaning
 // for each spelling of a listen address), logging.go (Logging: -log-level and
 // -log-format), yaml.go (PosError, ParseFile, DecodeStrict, FixFile).
 package config

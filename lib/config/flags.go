@@ -198,17 +198,6 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string) error {
 	return errors.Join(errs...)
 }
 
-// NotFlagVariables are the KVGATE_* variables read by kvgate's tests and
-// benchmark harnesses, never by a flag: Parse does not warn about them.
-var NotFlagVariables = []string{
-	"KVGATE_REQUIRE_TOOLS", "KVGATE_STATIC_BIN", "KVGATE_SDK_DIR", "KVGATE_DOCWALK_TOOLS", "KVGATE_TOKENIZER_CACHE",
-	"KVGATE_TOKENIZER_REF", "KVGATE_TEST_ARTIFACTS", "KVGATE_TRUST_TOKEN",
-	// internal/loadbench's child processes and benchmark sizes.
-	"KVGATE_AA_POOLS", "KVGATE_AA_PROBE", "KVGATE_AA_SERVER", "KVGATE_ACTIVE_ACTIVE_RUNS", "KVGATE_DECISION_COMMIT",
-	"KVGATE_DECISION_POOLS", "KVGATE_DECISION_PROBE_FILE", "KVGATE_DECISION_SERVER", "KVGATE_DECISION_SERVER_PROFILE",
-	"KVGATE_DECISION_WORKERS", "KVGATE_PROBE_SERVER", "KVGATE_PROBE_SERVER_PROFILE",
-}
-
 // environ is the process's environment (a variable of tests).
 var environ = os.Environ
 
