@@ -64,12 +64,9 @@ type chanStream struct {
 	queued map[uint64]*chanProbe // probes read and not yet started
 
 	// committed are the requests committed on this stream and not yet
-	// freed, by the id of the message that committed them (guarded by mu:
-	// the committer adds, the reader and the committer apply events).
+	// freed, by the id of the message that committed them: the reader's
+	// own (commits and events run on it, in order).
 	committed map[uint64]string
-	// pending are the commits read and not yet applied, by message id
-	// (guarded by mu; chancommit.go).
-	pending map[uint64]*chanCommit
 	// pruneAt is the size of committed at which the requests the router
 	// expired (or freed by a call outside the stream) are dropped from it.
 	pruneAt int
@@ -85,10 +82,8 @@ type chanStream struct {
 
 // Channel implements localrouterv1.LocalRouterServer: probes, commits and
 // lifecycle events of many requests multiplexed on one stream. Probes run on
-// a fixed set of the stream's goroutines; commits run on the stream's
-// committer in arrival order and events on the reader, except that an
-// event whose commit is not yet applied runs after it (chancommit.go), so
-// a request's events follow its commit and wait for no other's. When
+// a fixed set of the stream's goroutines; commits and events run on the
+// reader, in arrival order, so a request's events follow its commit. When
 // the stream ends, however it ends, every request committed on it and not
 // freed is freed.
 func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
@@ -97,7 +92,6 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 	cs := &chanStream{
 		s: s, stream: stream, ctx: stream.Context(),
 		queued: make(map[uint64]*chanProbe), committed: make(map[uint64]string), pruneAt: channelPruneMin,
-		pending: make(map[uint64]*chanCommit),
 		reserved: make(map[string]struct{}), reservedPruneAt: channelPruneMin,
 	}
 	// Freed however the stream ends; its context may be gone already.
@@ -118,11 +112,8 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 			}
 		}()
 	}
-	commits := make(chan *chanCommit, chanCommitQueue)
-	wg.Go(func() { cs.runCommits(commits) })
-	err := cs.read(probes, commits)
+	err := cs.read(probes)
 	close(probes)
-	close(commits)
 	wg.Wait()
 	return err
 }
@@ -130,7 +121,7 @@ func (s *Server) Channel(stream localrouterv1.LocalRouter_ChannelServer) error {
 // read handles the client's messages until the stream ends. It reuses one
 // request message: what outlives a message (a probe, strings) is not
 // part of it but pointed to by it, and a receive resets it first.
-func (cs *chanStream) read(probes chan<- *chanProbe, commits chan<- *chanCommit) error {
+func (cs *chanStream) read(probes chan<- *chanProbe) error {
 	in := new(localrouterv1.ChannelRequest)
 	for {
 		err := cs.stream.RecvMsg(in)
@@ -157,9 +148,9 @@ func (cs *chanStream) read(probes chan<- *chanProbe, commits chan<- *chanCommit)
 				return cs.ctx.Err()
 			}
 		case *localrouterv1.ChannelRequest_Commit:
-			err = cs.queueCommit(id, m.Commit, commits)
+			err = cs.commit(id, m.Commit)
 		case *localrouterv1.ChannelRequest_Event:
-			err = cs.queueEvent(id, m.Event)
+			err = cs.event(id, m.Event)
 		case *localrouterv1.ChannelRequest_Release:
 			cs.release(m.Release.GetRequestId())
 		case *localrouterv1.ChannelRequest_Cancel:
@@ -270,9 +261,12 @@ func unpackHashes(packed []byte) ([]uint64, error) {
 	return hashes, nil
 }
 
-// commit records a request on the stream's behalf (the committer's part;
-// queueCommit refused a reused message id).
+// commit records a request on the stream's behalf.
 func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
+	if _, dup := cs.committed[id]; dup {
+		// Events name commits by id: a reused id would orphan a request.
+		return cs.fail(id, fmt.Errorf("%w: message id %d already names a request committed on this stream", errInvalidArgument, id))
+	}
 	sel, err := cs.s.commit(cs.ctx, in)
 	if in.GetReserved() {
 		cs.mu.Lock()
@@ -282,7 +276,6 @@ func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
 	if err != nil {
 		return cs.fail(id, err)
 	}
-	cs.mu.Lock()
 	cs.committed[id] = in.GetRequestId()
 	if len(cs.committed) >= cs.pruneAt {
 		for cid, rid := range cs.committed {
@@ -292,18 +285,12 @@ func (cs *chanStream) commit(id uint64, in *localrouterv1.CommitRequest) error {
 		}
 		cs.pruneAt = 2*len(cs.committed) + channelPruneMin
 	}
-	cs.mu.Unlock()
 	return cs.send(&localrouterv1.ChannelResponse{Id: id, Msg: &localrouterv1.ChannelResponse_Selection{Selection: cs.s.selection(sel)}})
 }
 
 // event applies a lifecycle event to a request committed on the stream.
 func (cs *chanStream) event(id uint64, in *localrouterv1.ChannelEvent) error {
-	cs.mu.Lock()
 	rid, ok := cs.committed[in.GetCommitId()]
-	if ok && in.GetEvent() == localrouterv1.TrackEvent_TRACK_EVENT_FREE {
-		delete(cs.committed, in.GetCommitId())
-	}
-	cs.mu.Unlock()
 	if !ok {
 		return cs.fail(id, fmt.Errorf("%w: no request committed by message %d on this stream", localrouter.ErrUnknownRequest, in.GetCommitId()))
 	}
@@ -312,6 +299,7 @@ func (cs *chanStream) event(id uint64, in *localrouterv1.ChannelEvent) error {
 	case localrouterv1.TrackEvent_TRACK_EVENT_PREFILL_COMPLETE:
 		err = cs.s.markPrefillComplete(cs.ctx, rid)
 	case localrouterv1.TrackEvent_TRACK_EVENT_FREE:
+		delete(cs.committed, in.GetCommitId())
 		err = cs.s.free(cs.ctx, rid)
 	default:
 		err = fmt.Errorf("%w: unknown channel event %v", errInvalidArgument, in.GetEvent())

@@ -12,9 +12,7 @@
 // Files: server.go (Server, Options, New, Register, health; the unary
 // calls BestWorker, PotentialLoads, Commit, MarkPrefillComplete, Free,
 // DumpEvents, Workers, Stats and the conversions to and from the wire), channel.go (the Channel stream:
-// pipelined probes, packed hashes, commits and events), chancommit.go (the
-// Channel stream's committer: commits off the reader, events waiting only
-// on their own request's commit), track.go (the
+// pipelined probes, packed hashes, commits and events), track.go (the
 // Track stream, ServeTrackEvents), errors.go (the router's errors as gRPC
 // statuses: errorCodes, RouterStatus), grpcopts.go (GRPCServerOptions,
 // TransportOptions, MaxRecvMsgBytes), metrics.go (Metrics: the RPC
