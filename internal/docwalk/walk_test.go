@@ -2,11 +2,13 @@ package docwalk
 
 import (
 	"bufio"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -283,11 +285,59 @@ func envName(flag string) string {
 	return "KVGATE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// freePort is a loopback port free now, below the kernel's ephemeral
+// range (net.ipv4.ip_local_port_range). The walk hands it to a server it
+// starts later, and a port of the ephemeral range could meanwhile become
+// another process's outbound connection or :0 listener: make test runs
+// packages side by side, and the walk once failed with "address already
+// in use" on such a port. Ports are taken in turn from a random start, so
+// the walks of one process never hand out the same one twice; none left
+// below the range: a :0 port, as before.
 func freePort() int {
+	portMu.Lock()
+	defer portMu.Unlock()
+	if portNext == 0 {
+		portLow = ephemeralLow()
+		portNext = portBase + rand.IntN(max(1, (portLow-portBase)/2))
+	}
+	for ; portNext < portLow; portNext++ {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(portNext))
+		if err == nil {
+			_ = l.Close()
+			portNext++
+			return portNext - 1
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// portBase is the lowest port freePort hands out.
+const portBase = 12000
+
+var (
+	portMu            sync.Mutex
+	portNext, portLow int
+)
+
+// ephemeralLow is the first port of the kernel's ephemeral range
+// (32768 where it cannot be read: Linux's default).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil || n <= portBase {
+		return 32768
+	}
+	return n
 }
