@@ -5,7 +5,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"testing"
 
 	tiktokenloader "github.com/pkoukk/tiktoken-go-loader"
 )
@@ -23,21 +22,21 @@ var openAIEncodings = map[string]map[string]uint32{
 // openai_test.go checks it against tiktoken-go and the reference checks it
 // against js-tiktoken.
 //
-// In a test binary (testing.Testing) each encoding is built once and
-// shared by every Load of the process: the tests of many packages start
-// routers and whole systems, each loading cl100k_base, which takes seconds
-// under the race detector. The encoding is read-only once built (routers
-// and mock workers already share one Model), so sharing it changes no
-// result. Outside tests every Load builds its own, as before.
+// Each encoding is built once per process and shared by every Load: a
+// process that loads it several times (kvgate up's routers and mock
+// workers, the tests' many systems, seconds each under the race detector)
+// builds it once. The encoding is read-only once built (routers and mock
+// workers already share one Model), so sharing it changes no result; the
+// process keeps each encoding it loaded, one per name.
 func loadOpenAI(encoding string) (*hfTokenizer, error) {
-	if !testing.Testing() {
-		return buildOpenAI(encoding)
+	if _, ok := openAIEncodings[encoding]; !ok {
+		return buildOpenAI(encoding) // its error; nothing kept for an unknown name
 	}
 	f, _ := sharedOpenAI.LoadOrStore(encoding, sync.OnceValues(func() (*hfTokenizer, error) { return buildOpenAI(encoding) }))
 	return f.(func() (*hfTokenizer, error))()
 }
 
-// sharedOpenAI holds a test binary's built encodings (loadOpenAI):
+// sharedOpenAI holds the process's built encodings (loadOpenAI):
 // encoding name → its sync.OnceValues builder.
 var sharedOpenAI sync.Map
 
