@@ -49,12 +49,9 @@ func newWorkerFit() *workerFit {
 // pool prediction: enough to keep a rank's first samples from swinging it.
 const calibSpeedPrior = 1.0
 
-// observe folds in one sample of the rank: the pool's prediction and the
-// observation, both relative to the sample's scale.
-func (w *workerFit) observe(pred, y float64) { w.observeN(pred, y, 1) }
-
 // observeN folds in the mean of m samples of the rank (weighed as m, as
-// rls.updateN).
+// rls.updateN): the pool's prediction and the observation, both relative
+// to the sample's scale; a single sample is m = 1.
 func (w *workerFit) observeN(pred, y, m float64) {
 	lambda := math.Pow(1-1.0/CalibrationMemory, m)
 	sq := math.Sqrt(m)
