@@ -151,6 +151,11 @@ func testActiveActive(t *testing.T, cfg ActiveActiveConfig) {
 	if kill || !mustSpread {
 		if !kill && res.EvenRuns < len(res.Runs) {
 			t.Logf("measured, not required: %d of %d runs spread exactly (%s over %v with %d routers)", res.EvenRuns, len(res.Runs), mode, cfg.Pools, cfg.Routers)
+			for i, r := range res.Runs {
+				if !r.Even {
+					t.Logf("run %d: placed %v", i, r.Placed)
+				}
+			}
 		}
 		return
 	}
