@@ -316,7 +316,10 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		}
 		if reserve {
 			now := r.clock()
-			if err := r.active.Add(now, reservationKey(opts.RequestID), l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
+			// Its blocks enter the active table when next read (the
+			// next probe) or at its confirmation, after the answer:
+			// a released reservation never inserts them (AddHeld).
+			if err := r.active.AddHeld(now, reservationKey(opts.RequestID), l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
 				return routing.Selection{}, err
 			}
 			// Held, not placed: the index and the saturation count learn
