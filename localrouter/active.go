@@ -25,6 +25,8 @@ type activeReq struct {
 	prefill   int      // uncached prompt tokens still to prefill
 	inPrefill bool
 	added     time.Time
+	// held: added by AddHeld, its blocks not yet in blocks (settle).
+	held bool
 }
 
 type activeWorker struct {
@@ -59,6 +61,11 @@ type ActiveSequences struct {
 	chunk  []blockRef
 	spare  [][]blockRef
 	prefix []int32 // scratch of activePrefix, per slot
+	// held are the requests added by AddHeld whose blocks are not in
+	// blocks yet: every reader of blocks or of a worker's distinct count
+	// settles them first (settle); freeing one before drops it with no
+	// block touched.
+	held []*activeReq
 
 	unknownOps atomic.Uint64
 	expired    atomic.Uint64
@@ -108,6 +115,40 @@ func (a *ActiveSequences) slotFor(key WorkerKey) int32 {
 // blocks were already cached there (blockSize tokens each). The request
 // stays in prefill until MarkPrefillComplete.
 func (a *ActiveSequences) Add(now time.Time, id string, key WorkerKey, seqHashes []uint64, isl, overlapBlocks, blockSize int) error {
+	return a.add(now, id, key, seqHashes, isl, overlapBlocks, blockSize, false)
+}
+
+// AddHeld is Add for a reservation: the request's load counts at once for
+// every reader (the workers' loads, the potential loads, the active
+// prefixes all settle it first), but its blocks enter the block table
+// only when something reads it, or at Settle. A reservation answered and
+// then released (the request went to another pool) so never touches the
+// table, and a reserving probe answers before the inserts: they were
+// most of its work (BENCHMARKS.md, "The local router's reserving probe").
+func (a *ActiveSequences) AddHeld(now time.Time, id string, key WorkerKey, seqHashes []uint64, isl, overlapBlocks, blockSize int) error {
+	return a.add(now, id, key, seqHashes, isl, overlapBlocks, blockSize, true)
+}
+
+// Settle enters the blocks of the requests AddHeld added into the block
+// table (Router.ConfirmHeld calls it once a reservation is confirmed,
+// off the decision's path).
+func (a *ActiveSequences) Settle() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.settle()
+}
+
+// settle enters the held requests' blocks. a.mu is held.
+func (a *ActiveSequences) settle() {
+	for i, r := range a.held {
+		r.held = false
+		a.insertBlocks(r)
+		a.held[i] = nil
+	}
+	a.held = a.held[:0]
+}
+
+func (a *ActiveSequences) add(now time.Time, id string, key WorkerKey, seqHashes []uint64, isl, overlapBlocks, blockSize int, held bool) error {
 	if id == "" {
 		return ErrEmptyRequestID
 	}
@@ -129,6 +170,20 @@ func (a *ActiveSequences) Add(now time.Time, id string, key WorkerKey, seqHashes
 	w := &a.slots[slot]
 	w.prefill += prefill
 	w.requests++
+	if held {
+		r.held = true
+		a.held = append(a.held, r)
+		return nil
+	}
+	a.insertBlocks(r)
+	return nil
+}
+
+// insertBlocks enters request r's blocks into the block table, counting
+// those new on its worker. a.mu is held.
+func (a *ActiveSequences) insertBlocks(r *activeReq) {
+	slot := r.slot
+	w := &a.slots[slot]
 	for _, h := range r.seq {
 		refs := a.blocks[h]
 		found := false
@@ -144,7 +199,6 @@ func (a *ActiveSequences) Add(now time.Time, id string, key WorkerKey, seqHashes
 			w.distinct++
 		}
 	}
-	return nil
 }
 
 // Rename re-keys request from as to, its load unchanged: a reservation
@@ -212,6 +266,29 @@ func (a *ActiveSequences) freeLocked(r *activeReq) {
 		w.prefill -= r.prefill
 	}
 	w.requests--
+	if r.held {
+		// Its blocks never entered the table.
+		r.held = false
+		for i, o := range a.held {
+			if o == r {
+				last := len(a.held) - 1
+				a.held[i], a.held[last] = a.held[last], nil
+				a.held = a.held[:last]
+				break
+			}
+		}
+	} else {
+		a.dropBlocks(r, w)
+	}
+	if w.requests == 0 {
+		a.table.release(w.key)
+		a.slots[r.slot] = activeWorker{}
+	}
+}
+
+// dropBlocks removes request r's blocks (on worker w) from the block
+// table. a.mu is held.
+func (a *ActiveSequences) dropBlocks(r *activeReq, w *activeWorker) {
 	for _, h := range r.seq {
 		refs := a.blocks[h]
 		for i := range refs {
@@ -231,10 +308,6 @@ func (a *ActiveSequences) freeLocked(r *activeReq) {
 			}
 			break
 		}
-	}
-	if w.requests == 0 {
-		a.table.release(w.key)
-		a.slots[r.slot] = activeWorker{}
 	}
 }
 
@@ -298,6 +371,7 @@ type WorkerLoad struct {
 func (a *ActiveSequences) Load(key WorkerKey) WorkerLoad {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.settle()
 	if s, ok := a.table.lookup(key); ok {
 		w := a.slots[s]
 		return WorkerLoad{w.prefill, w.distinct, w.requests}
@@ -309,6 +383,7 @@ func (a *ActiveSequences) Load(key WorkerKey) WorkerLoad {
 func (a *ActiveSequences) Loads(f func(WorkerKey, WorkerLoad)) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.settle()
 	for _, w := range a.slots {
 		if w.requests > 0 {
 			f(w.key, WorkerLoad{w.prefill, w.distinct, w.requests})
@@ -378,6 +453,7 @@ func (a *ActiveSequences) bisect(seq []uint64, lo, hi int, atLo, atHi []blockRef
 func (a *ActiveSequences) Prefixes(dst []int, workers []WorkerKey, seq []uint64) []int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.settle()
 	a.activePrefix(seq)
 	for _, key := range workers {
 		n := 0
@@ -395,6 +471,7 @@ func (a *ActiveSequences) Prefixes(dst []int, workers []WorkerKey, seq []uint64)
 func (a *ActiveSequences) PotentialLoads(dst []PotentialLoad, workers []WorkerKey, seq []uint64, isl, blockSize int, overlaps []int) []PotentialLoad {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.settle()
 	a.activePrefix(seq)
 	for i, key := range workers {
 		ov := overlaps[i]

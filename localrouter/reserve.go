@@ -181,6 +181,7 @@ func (r *Router) Confirm(ctx context.Context, id string, worker WorkerKey, req R
 		return routing.Selection{}, err
 	}
 	r.res.confirmed.Add(1)
+	r.active.Settle() // its blocks, held since the probe, off the probe's path
 	now := r.clock()
 	switch {
 	case r.predicting():
@@ -248,6 +249,7 @@ func (r *Router) ConfirmHeld(ctx context.Context, id string, worker WorkerKey) e
 		return err
 	}
 	r.res.confirmed.Add(1)
+	r.active.Settle() // its blocks, held since the probe, off the probe's path
 	r.learnLocked(r.clock(), worker, res.local)
 	return nil
 }

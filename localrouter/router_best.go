@@ -67,29 +67,66 @@ type BestWorkerOptions struct {
 }
 
 // prepare computes the request's local and sequence hashes into s.
+//
+// Request hashes given as hashes reuse the sequence hashes of the leading
+// blocks they share with the last request prepared on the same scratch
+// (the sequence hash of block i depends on blocks 0..i alone): successive
+// turns of a chat, or prompts of one system prompt, are hashed from where
+// they part, not from the start — a probe's own chaining was a fifth of a
+// reserving probe's work (BENCHMARKS.md, "The local router's reserving
+// probe"). s.seq always holds the chain of s.local's first len(s.seq)
+// blocks, also after an error (both then empty).
 func (r *Router) prepare(req *Request, s *scratch) (isl int, err error) {
-	s.local, s.seq = s.local[:0], s.seq[:0]
 	switch {
 	case len(req.LocalHashes) > 0:
 		if req.BlockSize != r.cfg.BlockSize {
+			s.local, s.seq = s.local[:0], s.seq[:0]
 			return 0, fmt.Errorf("%w: hashes computed for block size %d, the pool's block size is %d", ErrBlockSizeMismatch, req.BlockSize, r.cfg.BlockSize)
 		}
-		s.local = append(s.local, req.LocalHashes...)
+		n := commonPrefix(s.local[:min(len(s.local), len(s.seq))], req.LocalHashes)
+		s.local = append(s.local[:n], req.LocalHashes[n:]...)
+		s.seq = s.seq[:n]
 		isl = len(req.LocalHashes) * r.cfg.BlockSize
 	case len(req.Tokens) > 0:
+		s.local, s.seq = s.local[:0], s.seq[:0]
 		s.local, err = kvevents.AppendRequestHashes(s.local, req.Tokens, r.cfg.BlockSize, req.LoRAName, req.CacheSalt, req.MM)
 		if err != nil {
+			s.local = s.local[:0]
 			return 0, err
 		}
 		isl = len(req.Tokens)
 	default:
+		s.local, s.seq = s.local[:0], s.seq[:0]
 		return 0, ErrEmptyRequest
 	}
 	if req.ISL > 0 {
 		isl = req.ISL
 	}
-	s.seq = kvevents.AppendSequenceHashes(s.seq, s.local)
+	s.seq = appendChain(s.seq, s.local)
 	return isl, nil
+}
+
+// commonPrefix is the number of leading elements a and b share.
+func commonPrefix(a, b []uint64) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// appendChain extends seq, the sequence hashes of local's first len(seq)
+// blocks, to all of local's (kvevents.AppendSequenceHashes from a prefix).
+func appendChain(seq, local []uint64) []uint64 {
+	for _, h := range local[len(seq):] {
+		if len(seq) > 0 {
+			h = kvevents.ChainHash(seq[len(seq)-1], h)
+		}
+		seq = append(seq, h)
+	}
+	return seq
 }
 
 func (r *Router) check() error {
@@ -279,7 +316,10 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		}
 		if reserve {
 			now := r.clock()
-			if err := r.active.Add(now, reservationKey(opts.RequestID), l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
+			// Its blocks enter the active table when next read (the
+			// next probe) or at its confirmation, after the answer:
+			// a released reservation never inserts them (AddHeld).
+			if err := r.active.AddHeld(now, reservationKey(opts.RequestID), l.Worker, s.seq, isl, charged, r.cfg.BlockSize); err != nil {
 				return routing.Selection{}, err
 			}
 			// Held, not placed: the index and the saturation count learn
