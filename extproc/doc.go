@@ -106,7 +106,7 @@
 // body modes share) with bodymode_buffered.go, bodymode_streamed.go,
 // bodymode_fullduplex.go and bodymode_other.go, reply.go (immediate
 // responses: HTTP errors in OpenAI's or Anthropic's shape, 413, routing
-// headers), usage.go (token usage from the responses of every API), epp.go (the endpoint-picker protocol: subset, served
+// headers, built in one batch: headerBatch), usage.go (token usage from the responses of every API), epp.go (the endpoint-picker protocol: subset, served
 // endpoint, health), metrics.go (requests, decisions, overlap, tokens,
 // streams), bounds.go (the stream bounds: concurrent streams, time to a
 // complete request, idle time before the response; refusals counted in
