@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/kvgate/kvgate/internal/chaos"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
 )
@@ -138,36 +137,9 @@ func TestAccountingUnderCPUPressure(t *testing.T) {
 			t.Errorf("stream %d under CPU pressure: status %d, want 200", i, st)
 		}
 	}
-	be := bestEffortCounts(t, s.Registry)
+	be := chaos.BestEffortCounts(s.Registry)
 	t.Logf("routers = engines = %d within %v of the last opening; sampled: %+v; best effort: %v", n, took.Round(time.Millisecond), rep, be)
 	if be["dropped"] != 0 {
 		t.Errorf("%v best-effort commits dropped, want 0", be["dropped"])
 	}
-}
-
-// bestEffortCounts sums kvgate_globalrouter_best_effort_total (as
-// "decisions") and kvgate_globalrouter_best_effort_outcomes_total by
-// outcome, over the pools.
-func bestEffortCounts(t testing.TB, reg *prometheus.Registry) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			switch mf.GetName() {
-			case "kvgate_globalrouter_best_effort_total":
-				out["decisions"] += m.GetCounter().GetValue()
-			case "kvgate_globalrouter_best_effort_outcomes_total":
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "outcome" {
-						out[l.GetValue()] += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-	}
-	return out
 }

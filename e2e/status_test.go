@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/chaos"
 	"github.com/kvgate/kvgate/internal/testenv"
 	"github.com/kvgate/kvgate/internal/up"
 )
@@ -108,7 +109,7 @@ func TestAllPoolsDown(t *testing.T) {
 	testenv.Eventually(t, testTimeout, func() (string, bool) {
 		return fmt.Sprintf("after the stream ended the router counts %d", pool.Requests()), pool.Requests() == 0
 	})
-	be := bestEffortCounts(t, s.Registry)
+	be := chaos.BestEffortCounts(s.Registry)
 	if be["decisions"] != 2 || be["ended"] != 1 || be["late_committed"] != 1 {
 		t.Errorf("best effort %v: want 2 decisions, 1 ended before a router came back, 1 committed late", be)
 	}

@@ -51,7 +51,7 @@ func sampleAccounting(ctx context.Context, sys *up.System) <-chan []up.Accountin
 // accountingReport analyses samples and rec's records; end is when the
 // traffic stopped.
 func accountingReport(sys *up.System, rec *recorder, samples []up.AccountingSample, end time.Time) *AccountingReport {
-	rep := &AccountingReport{AccountingReport: up.AnalyzeAccounting(samples, AccountingWindow), AfterSeconds: -1, BestEffort: bestEffort(sys.Registry), Contended: counterBy(sys.Registry, "kvgate_globalrouter_contended_commits_total", "outcome")}
+	rep := &AccountingReport{AccountingReport: up.AnalyzeAccounting(samples, AccountingWindow), AfterSeconds: -1, BestEffort: BestEffortCounts(sys.Registry), Contended: counterBy(sys.Registry, "kvgate_globalrouter_contended_commits_total", "outcome")}
 	// Both counts back to 0: the last frees and the engines' aborts of
 	// the requests the end of the run cut off land.
 	deadline := time.Now().Add(10 * time.Second)
@@ -70,8 +70,11 @@ func accountingReport(sys *up.System, rec *recorder, samples []up.AccountingSamp
 	return rep
 }
 
-// bestEffort sums the best-effort counters of reg over the pools.
-func bestEffort(reg *prometheus.Registry) map[string]float64 {
+// BestEffortCounts sums the best-effort counters of reg over the pools:
+// kvgate_globalrouter_best_effort_total as "decisions", and
+// kvgate_globalrouter_best_effort_outcomes_total by outcome (empty when
+// the registry cannot be gathered).
+func BestEffortCounts(reg *prometheus.Registry) map[string]float64 {
 	out := map[string]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
