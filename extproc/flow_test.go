@@ -24,8 +24,9 @@ import (
 
 // flowRouter is the real global router with flow control over one real
 // local router (gRPC, pooltest) of one worker: the pool is saturated
-// while more than 100 prompt tokens wait to prefill on it.
-func flowRouter(t *testing.T, deadline time.Duration) (*globalrouter.Router, *pooltest.Server) {
+// while more than 100 prompt tokens wait to prefill on it. Each of more
+// changes the configuration before the router is made.
+func flowRouter(t *testing.T, deadline time.Duration, more ...func(*globalrouter.Config)) (*globalrouter.Router, *pooltest.Server) {
 	t.Helper()
 	lr := pooltest.Start(t, "pool-a", 16, pooltest.Workers("a", 1)...)
 	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{"m"}, lr.Addr))
@@ -34,6 +35,9 @@ func flowRouter(t *testing.T, deadline time.Duration) (*globalrouter.Router, *po
 	cfg.Tenancy.Header, cfg.Tenancy.Identity = "x-tenant", globalrouter.IdentityOn
 	cfg.FlowControl = flowcontrol.Config{Enabled: true, Deadline: deadline, Reprobe: 20 * time.Millisecond,
 		Saturation: flowcontrol.Saturation{MaxPrefillTokens: 100}}
+	for _, f := range more {
+		f(&cfg)
+	}
 	r, err := globalrouter.New(cfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)

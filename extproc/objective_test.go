@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,9 +12,7 @@ import (
 	"github.com/kvgate/kvgate/envoy/extprocclient"
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/globalrouter"
-	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/internal/testenv"
-	"github.com/kvgate/kvgate/pool"
 	"github.com/kvgate/kvgate/pool/pooltest"
 )
 
@@ -28,20 +25,10 @@ var gieObjectives = filepath.Join("..", "globalrouter", "flowcontrol", "testdata
 // objectiveRouter is flowRouter with the GIE example's objectives.
 func objectiveRouter(t *testing.T, access globalrouter.Access) (*globalrouter.Router, *pooltest.Server) {
 	t.Helper()
-	lr := pooltest.Start(t, "pool-a", 16, pooltest.Workers("a", 1)...)
-	cfg := globalrouter.DefaultConfig(pool.NewConfig("pool-a", 16, []string{"m"}, lr.Addr))
-	cfg.Probe.Timeout, cfg.Probe.MinTimeout = 10*time.Second, 10*time.Second
-	cfg.Trust.Steering, cfg.Trust.Objectives = globalrouter.AccessOn, access
-	cfg.Tenancy.Header, cfg.Tenancy.Identity = "x-tenant", globalrouter.IdentityOn
-	cfg.FlowControl = flowcontrol.Config{Enabled: true, Deadline: time.Minute, Reprobe: 20 * time.Millisecond,
-		Saturation:     flowcontrol.Saturation{MaxPrefillTokens: 100},
-		ObjectivesFile: gieObjectives, InferencePool: "vllm-llama3-8b-instruct"}
-	r, err := globalrouter.New(cfg, globalrouter.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close() })
-	return r, lr
+	return flowRouter(t, time.Minute, func(cfg *globalrouter.Config) {
+		cfg.Trust.Objectives = access
+		cfg.FlowControl.ObjectivesFile, cfg.FlowControl.InferencePool = gieObjectives, "vllm-llama3-8b-instruct"
+	})
 }
 
 // bands is each band's waiting requests, "high 1, default 2".
