@@ -36,7 +36,7 @@ func TestReleaseRightAfterProbe(t *testing.T) {
 	for i := range pairs {
 		rid := fmt.Sprint("early-", i)
 		probe := &localrouterv1.ChannelRequest{Id: uint64(2*i + 1), Msg: &localrouterv1.ChannelRequest_Probe{Probe: &localrouterv1.ChannelProbe{
-			Prompt: &localrouterv1.Prompt{BlockHashes: pr.BlockHashes, BlockSize: 16, IslTokens: 256}, ReserveRequestId: rid, ReserveTtlUs: 60_000_000}}}
+			Prompt: &localrouterv1.Prompt{BlockHashes: pr.BlockHashes, BlockSize: 16, IslTokens: 256}, ReserveRequestId: rid, ReserveTtlUs: 10_000_000}}}
 		release := &localrouterv1.ChannelRequest{Id: uint64(2*i + 2), Msg: &localrouterv1.ChannelRequest_Release{Release: &localrouterv1.ChannelRelease{RequestId: rid}}}
 		if err := st.Send(probe); err != nil {
 			t.Fatal(err)

@@ -38,7 +38,7 @@ func TestChannelReservations(t *testing.T) {
 	pr := hashPrompt(t, prompt(0, 256))
 	var sels []routing.Selection
 	for i := range 4 {
-		sel, err := ch.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: fmt.Sprint("r", i), ReserveTTL: time.Minute})
+		sel, err := ch.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: fmt.Sprint("r", i), ReserveTTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,11 +90,11 @@ func TestUnaryReservations(t *testing.T) {
 	ctx := testenv.Context(t)
 	c := dialT(t, p.addr)
 	pr := hashPrompt(t, prompt(0, 256))
-	a, err := c.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: "a", ReserveTTL: time.Minute})
+	a, err := c.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: "a", ReserveTTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := c.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: "b", ReserveTTL: time.Minute})
+	b, err := c.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: "b", ReserveTTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestChannelUnansweredConfirm(t *testing.T) {
 	pr := hashPrompt(t, prompt(0, 256))
 	var sels []routing.Selection
 	for i := range 2 {
-		sel, err := ch.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: fmt.Sprint("u", i), ReserveTTL: time.Minute})
+		sel, err := ch.BestWorker(ctx, pr, client.BestWorkerOptions{RequestID: fmt.Sprint("u", i), ReserveTTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -241,10 +241,11 @@ func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe, rep 
 		Override: override(in.GetConfigOverride()), Signals: rep, Allow: s.allow(in.GetAllowedAddresses()),
 	}
 	if rid := in.GetReserveRequestId(); rid != "" {
-		if in.GetReserveTtlUs() == 0 {
-			return nil, fmt.Errorf("%w: probe reserves for request %q with no reserve_ttl_us", errInvalidArgument, rid)
+		ttl, err := reserveTTL(in.GetReserveTtlUs(), rid)
+		if err != nil || ttl == 0 {
+			return nil, fmt.Errorf("%w: probe reserves for request %q with reserve_ttl_us %d: want 1 to %d", errInvalidArgument, rid, in.GetReserveTtlUs(), MaxReserveTTL.Microseconds())
 		}
-		opts.RequestID, opts.ReserveTTL = rid, time.Duration(in.GetReserveTtlUs())*time.Microsecond
+		opts.RequestID, opts.ReserveTTL = rid, ttl
 	}
 	sel, err := s.r.BestWorker(ctx, req, opts)
 	if err != nil {

@@ -11,12 +11,11 @@
 //
 // Files: server.go (Server, Options, New, Register, health; the unary
 // calls BestWorker, PotentialLoads, Commit, MarkPrefillComplete, Free,
-// DumpEvents, Workers, Stats and the conversions to and from the wire), channel.go (the Channel stream:
-// pipelined probes, packed hashes, commits and events), track.go (the
-// Track stream, ServeTrackEvents), errors.go (the router's errors as gRPC
-// statuses: errorCodes, RouterStatus), grpcopts.go (GRPCServerOptions,
-// TransportOptions, MaxRecvMsgBytes), metrics.go (Metrics: the RPC
-// interceptors; the router's and its index's gauges and counters).
+// DumpEvents, Workers, Stats and the conversions to and from the wire),
+// channel.go (the Channel stream: pipelined probes, packed hashes, commits
+// and events), track.go (the Track stream, ServeTrackEvents), reservettl.go
+// (MaxReserveTTL), errors.go (the router's errors as gRPC statuses), grpcopts.go
+// (gRPC options), metrics.go (Metrics: RPC interceptors, gauges, counters).
 package server
 
 import (
@@ -314,9 +313,9 @@ func (s *Server) BestWorker(ctx context.Context, in *localrouterv1.BestWorkerReq
 		return nil, toStatus(err)
 	}
 	var rep localrouter.SignalsReport
-	ttl := time.Duration(in.GetReserveTtlUs()) * time.Microsecond
-	if ttl > 0 && in.GetRequestId() == "" {
-		return nil, toStatus(fmt.Errorf("%w: reserve_ttl_us without a request_id to reserve for", errInvalidArgument))
+	ttl, err := reserveTTL(in.GetReserveTtlUs(), in.GetRequestId())
+	if err != nil {
+		return nil, toStatus(err)
 	}
 	sel, err := s.r.BestWorker(ctx, req, localrouter.BestWorkerOptions{
 		RequestID: in.GetRequestId(), UpdateIndexer: in.GetUpdateIndexer(), Override: override(in.GetConfigOverride()),

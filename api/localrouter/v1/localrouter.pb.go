@@ -718,7 +718,9 @@ type BestWorkerRequest struct {
 	// instead of the request being recorded. A Commit with reserved set
 	// turns the reservation into the request; Free with reservation set, or
 	// reserve_ttl_us microseconds passing, releases it (counted as
-	// expired). 0: as before.
+	// expired). 0: as before. At most 10,000,000 (10 s, the global router's
+	// probe.reserve_ttl bound); more is INVALID_ARGUMENT, so no caller holds
+	// load on a worker longer than that by a reservation.
 	ReserveTtlUs  uint32 `protobuf:"varint,6,opt,name=reserve_ttl_us,json=reserveTtlUs,proto3" json:"reserve_ttl_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3001,8 +3003,8 @@ type ChannelProbe struct {
 	// stream confirms it; a ChannelRelease, the TTL passing (counted) or
 	// this stream ending releases it. Empty: a state-free probe.
 	ReserveRequestId string `protobuf:"bytes,6,opt,name=reserve_request_id,json=reserveRequestId,proto3" json:"reserve_request_id,omitempty"`
-	// reserve_ttl_us is the reservation's lifetime; 0 with a
-	// reserve_request_id is INVALID_ARGUMENT.
+	// reserve_ttl_us is the reservation's lifetime, at most 10,000,000
+	// (10 s); 0 or more with a reserve_request_id is INVALID_ARGUMENT.
 	ReserveTtlUs  uint32 `protobuf:"varint,7,opt,name=reserve_ttl_us,json=reserveTtlUs,proto3" json:"reserve_ttl_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
