@@ -173,6 +173,13 @@ func (st *state) flowRequest(req *Request) (flowcontrol.Request, string) {
 // others of its band or above wait joins them without a decision of its
 // own (it would overtake them).
 func (r *Router) Decide(ctx context.Context, req *Request) (*Decision, error) {
+	d, err := r.decideFlow(ctx, req)
+	r.countDecision(d, err)
+	return d, err
+}
+
+// decideFlow is Decide, uncounted.
+func (r *Router) decideFlow(ctx context.Context, req *Request) (*Decision, error) {
 	st := r.acquire()
 	if r.opts.noFlowQueue || st == nil {
 		if st != nil {

@@ -57,7 +57,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"pool", "outcome"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_decisions_total",
-			Help: "Decisions, by chosen pool (empty when none) and outcome.",
+			Help: "Decisions, one per request, by chosen pool (empty when none) and outcome (a request waiting in the flow-control queue counts once, by how it left it; its tries are kvgate_flowcontrol_tries_total).",
 		}, []string{"pool", "outcome"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_globalrouter_config_reloads_total",

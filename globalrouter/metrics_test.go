@@ -75,7 +75,7 @@ func TestMetrics(t *testing.T) {
 	if _, err := r.Decide(ctx, &globalrouter.Request{Model: "nope", Prompt: "hi"}); err == nil {
 		t.Fatal("unknown model decided")
 	}
-	want := `# HELP kvgate_globalrouter_decisions_total Decisions, by chosen pool (empty when none) and outcome.
+	want := `# HELP kvgate_globalrouter_decisions_total Decisions, one per request, by chosen pool (empty when none) and outcome (a request waiting in the flow-control queue counts once, by how it left it; its tries are kvgate_flowcontrol_tries_total).
 # TYPE kvgate_globalrouter_decisions_total counter
 kvgate_globalrouter_decisions_total{outcome="ok",pool="` + d.Primary.Pool + `"} 1
 kvgate_globalrouter_decisions_total{outcome="unknown_model",pool=""} 1

@@ -167,17 +167,18 @@ func (r *Router) Close() error {
 	return err
 }
 
-// decideOnce is one decision, observed (Decide runs it, and again for a
-// request flow control let wait).
+// decideOnce is one decision, observed (Decide runs it, and again for
+// each try of a request flow control let wait: its duration, span and
+// observation are the try's; kvgate_globalrouter_decisions_total counts
+// the request once, in Decide).
 func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error) {
 	start := r.opts.now()
 	ctx, sp := r.startDecide(ctx, req)
 	d, err := r.decide(ctx, req)
-	outcome, poolName := "ok", ""
+	outcome := "ok"
 	if err != nil {
 		outcome = errOutcome(err)
 	} else {
-		poolName = d.Primary.Pool
 		if l, ok := d.Lease.(*lease); ok {
 			l.live = &r.leases
 			r.leases.Add(1)
@@ -189,7 +190,6 @@ func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error
 	dur := r.opts.now().Sub(start)
 	r.observeDecision(outcome, dur.Seconds(), sp)
 	endDecide(sp, d, outcome, err)
-	r.m.decisions.WithLabelValues(poolName, outcome).Inc()
 	if r.opts.observe != nil {
 		o := Observation{Time: start, RequestID: req.GetID(), ClientID: req.clientID(), Model: req.GetModel(), Outcome: outcome, Err: err, Duration: dur, Decision: d}
 		if d != nil {
@@ -198,6 +198,18 @@ func (r *Router) decideOnce(ctx context.Context, req *Request) (*Decision, error
 		r.opts.observe(o)
 	}
 	return d, err
+}
+
+// countDecision counts a request's decision once, whatever the tries
+// flow control made (kvgate_flowcontrol_tries_total counts those).
+func (r *Router) countDecision(d *Decision, err error) {
+	outcome, poolName := "ok", ""
+	if err != nil {
+		outcome = errOutcome(err)
+	} else {
+		poolName = d.Primary.Pool
+	}
+	r.m.decisions.WithLabelValues(poolName, outcome).Inc()
 }
 
 // TrustHeader is the header that carries a caller's trust token

@@ -242,6 +242,7 @@ func (l *Live) dispatch() {
 			l.q.Cancel(t)
 			l.counted()
 			l.m.left(t, "cancelled", now)
+			l.m.tried(t.Band(), "cancelled")
 			l.mu.Unlock()
 			if err == nil && w.undo != nil {
 				w.undo()
@@ -249,11 +250,13 @@ func (l *Live) dispatch() {
 			continue
 		case errors.Is(err, ErrSaturated):
 			w.state = waiting
+			l.m.tried(t.Band(), "saturated")
 			l.mu.Unlock()
 			return
 		case err == nil:
 			l.q.Dispatch(t)
 			l.m.left(t, "dispatched", now)
+			l.m.tried(t.Band(), "dispatched")
 		default:
 			l.q.Cancel(t)
 			var rf *Refused
@@ -263,8 +266,10 @@ func (l *Live) dispatch() {
 				}
 				l.m.left(t, "deadline", now)
 				l.m.refused(t.Band(), rf.Reason)
+				l.m.tried(t.Band(), "late")
 			} else {
 				l.m.left(t, "failed", now)
+				l.m.tried(t.Band(), "failed")
 			}
 		}
 		l.counted()

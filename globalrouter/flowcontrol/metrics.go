@@ -23,6 +23,7 @@ type Metrics struct {
 	wait       *prometheus.HistogramVec // queue, band, outcome
 	dispatches *prometheus.CounterVec   // queue, band
 	refusals   *prometheus.CounterVec   // queue, band, reason
+	tries      *prometheus.CounterVec   // queue, band, outcome
 
 	queue string
 	// flows names the tenants with a label of their own, at most max.
@@ -59,9 +60,13 @@ func NewMetrics(reg prometheus.Registerer, maxFlows int) (*Metrics, error) {
 			Name: "kvgate_flowcontrol_refusals_total",
 			Help: "Requests refused by flow control (429 with retry-after), by queue, band and reason (queue_full, queue_deadline, queue_late, queue_closed).",
 		}, []string{"queue", "band", "reason"}),
+		tries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_flowcontrol_tries_total",
+			Help: "Decisions tried for requests waiting in the queue (each probes the pools again; the request's own decision is counted once, in kvgate_globalrouter_decisions_total), by queue, band and outcome (saturated: still saturated, it waits on; dispatched; late: refused, it would miss its deadline; failed: the decision failed otherwise; cancelled: the client left during the try).",
+		}, []string{"queue", "band", "outcome"}),
 		mu: &sync.Mutex{}, flows: map[string]bool{}, max: maxFlows,
 	}
-	for _, c := range []prometheus.Collector{m.depth, m.bytes, m.wait, m.dispatches, m.refusals} {
+	for _, c := range []prometheus.Collector{m.depth, m.bytes, m.wait, m.dispatches, m.refusals, m.tries} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -122,4 +127,12 @@ func (m *Metrics) refused(band, reason string) {
 		return
 	}
 	m.refusals.WithLabelValues(m.queue, band, reason).Inc()
+}
+
+// tried counts one try of a waiting request's decision, by outcome.
+func (m *Metrics) tried(band, outcome string) {
+	if m == nil {
+		return
+	}
+	m.tries.WithLabelValues(m.queue, band, outcome).Inc()
 }
