@@ -36,6 +36,7 @@ package loadbench
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -353,9 +354,12 @@ func startCPUProfile(path string) (stop func(), err error) {
 
 // probeServer is a running server process.
 type probeServer struct {
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Scanner
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	// out reads its lines, of any length: the decision server's snapshot
+	// of a 12,000-request paced window is a line of 163 KB (a
+	// bufio.Scanner stops at 64 KiB).
+	out  *bufio.Reader
 	addr string
 }
 
@@ -386,7 +390,7 @@ func startChild(ctx context.Context, what string, env ...string) (*probeServer, 
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: server process: %w", what, err)
 	}
-	ps := &probeServer{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	ps := &probeServer{cmd: cmd, in: in, out: bufio.NewReader(out)}
 	line, err := ps.line()
 	if a, ok := strings.CutPrefix(line, "addr "); err == nil && ok {
 		ps.addr = a
@@ -396,14 +400,17 @@ func startChild(ctx context.Context, what string, env ...string) (*probeServer, 
 	return nil, fmt.Errorf("%s: the server process did not start (does %s call loadbench.ServeChild first?): got %q, %v", what, exe, line, err)
 }
 
+// line reads the server process's next line (without its newline); a
+// line cut short by the process's end is io.ErrUnexpectedEOF.
 func (ps *probeServer) line() (string, error) {
-	if !ps.out.Scan() {
-		if err := ps.out.Err(); err != nil {
-			return "", err
-		}
+	line, err := ps.out.ReadString('\n')
+	if errors.Is(err, io.EOF) {
 		return "", io.ErrUnexpectedEOF
 	}
-	return ps.out.Text(), nil
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(line, "\n"), nil
 }
 
 // cpu is the server process's CPU time so far.
@@ -422,9 +429,14 @@ func (ps *probeServer) cpu() (time.Duration, error) {
 	return time.Duration(ns), nil
 }
 
-// stop closes the server process's input, which ends it, and waits.
+// stop closes the server process's input, which ends it, and waits. It
+// reads what the process still writes meanwhile: a process blocked
+// writing an answer nobody reads (its caller gave up on it) would never
+// see its input close, and Wait would wait forever (a 12,000-request
+// decision benchmark hung so).
 func (ps *probeServer) stop() {
 	_ = ps.in.Close()
+	_, _ = io.Copy(io.Discard, ps.out) // until the process ends and its output closes
 	_ = ps.cmd.Wait()
 }
 

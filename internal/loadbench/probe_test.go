@@ -15,7 +15,7 @@ var (
 
 // TestMain lets the test binary be a benchmark's server process.
 func TestMain(m *testing.M) {
-	if ServeChild() {
+	if ServeChild() || serveTestChild() {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
