@@ -13,6 +13,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/policies"
@@ -105,10 +106,11 @@ type ProbeConfig struct {
 // releases its reservations as soon as the chain has ranked the probes, so
 // the TTL only bounds what a global router that dies between its probe and
 // its commit leaves held; it must outlast a probe's deadline (250 ms at
-// most by default) plus the ranking.
+// most by default) plus the ranking. MaxReserveTTL is the local routers'
+// own bound (routing.MaxReserveTTL: they refuse a longer reservation).
 const (
 	DefaultReserveTTL = 500 * time.Millisecond
-	MaxReserveTTL     = 10 * time.Second
+	MaxReserveTTL     = routing.MaxReserveTTL
 )
 
 // CommitMode is how the global router commits a request on the pool the

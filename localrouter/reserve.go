@@ -29,6 +29,11 @@ import (
 // is: reserving, confirming, releasing and expiring are placements, so a
 // reservation's load and its table entry change together.
 
+// ErrReserveTTL: a reserving probe's ReserveTTL is over
+// routing.MaxReserveTTL (the one bound of every caller: the gRPC server,
+// its channel and the in-process clients all reach it through BestWorker).
+var ErrReserveTTL = routing.ErrReserveTTL
+
 // reservationKey is the ActiveSequences key of request id's reservation:
 // a NUL cannot begin a request id the global router makes, and a client
 // that sends one only reserves under its own name.

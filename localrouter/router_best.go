@@ -58,7 +58,8 @@ type BestWorkerOptions struct {
 	// chosen worker is reserved for the request for ReserveTTL (its load
 	// recorded, the index untouched; reserve.go) instead of the request
 	// being recorded. Confirm turns the reservation into the request,
-	// Release drops it, the TTL passing expires it.
+	// Release drops it, the TTL passing expires it. Over
+	// routing.MaxReserveTTL: ErrReserveTTL, nothing reserved.
 	ReserveTTL time.Duration
 
 	// confirm: Confirm's commit, which drops the request's reservation
@@ -149,6 +150,9 @@ func (r *Router) BestWorker(ctx context.Context, req Request, opts BestWorkerOpt
 		return routing.Selection{}, err
 	}
 	reserve := opts.ReserveTTL > 0 && opts.RequestID != ""
+	if reserve && opts.ReserveTTL > routing.MaxReserveTTL {
+		return routing.Selection{}, fmt.Errorf("%w: request %q reserves for %v, at most %v", ErrReserveTTL, opts.RequestID, opts.ReserveTTL, routing.MaxReserveTTL)
+	}
 	if !reserve && !opts.confirm {
 		r.expireReservations(r.clock())
 	}

@@ -12,8 +12,9 @@
 //
 // Files: routing.go (Selection and its Score terms, Override and its
 // Validate, AddressAllowed: the endpoint subset), chain.go (ScorerSpec),
-// worker.go (WorkerKey, Selected, the error sentinels), signals.go
-// (EngineSample, SignalsReport, Skip: the engine-signal side of a choice).
+// worker.go (WorkerKey, Selected, the error sentinels, MaxReserveTTL),
+// signals.go (EngineSample, SignalsReport, Skip: the engine-signal side of
+// a choice).
 package routing
 
 import (

@@ -3,6 +3,7 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // WorkerKey names one data-parallel rank of one worker: the unit a local
@@ -50,4 +51,16 @@ var (
 	// ErrInvalidConfig wraps every configuration error of a local router
 	// (its Config, a worker chain, a per-request override).
 	ErrInvalidConfig = errors.New("invalid router config")
+	// ErrReserveTTL: a reserving probe asked to hold its worker for more
+	// than MaxReserveTTL.
+	ErrReserveTTL = errors.New("reservation TTL over the bound")
 )
+
+// MaxReserveTTL bounds a reservation's lifetime: no caller, authenticated
+// or not, in process or over gRPC, holds load on a worker by a reserving
+// probe for longer (plus the one TTL a lapsed reservation is kept for its
+// late confirmation). The one rule: the local router's core refuses a
+// longer one (ErrReserveTTL), so its gRPC server and channel and its
+// in-process clients (localrouter/inproc) all do, and the global router
+// bounds probe.reserve_ttl by it.
+const MaxReserveTTL = 10 * time.Second

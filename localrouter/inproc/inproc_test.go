@@ -366,7 +366,7 @@ func TestReservations(t *testing.T) {
 	reserve := func(id string) routing.Selection {
 		t.Helper()
 		q := p
-		q.ReserveID, q.ReserveTTL = id, time.Minute
+		q.ReserveID, q.ReserveTTL = id, routing.MaxReserveTTL
 		sel, err := c.Probe(ctx, q)
 		if err != nil {
 			t.Fatal(err)
@@ -399,5 +399,30 @@ func TestReservations(t *testing.T) {
 	}
 	if n := r.Active().Stats().Requests; n != 0 {
 		t.Errorf("%d requests left after Close", n)
+	}
+}
+
+// TestReserveTTLBounded: the in-process client, trusted as it is, is held
+// to the same reservation bound as the gRPC servers (routing.MaxReserveTTL,
+// the router's own rule): a longer reservation is refused with
+// ErrReserveTTL and holds nothing; at the bound it reserves.
+func TestReserveTTLBounded(t *testing.T) {
+	r, addr := localRouter(t, 2)
+	c := inproc.New(r, addr)
+	ctx := context.Background()
+	p, _ := localPrompt(t, 0, 16)
+	p.ReserveID, p.ReserveTTL = "long", routing.MaxReserveTTL+time.Microsecond
+	if _, err := c.Probe(ctx, p); !errors.Is(err, routing.ErrReserveTTL) {
+		t.Fatalf("reserving for %v: got %v, want routing.ErrReserveTTL", p.ReserveTTL, err)
+	}
+	if rs := r.ReservationStats(); rs.Held != 0 {
+		t.Errorf("after the refused probe: %+v, want nothing held", rs)
+	}
+	p.ReserveID, p.ReserveTTL = "bounded", routing.MaxReserveTTL
+	if _, err := c.Probe(ctx, p); err != nil {
+		t.Fatalf("reserving for %v: %v", p.ReserveTTL, err)
+	}
+	if rs := r.ReservationStats(); rs.Held != 1 {
+		t.Errorf("after a probe at the bound: %+v, want 1 held", rs)
 	}
 }

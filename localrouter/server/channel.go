@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	localrouterv1 "github.com/kvgate/kvgate/api/localrouter/v1"
+	"github.com/kvgate/kvgate/api/routing"
 	"github.com/kvgate/kvgate/localrouter"
 )
 
@@ -242,8 +243,8 @@ func (s *Server) probe(ctx context.Context, in *localrouterv1.ChannelProbe, rep 
 	}
 	if rid := in.GetReserveRequestId(); rid != "" {
 		ttl, err := reserveTTL(in.GetReserveTtlUs(), rid)
-		if err != nil || ttl == 0 {
-			return nil, fmt.Errorf("%w: probe reserves for request %q with reserve_ttl_us %d: want 1 to %d", errInvalidArgument, rid, in.GetReserveTtlUs(), MaxReserveTTL.Microseconds())
+		if err != nil || ttl == 0 { // over the bound: BestWorker refuses it (routing.MaxReserveTTL)
+			return nil, fmt.Errorf("%w: probe reserves for request %q with reserve_ttl_us %d: want 1 to %d", errInvalidArgument, rid, in.GetReserveTtlUs(), routing.MaxReserveTTL.Microseconds())
 		}
 		opts.RequestID, opts.ReserveTTL = rid, ttl
 	}

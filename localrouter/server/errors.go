@@ -28,6 +28,7 @@ var errorCodes = []struct {
 	{kvevents.ErrBlockSize, codes.InvalidArgument, localrouterv1.ReasonBlockSizeMismatch},
 	{localrouter.ErrInvalidConfig, codes.InvalidArgument, localrouterv1.ReasonInvalidConfig},
 	{localrouter.ErrEmptyRequestID, codes.InvalidArgument, localrouterv1.ReasonEmptyRequestID},
+	{localrouter.ErrReserveTTL, codes.InvalidArgument, localrouterv1.ReasonInvalidArgument},
 	{errInvalidArgument, codes.InvalidArgument, localrouterv1.ReasonInvalidArgument},
 	{localrouter.ErrUnknownWorker, codes.NotFound, localrouterv1.ReasonUnknownWorker},
 	{localrouter.ErrUnknownRequest, codes.NotFound, localrouterv1.ReasonUnknownRequest},

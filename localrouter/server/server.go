@@ -14,7 +14,7 @@
 // DumpEvents, Workers, Stats and the conversions to and from the wire),
 // channel.go (the Channel stream: pipelined probes, packed hashes, commits
 // and events), track.go (the Track stream, ServeTrackEvents), reservettl.go
-// (MaxReserveTTL), errors.go (the router's errors as gRPC statuses), grpcopts.go
+// (reserve_ttl_us read; its bound is the router's), errors.go (the router's errors as gRPC statuses), grpcopts.go
 // (gRPC options), metrics.go (Metrics: RPC interceptors, gauges, counters).
 package server
 
