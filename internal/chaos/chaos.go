@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/lib/config"
 )
 
 // Faults that can be injected, in the order they run when all are asked.
@@ -142,21 +143,11 @@ type result struct {
 // system and returns the report.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	d := DefaultConfig()
-	if cfg.Streams <= 0 {
-		cfg.Streams = d.Streams
-	}
-	if cfg.Duration <= 0 {
-		cfg.Duration = d.Duration
-	}
-	if cfg.Hold <= 0 {
-		cfg.Hold = d.Hold
-	}
-	if cfg.MaxTokens <= 0 {
-		cfg.MaxTokens = d.MaxTokens
-	}
-	if cfg.RequestTimeout <= 0 {
-		cfg.RequestTimeout = d.RequestTimeout
-	}
+	config.PositiveOr(&cfg.Streams, d.Streams)
+	config.PositiveOr(&cfg.Duration, d.Duration)
+	config.PositiveOr(&cfg.Hold, d.Hold)
+	config.PositiveOr(&cfg.MaxTokens, d.MaxTokens)
+	config.PositiveOr(&cfg.RequestTimeout, d.RequestTimeout)
 	for _, k := range cfg.Kill {
 		switch k {
 		case FaultRouter, FaultWorker, FaultNATS, FaultEtcd:
@@ -168,7 +159,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	ucfg := cfg.Up
-	ucfg.GatewayAddr, ucfg.ExtprocAddr, ucfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	ucfg.OnLoopback()
 	ucfg.Logger = cfg.Logger
 	var rec *recorder
 	if cfg.Accounting {
@@ -179,11 +170,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = sys.Close(cctx)
-	}()
+	defer func() { _ = sys.CloseWithin(30 * time.Second) }()
 	if sys.Pool("pool-a") == nil && len(cfg.Kill) > 0 {
 		return nil, errors.New("chaos: the system has no pool-a to inject faults into")
 	}

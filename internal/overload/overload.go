@@ -34,6 +34,7 @@ import (
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/globalrouter/flowcontrol"
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/sim"
 )
 
@@ -152,21 +153,11 @@ func (c *Config) defaults() error {
 	if c.Load == 0 {
 		c.Load = d.Load
 	}
-	if c.CalibrationStreams <= 0 {
-		c.CalibrationStreams = d.CalibrationStreams
-	}
-	if c.Calibration <= 0 {
-		c.Calibration = d.Calibration
-	}
-	if c.Duration <= 0 {
-		c.Duration = d.Duration
-	}
-	if c.MaxTokens <= 0 {
-		c.MaxTokens = d.MaxTokens
-	}
-	if c.RequestTimeout <= 0 {
-		c.RequestTimeout = d.RequestTimeout
-	}
+	config.PositiveOr(&c.CalibrationStreams, d.CalibrationStreams)
+	config.PositiveOr(&c.Calibration, d.Calibration)
+	config.PositiveOr(&c.Duration, d.Duration)
+	config.PositiveOr(&c.MaxTokens, d.MaxTokens)
+	config.PositiveOr(&c.RequestTimeout, d.RequestTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -198,7 +189,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			cfg.TrustToken = fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
 		}
 		u := cfg.Up
-		u.GatewayAddr, u.ExtprocAddr, u.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+		u.OnLoopback()
 		u.Logger = cfg.Logger
 		if u.FlowControl.Enabled && u.FlowControl.Saturation == (flowcontrol.Saturation{}) {
 			u.FlowControl.Saturation = FlowSaturation
@@ -217,11 +208,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			_ = sys.Close(cctx)
-		}()
+		defer func() { _ = sys.CloseWithin(30 * time.Second) }()
 		base, admin = sys.GatewayURL(), sys.AdminURL()
 		if cfg.Model == "" {
 			cfg.Model = u.Model

@@ -142,6 +142,14 @@ func DefaultConfig() Config {
 	}
 }
 
+// OnLoopback makes the system listen on free loopback ports (gateway,
+// ext_proc and admin at 127.0.0.1:0): a system a bench or a test starts in
+// its own process, which asks it where it listens (System.GatewayURL,
+// AdminURL) and collides with nothing else on the machine.
+func (c *Config) OnLoopback() {
+	c.GatewayAddr, c.ExtprocAddr, c.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+}
+
 func (c *Config) defaults() {
 	d := DefaultConfig()
 	if c.Host == "" {

@@ -320,6 +320,14 @@ func (s *System) notReady() string {
 	return ""
 }
 
+// CloseWithin is Close given d of its own: for a deferred close, whose
+// caller's context may have ended already.
+func (s *System) CloseWithin(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return s.Close(ctx)
+}
+
 // Close stops everything, front to back: the gateway (letting requests in
 // flight finish until ctx ends), the ext_proc server, the global router,
 // the workers, the local routers, NATS, etcd. It is safe on a partly

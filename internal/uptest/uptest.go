@@ -23,7 +23,7 @@ const Timeout = time.Minute
 func Start(t testing.TB, mutate ...func(*up.Config)) *up.System {
 	t.Helper()
 	cfg := up.DefaultConfig()
-	cfg.GatewayAddr, cfg.ExtprocAddr, cfg.AdminAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.OnLoopback()
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	for _, f := range mutate {
 		f(&cfg)

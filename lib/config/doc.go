@@ -25,7 +25,8 @@
 // and a port alone (":9002") means loopback too, for every listen flag
 // (ListenAddr, Listen).
 //
-// Files: flags.go (FlagSet: environment, aliases, deprecated names, typed
+// Files: defaults.go (PositiveOr: a zero field takes its default),
+// flags.go (FlagSet: environment, aliases, deprecated names, typed
 // usage; the Value flag types), harnessenv.go (NotFlagVariables, the one
 // list of the tests' and harnesses' KVGATE_* variables, and the Env names
 // internal/loadbench reads them by), listen.go (ListenAddr, Listen: one meaning
