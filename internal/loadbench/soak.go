@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/globalrouter"
 	"github.com/kvgate/kvgate/internal/up"
+	"github.com/kvgate/kvgate/lib/config"
 	"github.com/kvgate/kvgate/pool"
 )
 
@@ -115,24 +116,12 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	if cfg.Streams <= 0 {
 		return SoakResult{}, errors.New("soak: need at least one stream")
 	}
-	if cfg.Pools <= 0 {
-		cfg.Pools = 2
-	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = 8
-	}
-	if cfg.Speedup <= 0 {
-		cfg.Speedup = 0.002
-	}
-	if cfg.Ramp <= 0 {
-		cfg.Ramp = 4 * time.Minute
-	}
-	if cfg.ProbeTimeout <= 0 {
-		cfg.ProbeTimeout = time.Second
-	}
-	if cfg.Opening <= 0 {
-		cfg.Opening = 1024
-	}
+	config.PositiveOr(&cfg.Pools, 2)
+	config.PositiveOr(&cfg.Workers, 8)
+	config.PositiveOr(&cfg.Speedup, 0.002)
+	config.PositiveOr(&cfg.Ramp, 4*time.Minute)
+	config.PositiveOr(&cfg.ProbeTimeout, time.Second)
+	config.PositiveOr(&cfg.Opening, 1024)
 	if cfg.SteadyEvery == 0 {
 		cfg.SteadyEvery = 50 * time.Millisecond
 	}
@@ -158,7 +147,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	defer func(r int) { runtime.MemProfileRate = r }(runtime.MemProfileRate)
 	runtime.MemProfileRate = 4096
 	ucfg := up.DefaultConfig()
-	ucfg.GatewayAddr, ucfg.ExtprocAddr = "127.0.0.1:0", "127.0.0.1:0"
+	ucfg.OnLoopback() // the admin too: a soak beside a running `kvgate up` (admin 127.0.0.1:8081) once failed to start
 	ucfg.Pools = nil
 	for i := range cfg.Pools {
 		ucfg.Pools = append(ucfg.Pools, up.PoolSpec{Name: fmt.Sprintf("pool-%d", i), Workers: cfg.Workers})
@@ -176,11 +165,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (SoakResult, error) {
 	if err != nil {
 		return SoakResult{}, err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = sys.Close(cctx)
-	}()
+	defer func() { _ = sys.CloseWithin(30 * time.Second) }()
 	tr := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: -1, DisableCompression: true, ForceAttemptHTTP2: false,

@@ -2,7 +2,12 @@ package loadbench
 
 import (
 	"math"
+	"net"
 	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/testenv"
+	"github.com/kvgate/kvgate/internal/up"
 )
 
 func TestHistQuantile(t *testing.T) {
@@ -31,5 +36,22 @@ func TestHistQuantile(t *testing.T) {
 	}
 	if got := d.quantile(0.99); got > 1 {
 		t.Errorf("steady p99 %v, want within the first bucket", got)
+	}
+}
+
+// TestSoakBesideKvgateUp: a soak starts while `kvgate up`'s admin address
+// (127.0.0.1:8081) is taken, as when one runs on the machine: its system
+// listens on free loopback ports only (it bound the admin's default
+// before). The smallest soak: 4 streams on one worker.
+func TestSoakBesideKvgateUp(t *testing.T) {
+	if l, err := net.Listen("tcp", up.DefaultConfig().AdminAddr); err == nil { // else already taken: the same case
+		defer l.Close()
+	}
+	res, err := Soak(testenv.Context(t), SoakConfig{Streams: 4, Hold: 100 * time.Millisecond, Pools: 1, Workers: 1, SteadyEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Streams != 4 || res.LeakedRequests != 0 || res.Failed != 0 {
+		t.Errorf("soak: %d streams, %d leaked, %d failed (%s), want 4, 0, 0", res.Streams, res.LeakedRequests, res.Failed, res.FirstError)
 	}
 }
