@@ -231,6 +231,18 @@ func checkConfig(x *extensions, path, shadowPath string, withEtcd bool, w, warn 
 		fmt.Fprintf(&b, "flow control: requests to saturated pools wait (bands %s; %d requests, %d bytes per queue; deadline %v; %s between tenants; 0 tokens: not checked; %d objectives named inline%s)\n",
 			strings.Join(bands, " > "), fc.Capacity.Requests, fc.Capacity.Bytes, fc.Deadline, fc.Fairness, len(fc.Objectives), objectivesFile(fc.ObjectivesFile))
 	}
+	unread, err := cfg.UnreadHeaders(x.policyRegistry())
+	if err != nil {
+		return err
+	}
+	if len(unread) == 0 {
+		b.WriteString("request headers not read: none\n")
+	} else {
+		b.WriteString("request headers not read (a request carrying one gets a note in its explanation, is counted in kvgate_globalrouter_unread_headers_total, and a warning is logged once):\n")
+	}
+	for _, u := range unread {
+		fmt.Fprintf(&b, "  %s: %s\n", u.Name, u.Why)
+	}
 	_, err = w.Write(b.Bytes())
 	return err
 }

@@ -17,7 +17,7 @@ func BenchmarkUnreadHeaders(b *testing.B) {
 	r := &Router{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	st := &state{}
 	for _, name := range []string{HeaderPriority, HeaderTTFT, HeaderITL, HeaderSession} {
-		st.unread = append(st.unread, &unreadHeader{name: name, why: "bench", count: prometheus.NewCounter(prometheus.CounterOpts{Name: "bench"})})
+		st.unread = append(st.unread, &unreadHeader{UnreadHeader: UnreadHeader{Name: name, Why: "bench"}, count: prometheus.NewCounter(prometheus.CounterOpts{Name: "bench"})})
 	}
 	other := map[string]string{"content-type": "application/json", "x-request-id": "r1", ":path": "/v1/chat/completions"}
 	all := map[string]string{"content-type": "application/json", HeaderPriority: "1", HeaderTTFT: "200", HeaderITL: "20", HeaderSession: "s"}
@@ -33,7 +33,7 @@ func BenchmarkUnreadHeaders(b *testing.B) {
 		b.Run(bc.name+"/noteUnreadHeaders", func(b *testing.B) {
 			d := &Decision{}
 			for b.Loop() {
-				r.noteUnreadHeaders(st, bc.h, d)
+				r.noteUnreadHeaders(st, bc.h, false, d)
 			}
 		})
 	}

@@ -149,7 +149,7 @@ func (r *Router) decide(ctx context.Context, req *Request) (*Decision, error) {
 	} else {
 		d, err = r.decideProbed(ctx, st, p, eligible, pinPool)
 	}
-	r.noteUnreadHeaders(st, req.Headers, d) // unreadhdr.go
+	r.noteUnreadHeaders(st, req.Headers, pinWorker != "", d) // unreadhdr.go
 	if d != nil {
 		d.CacheSalt = p.engineSalt
 		d.Expose = expose

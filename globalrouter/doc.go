@@ -86,8 +86,9 @@
 // router as a parent's pool), config.go (Config, ProbeConfig,
 // ModelConfig), unread.go (Config.Unread: the fields set that no policy
 // of the chains reads, warned about where the file is loaded),
-// unreadhdr.go (the request headers only some policies or flow control
-// read, listed per configuration: a request carrying one the running
+// unreadhdr.go (Config.UnreadHeaders: the request headers only some
+// policies or flow control read, listed per configuration; pinned
+// requests and a subtree's session keys too: a request carrying one the running
 // configuration does not read gets a note in its explanation, a count in
 // kvgate_globalrouter_unread_headers_total and a warning logged once per
 // header per configuration), types.go (Request, Decision, Endpoint, Lease, the

@@ -260,6 +260,7 @@ func (s *Subtree) ranked(ctx context.Context, st *state, eligible []*poolEntry, 
 		return nil, results, subtreeFailure(results)
 	}
 	view := policies.Request{ID: id, Model: subtreeModel(s.r.opts.subtree.Model, eligible), ISL: p.ISL, SessionKey: p.SessionKey}
+	s.r.noteUnreadSession(st, p.SessionKey) // unreadhdr.go
 	out, err := st.chain.Rank(&view, cands, nil)
 	if err != nil {
 		if errors.Is(err, policies.ErrSaturated) {

@@ -119,3 +119,56 @@ func TestUnreadHeaders(t *testing.T) {
 		t.Errorf("ITL counted %v, want 5", got)
 	}
 }
+
+// TestUnreadHeadersPinnedAndSubtree: a request pinned to a worker gets
+// the notes too, the session's saying that no local router's worker chain
+// reads it (none chooses a pinned worker); in subtree mode a parent's
+// session key (the prompt's) that the subtree's chain does not read is
+// counted as the header would be; and the configuration lists what it
+// does not read (what kvgate policy check prints).
+func TestUnreadHeadersPinnedAndSubtree(t *testing.T) {
+	ctx := testenv.Context(t)
+	c := newCluster(t)
+	r, reg := newRouter(t, c.cfg) // the default chain: no priority, no session-affinity
+	hdrs := map[string]string{globalrouter.HeaderPriority: "3", globalrouter.HeaderSession: "s1", globalrouter.HeaderWorkerID: "a-0"}
+	d, err := r.Decide(ctx, &globalrouter.Request{Model: model, Prompt: "hi", Explain: true, Headers: hdrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	free(t, d)
+	for _, want := range []string{
+		"; " + globalrouter.HeaderPriority + " not read: read by the priority policy and flow control only",
+		"; " + globalrouter.HeaderSession + " not read: read by the session-affinity policy only, which the chain (model-match, disaggregate, cost) does not run; nor does a local router's worker chain, which does not choose a worker the request is pinned to (x-kvgate-worker-id)",
+	} {
+		if !strings.Contains(d.Explanation, want) {
+			t.Errorf("pinned request's explanation %q lacks %q", d.Explanation, want)
+		}
+	}
+	if got := countByLabel(t, reg, "kvgate_globalrouter_unread_headers_total", "header", globalrouter.HeaderSession); got != 1 {
+		t.Errorf("pinned request: session counted %v, want 1", got)
+	}
+
+	p := prompt(t, chatTokens(t, chat(longText(40))))
+	if _, err := r.Subtree().Probe(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	p.SessionKey = "s2"
+	if _, err := r.Subtree().Probe(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if got := countByLabel(t, reg, "kvgate_globalrouter_unread_headers_total", "header", globalrouter.HeaderSession); got != 2 {
+		t.Errorf("after a subtree probe with a session key and one without: session counted %v, want 2", got)
+	}
+
+	list, err := c.cfg.UnreadHeaders(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, u := range list {
+		names = append(names, u.Name)
+	}
+	if got, want := strings.Join(names, " "), "x-kvgate-priority x-kvgate-ttft-ms x-kvgate-itl-ms x-kvgate-session-id"; got != want {
+		t.Errorf("UnreadHeaders: got %s, want %s", got, want)
+	}
+}
